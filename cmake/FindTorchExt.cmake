@@ -1,0 +1,18 @@
+# Finds Torch through the running Python's torch.utils.cmake_prefix_path.
+find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
+if(Python3_Interpreter_FOUND)
+  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+                  OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+if(_torch_prefix)
+  list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+  find_package(Torch QUIET)
+endif()
+if(Torch_FOUND)
+  set(DITSCALE_HAVE_TORCH ON)
+  find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED)
+elseif(DITSCALE_TORCH STREQUAL "ON")
+  message(FATAL_ERROR "DITSCALE_TORCH=ON but Torch was not found in ${Python3_EXECUTABLE}")
+else()
+  message(STATUS "ditscale: Torch not found; the PyTorch extension is off")
+endif()

@@ -1,0 +1,55 @@
+// Step-time and memory models of one data-parallel rank's training step on a batch of B samples
+// of S tokens each.
+//
+//   power:      step_time_s(B, S) = a + b * B * S^p               (AdaptiveLoad's model)
+//   quadratic:  step_time_s(B, S) = a + B * (c1 * S + c2 * S^2)   (linear layers + attention)
+//   memory:     peak_bytes(B, S)  = m0 + m1 * B * S
+//
+// M_mem (tokens per batch) follows from the memory model and a GPU capacity:
+//   M_mem = floor((gpu_mem_bytes * (1 - safety) - m0) / m1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ditscale/balance/shapes.h"
+#include "ditscale/core/result.h"
+
+namespace ditscale::balance {
+
+struct CostModel {
+  enum class Kind { kPower, kQuadratic };
+  Kind kind = Kind::kPower;
+  double a = 0;   // fixed per-step overhead, s
+  double b = 0;   // power: s per (sample * token^p)
+  double p = 2;   // power: exponent
+  double c1 = 0;  // quadratic: s per token
+  double c2 = 0;  // quadratic: s per token^2
+  std::string source;  // "analytical:<preset>@h200", "fit:<file>", "json:<file>"
+
+  // Predicted step time (s) of one batch of B samples of S tokens.
+  double StepTime(int64_t batch, int64_t seq_len) const;
+  // Per-sample work term without the fixed overhead: StepTime(B, S) - a = B * Work(S).
+  double Work(int64_t seq_len) const;
+  // The exponent used by the dual constraint B * S^p <= M_comp: p for kPower; for kQuadratic
+  // the local slope d log Work / d log S at S (between 1 and 2).
+  double Exponent(int64_t seq_len) const;
+};
+
+struct MemoryModel {
+  double m0 = 0;  // bytes independent of the batch (weights, optimizer state, workspace)
+  double m1 = 0;  // bytes per token in the batch (activations)
+  // Largest tokens per batch that fit: floor((gpu_mem_bytes * (1 - safety) - m0) / m1).
+  int64_t MaxTokens(double gpu_mem_bytes, double safety) const;
+};
+
+// Analytical defaults for an H200 from the model's FLOPs (see cost_model.cc for the derivation).
+CostModel AnalyticalCost(const ModelPreset& model);
+MemoryModel AnalyticalMemory(const ModelPreset& model);
+
+// JSON round trip: {"kind": "power", "a": ..., "b": ..., "p": ..., "c1":..., "c2":...,
+//  "memory": {"m0": ..., "m1": ...}}. Failures name the file and the field.
+Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out = nullptr);
+std::string CostModelToJson(const CostModel& cost, const MemoryModel* memory = nullptr);
+
+}  // namespace ditscale::balance

@@ -1,0 +1,8 @@
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace ditscale::python {
+// Sampler, manifest and planner bindings (python/src/balance_bindings.cc).
+void BindBalance(pybind11::module_& m);
+}  // namespace ditscale::python

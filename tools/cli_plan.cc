@@ -1,0 +1,5 @@
+#include "tools/cli.h"
+
+namespace ditscale::cli {
+void RegisterPlanCommand(CLI::App& app) {}
+}  // namespace ditscale::cli

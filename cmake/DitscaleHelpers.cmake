@@ -43,7 +43,7 @@ endfunction()
 #   binary `<name>_<file>` and each *_benchmark.cc a benchmark binary.
 function(ditscale_module)
   cmake_parse_arguments(A "" "NAME" "DEPS;CUDA_DEPS" ${ARGN})
-  file(GLOB _cc CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc ${CMAKE_CURRENT_SOURCE_DIR}/internal/*.cc)
+  file(GLOB _cc CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc ${CMAKE_CURRENT_SOURCE_DIR}/internal/*.cc ${CMAKE_CURRENT_SOURCE_DIR}/strategies/*.cc)
   file(GLOB _cu CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cu ${CMAKE_CURRENT_SOURCE_DIR}/internal/*.cu)
   set(_lib_srcs "")
   set(_tests "")

@@ -1,5 +1,137 @@
+// `ditscale fit BENCH.csv`: fits the step-time models (power, quadratic) and the memory model to
+// a shape benchmark, picks the better step-time model and derives M_mem.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ditscale/balance/fit.h"
+#include "ditscale/core/error.h"
 #include "tools/cli.h"
 
 namespace ditscale::cli {
-void RegisterFitCommand(CLI::App& app) {}
+namespace {
+
+using balance::CostModel;
+
+struct FitOptions {
+  std::string bench;
+  double gpu_mem_gib = 140;
+  double mem_safety = 0.1;
+  std::string out;
+  bool json = false;
+};
+
+nlohmann::ordered_json QualityJson(const balance::FitQuality& q) {
+  return {{"r2", q.r2},
+          {"adj_r2", q.adj_r2},
+          {"r2_rel", q.r2_rel},
+          {"rmse_s", q.rmse_s},
+          {"max_rel_residual", q.max_rel_residual},
+          {"residuals_s", q.residuals_s}};
+}
+
+nlohmann::ordered_json FitJson(const balance::ModelFit& f) {
+  nlohmann::ordered_json j;
+  if (f.model.kind == CostModel::Kind::kPower) {
+    j = {{"a", f.model.a}, {"b", f.model.b}, {"p", f.model.p}};
+  } else {
+    j = {{"a", f.model.a}, {"c1", f.model.c1}, {"c2", f.model.c2}};
+  }
+  j["quality"] = QualityJson(f.quality);
+  return j;
+}
+
+std::string QualityLine(const balance::FitQuality& q) {
+  return fmt::format("R^2={:.5f}  adj.R^2(rel)={:.5f}  RMSE={:.4g} s  max|residual|={:.2f}%",
+                     q.r2, q.adj_r2, q.rmse_s, 100 * q.max_rel_residual);
+}
+
+void RunFit(const FitOptions& o) {
+  balance::BenchTable table = balance::ReadBenchCsv(o.bench).ValueOrThrow();
+  balance::FitResult fit = balance::FitBench(table).ValueOrThrow();
+  const double gpu_bytes = o.gpu_mem_gib * double(1ull << 30);
+  int64_t m_mem = -1;
+  if (fit.memory) m_mem = fit.memory->model.MaxTokens(gpu_bytes, o.mem_safety);
+  const CostModel& best = fit.best().model;
+  const char* chosen = best.kind == CostModel::Kind::kPower ? "power" : "quadratic";
+
+  if (!o.out.empty()) {
+    std::ofstream out(o.out);
+    if (!out) throw Error("cannot write " + o.out);
+    out << balance::CostModelToJson(best, fit.memory ? &fit.memory->model : nullptr) << "\n";
+    if (!out) throw Error("failed writing " + o.out);
+  }
+
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["source"] = table.source;
+    j["rows"] = table.rows.size();
+    j["power"] = FitJson(fit.power);
+    j["quadratic"] = FitJson(fit.quadratic);
+    j["chosen"] = chosen;
+    j["choice_reason"] = fit.choice_reason;
+    if (fit.memory) {
+      const auto& m = *fit.memory;
+      j["memory"] = {{"m0", m.model.m0},          {"m1", m.model.m1},
+                     {"r2", m.r2},                {"rmse_bytes", m.rmse_bytes},
+                     {"max_rel_residual", m.max_rel_residual}, {"rows", m.rows}};
+      j["gpu_mem_gib"] = o.gpu_mem_gib;
+      j["mem_safety"] = o.mem_safety;
+      j["m_mem_tokens"] = m_mem;
+    } else {
+      j["memory"] = nullptr;
+      j["m_mem_tokens"] = nullptr;
+    }
+    if (!o.out.empty()) j["out"] = o.out;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+
+  fmt::print("benchmark: {} ({} rows, peak memory {})\n", table.source, table.rows.size(),
+             fit.memory ? "measured" : "not measured");
+  const auto& pw = fit.power;
+  fmt::print("power      t = a + b*B*S^p          a={:.4g} s  b={:.4g}  p={:.4f}\n", pw.model.a,
+             pw.model.b, pw.model.p);
+  fmt::print("           {}\n", QualityLine(pw.quality));
+  const auto& qd = fit.quadratic;
+  fmt::print("quadratic  t = a + B*(c1*S + c2*S^2) a={:.4g} s  c1={:.4g}  c2={:.4g}\n",
+             qd.model.a, qd.model.c1, qd.model.c2);
+  fmt::print("           {}\n", QualityLine(qd.quality));
+  fmt::print("chosen: {} ({})\n", chosen, fit.choice_reason);
+  if (fit.memory) {
+    const auto& m = *fit.memory;
+    fmt::print("memory     peak = m0 + m1*B*S        m0={:.3f} GiB  m1={:.1f} KiB/token  "
+               "R^2={:.5f}  max|residual|={:.2f}%\n",
+               m.model.m0 / double(1ull << 30), m.model.m1 / 1024, m.r2,
+               100 * m.max_rel_residual);
+    fmt::print("M_mem: {} tokens per batch (GPU {:g} GiB, safety {:g})\n", m_mem, o.gpu_mem_gib,
+               o.mem_safety);
+  } else {
+    fmt::print("M_mem: unknown (the benchmark has no peak_mem_bytes column)\n");
+  }
+  if (!o.out.empty()) fmt::print("wrote {}\n", o.out);
+}
+
+}  // namespace
+
+void RegisterFitCommand(CLI::App& app) {
+  auto opts = std::make_shared<FitOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "fit", "Fit the step-time (power and quadratic) and memory models to a shape benchmark CSV "
+             "(batch_size,seq_len,step_time_s[,peak_mem_bytes])");
+  sub->add_option("bench", opts->bench, "benchmark CSV")->required();
+  sub->add_option("--gpu-mem-gib", opts->gpu_mem_gib, "GPU memory for M_mem, GiB (default 140)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--mem-safety", opts->mem_safety,
+                  "fraction of GPU memory kept free when deriving M_mem (default 0.1)")
+      ->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--out", opts->out, "write the chosen model (+ memory) as cost-model JSON");
+  sub->add_flag("--json", opts->json, "print one JSON object instead of text");
+  sub->callback([opts] { RunFit(*opts); });
+}
+
 }  // namespace ditscale::cli

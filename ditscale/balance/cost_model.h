@@ -47,6 +47,18 @@ struct MemoryModel {
 CostModel AnalyticalCost(const ModelPreset& model);
 MemoryModel AnalyticalMemory(const ModelPreset& model);
 
+// The assumptions behind AnalyticalMemory (defaults used by the one-argument form):
+//   m0 = params_b * 1e9 * 16 B / shard_ranks + workspace_bytes
+//        (bf16 weights + bf16 grads + fp32 master + Adam m, v = 16 B/param, FSDP-sharded)
+//   m1 = (2 * layers + 34) * hidden B/token with activation checkpointing (block inputs kept,
+//        one block recomputed at a time), 34 * layers * hidden B/token without.
+struct MemoryAssumptions {
+  int shard_ranks = 8;                  // FSDP / ZeRO-3 degree; 1: unsharded (conservative)
+  bool activation_checkpointing = true;
+  double workspace_bytes = 4.0 * (1ull << 30);  // CUDA context, NCCL buffers, allocator slack
+};
+MemoryModel AnalyticalMemory(const ModelPreset& model, const MemoryAssumptions& assume);
+
 // JSON round trip: {"kind": "power", "a": ..., "b": ..., "p": ..., "c1":..., "c2":...,
 //  "memory": {"m0": ..., "m1": ...}}. Failures name the file and the field.
 Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out = nullptr);

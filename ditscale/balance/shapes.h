@@ -66,6 +66,16 @@ struct TrainShape {
 };
 
 // Maps one raw sample to its training shape for a model.
+//   frames: images (and every sample of an images_only model) -> 1. A video of F frames at fps
+//     above target_fps > 0 is resampled: F' = floor((F - 1) * target_fps / fps) + 1 (else F' = F),
+//     then clamped to max_frames and rounded DOWN to k * vae_stride_t + 1.
+//   resolution: with buckets, the aspect ratio first, then the area: candidates are the buckets
+//     with |log(ar_s / ar_b)| <= min_b |log(ar_s / ar_b)| + 0.05 (ar = H / W); among them the
+//     smallest |log(area_s / area_b)| wins (ties: smaller area, then list order). A sample
+//     larger than every bucket goes to the largest bucket of its aspect ratio (never upscaled
+//     beyond it). Without buckets: H, W rounded down to multiples of vae_stride_hw * patch.
+//   seq_len: ceil(latent_frames / patch_t) * (H / (vae_stride_hw * patch_h)) *
+//     (W / (vae_stride_hw * patch_w)) + (joint_text ? text_tokens : 0).
 TrainShape ToTrainShape(const RawSample& s, const ModelPreset& model);
 
 // The manifest grouped by training shape: samples of one shape can share a batch.

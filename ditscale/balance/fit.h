@@ -1,0 +1,94 @@
+// Fitting the step-time and memory models (cost_model.h) to a shape benchmark.
+//
+// Benchmark CSV: a header row naming the columns batch_size, seq_len, step_time_s and optionally
+// peak_mem_bytes (any order; other columns ignored), then one row per measurement. Lines that
+// start with '#' and blank lines are ignored. batch_size and seq_len are positive integers,
+// step_time_s a positive number of seconds, peak_mem_bytes a positive number of bytes or empty.
+// Errors are Failures "file:line: column 'seq_len': ...".
+//
+// Fits (all parameters >= 0):
+//   power:     t = a + b * B * S^p. Relative (1/t^2-weighted) least squares: the exponent p is
+//              profiled over [0.5, 3.5] (a grid of 301 points, then golden-section search in the
+//              best grid cell) with a, b solved in closed form for each p (non-negative 2-variable
+//              least squares), then polished by Levenberg-Marquardt on (a, log b, p).
+//   quadratic: t = a + c1 * B * S + c2 * B * S^2. Relative linear least squares with a, c1,
+//              c2 >= 0 (exact non-negative least squares by enumerating the 8 active sets).
+//   memory:    peak = m0 + m1 * B * S, ordinary least squares over the rows with peak_mem_bytes.
+// Relative weighting is used because step times span orders of magnitude and bench noise is
+// multiplicative.
+//
+// Choice of model: both have 3 parameters, so adjusted R^2 orders them exactly as R^2 does. The
+// model with the higher adjusted R^2 of the relative residuals (1 - SSE_rel / SST_rel, the fitted
+// objective) wins; within 1e-9 the lower RMSE (s) wins; a remaining tie goes to the power model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ditscale/balance/cost_model.h"
+#include "ditscale/core/result.h"
+
+namespace ditscale::balance {
+
+struct BenchRow {
+  int64_t batch_size = 0;     // B, samples per step
+  int64_t seq_len = 0;        // S, tokens per sample
+  double step_time_s = 0;     // measured step time, s
+  double peak_mem_bytes = 0;  // measured peak memory, bytes; 0 when not measured
+  int64_t line = 0;           // 1-based line in the file
+};
+
+struct BenchTable {
+  std::string source;
+  std::vector<BenchRow> rows;
+  bool has_memory = false;  // the header has peak_mem_bytes and at least one row gives it
+};
+
+// Reads / parses a benchmark CSV (see above).
+Result<BenchTable> ReadBenchCsv(const std::string& path);
+Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name);
+
+// Goodness of fit of one model over the rows it was fitted to.
+struct FitQuality {
+  double r2 = 0;                // 1 - SSE / SST on the step times (unweighted)
+  double adj_r2 = 0;            // 1 - (1 - r2_rel) * (n - 1) / (n - k - 1) on relative residuals
+  double r2_rel = 0;            // 1 - sum(r_i/t_i)^2 / sum((t_i - mean)/t_i)^2: the fitted metric
+  double rmse_s = 0;            // sqrt(mean((t_i - f_i)^2)), s
+  double max_rel_residual = 0;  // max |t_i - f_i| / t_i
+  std::vector<double> residuals_s;  // per row: measured - predicted, s (row order)
+};
+
+struct ModelFit {
+  CostModel model;
+  FitQuality quality;
+};
+
+struct MemoryFit {
+  MemoryModel model;
+  double r2 = 0;
+  double rmse_bytes = 0;
+  double max_rel_residual = 0;
+  int64_t rows = 0;                    // rows with a peak_mem_bytes value
+  std::vector<double> residuals_bytes;  // per such row, in row order
+};
+
+struct FitResult {
+  ModelFit power;
+  ModelFit quadratic;
+  CostModel::Kind chosen = CostModel::Kind::kPower;
+  std::string choice_reason;         // one line: why `chosen` won
+  std::optional<MemoryFit> memory;   // present when the table has peak memory
+  const ModelFit& best() const { return chosen == CostModel::Kind::kPower ? power : quadratic; }
+};
+
+// Each needs at least 4 rows and 2 distinct seq_len values; Failures name the file.
+Result<ModelFit> FitPowerModel(const BenchTable& table);
+Result<ModelFit> FitQuadraticModel(const BenchTable& table);
+// Needs at least 2 rows with peak memory and 2 distinct B*S among them.
+Result<MemoryFit> FitMemoryModel(const BenchTable& table);
+// Both step-time fits, the choice, and the memory fit when the table has peak memory.
+Result<FitResult> FitBench(const BenchTable& table);
+
+}  // namespace ditscale::balance

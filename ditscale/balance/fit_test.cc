@@ -1,0 +1,185 @@
+#include "ditscale/balance/fit.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+namespace ditscale::balance {
+namespace {
+
+// A benchmark grid: B in {1, 2, 4, 8}, S from 1k to 64k tokens.
+template <typename F>
+std::string MakeBench(F&& step_time, std::mt19937_64& rng, double noise, bool memory,
+                      double m0 = 0, double m1 = 0) {
+  std::normal_distribution<double> n(0.0, 1.0);
+  std::string csv = "# synthetic\nbatch_size,seq_len,step_time_s" +
+                    std::string(memory ? ",peak_mem_bytes" : "") + "\n";
+  for (int64_t s : {1024, 2048, 4096, 8192, 16384, 32768, 65536}) {
+    for (int64_t b : {1, 2, 4, 8}) {
+      const double t = step_time(b, s) * (1 + noise * n(rng));
+      csv += std::to_string(b) + "," + std::to_string(s) + "," + std::to_string(t);
+      if (memory) {
+        csv += "," + std::to_string(static_cast<int64_t>((m0 + m1 * b * s) * (1 + 0.005 * n(rng))));
+      }
+      csv += "\n";
+    }
+  }
+  return csv;
+}
+
+TEST(Fit, RecoversPowerModelFromNoisyData) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int trial = 0; trial < 5; ++trial) {
+    const double a = 0.05 + 0.2 * u(rng), p = 1.1 + 0.8 * u(rng);
+    // b chosen so that the largest point (B=8, S=64k) takes ~30 s.
+    const double b = 30.0 / (8 * std::pow(65536.0, p));
+    const double m0 = 2e10 + 1e10 * u(rng), m1 = 5e4 + 1e5 * u(rng);
+    auto csv = MakeBench([&](int64_t B, int64_t S) { return a + b * B * std::pow(S, p); }, rng,
+                         0.02, true, m0, m1);
+    auto table = ParseBenchCsv(csv, "bench.csv");
+    ASSERT_TRUE(table.ok()) << table.failure().ToString();
+    ASSERT_EQ(table->rows.size(), 28u);
+    EXPECT_TRUE(table->has_memory);
+    auto fit = FitBench(*table);
+    ASSERT_TRUE(fit.ok()) << fit.failure().ToString();
+    const CostModel& m = fit->power.model;
+    EXPECT_NEAR(m.p, p, 0.05) << "trial " << trial;
+    EXPECT_NEAR(m.a, a, 0.25 * a + 0.01);
+    // The prediction at the largest point is within a few percent.
+    EXPECT_NEAR(m.StepTime(8, 65536), 30 + a, 0.06 * 30);
+    EXPECT_GT(fit->power.quality.r2, 0.99);
+    EXPECT_LT(fit->power.quality.max_rel_residual, 0.1);
+    EXPECT_EQ(fit->power.quality.residuals_s.size(), 28u);
+    ASSERT_TRUE(fit->memory.has_value());
+    EXPECT_NEAR(fit->memory->model.m1, m1, 0.05 * m1);
+    EXPECT_NEAR(fit->memory->model.m0, m0, 0.1 * m0);
+    EXPECT_GT(fit->memory->r2, 0.99);
+    // p far from 1 and 2 is not quadratic-shaped: unless p is close to the quadratic's range,
+    // the power model should be chosen.
+    if (p < 1.25 || p > 1.85) {
+      EXPECT_EQ(fit->chosen, CostModel::Kind::kPower) << "p=" << p << " " << fit->choice_reason;
+    }
+  }
+}
+
+TEST(Fit, NoiselessPowerIsExact) {
+  std::mt19937_64 rng(1);
+  auto csv = MakeBench([](int64_t B, int64_t S) { return 0.1 + 3e-8 * B * std::pow(S, 1.37); },
+                       rng, 0.0, false);
+  auto fit = FitPowerModel(ParseBenchCsv(csv, "x.csv").value());
+  ASSERT_TRUE(fit.ok());
+  // step times are printed with 6 decimals: tiny rounding noise only.
+  EXPECT_NEAR(fit->model.p, 1.37, 1e-3);
+  EXPECT_NEAR(fit->model.a, 0.1, 2e-3);
+  EXPECT_GT(fit->quality.r2, 0.999999);
+}
+
+TEST(Fit, RecoversQuadraticModelAndChoosesIt) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int trial = 0; trial < 5; ++trial) {
+    const double a = 0.05 + 0.1 * u(rng);
+    const double c1 = (1 + u(rng)) * 1e-5;
+    const double c2 = c1 / (8000 + 16000 * u(rng));  // attention = linear at S ~ 8k..24k
+    auto csv = MakeBench([&](int64_t B, int64_t S) { return a + B * (c1 * S + c2 * S * S); },
+                         rng, 0.01, false);
+    auto fit = FitBench(ParseBenchCsv(csv, "q.csv").value());
+    ASSERT_TRUE(fit.ok());
+    const CostModel& m = fit->quadratic.model;
+    EXPECT_NEAR(m.c1, c1, 0.05 * c1);
+    EXPECT_NEAR(m.c2, c2, 0.05 * c2);
+    EXPECT_NEAR(m.a, a, 0.3 * a);
+    EXPECT_EQ(fit->chosen, CostModel::Kind::kQuadratic) << fit->choice_reason;
+    EXPECT_FALSE(fit->memory.has_value());
+  }
+}
+
+TEST(Fit, QuadraticCoefficientsStayNonNegative) {
+  // Pure S^1.2 data with a negative "overhead": unconstrained LS would give c2 or a < 0.
+  std::mt19937_64 rng(std::random_device{}());
+  auto csv = MakeBench([](int64_t B, int64_t S) { return 1e-4 * B * std::pow(S, 0.9); }, rng,
+                       0.01, false);
+  auto fit = FitQuadraticModel(ParseBenchCsv(csv, "n.csv").value());
+  ASSERT_TRUE(fit.ok());
+  EXPECT_GE(fit->model.a, 0);
+  EXPECT_GE(fit->model.c1, 0);
+  EXPECT_GE(fit->model.c2, 0);
+}
+
+TEST(Fit, BadRowsNameLineAndColumn) {
+  struct Case {
+    std::string text;
+    int64_t line;
+    std::string column;
+    std::string part;
+  };
+  const std::string h = "batch_size,seq_len,step_time_s,peak_mem_bytes\n";
+  for (const Case& c : std::vector<Case>{
+           {h + "1,1024,0.5,1e9\n2,x,0.5,1e9\n", 3, "seq_len", "not a finite number"},
+           {h + "1,1024,0.5,1e9\n1.5,1024,0.5,1e9\n", 3, "batch_size", "not an integer"},
+           {h + "# c\n\n1,1024,-0.5,1e9\n", 4, "step_time_s", "must be > 0"},
+           {h + "1,1024,0.5s,1e9\n", 2, "step_time_s", "not a finite number"},
+           {h + "1,1024,nan,1e9\n", 2, "step_time_s", "not a finite number"},
+           {h + "1,1024,0.5\n", 2, "peak_mem_bytes", "wrong field count"},
+           {h + "1,1024,0.5,1,2\n", 2, "", "wrong field count"},
+           {h + "1,0,0.5,1e9\n", 2, "seq_len", "must be > 0"},
+           {"batch_size,step_time_s\n1,2\n", 1, "seq_len", "lacks required column"},
+           {"", 1, "", "empty"},
+       }) {
+    auto r = ParseBenchCsv(c.text, "b.csv");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.failure().file, "b.csv");
+    EXPECT_EQ(r.failure().line, c.line) << c.text;
+    EXPECT_EQ(r.failure().column, c.column) << c.text;
+    EXPECT_NE(r.failure().message.find(c.part), std::string::npos) << r.failure().ToString();
+  }
+  // Empty peak memory is allowed (row without a measurement); CRLF is tolerated.
+  auto ok = ParseBenchCsv("seq_len,batch_size,step_time_s,peak_mem_bytes\r\n1024,2,0.5,\r\n",
+                          "b.csv");
+  ASSERT_TRUE(ok.ok()) << ok.failure().ToString();
+  EXPECT_EQ(ok->rows[0].batch_size, 2);
+  EXPECT_FALSE(ok->has_memory);
+}
+
+TEST(Fit, TooFewRowsOrOneSeqLen) {
+  auto t = ParseBenchCsv("batch_size,seq_len,step_time_s\n1,1024,1\n2,1024,2\n1,2048,3\n", "f.csv")
+               .value();
+  auto r = FitBench(t);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.failure().message.find("at least 4"), std::string::npos);
+  EXPECT_EQ(r.failure().file, "f.csv");
+  t = ParseBenchCsv("batch_size,seq_len,step_time_s\n1,1024,1\n2,1024,2\n4,1024,3\n8,1024,5\n",
+                    "f.csv")
+          .value();
+  r = FitBench(t);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure().column, "seq_len");
+  EXPECT_FALSE(ReadBenchCsv("/nonexistent/bench.csv").ok());
+}
+
+}  // namespace
+}  // namespace ditscale::balance
+
+namespace ditscale::balance {
+namespace {
+
+// examples/manifests/bench_example.csv was generated with p = 1.45, a = 0.08 (2% noise).
+TEST(FitExample, BenchExampleRecoversItsModel) {
+  const char* root = std::getenv("DITSCALE_SOURCE_DIR");
+  if (root == nullptr) GTEST_SKIP() << "DITSCALE_SOURCE_DIR not set";
+  auto t = ReadBenchCsv(std::string(root) + "/examples/manifests/bench_example.csv");
+  ASSERT_TRUE(t.ok()) << t.failure().ToString();
+  auto fit = FitBench(*t);
+  ASSERT_TRUE(fit.ok());
+  EXPECT_EQ(fit->chosen, CostModel::Kind::kPower);
+  EXPECT_NEAR(fit->power.model.p, 1.45, 0.05);
+  ASSERT_TRUE(fit->memory.has_value());
+  EXPECT_NEAR(fit->memory->model.m1, 153600, 0.05 * 153600);
+}
+
+}  // namespace
+}  // namespace ditscale::balance

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <variant>
@@ -21,14 +22,15 @@ struct Failure {
   std::string column;  // field name; empty when unknown
 
   std::string ToString() const {
-    std::string s;
+    std::ostringstream os;
     if (!file.empty()) {
-      s += file;
-      if (line > 0) s += ":" + std::to_string(line);
-      s += ": ";
+      os << file;
+      if (line > 0) os << ':' << line;
+      os << ": ";
     }
-    if (!column.empty()) s += "column '" + column + "': ";
-    return s + message;
+    if (!column.empty()) os << "column '" << column << "': ";
+    os << message;
+    return os.str();
   }
 };
 

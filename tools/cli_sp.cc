@@ -1,5 +1,249 @@
+// `ditscale sp plan` and `ditscale sp simulate`: the SwiftFusion planner and simulator.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ditscale/core/error.h"
+#include "ditscale/sp/planner.h"
+#include "ditscale/sp/simulator.h"
+#include "ditscale/sp/strategies.h"
+#include "ditscale/sp/topology.h"
+#include "ditscale/sp/workload.h"
 #include "tools/cli.h"
 
 namespace ditscale::cli {
-void RegisterSpCommands(CLI::App& app) {}
+namespace {
+
+struct CommonArgs {
+  std::string cluster = "p4de";
+  int machines = 1;
+  int gpus_per_machine = 0;
+  std::string model = "flux";
+  int height = 0, width = 0, frames = 0, batch = 1;
+  double duration_s = 0;
+  bool json = false;
+};
+
+void AddCommon(CLI::App* cmd, CommonArgs* a) {
+  cmd->add_option("--cluster", a->cluster, "p4de | h100-8x | h200-local | FILE.json")
+      ->capture_default_str();
+  cmd->add_option("--machines", a->machines, "number of machines")->capture_default_str();
+  cmd->add_option("--gpus-per-machine", a->gpus_per_machine,
+                  "GPUs per machine (default: the cluster's)");
+  cmd->add_option("--model", a->model,
+                  "flux | cogvideox-5b | cogvideox-2b | wan2.1-14b | hunyuanvideo")
+      ->capture_default_str();
+  cmd->add_option("--height", a->height, "image/video height in pixels (default: the model's)");
+  cmd->add_option("--width", a->width, "image/video width in pixels (default: the model's)");
+  cmd->add_option("--duration-s", a->duration_s, "video duration in seconds (video models)");
+  cmd->add_option("--frames", a->frames, "video frames (overrides --duration-s)");
+  cmd->add_option("--batch", a->batch, "batch size")->capture_default_str();
+  cmd->add_flag("--json", a->json, "print JSON instead of a table");
+}
+
+template <typename T>
+T OrThrow(Result<T> r, const std::string& what) {
+  if (!r.ok()) throw Error(what + ": " + r.failure().ToString());
+  return std::move(r).ValueOrThrow();
+}
+
+sp::Topology LoadCluster(const CommonArgs& a) {
+  return OrThrow(sp::LoadTopology(a.cluster, a.machines, a.gpus_per_machine), "--cluster");
+}
+
+sp::Workload LoadWorkload(const CommonArgs& a) {
+  sp::WorkloadOptions o;
+  o.height = a.height;
+  o.width = a.width;
+  o.duration_s = a.duration_s;
+  o.frames = a.frames;
+  o.batch = a.batch;
+  return OrThrow(sp::MakeWorkload(a.model, o), "--model");
+}
+
+nlohmann::json CandidateJson(const sp::PlanCandidate& c) {
+  nlohmann::json j;
+  j["name"] = c.Name();
+  j["strategy"] = c.config.strategy;
+  j["ulysses_degree"] = c.config.ulysses_degree;
+  j["ring_degree"] = c.config.ring_degree;
+  j["torus_chunks"] = c.config.torus_chunks;
+  j["one_sided"] = c.config.one_sided;
+  j["predicted_layer_s"] = c.sim.layer_s;
+  j["predicted_step_s"] = c.step.step_s;
+  j["linear_layer_s"] = c.step.linear_layer_s;
+  j["max_inter_bytes_per_rank"] = c.max_inter_bytes_per_rank;
+  j["max_intra_bytes_per_rank"] = c.max_intra_bytes_per_rank;
+  j["inter_busy_s"] = c.sim.inter_busy_s;
+  j["hidden_comm_fraction"] = c.hidden_comm_fraction();
+  nlohmann::json b;
+  b["mean_compute_s"] = c.sim.mean_compute_s();
+  b["mean_exposed_comm_s"] = c.sim.mean_exposed_comm_s();
+  b["mean_idle_s"] = c.sim.mean_idle_s();
+  b["mean_comm_active_s"] = c.sim.mean_comm_active_s();
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (size_t r = 0; r < c.sim.ranks.size(); ++r) {
+    const sp::RankBreakdown& x = c.sim.ranks[r];
+    per_rank.push_back({{"rank", r},
+                        {"end_s", x.end_s},
+                        {"compute_s", x.compute_s},
+                        {"exposed_comm_s", x.exposed_comm_s},
+                        {"idle_s", x.idle_s},
+                        {"comm_active_s", x.comm_active_s},
+                        {"attention_s", x.attention_s},
+                        {"sent_intra_bytes", x.sent_intra_bytes},
+                        {"sent_inter_bytes", x.sent_inter_bytes}});
+  }
+  b["per_rank"] = per_rank;
+  j["breakdown"] = b;
+  const sp::CriticalPath& cp = c.sim.critical_path;
+  j["critical_path"] = {{"attention_s", cp.attention_s},
+                        {"memory_s", cp.memory_s},
+                        {"intra_transfer_s", cp.intra_transfer_s},
+                        {"inter_transfer_s", cp.inter_transfer_s},
+                        {"signal_s", cp.signal_s},
+                        {"ops", cp.ops},
+                        {"summary", cp.Describe()}};
+  return j;
+}
+
+nlohmann::json ContextJson(const sp::Topology& t, const sp::Workload& w) {
+  return {{"cluster", t.name},
+          {"machines", t.machines},
+          {"gpus_per_machine", t.gpus_per_machine},
+          {"workload",
+           {{"model", w.model},
+            {"batch", w.batch},
+            {"tokens", w.tokens},
+            {"text_tokens", w.text_tokens},
+            {"heads", w.heads},
+            {"head_dim", w.head_dim},
+            {"layers", w.layers}}}};
+}
+
+std::string Row(int rank, const sp::PlanCandidate& c, double ref_layer_s) {
+  return fmt::format("{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>7.2f}x",
+                     rank, c.Name(), c.sim.layer_s * 1e3, c.step.step_s,
+                     c.sim.mean_exposed_comm_s() * 1e3, 100 * c.hidden_comm_fraction(),
+                     c.max_inter_bytes_per_rank / 1e6,
+                     ref_layer_s > 0 ? ref_layer_s / c.sim.layer_s : 0.0);
+}
+
+std::string Header(const char* ref) {
+  return fmt::format("{:>3}  {:<38} {:>9} {:>9} {:>8} {:>8} {:>10} {:>8}\n", "#",
+                     "configuration", "layer ms", "step s", "exp. ms", "hidden", "inter MB/r",
+                     ref);
+}
+
+void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strategies,
+             const std::vector<int>& chunks) {
+  sp::Topology topo = LoadCluster(a);
+  sp::Workload wl = LoadWorkload(a);
+  sp::PlanOptions opt;
+  opt.strategies = strategies;
+  if (!chunks.empty()) opt.torus_chunks = chunks;
+  sp::PlanResult plan = OrThrow(sp::Plan(topo, wl, opt), "plan");
+  double best_usp = 0;
+  for (const auto& c : plan.ranked) {
+    if (c.config.strategy == "usp") {
+      best_usp = c.sim.layer_s;
+      break;
+    }
+  }
+  int shown = top > 0 ? std::min<int>(top, int(plan.ranked.size())) : int(plan.ranked.size());
+  if (a.json) {
+    nlohmann::json j = ContextJson(topo, wl);
+    j["candidates"] = nlohmann::json::array();
+    for (int i = 0; i < shown; ++i) {
+      nlohmann::json c = CandidateJson(plan.ranked[i]);
+      c["rank"] = i + 1;
+      if (best_usp > 0) c["speedup_vs_best_usp"] = best_usp / plan.ranked[i].sim.layer_s;
+      j["candidates"].push_back(c);
+    }
+    j["evaluated"] = plan.ranked.size();
+    j["skipped"] = plan.skipped;
+    j["explanation"] = plan.explanation;
+    fmt::print("{}\n", j.dump(1));
+    return;
+  }
+  fmt::print("cluster {} ({} x {} GPUs), {}\n", topo.name, topo.machines, topo.gpus_per_machine,
+             wl.Describe());
+  fmt::print("{}", Header("vs usp"));
+  for (int i = 0; i < shown; ++i) fmt::print("{}\n", Row(i + 1, plan.ranked[i], best_usp));
+  fmt::print("({} configurations simulated, {} skipped)\n\n{}\n", plan.ranked.size(),
+             plan.skipped.size(), plan.explanation);
+  for (const auto& s : plan.skipped) fmt::print("skipped: {}\n", s);
+}
+
+void RunSimulate(const CommonArgs& a, sp::SpConfig cfg) {
+  sp::Topology topo = LoadCluster(a);
+  sp::Workload wl = LoadWorkload(a);
+  sp::PlanCandidate c = OrThrow(sp::EvaluateConfig(topo, wl, cfg), "simulate");
+  if (a.json) {
+    nlohmann::json j = ContextJson(topo, wl);
+    j.update(CandidateJson(c));
+    fmt::print("{}\n", j.dump(1));
+    return;
+  }
+  fmt::print("cluster {} ({} x {} GPUs), {}\n", topo.name, topo.machines, topo.gpus_per_machine,
+             wl.Describe());
+  fmt::print("{}: predicted attention layer {:.3f} ms, linear layers {:.3f} ms per layer per "
+             "rank, step {:.3f} s ({} layers)\n",
+             c.Name(), c.sim.layer_s * 1e3, c.step.linear_layer_s * 1e3, c.step.step_s,
+             wl.layers);
+  fmt::print("mean per rank: compute {:.3f} ms, exposed communication {:.3f} ms, idle {:.3f} ms;"
+             " communication active {:.3f} ms ({:.0f}% hidden)\n",
+             c.sim.mean_compute_s() * 1e3, c.sim.mean_exposed_comm_s() * 1e3,
+             c.sim.mean_idle_s() * 1e3, c.sim.mean_comm_active_s() * 1e3,
+             100 * c.hidden_comm_fraction());
+  fmt::print("bytes per rank (max): inter-machine {:.1f} MB, intra-machine {:.1f} MB; "
+             "inter-machine links busy {:.3f} ms\n",
+             c.max_inter_bytes_per_rank / 1e6, c.max_intra_bytes_per_rank / 1e6,
+             c.sim.inter_busy_s * 1e3);
+  fmt::print("critical path: {}\n", c.sim.critical_path.Describe());
+  fmt::print("{:>5} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "rank", "end ms", "compute",
+             "exposed", "idle", "inter MB");
+  for (size_t r = 0; r < c.sim.ranks.size(); ++r) {
+    const sp::RankBreakdown& x = c.sim.ranks[r];
+    fmt::print("{:>5} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>12.1f}\n", r, x.end_s * 1e3,
+               x.compute_s * 1e3, x.exposed_comm_s * 1e3, x.idle_s * 1e3,
+               x.sent_inter_bytes / 1e6);
+  }
+}
+
+}  // namespace
+
+void RegisterSpCommands(CLI::App& app) {
+  CLI::App* sp = app.add_subcommand("sp", "SwiftFusion sequence-parallel planning and simulation");
+  sp->require_subcommand(1);
+
+  auto plan_args = std::make_shared<CommonArgs>();
+  auto top = std::make_shared<int>(10);
+  auto strategies = std::make_shared<std::vector<std::string>>();
+  auto chunks = std::make_shared<std::vector<int>>();
+  CLI::App* plan = sp->add_subcommand("plan", "rank every feasible strategy, degree and chunking");
+  AddCommon(plan, plan_args.get());
+  plan->add_option("--top", *top, "show the K fastest (0 = all)")->capture_default_str();
+  plan->add_option("--strategies", *strategies, "restrict to these strategies")->delimiter(',');
+  plan->add_option("--chunks", *chunks, "torus chunk counts to try (default 1,2,4,8)")
+      ->delimiter(',');
+  plan->callback([=] { RunPlan(*plan_args, *top, *strategies, *chunks); });
+
+  auto sim_args = std::make_shared<CommonArgs>();
+  auto cfg = std::make_shared<sp::SpConfig>();
+  CLI::App* sim = sp->add_subcommand("simulate", "predict one configuration with its breakdown");
+  AddCommon(sim, sim_args.get());
+  sim->add_option("--strategy", cfg->strategy, "ulysses | ring | usp | swiftfusion-tas | torus")
+      ->required();
+  sim->add_option("--ulysses", cfg->ulysses_degree, "Ulysses degree U (0 = default)");
+  sim->add_option("--ring", cfg->ring_degree, "Ring degree R (0 = default)");
+  sim->add_option("--chunks", cfg->torus_chunks, "torus chunks")->capture_default_str();
+  sim->add_flag("--one-sided", cfg->one_sided, "one-sided (NVSHMEM put/signal) transport");
+  sim->callback([=] { RunSimulate(*sim_args, *cfg); });
+}
+
 }  // namespace ditscale::cli

@@ -1,0 +1,128 @@
+// The one builder behind every strategy: a U x R hybrid of Ulysses (head-parallel all-to-all)
+// and Ring (kv rotation), with optional Torus chunking of the Ulysses all-to-all and two-sided or
+// one-sided transport. ulysses = (N, 1), ring = (1, N); usp / tas / torus differ in placement
+// and in the pipelined step 0. See strategies.h for the algorithms and the text-token scheme.
+//
+// Build order (the ProgramBuilder derives deps from the order ops are added, so the order below
+// is load-bearing): plan layouts and all transfers, [one-sided: "ready" round], issue the
+// Ulysses q/k/v chunks, step-0 attention (consuming chunks), ring steps (consume block s-1,
+// forward block s, attend block s, release buffers), Ulysses out back, text-out all-gather,
+// [one-sided: "done" round].
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ditscale/sp/internal/program_builder.h"
+#include "ditscale/sp/schedule.h"
+
+namespace ditscale::sp::internal {
+
+struct Transfer {
+  int src_rank = 0;
+  int dst_rank = 0;
+  Region src;        // final source, on src_rank
+  Region dst;        // final destination, on dst_rank
+  Region send_from;  // src, or the sender's staging buffer after a Pack
+  Region land;       // dst, or the receiver's staging buffer before an Unpack
+  int64_t tag = 0;
+  int64_t free_wait = 0;  // ring, one-sided: wait for own "ring.free" >= this before the put
+  std::string label;
+};
+
+struct Phase {
+  std::string name;  // unique; the one-sided arrival counter of the phase
+  std::vector<Transfer> transfers;
+};
+
+// A token slot of the gathered (Ulysses) buffers: `tokens` tokens from the shard of Ulysses
+// peer `src_u` (same ring index), starting at `src_offset` in that shard, stored at `offset`.
+struct Slot {
+  int src_u = 0;
+  int chunk = -1;  // -1 = own (stationary) slot
+  int64_t offset = 0;
+  int64_t tokens = 0;
+  int64_t src_offset = 0;
+};
+
+struct Accumulator {
+  int out = -1;
+  int lse = -1;
+  std::vector<char> fresh;  // per token: nothing accumulated yet (write directly, no merge)
+};
+
+struct RankLayout {
+  int rank = 0, u = 0, i = 0;
+  int64_t shard_begin = 0, shard_tokens = 0;
+  int q = -1, k = -1, v = -1, out = -1;
+  int tq = -1, tk = -1, tv = -1, tout = -1;
+  int gq = -1, gk = -1, gv = -1;  // gathered buffers (== q, k, v when U == 1)
+  int64_t chunk_tokens = 0;       // L: tokens of this rank's ring chunk
+  Accumulator acc, tacc;
+  int part = -1, part_lse = -1;
+  int64_t tq_begin = 0, tq_tokens = 0;  // text query rows this rank computes
+  std::vector<Slot> slots;
+  std::vector<std::pair<int64_t, int64_t>> chunk_range;  // gathered [a, b) of torus chunk c
+  std::vector<std::pair<int, int>> ring_loc;             // (k, v) buffer of ring block s
+};
+
+class HybridBuilder {
+ public:
+  HybridBuilder(const SpMesh& mesh, const SpConfig& resolved, const AttentionShape& shape);
+  Schedule Build();
+
+ private:
+  // hybrid.cc
+  void PlanLayouts();
+  void SyncRound(const std::vector<const Phase*>& phases, const std::string& name, bool at_end);
+  void AttendInto(int r, const Region& q, const Region& k, const Region& v, Accumulator* acc,
+                  int64_t acc_token_begin, const std::string& label);
+  Region KvHeads(int r, int buffer, int64_t token_begin, int64_t tokens) const;
+  Region QHeads(int r, int buffer, int64_t token_begin, int64_t tokens) const;
+  Phase PlanText();
+  void FinishText(int r);
+  // transfers.cc
+  Transfer MakeTransfer(const std::string& phase, const std::string& tensor, int src_rank,
+                        const Region& src, int dst_rank, const Region& dst);
+  void Issue(const Phase& phase, int r);
+  void Consume(const Phase& phase, int r, bool on_link_stream);
+  // ulysses.cc
+  Phase PlanForward(int chunk);
+  Phase PlanBack(int chunk);
+  void CopyOwnIn(int r);
+  void CopyOwnOut(int r);
+  void Step0(int r);
+  // torus.cc
+  void Step0Pipelined(int r);
+  // Torus: the last compute stage split by chunk so each chunk's out goes back when final.
+  void FinalStageByChunk(int r, const Region& k, const Region& v, const std::string& tag);
+  bool pipelined_back() const { return C_ > 0 && U_ > 1 && cfg_.strategy == "torus"; }
+  // ring.cc
+  void PlanRingLocations(int r);
+  Phase PlanRingStep(int s);
+  void RingCompute(int s, int r);
+  void RingRelease(int s, int r);
+
+  int RankOf(int u, int i) const;
+  int64_t RingChunkTokens(int ring_index) const;
+  LinkKind LinkOf(int a, int b) const;
+  static Stream StreamOf(LinkKind link);
+
+  SpMesh mesh_;
+  SpConfig cfg_;
+  AttentionShape shape_;
+  int U_ = 1, R_ = 1, C_ = 1;
+  int64_t H_ = 1, Hk_ = 1, group_ = 1;  // group_ = H / Hk
+  std::vector<int64_t> kv_begin_, kv_size_;  // kv heads of Ulysses index u
+  std::vector<int64_t> shard_begin_, shard_size_;  // by shard index i * U + u
+  Schedule s_;
+  std::vector<Phase> fwd_, ring_;  // Ulysses q/k/v chunks; ring steps
+  std::vector<Phase> back_;        // Ulysses out back, per torus chunk (slots of chunk c)
+  Phase text_;                     // text-out all-gather
+  std::vector<ProgramBuilder> b_;
+  std::vector<RankLayout> lay_;
+  int64_t next_tag_ = 1;
+};
+
+}  // namespace ditscale::sp::internal

@@ -1,0 +1,201 @@
+#include "ditscale/sp/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "ditscale/sp/strategies.h"
+
+namespace ditscale::sp {
+namespace {
+
+std::string Ms(double s) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(s < 0.01 ? 3 : s < 1 ? 2 : 1);
+  os << s * 1e3 << " ms";
+  return os.str();
+}
+
+std::string Ratio(double x) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(2);
+  os << x << "x";
+  return os.str();
+}
+
+std::string Bytes(double b) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  if (b >= 1e9) {
+    os << b / 1e9 << " GB";
+  } else {
+    os << b / 1e6 << " MB";
+  }
+  return os.str();
+}
+
+std::string Pct(double f) { return std::to_string(std::lround(100 * f)) + "%"; }
+
+}  // namespace
+
+std::string PlanCandidate::Name() const {
+  std::ostringstream os;
+  os << config.strategy << " U=" << config.ulysses_degree << " R=" << config.ring_degree;
+  if (config.strategy == "torus") os << " chunks=" << config.torus_chunks;
+  os << (config.one_sided ? " one-sided" : " two-sided");
+  return os.str();
+}
+
+double PlanCandidate::hidden_comm_fraction() const {
+  double active = sim.mean_comm_active_s();
+  if (active <= 0) return 1.0;
+  return std::clamp(1.0 - sim.mean_exposed_comm_s() / active, 0.0, 1.0);
+}
+
+Result<PlanCandidate> EvaluateConfig(const Topology& topology, const Workload& workload,
+                                     const SpConfig& config) {
+  SpMesh mesh;
+  mesh.machines = topology.machines;
+  mesh.gpus_per_machine = topology.gpus_per_machine;
+  AttentionShape shape = ToAttentionShape(workload);
+  Result<Schedule> schedule = BuildSchedule(mesh, config, shape);
+  if (!schedule.ok()) return schedule.failure();
+  Result<SimResult> sim = Simulate(*schedule, topology);
+  if (!sim.ok()) return sim.failure();
+  PlanCandidate c;
+  c.config = schedule->config;
+  c.sim = std::move(sim).ValueOrThrow();
+  c.step = PredictStep(c.sim, workload, topology);
+  for (const RankBreakdown& r : c.sim.ranks) {
+    c.max_inter_bytes_per_rank = std::max(c.max_inter_bytes_per_rank, r.sent_inter_bytes);
+    c.max_intra_bytes_per_rank = std::max(c.max_intra_bytes_per_rank, r.sent_intra_bytes);
+  }
+  return c;
+}
+
+Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
+                        const PlanOptions& options) {
+  Result<bool> v = topology.Validate();
+  if (!v.ok()) return v.failure();
+  v = workload.Validate();
+  if (!v.ok()) return v.failure();
+  std::vector<std::string> strategies = options.strategies;
+  if (strategies.empty()) strategies = StrategyNames();
+  const int n = topology.world_size();
+  std::vector<bool> transports;
+  if (options.two_sided) transports.push_back(false);
+  if (options.one_sided) transports.push_back(true);
+  if (transports.empty()) return Failure{"no transport selected", "", 0, "one_sided"};
+
+  std::vector<SpConfig> configs;
+  for (const std::string& s : strategies) {
+    const auto& known = StrategyNames();
+    if (std::find(known.begin(), known.end(), s) == known.end()) {
+      return Failure{"unknown strategy '" + s + "'", "", 0, "strategy"};
+    }
+    std::vector<std::pair<int, int>> degrees;
+    for (int u = 1; u <= n; ++u) {
+      if (n % u != 0) continue;
+      int r = n / u;
+      bool take = false;
+      if (s == "ulysses") take = r == 1;
+      if (s == "ring") take = u == 1;
+      if (s == "usp" || s == "swiftfusion-tas") take = u > 1 && r > 1;
+      if (s == "torus") take = u > 1;
+      if (take) degrees.push_back({u, r});
+    }
+    for (auto [u, r] : degrees) {
+      std::vector<int> chunks = {1};
+      if (s == "torus") chunks = options.torus_chunks;
+      for (int c : chunks) {
+        for (bool one : transports) {
+          SpConfig cfg;
+          cfg.strategy = s;
+          cfg.ulysses_degree = u;
+          cfg.ring_degree = r;
+          cfg.torus_chunks = c;
+          cfg.one_sided = one;
+          configs.push_back(cfg);
+        }
+      }
+    }
+  }
+
+  PlanResult out;
+  for (const SpConfig& cfg : configs) {
+    Result<PlanCandidate> c = EvaluateConfig(topology, workload, cfg);
+    if (c.ok()) {
+      out.ranked.push_back(std::move(c).ValueOrThrow());
+    } else {
+      PlanCandidate named;
+      named.config = cfg;
+      out.skipped.push_back(named.Name() + ": " + c.failure().ToString());
+    }
+  }
+  if (out.ranked.empty()) {
+    std::string why = out.skipped.empty() ? "no configuration enumerated" : out.skipped[0];
+    return Failure{"no feasible configuration: " + why, "", 0, "strategy"};
+  }
+  std::stable_sort(out.ranked.begin(), out.ranked.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) {
+                     if (a.sim.layer_s != b.sim.layer_s) return a.sim.layer_s < b.sim.layer_s;
+                     return a.max_inter_bytes_per_rank < b.max_inter_bytes_per_rank;
+                   });
+  out.explanation = ExplainWinner(out.ranked);
+  return out;
+}
+
+std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
+  if (ranked.empty()) return "";
+  const PlanCandidate& w = ranked[0];
+  std::ostringstream os;
+  os << w.Name() << " wins: " << Ms(w.sim.layer_s) << " per attention layer, "
+     << Ms(w.step.step_s) << " per step. Its critical path: " << w.sim.critical_path.Describe()
+     << ". It overlaps " << Pct(w.hidden_comm_fraction())
+     << " of its communication time with compute (exposed communication "
+     << Ms(w.sim.mean_exposed_comm_s()) << " per rank)";
+  if (w.sim.inter_busy_s > 0) {
+    os << "; inter-machine links move data for " << Ms(w.sim.inter_busy_s) << " of the layer";
+  }
+  os << ".";
+  // Best candidate of each other strategy (ranked is sorted, so the first seen is the best).
+  std::map<std::string, const PlanCandidate*> best;
+  for (const PlanCandidate& c : ranked) best.try_emplace(c.config.strategy, &c);
+  for (const auto& [name, c] : best) {
+    if (name == w.config.strategy) continue;
+    os << "\n  vs best " << name << " (" << c->Name() << ", " << Ms(c->sim.layer_s) << "): "
+       << Ratio(c->sim.layer_s / w.sim.layer_s) << " slower";
+    double wb = double(w.max_inter_bytes_per_rank), cb = double(c->max_inter_bytes_per_rank);
+    if (cb > 0 && wb > 0 && std::abs(cb / wb - 1) > 0.05) {
+      os << "; it moves " << Ratio(cb >= wb ? cb / wb : wb / cb)
+         << (cb >= wb ? " more" : " fewer") << " bytes per rank over the inter-machine network ("
+         << Bytes(cb) << " vs " << Bytes(wb) << ")";
+    } else if (cb > 0 && wb == 0) {
+      os << "; it sends " << Bytes(cb) << " per rank across machines, the winner none";
+    }
+    os << "; it hides " << Pct(c->hidden_comm_fraction()) << " of its communication (exposed "
+       << Ms(c->sim.mean_exposed_comm_s()) << " per rank)";
+  }
+  // The same configuration with the other transport, if enumerated.
+  for (const PlanCandidate& c : ranked) {
+    const SpConfig& a = c.config;
+    const SpConfig& b = w.config;
+    if (a.strategy == b.strategy && a.ulysses_degree == b.ulysses_degree &&
+        a.ring_degree == b.ring_degree && a.torus_chunks == b.torus_chunks &&
+        a.one_sided != b.one_sided) {
+      os << "\n  the same with " << (a.one_sided ? "one-sided" : "two-sided") << " transport: "
+         << Ms(c.sim.layer_s) << " ("
+         << (c.sim.layer_s >= w.sim.layer_s ? Ratio(c.sim.layer_s / w.sim.layer_s) + " slower"
+                                            : Ratio(w.sim.layer_s / c.sim.layer_s) + " faster")
+         << ")";
+      break;
+    }
+  }
+  return os.str();
+}
+
+}  // namespace ditscale::sp

@@ -1,0 +1,75 @@
+// Builders of sequence-parallel attention schedules (see schedule.h for the data model).
+//
+// N = ulysses_degree (U) * ring_degree (R) ranks. Rank r has Ulysses index u and ring index i
+// (placement, see Placement in schedule.h) and holds image-token shard number i * U + u of the
+// sequence (shards as even as possible: the first S % N shards hold one token more), so that the
+// U shards of a Ulysses group form one contiguous "ring chunk" of the sequence.
+//
+// Strategies:
+//  ulysses          U = N. All-to-all of q, k, v: each rank gathers the full sequence for its head
+//                   group (uneven groups when H % U != 0, e.g. 30 heads on 4 -> 8, 8, 7, 7; in
+//                   units of kv-head groups under GQA), attends, all-to-all of out back.
+//  ring             R = N. R steps; at step s a rank attends its queries against the kv block that
+//                   came from s hops back and LSE-merges it; kv blocks rotate to the next rank,
+//                   double buffered (own buffer + one extra, reused with flow control).
+//  usp              Ulysses within machines, Ring across (yunchang / xDiT placement).
+//  swiftfusion-tas  Ulysses across machines, Ring within (SwiftFusion topology-aware scheduling).
+//  torus            tas whose Ulysses q/k/v all-to-all is split into torus_chunks token chunks:
+//                   the stationary block (own shard, own heads: no transfer) is attended first,
+//                   then as chunk c arrives its queries attend all kv arrived so far and earlier
+//                   queries attend its kv (merged by LSE), while chunk c + 1 is in flight.
+//                   The out all-to-all back is chunked too: in the last compute stage each
+//                   chunk's out leaves as soon as it is final.
+//  Every strategy exists in two-sided (Send/Recv) and one-sided (Put with signal / Wait) form.
+//  One-sided schedules synchronise across machines only twice per layer (a "buffers ready"
+//  signal round at the beginning and a "done" round at the end); the receiver Waits only just
+//  before the data is consumed; ring flow control ("buffer free") signals stay within the ring.
+//
+// Joint text tokens (T > 0): text q/k/v are replicated, so each rank takes its head group's text
+// k/v locally and attends its image queries against them once. Text queries are split, not
+// duplicated: rank (u, i) computes text query rows slice_i(T) (T split over the R ring ranks) for
+// head group u against all image kv of its ring (it sees every kv block during the ring) and the
+// text kv; an all-gather of these text-output pieces over all N ranks then gives every rank the
+// full text output. Cost: T/R * (S + T) attention rows per rank plus T*H*d*e*(N-1)/N bytes
+// received per rank.
+//
+// Closed-form per-rank volumes (received bytes, b batch, e dtype bytes, no text, S % N == 0,
+// H % U == 0): Ulysses 4 * b * (S/N) * H * d * e * (U-1)/U (q, k, v in and out back);
+// Ring 2 * b * (S/R) * (H/U) * d * e * (R-1) (k and v of the other R-1 blocks).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ditscale/core/result.h"
+#include "ditscale/sp/schedule.h"
+
+namespace ditscale::sp {
+
+// "ulysses", "ring", "usp", "swiftfusion-tas", "torus".
+const std::vector<std::string>& StrategyNames();
+
+// Fills the defaults of `config` (degrees, placement) for `mesh` and checks it: known strategy,
+// U * R == mesh.ranks(), 1 <= torus_chunks, torus_chunks == 1 unless strategy is torus, shape
+// sizes positive, kv_heads divides heads, U <= kv_heads, every rank has at least one image token.
+// Failures name the field (Failure::column), e.g. "ulysses_degree".
+Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
+                               const AttentionShape& shape);
+
+// The schedule of one attention layer. Calls ResolveConfig first.
+Result<Schedule> BuildSchedule(const SpMesh& mesh, const SpConfig& config,
+                               const AttentionShape& shape);
+
+// Rank layout of a resolved config.
+struct RankCoords {
+  int ulysses_index = 0;  // u in [0, U)
+  int ring_index = 0;     // i in [0, R)
+};
+RankCoords CoordsOfRank(const SpConfig& resolved, int rank);
+int RankOfCoords(const SpConfig& resolved, int ulysses_index, int ring_index);
+
+// Split n into `parts` as evenly as possible, larger parts first: (30, 4) -> {8, 8, 7, 7}.
+std::vector<int64_t> EvenSplit(int64_t n, int parts);
+
+}  // namespace ditscale::sp

@@ -1,0 +1,112 @@
+// Strategy names, config resolution and the BuildSchedule entry point.
+#include <algorithm>
+
+#include "ditscale/sp/internal/hybrid.h"
+#include "ditscale/sp/strategies.h"
+
+namespace ditscale::sp {
+namespace {
+
+Failure Bad(const std::string& column, const std::string& message) {
+  Failure f;
+  f.column = column;
+  f.message = message;
+  return f;
+}
+
+}  // namespace
+
+const std::vector<std::string>& StrategyNames() {
+  static const std::vector<std::string> names = {"ulysses", "ring", "usp", "swiftfusion-tas",
+                                                 "torus"};
+  return names;
+}
+
+std::vector<int64_t> EvenSplit(int64_t n, int parts) {
+  DS_CHECK(parts >= 1 && n >= 0, "EvenSplit(", n, ", ", parts, ")");
+  std::vector<int64_t> out(parts, n / parts);
+  for (int64_t p = 0; p < n % parts; ++p) ++out[p];
+  return out;
+}
+
+RankCoords CoordsOfRank(const SpConfig& c, int rank) {
+  if (c.placement == Placement::kUlyssesOuter) {
+    return RankCoords{rank / c.ring_degree, rank % c.ring_degree};
+  }
+  return RankCoords{rank % c.ulysses_degree, rank / c.ulysses_degree};
+}
+
+int RankOfCoords(const SpConfig& c, int u, int i) {
+  if (c.placement == Placement::kUlyssesOuter) return u * c.ring_degree + i;
+  return i * c.ulysses_degree + u;
+}
+
+Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
+                               const AttentionShape& shape) {
+  SpConfig c = config;
+  const auto& names = StrategyNames();
+  if (std::find(names.begin(), names.end(), c.strategy) == names.end()) {
+    return Bad("strategy", "unknown strategy '" + c.strategy +
+                               "' (ulysses, ring, usp, swiftfusion-tas, torus)");
+  }
+  if (mesh.machines < 1) return Bad("machines", "must be >= 1");
+  if (mesh.gpus_per_machine < 1) return Bad("gpus_per_machine", "must be >= 1");
+  const int n = mesh.ranks();
+  if (c.ulysses_degree < 0) return Bad("ulysses_degree", "must be >= 0 (0 = default)");
+  if (c.ring_degree < 0) return Bad("ring_degree", "must be >= 0 (0 = default)");
+  if (c.strategy == "ulysses") {
+    if (c.ring_degree > 1) return Bad("ring_degree", "strategy ulysses has ring_degree 1");
+    c.ulysses_degree = c.ulysses_degree ? c.ulysses_degree : n;
+    c.ring_degree = 1;
+  } else if (c.strategy == "ring") {
+    if (c.ulysses_degree > 1) return Bad("ulysses_degree", "strategy ring has ulysses_degree 1");
+    c.ring_degree = c.ring_degree ? c.ring_degree : n;
+    c.ulysses_degree = 1;
+  } else {
+    const int def_u = c.strategy == "usp" ? mesh.gpus_per_machine : mesh.machines;
+    if (c.ulysses_degree == 0 && c.ring_degree == 0) c.ulysses_degree = def_u;
+    if (c.ulysses_degree == 0) c.ulysses_degree = c.ring_degree > 0 ? n / c.ring_degree : def_u;
+    if (c.ring_degree == 0) c.ring_degree = n / std::max(1, c.ulysses_degree);
+  }
+  if (c.ulysses_degree * c.ring_degree != n) {
+    return Bad("ulysses_degree", "ulysses_degree " + std::to_string(c.ulysses_degree) +
+                                     " x ring_degree " + std::to_string(c.ring_degree) +
+                                     " != " + std::to_string(n) + " ranks of the mesh");
+  }
+  if (c.torus_chunks < 1) return Bad("torus_chunks", "must be >= 1");
+  if (c.torus_chunks > 1 && c.strategy != "torus") {
+    return Bad("torus_chunks", "only strategy torus splits the all-to-all into chunks");
+  }
+  if (c.placement == Placement::kStrategyDefault) {
+    c.placement = (c.strategy == "swiftfusion-tas" || c.strategy == "torus")
+                      ? Placement::kUlyssesOuter
+                      : Placement::kUlyssesInner;
+  }
+  if (shape.batch < 1) return Bad("batch", "must be >= 1");
+  if (shape.seq_tokens < n) {
+    return Bad("seq_tokens", "needs at least one image token per rank (" + std::to_string(n) +
+                                 " ranks, " + std::to_string(shape.seq_tokens) + " tokens)");
+  }
+  if (shape.text_tokens < 0) return Bad("text_tokens", "must be >= 0");
+  if (shape.heads < 1) return Bad("heads", "must be >= 1");
+  if (shape.kv_heads < 0) return Bad("kv_heads", "must be >= 0 (0 = heads)");
+  const int64_t kvh = shape.kv_heads_or_heads();
+  if (shape.heads % kvh != 0) return Bad("kv_heads", "must divide heads");
+  if (kvh < c.ulysses_degree) {
+    return Bad("ulysses_degree", "ulysses_degree " + std::to_string(c.ulysses_degree) +
+                                     " exceeds the " + std::to_string(kvh) +
+                                     " kv heads (each Ulysses rank needs at least one)");
+  }
+  if (shape.head_dim < 1) return Bad("head_dim", "must be >= 1");
+  if (shape.dtype_bytes < 1) return Bad("dtype_bytes", "must be >= 1");
+  return c;
+}
+
+Result<Schedule> BuildSchedule(const SpMesh& mesh, const SpConfig& config,
+                               const AttentionShape& shape) {
+  Result<SpConfig> resolved = ResolveConfig(mesh, config, shape);
+  if (!resolved.ok()) return resolved.failure();
+  return internal::HybridBuilder(mesh, *resolved, shape).Build();
+}
+
+}  // namespace ditscale::sp

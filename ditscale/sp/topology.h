@@ -1,0 +1,143 @@
+// Cluster topology and GPU throughput model for the sequence-parallel simulator.
+//
+// A cluster is `machines` x `gpus_per_machine` GPUs. Global rank r lives on machine
+// r / gpus_per_machine, local index r % gpus_per_machine.
+//
+// Links (all bandwidths are per direction, in bytes/s; 1 GB = 1e9 B, 1 GiB = 2^30 B):
+//   * intra-machine (NVSwitch / NVLink): every GPU has one egress port and one ingress port of
+//     `intra_bandwidth_Bps` each; a transfer a -> b on the same machine occupies a's egress and b's
+//     ingress. Latency `intra_latency_s` is added once per transfer.
+//   * inter-machine (EFA / RDMA / socket): every machine has ONE shared NIC with
+//     `nic_bandwidth_Bps` egress and the same ingress; a transfer from machine m to machine n
+//     occupies m's NIC egress and n's NIC ingress, shared with every other concurrent
+//     inter-machine flow of those machines (see simulator.h for the sharing rule). Latency
+//     `inter_latency_s` is added once per transfer.
+//
+// Compute:
+//   * attention of a q block of `q_tokens` against a kv block of `kv_tokens` with F flops takes
+//       launch_overhead_s + F / (attention_flops * Eff(q_tokens) * Eff(kv_tokens)),
+//       Eff(t) = t / (t + attention_half_tokens)
+//     i.e. `attention_flops` is the asymptotic (long-sequence) ACHIEVED throughput and
+//     `attention_half_tokens` the block length at which one side's efficiency is 1/2. With the
+//     default 128 tokens, Eff(512)^2 = 0.64 and Eff(4096)^2 = 0.94, which follows the shape of
+//     flash-attention-2's published A100 forward curve (hd 128: ~60-65% of the long-sequence
+//     throughput at seqlen 512, >90% from 4k on). Block efficiency ignores head/batch occupancy.
+//   * memory-bound ops (log-sum-exp merge, pack/unpack, local copies) of B bytes moved take
+//       launch_overhead_s + B / hbm_bandwidth_Bps.
+//   * linear layers (QKV/out projections, MLP) run at `linear_flops`.
+//
+// Per-op fixed overheads:
+//   * two-sided (NCCL send/recv) transfer: `two_sided_sync_s` added to the transfer (the
+//     rendezvous/handshake and kernel launch); while it runs, the NCCL kernel occupies
+//     `two_sided_sm_fraction` of the GPU's SMs on both endpoints, so concurrent compute on those
+//     ranks runs at (1 - two_sided_sm_fraction) of its speed.
+//   * one-sided (NVSHMEM put, copy engine / NIC RDMA) transfer: `one_sided_overhead_s` added; no
+//     SMs are taken.
+//
+// Presets (every constant and its source; "achieved" = what a well-tuned kernel or collective
+// reaches, not the datasheet):
+//   p4de (AWS p4de.24xlarge, the SwiftFusion paper's cluster), default 8 GPUs per machine:
+//     intra 240 GB/s per direction: NVSwitch gen 2, 12 NVLink3 links x 25 GB/s = 300 GB/s per
+//       direction (600 GB/s "per GPU" is both directions); NCCL all-to-all busbw on DGX A100
+//       reaches ~230-240 GB/s. intra latency 5 us (NCCL P2P small-message latency).
+//     NIC 42.5 GB/s per direction: 4 x 100 Gb/s EFA = 50 GB/s line rate, ~85% achieved by
+//       aws-ofi-nccl at large messages. inter latency 20 us (EFA SRD + NCCL proxy).
+//     attention 200 TFLOP/s: flash-attention 2 forward on A100 bf16 hd 128 reaches 190-230
+//       TFLOP/s (60-70% of the 312 TFLOP/s dense bf16 peak). linear 250 TFLOP/s (80% of 312).
+//       HBM 1.6 TB/s achieved (A100 80GB: 2.04 TB/s datasheet).
+//   h100-8x (p5 / DGX H100), default 8 GPUs per machine:
+//     intra 360 GB/s per direction: NVSwitch gen 3, 18 NVLink4 links = 450 GB/s per direction
+//       (900 GB/s both directions), ~80% achieved. intra latency 4 us.
+//     NIC 320 GB/s per direction: 8 x 400 Gb/s = 400 GB/s line rate, 80% achieved. inter
+//       latency 15 us.
+//     attention 600 TFLOP/s (flash-attention 3 / cuDNN bf16 hd 128 forward, 600-700 TFLOP/s),
+//       linear 700 TFLOP/s (71% of 989), HBM 2.8 TB/s achieved (3.35 TB/s datasheet).
+//   h200-local (the lent host; emulated machines share the host), default 4 GPUs per machine:
+//     intra 282.4 GB/s per direction: measured NCCL all-to-all busbw ~263 GiB/s at 256 MiB.
+//       intra latency 5 us.
+//     NIC 1.93 GB/s per direction: measured NCCL socket transport between emulated machines
+//       (NCCL_HOSTID per machine), ~1.8 GiB/s. inter latency 50 us (TCP loopback + proxy).
+//     attention 650 TFLOP/s: measured cuDNN attention (ATen) at hd 128 on one H200.
+//       linear 750 TFLOP/s (76% of 989), HBM 4.0 TB/s achieved (4.8 TB/s datasheet).
+//   Common overheads (all presets unless noted): kernel launch 5 us; NCCL two-sided sync 15 us
+//   per send/recv pair (rendezvous + proxy hand-off); NCCL SM fraction 0.10 (NCCL's default
+//   ~8-16 channels of 108-132 SMs); one-sided put 2 us (NVSHMEM host-initiated put on a stream).
+//   The measured h200 figures come from ARCHITECTURE.md ("Real components").
+//
+// Custom clusters: a JSON object with the keys below (bandwidths in GB/s = 1e9 B/s, times in
+// microseconds). "base" names a preset whose values fill the keys not given; without "base",
+// every key is required. Unknown keys are errors.
+//   { "base": "p4de", "name": "my-cluster", "gpus_per_machine": 8,
+//     "intra_bandwidth_GBps": 240, "intra_latency_us": 5,
+//     "nic_bandwidth_GBps": 42.5, "inter_latency_us": 20,
+//     "attention_tflops": 200, "attention_half_tokens": 128, "linear_tflops": 250,
+//     "hbm_bandwidth_GBps": 1600, "launch_overhead_us": 5, "two_sided_sync_us": 15,
+//     "two_sided_sm_fraction": 0.1, "one_sided_overhead_us": 2 }
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ditscale/core/result.h"
+
+namespace ditscale::sp {
+
+struct Topology {
+  std::string name;
+  int machines = 1;
+  int gpus_per_machine = 8;
+
+  double intra_bandwidth_Bps = 0;  // per GPU, per direction (egress = ingress)
+  double intra_latency_s = 0;
+  double nic_bandwidth_Bps = 0;    // per machine (shared by its GPUs), per direction
+  double inter_latency_s = 0;
+
+  double attention_flops = 0;         // asymptotic achieved attention FLOP/s per GPU
+  double attention_half_tokens = 128; // Eff(t) = t / (t + attention_half_tokens)
+  double linear_flops = 0;            // achieved GEMM FLOP/s per GPU
+  double hbm_bandwidth_Bps = 0;       // achieved bytes/s for memory-bound ops
+
+  double launch_overhead_s = 0;     // per compute op
+  double two_sided_sync_s = 0;      // per two-sided transfer
+  double two_sided_sm_fraction = 0; // compute slow-down while a two-sided transfer runs
+  double one_sided_overhead_s = 0;  // per one-sided transfer
+
+  int world_size() const { return machines * gpus_per_machine; }
+  int MachineOf(int rank) const { return rank / gpus_per_machine; }
+  bool SameMachine(int a, int b) const { return MachineOf(a) == MachineOf(b); }
+
+  // Eff(t) = t / (t + attention_half_tokens), in (0, 1); 0 for t <= 0.
+  double BlockEfficiency(double tokens) const;
+  // Seconds for an attention op: launch_overhead_s + flops / (attention_flops * Eff(q) * Eff(kv)).
+  double AttentionSeconds(double flops, double q_tokens, double kv_tokens) const;
+  // Seconds for a memory-bound op moving `bytes`: launch_overhead_s + bytes / hbm_bandwidth_Bps.
+  double MemorySeconds(double bytes) const;
+  // Seconds for `flops` of GEMM work: flops / linear_flops (no launch overhead).
+  double LinearSeconds(double flops) const;
+  // Unloaded transfer time of `bytes` from rank a to rank b (latency + bytes / link bandwidth,
+  // no sync overhead); the simulator adds contention and sync.
+  double TransferSeconds(double bytes, int a, int b) const;
+
+  // Checks every field (positive bandwidths/throughputs, fractions in [0,1), ...).
+  // Returns a failure naming the field.
+  Result<bool> Validate() const;
+};
+
+// Names of the built-in presets: {"p4de", "h100-8x", "h200-local"}.
+std::vector<std::string> PresetNames();
+
+// A preset with `machines` machines. gpus_per_machine <= 0 keeps the preset's default.
+// Failure for an unknown name or a non-positive machine count.
+Result<Topology> MakePresetTopology(const std::string& name, int machines,
+                                    int gpus_per_machine = 0);
+
+// Parses a JSON cluster description (format above). `source` names the file in errors:
+// "FILE: field 'nic_bandwidth_GBps': must be > 0".
+Result<Topology> ParseTopologyJson(const std::string& json_text, const std::string& source,
+                                   int machines, int gpus_per_machine = 0);
+
+// A preset name, or else a path to a JSON file.
+Result<Topology> LoadTopology(const std::string& preset_or_file, int machines,
+                              int gpus_per_machine = 0);
+
+}  // namespace ditscale::sp

@@ -1,0 +1,124 @@
+#include "ditscale/sp/topology.h"
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include <gtest/gtest.h>
+
+namespace ditscale::sp {
+namespace {
+
+TEST(Topology, PresetsHaveDocumentedConstants) {
+  Topology p = MakePresetTopology("p4de", 2).value();
+  EXPECT_EQ(p.machines, 2);
+  EXPECT_EQ(p.gpus_per_machine, 8);
+  EXPECT_EQ(p.world_size(), 16);
+  EXPECT_DOUBLE_EQ(p.nic_bandwidth_Bps, 42.5e9);
+  EXPECT_DOUBLE_EQ(p.intra_bandwidth_Bps, 240e9);
+  EXPECT_DOUBLE_EQ(p.attention_flops, 200e12);
+  Topology h = MakePresetTopology("h100-8x", 4, 4).value();
+  EXPECT_EQ(h.world_size(), 16);
+  EXPECT_DOUBLE_EQ(h.nic_bandwidth_Bps, 320e9);
+  Topology l = MakePresetTopology("h200-local", 2).value();
+  EXPECT_DOUBLE_EQ(l.intra_bandwidth_Bps, 263.0 * 1073741824.0);
+  EXPECT_DOUBLE_EQ(l.nic_bandwidth_Bps, 1.8 * 1073741824.0);
+  EXPECT_DOUBLE_EQ(l.attention_flops, 650e12);
+  for (const auto& n : PresetNames()) EXPECT_TRUE(MakePresetTopology(n, 1).value().Validate().ok());
+}
+
+TEST(Topology, UnknownPresetAndBadMachines) {
+  auto r = MakePresetTopology("dgx-z", 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.failure().ToString().find("p4de"), std::string::npos);
+  EXPECT_FALSE(MakePresetTopology("p4de", 0).ok());
+}
+
+TEST(Topology, RankPlacement) {
+  Topology t = MakePresetTopology("p4de", 3, 4).value();
+  EXPECT_EQ(t.MachineOf(0), 0);
+  EXPECT_EQ(t.MachineOf(3), 0);
+  EXPECT_EQ(t.MachineOf(4), 1);
+  EXPECT_EQ(t.MachineOf(11), 2);
+  EXPECT_TRUE(t.SameMachine(4, 7));
+  EXPECT_FALSE(t.SameMachine(3, 4));
+}
+
+TEST(Topology, CostFormulas) {
+  Topology t = MakePresetTopology("p4de", 2).value();
+  EXPECT_DOUBLE_EQ(t.BlockEfficiency(128), 0.5);
+  EXPECT_DOUBLE_EQ(t.BlockEfficiency(384), 0.75);
+  EXPECT_DOUBLE_EQ(t.BlockEfficiency(0), 0.0);
+  // 1e12 flops, q=kv=384 tokens: 5us + 1e12 / (200e12 * 0.5625).
+  EXPECT_NEAR(t.AttentionSeconds(1e12, 384, 384), 5e-6 + 1e12 / (200e12 * 0.5625), 1e-15);
+  EXPECT_NEAR(t.MemorySeconds(1.6e12), 5e-6 + 1.0, 1e-12);
+  EXPECT_NEAR(t.LinearSeconds(250e12), 1.0, 1e-12);
+  EXPECT_NEAR(t.TransferSeconds(240e9, 0, 1), 5e-6 + 1.0, 1e-12);
+  EXPECT_NEAR(t.TransferSeconds(42.5e9, 0, 8), 20e-6 + 1.0, 1e-12);
+  // Efficiency grows with block size, for random sizes.
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> d(1, 1e6);
+  for (int i = 0; i < 100; ++i) {
+    double a = d(rng), b = d(rng);
+    if (a > b) std::swap(a, b);
+    EXPECT_LE(t.BlockEfficiency(a), t.BlockEfficiency(b));
+    EXPECT_LT(t.BlockEfficiency(b), 1.0);
+  }
+}
+
+TEST(Topology, JsonWithBaseOverridesFields) {
+  auto r = ParseTopologyJson(R"({"base": "p4de", "name": "slow-efa", "nic_bandwidth_GBps": 10,
+                                 "two_sided_sm_fraction": 0.2})",
+                             "c.json", 4);
+  ASSERT_TRUE(r.ok()) << r.failure().ToString();
+  EXPECT_EQ(r->name, "slow-efa");
+  EXPECT_EQ(r->machines, 4);
+  EXPECT_DOUBLE_EQ(r->nic_bandwidth_Bps, 10e9);
+  EXPECT_DOUBLE_EQ(r->intra_bandwidth_Bps, 240e9);
+  EXPECT_DOUBLE_EQ(r->two_sided_sm_fraction, 0.2);
+}
+
+TEST(Topology, JsonErrorsNameFileAndField) {
+  auto expect_fail = [](const std::string& text, const std::string& needle) {
+    auto r = ParseTopologyJson(text, "my.json", 2);
+    ASSERT_FALSE(r.ok()) << text;
+    std::string msg = r.failure().ToString();
+    EXPECT_NE(msg.find("my.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+  };
+  expect_fail(R"({"base": "p4de", "nic_bandwidth_GBps": -1})", "'nic_bandwidth_GBps'");
+  expect_fail(R"({"base": "p4de", "nic_bandwith_GBps": 1})", "'nic_bandwith_GBps': unknown");
+  expect_fail(R"({"base": "p4de", "intra_latency_us": "5"})", "'intra_latency_us': must be a number");
+  expect_fail(R"({"base": "nope"})", "'base'");
+  expect_fail(R"({"base": "p4de", "gpus_per_machine": 2.5})", "'gpus_per_machine'");
+  expect_fail(R"({"base": "p4de", "two_sided_sm_fraction": 1})", "'two_sided_sm_fraction'");
+  expect_fail(R"({"gpus_per_machine": 8})", "missing");
+  expect_fail("[1, 2]", "object");
+  auto r = ParseTopologyJson("{\n  \"base\": \"p4de\",\n  oops\n}", "my.json", 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure().line, 3) << r.failure().ToString();
+}
+
+TEST(Topology, LoadFromFileAndPreset) {
+  std::string path = ::testing::TempDir() + "topo_" + std::to_string(std::random_device{}()) + ".json";
+  {
+    std::ofstream f(path);
+    f << R"({"name": "full", "gpus_per_machine": 4, "intra_bandwidth_GBps": 100,
+             "intra_latency_us": 1, "nic_bandwidth_GBps": 10, "inter_latency_us": 10,
+             "attention_tflops": 100, "attention_half_tokens": 0, "linear_tflops": 100,
+             "hbm_bandwidth_GBps": 1000, "launch_overhead_us": 0, "two_sided_sync_us": 0,
+             "two_sided_sm_fraction": 0, "one_sided_overhead_us": 0})";
+  }
+  auto r = LoadTopology(path, 3);
+  ASSERT_TRUE(r.ok()) << r.failure().ToString();
+  EXPECT_EQ(r->world_size(), 12);
+  EXPECT_DOUBLE_EQ(r->BlockEfficiency(1), 1.0);
+  std::remove(path.c_str());
+  EXPECT_TRUE(LoadTopology("p4de", 2).ok());
+  auto missing = LoadTopology("/nonexistent/x.json", 2);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.failure().ToString().find("/nonexistent/x.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ditscale::sp

@@ -6,7 +6,33 @@ if(Python3_Interpreter_FOUND)
 endif()
 if(_torch_prefix)
   list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
+  # A CUDA torch's config (Caffe2/public/cuda.cmake) probes the installed GPUs with try_run unless
+  # TORCH_CUDA_ARCH_LIST is set (that probe fails to configure here), and it sets
+  # CMAKE_CUDA_ARCHITECTURES to OFF, which would drop our sm_80/sm_90a targets: give it our list
+  # and restore ours afterwards. It also appends its nvcc flags (-gencode for sm_80/sm_90, ...) to
+  # CMAKE_CUDA_FLAGS, which would compile every ditscale kernel twice: restore those too.
+  if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+    set(TORCH_CUDA_ARCH_LIST "")
+    foreach(_arch ${DITSCALE_CUDA_ARCHS})
+      string(REGEX REPLACE "^([0-9]+)([0-9])[a-z]*$" "\\1.\\2" _arch "${_arch}")
+      list(APPEND TORCH_CUDA_ARCH_LIST ${_arch})
+    endforeach()
+  endif()
+  if(DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(_ditscale_cuda_archs "${CMAKE_CUDA_ARCHITECTURES}")
+  endif()
+  set(_ditscale_cuda_flags "${CMAKE_CUDA_FLAGS}")
+  set(_ditscale_had_python ${Python_FOUND})
   find_package(Torch QUIET)
+  # Torch's CUDA config runs find_package(Python COMPONENTS Interpreter); pybind11 would then
+  # take FindPython's `Python` (no Development component, no python_add_library): keep Python3.
+  if(NOT _ditscale_had_python)
+    unset(Python_FOUND)
+  endif()
+  if(DEFINED _ditscale_cuda_archs)
+    set(CMAKE_CUDA_ARCHITECTURES "${_ditscale_cuda_archs}")
+  endif()
+  set(CMAKE_CUDA_FLAGS "${_ditscale_cuda_flags}")
 endif()
 if(Torch_FOUND)
   set(DITSCALE_HAVE_TORCH ON)

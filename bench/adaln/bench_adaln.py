@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Benchmark of the fused AdaLN op on one GPU against eager PyTorch, torch.compile and a copy.
+
+    python bench/adaln/bench_adaln.py [--out bench/results/adaln-h200.md] [--quick]
+
+Workload: x [B, N, D] bf16, per-sample modulation (scale/shift as strided [B, D] chunks of a
+[B, 6, D] tensor, as Wan 2.1 produces them), LayerNorm without affine, eps 1e-6;
+B in {1, 2}, N in {4096, 16384, 65536}, D in {1536, 3072, 5120}.
+
+Columns (milliseconds, median of CUDA-event timings, L2 flushed before every repetition):
+  ours     ditscale.ops.adaln (fused kernels)
+  eager    ditscale.ops.adaln_reference: F.layer_norm(x) * (1 + scale) + shift (diffusers)
+  compile  torch.compile(adaln_reference) (inductor, static shapes)
+  copy     y.copy_(x): moves the bytes a forward must move (read x, write y); the forward's
+           speed-of-light. The forward+backward limit is 2.5 copies: forward read x + write y,
+           backward read x + dy, write dx (5 passes over [B, N, D]).
+  % copy   copy limit / ours (100% = at the speed of light)
+Forward peak memory above the inputs (MiB): with inputs that require grad (training), as
+torch.cuda.max_memory_allocated() minus the memory allocated before the call; the output alone is
+B*N*D*2 bytes and the fused op adds 8 bytes per row (fp32 mean and rstd).
+The markdown tables are printed last and written to --out.
+"""
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from ditscale import ops
+
+MiB = 1024.0 * 1024.0
+
+
+class Timer:
+    """Median CUDA-event time of fn, with an L2 flush (a 256 MiB memset) before each rep."""
+
+    def __init__(self, warmup, reps, max_s):
+        self.warmup, self.reps, self.max_s = warmup, reps, max_s
+        self.flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn):
+        for _ in range(self.warmup):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        t_end = time.perf_counter() + self.max_s
+        for i in range(self.reps):
+            self.flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+            if i >= 4 and time.perf_counter() > t_end:
+                break
+        return statistics.median(times)
+
+
+def peak_above_inputs_mib(fn):
+    """Peak memory allocated while fn runs, above what was allocated before, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / MiB
+
+
+def make_inputs(B, N, D, requires_grad):
+    g = torch.Generator(device="cuda").manual_seed(B * 1000003 + N * 31 + D)
+    x = torch.randn(B, N, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    mod = 0.1 * torch.randn(B, 6, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    x.requires_grad_(requires_grad)
+    mod.requires_grad_(requires_grad)
+    return x, mod
+
+
+def bench_shape(B, N, D, timer, compiled, with_compile):
+    row = {"B": B, "N": N, "D": D}
+    # ---- forward (no autograd) ----
+    x, mod = make_inputs(B, N, D, False)
+    shift, scale = mod[:, 0], mod[:, 1]
+    y = torch.empty_like(x)
+    impls = {"ours": ops.adaln, "eager": ops.adaln_reference}
+    if with_compile:
+        impls["compile"] = compiled
+    with torch.no_grad():
+        for name, f in impls.items():
+            row[f"fwd_{name}"] = timer(lambda f=f: f(x, scale, shift))
+        row["fwd_copy"] = timer(lambda: y.copy_(x))
+        # correctness guard: ours vs eager on this shape (bf16 rounding only)
+        ref = ops.adaln_reference(x.float(), scale.float(), shift.float())
+        err = ((ops.adaln(x, scale, shift).float() - ref).norm() / ref.norm()).item()
+        row["rel_err"] = err
+    del y, ref
+    # ---- forward + backward ----
+    x, mod = make_inputs(B, N, D, True)
+    dy = torch.randn(B, N, D, device="cuda", dtype=torch.bfloat16)
+
+    def fwd_bwd(f):
+        def run():
+            out = f(x, mod[:, 1], mod[:, 0])
+            return torch.autograd.grad(out, (x, mod), dy)
+
+        return run
+
+    for name, f in impls.items():
+        row[f"fb_{name}"] = timer(fwd_bwd(f))
+    row["fb_copy"] = 2.5 * row["fwd_copy"]
+    # ---- forward peak memory above the inputs (inputs require grad) ----
+    row["out_mib"] = x.numel() * x.element_size() / MiB
+    for name, f in impls.items():
+        row[f"mem_{name}"] = peak_above_inputs_mib(lambda f=f: f(x, mod[:, 1], mod[:, 0]))
+    del x, mod, dy
+    torch.cuda.empty_cache()
+    return row
+
+
+def fmt(v, nd=3):
+    return "n/a" if v is None else f"{v:.{nd}f}"
+
+
+def ratio(num, den):
+    return "n/a" if num is None else f"{num / den:.2f}x"
+
+
+def tables(rows, with_compile, header):
+    gb = lambda r: 2 * r["B"] * r["N"] * r["D"] * 2 / 1e9  # noqa: E731  read x + write y
+    out = [header, ""]
+    comp = lambda r, k: r.get(f"{k}_compile")  # noqa: E731
+    out += [
+        "### Forward (ms)",
+        "",
+        "| B | N | D | ours | eager | compile | copy | % of copy | eager/ours | compile/ours "
+        "| ours GB/s | rel err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c = comp(r, "fwd")
+        out.append(
+            f"| {r['B']} | {r['N']} | {r['D']} | {fmt(r['fwd_ours'])} | {fmt(r['fwd_eager'])} "
+            f"| {fmt(c)} | {fmt(r['fwd_copy'])} | {100 * r['fwd_copy'] / r['fwd_ours']:.0f}% "
+            f"| {r['fwd_eager'] / r['fwd_ours']:.2f}x "
+            f"| {ratio(c, r['fwd_ours'])} | {gb(r) / r['fwd_ours'] * 1e3:.0f} "
+            f"| {r['rel_err']:.1e} |"
+        )
+    out += [
+        "",
+        "### Forward + backward (ms)",
+        "",
+        "| B | N | D | ours | eager | compile | 2.5x copy | % of limit | eager/ours "
+        "| compile/ours |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c = comp(r, "fb")
+        out.append(
+            f"| {r['B']} | {r['N']} | {r['D']} | {fmt(r['fb_ours'])} | {fmt(r['fb_eager'])} "
+            f"| {fmt(c)} | {fmt(r['fb_copy'])} | {100 * r['fb_copy'] / r['fb_ours']:.0f}% "
+            f"| {r['fb_eager'] / r['fb_ours']:.2f}x | {ratio(c, r['fb_ours'])} |"
+        )
+    out += [
+        "",
+        "### Forward peak memory above the inputs (MiB, inputs require grad)",
+        "",
+        "| B | N | D | output | ours | ours - output | eager | compile |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['B']} | {r['N']} | {r['D']} | {r['out_mib']:.1f} | {r['mem_ours']:.2f} "
+            f"| {r['mem_ours'] - r['out_mib']:.3f} | {r['mem_eager']:.1f} "
+            f"| {fmt(r.get('mem_compile'), 1)} |"
+        )
+    # targets of issue 3 (speed at N >= 16384; memory everywhere)
+    mem_extra = max((r["mem_ours"] - r["out_mib"]) * MiB / (r["B"] * r["N"]) for r in rows)
+    line = f"Forward memory above the output: max {mem_extra:.2f} bytes/row (target 8)."
+    big = [r for r in rows if r["N"] >= 16384]
+    if big:
+        fwd_pct = min(100 * r["fwd_copy"] / r["fwd_ours"] for r in big)
+        vs_eager = min(r["fb_eager"] / r["fb_ours"] for r in big)
+        line += (
+            f" At N >= 16384: forward >= 85% of copy: min {fwd_pct:.0f}%; fwd+bwd >= 4x eager: "
+            f"min {vs_eager:.2f}x"
+        )
+        if with_compile:
+            vs_comp = min(r["fb_compile"] / r["fb_ours"] for r in big)
+            line += f"; fwd+bwd >= 2x compile: min {vs_comp:.2f}x"
+        line += "."
+    out += ["", line]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", help="write the markdown tables here")
+    p.add_argument("--B", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--N", type=int, nargs="+", default=[4096, 16384, 65536])
+    p.add_argument("--D", type=int, nargs="+", default=[1536, 3072, 5120])
+    p.add_argument("--quick", action="store_true", help="B=1, N=16384, D=3072 only")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=25)
+    p.add_argument("--max-s", type=float, default=1.0, help="time cap per measurement")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_adaln: no CUDA device", file=sys.stderr)
+        return 2
+    if not ops.is_available():
+        print(f"bench_adaln: {ops.load_error()}", file=sys.stderr)
+        return 2
+    if a.quick:
+        a.B, a.N, a.D = [1], [16384], [3072]
+    with_compile = not a.no_compile
+    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.recompile_limit = 256
+    compiled = torch.compile(ops.adaln_reference, dynamic=False) if with_compile else None
+    timer = Timer(a.warmup, a.reps, a.max_s)
+    dev = torch.cuda.get_device_name()
+    header = (
+        f"## Fused AdaLN, {dev}, bf16, per-sample modulation, LayerNorm\n\n"
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"{datetime.date.today().isoformat()}; `python bench/adaln/bench_adaln.py`; "
+        "median CUDA-event times with L2 flushed; copy = `y.copy_(x)`."
+    )
+    rows = []
+    t0 = time.perf_counter()
+    for B in a.B:
+        for N in a.N:
+            for D in a.D:
+                r = bench_shape(B, N, D, timer, compiled, with_compile)
+                rows.append(r)
+                print(
+                    f"[{time.perf_counter() - t0:6.1f}s] B={B} N={N} D={D}: fwd ours "
+                    f"{r['fwd_ours']:.3f} eager {r['fwd_eager']:.3f} compile "
+                    f"{fmt(r.get('fwd_compile'))} copy {r['fwd_copy']:.3f} | fwd+bwd ours "
+                    f"{r['fb_ours']:.3f} eager {r['fb_eager']:.3f} compile "
+                    f"{fmt(r.get('fb_compile'))} | mem ours {r['mem_ours']:.1f} MiB",
+                    flush=True,
+                )
+                text = tables(rows, with_compile, header)
+                if a.out:  # rewritten after every shape: a run cut short keeps its rows
+                    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+                    with open(a.out, "w") as f:
+                        f.write(text)
+    print()
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

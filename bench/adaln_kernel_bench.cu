@@ -1,0 +1,224 @@
+// bench/adaln: CUDA-event timing of the fused AdaLN forward and backward (bf16, LayerNorm,
+// per-sample modulation as chunks of a [B, 6, D] tensor) against a device-to-device copy of x,
+// the speed-of-light of a pass that reads x and writes y. Prints one table row per shape:
+//   variant B N D | copy ms GB/s | fwd ms GB/s %copy | bwd ms GB/s %copy | fwd+bwd ms
+// Bytes counted: copy and forward 2 * |x|; backward 3 * |x| (reads x, dy; writes dx).
+// Times are medians of per-launch CUDA-event timings after a warm-up.
+//
+// Usage: adaln_kernel_bench [--quick] [--variants LIST]
+//   --quick     only N = 16384, 65536 with D = 3072 (B = 1, 2)
+//   --variants  comma-separated, each `base` (the first kernels) or `pipe[F.B][.tN][.rR][.pT]`
+//               (the pipelined kernels: ring depths F and B (default 3.3), at most N resident
+//               blocks per SM, R forward rows per thread, forward target of T threads per row);
+//               default `base,pipe`.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ditscale/kernels/adaln.h"
+#include "ditscale/kernels/internal/adaln_tuning.h"
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+struct Buf {
+  void* p = nullptr;
+  explicit Buf(std::size_t bytes) {
+    check(cudaMalloc(&p, bytes == 0 ? 16 : bytes), "cudaMalloc");
+    check(cudaMemset(p, 0, bytes == 0 ? 16 : bytes), "cudaMemset");
+  }
+  ~Buf() { cudaFree(p); }
+};
+
+// Median milliseconds of fn() over `iters` runs (each timed by its own pair of events) after
+// `warmup` runs.
+double time_ms(const std::function<void()>& fn, int warmup = 3, int iters = 25) {
+  for (int i = 0; i < warmup; ++i) fn();
+  check(cudaGetLastError(), "warmup launch");
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < iters; ++i) {
+    check(cudaEventRecord(ev[2 * i]), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(ev[2 * i + 1]), "cudaEventRecord");
+  }
+  check(cudaEventSynchronize(ev.back()), "cudaEventSynchronize");
+  check(cudaGetLastError(), "timed launch");
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    check(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2];
+}
+
+struct Variant {
+  std::string name;
+  ditscale::kernels::internal::AdaLNTuning tuning;
+};
+
+// "base", "pipe", "pipeF.B" or "pipeF.B.tN" -> tuning knobs.
+Variant parse_variant(const std::string& spec) {
+  Variant v{spec, {}};
+  if (spec == "base") {
+    v.tuning.pipelined = false;
+    return v;
+  }
+  if (spec.rfind("pipe", 0) != 0) {
+    std::fprintf(stderr, "unknown variant '%s'\n", spec.c_str());
+    std::exit(2);
+  }
+  // pipe[F[.B]][.tN][.rR][.pT]: ring depths, blocks per SM cap, forward rows per thread, target
+  // threads per row of the forward.
+  std::size_t pos = 4;
+  int field = 0;
+  while (pos < spec.size()) {
+    const std::size_t dot = std::min(spec.find('.', pos), spec.size());
+    const std::string tok = spec.substr(pos, dot - pos);
+    if (!tok.empty()) {
+      const char c = tok[0];
+      if (c == 't') {
+        v.tuning.max_blocks_per_sm = std::atoi(tok.c_str() + 1);
+      } else if (c == 'r') {
+        v.tuning.fwd_rows = std::atoi(tok.c_str() + 1);
+      } else if (c == 'p') {
+        v.tuning.fwd_target_tpr = std::atoi(tok.c_str() + 1);
+      } else if (field++ == 0) {
+        v.tuning.fwd_stages = std::atoi(tok.c_str());
+      } else {
+        v.tuning.bwd_stages = std::atoi(tok.c_str());
+      }
+    }
+    pos = dot + 1;
+  }
+  return v;
+}
+
+// x: [B, N, D] with values from a cheap deterministic pattern (uniform-ish in [-2, 2]).
+__global__ void fill_pattern(std::uint16_t* p, std::size_t n, std::uint32_t salt) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ salt;
+    h ^= h >> 15;
+    const float v = static_cast<float>(h & 0xffff) / 16384.f - 2.f;
+    p[i] = static_cast<std::uint16_t>(__float_as_uint(v) >> 16);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ditscale::kernels;
+  bool quick = false;
+  std::string variants = "base,pipe";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--variants" && i + 1 < argc) {
+      variants = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--variants base,pipe,pipe2.4,...]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::vector<Variant> vs;
+  for (std::size_t pos = 0; pos <= variants.size();) {
+    const std::size_t comma = std::min(variants.find(',', pos), variants.size());
+    if (comma > pos) vs.push_back(parse_variant(variants.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::printf("adaln_kernel_bench: no CUDA device, nothing to do\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+  std::printf("%-10s %2s %6s %5s | %7s %6s | %7s %6s %6s | %7s %6s %6s | %7s\n", "variant", "B",
+              "N", "D", "copy_ms", "GB/s", "fwd_ms", "GB/s", "%copy", "bwd_ms", "GB/s", "%copy",
+              "f+b_ms");
+  std::vector<std::int64_t> ns = {4096, 16384, 65536};
+  std::vector<std::int64_t> ds = {1536, 3072, 5120};
+  if (quick) {
+    ns = {16384, 65536};
+    ds = {3072};
+  }
+  for (std::int64_t B : {1, 2}) {
+    for (std::int64_t N : ns) {
+      for (std::int64_t D : ds) {
+        const std::size_t elems = static_cast<std::size_t>(B * N * D);
+        const std::size_t xbytes = elems * 2;
+        Buf x(xbytes), y(xbytes), dy(xbytes), dx(xbytes), copy(xbytes);
+        Buf mod(static_cast<std::size_t>(B * 6 * D) * 2);
+        Buf mean(B * N * 4), rstd(B * N * 4);
+        Buf dscale(B * D * 2), dshift(B * D * 2);
+        fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(x.p), elems, 1u);
+        fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(dy.p), elems, 2u);
+        fill_pattern<<<64, 256>>>(static_cast<std::uint16_t*>(mod.p), B * 6 * D, 3u);
+        check(cudaGetLastError(), "fill_pattern");
+
+        AdaLNFwdParams f;
+        f.batch = B;
+        f.seq_len = N;
+        f.dim = D;
+        f.dtype = DType::kBFloat16;
+        f.shift = {mod.p, DType::kBFloat16, 6 * D, 0};
+        f.scale = {static_cast<std::uint16_t*>(mod.p) + D, DType::kBFloat16, 6 * D, 0};
+        f.x = {x.p, DType::kBFloat16, N * D, D};
+        f.y = y.p;
+        f.mean = static_cast<float*>(mean.p);
+        f.rstd = static_cast<float*>(rstd.p);
+
+        AdaLNBwdParams b;
+        static_cast<AdaLNConfig&>(b) = static_cast<const AdaLNConfig&>(f);
+        b.x = f.x;
+        b.mean = f.mean;
+        b.rstd = f.rstd;
+        b.dy = {dy.p, DType::kBFloat16, N * D, D};
+        b.dx = dx.p;
+        b.dscale = dscale.p;
+        b.dshift = dshift.p;
+        Buf ws(adaln_backward_workspace_bytes(b));
+        b.workspace = ws.p;
+        b.workspace_bytes = adaln_backward_workspace_bytes(b);
+
+        const double copy_ms = time_ms([&] {
+          check(cudaMemcpyAsync(copy.p, x.p, xbytes, cudaMemcpyDeviceToDevice), "copy");
+        });
+        const double gbps = 1e-6;  // bytes per ms -> GB/s
+        const double copy_bw = 2.0 * xbytes / copy_ms * gbps;
+        for (const Variant& v : vs) {
+          internal::adaln_tuning() = v.tuning;
+          const double fwd_ms = time_ms([&] { adaln_forward_cuda(f, nullptr); });
+          const double bwd_ms = time_ms([&] { adaln_backward_cuda(b, nullptr); });
+          const double fwd_bw = 2.0 * xbytes / fwd_ms * gbps;
+          const double bwd_bw = 3.0 * xbytes / bwd_ms * gbps;
+          std::printf(
+              "%-10s %2lld %6lld %5lld | %7.3f %6.0f | %7.3f %6.0f %5.1f%% | %7.3f %6.0f %5.1f%% | "
+              "%7.3f\n",
+              v.name.c_str(), static_cast<long long>(B), static_cast<long long>(N),
+              static_cast<long long>(D), copy_ms, copy_bw, fwd_ms, fwd_bw,
+              100.0 * fwd_bw / copy_bw, bwd_ms, bwd_bw, 100.0 * bwd_bw / copy_bw,
+              fwd_ms + bwd_ms);
+        }
+        internal::adaln_tuning() = internal::AdaLNTuning{};
+      }
+    }
+  }
+  return 0;
+}

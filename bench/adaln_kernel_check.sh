@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# AdaLN kernels on a lent GPU in one call: the GPU tests, a compute-sanitizer memcheck of the
+# pipelined kernels, and the bench/adaln kernel timings; logs under $OUT, a short table last.
+# Uses prebuilt binaries under $BIN (default build-h4b, carried from a build of the same tree)
+# when they run on this machine, else builds them for sm_90a in build-adaln-gpu.
+#   bench/adaln_kernel_check.sh [FULL_VARIANTS] [QUICK_VARIANTS]
+#     FULL_VARIANTS   variants timed on every shape (default base,pipe)
+#     QUICK_VARIANTS  variants timed on D = 3072, N in {16384, 65536} only (default none)
+# Variants: see bench/adaln_kernel_bench.cu. Environment: SANITIZE=0 skips memcheck,
+# RACECHECK=1 adds a racecheck run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+FULL=${1:-base,pipe}
+QUICK=${2:-}
+BIN=${BIN:-build-h4b}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
+  > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+TEST=$BIN/tests/gpu/adaln_gpu_test
+BENCH=$BIN/bench/adaln_kernel_bench
+if ! timeout 30 "$TEST" --gtest_list_tests >/dev/null 2>&1 || ! [ -x "$BENCH" ]; then
+  echo "== prebuilt binaries do not run here: building"
+  B=build-adaln-gpu
+  t0=$(date +%s)
+  { timeout 200 cmake -S . -B $B -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF \
+      -DDITSCALE_CUDA_ARCHS=90a &&
+    timeout 420 cmake --build $B -j"$(nproc)" --target adaln_gpu_test adaln_kernel_bench; } \
+    >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "built in $(( $(date +%s) - t0 ))s"
+  TEST=$B/tests/gpu/adaln_gpu_test
+  BENCH=$B/bench/adaln_kernel_bench
+fi
+t0=$(date +%s)
+timeout 240 "$TEST" >"$OUT/test.log" 2>&1
+echo "== gpu tests rc=$? ($(( $(date +%s) - t0 ))s)"
+grep -E "seed|^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" "$OUT/test.log" | head -30
+if [ "${SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
+  t0=$(date +%s)
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 "$TEST" \
+    --gtest_filter='*Pipelined*:*Strided*' >"$OUT/memcheck.log" 2>&1
+  echo "== memcheck rc=$? ($(( $(date +%s) - t0 ))s)"
+  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED)" "$OUT/memcheck.log" | head -5
+fi
+if [ "${RACECHECK:-0}" != 0 ] && command -v compute-sanitizer >/dev/null; then
+  t0=$(date +%s)
+  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 1 "$TEST" \
+    --gtest_filter='*Pipelined*' >"$OUT/racecheck.log" 2>&1
+  echo "== racecheck rc=$? ($(( $(date +%s) - t0 ))s)"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)" "$OUT/racecheck.log" | head -5
+fi
+if [ -n "$QUICK" ]; then
+  timeout 150 "$BENCH" --quick --variants "$QUICK" >"$OUT/bench_quick.log" 2>&1
+  echo "== bench quick rc=$?"
+  cat "$OUT/bench_quick.log"
+fi
+timeout 200 "$BENCH" --variants "$FULL" >"$OUT/bench.log" 2>&1
+echo "== bench rc=$?"
+cat "$OUT/bench.log"

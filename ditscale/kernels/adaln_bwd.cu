@@ -1,0 +1,464 @@
+// Fused AdaLN backward with the D-tile coalesced, deterministic reduction. See adaln.h.
+//
+// Default main kernel: the pipelined one of internal/adaln_bwd_pipe.cuh. The kernels below are
+// the first version (still used when its shared memory would not fit, or with
+// AdaLNTuning::pipelined off) and the general path.
+// Main kernel: one block per (b, sequence tile of rows_per_tile rows). Threads own features
+// (vector j * tpr + t of V = 16 bytes / sizeof(T) elements, so a warp reads contiguous memory) and
+// walk down the tile row by row: x and dy are read once, xhat is recomputed from the saved
+// mean/rstd, the two row sums of dx (sum dxhat, sum dxhat * xhat) go through warp shuffle + shared
+// memory, and dx (and the gated outputs) are written. Gradients reduced over the sequence
+// (per-sample dscale/dshift/dgate, dweight/dbias) accumulate in shared-memory slots owned by the
+// feature's thread and are written once per tile as fp32 partials [B, tiles, D]; per-token ones
+// are written directly.
+// Reduce kernel: sums the partials over tiles (and over b for dweight/dbias) in a fixed order.
+// No atomics anywhere: the bits depend only on the inputs and the shape.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <iterator>
+#include <type_traits>
+
+#include "ditscale/core/error.h"
+#include "ditscale/kernels/adaln.h"
+#include "ditscale/kernels/internal/adaln_bwd_pipe.cuh"
+#include "ditscale/kernels/internal/adaln_device.cuh"
+#include "ditscale/kernels/internal/adaln_launch.h"
+#include "ditscale/kernels/internal/adaln_plan.h"
+#include "ditscale/kernels/internal/adaln_tuning.h"
+#include "ditscale/kernels/internal/cuda_check.h"
+#include "ditscale/kernels/internal/dispatch.h"
+
+namespace ditscale::kernels {
+namespace internal {
+namespace {
+
+// <= 8 elements per thread: 512 threads (128 registers); more: 256 threads (255 registers).
+// (ptxas -v: no spills for any instantiation on sm_80 / sm_90a.)
+constexpr int bwd_max_threads(int elems_per_thread) { return elems_per_thread <= 8 ? 512 : 256; }
+
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(bwd_max_threads(kVecs * 16 / sizeof(T)), 1)
+    adaln_bwd_vec_kernel(const BwdArgs a, const SmemSlots slots) {
+  constexpr int V = 16 / sizeof(T);
+  extern __shared__ float4 acc_smem4[];
+  float* const acc_smem = reinterpret_cast<float*>(acc_smem4);
+  __shared__ float red[2][64];
+  const std::int64_t b = blockIdx.x / a.num_tiles;
+  const std::int64_t tile = blockIdx.x - b * a.num_tiles;
+  const std::int64_t n0 = tile * a.rows_per_tile;
+  const std::int64_t n1 = a.n < n0 + a.rows_per_tile ? a.n : n0 + a.rows_per_tile;
+  const int nvec = static_cast<int>(a.d / V);
+  const float inv_d = 1.0f / static_cast<float>(a.d);
+  auto slot = [&](int s, std::int64_t d) { return acc_smem + s * a.d + d; };
+
+  int parity = 0;
+  for (std::int64_t n = n0; n < n1; ++n, parity ^= 1) {
+    const bool first = n == n0;
+    const std::int64_t row = b * a.n + n;
+    const float mean = a.mean[row];
+    const float rstd = a.rstd[row];
+    float xh[kVecs][V], dxh[kVecs][V];
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int vi = j * blockDim.x + threadIdx.x;
+      if (vi >= nvec) {
+        fill(xh[j], 0.f);
+        fill(dxh[j], 0.f);
+        continue;
+      }
+      const std::int64_t d = static_cast<std::int64_t>(vi) * V;
+      float dy[V], sc[V], w[V], bi[V];
+      load_vec<V>(static_cast<const T*>(a.x.data) + view_offset(a.x, b, n, d), xh[j]);
+      load_vec<V>(static_cast<const T*>(a.dy.data) + view_offset(a.dy, b, n, d), dy);
+      load_view_vec<V, T>(a.scale, view_offset(a.scale, b, n, d), sc);
+      fill(w, 1.f);
+      fill(bi, 0.f);
+      if (a.weight != nullptr) load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
+      if (a.bias != nullptr) load_view_vec<V, T>(DevView{a.bias, 0, 0, a.affine_f32}, d, bi);
+      float dscale[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xhat = (xh[j][e] - mean) * rstd;
+        const float gy = dy[e] * (1.f + sc[e]);
+        const float dxhat = gy * w[e];
+        dscale[e] = dy[e] * fmaf(xhat, w[e], bi[e]);
+        sums[0] += dxhat;
+        sums[1] = fmaf(dxhat, xhat, sums[1]);
+        xh[j][e] = xhat;
+        dxh[j][e] = dxhat;
+        sc[e] = gy;           // sc now holds dy * (1 + scale) (dbias contribution)
+        w[e] = gy * xhat;     // w now holds the dweight contribution
+      }
+      if (slots.dscale >= 0) accumulate_vec<V>(slot(slots.dscale, d), first, dscale);
+      if (slots.dshift >= 0) accumulate_vec<V>(slot(slots.dshift, d), first, dy);
+      if (slots.dweight >= 0) accumulate_vec<V>(slot(slots.dweight, d), first, w);
+      if (slots.dbias >= 0) accumulate_vec<V>(slot(slots.dbias, d), first, sc);
+      const std::int64_t out = row * a.d + d;
+      if (a.dscale_tok != nullptr) store_any_vec<V, T>(a.dscale_tok, a.scale.f32, out, dscale);
+      if (a.dshift_tok != nullptr) store_any_vec<V, T>(a.dshift_tok, a.shift.f32, out, dy);
+    }
+    row_sum<2>(sums, red[parity]);
+    const float c1 = a.rms ? 0.f : sums[0] * inv_d;
+    const float c2 = sums[1] * inv_d;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int vi = j * blockDim.x + threadIdx.x;
+      if (vi >= nvec) continue;
+      const std::int64_t d = static_cast<std::int64_t>(vi) * V;
+      const std::int64_t out = row * a.d + d;
+      float dx[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) dx[e] = rstd * (dxh[j][e] - fmaf(xh[j][e], c2, c1));
+      if (a.gate.data != nullptr) {
+        if (a.dh_out.data != nullptr) {
+          float dh[V];
+          load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
+#pragma unroll
+          for (int e = 0; e < V; ++e) dx[e] += dh[e];
+        }
+        if (a.dbranch != nullptr) {
+          float g[V];
+          load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
+#pragma unroll
+          for (int e = 0; e < V; ++e) g[e] *= dx[e];
+          store_vec<V>(static_cast<T*>(a.dbranch) + out, g);
+        }
+        if (a.branch.data != nullptr) {
+          float dg[V];
+          load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
+#pragma unroll
+          for (int e = 0; e < V; ++e) dg[e] *= dx[e];
+          if (slots.dgate >= 0) accumulate_vec<V>(slot(slots.dgate, d), first, dg);
+          if (a.dgate_tok != nullptr) store_any_vec<V, T>(a.dgate_tok, a.gate.f32, out, dg);
+        }
+      }
+      store_vec<V>(static_cast<T*>(a.dx) + out, dx);
+    }
+  }
+
+  // Tile partials: each thread copies its own slots (written by itself: no barrier needed).
+  const std::int64_t part = static_cast<std::int64_t>(blockIdx.x) * a.d;  // (b, tile) row
+  float* const ws[5] = {a.ws_dscale, a.ws_dshift, a.ws_dgate, a.ws_dweight, a.ws_dbias};
+  const int ids[5] = {slots.dscale, slots.dshift, slots.dgate, slots.dweight, slots.dbias};
+#pragma unroll
+  for (int q = 0; q < 5; ++q) {
+    if (ids[q] < 0) continue;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int vi = j * blockDim.x + threadIdx.x;
+      if (vi >= nvec) continue;
+      const std::int64_t d = static_cast<std::int64_t>(vi) * V;
+      float v[V];
+      load_vec<V>(slot(ids[q], d), v);
+      store_vec<V>(ws[q] + part + d, v);
+    }
+  }
+}
+
+constexpr int kGeneralThreads = 256;
+
+// Any D / alignment: same tiling and partial layout; the partials accumulate in the workspace
+// itself (each (b, tile, d) slot is owned by one thread of one block: no race, no atomics).
+template <typename T>
+__global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(const BwdArgs a) {
+  __shared__ float red[2][64];
+  const std::int64_t b = blockIdx.x / a.num_tiles;
+  const std::int64_t tile = blockIdx.x - b * a.num_tiles;
+  const std::int64_t n0 = tile * a.rows_per_tile;
+  const std::int64_t n1 = a.n < n0 + a.rows_per_tile ? a.n : n0 + a.rows_per_tile;
+  const float inv_d = 1.0f / static_cast<float>(a.d);
+  const std::int64_t part = static_cast<std::int64_t>(blockIdx.x) * a.d;
+  auto accumulate = [&](float* ws, std::int64_t d, bool first, float v) {
+    if (ws != nullptr) ws[part + d] = first ? v : ws[part + d] + v;
+  };
+  int parity = 0;
+  for (std::int64_t n = n0; n < n1; ++n, parity ^= 1) {
+    const std::int64_t row = b * a.n + n;
+    const float mean = a.mean[row];
+    const float rstd = a.rstd[row];
+    const bool first = n == n0;
+    // Element d: xhat, dy * (1 + scale), weight and bias.
+    auto element = [&](std::int64_t d, float& xhat, float& dy, float& gy, float& w, float& bi) {
+      xhat = (to_f(static_cast<const T*>(a.x.data)[view_offset(a.x, b, n, d)]) - mean) * rstd;
+      dy = to_f(static_cast<const T*>(a.dy.data)[view_offset(a.dy, b, n, d)]);
+      gy = dy * (1.f + load_any<T>(a.scale.data, a.scale.f32, view_offset(a.scale, b, n, d)));
+      w = a.weight != nullptr ? load_any<T>(a.weight, a.affine_f32, d) : 1.f;
+      bi = a.bias != nullptr ? load_any<T>(a.bias, a.affine_f32, d) : 0.f;
+    };
+    float sums[2] = {0.f, 0.f};
+    for (std::int64_t d = threadIdx.x; d < a.d; d += blockDim.x) {
+      float xhat, dy, gy, w, bi;
+      element(d, xhat, dy, gy, w, bi);
+      const float dxhat = gy * w;
+      const float dscale = dy * fmaf(xhat, w, bi);
+      sums[0] += dxhat;
+      sums[1] = fmaf(dxhat, xhat, sums[1]);
+      accumulate(a.ws_dscale, d, first, dscale);
+      accumulate(a.ws_dshift, d, first, dy);
+      accumulate(a.ws_dweight, d, first, gy * xhat);
+      accumulate(a.ws_dbias, d, first, gy);
+      if (a.dscale_tok != nullptr) store_any<T>(a.dscale_tok, a.scale.f32, row * a.d + d, dscale);
+      if (a.dshift_tok != nullptr) store_any<T>(a.dshift_tok, a.shift.f32, row * a.d + d, dy);
+    }
+    row_sum<2>(sums, red[parity]);
+    const float c1 = a.rms ? 0.f : sums[0] * inv_d;
+    const float c2 = sums[1] * inv_d;
+    for (std::int64_t d = threadIdx.x; d < a.d; d += blockDim.x) {
+      float xhat, dy, gy, w, bi;
+      element(d, xhat, dy, gy, w, bi);
+      float dx = rstd * (gy * w - fmaf(xhat, c2, c1));
+      const std::int64_t out = row * a.d + d;
+      if (a.gate.data != nullptr) {
+        if (a.dh_out.data != nullptr) {
+          dx += to_f(static_cast<const T*>(a.dh_out.data)[view_offset(a.dh_out, b, n, d)]);
+        }
+        if (a.dbranch != nullptr) {
+          const float g = load_any<T>(a.gate.data, a.gate.f32, view_offset(a.gate, b, n, d));
+          static_cast<T*>(a.dbranch)[out] = from_f<T>(dx * g);
+        }
+        if (a.branch.data != nullptr) {
+          const float dg =
+              dx * to_f(static_cast<const T*>(a.branch.data)[view_offset(a.branch, b, n, d)]);
+          accumulate(a.ws_dgate, d, first, dg);
+          if (a.dgate_tok != nullptr) store_any<T>(a.dgate_tok, a.gate.f32, out, dg);
+        }
+      }
+      static_cast<T*>(a.dx)[out] = from_f<T>(dx);
+    }
+  }
+}
+
+// One reduction job: out[b, d] = sum_t ws[b, t, d] (per sample) or out[d] = sum_{b,t} ws[b, t, d].
+struct ReduceJob {
+  const float* ws = nullptr;
+  void* out = nullptr;
+  bool out_f32 = false;
+  bool over_batch = false;
+};
+struct ReduceArgs {
+  ReduceJob jobs[5];
+  std::int64_t batch = 0;
+  std::int64_t num_tiles = 0;
+  std::int64_t d = 0;
+};
+
+constexpr int kReduceCols = 32;  // features per block (one warp-wide coalesced row segment)
+constexpr int kReduceRows = 16;  // partial rows summed in parallel, then combined in order
+
+// grid: (ceil(D / 32) * B, jobs). Thread (tx, ty) sums partial rows ty, ty + 16, ... in order;
+// the 16 column sums are then added in ty order: a fixed tree, identical every run.
+template <typename T>
+__global__ void __launch_bounds__(kReduceCols* kReduceRows)
+    adaln_reduce_partials_kernel(const ReduceArgs r) {
+  __shared__ float part[kReduceRows][kReduceCols + 1];
+  const ReduceJob job = r.jobs[blockIdx.y];
+  const std::int64_t chunks = (r.d + kReduceCols - 1) / kReduceCols;
+  const std::int64_t b = blockIdx.x / chunks;
+  const std::int64_t d = (blockIdx.x - b * chunks) * kReduceCols + threadIdx.x;
+  if (job.over_batch && b != 0) return;  // whole block: no barrier is skipped by a subset
+  const std::int64_t rows = job.over_batch ? r.batch * r.num_tiles : r.num_tiles;
+  const float* src = job.ws + (job.over_batch ? 0 : b * r.num_tiles * r.d) + d;
+  float s = 0.f;
+  if (d < r.d) {
+    std::int64_t t = threadIdx.y;
+    for (; t + 3 * kReduceRows < rows; t += 4 * kReduceRows) {
+      const float v0 = src[t * r.d];
+      const float v1 = src[(t + kReduceRows) * r.d];
+      const float v2 = src[(t + 2 * kReduceRows) * r.d];
+      const float v3 = src[(t + 3 * kReduceRows) * r.d];
+      s += v0;
+      s += v1;
+      s += v2;
+      s += v3;
+    }
+    for (; t < rows; t += kReduceRows) s += src[t * r.d];
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || d >= r.d) return;
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kReduceRows; ++k) total += part[k][threadIdx.x];
+  store_any<T>(job.out, job.out_f32, (job.over_batch ? 0 : b * r.d) + d, total);
+}
+
+constexpr int kBwdVecCandidates[] = {1, 2, 3, 4};
+// Shared-memory accumulators above this take the general kernel (fits A100 and H100/H200).
+constexpr std::size_t kMaxAccSmemBytes = 96 * 1024;
+// Ring + slots of the pipelined kernel above this take the first kernel.
+constexpr std::size_t kMaxPipeSmemBytes = 160 * 1024;
+
+// Launches the pipelined backward: picks the tiles per sample so that B x tiles blocks fill one
+// wave of resident blocks (at most max_tiles, the workspace's capacity) and writes the tiling
+// into `a` (the partial reduction reads it).
+template <typename T, int kVecs, int kStages, bool kLean>
+void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int threads,
+                     std::int64_t batch, std::int64_t max_tiles, cudaStream_t stream) {
+  auto* kernel = adaln_bwd_pipe_kernel<T, kVecs, kStages, kLean>;
+  const std::size_t smem = static_cast<std::size_t>(kStages) * 2 * threads * kVecs * 16 +
+                           static_cast<std::size_t>(num_slots) * a.d * sizeof(float);
+  const std::int64_t resident = resident_blocks(kernel, threads, smem);
+  const std::int64_t want = std::clamp<std::int64_t>(resident / batch, 1, max_tiles);
+  a.rows_per_tile = (a.n + want - 1) / want;
+  a.num_tiles = (a.n + a.rows_per_tile - 1) / a.rows_per_tile;
+  const std::int64_t blocks = batch * a.num_tiles;
+  DS_CHECK(blocks <= 0x7fffffff, "AdaLNBwdParams: too many sequence tiles: ", blocks);
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, slots);
+  DS_CHECK_CUDA(cudaGetLastError());
+}
+
+}  // namespace
+}  // namespace internal
+
+void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
+  using namespace internal;
+  adaln_check(p, /*for_gpu=*/true);
+  const bool gated = p.gate.data != nullptr;
+  const BwdWorkspaceLayout layout = bwd_workspace_layout(p);
+  float* ws = static_cast<float*>(p.workspace);
+  int slot = 0;
+  auto next_slot = [&](bool present) -> float* {
+    return present ? ws + layout.offset(slot++) : nullptr;
+  };
+  BwdArgs a;
+  a.n = p.seq_len;
+  a.d = p.dim;
+  a.rows_per_tile = layout.rows_per_tile;
+  a.num_tiles = layout.num_tiles;
+  a.rms = p.norm == NormType::kRMSNorm;
+  a.x = to_dev(p.x);
+  a.dy = to_dev(p.dy);
+  a.dh_out = to_dev(p.dh_out);
+  // branch is read only to form dgate.
+  a.branch = p.dgate != nullptr ? to_dev(p.branch) : DevView{};
+  a.gate = to_dev(p.gate);
+  a.scale = to_dev(p.scale);
+  a.shift = to_dev(p.shift);
+  a.weight = p.weight;
+  a.bias = p.bias;
+  a.affine_f32 = p.affine_dtype == DType::kFloat32;
+  a.mean = p.mean;
+  a.rstd = p.rstd;
+  a.dx = p.dx;
+  a.dbranch = p.dbranch;
+  a.dscale_tok = is_per_token(p.scale) ? p.dscale : nullptr;
+  a.dshift_tok = is_per_token(p.shift) ? p.dshift : nullptr;
+  a.dgate_tok = gated && is_per_token(p.gate) ? p.dgate : nullptr;
+  a.ws_dscale = next_slot(layout.dscale);
+  a.ws_dshift = next_slot(layout.dshift);
+  a.ws_dgate = next_slot(layout.dgate);
+  a.ws_dweight = next_slot(layout.dweight);
+  a.ws_dbias = next_slot(layout.dbias);
+  auto* cu_stream = static_cast<cudaStream_t>(stream);
+
+  const std::int64_t vec = 16 / static_cast<std::int64_t>(dtype_size(p.dtype));
+  const std::int64_t B = p.batch, N = p.seq_len;
+  const bool aligned =
+      p.dim % vec == 0 && view_aligned(p.x, B, N) && view_aligned(p.dy, B, N) &&
+      view_aligned(p.dh_out, B, N) && view_aligned(p.branch, B, N) &&
+      view_aligned(p.gate, B, N) && view_aligned(p.scale, B, N) && aligned16(p.weight) &&
+      aligned16(p.bias) && aligned16(p.dx) && aligned16(p.dbranch) && aligned16(p.dscale) &&
+      aligned16(p.dshift) && aligned16(p.dgate);
+  SmemSlots slots;
+  int used = 0;
+  if (a.ws_dscale != nullptr) slots.dscale = used++;
+  if (a.ws_dshift != nullptr) slots.dshift = used++;
+  if (a.ws_dgate != nullptr) slots.dgate = used++;
+  if (a.ws_dweight != nullptr) slots.dweight = used++;
+  if (a.ws_dbias != nullptr) slots.dbias = used++;
+  const std::size_t smem = static_cast<std::size_t>(used) * p.dim * sizeof(float);
+  VecPlan plan;
+  if (aligned && smem <= kMaxAccSmemBytes) {
+    plan = choose_vec_plan(
+        p.dim / vec, kBwdVecCandidates, static_cast<int>(std::size(kBwdVecCandidates)),
+        [&](int k) { return bwd_max_threads(static_cast<int>(k * vec)); },
+        /*target_tpr=*/512);  // ties: more threads, fewer registers per thread
+  }
+  const std::int64_t blocks = B * layout.num_tiles;
+  DS_CHECK(blocks <= 0x7fffffff, "AdaLNBwdParams: too many sequence tiles: ", blocks);
+
+  // Pipelined kernel: dscale/dshift partials in registers, the others in shared-memory slots.
+  const AdaLNTuning& tune = adaln_tuning();
+  const bool lean = !gated && p.weight == nullptr && p.bias == nullptr;
+  VecPlan pipe_plan;
+  SmemSlots pipe_slots;
+  int pipe_used = 0;
+  if (a.ws_dgate != nullptr) pipe_slots.dgate = pipe_used++;
+  if (a.ws_dweight != nullptr) pipe_slots.dweight = pipe_used++;
+  if (a.ws_dbias != nullptr) pipe_slots.dbias = pipe_used++;
+  if (aligned && tune.pipelined) {
+    pipe_plan = choose_vec_plan(
+        p.dim / vec, kBwdVecCandidates, static_cast<int>(std::size(kBwdVecCandidates)),
+        [&](int k) { return bwd_pipe_max_threads(static_cast<int>(k * vec)); },
+        tune.bwd_target_tpr);
+    const std::size_t pipe_smem =
+        static_cast<std::size_t>(4) * 2 * pipe_plan.threads * pipe_plan.vecs * 16 +
+        static_cast<std::size_t>(pipe_used) * p.dim * sizeof(float);
+    if (pipe_smem > kMaxPipeSmemBytes) pipe_plan = VecPlan{};
+  }
+
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (pipe_plan.vecs != 0) {
+      dispatch_int<1, 2, 3, 4>(pipe_plan.vecs, [&](auto kv) {
+        constexpr int kVecs = decltype(kv)::value;
+        if constexpr (kVecs * 16 / sizeof(T) <= 32) {
+          if (!lean) {
+            launch_bwd_pipe<T, kVecs, 3, false>(a, pipe_slots, pipe_used, pipe_plan.threads, B,
+                                                layout.num_tiles, cu_stream);
+          } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+            dispatch_int<2, 3, 4>(tune.bwd_stages, [&](auto ks) {
+              launch_bwd_pipe<T, kVecs, decltype(ks)::value, true>(
+                  a, pipe_slots, pipe_used, pipe_plan.threads, B, layout.num_tiles, cu_stream);
+            });
+          } else {
+            launch_bwd_pipe<T, kVecs, 3, true>(a, pipe_slots, pipe_used, pipe_plan.threads, B,
+                                               layout.num_tiles, cu_stream);
+          }
+        } else {
+          DS_FAIL("AdaLN: no pipelined instantiation for ", kVecs, " vectors per thread");
+        }
+      });
+    } else if (plan.vecs == 0) {
+      adaln_bwd_general_kernel<T>
+          <<<static_cast<unsigned>(blocks), kGeneralThreads, 0, cu_stream>>>(a);
+      DS_CHECK_CUDA(cudaGetLastError());
+    } else {
+      dispatch_int<1, 2, 3, 4>(plan.vecs, [&](auto kv) {
+        auto* kernel = adaln_bwd_vec_kernel<T, decltype(kv)::value>;
+        if (smem > 32 * 1024) {  // static shared memory counts against the 48 KB default
+          DS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem)));
+        }
+        kernel<<<static_cast<unsigned>(blocks), plan.threads, smem, cu_stream>>>(a, slots);
+        DS_CHECK_CUDA(cudaGetLastError());
+      });
+    }
+
+    ReduceArgs r;
+    r.batch = B;
+    r.num_tiles = a.num_tiles;  // the pipelined launch may use fewer tiles than the layout holds
+    r.d = p.dim;
+    int jobs = 0;
+    auto add_job = [&](const float* src, void* out, DType out_dtype, bool over_batch) {
+      if (src == nullptr) return;
+      r.jobs[jobs++] = ReduceJob{src, out, out_dtype == DType::kFloat32, over_batch};
+    };
+    add_job(a.ws_dscale, p.dscale, p.scale.dtype, false);
+    add_job(a.ws_dshift, p.dshift, p.shift.dtype, false);
+    add_job(a.ws_dgate, p.dgate, p.gate.dtype, false);
+    add_job(a.ws_dweight, p.dweight, p.affine_dtype, true);
+    add_job(a.ws_dbias, p.dbias, p.affine_dtype, true);
+    if (jobs == 0) return;
+    const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;
+    DS_CHECK(chunks * B <= 0x7fffffff, "AdaLNBwdParams: batch * dim too large for one grid");
+    const dim3 grid(static_cast<unsigned>(chunks * B), static_cast<unsigned>(jobs));
+    adaln_reduce_partials_kernel<T>
+        <<<grid, dim3(kReduceCols, kReduceRows), 0, cu_stream>>>(r);
+    DS_CHECK_CUDA(cudaGetLastError());
+  });
+}
+
+}  // namespace ditscale::kernels

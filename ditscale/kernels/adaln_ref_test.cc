@@ -1,0 +1,394 @@
+// Tests of the AdaLN CPU reference against simple independent formulas, and of its backward
+// against central finite differences in fp64.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ditscale/core/error.h"
+#include "ditscale/kernels/adaln.h"
+#include "ditscale/kernels/internal/adaln_plan.h"
+
+namespace ditscale::kernels {
+namespace {
+
+std::vector<double> random_vec(std::mt19937_64& rng, std::size_t n, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<double> v(n);
+  for (double& e : v) e = u(rng);
+  return v;
+}
+
+// ---- dtype conversions ----
+
+TEST(HalfConvert, Bf16RoundTripsEveryFiniteValue) {
+  for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const auto b = static_cast<std::uint16_t>(bits);
+    const float f = bf16_bits_to_float(b);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(f))));
+      continue;
+    }
+    ASSERT_EQ(float_to_bf16_bits(f), b) << "bits " << bits;
+  }
+}
+
+TEST(HalfConvert, Fp16RoundTripsEveryFiniteValue) {
+  for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    const float f = fp16_bits_to_float(h);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(fp16_bits_to_float(float_to_fp16_bits(f))));
+      continue;
+    }
+    ASSERT_EQ(float_to_fp16_bits(f), h) << "bits " << bits;
+  }
+}
+
+TEST(HalfConvert, RoundsToNearestEven) {
+  // bf16 has 8 significant bits: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> even (1).
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + 0x1p-8f)), 1.0f);
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  EXPECT_EQ(bf16_bits_to_float(float_to_bf16_bits(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);
+  // fp16: 11 significant bits.
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(1.0f + 0x1p-11f)), 1.0f);
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);
+  // Subnormals, underflow ties, overflow.
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(0x1p-24f)), 0x1p-24f);
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(0x1p-25f)), 0.0f);
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(0x1.8p-25f)), 0x1p-24f);
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(3 * 0x1p-25f)), 2 * 0x1p-24f);
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(65504.0f)), 65504.0f);
+  EXPECT_EQ(fp16_bits_to_float(float_to_fp16_bits(65519.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(fp16_bits_to_float(float_to_fp16_bits(65520.0f))));
+  EXPECT_TRUE(std::isinf(bf16_bits_to_float(float_to_bf16_bits(3.4e38f))));
+}
+
+// ---- forward against independent formulas ----
+
+struct Variant {
+  NormType norm = NormType::kLayerNorm;
+  bool per_token = false;
+  bool affine = false;
+  bool gated = false;
+};
+
+// fp64 problem: x [B, N, D] (or residual/branch), modulation as chunks of a [B, N, 6D] (per
+// token) or [B, 6, D] (per sample) tensor, so strides are non-trivial.
+struct Problem {
+  std::int64_t B, N, D;
+  Variant var;
+  std::vector<double> x, residual, branch, mod, weight, bias;
+  std::vector<double> y, h;
+  std::vector<float> mean, rstd;
+
+  Problem(std::int64_t b, std::int64_t n, std::int64_t d, Variant v, std::mt19937_64& rng)
+      : B(b), N(n), D(d), var(v) {
+    const auto rows = static_cast<std::size_t>(B * N * D);
+    x = random_vec(rng, rows, -2, 3);
+    residual = random_vec(rng, rows, -2, 3);
+    branch = random_vec(rng, rows);
+    mod = random_vec(rng, static_cast<std::size_t>(B * (v.per_token ? N : 1) * 6 * D), -0.5, 0.5);
+    weight = random_vec(rng, D, 0.5, 1.5);
+    bias = random_vec(rng, D);
+    y.assign(rows, NAN);
+    h.assign(rows, NAN);
+    mean.assign(B * N, NAN);
+    rstd.assign(B * N, NAN);
+  }
+  // Chunk k of the modulation tensor (0 shift, 1 scale, 2 gate).
+  RowsView chunk(int k) const {
+    RowsView v{mod.data() + k * D, DType::kFloat64, 0, 0};
+    if (var.per_token) {
+      v.stride_n = 6 * D;
+      v.stride_b = N * 6 * D;
+    } else {
+      v.stride_b = 6 * D;
+    }
+    return v;
+  }
+  double mod_at(int k, std::int64_t b, std::int64_t n, std::int64_t d) const {
+    const RowsView v = chunk(k);
+    return mod[k * D + b * v.stride_b + n * v.stride_n + d];
+  }
+  void fill_config(AdaLNConfig& c) const {
+    c.batch = B;
+    c.seq_len = N;
+    c.dim = D;
+    c.norm = var.norm;
+    c.dtype = DType::kFloat64;
+    c.affine_dtype = DType::kFloat64;
+    c.shift = chunk(0);
+    c.scale = chunk(1);
+    if (var.gated) c.gate = chunk(2);
+    if (var.affine) {
+      c.weight = weight.data();
+      c.bias = bias.data();
+    }
+  }
+  AdaLNFwdParams fwd() {
+    AdaLNFwdParams p;
+    fill_config(p);
+    const RowsView dense{nullptr, DType::kFloat64, N * D, D};
+    if (var.gated) {
+      p.residual = dense;
+      p.residual.data = residual.data();
+      p.branch = dense;
+      p.branch.data = branch.data();
+      p.h = h.data();
+    } else {
+      p.x = dense;
+      p.x.data = x.data();
+    }
+    p.y = y.data();
+    p.mean = mean.data();
+    p.rstd = rstd.data();
+    return p;
+  }
+};
+
+TEST(AdaLNRef, ForwardMatchesIndependentFormulas) {
+  std::mt19937_64 rng(1234);
+  for (NormType norm : {NormType::kLayerNorm, NormType::kRMSNorm}) {
+    for (int mask = 0; mask < 8; ++mask) {
+      const Variant v{norm, (mask & 1) != 0, (mask & 2) != 0, (mask & 4) != 0};
+      Problem pr(2, 3, 13, v, rng);
+      AdaLNFwdParams p = pr.fwd();
+      p.eps = 1e-5f;
+      adaln_forward_ref(p);
+      for (std::int64_t b = 0; b < pr.B; ++b) {
+        for (std::int64_t n = 0; n < pr.N; ++n) {
+          const std::int64_t row = b * pr.N + n;
+          std::vector<double> in(pr.D);
+          for (std::int64_t d = 0; d < pr.D; ++d) {
+            const std::size_t i = row * pr.D + d;
+            in[d] = v.gated ? pr.residual[i] + pr.mod_at(2, b, n, d) * pr.branch[i] : pr.x[i];
+            if (v.gated) ASSERT_DOUBLE_EQ(pr.h[i], in[d]);
+          }
+          // E[x], E[x^2] - E[x]^2: a formula independent of the reference's two-pass one.
+          double s = 0, s2 = 0;
+          for (double e : in) {
+            s += e;
+            s2 += e * e;
+          }
+          const double mean = norm == NormType::kLayerNorm ? s / pr.D : 0.0;
+          const double var = s2 / pr.D - mean * mean;
+          const double rstd = 1.0 / std::sqrt(var + 1e-5);
+          EXPECT_NEAR(pr.mean[row], mean, 1e-6);
+          EXPECT_NEAR(pr.rstd[row], rstd, 1e-6 * rstd);
+          for (std::int64_t d = 0; d < pr.D; ++d) {
+            double xn = (in[d] - mean) * rstd;
+            if (v.affine) xn = xn * pr.weight[d] + pr.bias[d];
+            const double want = xn * (1 + pr.mod_at(1, b, n, d)) + pr.mod_at(0, b, n, d);
+            ASSERT_NEAR(pr.y[row * pr.D + d], want, 1e-12) << "mask " << mask << " d " << d;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AdaLNRef, Bf16InputsRoundOnceAndFp32ModulationIsRead) {
+  std::mt19937_64 rng(7);
+  const std::int64_t B = 1, N = 4, D = 24;
+  std::vector<std::uint16_t> x(N * D), y(N * D);
+  std::vector<double> xd(N * D);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = float_to_bf16_bits(static_cast<float>(std::normal_distribution<double>(1, 2)(rng)));
+    xd[i] = bf16_bits_to_float(x[i]);
+  }
+  std::vector<float> scale(D), shift(D);
+  for (std::int64_t d = 0; d < D; ++d) {
+    scale[d] = 0.01f * static_cast<float>(d);
+    shift[d] = -0.5f + 0.03f * static_cast<float>(d);
+  }
+  AdaLNFwdParams p;
+  p.batch = B;
+  p.seq_len = N;
+  p.dim = D;
+  p.dtype = DType::kBFloat16;
+  p.x = {x.data(), DType::kBFloat16, N * D, D};
+  p.scale = {scale.data(), DType::kFloat32, D, 0};
+  p.shift = {shift.data(), DType::kFloat32, D, 0};
+  p.y = y.data();
+  adaln_forward_ref(p);
+  for (std::int64_t n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (std::int64_t d = 0; d < D; ++d) m += xd[n * D + d] / D;
+    for (std::int64_t d = 0; d < D; ++d) v += (xd[n * D + d] - m) * (xd[n * D + d] - m) / D;
+    for (std::int64_t d = 0; d < D; ++d) {
+      const double want = (xd[n * D + d] - m) / std::sqrt(v + 1e-6) * (1 + scale[d]) + shift[d];
+      const double got = bf16_bits_to_float(y[n * D + d]);
+      EXPECT_LE(std::abs(got - want), std::abs(want) * 0x1p-8 + 1e-30) << n << "," << d;
+    }
+  }
+}
+
+// ---- backward against finite differences ----
+
+// L = sum(y * cy) + sum(h * ch) (gated). Returns L for the current buffers of `pr`.
+double loss(Problem& pr, const std::vector<double>& cy, const std::vector<double>& ch) {
+  AdaLNFwdParams p = pr.fwd();
+  adaln_forward_ref(p);
+  double l = 0;
+  for (std::size_t i = 0; i < pr.y.size(); ++i) {
+    l += pr.y[i] * cy[i];
+    if (pr.var.gated) l += pr.h[i] * ch[i];
+  }
+  return l;
+}
+
+void expect_grad_fd(Problem& pr, std::vector<double>& input, const std::vector<double>& grad,
+                    const std::vector<double>& cy, const std::vector<double>& ch,
+                    const std::string& what, const std::vector<bool>* only = nullptr) {
+  ASSERT_EQ(input.size(), grad.size()) << what;
+  const double step = 1e-6;
+  for (std::size_t i = 0; i < input.size(); ++i) {
+    if (only != nullptr && !(*only)[i]) continue;
+    const double saved = input[i];
+    input[i] = saved + step;
+    const double lp = loss(pr, cy, ch);
+    input[i] = saved - step;
+    const double lm = loss(pr, cy, ch);
+    input[i] = saved;
+    const double fd = (lp - lm) / (2 * step);
+    ASSERT_NEAR(grad[i], fd, 1e-6 * (1 + std::abs(fd))) << what << "[" << i << "]";
+  }
+}
+
+TEST(AdaLNRef, BackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(99);
+  for (NormType norm : {NormType::kLayerNorm, NormType::kRMSNorm}) {
+    for (int mask = 0; mask < 8; ++mask) {
+      const Variant v{norm, (mask & 1) != 0, (mask & 2) != 0, (mask & 4) != 0};
+      SCOPED_TRACE("norm " + std::to_string(static_cast<int>(norm)) + " mask " +
+                   std::to_string(mask));
+      Problem pr(2, 3, 6, v, rng);
+      const auto rows = static_cast<std::size_t>(pr.B * pr.N * pr.D);
+      const std::vector<double> cy = random_vec(rng, rows), ch = random_vec(rng, rows);
+      AdaLNFwdParams fp = pr.fwd();
+      adaln_forward_ref(fp);
+
+      AdaLNBwdParams p;
+      pr.fill_config(p);
+      const RowsView dense{nullptr, DType::kFloat64, pr.N * pr.D, pr.D};
+      p.x = dense;
+      p.x.data = v.gated ? pr.h.data() : pr.x.data();
+      p.dy = dense;
+      p.dy.data = cy.data();
+      const std::size_t per = v.per_token ? rows : static_cast<std::size_t>(pr.B * pr.D);
+      std::vector<double> dx(rows), dbranch(rows), dscale(per), dshift(per), dgate(per);
+      std::vector<double> dweight(pr.D), dbias(pr.D);
+      p.dx = dx.data();
+      p.dscale = dscale.data();
+      p.dshift = dshift.data();
+      if (v.affine) {
+        p.dweight = dweight.data();
+        p.dbias = dbias.data();
+      }
+      if (v.gated) {
+        p.dh_out = dense;
+        p.dh_out.data = ch.data();
+        p.branch = dense;
+        p.branch.data = pr.branch.data();
+        p.dbranch = dbranch.data();
+        p.dgate = dgate.data();
+      }
+      adaln_backward_ref(p);
+
+      if (v.gated) {
+        expect_grad_fd(pr, pr.residual, dx, cy, ch, "dresidual");
+        expect_grad_fd(pr, pr.branch, dbranch, cy, ch, "dbranch");
+      } else {
+        expect_grad_fd(pr, pr.x, dx, cy, ch, "dx");
+      }
+      if (v.affine) {
+        expect_grad_fd(pr, pr.weight, dweight, cy, ch, "dweight");
+        expect_grad_fd(pr, pr.bias, dbias, cy, ch, "dbias");
+      }
+      // Modulation gradients: perturb the chunk elements through the packed tensor.
+      const int chunks = v.gated ? 3 : 2;
+      for (int k = 0; k < chunks; ++k) {
+        const std::vector<double>& g = k == 0 ? dshift : (k == 1 ? dscale : dgate);
+        std::vector<double> packed_grad(pr.mod.size(), 0.0);
+        std::vector<bool> in_chunk(pr.mod.size(), false);
+        const std::int64_t n_mod = v.per_token ? pr.N : 1;
+        for (std::int64_t b = 0; b < pr.B; ++b) {
+          for (std::int64_t n = 0; n < n_mod; ++n) {
+            for (std::int64_t d = 0; d < pr.D; ++d) {
+              const std::size_t i = ((b * n_mod + n) * 6 + k) * pr.D + d;
+              packed_grad[i] = g[(b * n_mod + n) * pr.D + d];
+              in_chunk[i] = true;
+            }
+          }
+        }
+        expect_grad_fd(pr, pr.mod, packed_grad, cy, ch, "dmod chunk " + std::to_string(k),
+                       &in_chunk);
+      }
+    }
+  }
+}
+
+// ---- validation and workspace ----
+
+TEST(AdaLNRef, RejectsBadParamsNamingTheField) {
+  std::mt19937_64 rng(5);
+  Problem pr(1, 2, 8, Variant{}, rng);
+  auto expect_throw = [&](AdaLNFwdParams p, const std::string& needle) {
+    try {
+      adaln_forward_ref(p);
+      ADD_FAILURE() << "no throw, expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  AdaLNFwdParams p = pr.fwd();
+  p.dim = 0;
+  expect_throw(p, "AdaLNFwdParams.dim");
+  p = pr.fwd();
+  p.eps = 0.f;
+  expect_throw(p, "AdaLNFwdParams.eps");
+  p = pr.fwd();
+  p.scale.dtype = DType::kFloat16;
+  expect_throw(p, "AdaLNFwdParams.scale.dtype");
+  p = pr.fwd();
+  p.shift.data = nullptr;
+  expect_throw(p, "AdaLNFwdParams.shift.data");
+  p = pr.fwd();
+  p.gate = p.scale;  // gated but x given and no residual
+  expect_throw(p, "AdaLNFwdParams.x.data must be null");
+  p = pr.fwd();
+  p.x.stride_n = -1;
+  expect_throw(p, "AdaLNFwdParams.x: strides");
+  p = pr.fwd();
+  EXPECT_THROW(adaln_check(p, /*for_gpu=*/true), Error);  // fp64 is CPU only
+}
+
+TEST(AdaLNRef, WorkspaceCountsOnlyReducedGradients) {
+  AdaLNBwdParams p;
+  p.batch = 2;
+  p.seq_len = 5000;
+  p.dim = 96;
+  int dummy = 0;
+  p.scale = {&dummy, DType::kBFloat16, 96, 0};
+  p.shift = {&dummy, DType::kBFloat16, 5000 * 96, 96};  // per token: no partials
+  p.dscale = &dummy;
+  p.dshift = &dummy;
+  const std::int64_t tiles = internal::bwd_num_tiles(2, 5000);
+  EXPECT_EQ(tiles, (5000 + internal::bwd_rows_per_tile(2, 5000) - 1) /
+                       internal::bwd_rows_per_tile(2, 5000));
+  EXPECT_EQ(adaln_backward_workspace_bytes(p), static_cast<std::size_t>(2 * tiles * 96 * 4));
+  p.weight = &dummy;
+  p.dweight = &dummy;
+  EXPECT_EQ(adaln_backward_workspace_bytes(p), static_cast<std::size_t>(2 * 2 * tiles * 96 * 4));
+  p.dscale = nullptr;
+  p.dweight = nullptr;
+  EXPECT_EQ(adaln_backward_workspace_bytes(p), 0u);
+}
+
+}  // namespace
+}  // namespace ditscale::kernels

@@ -1,0 +1,259 @@
+// Tensor checks and allocation of the AdaLN torch ops (see adaln_prepare.h for the contract).
+#include "ditscale/torch/adaln_prepare.h"
+
+#include <cmath>
+#include <string>
+
+namespace ditscale::torch_ext {
+namespace {
+
+using kernels::DType;
+using kernels::RowsView;
+
+DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kDouble: return DType::kFloat64;
+    default: TORCH_CHECK(false, "ditscale: unsupported dtype ", t);
+  }
+}
+
+kernels::NormType to_norm(const char* op, std::string_view norm) {
+  if (norm == "layernorm") return kernels::NormType::kLayerNorm;
+  if (norm == "rmsnorm") return kernels::NormType::kRMSNorm;
+  TORCH_CHECK(false, op, ": norm must be \"layernorm\" or \"rmsnorm\", got \"", std::string(norm),
+              "\"");
+}
+
+bool last_dim_contiguous(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1; }
+
+// Shape, dtype and device of one activation tensor [B, N, D] against x; returns it with a
+// contiguous last dimension (a copy only when needed).
+at::Tensor rows_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " is undefined");
+  TORCH_CHECK(t.dim() == 3 && t.sizes() == x.sizes(), op, ": ", name,
+              " must have x's shape [B, N, D] = ", x.sizes(), ", got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name, " must have x's dtype ",
+              x.scalar_type(), ", got ", t.scalar_type());
+  TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but x is on ",
+              x.device());
+  return last_dim_contiguous(t) ? t : t.contiguous();
+}
+
+RowsView rows_view(const at::Tensor& t) {
+  RowsView v;
+  v.data = t.data_ptr();
+  v.dtype = to_dtype(t.scalar_type());
+  v.stride_b = t.stride(0);
+  v.stride_n = t.stride(1);
+  return v;
+}
+
+// A modulation tensor (scale, shift, gate): [B, D] or [B, N, D], x's dtype or fp32. Returns it
+// with a contiguous last dimension; `per_token_grad` materialises a [B, N, D] view with stride 0
+// along N (its gradient is per token, which the kernels only write for stride_n != 0).
+at::Tensor modulation_input(const char* op, const char* name, const at::Tensor& t,
+                            const at::Tensor& x, bool per_token_grad) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " is undefined");
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  const bool per_sample = t.dim() == 2 && t.size(0) == B && t.size(1) == D;
+  const bool per_token = t.dim() == 3 && t.size(0) == B && t.size(1) == N && t.size(2) == D;
+  TORCH_CHECK(per_sample || per_token, op, ": ", name, " must be per sample [B, D] = [", B, ", ",
+              D, "] or per token [B, N, D] = [", B, ", ", N, ", ", D, "], got ", t.sizes(),
+              " (a [B, 1, D] tensor: pass t.squeeze(1), as ditscale.ops.adaln does)");
+  TORCH_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, op, ": ", name,
+              " must have x's dtype (", x.scalar_type(), ") or float32, got ", t.scalar_type());
+  TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but x is on ",
+              x.device());
+  if (!last_dim_contiguous(t)) return t.contiguous();
+  if (per_token_grad && per_token && N > 1 && t.stride(1) == 0) return t.contiguous();
+  return t;
+}
+
+RowsView modulation_view(const at::Tensor& t) {
+  RowsView v;
+  v.data = t.data_ptr();
+  v.dtype = to_dtype(t.scalar_type());
+  v.stride_b = t.stride(0);
+  v.stride_n = t.dim() == 2 ? 0 : t.stride(1);
+  return v;
+}
+
+// weight / bias: [D], x's dtype or fp32, contiguous (copied otherwise).
+OptTensor affine_input(const char* op, const char* name, const OptTensor& t, const at::Tensor& x) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
+  TORCH_CHECK(t->dim() == 1 && t->size(0) == x.size(2), op, ": ", name, " must be [D] = [",
+              x.size(2), "], got ", t->sizes());
+  TORCH_CHECK(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ",
+              name, " must have x's dtype (", x.scalar_type(), ") or float32, got ",
+              t->scalar_type());
+  TORCH_CHECK(t->device() == x.device(), op, ": ", name, " is on ", t->device(),
+              " but x is on ", x.device());
+  return t->contiguous();
+}
+
+// Fills the fields shared by forward and backward; returns the affine tensors (kept alive by
+// the caller).
+void fill_config(const char* op, kernels::AdaLNConfig& p, const at::Tensor& x,
+                 const OptTensor& weight, const OptTensor& bias, std::string_view norm,
+                 double eps) {
+  TORCH_CHECK(std::isfinite(eps) && eps > 0.0, op, ": eps must be finite and > 0, got ", eps);
+  p.batch = x.size(0);
+  p.seq_len = x.size(1);
+  p.dim = x.size(2);
+  p.norm = to_norm(op, norm);
+  p.eps = static_cast<float>(eps);
+  p.dtype = to_dtype(x.scalar_type());
+  if (weight && bias) {
+    TORCH_CHECK(weight->scalar_type() == bias->scalar_type(), op,
+                ": weight and bias must have the same dtype, got ", weight->scalar_type(),
+                " and ", bias->scalar_type());
+  }
+  p.weight = weight ? weight->data_ptr() : nullptr;
+  p.bias = bias ? bias->data_ptr() : nullptr;
+  if (weight) p.affine_dtype = to_dtype(weight->scalar_type());
+  else if (bias) p.affine_dtype = to_dtype(bias->scalar_type());
+}
+
+void check_x(const char* op, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(x.defined(), op, ": ", name, " is undefined");
+  TORCH_CHECK(x.dim() == 3, op, ": ", name, " must be [B, N, D], got shape ", x.sizes());
+  const auto t = x.scalar_type();
+  TORCH_CHECK(t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble, op,
+              ": ", name, " must be bfloat16, float16, float32 or float64, got ", t);
+  TORCH_CHECK(t != at::kDouble || x.device().is_cpu(), op, ": ", name,
+              " is float64, which only the CPU implementation supports");
+  TORCH_CHECK(x.size(2) >= 1, op, ": ", name, " must have D >= 1 features, got ", x.sizes());
+}
+
+at::Tensor affine_grad(const OptTensor& t, const at::Tensor& x) {
+  if (!t) return at::empty({0}, x.options().dtype(at::kFloat));
+  return at::empty({x.size(2)}, t->options());
+}
+
+}  // namespace
+
+AdaLNForwardCall prepare_adaln_forward(const char* op, bool gated, const at::Tensor& x_in,
+                                       const OptTensor& gate_in, const OptTensor& branch_in,
+                                       const at::Tensor& scale_in, const at::Tensor& shift_in,
+                                       const OptTensor& weight_in, const OptTensor& bias_in,
+                                       std::string_view norm, double eps) {
+  const char* xname = gated ? "residual" : "x";
+  check_x(op, xname, x_in);
+  AdaLNForwardCall c;
+  at::Tensor x = last_dim_contiguous(x_in) ? x_in : x_in.contiguous();
+  at::Tensor scale = modulation_input(op, "scale", scale_in, x, false);
+  at::Tensor shift = modulation_input(op, "shift", shift_in, x, false);
+  OptTensor weight = affine_input(op, "weight", weight_in, x);
+  OptTensor bias = affine_input(op, "bias", bias_in, x);
+  auto& p = c.params;
+  fill_config(op, p, x, weight, bias, norm, eps);
+  p.scale = modulation_view(scale);
+  p.shift = modulation_view(shift);
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  c.y = at::empty({B, N, D}, x.options());
+  c.mean = at::empty({B, N}, x.options().dtype(at::kFloat));
+  c.rstd = at::empty({B, N}, x.options().dtype(at::kFloat));
+  p.y = c.y.data_ptr();
+  p.mean = c.mean.data_ptr<float>();
+  p.rstd = c.rstd.data_ptr<float>();
+  if (gated) {
+    TORCH_CHECK(gate_in && branch_in, op, ": the gated variant needs gate and branch");
+    at::Tensor gate = modulation_input(op, "gate", *gate_in, x, false);
+    at::Tensor branch = rows_input(op, "branch", *branch_in, x);
+    c.h = at::empty({B, N, D}, x.options());
+    p.residual = rows_view(x);
+    p.branch = rows_view(branch);
+    p.gate = modulation_view(gate);
+    p.h = c.h.data_ptr();
+    c.keep = {gate, branch};
+  } else {
+    p.x = rows_view(x);
+  }
+  c.keep.insert(c.keep.end(), {x, scale, shift});
+  if (weight) c.keep.push_back(*weight);
+  if (bias) c.keep.push_back(*bias);
+  c.empty = B * N == 0;
+  return c;
+}
+
+AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTensor& dh_in,
+                                         const at::Tensor& dy_in, const at::Tensor& x_in,
+                                         const OptTensor& gate_in, const OptTensor& branch_in,
+                                         const at::Tensor& scale_in, const at::Tensor& shift_in,
+                                         const OptTensor& weight_in, const OptTensor& bias_in,
+                                         const at::Tensor& mean_in, const at::Tensor& rstd_in,
+                                         std::string_view norm, double eps) {
+  const char* xname = gated ? "h" : "x";
+  check_x(op, xname, x_in);
+  AdaLNBackwardCall c;
+  at::Tensor x = last_dim_contiguous(x_in) ? x_in : x_in.contiguous();
+  at::Tensor dy = rows_input(op, "dy", dy_in, x);
+  at::Tensor scale = modulation_input(op, "scale", scale_in, x, true);
+  at::Tensor shift = modulation_input(op, "shift", shift_in, x, true);
+  OptTensor weight = affine_input(op, "weight", weight_in, x);
+  OptTensor bias = affine_input(op, "bias", bias_in, x);
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  for (const auto* s : {&mean_in, &rstd_in}) {
+    const char* name = s == &mean_in ? "mean" : "rstd";
+    TORCH_CHECK(s->defined() && s->dim() == 2 && s->size(0) == B && s->size(1) == N, op, ": ",
+                name, " must be [B, N] = [", B, ", ", N, "] (from the forward), got ",
+                s->defined() ? s->sizes() : at::IntArrayRef{});
+    TORCH_CHECK(s->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+                s->scalar_type());
+    TORCH_CHECK(s->device() == x.device(), op, ": ", name, " is on ", s->device(),
+                " but x is on ", x.device());
+  }
+  at::Tensor mean = mean_in.contiguous();
+  at::Tensor rstd = rstd_in.contiguous();
+
+  auto& p = c.params;
+  fill_config(op, p, x, weight, bias, norm, eps);
+  p.scale = modulation_view(scale);
+  p.shift = modulation_view(shift);
+  p.x = rows_view(x);
+  p.dy = rows_view(dy);
+  p.mean = mean.data_ptr<float>();
+  p.rstd = rstd.data_ptr<float>();
+  c.dx = at::empty({B, N, D}, x.options());
+  c.dscale = at::empty(scale.sizes(), scale.options());
+  c.dshift = at::empty(shift.sizes(), shift.options());
+  c.dweight = affine_grad(weight, x);
+  c.dbias = affine_grad(bias, x);
+  p.dx = c.dx.data_ptr();
+  p.dscale = c.dscale.data_ptr();
+  p.dshift = c.dshift.data_ptr();
+  p.dweight = weight ? c.dweight.data_ptr() : nullptr;
+  p.dbias = bias ? c.dbias.data_ptr() : nullptr;
+  c.keep = {x, dy, scale, shift, mean, rstd};
+  if (weight) c.keep.push_back(*weight);
+  if (bias) c.keep.push_back(*bias);
+  if (gated) {
+    TORCH_CHECK(gate_in && branch_in, op, ": the gated variant needs gate and branch");
+    at::Tensor gate = modulation_input(op, "gate", *gate_in, x, true);
+    at::Tensor branch = rows_input(op, "branch", *branch_in, x);
+    p.gate = modulation_view(gate);
+    p.branch = rows_view(branch);
+    if (dh_in && dh_in->defined()) {
+      at::Tensor dh = rows_input(op, "dh", *dh_in, x);
+      p.dh_out = rows_view(dh);
+      c.keep.push_back(dh);
+    }
+    c.dbranch = at::empty({B, N, D}, x.options());
+    c.dgate = at::empty(gate.sizes(), gate.options());
+    p.dbranch = c.dbranch.data_ptr();
+    p.dgate = c.dgate.data_ptr();
+    c.keep.insert(c.keep.end(), {gate, branch});
+  }
+  c.empty = B * N == 0;
+  if (c.empty) {  // nothing to launch: reduced gradients are sums over no rows
+    for (at::Tensor* g : {&c.dscale, &c.dshift, &c.dweight, &c.dbias, &c.dgate}) {
+      if (g->defined()) g->zero_();
+    }
+  }
+  return c;
+}
+
+}  // namespace ditscale::torch_ext

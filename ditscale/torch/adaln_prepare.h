@@ -1,0 +1,76 @@
+// Tensor checks and allocation of the fused AdaLN torch ops, shared by the CPU implementation
+// (adaln_ops.cc, through the fp64 reference) and the CUDA implementation (adaln_cuda.cc).
+//
+// Every user-facing check lives here (dtypes, devices, shapes, strides), with a TORCH_CHECK
+// message naming the op and the argument. The prepared call holds a params struct of
+// ditscale/kernels/adaln.h pointing into tensors it keeps alive (the outputs, and the contiguous
+// copies made of inputs whose last dimension was not contiguous).
+//
+// Accepted layouts:
+//   x / residual / branch / dy / dh: [B, N, D], any strides with a contiguous last dimension
+//     (otherwise a contiguous copy is made); dtype bf16, fp16, fp32 (fp64 on CPU only).
+//   scale / shift / gate: per sample [B, D] or per token [B, N, D], x's dtype or fp32, strided
+//     views read in place when the last dimension is contiguous. A [B, N, D] view with stride 0
+//     along N (an expanded per-sample tensor) is read in place by the forward; the backward
+//     copies it (its gradient is per token).
+//   weight / bias: [D], x's dtype or fp32 (the same dtype when both are given).
+//   mean / rstd: [B, N] fp32 as written by the forward.
+// Outputs are new contiguous tensors; gradients have the dtype and shape of their input. An
+// absent weight/bias gets an empty [0] fp32 gradient placeholder.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "ditscale/kernels/adaln.h"
+
+namespace ditscale::torch_ext {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// A forward call: params ready for adaln_forward_{ref,cuda}, plus its outputs.
+struct AdaLNForwardCall {
+  kernels::AdaLNFwdParams params;
+  at::Tensor h;     // gated only: [B, N, D]
+  at::Tensor y;     // [B, N, D]
+  at::Tensor mean;  // [B, N] fp32
+  at::Tensor rstd;  // [B, N] fp32
+  bool empty = false;             // B * N == 0: nothing to launch, outputs are empty
+  std::vector<at::Tensor> keep;   // inputs referenced by params (contiguous copies)
+};
+
+// A backward call: params ready for adaln_backward_{ref,cuda} (workspace not yet set), plus
+// its outputs.
+struct AdaLNBackwardCall {
+  kernels::AdaLNBwdParams params;
+  at::Tensor dx;       // plain: dx; gated: d residual
+  at::Tensor dbranch;  // gated only
+  at::Tensor dgate;    // gated only
+  at::Tensor dscale, dshift, dweight, dbias;
+  bool empty = false;
+  std::vector<at::Tensor> keep;
+};
+
+// Checks and allocates the forward. `gated` selects the variant: plain uses x; gated uses
+// residual (passed as x), gate and branch.
+AdaLNForwardCall prepare_adaln_forward(const char* op, bool gated, const at::Tensor& x,
+                                       const OptTensor& gate, const OptTensor& branch,
+                                       const at::Tensor& scale, const at::Tensor& shift,
+                                       const OptTensor& weight, const OptTensor& bias,
+                                       std::string_view norm, double eps);
+
+// Checks and allocates the backward. `x` is the norm's input (plain: x; gated: the forward's
+// h). Gated only: dh (optional), gate, branch. `eps` is the forward's (the CPU reference
+// recomputes the statistics from x).
+AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTensor& dh,
+                                         const at::Tensor& dy, const at::Tensor& x,
+                                         const OptTensor& gate, const OptTensor& branch,
+                                         const at::Tensor& scale, const at::Tensor& shift,
+                                         const OptTensor& weight, const OptTensor& bias,
+                                         const at::Tensor& mean, const at::Tensor& rstd,
+                                         std::string_view norm, double eps);
+
+}  // namespace ditscale::torch_ext

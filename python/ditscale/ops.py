@@ -1,0 +1,370 @@
+"""Fused adaptive LayerNorm / RMSNorm with shift/scale modulation as PyTorch ops.
+
+Math (statistics in fp32, one rounding to x's dtype at the end)::
+
+    xhat = (x - mean) * rstd        layernorm: mean, var over D; rstd = 1 / sqrt(var + eps)
+    xhat = x * rstd                 rmsnorm:   rstd = 1 / sqrt(mean(x^2) + eps), mean = 0
+    z    = xhat * weight + bias     optional elementwise affine (weight/bias of shape [D])
+    y    = z * (1 + scale) + shift
+
+Gated residual variant (the other half of an AdaLN-Zero DiT block), in one pass::
+
+    h = residual + gate * branch;   y = adaln(h)     -> returns (h, y)
+
+Shapes: x, residual, branch are ``[B, N, D]``; each modulation tensor (scale, shift, gate) is
+per sample ``[B, D]`` (also accepted as ``[B, 1, D]``) or per token ``[B, N, D]``, in x's dtype or
+float32, and may be a strided view (e.g. a chunk of ``[B, 6, D]`` or ``[B, N, 6D]``): only its
+last dimension must be contiguous, otherwise the op makes a contiguous copy. x must have a
+contiguous last dimension too (a copy is made otherwise).
+
+The compiled ops live in ``ditscale._C`` (a shared library loaded with
+``torch.ops.load_library``) and are registered as ``torch.ops.ditscale.adaln_fwd`` /
+``adaln_bwd`` / ``adaln_gated_fwd`` / ``adaln_gated_bwd``; this module adds the autograd formulas
+and the fake (meta) kernels, so the ops can be traced by ``torch.compile(fullgraph=True)``.
+The library is looked up in the package folder, or at ``$DITSCALE_EXT_PATH`` when set.
+
+``adaln_reference`` / ``adaln_gated_reference`` are the same functions in plain PyTorch (the
+eager baseline of the benchmark, and the reference of the tests).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "adaln",
+    "adaln_gated",
+    "adaln_reference",
+    "adaln_gated_reference",
+    "is_available",
+    "load_error",
+    "NORMS",
+]
+
+NORMS = ("layernorm", "rmsnorm")
+_OP_NAMES = ("adaln_fwd", "adaln_bwd", "adaln_gated_fwd", "adaln_gated_bwd")
+_load_error: Optional[str] = None
+
+
+def _library_path() -> Optional[str]:
+    env = os.environ.get("DITSCALE_EXT_PATH")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for pattern in ("_C.so", "_C.*.so", "_C.pyd", "_C.dylib"):
+        found = sorted(glob.glob(os.path.join(here, pattern)))
+        if found:
+            return found[0]
+    return None
+
+
+def _load() -> None:
+    global _load_error
+    if all(hasattr(torch.ops.ditscale, n) for n in _OP_NAMES):
+        return  # already loaded (e.g. by another import path)
+    path = _library_path()
+    if path is None:
+        _load_error = (
+            "ditscale._C (the PyTorch extension) was not found next to "
+            f"{os.path.abspath(__file__)}; build the package with torch installed "
+            "(`pip install --no-build-isolation .`) or set DITSCALE_EXT_PATH"
+        )
+        return
+    try:
+        torch.ops.load_library(path)
+    except OSError as e:  # wrong torch version, missing CUDA runtime, ...
+        _load_error = f"loading {path} failed: {e}"
+
+
+_load()
+
+
+def is_available() -> bool:
+    """True when the compiled ops are registered (``torch.ops.ditscale.adaln_fwd`` exists)."""
+    return _load_error is None
+
+
+def load_error() -> Optional[str]:
+    """Why the extension could not be loaded, or None."""
+    return _load_error
+
+
+def _require() -> None:
+    if _load_error is not None:
+        raise RuntimeError(f"ditscale.ops: {_load_error}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape helpers shared by the wrappers, the references and the fake kernels.
+
+
+def _as_modulation(t: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:
+    """Per-sample views as [B, D]: ``[B, 1, D]`` and ``[B, N, D]`` expanded along N (stride 0)
+    become ``t[:, 0]`` (a view, so the backward reduces over N in the kernel); other shapes pass
+    through unchanged (the op checks them)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"ditscale.ops: {name} must be a Tensor, got {type(t).__name__}")
+    if t.dim() == 3 and x.dim() == 3 and x.shape[1] != 1:
+        if t.shape[1] == 1 or (t.shape[1] == x.shape[1] and t.stride(1) == 0):
+            return t[:, 0]
+    return t
+
+
+def _check_norm(norm: str) -> None:
+    if norm not in NORMS:
+        raise ValueError(f"ditscale.ops: norm must be one of {NORMS}, got {norm!r}")
+
+
+def _mod_broadcast(t: torch.Tensor) -> torch.Tensor:
+    """Per-sample [B, D] -> [B, 1, D] for broadcasting against [B, N, D]."""
+    return t.unsqueeze(1) if t.dim() == 2 else t
+
+
+# ---------------------------------------------------------------------------------------------
+# Public wrappers.
+
+
+def adaln(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    *,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    norm: str = "layernorm",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Fused ``y = norm(x) * (1 + scale) + shift`` (see the module docstring for the math).
+
+    Args:
+      x: ``[B, N, D]`` activations, bfloat16, float16, float32 or float64 (float64: CPU only).
+      scale, shift: modulation, ``[B, D]``, ``[B, 1, D]`` or ``[B, N, D]``, x's dtype or float32;
+        strided views are read in place when their last dimension is contiguous.
+      weight, bias: optional elementwise affine of the norm, ``[D]`` (applied before modulation).
+      norm: ``"layernorm"`` (no affine unless weight/bias given) or ``"rmsnorm"``.
+      eps: added to the variance (layernorm) or the mean square (rmsnorm).
+
+    Returns:
+      y: ``[B, N, D]`` in x's dtype, a new contiguous tensor. Differentiable in x, scale, shift,
+      weight and bias; the backward is one fused pass (deterministic reductions).
+    """
+    _require()
+    _check_norm(norm)
+    scale = _as_modulation(scale, x, "scale")
+    shift = _as_modulation(shift, x, "shift")
+    y, _, _ = torch.ops.ditscale.adaln_fwd(x, scale, shift, weight, bias, norm, float(eps))
+    return y
+
+
+def adaln_gated(
+    residual: torch.Tensor,
+    gate: torch.Tensor,
+    branch: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    *,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    norm: str = "layernorm",
+    eps: float = 1e-6,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Fused ``h = residual + gate * branch; y = norm(h) * (1 + scale) + shift``.
+
+    Args:
+      residual, branch: ``[B, N, D]`` in the same dtype (the block's stream and the output of
+        the previous sub-layer, e.g. attention).
+      gate: modulation like scale/shift: ``[B, D]``, ``[B, 1, D]`` or ``[B, N, D]``.
+      scale, shift, weight, bias, norm, eps: as in :func:`adaln`.
+
+    Returns:
+      ``(h, y)``, both ``[B, N, D]`` in residual's dtype: the updated residual stream and the
+      modulated norm of it (the next sub-layer's input). Both are differentiable.
+    """
+    _require()
+    _check_norm(norm)
+    gate = _as_modulation(gate, residual, "gate")
+    scale = _as_modulation(scale, residual, "scale")
+    shift = _as_modulation(shift, residual, "shift")
+    h, y, _, _ = torch.ops.ditscale.adaln_gated_fwd(
+        residual, gate, branch, scale, shift, weight, bias, norm, float(eps)
+    )
+    return h, y
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure-PyTorch references (eager baseline).
+
+
+def _norm_reference(x: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
+    d = x.shape[-1]
+    if norm == "layernorm":
+        return F.layer_norm(x, (d,), eps=eps)
+    return F.rms_norm(x, (d,), eps=eps)
+
+
+def adaln_reference(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    *,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    norm: str = "layernorm",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Unfused PyTorch: ``norm(x) [* weight + bias] * (1 + scale) + shift``, cast to x's dtype.
+
+    This is the diffusers / Wan pattern (norm in x's dtype with fp32 statistics inside ATen,
+    modulation by broadcasting; an fp32 modulation promotes the product to fp32). Pass float64
+    tensors to get an exact reference.
+    """
+    _check_norm(norm)
+    scale = _mod_broadcast(_as_modulation(scale, x, "scale"))
+    shift = _mod_broadcast(_as_modulation(shift, x, "shift"))
+    z = _norm_reference(x, norm, eps)
+    if weight is not None:
+        z = z * weight
+    if bias is not None:
+        z = z + bias
+    return (z * (1 + scale) + shift).to(x.dtype)
+
+
+def adaln_gated_reference(
+    residual: torch.Tensor,
+    gate: torch.Tensor,
+    branch: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    *,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    norm: str = "layernorm",
+    eps: float = 1e-6,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Unfused PyTorch ``h = residual + gate * branch`` then :func:`adaln_reference` of h."""
+    gate = _mod_broadcast(_as_modulation(gate, residual, "gate"))
+    h = (residual + gate * branch).to(residual.dtype)
+    y = adaln_reference(h, scale, shift, weight=weight, bias=bias, norm=norm, eps=eps)
+    return h, y
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake kernels and autograd (registered only when the extension is loaded).
+
+
+def _stats_shape(x: torch.Tensor) -> Tuple[int, int]:
+    return (x.shape[0], x.shape[1])
+
+
+def _fake_grad_like(ref: torch.Tensor, t: Optional[torch.Tensor]) -> torch.Tensor:
+    if t is None:
+        return ref.new_empty((0,), dtype=torch.float32)
+    return t.new_empty(t.shape)
+
+
+def _register() -> None:
+    lib = "ditscale::"
+
+    @torch.library.register_fake(lib + "adaln_fwd")
+    def _adaln_fwd_fake(x, scale, shift, weight, bias, norm, eps):
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        mean = x.new_empty(_stats_shape(x), dtype=torch.float32)
+        rstd = x.new_empty(_stats_shape(x), dtype=torch.float32)
+        return y, mean, rstd
+
+    @torch.library.register_fake(lib + "adaln_bwd")
+    def _adaln_bwd_fake(dy, x, scale, shift, weight, bias, mean, rstd, norm, eps):
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+        dscale = scale.new_empty(scale.shape)
+        dshift = shift.new_empty(shift.shape)
+        return dx, dscale, dshift, _fake_grad_like(x, weight), _fake_grad_like(x, bias)
+
+    @torch.library.register_fake(lib + "adaln_gated_fwd")
+    def _adaln_gated_fwd_fake(residual, gate, branch, scale, shift, weight, bias, norm, eps):
+        h = torch.empty_like(residual, memory_format=torch.contiguous_format)
+        y = torch.empty_like(residual, memory_format=torch.contiguous_format)
+        mean = residual.new_empty(_stats_shape(residual), dtype=torch.float32)
+        rstd = residual.new_empty(_stats_shape(residual), dtype=torch.float32)
+        return h, y, mean, rstd
+
+    @torch.library.register_fake(lib + "adaln_gated_bwd")
+    def _adaln_gated_bwd_fake(
+        dh, dy, h, gate, branch, scale, shift, weight, bias, mean, rstd, norm, eps
+    ):
+        dres = torch.empty_like(h, memory_format=torch.contiguous_format)
+        dbranch = torch.empty_like(h, memory_format=torch.contiguous_format)
+        return (
+            dres,
+            gate.new_empty(gate.shape),
+            dbranch,
+            scale.new_empty(scale.shape),
+            shift.new_empty(shift.shape),
+            _fake_grad_like(h, weight),
+            _fake_grad_like(h, bias),
+        )
+
+    # ---- adaln_fwd autograd ----
+    def _fwd_setup(ctx, inputs, output):
+        x, scale, shift, weight, bias, norm, eps = inputs
+        _, mean, rstd = output
+        ctx.save_for_backward(x, scale, shift, weight, bias, mean, rstd)
+        ctx.norm, ctx.eps = norm, eps
+        ctx.mark_non_differentiable(mean, rstd)
+
+    def _fwd_backward(ctx, dy, dmean, drstd):
+        x, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dscale, dshift, dweight, dbias = torch.ops.ditscale.adaln_bwd(
+            dy, x, scale, shift, weight, bias, mean, rstd, ctx.norm, ctx.eps
+        )
+        return (
+            dx,
+            dscale,
+            dshift,
+            dweight if weight is not None else None,
+            dbias if bias is not None else None,
+            None,
+            None,
+        )
+
+    torch.library.register_autograd(lib + "adaln_fwd", _fwd_backward, setup_context=_fwd_setup)
+
+    # ---- adaln_gated_fwd autograd ----
+    def _gated_setup(ctx, inputs, output):
+        residual, gate, branch, scale, shift, weight, bias, norm, eps = inputs
+        h, _, mean, rstd = output
+        ctx.save_for_backward(h, gate, branch, scale, shift, weight, bias, mean, rstd)
+        ctx.norm, ctx.eps = norm, eps
+        ctx.mark_non_differentiable(mean, rstd)
+        ctx.set_materialize_grads(False)
+
+    def _gated_backward(ctx, dh, dy, dmean, drstd):
+        h, gate, branch, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
+        if dy is None:  # only h is used downstream: y's gradient is zero
+            dy = torch.zeros_like(h)
+        dres, dgate, dbranch, dscale, dshift, dweight, dbias = torch.ops.ditscale.adaln_gated_bwd(
+            dh, dy, h, gate, branch, scale, shift, weight, bias, mean, rstd, ctx.norm, ctx.eps
+        )
+        return (
+            dres,
+            dgate,
+            dbranch,
+            dscale,
+            dshift,
+            dweight if weight is not None else None,
+            dbias if bias is not None else None,
+            None,
+            None,
+        )
+
+    torch.library.register_autograd(
+        lib + "adaln_gated_fwd", _gated_backward, setup_context=_gated_setup
+    )
+
+
+if _load_error is None:
+    _register()

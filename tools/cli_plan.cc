@@ -1,5 +1,430 @@
+// `ditscale plan`: manifest -> shapes -> policy -> plan -> simulated metrics (and files).
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ditscale/balance/cost_model.h"
+#include "ditscale/balance/fit.h"
+#include "ditscale/balance/manifest.h"
+#include "ditscale/balance/planner.h"
+#include "ditscale/balance/report.h"
+#include "ditscale/balance/shapes.h"
+#include "ditscale/balance/simulate.h"
+#include "ditscale/core/error.h"
+#include "ditscale/core/progress.h"
 #include "tools/cli.h"
 
 namespace ditscale::cli {
-void RegisterPlanCommand(CLI::App& app) {}
+namespace {
+
+using namespace ditscale::balance;  // NOLINT
+
+struct PlanArgs {
+  std::string manifest, model, cost_file, bench_file, policy = "balanced", tail = "drop";
+  std::string out, emit_batches, report;
+  int world_size = 1;
+  double gpu_mem_gib = 141, mem_safety = 0.1, m_comp = 0, budget = 0, noise = 0;
+  int64_t m_mem = 0, epoch = 0;
+  uint64_t seed = 0;
+  bool compare = false, json = false, skip_bad_rows = false, budget_sweep = false;
+  bool overhead_per_mb = false, quiet = false;
+};
+
+// Process CPU seconds (the command is single-threaded): robust to a loaded machine.
+double CpuSeconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+T Unwrap(Result<T> r) {
+  if (!r.ok()) throw Error(r.failure().ToString());
+  return std::move(r).value();
+}
+
+struct PolicyRun {
+  Plan plan;
+  SimResult sim;
+  double plan_s = 0, sim_s = 0, plan_cpu_s = 0;
+};
+
+nlohmann::json PolicyJson(const PolicyRun& r) {
+  const SimResult& s = r.sim;
+  return {{"compute_cv", s.compute_cv},
+          {"bubble_fraction", s.bubble_fraction},
+          {"tokens_per_s_per_gpu", s.tokens_per_s_per_gpu},
+          {"epoch_time_s", s.epoch_time_s},
+          {"lower_bound_s", s.lower_bound_s},
+          {"epoch_over_lower_bound", s.lower_bound_s > 0 ? s.epoch_time_s / s.lower_bound_s : 0},
+          {"step_time_cv", s.step_time_cv},
+          {"num_steps", s.num_steps},
+          {"dropped_samples", s.dropped_samples},
+          {"padded_micro_batches", s.padded_micro_batches},
+          {"micro_batches", s.micro_batches},
+          {"samples", s.samples},
+          {"tokens", s.tokens},
+          {"mean_samples_per_step", s.mean_samples_per_step},
+          {"m_comp", r.plan.m_comp},
+          {"p", r.plan.p},
+          {"m_mem_tokens", r.plan.m_mem_tokens},
+          {"rank_budget_s", r.plan.rank_budget_s},
+          {"samples_over_m_mem", r.plan.samples_over_m_mem},
+          {"plan_time_s", r.plan_s},
+          {"plan_cpu_s", r.plan_cpu_s},
+          {"simulate_time_s", r.sim_s}};
+}
+
+// One JSON line per (step, rank), written through a large buffer.
+void EmitBatches(const std::string& path, const Plan& plan, const SimResult& sim) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw Error(path + ": cannot open for writing");
+  std::vector<char> buf(1 << 20);
+  std::setvbuf(f, buf.data(), _IOFBF, buf.size());
+  const int64_t w = plan.world_size;
+  for (int64_t k = 0; k < plan.num_steps(); ++k) {
+    for (int64_t r = 0; r < w; ++r) {
+      std::fprintf(f, "{\"step\":%lld,\"rank\":%lld,\"micro_batches\":[", static_cast<long long>(k),
+                   static_cast<long long>(r));
+      for (int64_t i = plan.rank_offsets[k * w + r]; i < plan.rank_offsets[k * w + r + 1]; ++i) {
+        const MicroBatch& mb = plan.micro_batches[plan.work[i]];
+        std::fputs(i == plan.rank_offsets[k * w + r] ? "[" : ",[", f);
+        for (int64_t j = mb.begin; j < mb.end; ++j) {
+          std::fprintf(f, j == mb.begin ? "%lld" : ",%lld", static_cast<long long>(plan.ids[j]));
+        }
+        std::fputc(']', f);
+      }
+      std::fprintf(f, "],\"predicted_cost_s\":%.9g}\n", sim.rank_cost_s[k * w + r]);
+    }
+  }
+  const bool ok = std::ferror(f) == 0;
+  if (std::fclose(f) != 0 || !ok) throw Error(path + ": write failed");
+}
+
+void PrintTable(const std::vector<Policy>& policies, const std::vector<PolicyRun>& runs) {
+  std::printf("%-12s %12s %10s %12s %12s %8s %10s %8s %9s\n", "policy", "tok/s/GPU", "CV",
+              "epoch (s)", "lower bd (s)", "ep/lb", "bubble", "steps", "dropped");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const SimResult& s = runs[i].sim;
+    std::printf("%-12s %12.1f %9.2f%% %12.1f %12.1f %8.4f %9.2f%% %8lld %9lld\n",
+                PolicyName(policies[i]), s.tokens_per_s_per_gpu, 100 * s.compute_cv, s.epoch_time_s,
+                s.lower_bound_s, s.lower_bound_s > 0 ? s.epoch_time_s / s.lower_bound_s : 0,
+                100 * s.bubble_fraction, static_cast<long long>(s.num_steps),
+                static_cast<long long>(s.dropped_samples));
+  }
+}
+
+void RunPlan(const PlanArgs& a) {
+  const auto t_start = std::chrono::steady_clock::now();
+  if (a.world_size < 1) {
+    throw Error("--world-size must be >= 1, got " + std::to_string(a.world_size));
+  }
+  if (!a.cost_file.empty() && !a.bench_file.empty()) {
+    throw Error("give at most one of --cost and --bench");
+  }
+  if (!(a.noise >= 0)) throw Error("--noise must be >= 0, got " + std::to_string(a.noise));
+  const Policy main_policy = Unwrap(ParsePolicy(a.policy));
+  const TailPolicy tail = Unwrap(ParseTailPolicy(a.tail));
+  const bool progress = !a.quiet && Progress::DefaultEnabled();
+
+  const ModelPreset model = Unwrap(ResolveModel(a.model));
+  CostModel cost;
+  MemoryModel memory = AnalyticalMemory(model);
+  nlohmann::json fit_json;
+  if (!a.cost_file.empty()) {
+    MemoryModel m;
+    m.m1 = -1;
+    cost = Unwrap(LoadCostModel(a.cost_file, &m));
+    if (m.m1 > 0) memory = m;
+  } else if (!a.bench_file.empty()) {
+    const BenchTable table = Unwrap(ReadBenchCsv(a.bench_file));
+    const FitResult fit = Unwrap(FitBench(table));
+    cost = fit.best().model;
+    if (fit.memory) memory = fit.memory->model;
+    fit_json = {{"chosen", cost.kind == CostModel::Kind::kPower ? "power" : "quadratic"},
+                {"r2", fit.best().quality.r2},
+                {"reason", fit.choice_reason}};
+  } else {
+    cost = AnalyticalCost(model);
+  }
+  int64_t m_mem = a.m_mem;
+  if (m_mem <= 0) {
+    m_mem = memory.MaxTokens(a.gpu_mem_gib * 1024.0 * 1024.0 * 1024.0, a.mem_safety);
+    if (m_mem < 1) {
+      throw Error("the memory model leaves no room for activations on a " +
+                  std::to_string(a.gpu_mem_gib) + " GiB GPU (m0 = " + std::to_string(memory.m0) +
+                  " bytes); raise --gpu-mem-gib or give --m-mem");
+    }
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  ManifestOptions mo;
+  mo.skip_bad_rows = a.skip_bad_rows;
+  ShapedManifest shaped;
+  Manifest manifest;
+  double parse_s = 0, shape_s = 0, parse_cpu_s = 0, shape_cpu_s = 0;
+  int64_t num_samples = 0;
+  {
+    double c0 = CpuSeconds();
+    Manifest full = Unwrap(ReadManifest(a.manifest, mo));
+    parse_s = Seconds(t0);
+    parse_cpu_s = CpuSeconds() - c0;
+    t0 = std::chrono::steady_clock::now();
+    c0 = CpuSeconds();
+    shaped = ShapeManifest(full, model);
+    shape_s = Seconds(t0);
+    shape_cpu_s = CpuSeconds() - c0;
+    num_samples = static_cast<int64_t>(full.samples.size());
+    // Keep only the counts: the raw samples are not needed past shaping.
+    manifest.source = full.source;
+    manifest.rows_total = full.rows_total;
+    manifest.rows_skipped = full.rows_skipped;
+    manifest.skipped_examples = std::move(full.skipped_examples);
+  }
+  if (manifest.rows_skipped > 0 && !a.json) {
+    std::fprintf(stderr, "skipped %lld bad rows of %lld, e.g. %s\n",
+                 static_cast<long long>(manifest.rows_skipped),
+                 static_cast<long long>(manifest.rows_total),
+                 manifest.skipped_examples.empty() ? "" : manifest.skipped_examples[0].c_str());
+  }
+
+  PlanOptions po;
+  po.world_size = a.world_size;
+  po.seed = a.seed;
+  po.epoch = a.epoch;
+  po.m_mem_tokens = m_mem;
+  po.m_comp = a.m_comp;
+  po.rank_budget_s = a.budget;
+  po.tail = tail;
+  po.overhead_per_micro_batch = a.overhead_per_mb;
+  SimOptions so;
+  so.overhead_per_micro_batch = a.overhead_per_mb;
+  so.noise_sigma = a.noise;
+  so.noise_seed = a.seed;
+  so.keep_rank_costs = true;
+
+  std::vector<Policy> policies;
+  if (a.compare) {
+    policies = {Policy::kEqualToken, Policy::kAdaptive, Policy::kBalanced};
+  } else {
+    policies = {main_policy};
+  }
+  // M_comp is chosen once (adaptive's search) and shared by adaptive and balanced.
+  double mcomp_s = 0;
+  if (po.m_comp <= 0) {
+    t0 = std::chrono::steady_clock::now();
+    po.m_comp = ChooseMComp(shaped, cost, po, PlanExponent(shaped, cost)).m_comp;
+    mcomp_s = Seconds(t0);
+  }
+  std::vector<PolicyRun> runs(policies.size());
+  {
+    Progress bar("plan", static_cast<int64_t>(policies.size()), progress);
+    for (size_t i = 0; i < policies.size(); ++i) {
+      po.policy = policies[i];
+      t0 = std::chrono::steady_clock::now();
+      const double c0 = CpuSeconds();
+      runs[i].plan = Unwrap(MakePlan(shaped, cost, po));
+      runs[i].plan_s = Seconds(t0);
+      runs[i].plan_cpu_s = CpuSeconds() - c0;
+      t0 = std::chrono::steady_clock::now();
+      runs[i].sim = Simulate(runs[i].plan, shaped, cost, so);
+      runs[i].sim_s = Seconds(t0);
+      const bool keep_plan =
+          policies[i] == main_policy && (!a.emit_batches.empty() || !a.out.empty());
+      if (!keep_plan) {
+        Plan light;  // keep the summary fields, free the big arrays
+        light.policy = runs[i].plan.policy;
+        light.m_comp = runs[i].plan.m_comp;
+        light.p = runs[i].plan.p;
+        light.m_mem_tokens = runs[i].plan.m_mem_tokens;
+        light.rank_budget_s = runs[i].plan.rank_budget_s;
+        light.samples_over_m_mem = runs[i].plan.samples_over_m_mem;
+        light.batch_size_of_shape = runs[i].plan.batch_size_of_shape;
+        runs[i].plan = std::move(light);
+      }
+      bar.Update(static_cast<int64_t>(i) + 1);
+    }
+  }
+  std::vector<BudgetSweepRow> sweep;
+  if (a.budget_sweep) {
+    PlanOptions bo = po;
+    bo.policy = Policy::kBalanced;
+    bo.rank_budget_s = 0;
+    const double base = DefaultRankBudget(shaped, cost, bo.m_comp, PlanExponent(shaped, cost));
+    const double mult[] = {0.5, 0.75, 1, 1.5, 2, 3, 4, 8};
+    SimOptions quick = so;
+    quick.keep_rank_costs = false;
+    Progress bar("budget sweep", 8, progress);
+    for (int i = 0; i < 8; ++i) {
+      bo.rank_budget_s = base * mult[i];
+      const Plan plan = Unwrap(MakePlan(shaped, cost, bo));
+      const SimResult s = Simulate(plan, shaped, cost, quick);
+      sweep.push_back({plan.rank_budget_s, s.compute_cv, s.epoch_time_s, s.lower_bound_s,
+                       s.num_steps, s.mean_samples_per_step, s.tokens_per_s_per_gpu});
+      bar.Update(i + 1);
+    }
+  }
+
+  size_t main_idx = 0;
+  for (size_t i = 0; i < policies.size(); ++i) {
+    if (policies[i] == main_policy) main_idx = i;
+  }
+  if (!a.emit_batches.empty()) EmitBatches(a.emit_batches, runs[main_idx].plan, runs[main_idx].sim);
+
+  nlohmann::json j;
+  j["manifest"] = a.manifest;
+  j["model"] = model.name;
+  j["cost"] = nlohmann::json::parse(CostModelToJson(cost, &memory));
+  j["cost_source"] = cost.source;
+  if (!fit_json.is_null()) j["fit"] = fit_json;
+  j["world_size"] = a.world_size;
+  j["seed"] = a.seed;
+  j["epoch"] = a.epoch;
+  j["tail"] = TailPolicyName(tail);
+  j["overhead_per_micro_batch"] = a.overhead_per_mb;
+  j["noise_sigma"] = a.noise;
+  j["m_mem_tokens"] = m_mem;
+  j["m_comp"] = po.m_comp;
+  j["rows_total"] = manifest.rows_total;
+  j["samples"] = num_samples;
+  j["skipped_rows"] = manifest.rows_skipped;
+  j["distinct_shapes"] = static_cast<int64_t>(shaped.shapes.size());
+  for (size_t i = 0; i < policies.size(); ++i) {
+    j["policies"][PolicyName(policies[i])] = PolicyJson(runs[i]);
+  }
+  for (const auto& r : sweep) {
+    j["budget_sweep"].push_back({{"rank_budget_s", r.budget_s},
+                                 {"compute_cv", r.compute_cv},
+                                 {"epoch_time_s", r.epoch_time_s},
+                                 {"lower_bound_s", r.lower_bound_s},
+                                 {"num_steps", r.num_steps},
+                                 {"mean_samples_per_step", r.mean_samples_per_step},
+                                 {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu}});
+  }
+  j["timing_cpu_s"] = {{"parse", parse_cpu_s}, {"shape", shape_cpu_s}, {"total", CpuSeconds()}};
+  j["timing_s"] = {{"parse", parse_s},
+                   {"shape", shape_s},
+                   {"m_comp_search", mcomp_s},
+                   {"total", Seconds(t_start)}};
+
+  if (!a.out.empty()) {
+    const Plan& p = runs[main_idx].plan;
+    nlohmann::json s = PolicyJson(runs[main_idx]);
+    s["policy"] = PolicyName(p.policy);
+    s["world_size"] = a.world_size;
+    s["seed"] = a.seed;
+    s["epoch"] = a.epoch;
+    s["manifest"] = a.manifest;
+    s["model"] = model.name;
+    s["cost"] = j["cost"];
+    for (size_t sh = 0; sh < shaped.shapes.size(); ++sh) {
+      const TrainShape& t = shaped.shapes[sh];
+      s["buckets"].push_back({{"frames", t.frames},
+                              {"height", t.height},
+                              {"width", t.width},
+                              {"seq_len", t.seq_len},
+                              {"count", sh < shaped.count.size() ? shaped.count[sh] : 0},
+                              {"batch_size", p.batch_size_of_shape[sh]}});
+    }
+    std::ofstream f(a.out);
+    if (!f) throw Error(a.out + ": cannot open for writing");
+    f << s.dump(2) << "\n";
+    if (!f) throw Error(a.out + ": write failed");
+  }
+  if (!a.report.empty()) {
+    ReportInput in;
+    in.title = "ditscale plan: " + a.manifest;
+    in.settings = {{"manifest", a.manifest},
+                   {"model", model.name},
+                   {"cost model", cost.source},
+                   {"world size", std::to_string(a.world_size)},
+                   {"M_mem (tokens)", std::to_string(m_mem)},
+                   {"M_comp", std::to_string(po.m_comp)},
+                   {"samples", std::to_string(num_samples)},
+                   {"skipped rows", std::to_string(manifest.rows_skipped)},
+                   {"seed / epoch", std::to_string(a.seed) + " / " + std::to_string(a.epoch)}};
+    for (const auto& t : shaped.shapes) in.seq_len_of_shape.push_back(t.seq_len);
+    in.count_of_shape = shaped.count;
+    for (size_t i = 0; i < policies.size(); ++i) {
+      in.policies.push_back({PolicyName(policies[i]), runs[i].sim, runs[i].plan.batch_size_of_shape,
+                             runs[i].plan.m_comp, runs[i].plan.p, runs[i].plan.rank_budget_s});
+    }
+    in.budget_sweep = sweep;
+    Unwrap(WriteReportHtml(a.report, in));
+  }
+
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("manifest %s: %lld samples (%lld rows, %lld skipped), %zu shapes; model %s\n",
+              a.manifest.c_str(), static_cast<long long>(num_samples),
+              static_cast<long long>(manifest.rows_total),
+              static_cast<long long>(manifest.rows_skipped), shaped.shapes.size(),
+              model.name.c_str());
+  std::printf("cost %s; M_mem %lld tokens; M_comp %.6g (p = %.3f); %d ranks; tail %s\n",
+              cost.source.c_str(), static_cast<long long>(m_mem), po.m_comp, runs[0].plan.p,
+              a.world_size, TailPolicyName(tail));
+  for (size_t i = 0; i < policies.size(); ++i) {
+    if (policies[i] == Policy::kBalanced) {
+      std::printf("balanced per-rank budget %.4g s\n", runs[i].plan.rank_budget_s);
+    }
+  }
+  PrintTable(policies, runs);
+  if (!sweep.empty()) {
+    std::printf("\nbalanced budget sweep\n%12s %9s %12s %8s %8s %12s\n", "budget (s)", "CV",
+                "epoch (s)", "ep/lb", "steps", "samples/step");
+    for (const auto& r : sweep) {
+      std::printf("%12.4g %8.2f%% %12.1f %8.4f %8lld %12.1f\n", r.budget_s, 100 * r.compute_cv,
+                  r.epoch_time_s, r.lower_bound_s > 0 ? r.epoch_time_s / r.lower_bound_s : 0,
+                  static_cast<long long>(r.num_steps), r.mean_samples_per_step);
+    }
+  }
+  std::printf("time: parse %.3f s, shape %.3f s, total %.3f s\n", parse_s, shape_s,
+              Seconds(t_start));
+}
+
+}  // namespace
+
+void RegisterPlanCommand(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "plan", "Plan what every data-parallel rank trains on at every step, and simulate it");
+  sub->add_option("--manifest", a->manifest, "Manifest (CSV or JSONL)")->required();
+  sub->add_option("--model", a->model, "Model preset name or JSON model file")->required();
+  sub->add_option("--world-size", a->world_size, "Data-parallel ranks")->required();
+  sub->add_option("--cost", a->cost_file, "Cost model JSON (default: analytical H200 cost)");
+  sub->add_option("--bench", a->bench_file, "Shape benchmark CSV to fit the cost model from");
+  sub->add_option("--gpu-mem-gib", a->gpu_mem_gib, "GPU memory for M_mem (GiB)")
+      ->capture_default_str();
+  sub->add_option("--mem-safety", a->mem_safety, "Memory safety margin (fraction)")
+      ->capture_default_str();
+  sub->add_option("--m-mem", a->m_mem, "M_mem, tokens per batch (default: memory model)");
+  sub->add_option("--m-comp", a->m_comp, "M_comp (default 0: minimise simulated epoch time)");
+  sub->add_option("--policy", a->policy, "equal-token | adaptive | balanced")
+      ->capture_default_str();
+  sub->add_option("--tail", a->tail, "Last-step tail policy: drop | pad | keep")
+      ->capture_default_str();
+  sub->add_option("--seed", a->seed, "Shuffle seed")->capture_default_str();
+  sub->add_option("--epoch", a->epoch, "Epoch")->capture_default_str();
+  sub->add_option("--budget", a->budget, "Balanced per-rank budget per step, s (0: default)");
+  sub->add_flag("--budget-sweep", a->budget_sweep, "Sweep the balanced budget (0.5x..8x)");
+  sub->add_option("--noise", a->noise, "Lognormal sigma of simulated per-micro-batch noise");
+  sub->add_flag("--overhead-per-micro-batch", a->overhead_per_mb,
+                "Charge the fixed step overhead per micro-batch (conservative)");
+  sub->add_flag("--compare", a->compare, "Run the three policies side by side");
+  sub->add_flag("--json", a->json, "Print one JSON object");
+  sub->add_option("--out", a->out, "Write the plan summary JSON");
+  sub->add_option("--emit-batches", a->emit_batches, "Write one JSON line per (step, rank)");
+  sub->add_option("--report", a->report, "Write a self-contained HTML report");
+  sub->add_flag("--skip-bad-rows", a->skip_bad_rows, "Skip and count bad manifest rows");
+  sub->add_flag("--quiet", a->quiet, "No progress output");
+  sub->callback([a] { RunPlan(*a); });
+}
+
 }  // namespace ditscale::cli

@@ -38,17 +38,25 @@ struct PlanOptions {
   int world_size = 1;
   uint64_t seed = 0;
   int64_t epoch = 0;
-  int64_t m_mem_tokens = 0;       // memory constraint; required (> 0)
-  double m_comp = 0;              // compute constraint; 0: chosen automatically (adaptive)
-  double rank_budget_s = 0;       // balanced: per-rank predicted cost per step; 0: default
+  int64_t m_mem_tokens = 0;  // memory constraint; required (> 0)
+  double m_comp = 0;         // compute constraint; 0: chosen automatically (adaptive)
+  double rank_budget_s = 0;  // balanced: per-rank predicted cost per step; 0: default
   TailPolicy tail = TailPolicy::kDrop;
+  // Cost accounting of gradient accumulation (must match SimOptions of the simulator):
+  //   false (default): a rank's cost in a step is a + sum_i B_i * Work(S_i): the fixed overhead a
+  //     (optimizer step, gradient all-reduce, launches) is paid once per step and rank;
+  //   true: sum_i StepTime(B_i, S_i): a is paid by every micro-batch (conservative).
+  bool overhead_per_micro_batch = false;
 };
+
+const char* TailPolicyName(TailPolicy t);
+Result<TailPolicy> ParseTailPolicy(const std::string& name);
 
 // One micro-batch: samples of one shape, ids[begin, end) of Plan::ids.
 struct MicroBatch {
   int64_t begin = 0;
   int64_t end = 0;
-  int32_t shape = 0;          // index into ShapedManifest::shapes
+  int32_t shape = 0;  // index into ShapedManifest::shapes
   double predicted_cost_s = 0;
 };
 
@@ -58,25 +66,84 @@ struct Plan {
   uint64_t seed = 0;
   int64_t epoch = 0;
   int64_t m_mem_tokens = 0;
-  double m_comp = 0;               // the M_comp used (chosen or given)
-  double p = 2;                    // exponent used
-  double rank_budget_s = 0;        // balanced: the budget used
-  std::vector<int64_t> ids;        // sample ids grouped by micro-batch
+  double m_comp = 0;         // the M_comp used (chosen or given)
+  double p = 2;              // exponent used
+  double rank_budget_s = 0;  // balanced: the budget used
+  // Sample ids, grouped by shape and shuffled within each shape bucket; every micro-batch is a
+  // contiguous slice. Ids of a dropped tail stay here but no work entry references them.
+  std::vector<int64_t> ids;
   std::vector<MicroBatch> micro_batches;
   // Steps x ranks: the micro-batches of (step k, rank r) are
   //   micro_batches[work[rank_offsets[k * world_size + r] .. rank_offsets[k * world_size + r + 1])]
   std::vector<int64_t> work;
-  std::vector<int64_t> rank_offsets;   // size num_steps * world_size + 1
+  std::vector<int64_t> rank_offsets;  // size num_steps * world_size + 1
   int64_t dropped_samples = 0;
   int64_t padded_micro_batches = 0;
-  std::vector<int64_t> batch_size_of_shape;  // per shape: B chosen by the policy
+  std::vector<int64_t> batch_size_of_shape;  // per shape: B chosen by the policy (balanced: max B)
+  int64_t samples_over_m_mem = 0;  // samples whose single-sample S exceeds M_mem (run at B = 1)
+  bool overhead_per_micro_batch = false;
 
   int64_t num_steps() const {
     return world_size > 0 ? (static_cast<int64_t>(rank_offsets.size()) - 1) / world_size : 0;
   }
 };
 
+// Builds the plan. Failures: world_size < 1, m_mem_tokens < 1, negative m_comp or budget,
+// a manifest whose shape_of/ids disagree, a cost model that predicts no positive work.
+//
+// Order of work, all seeded by (seed, epoch) with splitmix64 (internal/prng.h):
+//  1. samples are counting-sorted by shape and shuffled within each shape bucket;
+//  2. each bucket is cut into micro-batches of B(S) (the last one of a bucket may be smaller);
+//  3. the micro-batch order is shuffled;
+//  4. equal-token / adaptive: step k gives micro-batch k * world_size + r to rank r;
+//     balanced: each step cuts the next world_size * budget seconds of work (overhead included)
+//     from the shuffled micro-batch order, splitting the micro-batch that crosses the cut, and
+//     assigns its samples to ranks by LPT (most expensive sample first, to the least-loaded
+//     rank; ties rotate with the step); the samples of one micro-batch that land on one rank
+//     form one contiguous micro-batch (so B never exceeds the dual-constraint B). Then every
+//     rank below the step's level (its largest load) is filled up to it with work pulled
+//     forward from a lookahead window of the next 8 * world_size + 32 micro-batches (split to
+//     fit); what does not fit stays in order for the next step's cut. A step still uneven by
+//     > 1% is improved by pairwise swaps (internal/partition.h). The budget is the mean
+//     per-rank cost of the cut; a rank exceeds it by less than one sample's cost.
+//  5. a last step in which some rank has no micro-batch is the tail: dropped / padded / kept.
+// Balanced budget: rank_budget_s if > 0, else DefaultRankBudget; raised to at least the cost
+// of the most expensive single sample so every sample fits a rank (Plan::rank_budget_s is the
+// value used).
 Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost,
                       const PlanOptions& options);
+
+// ---- Pieces of the policies, exposed for tests, the CLI and the sampler. ----
+
+// equal-token: max(1, floor(m_mem / S)).
+int64_t EqualTokenBatch(int64_t seq_len, int64_t m_mem_tokens);
+// The dual constraint: max(1, min(floor(m_mem / S), floor(m_comp / S^p))).
+int64_t DualConstraintBatch(int64_t seq_len, int64_t m_mem_tokens, double m_comp, double p);
+
+// The representative sequence length S*: the token-weighted median of S (half of the corpus's
+// tokens are in samples with seq_len <= S*). 0 for an empty manifest.
+int64_t RepresentativeSeqLen(const ShapedManifest& shaped);
+// The exponent p of the compute constraint: cost.p for the power model; for the quadratic model
+// cost.Exponent(S*) at the representative S* (the local slope of log Work vs log S there).
+double PlanExponent(const ShapedManifest& shaped, const CostModel& cost);
+// Default per-rank budget of a balanced step: the predicted cost of one adaptive batch that
+// exactly meets the compute constraint, a + m_comp * Work(S*) / S*^p (= a + b * m_comp for the
+// power model).
+double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, double m_comp,
+                         double p);
+
+// M_comp minimising the simulated epoch time of the adaptive policy (steps of one micro-batch
+// per rank, step time = max over ranks). Candidates: 40 log-spaced values between min_S S^p
+// (all B = 1) and max_S floor(m_mem/S) * S^p (adaptive == equal-token), then the breakpoints
+// k * S^p of every shape inside the best candidate's neighbourhood (at most 48). Each candidate
+// is simulated on the shape histogram (scaled down to ~200k samples for large manifests) with
+// micro-batch order shuffled by (seed, epoch). Deterministic. Returns 0 for an empty manifest.
+struct MCompSearch {
+  double m_comp = 0;
+  std::vector<double> candidates;    // evaluated M_comp values, in evaluation order
+  std::vector<double> epoch_time_s;  // simulated epoch time of each candidate (scaled histogram)
+};
+MCompSearch ChooseMComp(const ShapedManifest& shaped, const CostModel& cost,
+                        const PlanOptions& options, double p);
 
 }  // namespace ditscale::balance

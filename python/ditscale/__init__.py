@@ -6,3 +6,18 @@ live in ``ditscale._C`` and are loaded on first use of ``ditscale.ops``.
 """
 
 __version__ = "0.1.0"
+
+
+# PyTorch layer (fused AdaLN ops and modules): imported on first access, so that
+# `import ditscale` works without torch or without the compiled extension ditscale._C.
+def __getattr__(name):
+    if name in ("ops", "nn"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# CPU core: manifests, training shapes and the distributed sampler (AdaptiveLoad).
+from ._core import Error, Manifest, model_presets, read_manifest, seq_len, train_shape  # noqa: E402
+from .sampler import BalancedBatchSampler  # noqa: E402

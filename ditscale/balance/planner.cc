@@ -1,0 +1,535 @@
+#include "ditscale/balance/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ditscale/balance/internal/buckets.h"
+#include "ditscale/balance/internal/partition.h"
+#include "ditscale/balance/internal/prng.h"
+
+namespace ditscale::balance {
+namespace {
+
+using internal::SplitMix64;
+using internal::StreamKey;
+
+struct Chunk {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int32_t shape = 0;
+};
+
+Failure Fail(std::string message) {
+  Failure f;
+  f.message = std::move(message);
+  return f;
+}
+
+std::vector<int64_t> ShapeCounts(const ShapedManifest& shaped) {
+  if (shaped.count.size() == shaped.shapes.size()) return shaped.count;
+  std::vector<int64_t> count(shaped.shapes.size(), 0);
+  for (int32_t s : shaped.shape_of) ++count[s];
+  return count;
+}
+
+// Writes the per-rank micro-batch lists of one step into plan.work / plan.rank_offsets.
+void EmitStep(const std::vector<std::vector<int64_t>>& lists, Plan& plan) {
+  for (const auto& l : lists) {
+    plan.work.insert(plan.work.end(), l.begin(), l.end());
+    plan.rank_offsets.push_back(static_cast<int64_t>(plan.work.size()));
+  }
+}
+
+// Equal-token / adaptive: step k gives micro-batch k * W + r to rank r.
+void BuildOnePerRank(Plan& plan) {
+  const int64_t w = plan.world_size;
+  const int64_t n = static_cast<int64_t>(plan.micro_batches.size());
+  plan.work.reserve(n);
+  plan.rank_offsets.reserve((n + w - 1) / w * w + 1);
+  for (int64_t i = 0; i < n; ++i) {
+    plan.work.push_back(i);
+    plan.rank_offsets.push_back(i + 1);
+  }
+  // Ranks without a micro-batch in the last step.
+  while ((static_cast<int64_t>(plan.rank_offsets.size()) - 1) % w != 0) {
+    plan.rank_offsets.push_back(n);
+  }
+}
+
+struct BalanceContext {
+  const ShapedManifest* shaped;
+  const CostModel* cost;
+  std::vector<double> work_of_shape;  // Work(S) per shape
+  double step_overhead = 0;           // a once per (step, rank) with work
+  double mb_overhead = 0;             // a per micro-batch
+  double budget = 0;                  // effective per-rank budget
+  int64_t lookahead = 0;              // chunks beyond the cut that may fill gaps
+};
+
+// Balanced (see planner.h): each step cuts the next world_size * (budget - a_step) seconds of
+// work from the shuffled micro-batch stream (splitting the micro-batch that crosses the cut) and
+// assigns its samples to ranks by LPT: most expensive sample first, each to the least-loaded
+// rank. The samples of one micro-batch that land on one rank form one contiguous micro-batch.
+// A step that is still uneven (> 1%) is improved by pairwise swaps of its micro-batches.
+void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, Plan& plan) {
+  const int32_t w = plan.world_size;
+  const auto& shapes = ctx.shaped->shapes;
+  const double slack = 1 + 1e-9;
+  const double target = static_cast<double>(w) * (ctx.budget - ctx.step_overhead);
+  // The stream: chunks[next..] not yet read; win holds read chunks, in order, some partly used.
+  size_t next = 0;
+  std::vector<Chunk> win;
+  std::vector<Chunk> sel;
+  std::vector<int32_t> order;
+  std::vector<int64_t> counts, pos;
+  std::vector<double> load(w), weights, base(w, ctx.step_overhead), wunit;
+  std::vector<size_t> cand;
+  auto push = [&](const Chunk& c) {
+    win.push_back(c);
+    wunit.push_back(ctx.work_of_shape[c.shape] + ctx.mb_overhead);
+  };
+  std::vector<std::pair<double, int32_t>> heap;
+  std::vector<std::vector<int64_t>> lists(w);
+  std::vector<int64_t> step_mbs;
+  plan.micro_batches.reserve(chunks.size() + chunks.size() / 2 + 16);
+  plan.work.reserve(chunks.size() + chunks.size() / 2 + 16);
+  for (int64_t step = 0;; ++step) {
+    // Compact the window (drop used-up entries) only when it has grown: amortised O(1).
+    if (win.size() > 2 * static_cast<size_t>(ctx.lookahead) + 64) {
+      size_t live = 0;
+      for (size_t j = 0; j < win.size(); ++j) {
+        if (win[j].begin < win[j].end) {
+          wunit[live] = wunit[j];
+          win[live++] = win[j];
+        }
+      }
+      win.resize(live);
+      wunit.resize(live);
+    }
+    // 1. Cut the step's work from the head of the stream.
+    sel.clear();
+    double total = 0;
+    size_t i_cut = 0;
+    while (true) {
+      if (i_cut >= win.size()) {
+        if (next >= chunks.size()) break;
+        push(chunks[next++]);
+      }
+      Chunk& head = win[i_cut];
+      if (head.begin >= head.end) {  // used up by an earlier step's gap filling
+        ++i_cut;
+        continue;
+      }
+      const double u = ctx.work_of_shape[head.shape];
+      const int64_t n = head.end - head.begin;
+      if (total + static_cast<double>(n) * u + ctx.mb_overhead <= target * slack) {
+        sel.push_back(head);
+        total += static_cast<double>(n) * u + ctx.mb_overhead;
+        head.begin = head.end;
+        ++i_cut;
+        continue;
+      }
+      const double fit = std::floor((target - total - ctx.mb_overhead) * slack / u);
+      int64_t b = fit <= 0 ? 0 : std::min<int64_t>(n, static_cast<int64_t>(fit));
+      if (sel.empty() && b == 0) b = 1;  // the budget is at least one sample's cost
+      if (b > 0) {
+        sel.push_back(Chunk{head.begin, head.begin + b, head.shape});
+        head.begin += b;
+        total += static_cast<double>(b) * u + ctx.mb_overhead;
+        if (head.begin >= head.end) ++i_cut;
+      }
+      break;
+    }
+    if (sel.empty()) break;
+    // 2. LPT over the step's samples.
+    const int64_t m = static_cast<int64_t>(sel.size());
+    order.resize(m);
+    for (int64_t i = 0; i < m; ++i) order[i] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+      return ctx.work_of_shape[sel[x].shape] > ctx.work_of_shape[sel[y].shape];
+    });
+    counts.assign(m * w, 0);
+    load.assign(w, 0.0);
+    // Min-heap of (load, slot); slot j is rank (j + step) % w, so ties rotate between steps.
+    heap.clear();
+    for (int32_t j = 0; j < w; ++j) heap.emplace_back(0.0, j);
+    auto cmp = [](const std::pair<double, int32_t>& x, const std::pair<double, int32_t>& y) {
+      return x.first > y.first || (x.first == y.first && x.second > y.second);
+    };
+    // Most expensive samples first, each slice to the least-loaded rank; a slice that would
+    // lift that rank above the step's mean load is split there (the rest goes on to the next
+    // least-loaded rank), so a rank gets about one split and the step stays near its mean.
+    double mean = 0;
+    for (const Chunk& c : sel) {
+      mean += ctx.mb_overhead + static_cast<double>(c.end - c.begin) * ctx.work_of_shape[c.shape];
+    }
+    mean /= static_cast<double>(w);
+    for (int32_t i : order) {
+      const double u = ctx.work_of_shape[sel[i].shape];
+      int64_t left = sel[i].end - sel[i].begin;
+      while (left > 0) {
+        std::pop_heap(heap.begin(), heap.end(), cmp);
+        auto& [l, j] = heap.back();
+        const int32_t r = static_cast<int32_t>((j + step) % w);
+        int64_t& c = counts[i * w + r];
+        const double ovh = c == 0 ? ctx.mb_overhead : 0;
+        const double cap = mean - l - ovh;
+        int64_t take = 1;
+        if (u <= 0) {
+          take = left;
+        } else if (cap >= u) {
+          take = std::min<int64_t>(left, static_cast<int64_t>(std::floor(cap * slack / u)));
+          take = std::max<int64_t>(take, 1);
+        }
+        l += ovh + static_cast<double>(take) * u;
+        c += take;
+        left -= take;
+        std::push_heap(heap.begin(), heap.end(), cmp);
+      }
+    }
+    // 3. Contiguous micro-batches per (rank, slice).
+    pos.resize(m);
+    for (int64_t i = 0; i < m; ++i) pos[i] = sel[i].begin;
+    step_mbs.clear();
+    for (int32_t r = 0; r < w; ++r) {
+      lists[r].clear();
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t c = counts[i * w + r];
+        if (c == 0) continue;
+        const int64_t idx = static_cast<int64_t>(plan.micro_batches.size());
+        plan.micro_batches.push_back(MicroBatch{
+            pos[i], pos[i] + c, sel[i].shape, ctx.cost->StepTime(c, shapes[sel[i].shape].seq_len)});
+        pos[i] += c;
+        lists[r].push_back(idx);
+        step_mbs.push_back(idx);
+      }
+    }
+    for (int32_t r = 0; r < w; ++r) {
+      load[r] = lists[r].empty() ? 0 : ctx.step_overhead;
+      for (int64_t mb : lists[r]) {
+        const MicroBatch& x = plan.micro_batches[mb];
+        load[r] +=
+            ctx.mb_overhead + static_cast<double>(x.end - x.begin) * ctx.work_of_shape[x.shape];
+      }
+    }
+    // 4. Fill every rank's gap below the step's level (its largest load) with work from the
+    //    lookahead window, in stream order, splitting micro-batches to fit. What does not fit
+    //    stays in the stream for the next step's cut.
+    while (win.size() - i_cut < static_cast<size_t>(ctx.lookahead) && next < chunks.size()) {
+      push(chunks[next++]);
+    }
+    const double level = *std::max_element(load.begin(), load.end());
+    // wunit[j]: cost of one more sample of window entry j (+inf once used up).
+    // Gaps under kGapTolerance of the level are left: filling them would add many tiny
+    // micro-batches (each a forward/backward call) for little balance.
+    constexpr double kGapTolerance = 0.005;
+    double max_gap = 0;
+    for (int32_t r = 0; r < w; ++r) {
+      max_gap = std::max(max_gap, level - load[r] - (lists[r].empty() ? ctx.step_overhead : 0));
+    }
+    // Candidates: window entries (in stream order) whose next sample fits the largest gap.
+    cand.clear();
+    if (max_gap > kGapTolerance * level) {
+      for (size_t j = i_cut; j < win.size(); ++j) {
+        if (wunit[j] <= max_gap * slack) cand.push_back(j);
+      }
+    }
+    for (int32_t r = 0; r < w && !cand.empty(); ++r) {
+      double gap = level - load[r] - (lists[r].empty() ? ctx.step_overhead : 0);
+      if (gap <= kGapTolerance * level) continue;
+      for (size_t j : cand) {
+        if (wunit[j] > gap * slack) continue;
+        Chunk& c = win[j];
+        const double u = ctx.work_of_shape[c.shape];
+        const int64_t b = std::min<int64_t>(
+            c.end - c.begin,
+            std::max<int64_t>(
+                1, static_cast<int64_t>(std::floor((gap - ctx.mb_overhead) * slack / u))));
+        if (b == c.end - c.begin) wunit[j] = std::numeric_limits<double>::infinity();
+        const int64_t idx = static_cast<int64_t>(plan.micro_batches.size());
+        plan.micro_batches.push_back(MicroBatch{c.begin, c.begin + b, c.shape,
+                                                ctx.cost->StepTime(b, shapes[c.shape].seq_len)});
+        if (lists[r].empty()) load[r] += ctx.step_overhead;
+        lists[r].push_back(idx);
+        c.begin += b;
+        const double add = ctx.mb_overhead + static_cast<double>(b) * u;
+        gap -= add;
+        load[r] += add;
+      }
+    }
+    // 5. Pairwise swaps when still uneven.
+    const double hi = *std::max_element(load.begin(), load.end());
+    const double lo = *std::min_element(load.begin(), load.end());
+    size_t step_count = 0;
+    for (const auto& l : lists) step_count += l.size();
+    if (hi > 0 && hi - lo > 0.01 * hi && step_count > static_cast<size_t>(w)) {
+      weights.clear();
+      std::vector<int32_t> bin_of;
+      for (int32_t r = 0; r < w; ++r) {
+        for (int64_t mb : lists[r]) {
+          const MicroBatch& x = plan.micro_batches[mb];
+          weights.push_back(ctx.mb_overhead +
+                            static_cast<double>(x.end - x.begin) * ctx.work_of_shape[x.shape]);
+          bin_of.push_back(r);
+        }
+      }
+      step_mbs.clear();
+      for (int32_t r = 0; r < w; ++r)
+        step_mbs.insert(step_mbs.end(), lists[r].begin(), lists[r].end());
+      const double new_hi = internal::ImproveBySwaps(weights, w, bin_of, base, 16);
+      if (new_hi < hi * (1 - 1e-12)) {
+        for (auto& l : lists) l.clear();
+        for (size_t i = 0; i < step_mbs.size(); ++i) lists[bin_of[i]].push_back(step_mbs[i]);
+      }
+    }
+    EmitStep(lists, plan);
+  }
+}
+
+// The last step is the tail when some rank has no micro-batch in it.
+void ApplyTail(TailPolicy tail, Plan& plan) {
+  const int64_t w = plan.world_size;
+  const int64_t steps = plan.num_steps();
+  if (steps == 0 || tail == TailPolicy::kKeep) return;
+  const int64_t first = (steps - 1) * w;
+  bool has_empty = false;
+  for (int64_t r = 0; r < w; ++r) {
+    if (plan.rank_offsets[first + r + 1] == plan.rank_offsets[first + r]) has_empty = true;
+  }
+  if (!has_empty) return;
+  const int64_t wb = plan.rank_offsets[first], we = plan.rank_offsets[first + w];
+  if (tail == TailPolicy::kDrop) {
+    int64_t min_mb = static_cast<int64_t>(plan.micro_batches.size());
+    for (int64_t i = wb; i < we; ++i) {
+      const MicroBatch& mb = plan.micro_batches[plan.work[i]];
+      plan.dropped_samples += mb.end - mb.begin;
+      min_mb = std::min(min_mb, plan.work[i]);
+    }
+    // The tail's micro-batches are the last ones created.
+    plan.micro_batches.resize(min_mb);
+    plan.work.resize(wb);
+    plan.rank_offsets.resize(first + 1);
+    return;
+  }
+  // kPad: empty ranks repeat the cheapest micro-batch of the epoch (lowest index on ties).
+  int64_t pad = 0;
+  for (int64_t m = 1; m < static_cast<int64_t>(plan.micro_batches.size()); ++m) {
+    if (plan.micro_batches[m].predicted_cost_s < plan.micro_batches[pad].predicted_cost_s) pad = m;
+  }
+  std::vector<std::vector<int64_t>> lists(w);
+  for (int64_t r = 0; r < w; ++r) {
+    for (int64_t i = plan.rank_offsets[first + r]; i < plan.rank_offsets[first + r + 1]; ++i) {
+      lists[r].push_back(plan.work[i]);
+    }
+    if (lists[r].empty()) {
+      lists[r].push_back(pad);
+      ++plan.padded_micro_batches;
+    }
+  }
+  plan.work.resize(wb);
+  plan.rank_offsets.resize(first + 1);
+  EmitStep(lists, plan);
+}
+
+}  // namespace
+
+const char* PolicyName(Policy p) {
+  switch (p) {
+    case Policy::kEqualToken:
+      return "equal-token";
+    case Policy::kAdaptive:
+      return "adaptive";
+    case Policy::kBalanced:
+      return "balanced";
+  }
+  return "?";
+}
+
+Result<Policy> ParsePolicy(const std::string& name) {
+  if (name == "equal-token") return Policy::kEqualToken;
+  if (name == "adaptive") return Policy::kAdaptive;
+  if (name == "balanced") return Policy::kBalanced;
+  return Fail("unknown policy '" + name + "' (expected equal-token, adaptive or balanced)");
+}
+
+const char* TailPolicyName(TailPolicy t) {
+  switch (t) {
+    case TailPolicy::kDrop:
+      return "drop";
+    case TailPolicy::kPad:
+      return "pad";
+    case TailPolicy::kKeep:
+      return "keep";
+  }
+  return "?";
+}
+
+Result<TailPolicy> ParseTailPolicy(const std::string& name) {
+  if (name == "drop") return TailPolicy::kDrop;
+  if (name == "pad") return TailPolicy::kPad;
+  if (name == "keep") return TailPolicy::kKeep;
+  return Fail("unknown tail policy '" + name + "' (expected drop, pad or keep)");
+}
+
+int64_t EqualTokenBatch(int64_t seq_len, int64_t m_mem_tokens) {
+  if (seq_len <= 0) return std::max<int64_t>(1, m_mem_tokens);
+  return std::max<int64_t>(1, m_mem_tokens / seq_len);
+}
+
+int64_t DualConstraintBatch(int64_t seq_len, int64_t m_mem_tokens, double m_comp, double p) {
+  const int64_t b_mem = EqualTokenBatch(seq_len, m_mem_tokens);
+  if (m_comp <= 0 || seq_len <= 0) return b_mem;
+  const double b_comp = std::floor(m_comp / std::pow(static_cast<double>(seq_len), p));
+  if (b_comp >= static_cast<double>(b_mem)) return b_mem;
+  return std::max<int64_t>(1, static_cast<int64_t>(b_comp));
+}
+
+int64_t RepresentativeSeqLen(const ShapedManifest& shaped) {
+  const std::vector<int64_t> count = ShapeCounts(shaped);
+  std::vector<int32_t> order(shaped.shapes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+    return shaped.shapes[x].seq_len < shaped.shapes[y].seq_len;
+  });
+  double total = 0;
+  for (size_t s = 0; s < count.size(); ++s) {
+    total += static_cast<double>(count[s]) * static_cast<double>(shaped.shapes[s].seq_len);
+  }
+  if (total <= 0) return 0;
+  double acc = 0;
+  for (int32_t s : order) {
+    acc += static_cast<double>(count[s]) * static_cast<double>(shaped.shapes[s].seq_len);
+    if (acc >= total / 2) return shaped.shapes[s].seq_len;
+  }
+  return shaped.shapes[order.back()].seq_len;
+}
+
+double PlanExponent(const ShapedManifest& shaped, const CostModel& cost) {
+  if (cost.kind == CostModel::Kind::kPower) return cost.p;
+  const int64_t s = std::max<int64_t>(1, RepresentativeSeqLen(shaped));
+  return cost.Exponent(s);
+}
+
+double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, double m_comp,
+                         double p) {
+  const int64_t s = std::max<int64_t>(1, RepresentativeSeqLen(shaped));
+  return cost.a + m_comp * cost.Work(s) / std::pow(static_cast<double>(s), p);
+}
+
+Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost,
+                      const PlanOptions& options) {
+  if (options.world_size < 1) {
+    return Fail("world size must be >= 1, got " + std::to_string(options.world_size));
+  }
+  if (options.m_mem_tokens < 1) {
+    return Fail("M_mem (tokens per batch) must be >= 1, got " +
+                std::to_string(options.m_mem_tokens));
+  }
+  if (!(options.m_comp >= 0) || !std::isfinite(options.m_comp)) {
+    return Fail("M_comp must be >= 0 (0: automatic), got " + std::to_string(options.m_comp));
+  }
+  if (!(options.rank_budget_s >= 0) || !std::isfinite(options.rank_budget_s)) {
+    return Fail("rank budget must be >= 0 s (0: default), got " +
+                std::to_string(options.rank_budget_s));
+  }
+  if (shaped.shape_of.size() != shaped.ids.size()) {
+    return Fail("shaped manifest: shape_of has " + std::to_string(shaped.shape_of.size()) +
+                " entries but ids has " + std::to_string(shaped.ids.size()));
+  }
+  const int32_t num_shapes = static_cast<int32_t>(shaped.shapes.size());
+  for (int32_t s : shaped.shape_of) {
+    if (s < 0 || s >= num_shapes) {
+      return Fail("shaped manifest: shape index " + std::to_string(s) + " out of range [0, " +
+                  std::to_string(num_shapes) + ")");
+    }
+  }
+  if (!(cost.a >= 0) || !std::isfinite(cost.a)) {
+    return Fail("cost model: overhead a must be finite and >= 0, got " + std::to_string(cost.a));
+  }
+  const std::vector<int64_t> count = ShapeCounts(shaped);
+  std::vector<double> work_of_shape(num_shapes, 0.0);
+  for (int32_t s = 0; s < num_shapes; ++s) {
+    work_of_shape[s] = cost.Work(shaped.shapes[s].seq_len);
+    if (count[s] > 0 && !(work_of_shape[s] > 0 && std::isfinite(work_of_shape[s]))) {
+      return Fail(
+          "cost model (" + cost.source + ") predicts work " + std::to_string(work_of_shape[s]) +
+          " s for S = " + std::to_string(shaped.shapes[s].seq_len) + " tokens; it must be > 0");
+    }
+  }
+
+  Plan plan;
+  plan.policy = options.policy;
+  plan.world_size = options.world_size;
+  plan.seed = options.seed;
+  plan.epoch = options.epoch;
+  plan.m_mem_tokens = options.m_mem_tokens;
+  plan.overhead_per_micro_batch = options.overhead_per_micro_batch;
+  plan.p = PlanExponent(shaped, cost);
+  if (options.policy != Policy::kEqualToken) {
+    plan.m_comp =
+        options.m_comp > 0 ? options.m_comp : ChooseMComp(shaped, cost, options, plan.p).m_comp;
+  }
+  plan.batch_size_of_shape.resize(num_shapes);
+  for (int32_t s = 0; s < num_shapes; ++s) {
+    const int64_t len = shaped.shapes[s].seq_len;
+    plan.batch_size_of_shape[s] =
+        options.policy == Policy::kEqualToken
+            ? EqualTokenBatch(len, options.m_mem_tokens)
+            : DualConstraintBatch(len, options.m_mem_tokens, plan.m_comp, plan.p);
+    if (len > options.m_mem_tokens) plan.samples_over_m_mem += count[s];
+  }
+
+  internal::Buckets buckets = internal::SortAndShuffle(shaped, options.seed, options.epoch);
+  std::vector<Chunk> chunks;
+  {
+    int64_t n = 0;
+    for (int32_t s = 0; s < num_shapes; ++s) {
+      n += (count[s] + plan.batch_size_of_shape[s] - 1) / plan.batch_size_of_shape[s];
+    }
+    chunks.reserve(n);
+  }
+  for (int32_t s = 0; s < num_shapes; ++s) {
+    const int64_t b = plan.batch_size_of_shape[s];
+    for (int64_t i = buckets.begin[s]; i < buckets.begin[s + 1]; i += b) {
+      chunks.push_back(Chunk{i, std::min(i + b, buckets.begin[s + 1]), s});
+    }
+  }
+  {
+    SplitMix64 rng(StreamKey(options.seed, options.epoch, internal::kMicroBatchOrder));
+    internal::Shuffle(chunks.data(), static_cast<int64_t>(chunks.size()), rng);
+  }
+  plan.ids = std::move(buckets.ids);
+  plan.rank_offsets.push_back(0);
+
+  if (options.policy == Policy::kBalanced) {
+    BalanceContext ctx;
+    ctx.shaped = &shaped;
+    ctx.cost = &cost;
+    ctx.work_of_shape = work_of_shape;
+    ctx.step_overhead = options.overhead_per_micro_batch ? 0 : cost.a;
+    ctx.mb_overhead = options.overhead_per_micro_batch ? cost.a : 0;
+    const double requested = options.rank_budget_s > 0
+                                 ? options.rank_budget_s
+                                 : DefaultRankBudget(shaped, cost, plan.m_comp, plan.p);
+    double max_unit = 0;
+    for (int32_t s = 0; s < num_shapes; ++s) {
+      if (count[s] > 0) max_unit = std::max(max_unit, cost.a + work_of_shape[s]);
+    }
+    ctx.budget = std::max(requested, max_unit);
+    ctx.lookahead = 8 * static_cast<int64_t>(options.world_size) + 32;
+    plan.rank_budget_s = ctx.budget;
+    BuildBalanced(chunks, ctx, plan);
+  } else {
+    plan.micro_batches.reserve(chunks.size());
+    for (const Chunk& c : chunks) {
+      plan.micro_batches.push_back(MicroBatch{
+          c.begin, c.end, c.shape, cost.StepTime(c.end - c.begin, shaped.shapes[c.shape].seq_len)});
+    }
+    BuildOnePerRank(plan);
+  }
+  ApplyTail(options.tail, plan);
+  return plan;
+}
+
+}  // namespace ditscale::balance

@@ -1,0 +1,286 @@
+"""Distributed, deterministic, resumable batch sampler over AdaptiveLoad plans.
+
+Every data-parallel rank builds ``BalancedBatchSampler(manifest, rank, world_size, ...)`` with the
+same arguments; each computes the same global plan (no communication) and yields its own share::
+
+    sampler = ditscale.BalancedBatchSampler("train.csv", rank, world_size, seed=1234)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=4)
+    for epoch in range(start_epoch, num_epochs):
+        sampler.set_epoch(epoch)
+        flags = sampler.last_micro_batch_flags()     # aligned with what the loader yields
+        for batch, last in zip(loader, flags):
+            with (contextlib.nullcontext() if last else ddp_model.no_sync()):
+                loss(batch).backward()
+            if last:
+                optimizer.step(); optimizer.zero_grad()
+
+Counting: every rank gets the same number of steps (``num_steps``); in step k rank r gets
+c(k, r) >= 1 micro-batches (one for the ``equal-token`` and ``adaptive`` policies; one or more
+with gradient accumulation for ``balanced``, where the counts are chosen so that every rank's
+predicted compute per step is nearly equal). So ``num_micro_batches`` may differ between ranks
+while ``num_steps`` never does. ``len(sampler)`` is ``num_micro_batches`` in mode
+``"micro_batch"`` and ``num_steps`` in mode ``"step"``. With ``tail="keep"`` the last step may
+leave some ranks without work (c = 0); ``"drop"`` (default) drops the samples that cannot fill a
+last step (``dropped_samples``), ``"pad"`` repeats a micro-batch on the ranks without work
+(``padded_micro_batches``).
+
+Resuming: ``state_dict()`` is the position (epoch, step, micro_batch) of the sampler itself, which
+is exact when the loader has ``num_workers=0``. A DataLoader with workers draws a few batches
+ahead of the training loop, so then pass what the loop has consumed in this epoch:
+``state_dict(consumed_steps=k)`` or ``state_dict(consumed_micro_batches=n)``. A new sampler built
+with the same arguments that ``load_state_dict``s it continues exactly where the saved one stood:
+nothing repeated, nothing lost.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, List, Optional, Tuple
+
+from . import _core
+
+_MODES = ("micro_batch", "step")
+
+
+class BalancedBatchSampler:
+    """Yields, for this rank, lists of sample ids (0-based manifest data-row numbers).
+
+    Args:
+      manifest: path of an Open-Sora-style CSV (``path,num_frames,height,width,fps``, other
+        columns ignored) or JSONL manifest.
+      rank, world_size: this data-parallel rank and the number of ranks.
+      model: model preset (``ditscale.model_presets()``) or a JSON model file.
+      policy: ``"equal-token"``, ``"adaptive"`` or ``"balanced"``.
+      seed, epoch: the plan is a pure function of (arguments, seed, epoch).
+      cost: cost-model JSON (``ditscale fit`` writes one); None: the model's analytical H200 cost.
+      bench: shape-benchmark CSV (``batch_size,seq_len,step_time_s[,peak_mem_bytes]``) to fit
+        the cost (and memory) model from, as ``ditscale fit`` does; at most one of cost, bench.
+      m_mem_tokens: memory constraint M_mem (tokens per micro-batch); None: from the memory model
+        and ``gpu_mem_gib`` with ``mem_safety`` of it kept free.
+      m_comp: compute constraint M_comp; None: chosen by the planner.
+      rank_budget_s: balanced policy's per-rank predicted cost per step; None: planner default.
+      tail: ``"drop"``, ``"pad"`` or ``"keep"`` (see the module docs).
+      skip_bad_rows: skip and count bad manifest rows instead of raising ``ditscale.Error``.
+      mode: ``"micro_batch"`` (one item per micro-batch, for ``DataLoader(batch_sampler=...)``)
+        or ``"step"`` (one item per step: the list of this rank's micro-batches).
+      format: ``"csv"``, ``"jsonl"`` or ``""`` (from the file extension).
+
+    Raises ``ditscale.Error`` (``file:line: column 'x': ...`` for manifest errors).
+    """
+
+    def __init__(
+        self,
+        manifest,
+        rank: int,
+        world_size: int,
+        *,
+        model: str = "wan2.1-1.3b",
+        policy: str = "balanced",
+        seed: int = 0,
+        epoch: int = 0,
+        cost: Optional[str] = None,
+        bench: Optional[str] = None,
+        m_mem_tokens: Optional[int] = None,
+        gpu_mem_gib: float = 141.0,
+        mem_safety: float = 0.1,
+        m_comp: Optional[float] = None,
+        rank_budget_s: Optional[float] = None,
+        tail: str = "drop",
+        skip_bad_rows: bool = False,
+        mode: str = "micro_batch",
+        format: str = "",
+    ):
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        self._impl = _core._BalancedBatchSampler(
+            os.fspath(manifest),
+            int(rank),
+            int(world_size),
+            model=os.fspath(model),
+            policy=policy,
+            seed=int(seed),
+            epoch=int(epoch),
+            cost=None if cost is None else os.fspath(cost),
+            bench=None if bench is None else os.fspath(bench),
+            m_mem_tokens=m_mem_tokens,
+            gpu_mem_gib=float(gpu_mem_gib),
+            mem_safety=float(mem_safety),
+            m_comp=m_comp,
+            rank_budget_s=rank_budget_s,
+            tail=tail,
+            skip_bad_rows=bool(skip_bad_rows),
+            format=format,
+        )
+        self.mode = mode
+        self.tail = tail
+        self._resume_pending = False
+
+    # ---- iteration ----------------------------------------------------------------------
+    def __iter__(self) -> Iterator:
+        """Continues from the current position; a finished epoch starts over (call set_epoch
+        between epochs for a new order, as with torch's DistributedSampler)."""
+        self._rewind_if_done()
+        if self.mode == "step":
+            return self._steps()
+        return (ids for ids, _ in self._micro_batches())
+
+    def __len__(self) -> int:
+        return self._impl.num_steps if self.mode == "step" else self._impl.num_micro_batches
+
+    def iter_steps(self) -> Iterator[List[List[int]]]:
+        """One item per step: this rank's micro-batches of the step (possibly empty with
+        tail="keep")."""
+        self._rewind_if_done("step")
+        return self._steps()
+
+    def iter_micro_batches(self) -> Iterator[Tuple[List[int], bool]]:
+        """One item per micro-batch: (ids, is_last_micro_batch_of_step)."""
+        self._rewind_if_done("micro_batch")
+        return self._micro_batches()
+
+    def last_micro_batch_flags(self) -> List[bool]:
+        """For each micro-batch that the next iteration will yield (from the current position,
+        after the rewind of a finished epoch), whether it ends its step: call optimizer.step()
+        after those."""
+        counts = self._impl.micro_batches_per_step()
+        state = self._impl.state()
+        if not self._resume_pending and self._done("micro_batch"):
+            state = {"step": 0, "micro_batch": 0}
+        flags: List[bool] = []
+        for k in range(state["step"], len(counts)):
+            start = state["micro_batch"] if k == state["step"] else 0
+            flags.extend(i + 1 == counts[k] for i in range(start, counts[k]))
+        return flags
+
+    def _done(self, mode: Optional[str] = None) -> bool:
+        if (mode or self.mode) == "step":
+            return self._impl.remaining_steps == 0
+        return self._impl.remaining_micro_batches == 0
+
+    def _rewind_if_done(self, mode: Optional[str] = None) -> None:
+        if not self._resume_pending and self._done(mode):
+            self._impl.reset()
+        self._resume_pending = False
+
+    def _steps(self):
+        impl = self._impl
+        while True:
+            step = impl.next_step()
+            if step is None:
+                return
+            yield step
+
+    def _micro_batches(self):
+        impl = self._impl
+        while True:
+            item = impl.next_micro_batch()
+            if item is None:
+                return
+            yield item
+
+    # ---- epochs and state ---------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Plans epoch ``epoch`` (GIL released while planning) and starts at its first step. On
+        the current epoch it keeps the position, so it may follow load_state_dict."""
+        if int(epoch) != self._impl.epoch:
+            self._resume_pending = False  # a restored position survives only the same epoch
+        self._impl.set_epoch(int(epoch))
+
+    def reset(self) -> None:
+        """Rewinds to the first step of the current epoch."""
+        self._impl.reset()
+        self._resume_pending = False
+
+    def state_dict(
+        self,
+        consumed_steps: Optional[int] = None,
+        consumed_micro_batches: Optional[int] = None,
+    ) -> dict:
+        """The position to resume from: {epoch, step, micro_batch, seed, world_size, rank,
+        plan_fingerprint}.
+
+        Without arguments: where this sampler stands (exact with num_workers=0). With
+        ``consumed_steps=k`` or ``consumed_micro_batches=n``: after the first k steps (n
+        micro-batches of this rank) of the current epoch, what the training loop has really
+        consumed when a DataLoader with workers prefetches ahead.
+        """
+        state = self._impl.state()
+        if consumed_steps is not None and consumed_micro_batches is not None:
+            raise ValueError("give consumed_steps or consumed_micro_batches, not both")
+        if consumed_steps is not None:
+            k = int(consumed_steps)
+            if not 0 <= k <= self._impl.num_steps:
+                raise ValueError(f"consumed_steps {k} out of [0, {self._impl.num_steps}]")
+            state["step"], state["micro_batch"] = k, 0
+        elif consumed_micro_batches is not None:
+            n = int(consumed_micro_batches)
+            if not 0 <= n <= self._impl.num_micro_batches:
+                raise ValueError(
+                    f"consumed_micro_batches {n} out of [0, {self._impl.num_micro_batches}]"
+                )
+            step, left = 0, n
+            counts = self._impl.micro_batches_per_step()
+            while step < len(counts) and left >= counts[step]:
+                left -= counts[step]
+                step += 1
+            state["step"], state["micro_batch"] = step, left
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a position saved by state_dict (re-planning its epoch if needed); checks the
+        world size, seed and plan fingerprint. The next iteration continues from there."""
+        self._impl.load_state(dict(state))
+        self._resume_pending = True
+
+    # ---- properties ---------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._impl.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._impl.world_size
+
+    @property
+    def epoch(self) -> int:
+        return self._impl.epoch
+
+    @property
+    def num_steps(self) -> int:
+        """Steps in the epoch, equal on every rank."""
+        return self._impl.num_steps
+
+    @property
+    def num_micro_batches(self) -> int:
+        """This rank's micro-batches in the epoch (may differ between ranks: balanced policy)."""
+        return self._impl.num_micro_batches
+
+    @property
+    def dropped_samples(self) -> int:
+        return self._impl.dropped_samples
+
+    @property
+    def padded_micro_batches(self) -> int:
+        return self._impl.padded_micro_batches
+
+    @property
+    def plan_summary(self) -> dict:
+        """The plan of the current epoch: policy, num_steps, M_mem, M_comp, p, budget, dropped
+        and padded counts, predicted compute_cv (mean over steps of std/mean across ranks of the
+        predicted cost) and predicted epoch time, and the manifest's row counts."""
+        return self._impl.summary()
+
+    def micro_batches_per_step(self) -> List[int]:
+        """c(k, rank) for every step k of the current epoch."""
+        return self._impl.micro_batches_per_step()
+
+    def cell(self, step: int, rank: int) -> List[List[int]]:
+        """Micro-batches of any (step, rank) of the current plan, without moving the cursor."""
+        return self._impl.cell(int(step), int(rank))
+
+    def __repr__(self) -> str:
+        return (
+            f"<ditscale.BalancedBatchSampler rank {self.rank}/{self.world_size} epoch "
+            f"{self.epoch}: {self.num_steps} steps, {self.num_micro_batches} micro-batches, "
+            f"mode {self.mode!r}>"
+        )

@@ -14,16 +14,22 @@
 //                   double buffered (own buffer + one extra, reused with flow control).
 //  usp              Ulysses within machines, Ring across (yunchang / xDiT placement).
 //  swiftfusion-tas  Ulysses across machines, Ring within (SwiftFusion topology-aware scheduling).
-//  torus            tas whose Ulysses q/k/v all-to-all is split into torus_chunks token chunks:
-//                   the stationary block (own shard, own heads: no transfer) is attended first,
-//                   then as chunk c arrives its queries attend all kv arrived so far and earlier
-//                   queries attend its kv (merged by LSE), while chunk c + 1 is in flight.
-//                   The out all-to-all back is chunked too: in the last compute stage each
-//                   chunk's out leaves as soon as it is final.
+//  torus            tas, fully pipelined (strategies/torus.cc): the Ulysses all-to-all is split
+//                   into torus_chunks token chunks (k, v one chunk ahead of q), the ring within
+//                   the machine forwards every kv piece (stationary slot, then each chunk) as soon
+//                   as it has arrived, and every rank attends "arrived queries x newly arrived
+//                   kv" and "newly arrived queries x kv so far" (each (q, kv) pair exactly once,
+//                   merged by LSE), so attention overlaps both the inter-machine transfer of the
+//                   next chunk and the ring traffic of this one. Query chunks finish one by one
+//                   at the end and their out all-to-all back leaves as each becomes final; the
+//                   stationary queries (out stays local) go last. All R kv blocks of the ring
+//                   stay resident (S * H/U * d * e * 2 bytes per rank), so there is no ring flow
+//                   control. Same bytes and FLOPs as swiftfusion-tas. U = 1: same as ring.
 //  Every strategy exists in two-sided (Send/Recv) and one-sided (Put with signal / Wait) form.
 //  One-sided schedules synchronise across machines only twice per layer (a "buffers ready"
-//  signal round at the beginning and a "done" round at the end); the receiver Waits only just
-//  before the data is consumed; ring flow control ("buffer free") signals stay within the ring.
+//  signal round at the beginning and a "done" round at the end, each round's signals issued
+//  together as one group); the receiver Waits only just before the data is consumed; ring flow
+//  control ("buffer free") signals stay within the ring.
 //
 // Joint text tokens (T > 0): text q/k/v are replicated, so each rank takes its head group's text
 // k/v locally and attends its image queries against them once. Text queries are split, not

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "ditscale/sp/ref_executor.h"
 
@@ -139,6 +140,48 @@ TEST(Strategies, TorusAcrossMachinesOnlyPipelinesBothAllToAlls) {
         }
         ASSERT_GE(first_back, 0);
         if (chunks > 1) EXPECT_LT(first_back, last_attention) << "chunks " << chunks;
+      }
+    }
+  }
+}
+
+// Torus with a ring inside the machine: every kv piece (stationary + each chunk) circulates the
+// ring on its own, no ring buffer is reused (no flow control), and query chunks' outs go back
+// before the rank's last attention.
+TEST(Strategies, TorusForwardsRingPiecesAndSendsOutEarly) {
+  uint64_t seed = 900;
+  for (int chunks : {2, 3, 4}) {
+    for (bool one_sided : {false, true}) {
+      for (int64_t text : {0, 5}) {
+        Case c{SpMesh{2, 4}, SpConfig{}, Shape(96, text, 6)};  // U = 2 across, R = 4 within
+        c.config.strategy = "torus";
+        c.config.torus_chunks = chunks;
+        c.config.one_sided = one_sided;
+        RunCase(c, ++seed);
+        const Schedule s = BuildSchedule(c.mesh, c.config, c.shape).ValueOrThrow();
+        for (const RankProgram& p : s.ranks) {
+          std::set<std::string> ring_phases;
+          int first_back = -1, last_attention = -1;
+          for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+            const Op& op = p.ops[i];
+            const bool xfer = op.kind == OpKind::kSend || op.kind == OpKind::kPut;
+            if (xfer && op.label.rfind("put ring.p", 0) == 0) {
+              ring_phases.insert(op.label.substr(4, op.label.find(".s") - 4));
+            }
+            if (xfer && op.label.rfind("send ring.p", 0) == 0) {
+              ring_phases.insert(op.label.substr(5, op.label.find(".s") - 5));
+            }
+            if (xfer && op.label.find("a2a.out") != std::string::npos && first_back < 0) {
+              first_back = i;
+            }
+            if (op.kind == OpKind::kAttention) last_attention = i;
+            EXPECT_NE(op.counter, "ring.free") << op.label;
+          }
+          // 96 tokens / 8 ranks = 12 per shard: every chunk piece holds data.
+          EXPECT_EQ(ring_phases.size(), static_cast<size_t>(chunks + 1)) << Describe(c);
+          ASSERT_GE(first_back, 0);
+          EXPECT_LT(first_back, last_attention) << Describe(c);
+        }
       }
     }
   }

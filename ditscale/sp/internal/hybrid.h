@@ -65,6 +65,18 @@ struct RankLayout {
   std::vector<Slot> slots;
   std::vector<std::pair<int64_t, int64_t>> chunk_range;  // gathered [a, b) of torus chunk c
   std::vector<std::pair<int, int>> ring_loc;             // (k, v) buffer of ring block s
+  // Torus (U > 1): every kv block of the ring stays resident in kall/vall, laid out in arrival
+  // order: piece-major (piece 0 = stationary slot, piece c + 1 = torus chunk c), then by ring hop
+  // (hop h = the block of ring index i - h; hop 0 = own block). seg_begin[p][h] / seg_tokens[p][h].
+  int kall = -1, vall = -1;
+  std::vector<std::vector<int64_t>> seg_begin, seg_tokens;
+};
+
+// One input phase of the torus pipeline: torus chunk `chunk`'s q and/or k, v slots.
+struct TorusIn {
+  Phase phase;
+  int chunk = 0;
+  bool q = false, kv = false;
 };
 
 class HybridBuilder {
@@ -93,11 +105,13 @@ class HybridBuilder {
   void CopyOwnIn(int r);
   void CopyOwnOut(int r);
   void Step0(int r);
-  // torus.cc
-  void Step0Pipelined(int r);
-  // Torus: the last compute stage split by chunk so each chunk's out goes back when final.
-  void FinalStageByChunk(int r, const Region& k, const Region& v, const std::string& tag);
-  bool pipelined_back() const { return C_ > 0 && U_ > 1 && cfg_.strategy == "torus"; }
+  void Consume(const Phase& phase, int r, Stream stream);
+  // torus.cc (torus_pipeline(): torus with U > 1; torus with U = 1 is plain ring)
+  bool torus_pipeline() const { return cfg_.strategy == "torus" && U_ > 1; }
+  void PlanTorusBuffers(int r);
+  void PlanTorusPhases();
+  void EmitTorusRing(int r, std::vector<char>* consumed);
+  void EmitTorusCompute(int r, std::vector<char>* consumed);
   // ring.cc
   void PlanRingLocations(int r);
   Phase PlanRingStep(int s);
@@ -119,6 +133,8 @@ class HybridBuilder {
   Schedule s_;
   std::vector<Phase> fwd_, ring_;  // Ulysses q/k/v chunks; ring steps
   std::vector<Phase> back_;        // Ulysses out back, per torus chunk (slots of chunk c)
+  std::vector<TorusIn> tin_;       // torus: q/k/v all-to-all phases, in issue order
+  std::vector<std::vector<Phase>> tring_;  // torus: [piece][ring step] kv forwarding
   Phase text_;                     // text-out all-gather
   std::vector<ProgramBuilder> b_;
   std::vector<RankLayout> lay_;

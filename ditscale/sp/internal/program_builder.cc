@@ -177,10 +177,12 @@ int ProgramBuilder::Put(Stream stream, int group, int peer, LinkKind link, const
 
 int ProgramBuilder::Signal(Stream stream, int peer, LinkKind link, const std::string& counter,
                            int64_t value, const std::vector<Region>& releases,
-                           const std::vector<int>& extra_deps, const std::string& label) {
+                           const std::vector<int>& extra_deps, const std::string& label,
+                           int group) {
   Op op;
   op.kind = OpKind::kSignal;
   op.stream = stream;
+  op.group = group;
   op.peer = peer;
   op.link = link;
   op.counter = counter;

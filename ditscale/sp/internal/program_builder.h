@@ -43,9 +43,10 @@ class ProgramBuilder {
   // `bytes` = size of src; the destination lies in the peer's buffers (no local hazard).
   int Put(Stream stream, int group, int peer, LinkKind link, const Region& src, const Region& dst,
           const std::string& counter, int64_t value, const std::string& label);
+  // `group` >= 0: part of a group of concurrently issued ops (e.g. the signals of a sync round).
   int Signal(Stream stream, int peer, LinkKind link, const std::string& counter, int64_t value,
              const std::vector<Region>& releases, const std::vector<int>& extra_deps,
-             const std::string& label);
+             const std::string& label, int group = -1);
   int Wait(Stream stream, const std::string& counter, int64_t value,
            const std::vector<Region>& makes_valid, const std::string& label);
 

@@ -113,10 +113,12 @@ void HybridBuilder::PlanLayouts() {
     if (U_ > 1) {
       l.gq = b.AddBuffer("gathered.q", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hq,
                          d, e);
-      l.gk = b.AddBuffer("gathered.k", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
-                         d, e);
-      l.gv = b.AddBuffer("gathered.v", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
-                         d, e);
+      if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
+        l.gk = b.AddBuffer("gathered.k", BufferRole::kWork, BufferInit::kUndefined, max_chunk,
+                           hkv, d, e);
+        l.gv = b.AddBuffer("gathered.v", BufferRole::kWork, BufferInit::kUndefined, max_chunk,
+                           hkv, d, e);
+      }
       l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, max_chunk, hq, d, e);
       acc_tokens = max_chunk;
     } else {
@@ -157,7 +159,14 @@ void HybridBuilder::PlanLayouts() {
     }
     DS_CHECK(U_ == 1 || cursor == l.chunk_tokens, "slot layout covers ", cursor, " of ",
              l.chunk_tokens, " tokens");
-    PlanRingLocations(r);
+  }
+  // Ring buffers need every rank's slot layout (torus lays out all blocks by piece).
+  for (int r = 0; r < n; ++r) {
+    if (torus_pipeline()) {
+      PlanTorusBuffers(r);
+    } else {
+      PlanRingLocations(r);
+    }
   }
 }
 
@@ -230,11 +239,15 @@ void HybridBuilder::SyncRound(const std::vector<const Phase*>& phases, const std
       const std::string counter = name + "." + ToString(link);
       int64_t expect = 0;
       for (int x : targets[r]) expect += LinkOf(r, x) == link;
+      // The signals of a round are issued back to back (one group), not one after the other.
+      int group = -1;
       for (int w : writers[r]) {
         if (LinkOf(r, w) != link) continue;
         std::vector<int> deps;
         if (at_end && last_compute >= 0) deps.push_back(last_compute);
-        b.Signal(st, w, link, counter, 1, {}, deps, name + " signal to " + std::to_string(w));
+        if (group < 0) group = b.NewGroup();
+        b.Signal(st, w, link, counter, 1, {}, deps, name + " signal to " + std::to_string(w),
+                 group);
       }
       if (expect > 0) b.Wait(st, counter, expect, {}, name + " wait");
     }
@@ -263,10 +276,14 @@ Schedule HybridBuilder::Build() {
   back_.clear();
   text_ = Phase{};
   if (U_ > 1) {
-    for (int c = 0; c < C_; ++c) fwd_.push_back(PlanForward(c));
+    if (!torus_pipeline()) {
+      for (int c = 0; c < C_; ++c) fwd_.push_back(PlanForward(c));
+    }
     for (int c = 0; c < C_; ++c) back_.push_back(PlanBack(c));
   }
-  for (int s = 0; s + 1 < R_; ++s) ring_.push_back(PlanRingStep(s));
+  if (!torus_pipeline()) {
+    for (int s = 0; s + 1 < R_; ++s) ring_.push_back(PlanRingStep(s));
+  }
   if (shape_.text_tokens > 0 && n > 1) text_ = PlanText();
   std::vector<const Phase*> all;
   for (const Phase& p : fwd_) all.push_back(&p);
@@ -274,17 +291,32 @@ Schedule HybridBuilder::Build() {
   for (const Phase& p : back_) all.push_back(&p);
   all.push_back(&text_);
 
+  if (torus_pipeline()) {
+    PlanTorusPhases();
+    std::vector<const Phase*> phases;
+    for (const TorusIn& t : tin_) phases.push_back(&t.phase);
+    for (const auto& steps : tring_) {
+      for (const Phase& p : steps) phases.push_back(&p);
+    }
+    for (const Phase& p : back_) phases.push_back(&p);
+    phases.push_back(&text_);
+    if (cfg_.one_sided) SyncRound(phases, "ready", false);
+    for (int r = 0; r < n; ++r) {
+      std::vector<char> consumed(tin_.size(), 0);
+      for (const TorusIn& t : tin_) Issue(t.phase, r);
+      EmitTorusRing(r, &consumed);
+      EmitTorusCompute(r, &consumed);
+      for (const Phase& p : back_) Consume(p, r, false);
+      Consume(text_, r, false);
+    }
+    if (cfg_.one_sided) SyncRound(phases, "done", true);
+    return std::move(s_);
+  }
   if (cfg_.one_sided) SyncRound(all, "ready", false);
   for (const Phase& p : fwd_) {
     for (int r = 0; r < n; ++r) Issue(p, r);
   }
-  for (int r = 0; r < n; ++r) {
-    if (cfg_.strategy == "torus") {
-      Step0Pipelined(r);
-    } else {
-      Step0(r);
-    }
-  }
+  for (int r = 0; r < n; ++r) Step0(r);
   for (int s = 0; s < R_; ++s) {
     for (int r = 0; r < n; ++r) {
       if (s >= 1) Consume(ring_[s - 1], r, /*on_link_stream=*/true);
@@ -294,9 +326,7 @@ Schedule HybridBuilder::Build() {
     }
   }
   for (int r = 0; r < n; ++r) {
-    if (!pipelined_back()) {
-      for (const Phase& p : back_) Issue(p, r);
-    }
+    for (const Phase& p : back_) Issue(p, r);
     Issue(text_, r);
   }
   for (int r = 0; r < n; ++r) {

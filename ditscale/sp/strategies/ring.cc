@@ -90,11 +90,7 @@ void HybridBuilder::RingCompute(int s, int r) {
   const Region k = KvHeads(r, l.ring_loc[s].first, 0, L);
   const Region v = KvHeads(r, l.ring_loc[s].second, 0, L);
   const std::string tag = "ring step " + std::to_string(s);
-  if (pipelined_back() && s == R_ - 1) {
-    FinalStageByChunk(r, k, v, tag);
-  } else {
-    AttendInto(r, QHeads(r, l.gq, 0, l.chunk_tokens), k, v, &l.acc, 0, tag + " attention");
-  }
+  AttendInto(r, QHeads(r, l.gq, 0, l.chunk_tokens), k, v, &l.acc, 0, tag + " attention");
   if (l.tq_tokens > 0) {
     AttendInto(r, QHeads(r, l.tq, l.tq_begin, l.tq_tokens), k, v, &l.tacc, 0, tag + " text q");
   }

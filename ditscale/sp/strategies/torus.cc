@@ -1,86 +1,305 @@
-// Torus attention (SwiftFusion): the Ulysses all-to-all arrives in chunks; the stationary block
-// (own shard, own head group: no transfer) is attended first, then each arriving chunk c:
-//   its queries x every kv that has arrived (stationary + chunks 0..c), and
-//   the queries that arrived before it x its kv,
-// so every (query slot, kv slot) pair is attended exactly once and merged by log-sum-exp, and the
-// attention of chunk c overlaps the transfer of chunk c + 1. The gathered buffers are laid out
-// chunk-major (own | chunk 0 | chunk 1 ...), so "arrived so far" is always a prefix.
-// The out all-to-all back is chunked the same way: in the last compute stage (the last torus
-// chunk when R = 1, else the last ring step) queries are attended chunk by chunk and each
-// chunk's out is sent back as soon as it is final, overlapping the remaining attention.
+// Torus attention (SwiftFusion), fully pipelined: the cross-machine Ulysses all-to-all arrives in
+// torus chunks, the ring within the machine forwards every chunk as soon as it has arrived, and
+// the out all-to-all back leaves query chunk by query chunk as each becomes final.
+//
+// Data layout of rank (u, i):
+//   gathered.q  own (stationary) slot, then torus chunk 0, 1, ... (slots of the Ulysses peers).
+//   kall/vall   the k, v of EVERY block of the ring (head group u), resident for the whole layer,
+//               in arrival order: piece-major (piece 0 = the stationary slot of each block, piece
+//               c + 1 = torus chunk c of each block), then by ring hop (hop 0 = own block, hop h =
+//               the block of ring index i - h). So "all kv that has arrived" is always a prefix.
+// Pipeline:
+//   inter stream  the all-to-all phases in order, k, v one chunk ahead of q: kv0, kv1, q0, kv2,
+//                 q1, ..., q(C-1) (a query chunk is only useful once there is kv to attend, and
+//                 the last query chunks can then be finished and sent back one by one).
+//   intra stream  ring forwarding piece by piece: piece p (stationary at once, chunk c as soon as
+//                 it arrived) makes R - 1 hops, each hop forwarding what the previous one brought.
+//   compute       with [0, qa) the queries and [0, kd) the kv attended so far (every pair of the
+//                 two prefixes done exactly once, merged by log-sum-exp):
+//                 kv [kd, kq) arrived -> queries [0, qa) x kv [kd, kq)   (grouped so that each op
+//                                        has >= kMinKvTokens kv, or the stationary block size)
+//                 q chunk [qa, e) arrived -> queries [qa, e) x kv [0, kd) (+ text kv)
+//                 The last kv event (the whole last piece) is split by query chunk and each
+//                 chunk's out all-to-all back is issued as soon as the chunk is final; query
+//                 chunks arriving after it are final at once (grouped to >= kMinQTokens, the last
+//                 one alone). The stationary queries x the last piece go last: their out stays
+//                 local, so that compute covers the last chunk's way back.
+// No ring buffer is reused, so the one-sided form needs no ring flow control: the only
+// synchronisation across machines is the "ready" round at the start and the "done" round at the
+// end. Cost: kall/vall hold R ring blocks instead of two (S * H/U * d * e * 2 bytes per rank).
+#include <algorithm>
+
+#include "ditscale/core/error.h"
 #include "ditscale/sp/internal/hybrid.h"
 
 namespace ditscale::sp::internal {
+namespace {
 
-void HybridBuilder::Step0Pipelined(int r) {
+// Smallest kv range worth one attention + merge (smaller ranges are grouped with the next).
+constexpr int64_t kMinKvTokens = 4096;
+// Smallest group of query chunks attended at once after all kv is in (the last chunk excepted).
+constexpr int64_t kMinQTokens = 2048;
+
+struct Item {
+  bool q = false;  // a query chunk arrives (else a kv segment)
+  int chunk = 0;   // q: torus chunk
+  int piece = 0;   // kv: piece (0 = stationary, c + 1 = chunk c)
+  int hop = 0;     // kv: ring hop
+  int phase = -1;  // index into tin_ of the phase that brings it (-1: local or ring)
+};
+
+std::string Range(int64_t a, int64_t b) {
+  std::string s(1, '[');
+  s += std::to_string(a);
+  s += ", ";
+  s += std::to_string(b);
+  s += ')';
+  return s;
+}
+
+}  // namespace
+
+void HybridBuilder::PlanTorusBuffers(int r) {
   RankLayout& l = lay_[r];
-  CopyOwnIn(r);
-  const int64_t T = shape_.text_tokens;
-  const Region tq = l.tq_tokens > 0 ? QHeads(r, l.tq, l.tq_begin, l.tq_tokens) : Region{};
-  const Region tk = T > 0 ? KvHeads(r, l.tk, 0, T) : Region{};
-  const Region tv = T > 0 ? KvHeads(r, l.tv, 0, T) : Region{};
-  const int64_t n = l.shard_tokens;
-  const Region q_own = QHeads(r, l.gq, 0, n);
-  AttendInto(r, q_own, KvHeads(r, l.gk, 0, n), KvHeads(r, l.gv, 0, n), &l.acc, 0,
-             "torus stationary");
-  if (T > 0) {
-    AttendInto(r, q_own, tk, tv, &l.acc, 0, "torus stationary q x text kv");
-    if (l.tq_tokens > 0) {
-      AttendInto(r, tq, KvHeads(r, l.gk, 0, n), KvHeads(r, l.gv, 0, n), &l.tacc, 0,
-                 "torus text q x stationary kv");
-      AttendInto(r, tq, tk, tv, &l.tacc, 0, "torus text q x text kv");
+  ProgramBuilder& b = b_[r];
+  const int pieces = C_ + 1;
+  l.seg_begin.assign(pieces, std::vector<int64_t>(R_, 0));
+  l.seg_tokens.assign(pieces, std::vector<int64_t>(R_, 0));
+  int64_t cursor = 0;
+  for (int p = 0; p < pieces; ++p) {
+    for (int h = 0; h < R_; ++h) {
+      const RankLayout& src = lay_[RankOf(l.u, ((l.i - h) % R_ + R_) % R_)];
+      const int64_t tokens = p == 0 ? src.shard_tokens
+                                    : src.chunk_range[p - 1].second - src.chunk_range[p - 1].first;
+      l.seg_begin[p][h] = cursor;
+      l.seg_tokens[p][h] = tokens;
+      cursor += tokens;
     }
   }
-  if (U_ == 1) return;
-  for (int c = 0; c < C_; ++c) {
-    Consume(fwd_[c], r, false);
-    const auto [a, e] = l.chunk_range[c];
-    const bool last = R_ == 1 && c == C_ - 1;  // outputs become final in this stage
-    const std::string tag = "torus chunk " + std::to_string(c);
-    if (last) {
-      // Earlier queries x the last kv chunk, chunk by chunk, each chunk's out sent back as soon
-      // as it is final; then the last chunk's own queries.
-      AttendInto(r, QHeads(r, l.gq, 0, l.shard_tokens), KvHeads(r, l.gk, a, e - a),
-                 KvHeads(r, l.gv, a, e - a), &l.acc, 0, tag + " stationary q x kv");
-      for (int cc = 0; cc < c; ++cc) {
-        const auto [ca, ce] = l.chunk_range[cc];
-        AttendInto(r, QHeads(r, l.gq, ca, ce - ca), KvHeads(r, l.gk, a, e - a),
-                   KvHeads(r, l.gv, a, e - a), &l.acc, ca,
-                   tag + " chunk " + std::to_string(cc) + " q x kv");
-        Issue(back_[cc], r);
+  const int64_t hkv = kv_size_[l.u];
+  l.kall = b.AddBuffer("kall", BufferRole::kWork, BufferInit::kUndefined, cursor, hkv,
+                       shape_.head_dim, shape_.dtype_bytes);
+  l.vall = b.AddBuffer("vall", BufferRole::kWork, BufferInit::kUndefined, cursor, hkv,
+                       shape_.head_dim, shape_.dtype_bytes);
+}
+
+void HybridBuilder::PlanTorusPhases() {
+  tin_.clear();
+  tring_.clear();
+  const int n = U_ * R_;
+  auto plan_in = [&](int c, bool with_q, bool with_kv) {
+    TorusIn t;
+    t.chunk = c;
+    t.q = with_q;
+    t.kv = with_kv;
+    t.phase.name = std::string("a2a.in.") + (with_q && with_kv ? "" : with_q ? "q." : "kv.") +
+                   "c" + std::to_string(c);
+    for (int r = 0; r < n; ++r) {
+      const RankLayout& l = lay_[r];
+      const int64_t hq = kv_size_[l.u] * group_, hkv = kv_size_[l.u];
+      const int64_t kv_base = l.seg_begin[c + 1][0] - l.chunk_range[c].first;
+      for (const Slot& sl : l.slots) {
+        if (sl.chunk != c) continue;
+        const int src = RankOf(sl.src_u, l.i);
+        const RankLayout& o = lay_[src];
+        if (with_q) {
+          const Region q{o.q, sl.src_offset, sl.tokens, kv_begin_[l.u] * group_, hq};
+          t.phase.transfers.push_back(MakeTransfer(t.phase.name, "q", src, q, r,
+                                                   Region{l.gq, sl.offset, sl.tokens, 0, hq}));
+        }
+        if (with_kv) {
+          const Region dk{l.kall, kv_base + sl.offset, sl.tokens, 0, hkv};
+          const Region dv{l.vall, kv_base + sl.offset, sl.tokens, 0, hkv};
+          t.phase.transfers.push_back(MakeTransfer(
+              t.phase.name, "k", src, Region{o.k, sl.src_offset, sl.tokens, kv_begin_[l.u], hkv},
+              r, dk));
+          t.phase.transfers.push_back(MakeTransfer(
+              t.phase.name, "v", src, Region{o.v, sl.src_offset, sl.tokens, kv_begin_[l.u], hkv},
+              r, dv));
+        }
       }
-      AttendInto(r, QHeads(r, l.gq, a, e - a), KvHeads(r, l.gk, 0, e), KvHeads(r, l.gv, 0, e),
-                 &l.acc, a, tag + " q x arrived kv");
-      if (T > 0) AttendInto(r, QHeads(r, l.gq, a, e - a), tk, tv, &l.acc, a, tag + " q x text kv");
-      Issue(back_[c], r);
-      if (l.tq_tokens > 0) {
-        AttendInto(r, tq, KvHeads(r, l.gk, a, e - a), KvHeads(r, l.gv, a, e - a), &l.tacc, 0,
-                   tag + " text q x kv");
-      }
-      continue;
     }
-    if (a == e) continue;
-    AttendInto(r, QHeads(r, l.gq, a, e - a), KvHeads(r, l.gk, 0, e), KvHeads(r, l.gv, 0, e),
-               &l.acc, a, tag + " q x arrived kv");
-    AttendInto(r, QHeads(r, l.gq, 0, a), KvHeads(r, l.gk, a, e - a), KvHeads(r, l.gv, a, e - a),
-               &l.acc, 0, tag + " earlier q x kv");
-    if (T > 0) AttendInto(r, QHeads(r, l.gq, a, e - a), tk, tv, &l.acc, a, tag + " q x text kv");
-    if (l.tq_tokens > 0) {
-      AttendInto(r, tq, KvHeads(r, l.gk, a, e - a), KvHeads(r, l.gv, a, e - a), &l.tacc, 0,
-                 tag + " text q x kv");
+    tin_.push_back(std::move(t));
+  };
+  // k, v lead q by one chunk: kv0, kv1, q0, kv2, q1, ..., q(C-1). Measured in the simulator
+  // against "all kv first" (too little work while the kv is in flight when U >= 4) and "q, k, v
+  // together" (queries only final at the very end): ahead or equal on every p4de setting.
+  plan_in(0, false, true);
+  for (int c = 0; c < C_; ++c) {
+    if (c + 1 < C_) plan_in(c + 1, false, true);
+    plan_in(c, true, false);
+  }
+  // Ring forwarding: at step s of piece p, rank i sends the piece of block i - s (its hop s
+  // segment) to rank i + 1 (where it is hop s + 1).
+  tring_.resize(C_ + 1);
+  for (int p = 0; p <= C_; ++p) {
+    for (int s = 0; s + 1 < R_; ++s) {
+      Phase ph;
+      ph.name = "ring.p" + std::to_string(p) + ".s" + std::to_string(s);
+      for (int r = 0; r < n; ++r) {
+        const RankLayout& l = lay_[r];
+        const int nx = RankOf(l.u, (l.i + 1) % R_);
+        const RankLayout& ln = lay_[nx];
+        const int64_t tokens = l.seg_tokens[p][s];
+        DS_CHECK(ln.seg_tokens[p][s + 1] == tokens, "torus ring piece sizes disagree");
+        if (tokens == 0) continue;
+        const int64_t hkv = kv_size_[l.u];
+        const int64_t from = l.seg_begin[p][s], to = ln.seg_begin[p][s + 1];
+        ph.transfers.push_back(MakeTransfer(ph.name, "k", r, Region{l.kall, from, tokens, 0, hkv},
+                                            nx, Region{ln.kall, to, tokens, 0, hkv}));
+        ph.transfers.push_back(MakeTransfer(ph.name, "v", r, Region{l.vall, from, tokens, 0, hkv},
+                                            nx, Region{ln.vall, to, tokens, 0, hkv}));
+      }
+      tring_[p].push_back(std::move(ph));
     }
   }
 }
 
-void HybridBuilder::FinalStageByChunk(int r, const Region& k, const Region& v,
-                                      const std::string& tag) {
+// The stationary copies, then the ring forwarding of every piece on the link streams: each hop
+// waits (one-sided: for the arrival signal) only for the data it forwards.
+void HybridBuilder::EmitTorusRing(int r, std::vector<char>* consumed) {
   RankLayout& l = lay_[r];
-  AttendInto(r, QHeads(r, l.gq, 0, l.shard_tokens), k, v, &l.acc, 0, tag + " stationary q");
-  for (int c = 0; c < C_; ++c) {
-    const auto [a, e] = l.chunk_range[c];
-    AttendInto(r, QHeads(r, l.gq, a, e - a), k, v, &l.acc, a,
-               tag + " chunk " + std::to_string(c) + " q");
-    Issue(back_[c], r);
+  ProgramBuilder& b = b_[r];
+  const int64_t n = l.shard_tokens, hq = kv_size_[l.u] * group_, hkv = kv_size_[l.u];
+  b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n), Region{l.gq, 0, n, 0, hq},
+         "a2a own q");
+  b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.k, 0, n),
+         Region{l.kall, l.seg_begin[0][0], n, 0, hkv}, "a2a own k");
+  b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.v, 0, n),
+         Region{l.vall, l.seg_begin[0][0], n, 0, hkv}, "a2a own v");
+  if (R_ == 1) return;
+  const Stream send_st = StreamOf(LinkOf(r, RankOf(l.u, (l.i + 1) % R_)));
+  const Stream recv_st = StreamOf(LinkOf(RankOf(l.u, (l.i - 1 + R_) % R_), r));
+  for (int p = 0; p <= C_; ++p) {
+    if (p >= 1) {
+      for (size_t x = 0; x < tin_.size(); ++x) {
+        if (tin_[x].kv && tin_[x].chunk == p - 1 && !(*consumed)[x]) {
+          Consume(tin_[x].phase, r, send_st);
+          (*consumed)[x] = 1;
+        }
+      }
+    }
+    for (int s = 0; s + 1 < R_; ++s) {
+      if (s >= 1) Consume(tring_[p][s - 1], r, send_st);
+      Issue(tring_[p][s], r);
+    }
+    Consume(tring_[p][R_ - 2], r, recv_st);
+  }
+}
+
+void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
+  RankLayout& l = lay_[r];
+  const int64_t n = l.shard_tokens, T = shape_.text_tokens;
+  const Region tq = l.tq_tokens > 0 ? QHeads(r, l.tq, l.tq_begin, l.tq_tokens) : Region{};
+  const Region tk = T > 0 ? KvHeads(r, l.tk, 0, T) : Region{};
+  const Region tv = T > 0 ? KvHeads(r, l.tv, 0, T) : Region{};
+  const int64_t total = b_[r].decl(l.kall).tokens;
+  const auto K = [&](int64_t a, int64_t e) { return KvHeads(r, l.kall, a, e - a); };
+  const auto V = [&](int64_t a, int64_t e) { return KvHeads(r, l.vall, a, e - a); };
+  const auto Q = [&](int64_t a, int64_t e) { return QHeads(r, l.gq, a, e - a); };
+
+  // Arrival order of queries and kv segments (the same for every rank).
+  std::vector<Item> items;
+  for (int h = 0; h < R_; ++h) items.push_back(Item{false, 0, 0, h, -1});
+  for (size_t x = 0; x < tin_.size(); ++x) {
+    const TorusIn& t = tin_[x];
+    if (t.kv) items.push_back(Item{false, 0, t.chunk + 1, 0, static_cast<int>(x)});
+    if (t.q) items.push_back(Item{true, t.chunk, 0, 0, static_cast<int>(x)});
+    if (t.kv) {
+      for (int h = 1; h < R_; ++h) items.push_back(Item{false, 0, t.chunk + 1, h, -1});
+    }
+  }
+  int last_kv = -1;
+  for (int x = 0; x < static_cast<int>(items.size()); ++x) {
+    if (!items[x].q) last_kv = x;
+  }
+  auto ensure = [&](int phase) {
+    if (phase < 0 || (*consumed)[phase]) return;
+    Consume(tin_[phase].phase, r, Stream::kCompute);
+    (*consumed)[phase] = 1;
+  };
+
+  // Text kv and the stationary queries are local: attend them first.
+  if (T > 0) AttendInto(r, Q(0, n), tk, tv, &l.acc, 0, "torus stationary q x text kv");
+  if (l.tq_tokens > 0) AttendInto(r, tq, tk, tv, &l.tacc, 0, "torus text q x text kv");
+  int64_t qa = n, qp = n, kd = 0, kq = 0;  // queries [qa, qp) arrived, not yet attended
+  std::vector<int> arrived, pending;        // query chunks attended / waiting
+  bool kv_done = false;
+  const int64_t min_kv = std::min(kMinKvTokens, std::max<int64_t>(n, 1));
+  const int64_t min_q = std::min(kMinQTokens, std::max<int64_t>(n, 1));
+  // Queries [qa, qp) x kv [0, kd); once all kv is in, each chunk is final: send its out back.
+  auto attend_pending = [&]() {
+    if (pending.empty()) return;
+    const std::string tag = "torus q " + Range(qa, qp);
+    AttendInto(r, Q(qa, qp), K(0, kd), V(0, kd), &l.acc, qa, tag + " x kv " + Range(0, kd));
+    if (T > 0) AttendInto(r, Q(qa, qp), tk, tv, &l.acc, qa, tag + " x text kv");
+    qa = qp;
+    for (int c : pending) {
+      arrived.push_back(c);
+      if (kv_done) Issue(back_[c], r);
+    }
+    pending.clear();
+  };
+  int last_q = -1;
+  for (int x = 0; x < static_cast<int>(items.size()); ++x) {
+    if (items[x].q) last_q = x;
+  }
+  // The stationary queries x the last kv event is left for the very end when query chunks are
+  // still to come: its out stays local, so it covers the last chunk's way back.
+  Region deferred_k, deferred_v;
+  std::string deferred_label;
+  for (int x = 0; x < static_cast<int>(items.size()); ++x) {
+    const Item& it = items[x];
+    if (it.q) {
+      ensure(it.phase);
+      const auto [a, e] = l.chunk_range[it.chunk];
+      DS_CHECK(a == qp || a == e, "torus query chunks out of order");
+      qp = std::max(qp, e);
+      pending.push_back(it.chunk);
+      // Group small chunks into one attention; the last chunk stands alone (its out is exposed).
+      const bool next_is_last = x + 1 == last_q;
+      if (qp - qa >= min_q || x == last_q || next_is_last || !kv_done) attend_pending();
+      continue;
+    }
+    ensure(it.phase);
+    DS_CHECK(l.seg_begin[it.piece][it.hop] == kq, "torus kv segments out of order");
+    kq += l.seg_tokens[it.piece][it.hop];
+    const bool final = x == last_kv;
+    // Within the last piece, one kv event at its end (the piece the stationary queries defer).
+    if (!final && (kq - kd < min_kv || it.piece == C_)) continue;
+    const std::string kv_tag = " x kv " + Range(kd, kq);
+    if (!final) {
+      AttendInto(r, Q(0, qa), K(kd, kq), V(kd, kq), &l.acc, 0,
+                 (kd == 0 ? "torus stationary q" : "torus q " + Range(0, qa)) + kv_tag);
+    } else {
+      attend_pending();
+      // Finish the queries one chunk at a time; each chunk's out leaves as soon as it is final.
+      for (int c : arrived) {
+        const auto [a, e] = l.chunk_range[c];
+        AttendInto(r, Q(a, e), K(kd, kq), V(kd, kq), &l.acc, a,
+                   "torus chunk " + std::to_string(c) + " q" + kv_tag);
+        Issue(back_[c], r);
+      }
+      // The stationary queries' out stays local: they go last, behind the chunks' way back.
+      deferred_k = K(kd, kq);
+      deferred_v = V(kd, kq);
+      deferred_label = "torus stationary q" + kv_tag;
+    }
+    if (l.tq_tokens > 0) {
+      AttendInto(r, tq, K(kd, kq), V(kd, kq), &l.tacc, 0, "torus text q" + kv_tag);
+    }
+    kd = kq;
+    if (final) {
+      DS_CHECK(kd == total, "torus kv covers ", kd, " of ", total, " tokens");
+      kv_done = true;
+      FinishText(r);
+      Issue(text_, r);
+    }
+  }
+  attend_pending();
+  if (deferred_k.valid()) {
+    AttendInto(r, Q(0, n), deferred_k, deferred_v, &l.acc, 0, deferred_label);
+    CopyOwnOut(r);
   }
 }
 

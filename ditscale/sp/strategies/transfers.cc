@@ -90,13 +90,23 @@ void HybridBuilder::Issue(const Phase& phase, int r) {
 }
 
 void HybridBuilder::Consume(const Phase& phase, int r, bool on_link_stream) {
+  Stream st = Stream::kCompute;
+  for (const Transfer& t : phase.transfers) {
+    if (t.dst_rank == r && on_link_stream) {
+      st = StreamOf(LinkOf(t.src_rank, r));
+      break;
+    }
+  }
+  Consume(phase, r, st);
+}
+
+void HybridBuilder::Consume(const Phase& phase, int r, Stream st) {
   ProgramBuilder& b = b_[r];
   std::vector<const Transfer*> in;
   for (const Transfer& t : phase.transfers) {
     if (t.dst_rank == r) in.push_back(&t);
   }
   if (in.empty()) return;
-  const Stream st = on_link_stream ? StreamOf(LinkOf(in[0]->src_rank, r)) : Stream::kCompute;
   if (cfg_.one_sided) {
     std::vector<Region> landed;
     for (const Transfer* t : in) landed.push_back(t->land);

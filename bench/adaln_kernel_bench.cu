@@ -6,11 +6,16 @@
 // Times are medians of per-launch CUDA-event timings after a warm-up.
 //
 // Usage: adaln_kernel_bench [--quick] [--variants LIST]
-//   --quick     only N = 16384, 65536 with D = 3072 (B = 1, 2)
+//   --quick     only B = 1, N = 16384, 65536 (D = 1536, 3072, 5120)
 //   --variants  comma-separated, each `base` (the first kernels) or `pipe[F.B][.tN][.rR][.pT]`
 //               (the pipelined kernels: ring depths F and B (default 3.3), at most N resident
 //               blocks per SM, R forward rows per thread, forward target of T threads per row);
-//               default `base,pipe`.
+//               default `base,pipe`. `tma[.sS][.g][.e][.cC][.pT][.tN]`: the bulk-copy
+//               forward (ring of S rows, .g per-thread stores instead of bulk stores, .b bulk
+//               stores at every row size, .e L2
+//               evict-first hints, .c0/.c1 coefficients in registers / reloaded per row);
+//               `pipe...` variants force the cp.async forward.
+//   --fwd-only  skip the backward timings (columns show 0)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -77,20 +82,32 @@ Variant parse_variant(const std::string& spec) {
     v.tuning.pipelined = false;
     return v;
   }
-  if (spec.rfind("pipe", 0) != 0) {
+  const bool tma = spec.rfind("tma", 0) == 0;
+  if (spec.rfind("pipe", 0) != 0 && !tma) {
     std::fprintf(stderr, "unknown variant '%s'\n", spec.c_str());
     std::exit(2);
   }
+  v.tuning.fwd_kernel = tma ? 2 : 1;
   // pipe[F[.B]][.tN][.rR][.pT]: ring depths, blocks per SM cap, forward rows per thread, target
   // threads per row of the forward.
-  std::size_t pos = 4;
+  std::size_t pos = tma ? 3 : 4;
   int field = 0;
   while (pos < spec.size()) {
     const std::size_t dot = std::min(spec.find('.', pos), spec.size());
     const std::string tok = spec.substr(pos, dot - pos);
     if (!tok.empty()) {
       const char c = tok[0];
-      if (c == 't') {
+      if (tma && c == 's') {
+        v.tuning.fwd_tma_stages = std::atoi(tok.c_str() + 1);
+      } else if (tma && c == 'g') {
+        v.tuning.fwd_bulk_store = 0;
+      } else if (tma && c == 'b') {
+        v.tuning.fwd_bulk_store = 1;
+      } else if (tma && c == 'e') {
+        v.tuning.fwd_evict_first = true;
+      } else if (tma && c == 'c') {
+        v.tuning.fwd_coef_reload = std::atoi(tok.c_str() + 1);
+      } else if (c == 't') {
         v.tuning.max_blocks_per_sm = std::atoi(tok.c_str() + 1);
       } else if (c == 'r') {
         v.tuning.fwd_rows = std::atoi(tok.c_str() + 1);
@@ -123,15 +140,18 @@ __global__ void fill_pattern(std::uint16_t* p, std::size_t n, std::uint32_t salt
 int main(int argc, char** argv) {
   using namespace ditscale::kernels;
   bool quick = false;
+  bool fwd_only = false;
   std::string variants = "base,pipe";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       quick = true;
+    } else if (arg == "--fwd-only") {
+      fwd_only = true;
     } else if (arg == "--variants" && i + 1 < argc) {
       variants = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--variants base,pipe,pipe2.4,...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--fwd-only] [--variants base,pipe,tma.s6,...]\n", argv[0]);
       return 2;
     }
   }
@@ -154,11 +174,12 @@ int main(int argc, char** argv) {
               "f+b_ms");
   std::vector<std::int64_t> ns = {4096, 16384, 65536};
   std::vector<std::int64_t> ds = {1536, 3072, 5120};
+  std::vector<std::int64_t> bs = {1, 2};
   if (quick) {
     ns = {16384, 65536};
-    ds = {3072};
+    bs = {1};
   }
-  for (std::int64_t B : {1, 2}) {
+  for (std::int64_t B : bs) {
     for (std::int64_t N : ns) {
       for (std::int64_t D : ds) {
         const std::size_t elems = static_cast<std::size_t>(B * N * D);
@@ -205,9 +226,10 @@ int main(int argc, char** argv) {
         for (const Variant& v : vs) {
           internal::adaln_tuning() = v.tuning;
           const double fwd_ms = time_ms([&] { adaln_forward_cuda(f, nullptr); });
-          const double bwd_ms = time_ms([&] { adaln_backward_cuda(b, nullptr); });
+          const double bwd_ms =
+              fwd_only ? 0.0 : time_ms([&] { adaln_backward_cuda(b, nullptr); });
           const double fwd_bw = 2.0 * xbytes / fwd_ms * gbps;
-          const double bwd_bw = 3.0 * xbytes / bwd_ms * gbps;
+          const double bwd_bw = fwd_only ? 0.0 : 3.0 * xbytes / bwd_ms * gbps;
           std::printf(
               "%-10s %2lld %6lld %5lld | %7.3f %6.0f | %7.3f %6.0f %5.1f%% | %7.3f %6.0f %5.1f%% | "
               "%7.3f\n",

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # AdaLN kernels on a lent GPU in one call: the GPU tests, a compute-sanitizer memcheck of the
 # pipelined kernels, and the bench/adaln kernel timings; logs under $OUT, a short table last.
-# Uses prebuilt binaries under $BIN (default build-h4b, carried from a build of the same tree)
+# Uses prebuilt binaries under $BIN (default build-h4c, carried from a build of the same tree)
 # when they run on this machine, else builds them for sm_90a in build-adaln-gpu.
 #   bench/adaln_kernel_check.sh [FULL_VARIANTS] [QUICK_VARIANTS]
-#     FULL_VARIANTS   variants timed on every shape (default base,pipe)
-#     QUICK_VARIANTS  variants timed on D = 3072, N in {16384, 65536} only (default none)
+#     FULL_VARIANTS   variants timed on every shape (default pipe,tma; "none" skips)
+#     QUICK_VARIANTS  forward only, B = 1, N in {16384, 65536}, D in {1536, 3072, 5120}
+#                     (default none)
 # Variants: see bench/adaln_kernel_bench.cu. Environment: SANITIZE=0 skips memcheck,
-# RACECHECK=1 adds a racecheck run.
+# RACECHECK=1 adds a racecheck run, MEMCHECK_FILTER picks the memcheck tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-FULL=${1:-base,pipe}
+FULL=${1:-pipe,tma}
 QUICK=${2:-}
-BIN=${BIN:-build-h4b}
+BIN=${BIN:-build-h4c}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
   > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
@@ -39,7 +40,7 @@ grep -E "seed|^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" "$OUT/test.log" | head 
 if [ "${SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
   t0=$(date +%s)
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 "$TEST" \
-    --gtest_filter='*Pipelined*:*Strided*' >"$OUT/memcheck.log" 2>&1
+    --gtest_filter="${MEMCHECK_FILTER:-*Pipelined*:*Strided*}" >"$OUT/memcheck.log" 2>&1
   echo "== memcheck rc=$? ($(( $(date +%s) - t0 ))s)"
   grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED)" "$OUT/memcheck.log" | head -5
 fi
@@ -51,10 +52,12 @@ if [ "${RACECHECK:-0}" != 0 ] && command -v compute-sanitizer >/dev/null; then
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED)" "$OUT/racecheck.log" | head -5
 fi
 if [ -n "$QUICK" ]; then
-  timeout 150 "$BENCH" --quick --variants "$QUICK" >"$OUT/bench_quick.log" 2>&1
+  timeout 150 "$BENCH" --quick --fwd-only --variants "$QUICK" >"$OUT/bench_quick.log" 2>&1
   echo "== bench quick rc=$?"
   cat "$OUT/bench_quick.log"
 fi
-timeout 200 "$BENCH" --variants "$FULL" >"$OUT/bench.log" 2>&1
-echo "== bench rc=$?"
-cat "$OUT/bench.log"
+if [ "$FULL" != none ]; then
+  timeout 200 "$BENCH" --variants "$FULL" >"$OUT/bench.log" 2>&1
+  echo "== bench rc=$?"
+  cat "$OUT/bench.log"
+fi

@@ -1,7 +1,9 @@
 // Fused AdaLN forward: one read of x (or residual + gate * branch), one write of y (and h), fp32
 // statistics kept in registers. See adaln.h for the math and layouts.
 //
-// Default: the pipelined persistent kernel of internal/adaln_fwd_pipe.cuh (cp.async ring,
+// Default: on sm_90 builds and devices, plain (not gated) calls take the bulk-copy kernel of
+// internal/adaln_fwd_tma.cuh (whole-row bulk loads and stores through a shared-memory ring);
+// otherwise the pipelined persistent kernel of internal/adaln_fwd_pipe.cuh (cp.async ring,
 // modulation in registers). The vector kernel below is the first version, used when the ring
 // would not fit or AdaLNTuning::pipelined is off.
 // Vector kernel (D % V == 0 and 16-byte aligned views, V = 16 bytes / sizeof(T)): a row is held
@@ -21,6 +23,7 @@
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_device.cuh"
 #include "ditscale/kernels/internal/adaln_fwd_pipe.cuh"
+#include "ditscale/kernels/internal/adaln_fwd_tma.cuh"
 #include "ditscale/kernels/internal/adaln_launch.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
 #include "ditscale/kernels/internal/cuda_check.h"
@@ -210,6 +213,73 @@ void launch_fwd_pipe(const FwdArgs& a, const VecPlan& plan, int rows_per_group,
   DS_CHECK_CUDA(cudaGetLastError());
 }
 
+// Launches the bulk-copy kernel (one row per block iteration, persistent grid). Returns false,
+// launching nothing, when the build holds no sm_90 code for the current device.
+template <typename T, int kVecs, int kStages, bool kBulkStore, bool kCoefReload>
+bool launch_fwd_tma(const FwdArgs& a, int tpr, cudaStream_t stream) {
+  auto* kernel = adaln_fwd_tma_kernel<T, kVecs, kStages, kBulkStore, kCoefReload>;
+  cudaFuncAttributes attr{};
+  DS_CHECK_CUDA(cudaFuncGetAttributes(&attr, kernel));
+  if (attr.binaryVersion < 90) return false;
+  const std::size_t smem = static_cast<std::size_t>(kStages) * static_cast<std::size_t>(a.d) *
+                           sizeof(T);
+  const std::int64_t grid = persistent_grid(kernel, tpr, smem, a.rows);
+  kernel<<<static_cast<unsigned>(grid), tpr, smem, stream>>>(a);
+  DS_CHECK_CUDA(cudaGetLastError());
+  return true;
+}
+
+// The bulk-copy forward for aligned, plain calls with rows < 2^31 (checked by the caller); false
+// when it does not apply (gated, fewer than 64 vectors per row, ring too large, no sm_90 code,
+// or AdaLNTuning::fwd_kernel == 1).
+bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stream) {
+  const AdaLNTuning& tune = adaln_tuning();
+  if (tune.fwd_kernel == 1 || a.gated) return false;
+  const std::int64_t nvec = p.dim / vec;
+  if (nvec < 64) return false;
+  auto reload_for = [&](int elems) {
+    return tune.fwd_coef_reload < 0 ? elems > 40 : tune.fwd_coef_reload != 0;
+  };
+  const VecPlan plan = choose_vec_plan(
+      nvec, kFwdVecCandidates, static_cast<int>(std::size(kFwdVecCandidates)),
+      [&](int k) { return fwd_tma_max_threads(k * vec, reload_for(k * vec)); },
+      tune.fwd_target_tpr);
+  if (plan.vecs == 0) return false;
+  const bool reload = reload_for(plan.vecs * vec);
+  const bool extra = p.dtype == DType::kBFloat16 &&
+                     (plan.vecs == 2 || plan.vecs == 3 || plan.vecs == 5);
+  const int stages = extra ? tune.fwd_tma_stages : 4;
+  const bool bulk_store = !extra || (tune.fwd_bulk_store < 0 ? nvec * 16 > 4096
+                                                            : tune.fwd_bulk_store != 0);
+  if (static_cast<std::size_t>(stages) * nvec * 16 > kMaxFwdRingBytes) return false;
+  a.evict_first = tune.fwd_evict_first;
+  bool launched = false;
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int<1, 2, 3, 4, 5, 6, 8>(plan.vecs, [&](auto kv) {
+      constexpr int kVecs = decltype(kv)::value;
+      constexpr int kElems = kVecs * 16 / static_cast<int>(sizeof(T));
+      dispatch_bool(reload, [&](auto kr) {
+        constexpr bool kReload = decltype(kr)::value;
+        if constexpr (fwd_tma_max_threads(kElems, kReload) > 0) {
+          if constexpr (std::is_same_v<T, __nv_bfloat16> &&
+                        (kVecs == 2 || kVecs == 3 || kVecs == 5)) {
+            dispatch_int<3, 4, 6>(stages, [&](auto ks) {
+              dispatch_bool(bulk_store, [&](auto kst) {
+                launched = launch_fwd_tma<T, kVecs, decltype(ks)::value, decltype(kst)::value,
+                                          kReload>(a, plan.threads, stream);
+              });
+            });
+          } else {
+            launched = launch_fwd_tma<T, kVecs, 4, true, kReload>(a, plan.threads, stream);
+          }
+        }
+      });
+    });
+  });
+  return launched;
+}
+
 }  // namespace
 
 AdaLNTuning& adaln_tuning() {
@@ -254,6 +324,7 @@ void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
   const AdaLNTuning& tune = adaln_tuning();
   // The pipelined kernel indexes rows with 32-bit arithmetic.
   if (aligned && tune.pipelined && a.rows < (std::int64_t{1} << 31)) {
+    if (try_fwd_tma(p, a, static_cast<int>(vec), cu_stream)) return;
     const VecPlan plan = choose_vec_plan(
         p.dim / vec, kFwdVecCandidates, static_cast<int>(std::size(kFwdVecCandidates)),
         [&](int k) { return fwd_pipe_max_threads(static_cast<int>(k * vec), 1); },

@@ -388,6 +388,7 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
       t.fwd_stages = stages;  // forward ring depths other than 3: two rows per thread
       t.bwd_stages = stages;
       t.fwd_rows = 2;
+      t.fwd_kernel = 1;  // the cp.async forward (plain calls default to the bulk-copy one)
       t.max_resident_blocks = grid;
       tunings.push_back(t);
     }
@@ -395,7 +396,31 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
   for (int grid : {0, 3}) {  // one row per forward thread (the default)
     AdaLNTuning t;
     t.fwd_rows = 1;
+    t.fwd_kernel = 1;
     t.max_resident_blocks = grid;
+    tunings.push_back(t);
+  }
+  // The bulk-copy forward: ring depths, bulk or per-thread stores, coefficients in registers or
+  // per row, L2 hints, with grids small enough that each block wraps its ring many times.
+  struct TmaCase {
+    int stages;
+    bool bulk_store;
+    int grid;
+    int coef_reload;
+    bool evict;
+  };
+  for (const TmaCase& c : {TmaCase{3, true, 1, -1, false}, TmaCase{4, true, 3, -1, false},
+                           TmaCase{6, true, 7, -1, false}, TmaCase{3, false, 3, -1, false},
+                           TmaCase{4, false, 1, 0, false}, TmaCase{6, false, 0, 1, false},
+                           TmaCase{4, true, 3, 0, false}, TmaCase{4, true, 7, 1, true},
+                           TmaCase{6, true, 0, 1, true}}) {
+    AdaLNTuning t;
+    t.fwd_kernel = 2;
+    t.fwd_tma_stages = c.stages;
+    t.fwd_bulk_store = c.bulk_store ? 1 : 0;
+    t.max_resident_blocks = c.grid;
+    t.fwd_coef_reload = c.coef_reload;
+    t.fwd_evict_first = c.evict;
     tunings.push_back(t);
   }
   AdaLNTuning base;
@@ -405,7 +430,11 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
     internal::adaln_tuning() = t;
     SCOPED_TRACE("stages " + std::to_string(t.fwd_stages) + " grid " +
                  std::to_string(t.max_resident_blocks) + " rows " + std::to_string(t.fwd_rows) +
-                 (t.pipelined ? "" : " base"));
+                 (t.pipelined ? "" : " base") + " kernel " + std::to_string(t.fwd_kernel) +
+                 " tma stages " + std::to_string(t.fwd_tma_stages) + " bulk store " +
+                 std::to_string(t.fwd_bulk_store) + " reload " +
+                 std::to_string(t.fwd_coef_reload) + " evict " +
+                 std::to_string(t.fwd_evict_first));
     for (DType dt : kDtypes) {
       Case plain;  // per sample, LN; D = 3072 takes several vectors per thread
       plain.dtype = dt;
@@ -421,6 +450,21 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
       tok.N = 37;
       tok.D = 256;
       run_case(tok);
+      Case tok2;  // per token, RMS, 2 vectors per bf16 thread (the bulk-copy kernel's variants)
+      tok2.dtype = dt;
+      tok2.norm = NormType::kRMSNorm;
+      tok2.per_token = true;
+      tok2.B = 2;
+      tok2.N = 21;
+      tok2.D = 2048;
+      run_case(tok2);
+      Case wide;  // per sample with affine, 5 vectors per bf16 thread
+      wide.dtype = dt;
+      wide.affine = true;
+      wide.B = 3;
+      wide.N = 17;
+      wide.D = 5120;
+      run_case(wide);
       Case full;  // gated + affine with fp32 modulation
       full.dtype = dt;
       full.mod_f32 = true;

@@ -35,6 +35,7 @@ struct FwdArgs {
   void* h = nullptr;
   float* mean = nullptr;
   float* rstd = nullptr;
+  bool evict_first = false;  // bulk-copy kernel: L2 evict-first hints on x loads and y stores
 };
 
 struct BwdArgs {

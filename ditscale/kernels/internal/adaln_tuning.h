@@ -18,6 +18,22 @@ struct AdaLNTuning {
   int fwd_rows = 0;
   // Threads per row the vector plans aim for (ties between equally padded plans).
   int fwd_target_tpr = 128;
+  // Forward kernel: 0 = automatic (the bulk-copy kernel of adaln_fwd_tma.cuh where the build has
+  // sm_90 code for the device and the call is plain (not gated, D >= 64 vectors), else the
+  // cp.async kernel), 1 = the cp.async kernel, 2 = same as 0.
+  int fwd_kernel = 0;
+  // Bulk-copy kernel: ring depth in rows (3, 4 or 6; other values than 4 and per-thread stores
+  // are instantiated for bf16 with 2, 3 or 5 vectors per thread only, others use 4 + bulk
+  // stores); y through bulk stores (1), per-thread 16-byte stores (0) or automatic (-1: bulk
+  // stores for rows above 4 KB; measured: 3 KB rows 1-2.5 points faster with per-thread stores,
+  // 6 and 10 KB rows 2-20 points faster with bulk stores); L2 evict-first hints (no measured
+  // gain); coefficients recomputed per row (1), kept in registers (0) or automatic (-1: per row
+  // only when a thread holds more than 40 elements; at 40, D = 5120 bf16, registers measured
+  // 91.6% of copy against 79.9% per row).
+  int fwd_tma_stages = 4;
+  int fwd_bulk_store = -1;
+  bool fwd_evict_first = false;
+  int fwd_coef_reload = -1;
   int bwd_target_tpr = 128;
   // Upper bound on resident blocks per SM used to size the persistent grids (0 = the occupancy
   // calculator's value).

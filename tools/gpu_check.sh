@@ -39,7 +39,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = adaln ]; then
   step pytest-adaln-gpu 600 $PY -m pytest -q -x tests/gpu/test_adaln_cuda.py
   if command -v compute-sanitizer >/dev/null; then
     step sanitizer-adaln 600 compute-sanitizer --tool memcheck --error-exitcode 1 \
-         build-gpu/tests/gpu/adaln_gpu_test --gtest_filter='*Small*:*Determin*'
+         build-gpu/tests/gpu/adaln_gpu_test --gtest_filter='*PlainPerSample*:*Strided*'
   fi
   step bench-adaln 600 $PY bench/adaln/bench_adaln.py --warm-cache 18 --out "$OUT/adaln-h200.md"
   [ -x build-gpu/bench/adaln_kernel_bench ] && step bench-adaln-kernel 300 build-gpu/bench/adaln_kernel_bench

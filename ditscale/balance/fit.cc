@@ -223,8 +223,9 @@ double PowerSse(const BenchTable& t, double a, double b, double p) {
   return sse;
 }
 
-// Levenberg-Marquardt on (a, beta = log b, p) with a >= 0 kept by rejecting steps.
-void PolishPower(const BenchTable& t, double* a, double* b, double* p) {
+// Levenberg-Marquardt on (a, beta = log b, p) with a >= 0 and p in [p_lo, p_hi] kept by
+// rejecting steps (noisy benches otherwise let p run away where b*S^p is nearly flat).
+void PolishPower(const BenchTable& t, double p_lo, double p_hi, double* a, double* b, double* p) {
   if (*b <= 0) return;
   double beta = std::log(*b);
   double sse = PowerSse(t, *a, *b, *p);
@@ -251,7 +252,7 @@ void PolishPower(const BenchTable& t, double* a, double* b, double* p) {
       continue;
     }
     const double na = *a + delta[0], nbeta = beta + delta[1], np = *p + delta[2];
-    const double nsse = (na >= 0 && np > 0) ? PowerSse(t, na, std::exp(nbeta), np)
+    const double nsse = (na >= 0 && np >= p_lo && np <= p_hi) ? PowerSse(t, na, std::exp(nbeta), np)
                                             : std::numeric_limits<double>::infinity();
     if (nsse < sse) {
       const bool converged = sse - nsse < 1e-15 * std::max(sse, 1e-300);
@@ -386,7 +387,7 @@ Result<ModelFit> FitPowerModel(const BenchTable& t) {
     at = SolvePowerAt(t, p);
   }
   double a = at.a, b = at.b;
-  PolishPower(t, &a, &b, &p);
+  PolishPower(t, kLo, kHi, &a, &b, &p);
   ModelFit fit;
   fit.model.kind = CostModel::Kind::kPower;
   fit.model.a = a;

@@ -66,6 +66,23 @@ TEST(Fit, RecoversPowerModelFromNoisyData) {
   }
 }
 
+TEST(Fit, ExponentStaysInItsSearchRangeOnNoisyFlatBenches) {
+  // Overhead-dominated benches with heavy noise: b*S^p is nearly flat, and an unconstrained
+  // Levenberg-Marquardt polish used to carry p far outside [0.5, 3.5] (p = 26 was seen).
+  std::mt19937_64 rng(std::random_device{}());
+  for (int trial = 0; trial < 20; ++trial) {
+    auto csv = MakeBench([&](int64_t B, int64_t S) { return 0.5 + 1e-12 * B * S; }, rng, 0.3,
+                         false);
+    auto table = ParseBenchCsv(csv, "bench.csv");
+    ASSERT_TRUE(table.ok()) << table.failure().ToString();
+    auto fit = FitBench(*table);
+    ASSERT_TRUE(fit.ok()) << fit.failure().ToString();
+    EXPECT_GE(fit->power.model.p, 0.5) << "trial " << trial;
+    EXPECT_LE(fit->power.model.p, 3.5) << "trial " << trial;
+    EXPECT_GE(fit->power.model.a, 0.0);
+  }
+}
+
 TEST(Fit, NoiselessPowerIsExact) {
   std::mt19937_64 rng(1);
   auto csv = MakeBench([](int64_t B, int64_t S) { return 0.1 + 3e-8 * B * std::pow(S, 1.37); },

@@ -1,0 +1,281 @@
+"""Shape benchmark: time full FSDP2 training steps of the Wan DiT over a grid of (B, S).
+
+    torchrun --nproc-per-node 2 -m ditscale.shape_bench --model wan2.1-1.3b --num-layers 8 \\
+        --out bench.csv
+    python -m ditscale.shape_bench --model tiny --device cpu --shapes 1x64x64,5x64x64 ...
+    ditscale fit bench.csv --out cost.json
+
+Every rank trains B samples of one shape (F frames of H x W pixels, S tokens) per step; a step is
+exactly the training step of ``examples/train_dit.py`` (``ditscale.models.training.StepRunner``:
+all-gather, forward + backward, timed barrier, gradient reduce-scatter, AdamW). For each (B, S):
+``--warmup`` untimed steps, then ``--steps`` timed ones; step_time_s is the mean (max over ranks)
+and peak_mem_bytes ``torch.cuda.max_memory_allocated`` (max over ranks, empty on CPU).
+
+Grid: shapes from ``--shapes`` (``FxHxW`` list), from a manifest's training shapes
+(``--manifest``, up to ``--max-shapes`` spread over the S range) or a default list of Wan 2.1
+shapes (images to 81-frame 720p); per shape, powers of two B with B*S <= --max-tokens, at most
+``--points-per-shape`` of them (geometrically spread, B = 1 and the largest always kept).
+
+Out of memory: the ranks agree on it (all_reduce of a flag inside the step), the step is
+abandoned, the model is rebuilt, and the point is written as a comment line
+``# infeasible,B,S,F,H,W,out-of-memory`` (``ditscale fit`` skips '#' lines); the larger B of that
+shape are skipped, and when B = 1 fails the larger shapes too.
+
+The CSV: '#' comment lines (set-up), then the header ``batch_size,seq_len,step_time_s,
+peak_mem_bytes`` plus extra columns that ``ditscale fit`` ignores (frames, height, width, ...).
+Rows are written (rank 0) and flushed as they are measured, so an interrupted sweep keeps its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .models.training import (
+    StepRunner,
+    SyntheticData,
+    build_model,
+    init_distributed,
+    peak_memory_bytes,
+    release_memory,
+    reset_peak_memory,
+)
+from .models.wan_dit import latent_shape, make_config, seq_len_of
+
+# (frames, height, width): images to 81-frame 720p, S = 256 ... 75600 tokens.
+DEFAULT_SHAPES = [
+    (1, 256, 256), (1, 480, 832), (1, 720, 1280), (17, 480, 832), (33, 480, 832),
+    (17, 720, 1280), (49, 480, 832), (33, 720, 1280), (81, 480, 832), (49, 720, 1280),
+    (81, 720, 1280),
+]
+CSV_COLUMNS = [
+    "batch_size", "seq_len", "step_time_s", "peak_mem_bytes", "frames", "height", "width",
+    "world_size", "step_time_std_s", "compute_s", "sync_s", "optim_s", "tokens_per_s",
+]
+
+
+def parse_shapes(text: str) -> List[Tuple[int, int, int]]:
+    """'17x480x832,1x256x256' -> [(17, 480, 832), (1, 256, 256)], validated."""
+    out = []
+    for i, item in enumerate(t for t in text.split(",") if t.strip()):
+        parts = item.strip().lower().split("x")
+        try:
+            f, h, w = (int(p) for p in parts)
+            latent_shape(f, h, w)
+        except ValueError as e:
+            raise SystemExit(f"--shapes item {i + 1} {item!r}: expected FxHxW with F = 4k+1 and "
+                             f"H, W multiples of 16 ({e})")
+        out.append((f, h, w))
+    if not out:
+        raise SystemExit("--shapes: no shape given")
+    return out
+
+
+def manifest_shapes(path: str, shape_model: str, max_shapes: int) -> List[Tuple[int, int, int]]:
+    """Distinct training shapes of a manifest's samples, at most max_shapes spread over S."""
+    import numpy as np
+
+    import ditscale
+
+    m = ditscale.read_manifest(path, skip_bad_rows=True)
+    raw = np.stack([m.num_frames, m.height, m.width, m.fps.astype(np.float64)], axis=1)
+    shapes = set()
+    for f, h, w, fps in np.unique(raw, axis=0):
+        t = ditscale.train_shape(int(f), int(h), int(w), float(fps), shape_model)
+        shapes.add((t["frames"], t["height"], t["width"]))
+    ordered = sorted(shapes, key=lambda s: (seq_len_of(*s), s))
+    if len(ordered) <= max_shapes:
+        return ordered
+    idx = sorted({round(i * (len(ordered) - 1) / (max_shapes - 1)) for i in range(max_shapes)})
+    return [ordered[i] for i in idx]
+
+
+def batch_grid(seq_len: int, max_tokens: int, points: int, max_batch: int) -> List[int]:
+    """Powers of two B <= max_batch with B * S <= max_tokens, thinned to `points` (B = 1 and the
+    largest kept, the rest geometrically spread)."""
+    cands = [1 << k for k in range(0, 31) if (1 << k) * seq_len <= max_tokens
+             and (1 << k) <= max_batch]
+    if not cands:
+        return [1]  # one sample over the token cap: still measure B = 1 (it may OOM)
+    if len(cands) <= points:
+        return cands
+    if points <= 1:
+        return [cands[-1]]
+    idx = sorted({round(i * (len(cands) - 1) / (points - 1)) for i in range(points)})
+    return [cands[i] for i in idx]
+
+
+def _fmt_s(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _agree_max(value: float, device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def main(argv: Sequence[str] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ditscale.shape_bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="wan2.1-1.3b", help="DiT config (wan2.1-1.3b, wan2.1-14b, "
+                    "tiny)")
+    ap.add_argument("--num-layers", type=int, default=None, help="override the block count")
+    ap.add_argument("--shapes", default=None, help="FxHxW list, e.g. 1x256x256,17x480x832")
+    ap.add_argument("--manifest", default=None, help="take the shapes from this manifest")
+    ap.add_argument("--shape-model", default="wan2.1-1.3b",
+                    help="ditscale model preset or JSON model file mapping manifest rows to shapes")
+    ap.add_argument("--max-shapes", type=int, default=8)
+    ap.add_argument("--max-seq-len", type=int, default=None, help="drop shapes with more tokens")
+    ap.add_argument("--max-tokens", type=int, default=131072, help="cap on B*S per rank")
+    ap.add_argument("--max-batch", type=int, default=1024)
+    ap.add_argument("--points-per-shape", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--out", default="bench.csv")
+    ap.add_argument("--no-fused-adaln", action="store_true")
+    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--dtype", default=None, choices=["bf16", "fp32"],
+                    help="compute dtype (default bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pg-timeout-s", type=float, default=60.0)
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="stop starting new points after this many seconds")
+    ap.add_argument("--fail-above-tokens", type=int, default=None,
+                    help="testing: treat micro-batches of more tokens as out of memory")
+    args = ap.parse_args(argv)
+
+    env = init_distributed(args.device, args.pg_timeout_s)
+    dev, is0 = env.device, env.rank == 0
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
+        args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
+    cfg = make_config(args.model, args.num_layers)
+    fused = not args.no_fused_adaln
+    if fused:
+        from . import ops
+
+        if not ops.is_available():
+            raise SystemExit(f"fused AdaLN requested but {ops.load_error()}; "
+                             "pass --no-fused-adaln")
+    if args.shapes:
+        shapes = parse_shapes(args.shapes)
+    elif args.manifest:
+        shapes = manifest_shapes(args.manifest, args.shape_model, args.max_shapes)
+    else:
+        shapes = list(DEFAULT_SHAPES)
+    if args.max_seq_len:
+        shapes = [s for s in shapes if seq_len_of(*s) <= args.max_seq_len]
+    shapes.sort(key=lambda s: (seq_len_of(*s), s))
+    # Passes over the shapes (S ascending), one B per shape per pass (B ascending across
+    # passes): every shape gets its B = 1 point before any shape gets a second one, so a time
+    # budget still leaves a grid that spans the S range.
+    grids = [batch_grid(seq_len_of(*s), args.max_tokens, args.points_per_shape, args.max_batch)
+             for s in shapes]
+    plan = [(s, g[p]) for p in range(max(map(len, grids), default=0))
+            for s, g in zip(shapes, grids) if p < len(g)]
+    if not plan:
+        raise SystemExit("nothing to measure (check --shapes / --max-seq-len)")
+
+    def log(msg: str) -> None:
+        if is0:
+            print(msg, flush=True)
+
+    log(f"shape_bench: {cfg.name} ({cfg.num_layers} layers, dim {cfg.dim}), world size "
+        f"{env.world_size}, {dev.type}, {dtype}, fused AdaLN {'on' if fused else 'off'}; "
+        f"{len(shapes)} shapes, {len(plan)} points -> {args.out}")
+    out = open(args.out, "w") if is0 else None
+    if out:
+        out.write(f"# ditscale shape benchmark: model {cfg.name} layers {cfg.num_layers} dim "
+                  f"{cfg.dim} heads {cfg.num_heads} ffn {cfg.ffn_dim}\n")
+        out.write(f"# world_size {env.world_size} device {dev.type} "
+                  f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'} dtype "
+                  f"{dtype} fused_adaln {int(fused)} warmup {args.warmup} steps {args.steps}\n")
+        out.write(",".join(CSV_COLUMNS) + "\n")
+        out.flush()
+
+    data = SyntheticData(cfg, dev, dtype, seed=args.seed)
+
+    def fresh():
+        model, opt = build_model(cfg, dev, fused_adaln=fused, dtype=dtype, seed=args.seed)
+        return model, opt, StepRunner(model, opt, dev)
+
+    model, opt, runner = fresh()
+    t_start = time.perf_counter()
+    failed_b1_at = None  # a B = 1 OOM: every larger shape is infeasible too
+    failed_shapes = set()  # shapes with an OOM: their larger B are skipped
+    done = measured = infeasible = 0
+    for (f, h, w), b in plan:
+        s = seq_len_of(f, h, w)
+        done += 1
+        if (f, h, w) in failed_shapes or (failed_b1_at is not None and s >= failed_b1_at):
+            if out:
+                out.write(f"# infeasible,{b},{s},{f},{h},{w},skipped after a smaller OOM\n")
+            infeasible += 1
+            continue
+        elapsed = _agree_max(time.perf_counter() - t_start, dev)
+        if args.time_budget_s is not None and elapsed > args.time_budget_s:
+            log(f"time budget {args.time_budget_s:.0f} s reached; stopping before point {done}")
+            break
+        mb = data.for_pixels(list(range(b)), f, h, w)
+        reset_peak_memory(dev)
+        times, comps, syncs, optims = [], [], [], []
+        oom = False
+        for i in range(args.warmup + args.steps):
+            st = runner.step([mb], 1.0 / b, fail_above_tokens=args.fail_above_tokens)
+            if st.oom:
+                oom = True
+                break
+            if i >= args.warmup:
+                times.append(st.step_s), comps.append(st.compute_s)
+                syncs.append(st.sync_s), optims.append(st.optim_s)
+        del mb
+        if oom:
+            infeasible += 1
+            del runner, model, opt
+            release_memory(dev)
+            model, opt, runner = fresh()
+            if out:
+                out.write(f"# infeasible,{b},{s},{f},{h},{w},out-of-memory\n")
+                out.flush()
+            if b == 1:
+                failed_b1_at = s
+            failed_shapes.add((f, h, w))
+            line = f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}) out of memory: infeasible"
+        else:
+            measured += 1
+            mean = sum(times) / len(times)
+            std = math.sqrt(sum((x - mean) ** 2 for x in times) / len(times))
+            step = _agree_max(mean, dev)
+            peak = _agree_max(float(peak_memory_bytes(dev)), dev)
+            comp, sync, optim = (sum(v) / len(v) for v in (comps, syncs, optims))
+            if out:
+                peak_field = str(int(peak)) if peak > 0 else ""
+                out.write(f"{b},{s},{step:.6g},{peak_field},{f},{h},{w},{env.world_size},"
+                          f"{std:.3g},{comp:.6g},{sync:.6g},{optim:.6g},"
+                          f"{b * s * env.world_size / step:.6g}\n")
+                out.flush()
+            mem = f", peak {peak / 2**30:.1f} GiB" if peak > 0 else ""
+            line = (f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}) step {step:.4f} s "
+                    f"(+-{100 * std / mean:.1f}%){mem}, {b * s / step:,.0f} tok/s/rank")
+        el = time.perf_counter() - t_start
+        eta = el / done * (len(plan) - done)
+        log(f"[{done:>3d}/{len(plan)}] {line} | {_fmt_s(el)} elapsed, ETA {_fmt_s(eta)}")
+    if out:
+        out.write(f"# done: {measured} measured, {infeasible} infeasible, "
+                  f"{time.perf_counter() - t_start:.1f} s\n")
+        out.close()
+    log(f"wrote {args.out}: {measured} points measured, {infeasible} infeasible")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

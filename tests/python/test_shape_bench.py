@@ -1,0 +1,124 @@
+"""python -m ditscale.shape_bench on CPU (tiny model): the grid, the CSV that `ditscale fit` reads,
+and the out-of-memory path."""
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ditscale import shape_bench  # noqa: E402
+from ditscale.models.wan_dit import seq_len_of  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_parse_shapes():
+    assert shape_bench.parse_shapes("1x256x256, 17X480x832") == [(1, 256, 256), (17, 480, 832)]
+    for bad in ["2x64x64", "1x64", "1x65x64", "axbxc", ""]:
+        with pytest.raises(SystemExit):
+            shape_bench.parse_shapes(bad)
+
+
+def test_batch_grid():
+    assert shape_bench.batch_grid(1000, 16000, 10, 1024) == [1, 2, 4, 8, 16]
+    g = shape_bench.batch_grid(256, 131072, 3, 1024)
+    assert g[0] == 1 and g[-1] == 512 and len(g) == 3
+    assert all(b * 256 <= 131072 for b in g)
+    assert shape_bench.batch_grid(256, 131072, 4, 8) == [1, 2, 4, 8]
+    assert shape_bench.batch_grid(100000, 1000, 3, 1024) == [1]  # over the cap: still B = 1
+    assert all(b * 75600 <= 131072 for b in shape_bench.batch_grid(75600, 131072, 3, 1024))
+
+
+def test_default_shapes_are_sorted_wan_shapes():
+    s = [seq_len_of(*x) for x in shape_bench.DEFAULT_SHAPES]
+    assert s == sorted(s) and s[0] == 256 and s[-1] == 75600
+
+
+def read_bench(path):
+    """The reader rules of ditscale/balance/fit.cc: '#' and blank lines skipped, a header naming
+    batch_size, seq_len, step_time_s (+ optional peak_mem_bytes), every row with all fields."""
+    lines = [ln for ln in Path(path).read_text().splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    rows = list(csv.reader(lines))
+    header, data = rows[0], rows[1:]
+    for col in ("batch_size", "seq_len", "step_time_s", "peak_mem_bytes"):
+        assert col in header
+    out = []
+    for r in data:
+        assert len(r) == len(header)
+        d = dict(zip(header, r))
+        assert int(d["batch_size"]) >= 1 and int(d["seq_len"]) >= 1
+        assert float(d["step_time_s"]) > 0
+        assert d["peak_mem_bytes"] == "" or float(d["peak_mem_bytes"]) > 0
+        out.append(d)
+    return out
+
+
+def run_bench(tmp_path, *extra):
+    out = tmp_path / "bench.csv"
+    cmd = [sys.executable, "-m", "ditscale.shape_bench", "--model", "tiny", "--num-layers", "1",
+           "--device", "cpu", "--no-fused-adaln", "--warmup", "1", "--steps", "1",
+           "--out", str(out), *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out, r.stdout
+
+
+def find_cli():
+    """A ditscale CLI binary that has the `fit` command, or None."""
+    cands = [os.environ.get("DITSCALE_CLI"), shutil.which("ditscale")]
+    cands += [str(p) for p in sorted(REPO.glob("build*/tools/ditscale"),
+                                      key=lambda p: p.stat().st_mtime, reverse=True)]
+    for c in cands:
+        if c and subprocess.run([c, "fit", "--help"], capture_output=True).returncode == 0:
+            return c
+    return None
+
+
+def test_sweep_csv_oom_and_ditscale_fit(tmp_path):
+    out, stdout = run_bench(tmp_path, "--shapes", "1x64x64,5x64x64,9x64x64,9x128x128",
+                            "--max-tokens", "256", "--points-per-shape", "3",
+                            "--fail-above-tokens", "130")
+    rows = read_bench(out)
+    got = sorted((int(r["seq_len"]), int(r["batch_size"])) for r in rows)
+    got = [(b, s) for s, b in got]
+    # Passes: every shape's B = 1 first (S ascending), then the second B of each shape, ...
+    assert [int(r["batch_size"]) for r in rows[:3]] == [1, 1, 1]
+    # S = 16: B in {1, 4, 16}, 16*16 > 130 fails; S = 32: {1, 4, 8}, 8 fails; S = 48: {1, 2, 4},
+    # 4 fails; S = 192: B = 1 fails.
+    assert got == [(1, 16), (4, 16), (1, 32), (4, 32), (1, 48), (2, 48)]
+    text = out.read_text()
+    for b, s, f, h, w in [(16, 16, 1, 64, 64), (8, 32, 5, 64, 64), (4, 48, 9, 64, 64),
+                          (1, 192, 9, 128, 128)]:
+        assert f"# infeasible,{b},{s},{f},{h},{w},out-of-memory" in text
+    for r in rows:
+        assert int(r["world_size"]) == 1 and r["peak_mem_bytes"] == ""  # CPU: not measured
+        assert float(r["compute_s"]) > 0 and float(r["tokens_per_s"]) > 0
+        assert int(r["seq_len"]) == seq_len_of(int(r["frames"]), int(r["height"]),
+                                               int(r["width"]))
+    assert "[ 10/10]" in stdout and "ETA" in stdout and "out of memory" in stdout
+    cli = find_cli()
+    if cli is None:
+        pytest.skip("no ditscale CLI binary with `fit` to read the CSV")
+    r = subprocess.run([cli, "fit", str(out), "--json"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert '"rows": 6' in r.stdout
+
+
+def test_manifest_shapes(tmp_path):
+    model = tmp_path / "m.json"
+    model.write_text('{"base": "wan2.1-1.3b", "max_frames": 9, "buckets": [[64, 64], [64, 128]]}')
+    man = tmp_path / "m.csv"
+    man.write_text("path,num_frames,height,width,fps\na,1,64,64,\nb,9,64,128,16\nc,33,64,64,16\n"
+                   "d,1,60,64,\n")
+    shapes = shape_bench.manifest_shapes(str(man), str(model), 8)
+    assert shapes == [(1, 64, 64), (9, 64, 64), (9, 64, 128)]
+    assert shape_bench.manifest_shapes(str(man), str(model), 2) == [(1, 64, 64), (9, 64, 128)]

@@ -2,10 +2,12 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ditscale/balance/cost_model.h"
@@ -35,8 +37,15 @@ struct PlanArgs {
   bool overhead_per_mb = false, quiet = false;
 };
 
-// Process CPU seconds (the command is single-threaded): robust to a loaded machine.
+// Process CPU seconds (all threads): robust to a loaded machine.
 double CpuSeconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+
+// CPU seconds of the calling thread (the policies of --compare run on two threads).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -222,33 +231,60 @@ void RunPlan(const PlanArgs& a) {
     mcomp_s = Seconds(t0);
   }
   std::vector<PolicyRun> runs(policies.size());
+  auto run_policy = [&](size_t i) {
+    PlanOptions opt = po;
+    opt.policy = policies[i];
+    auto t = std::chrono::steady_clock::now();
+    const double c0 = ThreadCpuSeconds();
+    runs[i].plan = Unwrap(MakePlan(shaped, cost, opt));
+    runs[i].plan_s = Seconds(t);
+    runs[i].plan_cpu_s = ThreadCpuSeconds() - c0;
+    t = std::chrono::steady_clock::now();
+    runs[i].sim = Simulate(runs[i].plan, shaped, cost, so);
+    runs[i].sim_s = Seconds(t);
+    const bool keep_plan =
+        policies[i] == main_policy && (!a.emit_batches.empty() || !a.out.empty());
+    if (!keep_plan) {
+      Plan light;  // keep the summary fields, free the big arrays
+      light.policy = runs[i].plan.policy;
+      light.m_comp = runs[i].plan.m_comp;
+      light.p = runs[i].plan.p;
+      light.m_mem_tokens = runs[i].plan.m_mem_tokens;
+      light.rank_budget_s = runs[i].plan.rank_budget_s;
+      light.samples_over_m_mem = runs[i].plan.samples_over_m_mem;
+      light.batch_size_of_shape = runs[i].plan.batch_size_of_shape;
+      runs[i].plan = std::move(light);
+    }
+  };
   {
     Progress bar("plan", static_cast<int64_t>(policies.size()), progress);
-    for (size_t i = 0; i < policies.size(); ++i) {
-      po.policy = policies[i];
-      t0 = std::chrono::steady_clock::now();
-      const double c0 = CpuSeconds();
-      runs[i].plan = Unwrap(MakePlan(shaped, cost, po));
-      runs[i].plan_s = Seconds(t0);
-      runs[i].plan_cpu_s = CpuSeconds() - c0;
-      t0 = std::chrono::steady_clock::now();
-      runs[i].sim = Simulate(runs[i].plan, shaped, cost, so);
-      runs[i].sim_s = Seconds(t0);
-      const bool keep_plan =
-          policies[i] == main_policy && (!a.emit_batches.empty() || !a.out.empty());
-      if (!keep_plan) {
-        Plan light;  // keep the summary fields, free the big arrays
-        light.policy = runs[i].plan.policy;
-        light.m_comp = runs[i].plan.m_comp;
-        light.p = runs[i].plan.p;
-        light.m_mem_tokens = runs[i].plan.m_mem_tokens;
-        light.rank_budget_s = runs[i].plan.rank_budget_s;
-        light.samples_over_m_mem = runs[i].plan.samples_over_m_mem;
-        light.batch_size_of_shape = runs[i].plan.batch_size_of_shape;
-        runs[i].plan = std::move(light);
-      }
-      bar.Update(static_cast<int64_t>(i) + 1);
+    // The policies are independent: with --compare the last one (balanced, the slowest) runs on
+    // a second thread while this one runs the others. Plans are deterministic either way.
+    std::exception_ptr worker_error;
+    std::thread worker;
+    size_t local = policies.size();
+    if (policies.size() > 1 && std::thread::hardware_concurrency() >= 2) {
+      local = policies.size() - 1;
+      worker = std::thread([&] {
+        try {
+          run_policy(policies.size() - 1);
+        } catch (...) {
+          worker_error = std::current_exception();
+        }
+      });
     }
+    try {
+      for (size_t i = 0; i < local; ++i) {
+        run_policy(i);
+        bar.Update(static_cast<int64_t>(i) + 1);
+      }
+    } catch (...) {
+      if (worker.joinable()) worker.join();
+      throw;
+    }
+    if (worker.joinable()) worker.join();
+    if (worker_error) std::rethrow_exception(worker_error);
+    bar.Update(static_cast<int64_t>(policies.size()));
   }
   std::vector<BudgetSweepRow> sweep;
   if (a.budget_sweep) {
@@ -256,13 +292,16 @@ void RunPlan(const PlanArgs& a) {
     bo.policy = Policy::kBalanced;
     bo.rank_budget_s = 0;
     const double base = DefaultRankBudget(shaped, cost, bo.m_comp, PlanExponent(shaped, cost));
-    const double mult[] = {0.5, 0.75, 1, 1.5, 2, 3, 4, 8};
+    // The default budget is already at least one most expensive sample (smaller budgets are
+    // raised to it), so the sweep starts there; budgets that end up equal are shown once.
+    const double mult[] = {1, 1.5, 2, 3, 4, 6, 8, 16};
     SimOptions quick = so;
     quick.keep_rank_costs = false;
     Progress bar("budget sweep", 8, progress);
     for (int i = 0; i < 8; ++i) {
       bo.rank_budget_s = base * mult[i];
       const Plan plan = Unwrap(MakePlan(shaped, cost, bo));
+      if (!sweep.empty() && plan.rank_budget_s == sweep.back().budget_s) continue;
       const SimResult s = Simulate(plan, shaped, cost, quick);
       sweep.push_back({plan.rank_budget_s, s.compute_cv, s.epoch_time_s, s.lower_bound_s,
                        s.num_steps, s.mean_samples_per_step, s.tokens_per_s_per_gpu});
@@ -413,7 +452,7 @@ void RegisterPlanCommand(CLI::App& app) {
   sub->add_option("--seed", a->seed, "Shuffle seed")->capture_default_str();
   sub->add_option("--epoch", a->epoch, "Epoch")->capture_default_str();
   sub->add_option("--budget", a->budget, "Balanced per-rank budget per step, s (0: default)");
-  sub->add_flag("--budget-sweep", a->budget_sweep, "Sweep the balanced budget (0.5x..8x)");
+  sub->add_flag("--budget-sweep", a->budget_sweep, "Sweep the balanced per-rank budget (1x..16x the default)");
   sub->add_option("--noise", a->noise, "Lognormal sigma of simulated per-micro-batch noise");
   sub->add_flag("--overhead-per-micro-batch", a->overhead_per_mb,
                 "Charge the fixed step overhead per micro-batch (conservative)");

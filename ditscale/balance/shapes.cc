@@ -374,6 +374,61 @@ class ShapeTable {
   std::vector<int32_t> slots_;
 };
 
+// Memo of raw shape (num_frames, height, width, fps bits) -> shape index: a corpus has few
+// distinct raw shapes, so MapSample (logs, the bucket search) runs once per distinct one.
+class RawShapeMemo {
+ public:
+  RawShapeMemo() : keys_(kInitial), values_(kInitial, -1) {}
+  // The index for s, computing and remembering it with make(s) when new.
+  template <typename Make>
+  int32_t Get(const RawSample& s, Make&& make) {
+    const Key k = KeyOf(s);
+    size_t i = Hash(k) & (values_.size() - 1);
+    while (values_[i] >= 0) {
+      if (keys_[i] == k) return values_[i];
+      i = (i + 1) & (values_.size() - 1);
+    }
+    const int32_t v = make(s);
+    keys_[i] = k;
+    values_[i] = v;
+    if (++size_ * 2 > values_.size()) Grow();
+    return v;
+  }
+
+ private:
+  struct Key {
+    uint64_t a = 0, b = 0;  // (frames, height), (width, fps bits)
+    bool operator==(const Key&) const = default;
+  };
+  static constexpr size_t kInitial = 1024;
+  static Key KeyOf(const RawSample& s) {
+    uint32_t fps_bits;
+    std::memcpy(&fps_bits, &s.fps, sizeof(fps_bits));
+    return {uint64_t{static_cast<uint32_t>(s.num_frames)} << 32 | static_cast<uint32_t>(s.height),
+            uint64_t{static_cast<uint32_t>(s.width)} << 32 | fps_bits};
+  }
+  static size_t Hash(const Key& k) {
+    uint64_t x = (k.a ^ (k.b * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+    return static_cast<size_t>(x ^ (x >> 29));
+  }
+  void Grow() {
+    std::vector<Key> keys(keys_.size() * 2);
+    std::vector<int32_t> values(values_.size() * 2, -1);
+    for (size_t j = 0; j < values_.size(); ++j) {
+      if (values_[j] < 0) continue;
+      size_t i = Hash(keys_[j]) & (values.size() - 1);
+      while (values[i] >= 0) i = (i + 1) & (values.size() - 1);
+      keys[i] = keys_[j];
+      values[i] = values_[j];
+    }
+    keys_.swap(keys);
+    values_.swap(values);
+  }
+  std::vector<Key> keys_;
+  std::vector<int32_t> values_;
+  size_t size_ = 0;
+};
+
 }  // namespace
 
 TrainShape ToTrainShape(const RawSample& s, const ModelPreset& model) {
@@ -387,8 +442,14 @@ ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model)
   ShapedManifest out;
   out.shape_of.resize(manifest.samples.size());
   out.ids = manifest.ids;
+  // Equal raw samples (same frames, size and fps bits) map to equal shapes: memoised. -0.0 and
+  // 0.0 fps differ in bits and are simply two entries.
+  RawShapeMemo memo;
+  auto make = [&](const RawSample& s) {
+    return table.Find(MapSample(s, model, chooser), &shapes);
+  };
   for (size_t i = 0; i < manifest.samples.size(); ++i) {
-    out.shape_of[i] = table.Find(MapSample(manifest.samples[i], model, chooser), &shapes);
+    out.shape_of[i] = memo.Get(manifest.samples[i], make);
   }
   // Deterministic order: sort by (seq_len, frames, height, width) and remap.
   std::vector<int32_t> order(shapes.size());

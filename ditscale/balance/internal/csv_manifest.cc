@@ -1,0 +1,341 @@
+// CSV manifest parsing: a hand-written scanner over the text (field views point into it, no
+// allocation per field), SSE2 searches for the bytes that end a field, and a two-thread split
+// for large files (see csv_manifest.h).
+#include "ditscale/balance/internal/csv_manifest.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "ditscale/balance/internal/manifest_rows.h"
+
+namespace ditscale::balance::internal {
+namespace {
+
+// First position in [p, end) holding a or b; end when none.
+inline const char* FindEither(const char* p, const char* end, char a, char b) {
+#if defined(__SSE2__)
+  const __m128i va = _mm_set1_epi8(a), vb = _mm_set1_epi8(b);
+  for (; end - p >= 16; p += 16) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const int m = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(x, va), _mm_cmpeq_epi8(x, vb)));
+    if (m != 0) return p + __builtin_ctz(static_cast<unsigned>(m));
+  }
+#endif
+  while (p < end && *p != a && *p != b) ++p;
+  return p;
+}
+
+// First position in [p, end) holding ',', '\n' or '\r' (the end of an unquoted field).
+inline const char* FindFieldEnd(const char* p, const char* end) {
+#if defined(__SSE2__)
+  const __m128i vc = _mm_set1_epi8(','), vn = _mm_set1_epi8('\n'), vr = _mm_set1_epi8('\r');
+  for (; end - p >= 16; p += 16) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, vc), _mm_cmpeq_epi8(x, vn)),
+                                     _mm_cmpeq_epi8(x, vr));
+    const int m = _mm_movemask_epi8(hit);
+    if (m != 0) return p + __builtin_ctz(static_cast<unsigned>(m));
+  }
+#endif
+  while (p < end && *p != ',' && *p != '\n' && *p != '\r') ++p;
+  return p;
+}
+
+// Drops the pages of a private read-only file mapping once the parser is past them.
+class PageReleaser {
+ public:
+  PageReleaser(const char* base, const char* from, bool enabled)
+      : base_(base), page_(static_cast<size_t>(sysconf(_SC_PAGESIZE))), enabled_(enabled) {
+    done_ = base_ + (static_cast<size_t>(from - base_) / page_) * page_;
+  }
+  // Everything before p will not be read again by this parser.
+  void Upto(const char* p) {
+    if (!enabled_ || p - done_ < kStep) return;
+    const char* to = base_ + (static_cast<size_t>(p - base_) / page_) * page_;
+    madvise(const_cast<char*>(done_), static_cast<size_t>(to - done_), MADV_DONTNEED);
+    done_ = to;
+  }
+
+ private:
+  static constexpr ptrdiff_t kStep = ptrdiff_t{16} << 20;
+  const char* base_;
+  size_t page_;
+  bool enabled_;
+  const char* done_;
+};
+
+// Whether [p, end) holds an odd number of bytes equal to c.
+bool OddCount(const char* p, const char* end, char c, PageReleaser* rel) {
+  uint64_t parity = 0;
+#if defined(__SSE2__)
+  const __m128i vc = _mm_set1_epi8(c);
+  while (end - p >= 64) {
+    const char* block_end = p + std::min<ptrdiff_t>((end - p) & ~ptrdiff_t{63}, ptrdiff_t{1} << 20);
+    for (; p < block_end; p += 64) {
+      // XOR of the match masks: its bit count has the parity of the matches.
+      const auto* q = reinterpret_cast<const __m128i*>(p);
+      const __m128i x = _mm_xor_si128(
+          _mm_xor_si128(_mm_cmpeq_epi8(_mm_loadu_si128(q), vc),
+                        _mm_cmpeq_epi8(_mm_loadu_si128(q + 1), vc)),
+          _mm_xor_si128(_mm_cmpeq_epi8(_mm_loadu_si128(q + 2), vc),
+                        _mm_cmpeq_epi8(_mm_loadu_si128(q + 3), vc)));
+      parity ^= static_cast<unsigned>(_mm_movemask_epi8(x));
+    }
+    rel->Upto(p);
+  }
+#endif
+  parity = static_cast<uint64_t>(__builtin_parityll(parity));
+  return ((parity + static_cast<uint64_t>(std::count(p, end, c))) & 1) != 0;
+}
+
+class CsvScanner {
+ public:
+  CsvScanner(const char* p, const char* end, int64_t line) : p_(p), end_(end), line_(line) {}
+  const char* pos() const { return p_; }
+  int64_t line() const { return line_; }
+
+  // Skips blank lines; returns false at the end of the text.
+  bool SkipBlankLines() {
+    while (p_ < end_) {
+      if (*p_ == '\n') {
+        ++p_;
+        ++line_;
+      } else if (*p_ == '\r') {
+        ++p_;
+        if (p_ < end_ && *p_ == '\n') ++p_;
+        ++line_;
+      } else {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Scans one field starting at the cursor. On success, *out is the field text (for a quoted
+  // field: between the quotes, with doubled quotes left doubled) and *last is true when the
+  // field ended its record. On error returns false with *why set; the cursor is then left at
+  // the start of the next record (or the end of the text for an unterminated quote).
+  bool Field(std::string_view* out, bool* last, std::string* why) {
+    if (p_ < end_ && *p_ == '"') {
+      const char* start = ++p_;
+      while (true) {
+        const char* q = FindEither(p_, end_, '"', '\n');
+        if (q == end_) {
+          p_ = end_;
+          *why = "unterminated quoted field";
+          return false;
+        }
+        if (*q == '\n') {
+          ++line_;
+          p_ = q + 1;
+          continue;
+        }
+        if (q + 1 < end_ && q[1] == '"') {
+          p_ = q + 2;
+          continue;
+        }
+        *out = std::string_view(start, q - start);
+        p_ = q + 1;
+        break;
+      }
+      if (p_ < end_ && *p_ != ',' && *p_ != '\n' && *p_ != '\r') {
+        *why = "unexpected character after a closing quote";
+        SkipToRecordEnd();
+        return false;
+      }
+    } else {
+      const char* start = p_;
+      p_ = FindFieldEnd(p_, end_);
+      *out = std::string_view(start, p_ - start);
+    }
+    *last = EndField();
+    return true;
+  }
+
+ private:
+  // Consumes the delimiter after a field; true when it ended the record.
+  bool EndField() {
+    if (p_ >= end_) return true;
+    if (*p_ == ',') {
+      ++p_;
+      return false;
+    }
+    if (*p_ == '\r') {
+      ++p_;
+      if (p_ < end_ && *p_ == '\n') ++p_;
+    } else {
+      ++p_;  // '\n'
+    }
+    ++line_;
+    return true;
+  }
+  // Error recovery: skips to the next physical line end outside quotes.
+  void SkipToRecordEnd() {
+    bool quoted = false;
+    while (p_ < end_) {
+      const char c = *p_++;
+      if (c == '"') quoted = !quoted;
+      if (c == '\n') {
+        ++line_;
+        if (!quoted) return;
+      }
+    }
+  }
+
+  const char* p_;
+  const char* end_;
+  int64_t line_;
+};
+
+struct Header {
+  std::vector<std::string> columns;
+  std::vector<int8_t> slot_of;  // per column: required slot or -1
+};
+
+// Parses the data rows from the scanner's position into *sink until the text ends or a record
+// ends past `stop`. Returns false when a strict parse stopped at a bad row.
+bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
+               PageReleaser* rel) {
+  const size_t ncols = h.columns.size();
+  std::array<FieldRef, kNumRequired> fields;
+  std::string why;
+  while (sc.pos() <= stop && sc.SkipBlankLines()) {
+    rel->Upto(sc.pos());
+    const int64_t row_line = sc.line();
+    for (auto& f : fields) f.present = false;
+    size_t n = 0;
+    bool last = false;
+    bool broken = false;
+    while (!last) {
+      const int64_t field_line = sc.line();
+      std::string_view f;
+      if (!sc.Field(&f, &last, &why)) {
+        const std::string col = n < ncols ? h.columns[n] : "";
+        if (!sink->BadRow({field_line, col, why})) return false;
+        broken = true;
+        break;
+      }
+      if (n < ncols && h.slot_of[n] >= 0) {
+        fields[h.slot_of[n]] = FieldRef{f, field_line, true, false};
+      }
+      ++n;
+    }
+    if (broken) continue;
+    if (n != ncols) {
+      RowError err{row_line, n < ncols ? h.columns[n] : "",
+                   "wrong field count: the row has " + std::to_string(n) +
+                       " fields, the header has " + std::to_string(ncols)};
+      if (!sink->BadRow(std::move(err))) return false;
+      continue;
+    }
+    if (!sink->Row(fields, row_line)) return false;
+  }
+  return true;
+}
+
+// The first line end outside quotes at or after `from`, given whether `from` is inside a quoted
+// field; returns the position after it, or end.
+const char* NextRecordStart(const char* from, const char* end, bool in_quotes) {
+  for (const char* p = from;;) {
+    const char* q = FindEither(p, end, '"', '\n');
+    if (q == end) return end;
+    if (*q == '"') {
+      in_quotes = !in_quotes;
+    } else if (!in_quotes) {
+      return q + 1;
+    }
+    p = q + 1;
+  }
+}
+
+}  // namespace
+
+Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name,
+                                  const ManifestOptions& options, const CsvParseOptions& csv) {
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  const char* p = begin;
+  if (text.size() >= 3 && std::memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;  // UTF-8 BOM
+  CsvScanner sc(p, end, 1);
+  if (!sc.SkipBlankLines()) {
+    return Failure{"empty manifest: no header row", name, 1, ""};
+  }
+  // Header.
+  const int64_t header_line = sc.line();
+  Header h;
+  std::array<int, kNumRequired> column_of;
+  column_of.fill(-1);
+  std::string why;
+  for (bool last = false; !last;) {
+    std::string_view f;
+    if (!sc.Field(&f, &last, &why)) return Failure{"header: " + why, name, header_line, ""};
+    f = Trim(f);
+    h.columns.emplace_back(f);
+    int8_t slot = -1;
+    for (int r = 0; r < kNumRequired; ++r) {
+      if (f == kRequired[r]) {
+        if (column_of[r] >= 0) {
+          return Failure{"duplicate column in the header", name, header_line, h.columns.back()};
+        }
+        column_of[r] = static_cast<int>(h.columns.size()) - 1;
+        slot = static_cast<int8_t>(r);
+      }
+    }
+    h.slot_of.push_back(slot);
+  }
+  for (int r = 0; r < kNumRequired; ++r) {
+    if (column_of[r] < 0) {
+      return Failure{"header lacks required column (need path, num_frames, height, width, fps)",
+                     name, header_line, std::string(kRequired[r])};
+    }
+  }
+
+  const char* data = sc.pos();
+  const size_t data_bytes = static_cast<size_t>(end - data);
+  const bool parallel =
+      csv.force_parallel ||
+      (data_bytes >= csv.min_parallel_bytes && std::thread::hardware_concurrency() >= 2);
+  std::vector<RowSink> parts;
+  parts.emplace_back(options.skip_bad_rows, text.size() / 96 + 16);
+  PageReleaser rel(begin, data, csv.release_pages);
+  if (!parallel || data_bytes < 2) {
+    ParseRows(sc, h, end, &parts[0], &rel);
+    return Finish(&parts, name, options);
+  }
+
+  // Two parts: [data, b2) here, [b2, end) on a second thread, b2 being the first record start
+  // after the middle as far as quote parity tells.
+  const char* split = data + data_bytes / 2;
+  const char* b2 = end;
+  RowSink second(options.skip_bad_rows, static_cast<size_t>(end - split) / 96 + 16);
+  std::thread worker([&] {
+    PageReleaser count_rel(begin, data, csv.release_pages);
+    const bool in_quotes = OddCount(data, split, '"', &count_rel);
+    b2 = NextRecordStart(split, end, in_quotes);
+    CsvScanner sc2(b2, end, 0);
+    PageReleaser rel2(begin, b2, csv.release_pages);
+    ParseRows(sc2, h, end, &second, &rel2);
+  });
+  const bool ok = ParseRows(sc, h, split, &parts[0], &rel);
+  worker.join();
+  if (ok && sc.pos() != b2) {
+    // The guess was wrong (malformed quoting near the middle): continue sequentially.
+    ParseRows(sc, h, end, &parts[0], &rel);
+  } else if (ok) {
+    second.line_offset = sc.line();
+    parts.push_back(std::move(second));
+  }
+  return Finish(&parts, name, options);
+}
+
+}  // namespace ditscale::balance::internal

@@ -1,0 +1,37 @@
+// The CSV manifest reader (see manifest.h for the format and the error rules).
+//
+// Large files are parsed by two threads: the data rows are split in the middle; the second
+// thread counts the quotes before the split (their parity tells whether the split falls inside a
+// quoted field), starts at the first line end outside quotes after it, and parses from there
+// while the first thread parses up to that point. The second part is used only if the first
+// thread's parse, which is authoritative, ends exactly at that line end; otherwise (a quote
+// inside an unquoted field, an unterminated quote, a blank line or lone '\r' there) the first
+// thread simply continues. Results, ids, line numbers and error messages are therefore always
+// those of a single sequential pass.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "ditscale/balance/manifest.h"
+#include "ditscale/core/result.h"
+
+namespace ditscale::balance::internal {
+
+struct CsvParseOptions {
+  // Texts of at least this many bytes are parsed on two threads (when 2+ cores are available).
+  size_t min_parallel_bytes = size_t{32} << 20;
+  // Force two threads regardless of the core count (tests).
+  bool force_parallel = false;
+  // The text is a private read-only file mapping: pages already parsed are dropped from the
+  // process (madvise MADV_DONTNEED) so that peak RSS does not include the whole file.
+  bool release_pages = false;
+};
+
+// Parses CSV manifest text; `name` is used in error messages.
+Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name,
+                                  const ManifestOptions& options,
+                                  const CsvParseOptions& csv = {});
+
+}  // namespace ditscale::balance::internal

@@ -168,16 +168,16 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
   for (const auto& [name, c] : best) {
     if (name == w.config.strategy) continue;
     os << "\n  vs best " << name << " (" << c->Name() << ", " << Ms(c->sim.layer_s) << "): "
-       << Ratio(c->sim.layer_s / w.sim.layer_s) << " slower";
+       << name << " is " << Ratio(c->sim.layer_s / w.sim.layer_s) << " slower";
     double wb = double(w.max_inter_bytes_per_rank), cb = double(c->max_inter_bytes_per_rank);
     if (cb > 0 && wb > 0 && std::abs(cb / wb - 1) > 0.05) {
-      os << "; it moves " << Ratio(cb >= wb ? cb / wb : wb / cb)
+      os << "; moves " << Ratio(cb >= wb ? cb / wb : wb / cb)
          << (cb >= wb ? " more" : " fewer") << " bytes per rank over the inter-machine network ("
          << Bytes(cb) << " vs " << Bytes(wb) << ")";
     } else if (cb > 0 && wb == 0) {
-      os << "; it sends " << Bytes(cb) << " per rank across machines, the winner none";
+      os << "; sends " << Bytes(cb) << " per rank across machines, the winner none";
     }
-    os << "; it hides " << Pct(c->hidden_comm_fraction()) << " of its communication (exposed "
+    os << "; hides " << Pct(c->hidden_comm_fraction()) << " of its communication (exposed "
        << Ms(c->sim.mean_exposed_comm_s()) << " per rank)";
   }
   // The same configuration with the other transport, if enumerated.

@@ -10,11 +10,12 @@
 //   --variants  comma-separated, each `base` (the first kernels) or `pipe[F.B][.tN][.rR][.pT]`
 //               (the pipelined kernels: ring depths F and B (default 3.3), at most N resident
 //               blocks per SM, R forward rows per thread, forward target of T threads per row);
-//               default `base,pipe`. `tma[.sS][.g][.e][.cC][.pT][.tN]`: the bulk-copy
-//               forward (ring of S rows, .g per-thread stores instead of bulk stores, .b bulk
-//               stores at every row size, .e L2
-//               evict-first hints, .c0/.c1 coefficients in registers / reloaded per row);
+//               `tma[.sS][.rR][.g][.b][.e][.cC][.pT][.tN]`: the bulk-copy forward (ring of S
+//               groups of R consecutive rows (default: automatic), .g per-thread stores
+//               instead of bulk stores, .b bulk stores at every row size, .e L2 evict-first
+//               hints, .c0/.c1 coefficients in registers / reloaded per row);
 //               `pipe...` variants force the cp.async forward.
+//               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
 //   --fwd-only  skip the backward timings (columns show 0)
 #include <cuda_runtime.h>
 
@@ -105,6 +106,8 @@ Variant parse_variant(const std::string& spec) {
         v.tuning.fwd_bulk_store = 1;
       } else if (tma && c == 'e') {
         v.tuning.fwd_evict_first = true;
+      } else if (tma && c == 'r') {
+        v.tuning.fwd_tma_rows = std::atoi(tok.c_str() + 1);
       } else if (tma && c == 'c') {
         v.tuning.fwd_coef_reload = std::atoi(tok.c_str() + 1);
       } else if (c == 't') {
@@ -141,7 +144,7 @@ int main(int argc, char** argv) {
   using namespace ditscale::kernels;
   bool quick = false;
   bool fwd_only = false;
-  std::string variants = "base,pipe";
+  std::string variants = "tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
@@ -173,7 +176,7 @@ int main(int argc, char** argv) {
               "N", "D", "copy_ms", "GB/s", "fwd_ms", "GB/s", "%copy", "bwd_ms", "GB/s", "%copy",
               "f+b_ms");
   std::vector<std::int64_t> ns = {4096, 16384, 65536};
-  std::vector<std::int64_t> ds = {1536, 3072, 5120};
+  std::vector<std::int64_t> ds = {1024, 1536, 3072, 5120};
   std::vector<std::int64_t> bs = {1, 2};
   if (quick) {
     ns = {16384, 65536};

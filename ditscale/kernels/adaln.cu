@@ -213,18 +213,19 @@ void launch_fwd_pipe(const FwdArgs& a, const VecPlan& plan, int rows_per_group,
   DS_CHECK_CUDA(cudaGetLastError());
 }
 
-// Launches the bulk-copy kernel (one row per block iteration, persistent grid). Returns false,
+// Launches the bulk-copy kernel (kRows rows per block iteration, persistent grid). Returns false,
 // launching nothing, when the build holds no sm_90 code for the current device.
-template <typename T, int kVecs, int kStages, bool kBulkStore, bool kCoefReload>
+template <typename T, int kVecs, int kStages, bool kBulkStore, bool kCoefReload, int kRows>
 bool launch_fwd_tma(const FwdArgs& a, int tpr, cudaStream_t stream) {
-  auto* kernel = adaln_fwd_tma_kernel<T, kVecs, kStages, kBulkStore, kCoefReload>;
+  auto* kernel = adaln_fwd_tma_kernel<T, kVecs, kStages, kBulkStore, kCoefReload, kRows>;
   cudaFuncAttributes attr{};
   DS_CHECK_CUDA(cudaFuncGetAttributes(&attr, kernel));
   if (attr.binaryVersion < 90) return false;
-  const std::size_t smem = static_cast<std::size_t>(kStages) * static_cast<std::size_t>(a.d) *
-                           sizeof(T);
-  const std::int64_t grid = persistent_grid(kernel, tpr, smem, a.rows);
-  kernel<<<static_cast<unsigned>(grid), tpr, smem, stream>>>(a);
+  const std::size_t smem = static_cast<std::size_t>(kStages) * kRows *
+                           static_cast<std::size_t>(a.d) * sizeof(T);
+  const std::int64_t groups = (a.rows + kRows - 1) / kRows;
+  const std::int64_t grid = persistent_grid(kernel, tpr * kRows, smem, groups);
+  kernel<<<static_cast<unsigned>(grid), dim3(tpr, kRows), smem, stream>>>(a);
   DS_CHECK_CUDA(cudaGetLastError());
   return true;
 }
@@ -246,12 +247,28 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
       tune.fwd_target_tpr);
   if (plan.vecs == 0) return false;
   const bool reload = reload_for(plan.vecs * vec);
+  // Rows per group: instantiated for <= 3 vectors per thread, coefficients in registers.
+  int rows = 1;
+  if (plan.vecs <= 3 && !reload && plan.threads >= 64) {
+    int want = tune.fwd_tma_rows;
+    // Automatic: one row. Groups measured slower on the H200 (bench/results/adaln-kernel-notes.md,
+    // v4: D = 1536 77% -> 70% of copy with 2 rows, D = 1024 57% -> 34% with 4 rows: bigger
+    // blocks at ~96 registers per thread leave 1-3 blocks per SM instead of 7).
+    if (want <= 0) want = 1;
+    want = want >= 4 ? 4 : (want >= 2 ? 2 : 1);
+    while (want > 1 && plan.threads * want > fwd_tma_max_threads(plan.vecs * vec, false)) {
+      want /= 2;
+    }
+    rows = want;
+  }
+  const std::int64_t group_bytes = rows * nvec * 16;
   const bool extra = p.dtype == DType::kBFloat16 &&
                      (plan.vecs == 2 || plan.vecs == 3 || plan.vecs == 5);
-  const int stages = extra ? tune.fwd_tma_stages : 4;
-  const bool bulk_store = !extra || (tune.fwd_bulk_store < 0 ? nvec * 16 > 4096
+  const int stages = !extra ? 4 : (tune.fwd_tma_stages > 0 ? tune.fwd_tma_stages
+                                                           : (rows > 1 ? 6 : 4));
+  const bool bulk_store = !extra || (tune.fwd_bulk_store < 0 ? group_bytes > 4096
                                                             : tune.fwd_bulk_store != 0);
-  if (static_cast<std::size_t>(stages) * nvec * 16 > kMaxFwdRingBytes) return false;
+  if (static_cast<std::size_t>(stages) * group_bytes > kMaxFwdRingBytes) return false;
   a.evict_first = tune.fwd_evict_first;
   bool launched = false;
   dispatch_dtype(p.dtype, [&](auto tag) {
@@ -259,19 +276,38 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
     dispatch_int<1, 2, 3, 4, 5, 6, 8>(plan.vecs, [&](auto kv) {
       constexpr int kVecs = decltype(kv)::value;
       constexpr int kElems = kVecs * 16 / static_cast<int>(sizeof(T));
+      constexpr bool kExtra = std::is_same_v<T, __nv_bfloat16> &&
+                              (kVecs == 2 || kVecs == 3 || kVecs == 5);
+      if (rows > 1) {
+        if constexpr (kVecs <= 3 && fwd_tma_max_threads(kElems, false) > 0) {
+          dispatch_int<2, 4>(rows, [&](auto kr) {
+            constexpr int kR = decltype(kr)::value;
+            if constexpr (kExtra) {
+              dispatch_int<3, 4, 6>(stages, [&](auto ks) {
+                dispatch_bool(bulk_store, [&](auto kst) {
+                  launched = launch_fwd_tma<T, kVecs, decltype(ks)::value, decltype(kst)::value,
+                                            false, kR>(a, plan.threads, stream);
+                });
+              });
+            } else {
+              launched = launch_fwd_tma<T, kVecs, 4, true, false, kR>(a, plan.threads, stream);
+            }
+          });
+        }
+        return;
+      }
       dispatch_bool(reload, [&](auto kr) {
         constexpr bool kReload = decltype(kr)::value;
         if constexpr (fwd_tma_max_threads(kElems, kReload) > 0) {
-          if constexpr (std::is_same_v<T, __nv_bfloat16> &&
-                        (kVecs == 2 || kVecs == 3 || kVecs == 5)) {
+          if constexpr (kExtra) {
             dispatch_int<3, 4, 6>(stages, [&](auto ks) {
               dispatch_bool(bulk_store, [&](auto kst) {
                 launched = launch_fwd_tma<T, kVecs, decltype(ks)::value, decltype(kst)::value,
-                                          kReload>(a, plan.threads, stream);
+                                          kReload, 1>(a, plan.threads, stream);
               });
             });
           } else {
-            launched = launch_fwd_tma<T, kVecs, 4, true, kReload>(a, plan.threads, stream);
+            launched = launch_fwd_tma<T, kVecs, 4, true, kReload, 1>(a, plan.threads, stream);
           }
         }
       });

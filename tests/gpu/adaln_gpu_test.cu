@@ -103,11 +103,12 @@ struct Case {
   bool affine = false;
   std::int64_t B = 2, N = 77, D = 1000;
   std::int64_t x_pad = 0;  // x / residual / branch / dy rows are D + x_pad apart (strided)
+  std::int64_t b_pad = 0;  // ... and samples N * (D + x_pad) + b_pad elements apart
   std::string name() const {
     return std::string(dtype_name(dtype)) + (mod_f32 ? " mod=f32" : "") +
            (norm == NormType::kRMSNorm ? " RMS" : " LN") + (per_token ? " per-token" : " per-sample") +
            (gated ? " gated" : "") + (affine ? " affine" : "") + " B=" + std::to_string(B) +
-           " N=" + std::to_string(N) + " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad);
+           " N=" + std::to_string(N) + " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad) + "/" + std::to_string(b_pad);
   }
 };
 
@@ -124,7 +125,8 @@ void run_case(const Case& c) {
   const DType t = c.dtype;
   const DType mt = c.mod_f32 ? DType::kFloat32 : t;
   const std::int64_t B = c.B, N = c.N, D = c.D, row_stride = D + c.x_pad;
-  const std::size_t in_elems = static_cast<std::size_t>(B * N * row_stride);
+  const std::int64_t sample_stride = N * row_stride + c.b_pad;
+  const std::size_t in_elems = static_cast<std::size_t>(B * sample_stride);
   const std::size_t out_elems = static_cast<std::size_t>(B * N * D);
   const std::int64_t n_mod = c.per_token ? N : 1;
   // Modulation packed as [B, n_mod, 6, D] (chunks 0 shift, 1 scale, 2 gate): strided views.
@@ -146,7 +148,7 @@ void run_case(const Case& c) {
     return v;
   };
   auto rows = [&](const Input& in, bool device) {
-    return RowsView{device ? in.dev.ptr : in.host.data(), t, N * row_stride, row_stride};
+    return RowsView{device ? in.dev.ptr : in.host.data(), t, sample_stride, row_stride};
   };
   auto config = [&](AdaLNConfig& p, bool device) {
     p.batch = B;
@@ -474,6 +476,60 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
       full.N = 29;
       full.D = 1536;
       run_case(full);
+    }
+  }
+}
+
+// The bulk-copy forward with 2 or 4 rows per block iteration (small rows): groups straddle sample
+// ends (B = 3, N odd), the last group is partial, rows load as one bulk copy where x is
+// contiguous and per row where it is not (padded rows, padded samples), every ring depth, bulk
+// or per-thread stores, and tiny grids so that each block wraps its ring many times.
+TEST(AdaLNGpu, BulkCopyForwardRowGroups) {
+  SKIP_WITHOUT_GPU();
+  using internal::AdaLNTuning;
+  struct Restore {
+    ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
+  } restore;
+  struct GroupCase {
+    int rows, stages, bulk_store, grid;
+  };
+  for (const GroupCase& g :
+       {GroupCase{0, 4, -1, 0}, GroupCase{2, 4, 1, 1}, GroupCase{2, 3, 0, 3},
+        GroupCase{4, 6, 1, 7}, GroupCase{4, 4, 0, 2}, GroupCase{2, 6, 0, 0},
+        GroupCase{4, 3, 1, 0}, GroupCase{1, 4, -1, 3}}) {
+    AdaLNTuning t;
+    t.fwd_kernel = 2;
+    t.fwd_tma_rows = g.rows;
+    t.fwd_tma_stages = g.stages;
+    t.fwd_bulk_store = g.bulk_store;
+    t.max_resident_blocks = g.grid;
+    internal::adaln_tuning() = t;
+    SCOPED_TRACE("tma rows " + std::to_string(g.rows) + " stages " + std::to_string(g.stages) +
+                 " bulk " + std::to_string(g.bulk_store) + " grid " + std::to_string(g.grid));
+    for (DType dt : kDtypes) {
+      for (std::int64_t d : {1536, 1024}) {
+        Case c;
+        c.dtype = dt;
+        c.B = 3;
+        c.N = 37;
+        c.D = d;
+        c.affine = d == 1024;
+        run_case(c);
+        Case rms = c;  // RMS: one reduction per row, alternating buffers
+        rms.norm = NormType::kRMSNorm;
+        rms.per_token = true;
+        rms.N = 1;  // every group straddles samples
+        rms.B = 5;
+        run_case(rms);
+        Case rows = c;  // contiguous rows, padded samples: runs split at sample ends
+        rows.b_pad = 8;
+        rows.N = 5;
+        run_case(rows);
+        Case strided = c;  // no two rows contiguous: one bulk load per row
+        strided.x_pad = 8;
+        strided.N = 19;
+        run_case(strided);
+      }
     }
   }
 }

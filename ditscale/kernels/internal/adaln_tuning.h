@@ -30,10 +30,16 @@ struct AdaLNTuning {
   // gain); coefficients recomputed per row (1), kept in registers (0) or automatic (-1: per row
   // only when a thread holds more than 40 elements; at 40, D = 5120 bf16, registers measured
   // 91.6% of copy against 79.9% per row).
-  int fwd_tma_stages = 4;
+  // fwd_tma_stages 0 = automatic: 4, or 6 for groups of several rows (fewer blocks per SM with
+  // bigger blocks: the deeper ring keeps as many bytes in flight).
+  int fwd_tma_stages = 0;
   int fwd_bulk_store = -1;
   bool fwd_evict_first = false;
   int fwd_coef_reload = -1;
+  // Bulk-copy kernel: consecutive rows per block iteration (1, 2 or 4, applied to rows of <= 3
+  // vectors per thread with coefficients in registers and tpr >= 64; 0 = automatic = 1: groups
+  // measured slower, see adaln-kernel-notes.md v4). Groups above 4 KB take bulk stores.
+  int fwd_tma_rows = 0;
   int bwd_target_tpr = 128;
   // Upper bound on resident blocks per SM used to size the persistent grids (0 = the occupancy
   // calculator's value).

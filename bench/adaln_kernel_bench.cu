@@ -19,10 +19,10 @@
 //   --fwd-only  skip the backward timings (columns show 0)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -154,7 +154,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--variants" && i + 1 < argc) {
       variants = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--fwd-only] [--variants base,pipe,tma.s6,...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--fwd-only] [--variants base,pipe,tma.s6,...]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -221,25 +222,22 @@ int main(int argc, char** argv) {
         b.workspace = ws.p;
         b.workspace_bytes = adaln_backward_workspace_bytes(b);
 
-        const double copy_ms = time_ms([&] {
-          check(cudaMemcpyAsync(copy.p, x.p, xbytes, cudaMemcpyDeviceToDevice), "copy");
-        });
+        const double copy_ms = time_ms(
+            [&] { check(cudaMemcpyAsync(copy.p, x.p, xbytes, cudaMemcpyDeviceToDevice), "copy"); });
         const double gbps = 1e-6;  // bytes per ms -> GB/s
         const double copy_bw = 2.0 * xbytes / copy_ms * gbps;
         for (const Variant& v : vs) {
           internal::adaln_tuning() = v.tuning;
           const double fwd_ms = time_ms([&] { adaln_forward_cuda(f, nullptr); });
-          const double bwd_ms =
-              fwd_only ? 0.0 : time_ms([&] { adaln_backward_cuda(b, nullptr); });
+          const double bwd_ms = fwd_only ? 0.0 : time_ms([&] { adaln_backward_cuda(b, nullptr); });
           const double fwd_bw = 2.0 * xbytes / fwd_ms * gbps;
           const double bwd_bw = fwd_only ? 0.0 : 3.0 * xbytes / bwd_ms * gbps;
           std::printf(
               "%-10s %2lld %6lld %5lld | %7.3f %6.0f | %7.3f %6.0f %5.1f%% | %7.3f %6.0f %5.1f%% | "
               "%7.3f\n",
               v.name.c_str(), static_cast<long long>(B), static_cast<long long>(N),
-              static_cast<long long>(D), copy_ms, copy_bw, fwd_ms, fwd_bw,
-              100.0 * fwd_bw / copy_bw, bwd_ms, bwd_bw, 100.0 * bwd_bw / copy_bw,
-              fwd_ms + bwd_ms);
+              static_cast<long long>(D), copy_ms, copy_bw, fwd_ms, fwd_bw, 100.0 * fwd_bw / copy_bw,
+              bwd_ms, bwd_bw, 100.0 * bwd_bw / copy_bw, fwd_ms + bwd_ms);
         }
         internal::adaln_tuning() = internal::AdaLNTuning{};
       }

@@ -46,8 +46,8 @@ nlohmann::ordered_json FitJson(const balance::ModelFit& f) {
 }
 
 std::string QualityLine(const balance::FitQuality& q) {
-  return fmt::format("R^2={:.5f}  adj.R^2(rel)={:.5f}  RMSE={:.4g} s  max|residual|={:.2f}%",
-                     q.r2, q.adj_r2, q.rmse_s, 100 * q.max_rel_residual);
+  return fmt::format("R^2={:.5f}  adj.R^2(rel)={:.5f}  RMSE={:.4g} s  max|residual|={:.2f}%", q.r2,
+                     q.adj_r2, q.rmse_s, 100 * q.max_rel_residual);
 }
 
 void RunFit(const FitOptions& o) {
@@ -76,9 +76,12 @@ void RunFit(const FitOptions& o) {
     j["choice_reason"] = fit.choice_reason;
     if (fit.memory) {
       const auto& m = *fit.memory;
-      j["memory"] = {{"m0", m.model.m0},          {"m1", m.model.m1},
-                     {"r2", m.r2},                {"rmse_bytes", m.rmse_bytes},
-                     {"max_rel_residual", m.max_rel_residual}, {"rows", m.rows}};
+      j["memory"] = {{"m0", m.model.m0},
+                     {"m1", m.model.m1},
+                     {"r2", m.r2},
+                     {"rmse_bytes", m.rmse_bytes},
+                     {"max_rel_residual", m.max_rel_residual},
+                     {"rows", m.rows}};
       j["gpu_mem_gib"] = o.gpu_mem_gib;
       j["mem_safety"] = o.mem_safety;
       j["m_mem_tokens"] = m_mem;
@@ -98,16 +101,16 @@ void RunFit(const FitOptions& o) {
              pw.model.b, pw.model.p);
   fmt::print("           {}\n", QualityLine(pw.quality));
   const auto& qd = fit.quadratic;
-  fmt::print("quadratic  t = a + B*(c1*S + c2*S^2) a={:.4g} s  c1={:.4g}  c2={:.4g}\n",
-             qd.model.a, qd.model.c1, qd.model.c2);
+  fmt::print("quadratic  t = a + B*(c1*S + c2*S^2) a={:.4g} s  c1={:.4g}  c2={:.4g}\n", qd.model.a,
+             qd.model.c1, qd.model.c2);
   fmt::print("           {}\n", QualityLine(qd.quality));
   fmt::print("chosen: {} ({})\n", chosen, fit.choice_reason);
   if (fit.memory) {
     const auto& m = *fit.memory;
-    fmt::print("memory     peak = m0 + m1*B*S        m0={:.3f} GiB  m1={:.1f} KiB/token  "
-               "R^2={:.5f}  max|residual|={:.2f}%\n",
-               m.model.m0 / double(1ull << 30), m.model.m1 / 1024, m.r2,
-               100 * m.max_rel_residual);
+    fmt::print(
+        "memory     peak = m0 + m1*B*S        m0={:.3f} GiB  m1={:.1f} KiB/token  "
+        "R^2={:.5f}  max|residual|={:.2f}%\n",
+        m.model.m0 / double(1ull << 30), m.model.m1 / 1024, m.r2, 100 * m.max_rel_residual);
     fmt::print("M_mem: {} tokens per batch (GPU {:g} GiB, safety {:g})\n", m_mem, o.gpu_mem_gib,
                o.mem_safety);
   } else {
@@ -121,8 +124,9 @@ void RunFit(const FitOptions& o) {
 void RegisterFitCommand(CLI::App& app) {
   auto opts = std::make_shared<FitOptions>();
   CLI::App* sub = app.add_subcommand(
-      "fit", "Fit the step-time (power and quadratic) and memory models to a shape benchmark CSV "
-             "(batch_size,seq_len,step_time_s[,peak_mem_bytes])");
+      "fit",
+      "Fit the step-time (power and quadratic) and memory models to a shape benchmark CSV "
+      "(batch_size,seq_len,step_time_s[,peak_mem_bytes])");
   sub->add_option("bench", opts->bench, "benchmark CSV")->required();
   sub->add_option("--gpu-mem-gib", opts->gpu_mem_gib, "GPU memory for M_mem, GiB (default 140)")
       ->check(CLI::PositiveNumber);

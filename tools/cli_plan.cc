@@ -452,7 +452,8 @@ void RegisterPlanCommand(CLI::App& app) {
   sub->add_option("--seed", a->seed, "Shuffle seed")->capture_default_str();
   sub->add_option("--epoch", a->epoch, "Epoch")->capture_default_str();
   sub->add_option("--budget", a->budget, "Balanced per-rank budget per step, s (0: default)");
-  sub->add_flag("--budget-sweep", a->budget_sweep, "Sweep the balanced per-rank budget (1x..16x the default)");
+  sub->add_flag("--budget-sweep", a->budget_sweep,
+                "Sweep the balanced per-rank budget (1x..16x the default)");
   sub->add_option("--noise", a->noise, "Lognormal sigma of simulated per-micro-batch noise");
   sub->add_flag("--overhead-per-micro-batch", a->overhead_per_mb,
                 "Charge the fixed step overhead per micro-batch (conservative)");

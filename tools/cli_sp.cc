@@ -1,11 +1,11 @@
 // `ditscale sp plan` and `ditscale sp simulate`: the SwiftFusion planner and simulator.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "ditscale/core/error.h"
 #include "ditscale/sp/planner.h"
@@ -126,18 +126,16 @@ nlohmann::json ContextJson(const sp::Topology& t, const sp::Workload& w) {
 }
 
 std::string Row(int rank, const sp::PlanCandidate& c, double ref_layer_s) {
-  return fmt::format("{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>8}",
-                     rank, c.Name(), c.sim.layer_s * 1e3, c.step.step_s,
-                     c.sim.mean_exposed_comm_s() * 1e3, 100 * c.hidden_comm_fraction(),
-                     c.max_inter_bytes_per_rank / 1e6,
-                     ref_layer_s > 0 ? fmt::format("{:.2f}x", ref_layer_s / c.sim.layer_s)
-                                     : std::string("n/a"));
+  return fmt::format(
+      "{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>8}", rank, c.Name(),
+      c.sim.layer_s * 1e3, c.step.step_s, c.sim.mean_exposed_comm_s() * 1e3,
+      100 * c.hidden_comm_fraction(), c.max_inter_bytes_per_rank / 1e6,
+      ref_layer_s > 0 ? fmt::format("{:.2f}x", ref_layer_s / c.sim.layer_s) : std::string("n/a"));
 }
 
 std::string Header(const char* ref) {
-  return fmt::format("{:>3}  {:<38} {:>9} {:>9} {:>8} {:>8} {:>10} {:>8}\n", "#",
-                     "configuration", "layer ms", "step s", "exp. ms", "hidden", "inter MB/r",
-                     ref);
+  return fmt::format("{:>3}  {:<38} {:>9} {:>9} {:>8} {:>8} {:>10} {:>8}\n", "#", "configuration",
+                     "layer ms", "step s", "exp. ms", "hidden", "inter MB/r", ref);
 }
 
 void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strategies,
@@ -200,27 +198,26 @@ void RunSimulate(const CommonArgs& a, sp::SpConfig cfg) {
   }
   fmt::print("cluster {} ({} x {} GPUs), {}\n", topo.name, topo.machines, topo.gpus_per_machine,
              wl.Describe());
-  fmt::print("{}: predicted attention layer {:.3f} ms, linear layers {:.3f} ms per layer per "
-             "rank, step {:.3f} s ({} layers)\n",
-             c.Name(), c.sim.layer_s * 1e3, c.step.linear_layer_s * 1e3, c.step.step_s,
-             wl.layers);
-  fmt::print("mean per rank: compute {:.3f} ms, exposed communication {:.3f} ms, idle {:.3f} ms;"
-             " communication active {:.3f} ms ({:.0f}% hidden)\n",
-             c.sim.mean_compute_s() * 1e3, c.sim.mean_exposed_comm_s() * 1e3,
-             c.sim.mean_idle_s() * 1e3, c.sim.mean_comm_active_s() * 1e3,
-             100 * c.hidden_comm_fraction());
-  fmt::print("bytes per rank (max): inter-machine {:.1f} MB, intra-machine {:.1f} MB; "
-             "inter-machine links busy {:.3f} ms\n",
-             c.max_inter_bytes_per_rank / 1e6, c.max_intra_bytes_per_rank / 1e6,
-             c.sim.inter_busy_s * 1e3);
+  fmt::print(
+      "{}: predicted attention layer {:.3f} ms, linear layers {:.3f} ms per layer per "
+      "rank, step {:.3f} s ({} layers)\n",
+      c.Name(), c.sim.layer_s * 1e3, c.step.linear_layer_s * 1e3, c.step.step_s, wl.layers);
+  fmt::print(
+      "mean per rank: compute {:.3f} ms, exposed communication {:.3f} ms, idle {:.3f} ms;"
+      " communication active {:.3f} ms ({:.0f}% hidden)\n",
+      c.sim.mean_compute_s() * 1e3, c.sim.mean_exposed_comm_s() * 1e3, c.sim.mean_idle_s() * 1e3,
+      c.sim.mean_comm_active_s() * 1e3, 100 * c.hidden_comm_fraction());
+  fmt::print(
+      "bytes per rank (max): inter-machine {:.1f} MB, intra-machine {:.1f} MB; "
+      "inter-machine links busy {:.3f} ms\n",
+      c.max_inter_bytes_per_rank / 1e6, c.max_intra_bytes_per_rank / 1e6, c.sim.inter_busy_s * 1e3);
   fmt::print("critical path: {}\n", c.sim.critical_path.Describe());
-  fmt::print("{:>5} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "rank", "end ms", "compute",
-             "exposed", "idle", "inter MB");
+  fmt::print("{:>5} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "rank", "end ms", "compute", "exposed",
+             "idle", "inter MB");
   for (size_t r = 0; r < c.sim.ranks.size(); ++r) {
     const sp::RankBreakdown& x = c.sim.ranks[r];
     fmt::print("{:>5} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>12.1f}\n", r, x.end_s * 1e3,
-               x.compute_s * 1e3, x.exposed_comm_s * 1e3, x.idle_s * 1e3,
-               x.sent_inter_bytes / 1e6);
+               x.compute_s * 1e3, x.exposed_comm_s * 1e3, x.idle_s * 1e3, x.sent_inter_bytes / 1e6);
   }
 }
 

@@ -37,7 +37,7 @@
 namespace ditscale::balance {
 
 namespace {
-constexpr double kH200PeakBf16 = 989e12;    // FLOP/s, dense
+constexpr double kH200PeakBf16 = 989e12;  // FLOP/s, dense
 constexpr double kLinearEfficiency = 0.45;
 constexpr double kAttentionEfficiency = 0.40;
 constexpr double kStepOverheadS = 0.05;
@@ -156,8 +156,9 @@ Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out
   static const char* kKnown[] = {"kind", "a", "b", "p", "c1", "c2", "source", "memory"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown)) {
-      return JsonFailure(path, it.key(), "unknown field (known: kind, a, b, p, c1, c2, source, "
-                                         "memory)");
+      return JsonFailure(path, it.key(),
+                         "unknown field (known: kind, a, b, p, c1, c2, source, "
+                         "memory)");
     }
   }
   CostModel c;
@@ -177,8 +178,7 @@ Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out
     return f;
   }
   if (power && (c.p < 0.5 || c.p > 4)) {
-    return JsonFailure(path, "p", "exponent out of the plausible range [0.5, 4]: " +
-                                      j["p"].dump());
+    return JsonFailure(path, "p", "exponent out of the plausible range [0.5, 4]: " + j["p"].dump());
   }
   if (power ? c.b <= 0 : c.c1 + c.c2 <= 0) {
     return JsonFailure(path, power ? "b" : "c1", "the per-sample work term must be > 0");

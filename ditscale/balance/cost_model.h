@@ -20,11 +20,11 @@ namespace ditscale::balance {
 struct CostModel {
   enum class Kind { kPower, kQuadratic };
   Kind kind = Kind::kPower;
-  double a = 0;   // fixed per-step overhead, s
-  double b = 0;   // power: s per (sample * token^p)
-  double p = 2;   // power: exponent
-  double c1 = 0;  // quadratic: s per token
-  double c2 = 0;  // quadratic: s per token^2
+  double a = 0;        // fixed per-step overhead, s
+  double b = 0;        // power: s per (sample * token^p)
+  double p = 2;        // power: exponent
+  double c1 = 0;       // quadratic: s per token
+  double c2 = 0;       // quadratic: s per token^2
   std::string source;  // "analytical:<preset>@h200", "fit:<file>", "json:<file>"
 
   // Predicted step time (s) of one batch of B samples of S tokens.
@@ -53,7 +53,7 @@ MemoryModel AnalyticalMemory(const ModelPreset& model);
 //   m1 = (2 * layers + 34) * hidden B/token with activation checkpointing (block inputs kept,
 //        one block recomputed at a time), 34 * layers * hidden B/token without.
 struct MemoryAssumptions {
-  int shard_ranks = 8;                  // FSDP / ZeRO-3 degree; 1: unsharded (conservative)
+  int shard_ranks = 8;  // FSDP / ZeRO-3 degree; 1: unsharded (conservative)
   bool activation_checkpointing = true;
   double workspace_bytes = 4.0 * (1ull << 30);  // CUDA context, NCCL buffers, allocator slack
 };

@@ -48,8 +48,8 @@ TEST(CostModel, AnalyticalWan14bMatchesTheDerivation) {
   const CostModel c = AnalyticalCost(wan);
   EXPECT_EQ(c.kind, CostModel::Kind::kQuadratic);
   const double d = 5120, f = 13824, L = 40, T = 512;
-  const double per_token = 2 * (4 * d * d + 2 * d * f) + 4 * d * d + 4 * T * d +
-                           4 * T * d * d / 4096;
+  const double per_token =
+      2 * (4 * d * d + 2 * d * f) + 4 * d * d + 4 * T * d + 4 * T * d * d / 4096;
   EXPECT_NEAR(c.c1, 3 * L * per_token / (0.45 * 989e12), 1e-12 * c.c1);
   EXPECT_NEAR(c.c2, 3 * L * 4 * d / (0.40 * 989e12), 1e-12 * c.c2);
   EXPECT_DOUBLE_EQ(c.a, 0.05);

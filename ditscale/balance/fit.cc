@@ -6,9 +6,9 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -180,15 +180,15 @@ FitQuality Quality(const BenchTable& t, const std::vector<double>& pred, int num
 
 Result<bool> CheckEnough(const BenchTable& t) {
   if (t.rows.size() < 4) {
-    return Failure{"need at least 4 benchmark rows to fit 3 parameters, got " +
-                       std::to_string(t.rows.size()),
-                   t.source, 0, ""};
+    return Failure{
+        "need at least 4 benchmark rows to fit 3 parameters, got " + std::to_string(t.rows.size()),
+        t.source, 0, ""};
   }
   std::set<int64_t> seqs;
   for (const auto& r : t.rows) seqs.insert(r.seq_len);
   if (seqs.size() < 2) {
-    return Failure{"need at least 2 distinct seq_len values to fit how cost grows with S",
-                   t.source, 0, "seq_len"};
+    return Failure{"need at least 2 distinct seq_len values to fit how cost grows with S", t.source,
+                   0, "seq_len"};
   }
   return true;
 }
@@ -252,8 +252,9 @@ void PolishPower(const BenchTable& t, double p_lo, double p_hi, double* a, doubl
       continue;
     }
     const double na = *a + delta[0], nbeta = beta + delta[1], np = *p + delta[2];
-    const double nsse = (na >= 0 && np >= p_lo && np <= p_hi) ? PowerSse(t, na, std::exp(nbeta), np)
-                                            : std::numeric_limits<double>::infinity();
+    const double nsse = (na >= 0 && np >= p_lo && np <= p_hi)
+                            ? PowerSse(t, na, std::exp(nbeta), np)
+                            : std::numeric_limits<double>::infinity();
     if (nsse < sse) {
       const bool converged = sse - nsse < 1e-15 * std::max(sse, 1e-300);
       *a = na;
@@ -304,9 +305,10 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
       }
       for (int k = 0; k < kM; ++k) {
         if (col[k] < 0) {
-          return Failure{"header lacks required column (need batch_size, seq_len, step_time_s"
-                         "[, peak_mem_bytes])",
-                         name, line_no, kNames[k]};
+          return Failure{
+              "header lacks required column (need batch_size, seq_len, step_time_s"
+              "[, peak_mem_bytes])",
+              name, line_no, kNames[k]};
         }
       }
       have_header = true;
@@ -326,10 +328,18 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
       auto v = ParsePositive(f, k == kB || k == kS, &why);
       if (!v) return Failure{why, name, line_no, kNames[k]};
       switch (k) {
-        case kB: row.batch_size = static_cast<int64_t>(*v); break;
-        case kS: row.seq_len = static_cast<int64_t>(*v); break;
-        case kT: row.step_time_s = *v; break;
-        default: row.peak_mem_bytes = *v; t.has_memory = true;
+        case kB:
+          row.batch_size = static_cast<int64_t>(*v);
+          break;
+        case kS:
+          row.seq_len = static_cast<int64_t>(*v);
+          break;
+        case kT:
+          row.step_time_s = *v;
+          break;
+        default:
+          row.peak_mem_bytes = *v;
+          t.has_memory = true;
       }
     }
     t.rows.push_back(row);
@@ -441,9 +451,11 @@ Result<MemoryFit> FitMemoryModel(const BenchTable& t) {
     tokens.insert(bs);
   }
   if (y.size() < 2 || tokens.size() < 2) {
-    return Failure{"need at least 2 rows with peak_mem_bytes and 2 distinct batch_size*seq_len "
-                   "to fit the memory model, got " + std::to_string(y.size()) + " rows",
-                   t.source, 0, "peak_mem_bytes"};
+    return Failure{
+        "need at least 2 rows with peak_mem_bytes and 2 distinct batch_size*seq_len "
+        "to fit the memory model, got " +
+            std::to_string(y.size()) + " rows",
+        t.source, 0, "peak_mem_bytes"};
   }
   auto beta = Nnls(X, y, w, nullptr);
   MemoryFit m;

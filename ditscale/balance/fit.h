@@ -70,7 +70,7 @@ struct MemoryFit {
   double r2 = 0;
   double rmse_bytes = 0;
   double max_rel_residual = 0;
-  int64_t rows = 0;                    // rows with a peak_mem_bytes value
+  int64_t rows = 0;                     // rows with a peak_mem_bytes value
   std::vector<double> residuals_bytes;  // per such row, in row order
 };
 
@@ -78,8 +78,8 @@ struct FitResult {
   ModelFit power;
   ModelFit quadratic;
   CostModel::Kind chosen = CostModel::Kind::kPower;
-  std::string choice_reason;         // one line: why `chosen` won
-  std::optional<MemoryFit> memory;   // present when the table has peak memory
+  std::string choice_reason;        // one line: why `chosen` won
+  std::optional<MemoryFit> memory;  // present when the table has peak memory
   const ModelFit& best() const { return chosen == CostModel::Kind::kPower ? power : quadratic; }
 };
 

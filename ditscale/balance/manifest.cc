@@ -2,9 +2,6 @@
 // a flat-object scanner; rows are validated and collected by internal/manifest_rows.cc.
 #include "ditscale/balance/manifest.h"
 
-#include "ditscale/balance/internal/csv_manifest.h"
-#include "ditscale/balance/internal/manifest_rows.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -19,6 +16,9 @@
 #include <limits>
 #include <optional>
 #include <string_view>
+
+#include "ditscale/balance/internal/csv_manifest.h"
+#include "ditscale/balance/internal/manifest_rows.h"
 
 namespace ditscale::balance {
 namespace {

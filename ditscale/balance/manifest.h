@@ -29,11 +29,11 @@ struct RawSample {
 };
 
 struct Manifest {
-  std::string source;               // file the rows came from
-  std::vector<int64_t> ids;         // sample id of each entry of `samples` (0-based row order)
-  std::vector<RawSample> samples;   // the good rows, in file order
-  int64_t rows_total = 0;           // data rows read (good + bad)
-  int64_t rows_skipped = 0;         // bad rows skipped under skip_bad_rows
+  std::string source;              // file the rows came from
+  std::vector<int64_t> ids;        // sample id of each entry of `samples` (0-based row order)
+  std::vector<RawSample> samples;  // the good rows, in file order
+  int64_t rows_total = 0;          // data rows read (good + bad)
+  int64_t rows_skipped = 0;        // bad rows skipped under skip_bad_rows
   std::vector<std::string> skipped_examples;  // the first few skip reasons (file:line: ...)
 };
 

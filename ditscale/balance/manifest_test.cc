@@ -66,8 +66,9 @@ TEST(Manifest, QuotingCommasDoubledQuotesNewlinesAndCrlf) {
 }
 
 TEST(Manifest, BlankLinesAndNoTrailingNewlineAndBom) {
-  auto m = MustParse("\xEF\xBB\xBFpath,num_frames,height,width,fps\n\n"
-                     "a,1,16,16,\n\r\n b ,2, 32 ,48,25.0");
+  auto m = MustParse(
+      "\xEF\xBB\xBFpath,num_frames,height,width,fps\n\n"
+      "a,1,16,16,\n\r\n b ,2, 32 ,48,25.0");
   ASSERT_EQ(m.samples.size(), 2u);
   EXPECT_EQ(m.rows_total, 2);
   EXPECT_EQ(m.samples[1].height, 32);
@@ -75,7 +76,7 @@ TEST(Manifest, BlankLinesAndNoTrailingNewlineAndBom) {
 }
 
 struct BadCase {
-  std::string row;   // the data row, written on line 3 (line 2 is a good row)
+  std::string row;  // the data row, written on line 3 (line 2 is a good row)
   std::string column;
   std::string message_part;
 };
@@ -111,8 +112,7 @@ TEST(Manifest, EachBadRowKindNamesLineAndColumn) {
     EXPECT_EQ(f.file, "bad.csv") << c.row;
     EXPECT_EQ(f.line, 3) << c.row;
     EXPECT_EQ(f.column, c.column) << c.row;
-    EXPECT_NE(f.message.find(c.message_part), std::string::npos)
-        << c.row << " -> " << f.ToString();
+    EXPECT_NE(f.message.find(c.message_part), std::string::npos) << c.row << " -> " << f.ToString();
   }
 }
 
@@ -146,8 +146,7 @@ TEST(Manifest, SkipModeCountsAndKeepsFirstTenReasonsAndStableIds) {
   EXPECT_EQ(m.rows_skipped, 10);
   EXPECT_EQ(m.ids, expected_ids);
   ASSERT_EQ(m.skipped_examples.size(), 10u);
-  EXPECT_EQ(m.skipped_examples[0].rfind("s.csv:3: column 'fps': ", 0), 0u)
-      << m.skipped_examples[0];
+  EXPECT_EQ(m.skipped_examples[0].rfind("s.csv:3: column 'fps': ", 0), 0u) << m.skipped_examples[0];
   // Twelve bad rows: still only ten reasons kept.
   text += "x,0,1,1,1\nx,1,0,1,1\n";
   m = MustParse(text, "s.csv", o);
@@ -174,9 +173,10 @@ TEST(Manifest, Jsonl) {
   EXPECT_FLOAT_EQ(m.samples[2].fps, 30.f);
   EXPECT_EQ(m.ids, (std::vector<int64_t>{0, 1, 2}));
 
-  auto f = MustFail("{\"path\":\"a\",\"num_frames\":1,\"height\":8,\"width\":8}\n"
-                    "{\"path\":\"a\",\"num_frames\":5,\"height\":8,\"width\":8,\"fps\":\"x\"}\n",
-                    "m.jsonl");
+  auto f = MustFail(
+      "{\"path\":\"a\",\"num_frames\":1,\"height\":8,\"width\":8}\n"
+      "{\"path\":\"a\",\"num_frames\":5,\"height\":8,\"width\":8,\"fps\":\"x\"}\n",
+      "m.jsonl");
   EXPECT_EQ(f.line, 2);
   EXPECT_EQ(f.column, "fps");
   f = MustFail("{\"path\":\"a\",\"num_frames\":1,\"height\":8}\n", "m.jsonl");

@@ -44,8 +44,7 @@ const ModelPreset& Model() {
 }
 
 const ShapedManifest& Shaped() {
-  static const ShapedManifest s =
-      ShapeManifest(ParseManifest(Csv(), "bench.csv").value(), Model());
+  static const ShapedManifest s = ShapeManifest(ParseManifest(Csv(), "bench.csv").value(), Model());
   return s;
 }
 

@@ -20,11 +20,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <cstring>
 #include <tuple>
 
 namespace ditscale::balance {
@@ -34,8 +34,8 @@ constexpr double kAspectTolerance = 0.05;
 
 std::vector<Resolution> WanBuckets() {
   // ~256^2 tier (image pre-training), 480p tier, 720p tier; 9:16, 3:4, 1:1, 4:3, 16:9.
-  return {{256, 256}, {192, 336}, {336, 192}, {224, 288}, {288, 224},
-          {480, 832}, {832, 480}, {544, 704}, {704, 544}, {624, 624},
+  return {{256, 256},  {192, 336},  {336, 192},  {224, 288},  {288, 224},
+          {480, 832},  {832, 480},  {544, 704},  {704, 544},  {624, 624},
           {720, 1280}, {1280, 720}, {832, 1104}, {1104, 832}, {960, 960}};
 }
 
@@ -79,7 +79,7 @@ std::vector<ModelPreset> BuiltinPresets() {
   hy.params_b = 13;
   hy.target_fps = 24;
   hy.max_frames = 129;
-  hy.buckets = {{544, 960}, {960, 544}, {624, 832}, {832, 624}, {720, 720},
+  hy.buckets = {{544, 960},  {960, 544},  {624, 832},  {832, 624},  {720, 720},
                 {720, 1280}, {1280, 720}, {832, 1104}, {1104, 832}, {960, 960}};
   v.push_back(hy);
 
@@ -109,9 +109,8 @@ std::vector<ModelPreset> BuiltinPresets() {
   flux.target_fps = 0;
   flux.max_frames = 1;
   flux.images_only = true;
-  flux.buckets = {{512, 512},  {384, 672},  {672, 384},  {448, 576},   {576, 448},
-                  {1024, 1024}, {768, 1344}, {1344, 768}, {896, 1152}, {1152, 896},
-                  {832, 1216}, {1216, 832}};
+  flux.buckets = {{512, 512},  {384, 672},  {672, 384},  {448, 576},  {576, 448},  {1024, 1024},
+                  {768, 1344}, {1344, 768}, {896, 1152}, {1152, 896}, {832, 1216}, {1216, 832}};
   v.push_back(flux);
   return v;
 }
@@ -134,20 +133,22 @@ bool ReadField(const nlohmann::json& j, const char* key, T* out, const std::stri
   if (it == j.end()) return true;
   const bool want_bool = std::is_same_v<T, bool>;
   const bool want_int = std::is_integral_v<T> && !want_bool;
-  if (want_bool ? !it->is_boolean()
-                : want_int ? !it->is_number_integer() : !it->is_number()) {
-    *f = FieldFailure(file, key, std::string("expected ") +
-                                     (want_bool ? "true/false" : want_int ? "an integer"
-                                                                          : "a number") +
-                                     ", got " + it->dump());
+  if (want_bool ? !it->is_boolean() : want_int ? !it->is_number_integer() : !it->is_number()) {
+    *f = FieldFailure(file, key,
+                      std::string("expected ") +
+                          (want_bool  ? "true/false"
+                           : want_int ? "an integer"
+                                      : "a number") +
+                          ", got " + it->dump());
     return false;
   }
   if constexpr (!std::is_same_v<T, bool>) {
     const double v = it->get<double>();
     if (!(v >= min_value) || !std::isfinite(v) ||
         v > static_cast<double>(std::numeric_limits<T>::max())) {
-      *f = FieldFailure(file, key, "out of range: " + it->dump() + " (must be >= " +
-                                       std::to_string(min_value) + ")");
+      *f = FieldFailure(
+          file, key,
+          "out of range: " + it->dump() + " (must be >= " + std::to_string(min_value) + ")");
       return false;
     }
   }
@@ -188,9 +189,9 @@ Result<ModelPreset> LoadModelFile(const std::string& path) {
   }
   if (!j.is_object()) return Failure{"expected a JSON object", path, 1, ""};
   static const std::vector<std::string> kKnown = {
-      "base",       "name",          "hidden",   "layers",      "heads",        "ffn_hidden",
-      "text_tokens", "joint_text",   "params_b", "vae_stride_t", "vae_stride_hw", "patch_t",
-      "patch_h",    "patch_w",       "target_fps", "max_frames", "images_only",  "buckets"};
+      "base",        "name",       "hidden",     "layers",       "heads",         "ffn_hidden",
+      "text_tokens", "joint_text", "params_b",   "vae_stride_t", "vae_stride_hw", "patch_t",
+      "patch_h",     "patch_w",    "target_fps", "max_frames",   "images_only",   "buckets"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(kKnown.begin(), kKnown.end(), it.key()) == kKnown.end()) {
       return FieldFailure(path, it.key(), "unknown field");
@@ -235,8 +236,8 @@ Result<ModelPreset> LoadModelFile(const std::string& path) {
       if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
           !b[1].is_number_integer() || b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0 ||
           b[0].get<int64_t>() > 1 << 20 || b[1].get<int64_t>() > 1 << 20) {
-        return FieldFailure(path, field, "expected [height, width] in positive pixels, got " +
-                                             b.dump());
+        return FieldFailure(path, field,
+                            "expected [height, width] in positive pixels, got " + b.dump());
       }
       m.buckets.push_back({b[0].get<int32_t>(), b[1].get<int32_t>()});
     }
@@ -249,9 +250,8 @@ Result<ModelPreset> LoadModelFile(const std::string& path) {
   for (size_t i = 0; i < m.buckets.size(); ++i) {
     if (m.buckets[i].height % uh != 0 || m.buckets[i].width % uw != 0) {
       return FieldFailure(path, "buckets[" + std::to_string(i) + "]",
-                          "height must be a multiple of " + std::to_string(uh) +
-                              " and width of " + std::to_string(uw) +
-                              " (vae_stride_hw * patch)");
+                          "height must be a multiple of " + std::to_string(uh) + " and width of " +
+                              std::to_string(uw) + " (vae_stride_hw * patch)");
     }
   }
   return m;
@@ -293,8 +293,9 @@ class BucketChooser {
       if (std::abs(lar - log_ar_[i]) > best_dar + kAspectTolerance) continue;
       const double darea = std::abs(larea - log_area_[i]);
       if (best == buckets.size() || darea < best_darea - 1e-12 ||
-          (darea <= best_darea + 1e-12 && int64_t{buckets[i].height} * buckets[i].width <
-                                              int64_t{buckets[best].height} * buckets[best].width)) {
+          (darea <= best_darea + 1e-12 &&
+           int64_t{buckets[i].height} * buckets[i].width <
+               int64_t{buckets[best].height} * buckets[best].width)) {
         best = i;
         best_darea = darea;
       }
@@ -445,9 +446,7 @@ ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model)
   // Equal raw samples (same frames, size and fps bits) map to equal shapes: memoised. -0.0 and
   // 0.0 fps differ in bits and are simply two entries.
   RawShapeMemo memo;
-  auto make = [&](const RawSample& s) {
-    return table.Find(MapSample(s, model, chooser), &shapes);
-  };
+  auto make = [&](const RawSample& s) { return table.Find(MapSample(s, model, chooser), &shapes); };
   for (size_t i = 0; i < manifest.samples.size(); ++i) {
     out.shape_of[i] = memo.Get(manifest.samples[i], make);
   }

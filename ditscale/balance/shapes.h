@@ -3,7 +3,8 @@
 // For a video of F frames at H x W pixels the VAE compresses time by vae_stride_t and space by
 // vae_stride_hw, then the transformer patchifies by (patch_t, patch_h, patch_w):
 //   latent_frames = 1 + (F - 1) / vae_stride_t         (F obeys the k*vae_stride_t + 1 rule)
-//   S = (latent_frames / patch_t) * (H / (vae_stride_hw * patch_h)) * (W / (vae_stride_hw * patch_w))
+//   S = (latent_frames / patch_t) * (H / (vae_stride_hw * patch_h)) * (W / (vae_stride_hw *
+//   patch_w))
 // Wan 2.1: strides (4, 8, 8), patch (1, 2, 2): S = (1 + (F-1)/4) * (H/16) * (W/16).
 // Text tokens (text_tokens) are added when the model attends jointly over text (MMDiT:
 // Flux, HunyuanVideo, CogVideoX); cross-attention models (Wan) keep them out of S.
@@ -27,22 +28,22 @@ struct Resolution {
 struct ModelPreset {
   std::string name;  // "wan2.1-1.3b", "wan2.1-14b", "hunyuanvideo", "cogvideox-5b", "flux"
   // Architecture, used by the analytical cost model (cost_model.h).
-  int64_t hidden = 0;        // model width d
-  int64_t layers = 0;        // transformer blocks
-  int64_t heads = 0;         // attention heads
-  int64_t ffn_hidden = 0;    // MLP inner width
-  int64_t text_tokens = 0;   // text sequence length (joint attention or cross-attention keys)
-  bool joint_text = false;   // true: text tokens join the self-attention sequence (MMDiT)
-  double params_b = 0;       // parameter count, billions (memory model default)
+  int64_t hidden = 0;       // model width d
+  int64_t layers = 0;       // transformer blocks
+  int64_t heads = 0;        // attention heads
+  int64_t ffn_hidden = 0;   // MLP inner width
+  int64_t text_tokens = 0;  // text sequence length (joint attention or cross-attention keys)
+  bool joint_text = false;  // true: text tokens join the self-attention sequence (MMDiT)
+  double params_b = 0;      // parameter count, billions (memory model default)
   // Shape mapping.
   int32_t vae_stride_t = 4;
   int32_t vae_stride_hw = 8;
   int32_t patch_t = 1;
   int32_t patch_h = 2;
   int32_t patch_w = 2;
-  double target_fps = 16;    // videos are resampled to this frame rate (0: keep)
-  int32_t max_frames = 81;   // pixel frames after resampling, obeying the 4k+1 rule
-  bool images_only = false;  // flux: every sample is treated as an image
+  double target_fps = 16;           // videos are resampled to this frame rate (0: keep)
+  int32_t max_frames = 81;          // pixel frames after resampling, obeying the 4k+1 rule
+  bool images_only = false;         // flux: every sample is treated as an image
   std::vector<Resolution> buckets;  // training resolutions; empty: keep (rounded to 16 px)
 };
 
@@ -58,8 +59,8 @@ Result<ModelPreset> ResolveModel(const std::string& name_or_path);
 
 // A sample's training shape.
 struct TrainShape {
-  int32_t frames = 0;   // pixel frames after fps resampling and the max-frames / 4k+1 rule
-  int32_t height = 0;   // bucket resolution (pixels)
+  int32_t frames = 0;  // pixel frames after fps resampling and the max-frames / 4k+1 rule
+  int32_t height = 0;  // bucket resolution (pixels)
   int32_t width = 0;
   int64_t seq_len = 0;  // tokens S the transformer sees (incl. joint text tokens)
   bool operator==(const TrainShape&) const = default;
@@ -80,10 +81,10 @@ TrainShape ToTrainShape(const RawSample& s, const ModelPreset& model);
 
 // The manifest grouped by training shape: samples of one shape can share a batch.
 struct ShapedManifest {
-  std::vector<TrainShape> shapes;   // distinct shapes, sorted by (seq_len, frames, height, width)
-  std::vector<int32_t> shape_of;    // per Manifest entry: index into shapes
-  std::vector<int64_t> ids;         // per entry: sample id (copied from Manifest::ids)
-  std::vector<int64_t> count;       // per shape: number of samples
+  std::vector<TrainShape> shapes;  // distinct shapes, sorted by (seq_len, frames, height, width)
+  std::vector<int32_t> shape_of;   // per Manifest entry: index into shapes
+  std::vector<int64_t> ids;        // per entry: sample id (copied from Manifest::ids)
+  std::vector<int64_t> count;      // per shape: number of samples
 };
 ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model);
 

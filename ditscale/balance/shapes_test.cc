@@ -18,9 +18,8 @@ RawSample Video(int f, int h, int w, float fps) { return RawSample{f, h, w, fps}
 RawSample Image(int h, int w) { return RawSample{1, h, w, 0.f}; }
 
 TEST(Shapes, PresetsExistWithTheirArchitecture) {
-  EXPECT_EQ(ModelPresetNames(),
-            (std::vector<std::string>{"wan2.1-1.3b", "wan2.1-14b", "hunyuanvideo", "cogvideox-5b",
-                                      "flux"}));
+  EXPECT_EQ(ModelPresetNames(), (std::vector<std::string>{"wan2.1-1.3b", "wan2.1-14b",
+                                                          "hunyuanvideo", "cogvideox-5b", "flux"}));
   auto w = Preset("wan2.1-14b");
   EXPECT_EQ(w.hidden, 5120);
   EXPECT_EQ(w.layers, 40);
@@ -109,10 +108,12 @@ TEST(Shapes, RandomSamplesFollowTheDocumentedRules) {
       EXPECT_EQ(t.seq_len, want);
       // The bucket: within 5% of the best aspect ratio and nearest in area among those.
       auto dar = [&](const Resolution& b) {
-        return std::abs(std::log(double(s.height) / s.width) - std::log(double(b.height) / b.width));
+        return std::abs(std::log(double(s.height) / s.width) -
+                        std::log(double(b.height) / b.width));
       };
       auto darea = [&](const Resolution& b) {
-        return std::abs(std::log(double(s.height) * s.width) - std::log(double(b.height) * b.width));
+        return std::abs(std::log(double(s.height) * s.width) -
+                        std::log(double(b.height) * b.width));
       };
       double best = 1e9;
       for (const auto& b : m.buckets) best = std::min(best, dar(b));

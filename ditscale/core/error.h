@@ -35,16 +35,15 @@ std::string StrCat(Args&&... args) {
 }  // namespace ditscale
 
 // Throws ditscale::Error("file:line: check failed: <expr>: <message>") when cond is false.
-#define DS_CHECK(cond, ...)                                                                   \
-  do {                                                                                        \
-    if (!(cond)) [[unlikely]] {                                                               \
-      ::ditscale::internal::ThrowCheckFailure(__FILE__, __LINE__, #cond,                      \
-                                              ::ditscale::internal::StrCat("" __VA_OPT__(, ) \
-                                                                               __VA_ARGS__)); \
-    }                                                                                         \
+#define DS_CHECK(cond, ...)                                                                        \
+  do {                                                                                             \
+    if (!(cond)) [[unlikely]] {                                                                    \
+      ::ditscale::internal::ThrowCheckFailure(                                                     \
+          __FILE__, __LINE__, #cond, ::ditscale::internal::StrCat("" __VA_OPT__(, ) __VA_ARGS__)); \
+    }                                                                                              \
   } while (0)
 
 // Throws ditscale::Error("file:line: message") unconditionally.
-#define DS_FAIL(...)                                                         \
-  ::ditscale::internal::ThrowCheckFailure(__FILE__, __LINE__, nullptr,       \
+#define DS_FAIL(...)                                                   \
+  ::ditscale::internal::ThrowCheckFailure(__FILE__, __LINE__, nullptr, \
                                           ::ditscale::internal::StrCat(__VA_ARGS__))

@@ -208,8 +208,8 @@ void launch_fwd_pipe(const FwdArgs& a, const VecPlan& plan, int rows_per_group,
   const std::int64_t groups = (a.rows + rows_per_group - 1) / rows_per_group;
   const std::int64_t items = (groups + kRows - 1) / kRows;
   const std::int64_t grid = persistent_grid(kernel, threads, smem, items);
-  kernel<<<static_cast<unsigned>(grid), dim3(plan.threads, rows_per_group), smem, stream>>>(
-      a, items);
+  kernel<<<static_cast<unsigned>(grid), dim3(plan.threads, rows_per_group), smem, stream>>>(a,
+                                                                                            items);
   DS_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -221,8 +221,8 @@ bool launch_fwd_tma(const FwdArgs& a, int tpr, cudaStream_t stream) {
   cudaFuncAttributes attr{};
   DS_CHECK_CUDA(cudaFuncGetAttributes(&attr, kernel));
   if (attr.binaryVersion < 90) return false;
-  const std::size_t smem = static_cast<std::size_t>(kStages) * kRows *
-                           static_cast<std::size_t>(a.d) * sizeof(T);
+  const std::size_t smem =
+      static_cast<std::size_t>(kStages) * kRows * static_cast<std::size_t>(a.d) * sizeof(T);
   const std::int64_t groups = (a.rows + kRows - 1) / kRows;
   const std::int64_t grid = persistent_grid(kernel, tpr * kRows, smem, groups);
   kernel<<<static_cast<unsigned>(grid), dim3(tpr, kRows), smem, stream>>>(a);
@@ -262,12 +262,12 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
     rows = want;
   }
   const std::int64_t group_bytes = rows * nvec * 16;
-  const bool extra = p.dtype == DType::kBFloat16 &&
-                     (plan.vecs == 2 || plan.vecs == 3 || plan.vecs == 5);
-  const int stages = !extra ? 4 : (tune.fwd_tma_stages > 0 ? tune.fwd_tma_stages
-                                                           : (rows > 1 ? 6 : 4));
-  const bool bulk_store = !extra || (tune.fwd_bulk_store < 0 ? group_bytes > 4096
-                                                            : tune.fwd_bulk_store != 0);
+  const bool extra =
+      p.dtype == DType::kBFloat16 && (plan.vecs == 2 || plan.vecs == 3 || plan.vecs == 5);
+  const int stages =
+      !extra ? 4 : (tune.fwd_tma_stages > 0 ? tune.fwd_tma_stages : (rows > 1 ? 6 : 4));
+  const bool bulk_store =
+      !extra || (tune.fwd_bulk_store < 0 ? group_bytes > 4096 : tune.fwd_bulk_store != 0);
   if (static_cast<std::size_t>(stages) * group_bytes > kMaxFwdRingBytes) return false;
   a.evict_first = tune.fwd_evict_first;
   bool launched = false;
@@ -276,8 +276,8 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
     dispatch_int<1, 2, 3, 4, 5, 6, 8>(plan.vecs, [&](auto kv) {
       constexpr int kVecs = decltype(kv)::value;
       constexpr int kElems = kVecs * 16 / static_cast<int>(sizeof(T));
-      constexpr bool kExtra = std::is_same_v<T, __nv_bfloat16> &&
-                              (kVecs == 2 || kVecs == 3 || kVecs == 5);
+      constexpr bool kExtra =
+          std::is_same_v<T, __nv_bfloat16> && (kVecs == 2 || kVecs == 3 || kVecs == 5);
       if (rows > 1) {
         if constexpr (kVecs <= 3 && fwd_tma_max_threads(kElems, false) > 0) {
           dispatch_int<2, 4>(rows, [&](auto kr) {
@@ -302,8 +302,9 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
           if constexpr (kExtra) {
             dispatch_int<3, 4, 6>(stages, [&](auto ks) {
               dispatch_bool(bulk_store, [&](auto kst) {
-                launched = launch_fwd_tma<T, kVecs, decltype(ks)::value, decltype(kst)::value,
-                                          kReload, 1>(a, plan.threads, stream);
+                launched =
+                    launch_fwd_tma<T, kVecs, decltype(ks)::value, decltype(kst)::value, kReload, 1>(
+                        a, plan.threads, stream);
               });
             });
           } else {
@@ -355,8 +356,8 @@ void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
   const bool aligned = p.dim % vec == 0 && view_aligned(p.x, B, N) &&
                        view_aligned(p.residual, B, N) && view_aligned(p.branch, B, N) &&
                        view_aligned(p.gate, B, N) && view_aligned(p.scale, B, N) &&
-                       view_aligned(p.shift, B, N) && aligned16(p.weight) &&
-                       aligned16(p.bias) && aligned16(p.y) && aligned16(p.h);
+                       view_aligned(p.shift, B, N) && aligned16(p.weight) && aligned16(p.bias) &&
+                       aligned16(p.y) && aligned16(p.h);
   const AdaLNTuning& tune = adaln_tuning();
   // The pipelined kernel indexes rows with 32-bit arithmetic.
   if (aligned && tune.pipelined && a.rows < (std::int64_t{1} << 31)) {
@@ -425,8 +426,7 @@ void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
     const dim3 block(plan.threads, rows_per_block);
     dispatch_int<1, 2, 3, 4, 5, 6, 8>(plan.vecs, [&](auto kv) {
       constexpr int kVecs = decltype(kv)::value;
-      adaln_fwd_vec_kernel<T, kVecs>
-          <<<static_cast<unsigned>(blocks), block, 0, cu_stream>>>(a);
+      adaln_fwd_vec_kernel<T, kVecs><<<static_cast<unsigned>(blocks), block, 0, cu_stream>>>(a);
       DS_CHECK_CUDA(cudaGetLastError());
     });
   });

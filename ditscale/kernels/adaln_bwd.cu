@@ -88,8 +88,8 @@ __global__ void __launch_bounds__(bwd_max_threads(kVecs * 16 / sizeof(T)), 1)
         sums[1] = fmaf(dxhat, xhat, sums[1]);
         xh[j][e] = xhat;
         dxh[j][e] = dxhat;
-        sc[e] = gy;           // sc now holds dy * (1 + scale) (dbias contribution)
-        w[e] = gy * xhat;     // w now holds the dweight contribution
+        sc[e] = gy;        // sc now holds dy * (1 + scale) (dbias contribution)
+        w[e] = gy * xhat;  // w now holds the dweight contribution
       }
       if (slots.dscale >= 0) accumulate_vec<V>(slot(slots.dscale, d), first, dscale);
       if (slots.dshift >= 0) accumulate_vec<V>(slot(slots.dshift, d), first, dy);
@@ -357,10 +357,9 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
   const std::int64_t B = p.batch, N = p.seq_len;
   const bool aligned =
       p.dim % vec == 0 && view_aligned(p.x, B, N) && view_aligned(p.dy, B, N) &&
-      view_aligned(p.dh_out, B, N) && view_aligned(p.branch, B, N) &&
-      view_aligned(p.gate, B, N) && view_aligned(p.scale, B, N) && aligned16(p.weight) &&
-      aligned16(p.bias) && aligned16(p.dx) && aligned16(p.dbranch) && aligned16(p.dscale) &&
-      aligned16(p.dshift) && aligned16(p.dgate);
+      view_aligned(p.dh_out, B, N) && view_aligned(p.branch, B, N) && view_aligned(p.gate, B, N) &&
+      view_aligned(p.scale, B, N) && aligned16(p.weight) && aligned16(p.bias) && aligned16(p.dx) &&
+      aligned16(p.dbranch) && aligned16(p.dscale) && aligned16(p.dshift) && aligned16(p.dgate);
   SmemSlots slots;
   int used = 0;
   if (a.ws_dscale != nullptr) slots.dscale = used++;
@@ -455,8 +454,7 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
     const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;
     DS_CHECK(chunks * B <= 0x7fffffff, "AdaLNBwdParams: batch * dim too large for one grid");
     const dim3 grid(static_cast<unsigned>(chunks * B), static_cast<unsigned>(jobs));
-    adaln_reduce_partials_kernel<T>
-        <<<grid, dim3(kReduceCols, kReduceRows), 0, cu_stream>>>(r);
+    adaln_reduce_partials_kernel<T><<<grid, dim3(kReduceCols, kReduceRows), 0, cu_stream>>>(r);
     DS_CHECK_CUDA(cudaGetLastError());
   });
 }

@@ -33,8 +33,8 @@ void check_config(const AdaLNConfig& p, const char* s, bool for_gpu) {
 }
 
 // A [B, N, D] view in `dtype` (activations) or in `dtype`/fp32 (modulation, gate).
-void check_view(const RowsView& v, const char* s, const char* field, DType dtype,
-                bool allow_fp32, bool required) {
+void check_view(const RowsView& v, const char* s, const char* field, DType dtype, bool allow_fp32,
+                bool required) {
   if (v.data == nullptr) {
     DS_CHECK(!required, s, ".", field, ".data is null but required");
     return;

@@ -18,8 +18,10 @@ double at(const RowsView& v, std::int64_t b, std::int64_t n, std::int64_t d) {
 // Rounds `value` to `dtype` and back (what a store followed by a load gives).
 double round_to(DType dtype, double value) {
   switch (dtype) {
-    case DType::kFloat64: return value;
-    case DType::kFloat32: return static_cast<float>(value);
+    case DType::kFloat64:
+      return value;
+    case DType::kFloat32:
+      return static_cast<float>(value);
     case DType::kFloat16:
       return fp16_bits_to_float(float_to_fp16_bits(static_cast<float>(value)));
     case DType::kBFloat16:

@@ -25,10 +25,14 @@ enum class DType : int {
 // Bytes of one element of `dtype`.
 constexpr std::size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 8;
   }
   return 0;
 }
@@ -36,10 +40,14 @@ constexpr std::size_t dtype_size(DType dtype) {
 // "float32", "float16", "bfloat16", "float64" (or "invalid").
 constexpr const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat64: return "float64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
   }
   return "invalid";
 }
@@ -81,7 +89,7 @@ inline std::uint16_t float_to_fp16_bits(float value) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(value);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
   if (abs < 0x38800000u) {  // below 2^-14: float16 subnormal (or zero)
     // value / 2^-24 rounded to nearest even integer; the shift keeps exact tie detection.
@@ -104,8 +112,10 @@ inline std::uint16_t float_to_fp16_bits(float value) {
 // Reads element `index` of a buffer of `dtype` as double.
 inline double load_as_double(const void* data, DType dtype, std::int64_t index) {
   switch (dtype) {
-    case DType::kFloat32: return static_cast<const float*>(data)[index];
-    case DType::kFloat64: return static_cast<const double*>(data)[index];
+    case DType::kFloat32:
+      return static_cast<const float*>(data)[index];
+    case DType::kFloat64:
+      return static_cast<const double*>(data)[index];
     case DType::kFloat16:
       return fp16_bits_to_float(static_cast<const std::uint16_t*>(data)[index]);
     case DType::kBFloat16:
@@ -119,8 +129,12 @@ inline double load_as_double(const void* data, DType dtype, std::int64_t index) 
 // of rare ties; the references accept that, their tolerances are far above it).
 inline void store_from_double(void* data, DType dtype, std::int64_t index, double value) {
   switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(data)[index] = static_cast<float>(value); return;
-    case DType::kFloat64: static_cast<double*>(data)[index] = value; return;
+    case DType::kFloat32:
+      static_cast<float*>(data)[index] = static_cast<float>(value);
+      return;
+    case DType::kFloat64:
+      static_cast<double*>(data)[index] = value;
+      return;
     case DType::kFloat16:
       static_cast<std::uint16_t*>(data)[index] = float_to_fp16_bits(static_cast<float>(value));
       return;

@@ -9,8 +9,8 @@ namespace ditscale::sp {
 
 TensorView TensorView::Dense(float* data, int64_t batch, int64_t tokens, int64_t heads,
                              int64_t width) {
-  return TensorView{data,  batch, tokens, heads, width, tokens * heads * width, heads * width,
-                    width};
+  return TensorView{data,          batch, tokens, heads, width, tokens * heads * width,
+                    heads * width, width};
 }
 
 TensorView TensorView::Sub(int64_t token_begin, int64_t n_tokens, int64_t head_begin,
@@ -96,8 +96,8 @@ void MergeRef(const TensorView& part, const TensorView& part_lse, const TensorVi
         const double l = m + std::log(wa + wp);
         const double ca = std::exp(l0 - l), cp = std::exp(lp - l);
         for (int64_t w = 0; w < acc.width; ++w) {
-          ao[w] = static_cast<float>(ca * static_cast<double>(ao[w]) +
-                                     cp * static_cast<double>(po[w]));
+          ao[w] =
+              static_cast<float>(ca * static_cast<double>(ao[w]) + cp * static_cast<double>(po[w]));
         }
         *la = static_cast<float>(l);
       }

@@ -26,8 +26,7 @@ struct TensorView {
     return data + b * batch_stride + t * token_stride + h * head_stride;
   }
   // A dense row-major [batch, tokens, heads, width] tensor.
-  static TensorView Dense(float* data, int64_t batch, int64_t tokens, int64_t heads,
-                          int64_t width);
+  static TensorView Dense(float* data, int64_t batch, int64_t tokens, int64_t heads, int64_t width);
   // The window [token_begin, +tokens) x [head_begin, +heads) of this view.
   TensorView Sub(int64_t token_begin, int64_t tokens, int64_t head_begin, int64_t heads) const;
 };

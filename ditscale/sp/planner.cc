@@ -153,9 +153,9 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
   if (ranked.empty()) return "";
   const PlanCandidate& w = ranked[0];
   std::ostringstream os;
-  os << w.Name() << " wins: " << Ms(w.sim.layer_s) << " per attention layer, "
-     << Ms(w.step.step_s) << " per step. Its critical path: " << w.sim.critical_path.Describe()
-     << ". It overlaps " << Pct(w.hidden_comm_fraction())
+  os << w.Name() << " wins: " << Ms(w.sim.layer_s) << " per attention layer, " << Ms(w.step.step_s)
+     << " per step. Its critical path: " << w.sim.critical_path.Describe() << ". It overlaps "
+     << Pct(w.hidden_comm_fraction())
      << " of its communication time with compute (exposed communication "
      << Ms(w.sim.mean_exposed_comm_s()) << " per rank)";
   if (w.sim.inter_busy_s > 0) {
@@ -167,13 +167,13 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
   for (const PlanCandidate& c : ranked) best.try_emplace(c.config.strategy, &c);
   for (const auto& [name, c] : best) {
     if (name == w.config.strategy) continue;
-    os << "\n  vs best " << name << " (" << c->Name() << ", " << Ms(c->sim.layer_s) << "): "
-       << name << " is " << Ratio(c->sim.layer_s / w.sim.layer_s) << " slower";
+    os << "\n  vs best " << name << " (" << c->Name() << ", " << Ms(c->sim.layer_s) << "): " << name
+       << " is " << Ratio(c->sim.layer_s / w.sim.layer_s) << " slower";
     double wb = double(w.max_inter_bytes_per_rank), cb = double(c->max_inter_bytes_per_rank);
     if (cb > 0 && wb > 0 && std::abs(cb / wb - 1) > 0.05) {
-      os << "; moves " << Ratio(cb >= wb ? cb / wb : wb / cb)
-         << (cb >= wb ? " more" : " fewer") << " bytes per rank over the inter-machine network ("
-         << Bytes(cb) << " vs " << Bytes(wb) << ")";
+      os << "; moves " << Ratio(cb >= wb ? cb / wb : wb / cb) << (cb >= wb ? " more" : " fewer")
+         << " bytes per rank over the inter-machine network (" << Bytes(cb) << " vs " << Bytes(wb)
+         << ")";
     } else if (cb > 0 && wb == 0) {
       os << "; sends " << Bytes(cb) << " per rank across machines, the winner none";
     }
@@ -187,8 +187,8 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
     if (a.strategy == b.strategy && a.ulysses_degree == b.ulysses_degree &&
         a.ring_degree == b.ring_degree && a.torus_chunks == b.torus_chunks &&
         a.one_sided != b.one_sided) {
-      os << "\n  the same with " << (a.one_sided ? "one-sided" : "two-sided") << " transport: "
-         << Ms(c.sim.layer_s) << " ("
+      os << "\n  the same with " << (a.one_sided ? "one-sided" : "two-sided")
+         << " transport: " << Ms(c.sim.layer_s) << " ("
          << (c.sim.layer_s >= w.sim.layer_s ? Ratio(c.sim.layer_s / w.sim.layer_s) + " slower"
                                             : Ratio(w.sim.layer_s / c.sim.layer_s) + " faster")
          << ")";

@@ -28,7 +28,7 @@
 namespace ditscale::sp {
 
 struct PlanOptions {
-  std::vector<std::string> strategies;        // empty = all of StrategyNames()
+  std::vector<std::string> strategies;  // empty = all of StrategyNames()
   std::vector<int> torus_chunks = {1, 2, 4, 8};
   bool two_sided = true;  // include NCCL-style transport
   bool one_sided = true;  // include NVSHMEM-style transport

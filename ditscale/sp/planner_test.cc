@@ -1,8 +1,8 @@
 #include "ditscale/sp/planner.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 #include "ditscale/sp/strategies.h"
 
@@ -26,8 +26,7 @@ TEST(Planner, EnumeratesEveryConfigurationOnce) {
     EXPECT_GT(c.sim.layer_s, 0);
     EXPECT_NEAR(c.step.step_s, 57 * (c.sim.layer_s + c.step.linear_layer_s), 1e-12);
   }
-  EXPECT_NE(p.explanation.find(p.ranked[0].Name() + " wins"), std::string::npos)
-      << p.explanation;
+  EXPECT_NE(p.explanation.find(p.ranked[0].Name() + " wins"), std::string::npos) << p.explanation;
 }
 
 PlanCandidate Eval(const Topology& t, const Workload& w, const std::string& s, int u, int r,

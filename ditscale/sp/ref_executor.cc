@@ -41,7 +41,12 @@ class RankRunner {
  public:
   RankRunner(const Schedule& s, int rank, std::vector<std::vector<std::vector<float>>>* mem,
              Shared* sh, const ExecutorOptions& opt)
-      : s_(s), prog_(s.ranks[rank]), rank_(rank), mem_(mem), sh_(sh), opt_(opt),
+      : s_(s),
+        prog_(s.ranks[rank]),
+        rank_(rank),
+        mem_(mem),
+        sh_(sh),
+        opt_(opt),
         rng_(opt.seed * 7919 + rank) {
     for (size_t i = 0; i < prog_.ops.size(); ++i) {
       streams_[static_cast<int>(prog_.ops[i].stream)].push_back(static_cast<int>(i));
@@ -217,8 +222,7 @@ class RankRunner {
       case OpKind::kRecv: {
         auto it = sh_->mailbox.find(Key{op.peer, rank_, op.tag});
         const TensorView v = View(rank_, op.dst);
-        DS_CHECK(static_cast<int64_t>(it->second.size()) ==
-                     v.batch * v.tokens * v.heads * v.width,
+        DS_CHECK(static_cast<int64_t>(it->second.size()) == v.batch * v.tokens * v.heads * v.width,
                  "rank ", rank_, " '", op.label, "': message size mismatch");
         CopyView(TensorView::Dense(it->second.data(), v.batch, v.tokens, v.heads, v.width), v);
         sh_->mailbox.erase(it);
@@ -324,7 +328,8 @@ Result<std::vector<RankOutput>> ExecuteSchedule(const Schedule& s, const DenseIn
   const int64_t T = shape.text_tokens, rows = T + shape.seq_tokens, d = shape.head_dim;
   const int64_t hk = shape.kv_heads_or_heads();
   if (in.q.size() != static_cast<size_t>(shape.batch * rows * shape.heads * d) ||
-      in.k.size() != static_cast<size_t>(shape.batch * rows * hk * d) || in.v.size() != in.k.size()) {
+      in.k.size() != static_cast<size_t>(shape.batch * rows * hk * d) ||
+      in.v.size() != in.k.size()) {
     return Fail("inputs do not match the schedule's shape");
   }
   const int n = static_cast<int>(s.ranks.size());
@@ -369,7 +374,8 @@ Result<std::vector<RankOutput>> ExecuteSchedule(const Schedule& s, const DenseIn
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < n; ++r) {
-    if (!thread_errors[r].empty()) return Fail("rank " + std::to_string(r) + ": " + thread_errors[r]);
+    if (!thread_errors[r].empty())
+      return Fail("rank " + std::to_string(r) + ": " + thread_errors[r]);
   }
   if (sh.abort) return Fail(sh.error);
   std::vector<RankOutput> outs(n);
@@ -391,7 +397,8 @@ std::string Comparison::ToString() const {
 Comparison CompareWithDense(const Schedule& s, const std::vector<float>& dense,
                             const std::vector<RankOutput>& outputs) {
   const AttentionShape& shape = s.shape;
-  const int64_t T = shape.text_tokens, rows = T + shape.seq_tokens, row = shape.heads * shape.head_dim;
+  const int64_t T = shape.text_tokens, rows = T + shape.seq_tokens,
+                row = shape.heads * shape.head_dim;
   Comparison c;
   for (float x : dense) c.max_abs_ref = std::max(c.max_abs_ref, std::fabs(static_cast<double>(x)));
   auto diff = [](double a, double b) {
@@ -402,13 +409,14 @@ Comparison CompareWithDense(const Schedule& s, const std::vector<float>& dense,
   for (size_t r = 0; r < outputs.size(); ++r) {
     const RankProgram& p = s.ranks[r];
     const RankOutput& o = outputs[r];
-    DS_CHECK(static_cast<int64_t>(o.out.size()) == shape.batch * p.image_token_count * row,
-             "rank ", r, ": out has the wrong size");
+    DS_CHECK(static_cast<int64_t>(o.out.size()) == shape.batch * p.image_token_count * row, "rank ",
+             r, ": out has the wrong size");
     for (int64_t b = 0; b < shape.batch; ++b) {
       for (int64_t t = 0; t < p.image_token_count; ++t) {
         const float* ref = dense.data() + (b * rows + T + p.image_token_begin + t) * row;
         const float* got = o.out.data() + (b * p.image_token_count + t) * row;
-        for (int64_t x = 0; x < row; ++x) c.max_abs_error = std::max(c.max_abs_error, diff(ref[x], got[x]));
+        for (int64_t x = 0; x < row; ++x)
+          c.max_abs_error = std::max(c.max_abs_error, diff(ref[x], got[x]));
       }
     }
     if (T == 0) continue;

@@ -52,14 +52,13 @@ struct RankOutput {
   std::vector<float> text_out;
 };
 
-Result<std::vector<RankOutput>> ExecuteSchedule(const Schedule& schedule,
-                                                const DenseInputs& inputs,
+Result<std::vector<RankOutput>> ExecuteSchedule(const Schedule& schedule, const DenseInputs& inputs,
                                                 const ExecutorOptions& options = {});
 
 struct Comparison {
-  double max_abs_error = 0;   // over every rank's out and text_out vs dense (NaN -> +inf)
-  double max_abs_ref = 0;     // max |dense|
-  double max_rel_error = 0;   // max_abs_error / max_abs_ref
+  double max_abs_error = 0;      // over every rank's out and text_out vs dense (NaN -> +inf)
+  double max_abs_ref = 0;        // max |dense|
+  double max_rel_error = 0;      // max_abs_error / max_abs_ref
   double text_replica_diff = 0;  // max difference between ranks' text_out copies
   std::string ToString() const;
 };

@@ -37,7 +37,8 @@ TEST(AttentionRef, MatchesTextbookSoftmaxWithGqa) {
         for (int64_t j = 0; j < Tk; ++j) {
           long double s = 0;
           for (int64_t w = 0; w < d; ++w) {
-            s += (long double)q[((b * Tq + t) * H + h) * d + w] * k[((b * Tk + j) * Hk + kh) * d + w];
+            s += (long double)q[((b * Tq + t) * H + h) * d + w] *
+                 k[((b * Tk + j) * Hk + kh) * d + w];
           }
           const long double p = std::exp(s * scale);
           z += p;
@@ -63,12 +64,12 @@ TEST(AttentionRef, MergeOfBlocksEqualsWhole) {
   AttentionRef(view(q, Tq, d), view(k, Tk, d), view(v, Tk, d), view(whole, Tq, d),
                view(whole_lse, Tq, 1), 0.5);
   // Blocks [7, 11), [0, 3), [3, 7) and an empty one, merged into an empty accumulator.
-  std::vector<float> acc(whole.size(), 123.f), acc_lse(whole_lse.size(),
-                                                      -std::numeric_limits<float>::infinity());
+  std::vector<float> acc(whole.size(), 123.f),
+      acc_lse(whole_lse.size(), -std::numeric_limits<float>::infinity());
   for (auto [a, e] : {std::pair<int64_t, int64_t>{7, 11}, {0, 3}, {5, 5}, {3, 7}}) {
     std::vector<float> part(whole.size()), part_lse(whole_lse.size());
-    AttentionRef(view(q, Tq, d), view(k, Tk, d).Sub(a, e - a, 0, H), view(v, Tk, d).Sub(a, e - a, 0, H),
-                 view(part, Tq, d), view(part_lse, Tq, 1), 0.5);
+    AttentionRef(view(q, Tq, d), view(k, Tk, d).Sub(a, e - a, 0, H),
+                 view(v, Tk, d).Sub(a, e - a, 0, H), view(part, Tq, d), view(part_lse, Tq, 1), 0.5);
     MergeRef(view(part, Tq, d), view(part_lse, Tq, 1), view(acc, Tq, d), view(acc_lse, Tq, 1));
   }
   for (size_t i = 0; i < whole.size(); ++i) EXPECT_NEAR(acc[i], whole[i], 1e-6);

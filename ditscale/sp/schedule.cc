@@ -10,45 +10,66 @@ namespace ditscale::sp {
 
 const char* ToString(OpKind kind) {
   switch (kind) {
-    case OpKind::kSend: return "Send";
-    case OpKind::kRecv: return "Recv";
-    case OpKind::kPut: return "Put";
-    case OpKind::kSignal: return "Signal";
-    case OpKind::kWait: return "Wait";
-    case OpKind::kAttention: return "Attention";
-    case OpKind::kMerge: return "Merge";
-    case OpKind::kPack: return "Pack";
-    case OpKind::kUnpack: return "Unpack";
-    case OpKind::kCopy: return "Copy";
+    case OpKind::kSend:
+      return "Send";
+    case OpKind::kRecv:
+      return "Recv";
+    case OpKind::kPut:
+      return "Put";
+    case OpKind::kSignal:
+      return "Signal";
+    case OpKind::kWait:
+      return "Wait";
+    case OpKind::kAttention:
+      return "Attention";
+    case OpKind::kMerge:
+      return "Merge";
+    case OpKind::kPack:
+      return "Pack";
+    case OpKind::kUnpack:
+      return "Unpack";
+    case OpKind::kCopy:
+      return "Copy";
   }
   return "?";
 }
 
 const char* ToString(Stream stream) {
   switch (stream) {
-    case Stream::kCompute: return "compute";
-    case Stream::kCommIntra: return "comm-intra";
-    case Stream::kCommInter: return "comm-inter";
+    case Stream::kCompute:
+      return "compute";
+    case Stream::kCommIntra:
+      return "comm-intra";
+    case Stream::kCommInter:
+      return "comm-inter";
   }
   return "?";
 }
 
 const char* ToString(LinkKind link) {
   switch (link) {
-    case LinkKind::kNone: return "none";
-    case LinkKind::kIntraMachine: return "intra";
-    case LinkKind::kInterMachine: return "inter";
+    case LinkKind::kNone:
+      return "none";
+    case LinkKind::kIntraMachine:
+      return "intra";
+    case LinkKind::kInterMachine:
+      return "inter";
   }
   return "?";
 }
 
 const char* ToString(BufferRole role) {
   switch (role) {
-    case BufferRole::kInput: return "input";
-    case BufferRole::kOutput: return "output";
-    case BufferRole::kWork: return "work";
-    case BufferRole::kScratch: return "scratch";
-    case BufferRole::kStaging: return "staging";
+    case BufferRole::kInput:
+      return "input";
+    case BufferRole::kOutput:
+      return "output";
+    case BufferRole::kWork:
+      return "work";
+    case BufferRole::kScratch:
+      return "scratch";
+    case BufferRole::kStaging:
+      return "staging";
   }
   return "?";
 }
@@ -151,8 +172,11 @@ const RankProgram* ProgramOf(const Schedule& s, int rank) {
 
 nlohmann::json RegionJson(const Region& r) {
   if (!r.valid()) return nullptr;
-  return {{"buffer", r.buffer}, {"token_begin", r.token_begin}, {"tokens", r.tokens},
-          {"head_begin", r.head_begin}, {"heads", r.heads}};
+  return {{"buffer", r.buffer},
+          {"token_begin", r.token_begin},
+          {"tokens", r.tokens},
+          {"head_begin", r.head_begin},
+          {"heads", r.heads}};
 }
 
 }  // namespace
@@ -164,19 +188,18 @@ std::string PrintSchedule(const Schedule& s) {
      << ", ulysses " << c.ulysses_degree << ", ring " << c.ring_degree << ", torus_chunks "
      << c.torus_chunks << ", " << (c.one_sided ? "one-sided" : "two-sided") << "\n";
   os << "shape: batch " << s.shape.batch << ", seq " << s.shape.seq_tokens << ", text "
-     << s.shape.text_tokens << ", heads " << s.shape.heads << " (kv "
-     << s.shape.kv_heads_or_heads() << "), head_dim " << s.shape.head_dim << ", dtype_bytes "
-     << s.shape.dtype_bytes << "\n";
+     << s.shape.text_tokens << ", heads " << s.shape.heads << " (kv " << s.shape.kv_heads_or_heads()
+     << "), head_dim " << s.shape.head_dim << ", dtype_bytes " << s.shape.dtype_bytes << "\n";
   for (const std::string& note : s.notes) os << "note: " << note << "\n";
   const std::vector<RankCommVolume> vol = CommVolumePerRank(s);
   for (const RankProgram& prog : s.ranks) {
     const RankCommVolume& v = vol[prog.rank];
-    os << "rank " << prog.rank << " (machine " << s.mesh.machine_of(prog.rank) << "): image tokens ["
-       << prog.image_token_begin << ", " << prog.image_token_begin + prog.image_token_count
-       << "), sent intra " << BytesText(v.sent_intra_bytes) << " inter "
-       << BytesText(v.sent_inter_bytes) << ", recv intra " << BytesText(v.recv_intra_bytes)
-       << " inter " << BytesText(v.recv_inter_bytes) << ", attention "
-       << v.attention_flops / 1e6 << " MFLOP\n";
+    os << "rank " << prog.rank << " (machine " << s.mesh.machine_of(prog.rank)
+       << "): image tokens [" << prog.image_token_begin << ", "
+       << prog.image_token_begin + prog.image_token_count << "), sent intra "
+       << BytesText(v.sent_intra_bytes) << " inter " << BytesText(v.sent_inter_bytes)
+       << ", recv intra " << BytesText(v.recv_intra_bytes) << " inter "
+       << BytesText(v.recv_inter_bytes) << ", attention " << v.attention_flops / 1e6 << " MFLOP\n";
     for (size_t b = 0; b < prog.buffers.size(); ++b) {
       const BufferDecl& d = prog.buffers[b];
       os << "  buffer " << b << " " << d.name << " (" << ToString(d.role) << ") [" << s.shape.batch
@@ -224,10 +247,13 @@ std::string ScheduleToJson(const Schedule& s, int indent) {
                  {"torus_chunks", s.config.torus_chunks},
                  {"one_sided", s.config.one_sided},
                  {"placement", s.config.placement == Placement::kUlyssesOuter ? "ulysses-outer"
-                                                                               : "ulysses-inner"}};
-  j["shape"] = {{"batch", s.shape.batch},         {"seq_tokens", s.shape.seq_tokens},
-                {"text_tokens", s.shape.text_tokens}, {"heads", s.shape.heads},
-                {"kv_heads", s.shape.kv_heads_or_heads()}, {"head_dim", s.shape.head_dim},
+                                                                              : "ulysses-inner"}};
+  j["shape"] = {{"batch", s.shape.batch},
+                {"seq_tokens", s.shape.seq_tokens},
+                {"text_tokens", s.shape.text_tokens},
+                {"heads", s.shape.heads},
+                {"kv_heads", s.shape.kv_heads_or_heads()},
+                {"head_dim", s.shape.head_dim},
                 {"dtype_bytes", s.shape.dtype_bytes}};
   j["head_group_begin"] = s.head_group_begin;
   j["head_group_size"] = s.head_group_size;
@@ -240,18 +266,19 @@ std::string ScheduleToJson(const Schedule& s, int indent) {
     r["image_token_begin"] = prog.image_token_begin;
     r["image_token_count"] = prog.image_token_count;
     const RankCommVolume& v = vol[prog.rank];
-    r["volume"] = {{"sent_intra_bytes", v.sent_intra_bytes},
-                   {"sent_inter_bytes", v.sent_inter_bytes},
-                   {"recv_intra_bytes", v.recv_intra_bytes},
-                   {"recv_inter_bytes", v.recv_inter_bytes},
-                   {"signals_intra", v.signals_intra},
-                   {"signals_inter", v.signals_inter},
-                   {"local_copy_bytes", v.local_copy_bytes},
-                   {"attention_flops", v.attention_flops}};
+    r["volume"] = {
+        {"sent_intra_bytes", v.sent_intra_bytes}, {"sent_inter_bytes", v.sent_inter_bytes},
+        {"recv_intra_bytes", v.recv_intra_bytes}, {"recv_inter_bytes", v.recv_inter_bytes},
+        {"signals_intra", v.signals_intra},       {"signals_inter", v.signals_inter},
+        {"local_copy_bytes", v.local_copy_bytes}, {"attention_flops", v.attention_flops}};
     nlohmann::json bufs = nlohmann::json::array();
     for (const BufferDecl& d : prog.buffers) {
-      bufs.push_back({{"name", d.name}, {"role", ToString(d.role)}, {"tokens", d.tokens},
-                      {"heads", d.heads}, {"width", d.width}, {"element_bytes", d.element_bytes}});
+      bufs.push_back({{"name", d.name},
+                      {"role", ToString(d.role)},
+                      {"tokens", d.tokens},
+                      {"heads", d.heads},
+                      {"width", d.width},
+                      {"element_bytes", d.element_bytes}});
     }
     r["buffers"] = std::move(bufs);
     nlohmann::json ops = nlohmann::json::array();
@@ -270,8 +297,9 @@ std::string ScheduleToJson(const Schedule& s, int indent) {
         o["count"] = op.count;
       }
       const std::pair<const char*, const Region*> regions[] = {
-          {"src", &op.src},         {"dst", &op.dst},        {"key", &op.key},
-          {"value_region", &op.value}, {"src_lse", &op.src_lse}, {"dst_lse", &op.dst_lse}};
+          {"src", &op.src},         {"dst", &op.dst},
+          {"key", &op.key},         {"value_region", &op.value},
+          {"src_lse", &op.src_lse}, {"dst_lse", &op.dst_lse}};
       for (const auto& [name, reg] : regions) {
         if (reg->valid()) o[name] = RegionJson(*reg);
       }

@@ -126,8 +126,8 @@ struct BufferDecl {
   BufferInit init = BufferInit::kUndefined;
   int64_t tokens = 0;
   int64_t heads = 0;
-  int64_t width = 0;        // head_dim, or 1 for a log-sum-exp buffer
-  int element_bytes = 0;    // dtype_bytes, or 4 for log-sum-exp
+  int64_t width = 0;      // head_dim, or 1 for a log-sum-exp buffer
+  int element_bytes = 0;  // dtype_bytes, or 4 for log-sum-exp
   int64_t elements(int64_t batch) const { return batch * tokens * heads * width; }
 };
 
@@ -151,15 +151,16 @@ struct Op {
   std::vector<int> deps;  // earlier ops of this rank that must complete first
   int peer = -1;          // Send/Recv/Put/Signal: the other rank
   LinkKind link = LinkKind::kNone;
-  int64_t tag = -1;       // Send/Recv match key (with the two ranks)
-  std::string counter;    // Signal/Wait/put-with-signal: counter name on the target rank
-  int64_t count = 0;      // Signal/put-with-signal: increment of `counter`; Wait: threshold
+  int64_t tag = -1;     // Send/Recv match key (with the two ranks)
+  std::string counter;  // Signal/Wait/put-with-signal: counter name on the target rank
+  int64_t count = 0;    // Signal/put-with-signal: increment of `counter`; Wait: threshold
 
   // Regions, by kind:
   //   Send: src.  Recv: dst.  Put: src (local), dst (peer's buffer).  Wait: dst (optional).
   //   Pack/Unpack/Copy: src -> dst (same tokens and heads).
   //   Attention: src = queries [q tokens, q heads], key/value = [kv tokens, q heads / group]
-  //     where group = heads / kv_heads, dst = out (shape of src), dst_lse = lse [q tokens, q heads].
+  //     where group = heads / kv_heads, dst = out (shape of src), dst_lse = lse [q tokens, q
+  //     heads].
   //   Merge: src/src_lse = partial; dst/dst_lse = accumulator (same shape).
   Region src, dst, key, value, src_lse, dst_lse;
 
@@ -187,7 +188,7 @@ struct RankProgram {
 struct Schedule {
   std::string strategy;  // canonical strategy name
   SpMesh mesh;
-  SpConfig config;       // with degrees and placement resolved
+  SpConfig config;  // with degrees and placement resolved
   AttentionShape shape;
   // Ulysses head groups: query heads [head_group_begin[u], +head_group_size[u]) for Ulysses
   // index u (uneven when H is not divisible by U, e.g. 30 heads on 4 -> 8, 8, 7, 7).
@@ -231,7 +232,7 @@ struct RankCommVolume {
   int64_t recv_inter_bytes = 0;  // Recv + incoming Put from other machines
   int64_t messages_intra = 0;    // Send + Put ops issued, by link
   int64_t messages_inter = 0;
-  int64_t signals_intra = 0;     // pure Signal ops issued (puts-with-signal not counted)
+  int64_t signals_intra = 0;  // pure Signal ops issued (puts-with-signal not counted)
   int64_t signals_inter = 0;
   int64_t local_copy_bytes = 0;  // Pack + Unpack + Copy
   double attention_flops = 0;

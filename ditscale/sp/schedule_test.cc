@@ -227,8 +227,8 @@ TEST(Schedule, TextAllGatherVolumeAndFlops) {
   const auto v = CommVolumePerRank(s);
   const int64_t N = 8, U = 4, R = 2;
   for (int r = 0; r < N; ++r) {
-    const int64_t base = 4 * b * (S / N) * H * d * e * (U - 1) / U +
-                         2 * (R - 1) * b * (S / R) * (H / U) * d * e;
+    const int64_t base =
+        4 * b * (S / N) * H * d * e * (U - 1) / U + 2 * (R - 1) * b * (S / R) * (H / U) * d * e;
     EXPECT_EQ(v[r].recv_bytes(), base + b * T * H * d * e * (N - 1) / N);
     // Image rows (S/R) x (S + T) plus text rows (T/R) x (S + T), for H/U heads.
     const double flops = 4.0 * b * (H / U) * ((S / R) + (T / R)) * (S + T) * d;
@@ -274,8 +274,7 @@ TEST(Schedule, PrintAndJson) {
   EXPECT_EQ(j["ranks"].size(), 4u);
   EXPECT_EQ(j["ranks"][0]["ops"].size(), s.ranks[0].ops.size());
   EXPECT_EQ(j["config"]["placement"], "ulysses-outer");
-  EXPECT_EQ(j["ranks"][1]["volume"]["recv_inter_bytes"],
-            CommVolumePerRank(s)[1].recv_inter_bytes);
+  EXPECT_EQ(j["ranks"][1]["volume"]["recv_inter_bytes"], CommVolumePerRank(s)[1].recv_inter_bytes);
 }
 
 TEST(Schedule, RegionContiguity) {

@@ -60,8 +60,8 @@ class Checker {
       return nullptr;
     }
     if (r.buffer >= static_cast<int>(owner.buffers.size())) {
-      Err(where, ": field '", field, "' names buffer ", r.buffer, " but rank ", owner.rank,
-          " has ", owner.buffers.size(), " buffers");
+      Err(where, ": field '", field, "' names buffer ", r.buffer, " but rank ", owner.rank, " has ",
+          owner.buffers.size(), " buffers");
       return nullptr;
     }
     const BufferDecl& d = owner.buffers[r.buffer];
@@ -95,7 +95,8 @@ class Checker {
   void CheckRank(const RankProgram& prog) {
     std::set<std::string> names;
     for (const BufferDecl& d : prog.buffers) {
-      if (!names.insert(d.name).second) Err("rank ", prog.rank, ": buffer name '", d.name, "' twice");
+      if (!names.insert(d.name).second)
+        Err("rank ", prog.rank, ": buffer name '", d.name, "' twice");
       if (d.tokens < 0 || d.heads < 0 || d.width < 1 || d.element_bytes < 1) {
         Err("rank ", prog.rank, ": buffer '", d.name, "' has a bad shape or element size");
       }
@@ -115,7 +116,8 @@ class Checker {
         if (it != group_end.end()) {
           bool contiguous = it->second.first == op.stream;
           for (size_t j = it->second.second + 1; j < i && contiguous; ++j) {
-            if (prog.ops[j].stream == op.stream && prog.ops[j].group != op.group) contiguous = false;
+            if (prog.ops[j].stream == op.stream && prog.ops[j].group != op.group)
+              contiguous = false;
           }
           if (!contiguous) Err(w, ": group ", op.group, " is not one run of ops on one stream");
         }
@@ -135,8 +137,9 @@ class Checker {
           continue;
         }
         const LinkKind want = s_.mesh.same_machine(prog.rank, op.peer) ? LinkKind::kIntraMachine
-                                                                        : LinkKind::kInterMachine;
-        if (op.link != want) Err(w, ": link is ", ToString(op.link), ", mesh says ", ToString(want));
+                                                                       : LinkKind::kInterMachine;
+        if (op.link != want)
+          Err(w, ": link is ", ToString(op.link), ", mesh says ", ToString(want));
       }
       switch (op.kind) {
         case OpKind::kSend: {
@@ -151,7 +154,8 @@ class Checker {
         }
         case OpKind::kPut: {
           const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
-          const BufferDecl* b = CheckRegion(s_.ranks[op.peer], op.dst, w + " (peer's buffer)", "dst");
+          const BufferDecl* b =
+              CheckRegion(s_.ranks[op.peer], op.dst, w + " (peer's buffer)", "dst");
           SameShape(op.src, a, op.dst, b, w, "src", "dst");
           CheckBytes(op, op.src, a, w);
           if (op.counter.empty() != (op.count == 0)) {
@@ -193,8 +197,8 @@ class Checker {
           if (op.dst_lse.tokens != op.src.tokens || op.dst_lse.heads != op.src.heads) {
             Err(w, ": dst_lse does not match the query block");
           }
-          const double flops = 4.0 * s_.shape.batch * op.src.heads * op.src.tokens *
-                               op.key.tokens * d;
+          const double flops =
+              4.0 * s_.shape.batch * op.src.heads * op.src.tokens * op.key.tokens * d;
           if (op.flops != flops) Err(w, ": flops is ", op.flops, ", expected ", flops);
           break;
         }
@@ -349,7 +353,8 @@ class Checker {
               }
             }
             bool unit_done = true;
-            for (size_t u = pos; u < rs.unit_end[sidx]; ++u) unit_done = unit_done && rs.done[ops[u]];
+            for (size_t u = pos; u < rs.unit_end[sidx]; ++u)
+              unit_done = unit_done && rs.done[ops[u]];
             if (!unit_done) break;
             pos = rs.unit_end[sidx];
           }

@@ -39,9 +39,9 @@ struct Activity {
   Phase phase = Phase::kWork;
   double remaining = 0;  // seconds (work, delay) or bytes (data)
   double rate = 1;
-  int gid = -1;          // op completed at the end (Send for a rendezvous pair)
+  int gid = -1;  // op completed at the end (Send for a rendezvous pair)
   int src = -1, dst = -1;
-  int64_t bytes = 0;     // data still to move after a delay phase
+  int64_t bytes = 0;  // data still to move after a delay phase
   bool two_sided = false;
   bool compute_stream = false;  // a compute-kind op on the compute stream (SM slow-down)
 };
@@ -66,8 +66,8 @@ class Sim {
   int n_ = 0;
   std::vector<OpState> ops_;
   std::vector<int> offset_;
-  std::vector<std::vector<int>> units_;          // ops of each stream unit
-  std::vector<int> unit_left_;                   // ops of the unit not yet done
+  std::vector<std::vector<int>> units_;  // ops of each stream unit
+  std::vector<int> unit_left_;           // ops of the unit not yet done
   std::vector<std::array<std::vector<int>, kNumStreams>> stream_units_;  // per rank
   std::vector<std::array<int, kNumStreams>> head_;
   std::map<std::pair<int, std::string>, int64_t> counters_;
@@ -131,8 +131,8 @@ void Sim::Build() {
     }
   }
   for (auto& [key, pr] : match) {
-    DS_CHECK(pr.first >= 0 && pr.second >= 0, "unmatched send/recv from rank ",
-             std::get<0>(key), " to rank ", std::get<1>(key), " tag ", std::get<2>(key));
+    DS_CHECK(pr.first >= 0 && pr.second >= 0, "unmatched send/recv from rank ", std::get<0>(key),
+             " to rank ", std::get<1>(key), " tag ", std::get<2>(key));
     ops_[pr.first].partner = pr.second;
     ops_[pr.second].partner = pr.first;
   }
@@ -348,7 +348,8 @@ Result<SimResult> Sim::Run() {
   }
   if (int(s_.ranks.size()) != s_.mesh.ranks()) {
     return Failure{"schedule has " + std::to_string(s_.ranks.size()) + " rank programs for " +
-                       std::to_string(s_.mesh.ranks()) + " ranks", "", 0, "ranks"};
+                       std::to_string(s_.mesh.ranks()) + " ranks",
+                   "", 0, "ranks"};
   }
   Build();
   for (int r = 0; r < n_; ++r) {
@@ -420,7 +421,10 @@ Result<SimResult> Sim::Run() {
       if (o.done || shown >= 8) continue;
       ++shown;
       os << " [rank " << o.rank << " op " << o.index << " " << ToString(o.op->kind) << " '"
-         << o.op->label << "' " << (o.posted ? "posted" : o.issued ? "issued" : "not issued")
+         << o.op->label << "' "
+         << (o.posted   ? "posted"
+             : o.issued ? "issued"
+                        : "not issued")
          << "]";
     }
     return Failure{os.str(), "", 0, "schedule"};
@@ -440,12 +444,20 @@ Result<SimResult> Sim::Run() {
     double d = o.end_t - o.start_t;
     ++cp.ops;
     switch (o.op->kind) {
-      case OpKind::kAttention: cp.attention_s += d; break;
-      case OpKind::kMerge: case OpKind::kPack: case OpKind::kUnpack: case OpKind::kCopy:
+      case OpKind::kAttention:
+        cp.attention_s += d;
+        break;
+      case OpKind::kMerge:
+      case OpKind::kPack:
+      case OpKind::kUnpack:
+      case OpKind::kCopy:
         cp.memory_s += d;
         break;
-      case OpKind::kSignal: cp.signal_s += d; break;
-      case OpKind::kWait: break;
+      case OpKind::kSignal:
+        cp.signal_s += d;
+        break;
+      case OpKind::kWait:
+        break;
       default:
         (t_.SameMachine(o.rank, o.op->peer) ? cp.intra_transfer_s : cp.inter_transfer_s) += d;
     }

@@ -61,12 +61,12 @@
 namespace ditscale::sp {
 
 struct RankBreakdown {
-  double end_s = 0;            // when the rank's last op finished
-  double compute_s = 0;        // see above
+  double end_s = 0;      // when the rank's last op finished
+  double compute_s = 0;  // see above
   double exposed_comm_s = 0;
   double idle_s = 0;
   double comm_active_s = 0;
-  double attention_s = 0;      // sum of attention op durations on this rank (any stream)
+  double attention_s = 0;  // sum of attention op durations on this rank (any stream)
   int64_t sent_intra_bytes = 0;
   int64_t sent_inter_bytes = 0;
 };

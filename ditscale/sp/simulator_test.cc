@@ -1,8 +1,8 @@
 #include "ditscale/sp/simulator.h"
 
-#include <random>
-
 #include <gtest/gtest.h>
+
+#include <random>
 
 #include "ditscale/sp/internal/fair_share.h"
 
@@ -93,10 +93,13 @@ TEST(FairShare, ProgressiveFilling) {
     for (double& c : cap) c = 1 + rng() % 100;
     std::vector<std::array<int, 2>> flows(nf);
     for (auto& f : flows) f = {int(rng() % nr), rng() % 2 ? int(rng() % nr) : -1};
-    for (auto& f : flows) if (f[1] == f[0]) f[1] = -1;
+    for (auto& f : flows)
+      if (f[1] == f[0]) f[1] = -1;
     auto x = internal::MaxMinFairRates(cap, flows);
     std::vector<double> used(nr, 0);
-    for (int f = 0; f < nf; ++f) for (int r : flows[f]) if (r >= 0) used[r] += x[f];
+    for (int f = 0; f < nf; ++f)
+      for (int r : flows[f])
+        if (r >= 0) used[r] += x[f];
     for (int r = 0; r < nr; ++r) EXPECT_LE(used[r], cap[r] * (1 + 1e-9));
     for (int f = 0; f < nf; ++f) {
       bool bottleneck = false;  // some resource of f is saturated and f has a maximal rate on it
@@ -104,7 +107,8 @@ TEST(FairShare, ProgressiveFilling) {
         if (r < 0 || used[r] < cap[r] * (1 - 1e-9)) continue;
         bool max_there = true;
         for (int g = 0; g < nf; ++g)
-          for (int q : flows[g]) if (q == r && x[g] > x[f] * (1 + 1e-9)) max_there = false;
+          for (int q : flows[g])
+            if (q == r && x[g] > x[f] * (1 + 1e-9)) max_there = false;
         bottleneck |= max_there;
       }
       EXPECT_TRUE(bottleneck) << "flow " << f << " rate " << x[f];
@@ -226,8 +230,8 @@ SimResult Ring(int R, double a, int64_t bytes, const Topology& t) {
       b.Add(r, Attention(a, deps));
       if (s == R - 1) break;
       b.Add(r, Xfer(OpKind::kSend, (r + 1) % R, s, bytes, Stream::kCommIntra, deps, s));
-      prev_recv = b.Add(r, Xfer(OpKind::kRecv, (r + R - 1) % R, s, bytes, Stream::kCommIntra,
-                                deps, s));
+      prev_recv =
+          b.Add(r, Xfer(OpKind::kRecv, (r + R - 1) % R, s, bytes, Stream::kCommIntra, deps, s));
     }
   }
   return SimOk(b, t);
@@ -318,8 +322,8 @@ TEST(Simulator, TwoSidedTransfersSlowConcurrentCompute) {
     t.one_sided_overhead_s = 0;
     t.inter_latency_s = 0;
     Builder b(2, 1);
-    b.Add(0, Xfer(one_sided ? OpKind::kPut : OpKind::kSend, 1, 1, 4'000'000'000,
-                  Stream::kCommInter));
+    b.Add(0,
+          Xfer(one_sided ? OpKind::kPut : OpKind::kSend, 1, 1, 4'000'000'000, Stream::kCommInter));
     if (!one_sided) b.Add(1, Xfer(OpKind::kRecv, 0, 1, 4'000'000'000, Stream::kCommInter));
     b.Add(0, Attention(1.0));
     SimResult r = SimOk(b, t);
@@ -348,8 +352,7 @@ TEST(Simulator, DeadlockAndMismatchAreFailures) {
   auto r = Simulate(b.s, Simple(2, 1));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.failure().message.find("deadlock"), std::string::npos) << r.failure().message;
-  EXPECT_NE(r.failure().message.find("rank 0 op 0 Recv"), std::string::npos)
-      << r.failure().message;
+  EXPECT_NE(r.failure().message.find("rank 0 op 0 Recv"), std::string::npos) << r.failure().message;
   auto m = Simulate(b.s, Simple(1, 2));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.failure().message.find("does not match"), std::string::npos);

@@ -2,9 +2,8 @@
 
 #include <cmath>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace ditscale::sp {
 namespace {
@@ -111,11 +110,11 @@ Result<bool> Topology::Validate() const {
     const char* field;
     double v;
   };
-  for (Positive p : {Positive{"intra_bandwidth_GBps", intra_bandwidth_Bps},
-                     Positive{"nic_bandwidth_GBps", nic_bandwidth_Bps},
-                     Positive{"attention_tflops", attention_flops},
-                     Positive{"linear_tflops", linear_flops},
-                     Positive{"hbm_bandwidth_GBps", hbm_bandwidth_Bps}}) {
+  for (Positive p :
+       {Positive{"intra_bandwidth_GBps", intra_bandwidth_Bps},
+        Positive{"nic_bandwidth_GBps", nic_bandwidth_Bps},
+        Positive{"attention_tflops", attention_flops}, Positive{"linear_tflops", linear_flops},
+        Positive{"hbm_bandwidth_GBps", hbm_bandwidth_Bps}}) {
     if (!(p.v > 0) || !std::isfinite(p.v)) return bad(p.field, "must be a finite number > 0");
   }
   if (!(attention_half_tokens >= 0)) return bad("attention_half_tokens", "must be >= 0");

@@ -89,18 +89,18 @@ struct Topology {
 
   double intra_bandwidth_Bps = 0;  // per GPU, per direction (egress = ingress)
   double intra_latency_s = 0;
-  double nic_bandwidth_Bps = 0;    // per machine (shared by its GPUs), per direction
+  double nic_bandwidth_Bps = 0;  // per machine (shared by its GPUs), per direction
   double inter_latency_s = 0;
 
-  double attention_flops = 0;         // asymptotic achieved attention FLOP/s per GPU
-  double attention_half_tokens = 128; // Eff(t) = t / (t + attention_half_tokens)
-  double linear_flops = 0;            // achieved GEMM FLOP/s per GPU
-  double hbm_bandwidth_Bps = 0;       // achieved bytes/s for memory-bound ops
+  double attention_flops = 0;          // asymptotic achieved attention FLOP/s per GPU
+  double attention_half_tokens = 128;  // Eff(t) = t / (t + attention_half_tokens)
+  double linear_flops = 0;             // achieved GEMM FLOP/s per GPU
+  double hbm_bandwidth_Bps = 0;        // achieved bytes/s for memory-bound ops
 
-  double launch_overhead_s = 0;     // per compute op
-  double two_sided_sync_s = 0;      // per two-sided transfer
-  double two_sided_sm_fraction = 0; // compute slow-down while a two-sided transfer runs
-  double one_sided_overhead_s = 0;  // per one-sided transfer
+  double launch_overhead_s = 0;      // per compute op
+  double two_sided_sync_s = 0;       // per two-sided transfer
+  double two_sided_sm_fraction = 0;  // compute slow-down while a two-sided transfer runs
+  double one_sided_overhead_s = 0;   // per one-sided transfer
 
   int world_size() const { return machines * gpus_per_machine; }
   int MachineOf(int rank) const { return rank / gpus_per_machine; }

@@ -1,10 +1,10 @@
 #include "ditscale/sp/topology.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <fstream>
 #include <random>
-
-#include <gtest/gtest.h>
 
 namespace ditscale::sp {
 namespace {
@@ -88,7 +88,8 @@ TEST(Topology, JsonErrorsNameFileAndField) {
   };
   expect_fail(R"({"base": "p4de", "nic_bandwidth_GBps": -1})", "'nic_bandwidth_GBps'");
   expect_fail(R"({"base": "p4de", "nic_bandwith_GBps": 1})", "'nic_bandwith_GBps': unknown");
-  expect_fail(R"({"base": "p4de", "intra_latency_us": "5"})", "'intra_latency_us': must be a number");
+  expect_fail(R"({"base": "p4de", "intra_latency_us": "5"})",
+              "'intra_latency_us': must be a number");
   expect_fail(R"({"base": "nope"})", "'base'");
   expect_fail(R"({"base": "p4de", "gpus_per_machine": 2.5})", "'gpus_per_machine'");
   expect_fail(R"({"base": "p4de", "two_sided_sm_fraction": 1})", "'two_sided_sm_fraction'");
@@ -100,7 +101,8 @@ TEST(Topology, JsonErrorsNameFileAndField) {
 }
 
 TEST(Topology, LoadFromFileAndPreset) {
-  std::string path = ::testing::TempDir() + "topo_" + std::to_string(std::random_device{}()) + ".json";
+  std::string path =
+      ::testing::TempDir() + "topo_" + std::to_string(std::random_device{}()) + ".json";
   {
     std::ofstream f(path);
     f << R"({"name": "full", "gpus_per_machine": 4, "intra_bandwidth_GBps": 100,

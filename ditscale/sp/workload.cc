@@ -31,9 +31,7 @@ const std::vector<ModelSpec>& Specs() {
   return specs;
 }
 
-Failure Bad(const std::string& field, const std::string& msg) {
-  return Failure{msg, "", 0, field};
-}
+Failure Bad(const std::string& field, const std::string& msg) { return Failure{msg, "", 0, field}; }
 
 }  // namespace
 
@@ -48,8 +46,8 @@ double Workload::LinearFlops() const {
 }
 
 double Workload::QkvoBytes() const {
-  return static_cast<double>(batch) * static_cast<double>(tokens + text_tokens) * heads *
-         head_dim * dtype_bytes;
+  return static_cast<double>(batch) * static_cast<double>(tokens + text_tokens) * heads * head_dim *
+         dtype_bytes;
 }
 
 std::string Workload::Describe() const {
@@ -130,7 +128,8 @@ Result<Workload> MakeWorkload(const std::string& model, const WorkloadOptions& o
   wl.dtype_bytes = 2;
   wl.linear_flops_per_token_per_layer = spec->linear_flops_per_token;
   if (!spec->video) {
-    if (o.duration_s != 0) return Bad("duration_s", "is for video models; " + model + " is an image model");
+    if (o.duration_s != 0)
+      return Bad("duration_s", "is for video models; " + model + " is an image model");
     if (o.frames != 0) return Bad("frames", "is for video models; " + model + " is an image model");
     wl.tokens = per_frame;
   } else {

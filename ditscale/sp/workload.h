@@ -47,7 +47,7 @@ struct Workload {
   int head_dim = 0;
   int dtype_bytes = 2;
   int hidden = 0;
-  int layers = 0;           // attention layers per forward pass (one denoising step)
+  int layers = 0;  // attention layers per forward pass (one denoising step)
   double linear_flops_per_token_per_layer = 0;
 
   // Self-attention FLOPs of one layer, forward: 4 * batch * heads * head_dim * (S+T)^2

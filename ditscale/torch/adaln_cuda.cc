@@ -46,8 +46,8 @@ std::tuple<Tensor, Tensor, Tensor> adaln_fwd_cuda(const Tensor& x, const Tensor&
   const char* op = "ditscale::adaln_fwd";
   check_cuda(op, x);
   c10::cuda::CUDAGuard guard(x.device());
-  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, scale,
-                                             shift, weight, bias, norm, eps);
+  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, scale, shift,
+                                             weight, bias, norm, eps);
   if (!c.empty) kernels::adaln_forward_cuda(c.params, current_stream(x));
   return {c.y, c.mean, c.rstd};
 }
@@ -59,9 +59,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_bwd_cuda(
   const char* op = "ditscale::adaln_bwd";
   check_cuda(op, x);
   c10::cuda::CUDAGuard guard(x.device());
-  AdaLNBackwardCall c = prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt,
-                                               std::nullopt, scale, shift, weight, bias, mean,
-                                               rstd, norm, eps);
+  AdaLNBackwardCall c =
+      prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt, std::nullopt, scale,
+                             shift, weight, bias, mean, rstd, norm, eps);
   if (!c.empty) launch_backward(c, x);
   return {c.dx, c.dscale, c.dshift, c.dweight, c.dbias};
 }
@@ -73,8 +73,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_fwd_cuda(
   const char* op = "ditscale::adaln_gated_fwd";
   check_cuda(op, residual);
   c10::cuda::CUDAGuard guard(residual.device());
-  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, gate, branch, scale, shift,
-                                             weight, bias, norm, eps);
+  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, gate, branch, scale, shift, weight,
+                                             bias, norm, eps);
   if (!c.empty) kernels::adaln_forward_cuda(c.params, current_stream(residual));
   return {c.h, c.y, c.mean, c.rstd};
 }

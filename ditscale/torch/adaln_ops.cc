@@ -40,8 +40,8 @@ std::tuple<Tensor, Tensor, Tensor> adaln_fwd_cpu(const Tensor& x, const Tensor& 
                                                  double eps) {
   const char* op = "ditscale::adaln_fwd";
   check_cpu(op, x);
-  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, scale,
-                                             shift, weight, bias, norm, eps);
+  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, scale, shift,
+                                             weight, bias, norm, eps);
   if (!c.empty) kernels::adaln_forward_ref(c.params);
   return {c.y, c.mean, c.rstd};
 }
@@ -52,9 +52,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_bwd_cpu(
     c10::string_view norm, double eps) {
   const char* op = "ditscale::adaln_bwd";
   check_cpu(op, x);
-  AdaLNBackwardCall c = prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt,
-                                               std::nullopt, scale, shift, weight, bias, mean,
-                                               rstd, norm, eps);
+  AdaLNBackwardCall c =
+      prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt, std::nullopt, scale,
+                             shift, weight, bias, mean, rstd, norm, eps);
   if (!c.empty) kernels::adaln_backward_ref(c.params);
   return {c.dx, c.dscale, c.dshift, c.dweight, c.dbias};
 }
@@ -65,8 +65,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_fwd_cpu(
     double eps) {
   const char* op = "ditscale::adaln_gated_fwd";
   check_cpu(op, residual);
-  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, gate, branch, scale, shift,
-                                             weight, bias, norm, eps);
+  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, gate, branch, scale, shift, weight,
+                                             bias, norm, eps);
   if (!c.empty) kernels::adaln_forward_ref(c.params);
   return {c.h, c.y, c.mean, c.rstd};
 }

@@ -12,11 +12,16 @@ using kernels::RowsView;
 
 DType to_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kDouble: return DType::kFloat64;
-    default: TORCH_CHECK(false, "ditscale: unsupported dtype ", t);
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kDouble:
+      return DType::kFloat64;
+    default:
+      TORCH_CHECK(false, "ditscale: unsupported dtype ", t);
   }
 }
 
@@ -60,8 +65,8 @@ at::Tensor modulation_input(const char* op, const char* name, const at::Tensor& 
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
   const bool per_sample = t.dim() == 2 && t.size(0) == B && t.size(1) == D;
   const bool per_token = t.dim() == 3 && t.size(0) == B && t.size(1) == N && t.size(2) == D;
-  TORCH_CHECK(per_sample || per_token, op, ": ", name, " must be per sample [B, D] = [", B, ", ",
-              D, "] or per token [B, N, D] = [", B, ", ", N, ", ", D, "], got ", t.sizes(),
+  TORCH_CHECK(per_sample || per_token, op, ": ", name, " must be per sample [B, D] = [", B, ", ", D,
+              "] or per token [B, N, D] = [", B, ", ", N, ", ", D, "], got ", t.sizes(),
               " (a [B, 1, D] tensor: pass t.squeeze(1), as ditscale.ops.adaln does)");
   TORCH_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, op, ": ", name,
               " must have x's dtype (", x.scalar_type(), ") or float32, got ", t.scalar_type());
@@ -86,11 +91,10 @@ OptTensor affine_input(const char* op, const char* name, const OptTensor& t, con
   if (!t.has_value() || !t->defined()) return std::nullopt;
   TORCH_CHECK(t->dim() == 1 && t->size(0) == x.size(2), op, ": ", name, " must be [D] = [",
               x.size(2), "], got ", t->sizes());
-  TORCH_CHECK(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ",
-              name, " must have x's dtype (", x.scalar_type(), ") or float32, got ",
-              t->scalar_type());
-  TORCH_CHECK(t->device() == x.device(), op, ": ", name, " is on ", t->device(),
-              " but x is on ", x.device());
+  TORCH_CHECK(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
+              " must have x's dtype (", x.scalar_type(), ") or float32, got ", t->scalar_type());
+  TORCH_CHECK(t->device() == x.device(), op, ": ", name, " is on ", t->device(), " but x is on ",
+              x.device());
   return t->contiguous();
 }
 
@@ -108,21 +112,23 @@ void fill_config(const char* op, kernels::AdaLNConfig& p, const at::Tensor& x,
   p.dtype = to_dtype(x.scalar_type());
   if (weight && bias) {
     TORCH_CHECK(weight->scalar_type() == bias->scalar_type(), op,
-                ": weight and bias must have the same dtype, got ", weight->scalar_type(),
-                " and ", bias->scalar_type());
+                ": weight and bias must have the same dtype, got ", weight->scalar_type(), " and ",
+                bias->scalar_type());
   }
   p.weight = weight ? weight->data_ptr() : nullptr;
   p.bias = bias ? bias->data_ptr() : nullptr;
-  if (weight) p.affine_dtype = to_dtype(weight->scalar_type());
-  else if (bias) p.affine_dtype = to_dtype(bias->scalar_type());
+  if (weight)
+    p.affine_dtype = to_dtype(weight->scalar_type());
+  else if (bias)
+    p.affine_dtype = to_dtype(bias->scalar_type());
 }
 
 void check_x(const char* op, const char* name, const at::Tensor& x) {
   TORCH_CHECK(x.defined(), op, ": ", name, " is undefined");
   TORCH_CHECK(x.dim() == 3, op, ": ", name, " must be [B, N, D], got shape ", x.sizes());
   const auto t = x.scalar_type();
-  TORCH_CHECK(t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble, op,
-              ": ", name, " must be bfloat16, float16, float32 or float64, got ", t);
+  TORCH_CHECK(t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble, op, ": ",
+              name, " must be bfloat16, float16, float32 or float64, got ", t);
   TORCH_CHECK(t != at::kDouble || x.device().is_cpu(), op, ": ", name,
               " is float64, which only the CPU implementation supports");
   TORCH_CHECK(x.size(2) >= 1, op, ": ", name, " must have D >= 1 features, got ", x.sizes());
@@ -198,13 +204,13 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
   for (const auto* s : {&mean_in, &rstd_in}) {
     const char* name = s == &mean_in ? "mean" : "rstd";
-    TORCH_CHECK(s->defined() && s->dim() == 2 && s->size(0) == B && s->size(1) == N, op, ": ",
-                name, " must be [B, N] = [", B, ", ", N, "] (from the forward), got ",
+    TORCH_CHECK(s->defined() && s->dim() == 2 && s->size(0) == B && s->size(1) == N, op, ": ", name,
+                " must be [B, N] = [", B, ", ", N, "] (from the forward), got ",
                 s->defined() ? s->sizes() : at::IntArrayRef{});
     TORCH_CHECK(s->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
                 s->scalar_type());
-    TORCH_CHECK(s->device() == x.device(), op, ": ", name, " is on ", s->device(),
-                " but x is on ", x.device());
+    TORCH_CHECK(s->device() == x.device(), op, ": ", name, " is on ", s->device(), " but x is on ",
+                x.device());
   }
   at::Tensor mean = mean_in.contiguous();
   at::Tensor rstd = rstd_in.contiguous();

@@ -34,12 +34,12 @@ using OptTensor = std::optional<at::Tensor>;
 // A forward call: params ready for adaln_forward_{ref,cuda}, plus its outputs.
 struct AdaLNForwardCall {
   kernels::AdaLNFwdParams params;
-  at::Tensor h;     // gated only: [B, N, D]
-  at::Tensor y;     // [B, N, D]
-  at::Tensor mean;  // [B, N] fp32
-  at::Tensor rstd;  // [B, N] fp32
-  bool empty = false;             // B * N == 0: nothing to launch, outputs are empty
-  std::vector<at::Tensor> keep;   // inputs referenced by params (contiguous copies)
+  at::Tensor h;                  // gated only: [B, N, D]
+  at::Tensor y;                  // [B, N, D]
+  at::Tensor mean;               // [B, N] fp32
+  at::Tensor rstd;               // [B, N] fp32
+  bool empty = false;            // B * N == 0: nothing to launch, outputs are empty
+  std::vector<at::Tensor> keep;  // inputs referenced by params (contiguous copies)
 };
 
 // A backward call: params ready for adaln_backward_{ref,cuda} (workspace not yet set), plus

@@ -54,8 +54,8 @@ struct DevBuf {
 
 std::uint64_t run_seed() {
   static const std::uint64_t seed = [] {
-    const auto s = static_cast<std::uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
+    const auto s =
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::printf("adaln_gpu_test seed: %llu\n", static_cast<unsigned long long>(s));
     return s;
   }();
@@ -88,9 +88,12 @@ double rel_error(const std::vector<std::uint8_t>& got, const std::vector<std::ui
 
 double tolerance(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 1e-5;
-    case DType::kFloat16: return 2e-3;
-    default: return 1e-2;
+    case DType::kFloat32:
+      return 1e-5;
+    case DType::kFloat16:
+      return 2e-3;
+    default:
+      return 1e-2;
   }
 }
 
@@ -106,9 +109,11 @@ struct Case {
   std::int64_t b_pad = 0;  // ... and samples N * (D + x_pad) + b_pad elements apart
   std::string name() const {
     return std::string(dtype_name(dtype)) + (mod_f32 ? " mod=f32" : "") +
-           (norm == NormType::kRMSNorm ? " RMS" : " LN") + (per_token ? " per-token" : " per-sample") +
-           (gated ? " gated" : "") + (affine ? " affine" : "") + " B=" + std::to_string(B) +
-           " N=" + std::to_string(N) + " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad) + "/" + std::to_string(b_pad);
+           (norm == NormType::kRMSNorm ? " RMS" : " LN") +
+           (per_token ? " per-token" : " per-sample") + (gated ? " gated" : "") +
+           (affine ? " affine" : "") + " B=" + std::to_string(B) + " N=" + std::to_string(N) +
+           " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad) + "/" +
+           std::to_string(b_pad);
   }
 };
 
@@ -116,7 +121,9 @@ struct Case {
 struct Input {
   std::vector<std::uint8_t> host;
   DevBuf dev;
-  explicit Input(std::vector<std::uint8_t> h) : host(std::move(h)), dev(host.size()) { dev.upload(host); }
+  explicit Input(std::vector<std::uint8_t> h) : host(std::move(h)), dev(host.size()) {
+    dev.upload(host);
+  }
 };
 
 void run_case(const Case& c) {
@@ -262,8 +269,7 @@ void run_case(const Case& c) {
   auto check = [&](const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want,
                    DType dt, std::size_t n, const char* what) {
     bool ok = false;
-    EXPECT_LT(rel_error(got, want, dt, n, &ok), tolerance(dt == DType::kFloat32 ? t : dt))
-        << what;
+    EXPECT_LT(rel_error(got, want, dt, n, &ok), tolerance(dt == DType::kFloat32 ? t : dt)) << what;
     EXPECT_TRUE(ok) << what << " has unwritten (NaN) elements";
   };
   check(gpu[0].dx, ref.dx, t, out_elems, "dx");
@@ -434,9 +440,8 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
                  std::to_string(t.max_resident_blocks) + " rows " + std::to_string(t.fwd_rows) +
                  (t.pipelined ? "" : " base") + " kernel " + std::to_string(t.fwd_kernel) +
                  " tma stages " + std::to_string(t.fwd_tma_stages) + " bulk store " +
-                 std::to_string(t.fwd_bulk_store) + " reload " +
-                 std::to_string(t.fwd_coef_reload) + " evict " +
-                 std::to_string(t.fwd_evict_first));
+                 std::to_string(t.fwd_bulk_store) + " reload " + std::to_string(t.fwd_coef_reload) +
+                 " evict " + std::to_string(t.fwd_evict_first));
     for (DType dt : kDtypes) {
       Case plain;  // per sample, LN; D = 3072 takes several vectors per thread
       plain.dtype = dt;
@@ -493,10 +498,9 @@ TEST(AdaLNGpu, BulkCopyForwardRowGroups) {
   struct GroupCase {
     int rows, stages, bulk_store, grid;
   };
-  for (const GroupCase& g :
-       {GroupCase{0, 4, -1, 0}, GroupCase{2, 4, 1, 1}, GroupCase{2, 3, 0, 3},
-        GroupCase{4, 6, 1, 7}, GroupCase{4, 4, 0, 2}, GroupCase{2, 6, 0, 0},
-        GroupCase{4, 3, 1, 0}, GroupCase{1, 4, -1, 3}}) {
+  for (const GroupCase& g : {GroupCase{0, 4, -1, 0}, GroupCase{2, 4, 1, 1}, GroupCase{2, 3, 0, 3},
+                             GroupCase{4, 6, 1, 7}, GroupCase{4, 4, 0, 2}, GroupCase{2, 6, 0, 0},
+                             GroupCase{4, 3, 1, 0}, GroupCase{1, 4, -1, 3}}) {
     AdaLNTuning t;
     t.fwd_kernel = 2;
     t.fwd_tma_rows = g.rows;

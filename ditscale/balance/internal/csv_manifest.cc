@@ -84,11 +84,10 @@ bool OddCount(const char* p, const char* end, char c, PageReleaser* rel) {
     for (; p < block_end; p += 64) {
       // XOR of the match masks: its bit count has the parity of the matches.
       const auto* q = reinterpret_cast<const __m128i*>(p);
-      const __m128i x = _mm_xor_si128(
-          _mm_xor_si128(_mm_cmpeq_epi8(_mm_loadu_si128(q), vc),
-                        _mm_cmpeq_epi8(_mm_loadu_si128(q + 1), vc)),
-          _mm_xor_si128(_mm_cmpeq_epi8(_mm_loadu_si128(q + 2), vc),
-                        _mm_cmpeq_epi8(_mm_loadu_si128(q + 3), vc)));
+      const __m128i x = _mm_xor_si128(_mm_xor_si128(_mm_cmpeq_epi8(_mm_loadu_si128(q), vc),
+                                                    _mm_cmpeq_epi8(_mm_loadu_si128(q + 1), vc)),
+                                      _mm_xor_si128(_mm_cmpeq_epi8(_mm_loadu_si128(q + 2), vc),
+                                                    _mm_cmpeq_epi8(_mm_loadu_si128(q + 3), vc)));
       parity ^= static_cast<unsigned>(_mm_movemask_epi8(x));
     }
     rel->Upto(p);
@@ -302,9 +301,8 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
 
   const char* data = sc.pos();
   const size_t data_bytes = static_cast<size_t>(end - data);
-  const bool parallel =
-      csv.force_parallel ||
-      (data_bytes >= csv.min_parallel_bytes && std::thread::hardware_concurrency() >= 2);
+  const bool parallel = csv.force_parallel || (data_bytes >= csv.min_parallel_bytes &&
+                                               std::thread::hardware_concurrency() >= 2);
   std::vector<RowSink> parts;
   parts.emplace_back(options.skip_bad_rows, text.size() / 96 + 16);
   PageReleaser rel(begin, data, csv.release_pages);

@@ -31,7 +31,6 @@ struct CsvParseOptions {
 
 // Parses CSV manifest text; `name` is used in error messages.
 Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name,
-                                  const ManifestOptions& options,
-                                  const CsvParseOptions& csv = {});
+                                  const ManifestOptions& options, const CsvParseOptions& csv = {});
 
 }  // namespace ditscale::balance::internal

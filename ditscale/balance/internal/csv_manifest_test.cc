@@ -25,7 +25,10 @@ std::string RandomCsv(std::mt19937_64& rng, int rows, bool hostile) {
     std::string caption = "\"a ";
     for (int w = pick(6); w >= 0; --w) {
       const int k = pick(10);
-      caption += k == 0 ? "\"\"quoted\"\" " : k == 1 ? ", comma " : k == 2 ? "line\nbreak " : "word ";
+      caption += k == 0   ? "\"\"quoted\"\" "
+                 : k == 1 ? ", comma "
+                 : k == 2 ? "line\nbreak "
+                          : "word ";
     }
     caption += "\"";
     std::string row = "v" + std::to_string(r) + ".mp4," + caption + "," +
@@ -34,18 +37,41 @@ std::string RandomCsv(std::mt19937_64& rng, int rows, bool hostile) {
                       "," + (image ? "" : fps[pick(5)]) + ",x";
     if (hostile) {
       switch (pick(40)) {
-        case 0: row = "bad.mp4,\"c\",12abc,480,832,24,x"; break;
-        case 1: row = "bad.mp4,\"c\",81,480,832,,x"; break;
-        case 2: row = "bad.mp4,\"c\",81,480"; break;
-        case 3: row = "bad.mp4,\"c\"x,81,480,832,24,x"; break;
-        case 4: row = "ab\"c.mp4,caption,81,480,832,24,x"; break;  // a quote in an unquoted field
-        case 5: row = "q.mp4,\"c\",81,480,832,\"" + std::string(fps[pick(8)]) + "\",x,y"; break;
-        case 6: row += "\r"; break;  // CRLF
-        case 7: s += "\n"; break;    // a blank line
-        case 8: row += "\r\r"; break;  // a lone '\r' ends the row too
-        case 9: row = "z.mp4,\"c\",-3,0,nan,24,x"; break;
-        case 10: row = "p.mp4,c,2,16,16," + std::string(fps[pick(8)]) + ",x"; break;
-        default: break;
+        case 0:
+          row = "bad.mp4,\"c\",12abc,480,832,24,x";
+          break;
+        case 1:
+          row = "bad.mp4,\"c\",81,480,832,,x";
+          break;
+        case 2:
+          row = "bad.mp4,\"c\",81,480";
+          break;
+        case 3:
+          row = "bad.mp4,\"c\"x,81,480,832,24,x";
+          break;
+        case 4:
+          row = "ab\"c.mp4,caption,81,480,832,24,x";
+          break;  // a quote in an unquoted field
+        case 5:
+          row = "q.mp4,\"c\",81,480,832,\"" + std::string(fps[pick(8)]) + "\",x,y";
+          break;
+        case 6:
+          row += "\r";
+          break;  // CRLF
+        case 7:
+          s += "\n";
+          break;  // a blank line
+        case 8:
+          row += "\r\r";
+          break;  // a lone '\r' ends the row too
+        case 9:
+          row = "z.mp4,\"c\",-3,0,nan,24,x";
+          break;
+        case 10:
+          row = "p.mp4,c,2,16,16," + std::string(fps[pick(8)]) + ",x";
+          break;
+        default:
+          break;
       }
     }
     s += row;

@@ -98,8 +98,8 @@ std::optional<int32_t> ParsePositiveInt(std::string_view s, std::string* why) {
 
 }  // namespace
 
-std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f,
-                                     int64_t row_line, RowError* err) {
+std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f, int64_t row_line,
+                                     RowError* err) {
   auto fail = [&](int slot, std::string msg) {
     *err = RowError{f[slot].present ? f[slot].line : row_line, std::string(kRequired[slot]),
                     std::move(msg)};
@@ -134,8 +134,8 @@ std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f
   }
   auto v = ParseDouble(fps.text, &why);
   if (!v) return fail(kFps, why);
-  if (*v <= 0) return fail(kFps, "fps must be > 0 for a video, got '" +
-                                     std::string(Trim(fps.text)) + "'");
+  if (*v <= 0)
+    return fail(kFps, "fps must be > 0 for a video, got '" + std::string(Trim(fps.text)) + "'");
   s.fps = static_cast<float>(*v);
   return s;
 }

@@ -46,8 +46,8 @@ inline std::string_view Trim(std::string_view s) {
 
 // Validates the five required fields of one row (row_line: the record's first line, used for
 // absent fields) into a RawSample; nullopt with *err naming line, column and reason.
-std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f,
-                                     int64_t row_line, RowError* err);
+std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f, int64_t row_line,
+                                     RowError* err);
 
 // The rows of one contiguous part of a manifest, in file order. Ids and lines are relative to
 // the part; Finish adds each part's offsets.

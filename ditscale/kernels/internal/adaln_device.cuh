@@ -69,9 +69,13 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float
 template <typename T>
 __device__ __forceinline__ T from_f(float v);
 template <>
-__device__ __forceinline__ float from_f<float>(float v) { return v; }
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -85,7 +89,9 @@ __device__ __forceinline__ void fill(float (&v)[V], float value) {
 
 // Rounds v to T and back.
 template <typename T>
-__device__ __forceinline__ float round_to(float v) { return to_f(from_f<T>(v)); }
+__device__ __forceinline__ float round_to(float v) {
+  return to_f(from_f<T>(v));
+}
 
 // V elements of E at p (16-byte aligned, V * sizeof(E) a multiple of 16) -> float.
 template <int V, typename E>
@@ -122,8 +128,7 @@ __device__ __forceinline__ std::int64_t view_offset(const DevView& v, std::int64
 
 // V elements of a view whose dtype is T or float (runtime flag, uniform across the block).
 template <int V, typename T>
-__device__ __forceinline__ void load_view_vec(const DevView& v, std::int64_t off,
-                                              float (&out)[V]) {
+__device__ __forceinline__ void load_view_vec(const DevView& v, std::int64_t off, float (&out)[V]) {
   if (v.f32) {
     load_vec<V>(static_cast<const float*>(v.data) + off, out);
   } else {
@@ -163,8 +168,7 @@ __device__ __forceinline__ void store_any(void* base, bool f32, std::int64_t off
 // contents (program order), so there is no write-after-read race either.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(fwd_pipe_max_threads(kVecs * 16 / sizeof(T), k
   int stage = 0;
   for (std::int64_t u = blockIdx.x; u < num_items; u += step) {
     issue(u + P * step, stage == 0 ? P : stage - 1);  // stage of the item P ahead
-    cp_async_wait<P>();                                // this item's own chunks have landed
+    cp_async_wait<P>();                               // this item's own chunks have landed
 
     float v[kRows][kVecs][V];
     float s[kRows];
@@ -152,8 +152,7 @@ __global__ void __launch_bounds__(fwd_pipe_max_threads(kVecs * 16 / sizeof(T), k
             load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), gt);
 #pragma unroll
             for (int e = 0; e < V; ++e) v[i][j][e] = round_to<T>(fmaf(gt[e], br[e], v[i][j][e]));
-            store_vec<V>(static_cast<T*>(a.h) + static_cast<std::int64_t>(row) * a.d + d,
-                         v[i][j]);
+            store_vec<V>(static_cast<T*>(a.h) + static_cast<std::int64_t>(row) * a.d + d, v[i][j]);
           }
         } else {
           fill(v[i][j], 0.f);

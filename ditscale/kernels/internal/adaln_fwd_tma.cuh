@@ -81,8 +81,9 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
         : "memory");
   } else {
     asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
         : "memory");
   }
 }
@@ -90,9 +91,11 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 __device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes, bool hint,
                                            std::uint64_t policy) {
   if (hint) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n"
-                 ::"l"(dst), "r"(src), "r"(bytes), "l"(policy)
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" ::"l"(
+            dst),
+        "r"(src), "r"(bytes), "l"(policy)
+        : "memory");
   } else {
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
                  "r"(src), "r"(bytes)

@@ -2,11 +2,10 @@
 // vectorised path and the choice of elements per thread. Included by adaln.cu / adaln_bwd.cu.
 #pragma once
 
-#include <cstdint>
-#include <cstdlib>
-
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
@@ -44,8 +43,8 @@ inline std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1
 // Pick the least idle slots (tpr * K - nvec); ties go to tpr closest to `target_tpr`, then to the
 // smaller K. Returns K = 0 when no candidate fits (the caller takes the general kernel).
 struct VecPlan {
-  int vecs = 0;        // K
-  int threads = 0;     // tpr, threads per row
+  int vecs = 0;     // K
+  int threads = 0;  // tpr, threads per row
 };
 
 template <typename MaxThreadsFn>
@@ -58,10 +57,9 @@ VecPlan choose_vec_plan(std::int64_t nvec, const int* candidates, int num_candid
     const std::int64_t tpr = round_up((nvec + k - 1) / k, 32);
     if (tpr > max_threads(k)) continue;
     const std::int64_t waste = tpr * k - nvec;
-    const bool better =
-        best.vecs == 0 || waste < best_waste ||
-        (waste == best_waste &&
-         std::llabs(tpr - target_tpr) < std::llabs(best.threads - target_tpr));
+    const bool better = best.vecs == 0 || waste < best_waste ||
+                        (waste == best_waste &&
+                         std::llabs(tpr - target_tpr) < std::llabs(best.threads - target_tpr));
     if (better) {
       best.vecs = k;
       best.threads = static_cast<int>(tpr);

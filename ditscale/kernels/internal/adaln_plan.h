@@ -33,9 +33,9 @@ inline std::int64_t bwd_num_tiles(std::int64_t batch, std::int64_t seq_len) {
 // Which reduced gradients the backward produces, and where their partials live in the
 // workspace: each present quantity owns a [B, num_tiles, D] fp32 block, in this order.
 struct BwdWorkspaceLayout {
-  bool dscale = false;  // per-sample dscale reduced over n
-  bool dshift = false;  // per-sample dshift reduced over n
-  bool dgate = false;   // per-sample dgate reduced over n
+  bool dscale = false;   // per-sample dscale reduced over n
+  bool dshift = false;   // per-sample dshift reduced over n
+  bool dgate = false;    // per-sample dgate reduced over n
   bool dweight = false;  // dweight reduced over b and n
   bool dbias = false;    // dbias reduced over b and n
   std::int64_t num_tiles = 0;

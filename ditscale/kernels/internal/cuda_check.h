@@ -8,12 +8,12 @@
 #include "ditscale/core/error.h"
 
 #ifndef DS_CHECK_CUDA
-#define DS_CHECK_CUDA(expr)                                                                   \
-  do {                                                                                        \
-    const cudaError_t ds_cuda_status_ = (expr);                                               \
-    if (ds_cuda_status_ != cudaSuccess) [[unlikely]] {                                        \
-      DS_FAIL("CUDA error ", cudaGetErrorName(ds_cuda_status_), ": ",                         \
-              cudaGetErrorString(ds_cuda_status_), " in ", #expr);                            \
-    }                                                                                         \
+#define DS_CHECK_CUDA(expr)                                           \
+  do {                                                                \
+    const cudaError_t ds_cuda_status_ = (expr);                       \
+    if (ds_cuda_status_ != cudaSuccess) [[unlikely]] {                \
+      DS_FAIL("CUDA error ", cudaGetErrorName(ds_cuda_status_), ": ", \
+              cudaGetErrorString(ds_cuda_status_), " in ", #expr);    \
+    }                                                                 \
   } while (0)
 #endif

@@ -28,10 +28,14 @@ struct TypeTag {
 template <typename F>
 decltype(auto) dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: return std::forward<F>(f)(TypeTag<float>{});
-    case DType::kFloat16: return std::forward<F>(f)(TypeTag<__half>{});
-    case DType::kBFloat16: return std::forward<F>(f)(TypeTag<__nv_bfloat16>{});
-    case DType::kFloat64: break;
+    case DType::kFloat32:
+      return std::forward<F>(f)(TypeTag<float>{});
+    case DType::kFloat16:
+      return std::forward<F>(f)(TypeTag<__half>{});
+    case DType::kBFloat16:
+      return std::forward<F>(f)(TypeTag<__nv_bfloat16>{});
+    case DType::kFloat64:
+      break;
   }
   DS_FAIL("dtype ", dtype_name(dtype), " is not supported by the CUDA kernels");
 }
@@ -46,8 +50,7 @@ decltype(auto) dispatch_bool(bool value, F&& f) {
 // Calls f(std::integral_constant<int, K>{}) for the K in Ks equal to `value`; throws when none is.
 template <int... Ks, typename F>
 void dispatch_int(int value, F&& f) {
-  const bool found =
-      ((value == Ks ? (f(std::integral_constant<int, Ks>{}), true) : false) || ...);
+  const bool found = ((value == Ks ? (f(std::integral_constant<int, Ks>{}), true) : false) || ...);
   DS_CHECK(found, "dispatch_int: no instantiation for value ", value);
 }
 

@@ -127,15 +127,15 @@ class HybridBuilder {
   SpConfig cfg_;
   AttentionShape shape_;
   int U_ = 1, R_ = 1, C_ = 1;
-  int64_t H_ = 1, Hk_ = 1, group_ = 1;  // group_ = H / Hk
-  std::vector<int64_t> kv_begin_, kv_size_;  // kv heads of Ulysses index u
+  int64_t H_ = 1, Hk_ = 1, group_ = 1;             // group_ = H / Hk
+  std::vector<int64_t> kv_begin_, kv_size_;        // kv heads of Ulysses index u
   std::vector<int64_t> shard_begin_, shard_size_;  // by shard index i * U + u
   Schedule s_;
-  std::vector<Phase> fwd_, ring_;  // Ulysses q/k/v chunks; ring steps
-  std::vector<Phase> back_;        // Ulysses out back, per torus chunk (slots of chunk c)
-  std::vector<TorusIn> tin_;       // torus: q/k/v all-to-all phases, in issue order
+  std::vector<Phase> fwd_, ring_;          // Ulysses q/k/v chunks; ring steps
+  std::vector<Phase> back_;                // Ulysses out back, per torus chunk (slots of chunk c)
+  std::vector<TorusIn> tin_;               // torus: q/k/v all-to-all phases, in issue order
   std::vector<std::vector<Phase>> tring_;  // torus: [piece][ring step] kv forwarding
-  Phase text_;                     // text-out all-gather
+  Phase text_;                             // text-out all-gather
   std::vector<ProgramBuilder> b_;
   std::vector<RankLayout> lay_;
   int64_t next_tag_ = 1;

@@ -86,9 +86,9 @@ void HybridBuilder::PlanLayouts() {
     l.q = b.AddBuffer("q", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, H_, d, e);
     l.k = b.AddBuffer("k", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
     l.v = b.AddBuffer("v", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
-    l.out = b.AddBuffer("out", BufferRole::kOutput, U_ == 1 ? BufferInit::kZero
-                                                           : BufferInit::kUndefined,
-                        l.shard_tokens, H_, d, e);
+    l.out =
+        b.AddBuffer("out", BufferRole::kOutput,
+                    U_ == 1 ? BufferInit::kZero : BufferInit::kUndefined, l.shard_tokens, H_, d, e);
     prog.image_token_begin = l.shard_begin;
     prog.image_token_count = l.shard_tokens;
     prog.q = l.q;
@@ -111,13 +111,13 @@ void HybridBuilder::PlanLayouts() {
     l.chunk_tokens = RingChunkTokens(l.i);
     int64_t acc_tokens = l.shard_tokens;
     if (U_ > 1) {
-      l.gq = b.AddBuffer("gathered.q", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hq,
-                         d, e);
+      l.gq =
+          b.AddBuffer("gathered.q", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hq, d, e);
       if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
-        l.gk = b.AddBuffer("gathered.k", BufferRole::kWork, BufferInit::kUndefined, max_chunk,
-                           hkv, d, e);
-        l.gv = b.AddBuffer("gathered.v", BufferRole::kWork, BufferInit::kUndefined, max_chunk,
-                           hkv, d, e);
+        l.gk = b.AddBuffer("gathered.k", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
+                           d, e);
+        l.gv = b.AddBuffer("gathered.v", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
+                           d, e);
       }
       l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, max_chunk, hq, d, e);
       acc_tokens = max_chunk;
@@ -127,7 +127,8 @@ void HybridBuilder::PlanLayouts() {
       l.gv = l.v;
       l.acc.out = l.out;
     }
-    l.acc.lse = b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
+    l.acc.lse =
+        b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
     l.acc.fresh.assign(acc_tokens, 1);
     const int64_t part_tokens = std::max(l.chunk_tokens, l.tq_tokens);
     l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
@@ -135,10 +136,10 @@ void HybridBuilder::PlanLayouts() {
     l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
                              part_tokens, hq, 1, 4);
     if (l.tq_tokens > 0) {
-      l.tacc.out = b.AddBuffer("text_acc.out", BufferRole::kWork, BufferInit::kZero, l.tq_tokens,
-                               hq, d, e);
-      l.tacc.lse = b.AddBuffer("text_acc.lse", BufferRole::kWork, BufferInit::kNegInf,
-                               l.tq_tokens, hq, 1, 4);
+      l.tacc.out =
+          b.AddBuffer("text_acc.out", BufferRole::kWork, BufferInit::kZero, l.tq_tokens, hq, d, e);
+      l.tacc.lse = b.AddBuffer("text_acc.lse", BufferRole::kWork, BufferInit::kNegInf, l.tq_tokens,
+                               hq, 1, 4);
       l.tacc.fresh.assign(l.tq_tokens, 1);
     }
     // Gathered slots: own shard first, then torus chunk by chunk, peers in rotated order.

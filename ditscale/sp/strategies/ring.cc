@@ -49,11 +49,10 @@ void HybridBuilder::PlanRingLocations(int r) {
   std::vector<std::pair<int, int>> bufs = {{l.gk, l.gv}};
   for (int x = 1; x <= extra; ++x) {
     const std::string s = std::to_string(x);
-    bufs.emplace_back(
-        b.AddBuffer("ring" + s + ".k", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
-                    d, e),
-        b.AddBuffer("ring" + s + ".v", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
-                    d, e));
+    bufs.emplace_back(b.AddBuffer("ring" + s + ".k", BufferRole::kWork, BufferInit::kUndefined,
+                                  max_chunk, hkv, d, e),
+                      b.AddBuffer("ring" + s + ".v", BufferRole::kWork, BufferInit::kUndefined,
+                                  max_chunk, hkv, d, e));
   }
   for (int s = 1; s < R_; ++s) {
     l.ring_loc.push_back(extra == 1 ? bufs[s % 2] : bufs[s % 2 == 1 ? 1 : 2]);

@@ -69,8 +69,8 @@ void HybridBuilder::PlanTorusBuffers(int r) {
   for (int p = 0; p < pieces; ++p) {
     for (int h = 0; h < R_; ++h) {
       const RankLayout& src = lay_[RankOf(l.u, ((l.i - h) % R_ + R_) % R_)];
-      const int64_t tokens = p == 0 ? src.shard_tokens
-                                    : src.chunk_range[p - 1].second - src.chunk_range[p - 1].first;
+      const int64_t tokens =
+          p == 0 ? src.shard_tokens : src.chunk_range[p - 1].second - src.chunk_range[p - 1].first;
       l.seg_begin[p][h] = cursor;
       l.seg_tokens[p][h] = tokens;
       cursor += tokens;
@@ -92,7 +92,10 @@ void HybridBuilder::PlanTorusPhases() {
     t.chunk = c;
     t.q = with_q;
     t.kv = with_kv;
-    t.phase.name = std::string("a2a.in.") + (with_q && with_kv ? "" : with_q ? "q." : "kv.") +
+    t.phase.name = std::string("a2a.in.") +
+                   (with_q && with_kv ? ""
+                    : with_q          ? "q."
+                                      : "kv.") +
                    "c" + std::to_string(c);
     for (int r = 0; r < n; ++r) {
       const RankLayout& l = lay_[r];
@@ -110,12 +113,12 @@ void HybridBuilder::PlanTorusPhases() {
         if (with_kv) {
           const Region dk{l.kall, kv_base + sl.offset, sl.tokens, 0, hkv};
           const Region dv{l.vall, kv_base + sl.offset, sl.tokens, 0, hkv};
-          t.phase.transfers.push_back(MakeTransfer(
-              t.phase.name, "k", src, Region{o.k, sl.src_offset, sl.tokens, kv_begin_[l.u], hkv},
-              r, dk));
-          t.phase.transfers.push_back(MakeTransfer(
-              t.phase.name, "v", src, Region{o.v, sl.src_offset, sl.tokens, kv_begin_[l.u], hkv},
-              r, dv));
+          t.phase.transfers.push_back(
+              MakeTransfer(t.phase.name, "k", src,
+                           Region{o.k, sl.src_offset, sl.tokens, kv_begin_[l.u], hkv}, r, dk));
+          t.phase.transfers.push_back(
+              MakeTransfer(t.phase.name, "v", src,
+                           Region{o.v, sl.src_offset, sl.tokens, kv_begin_[l.u], hkv}, r, dv));
         }
       }
     }
@@ -223,7 +226,7 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
   if (T > 0) AttendInto(r, Q(0, n), tk, tv, &l.acc, 0, "torus stationary q x text kv");
   if (l.tq_tokens > 0) AttendInto(r, tq, tk, tv, &l.tacc, 0, "torus text q x text kv");
   int64_t qa = n, qp = n, kd = 0, kq = 0;  // queries [qa, qp) arrived, not yet attended
-  std::vector<int> arrived, pending;        // query chunks attended / waiting
+  std::vector<int> arrived, pending;       // query chunks attended / waiting
   bool kv_done = false;
   const int64_t min_kv = std::min(kMinKvTokens, std::max<int64_t>(n, 1));
   const int64_t min_q = std::min(kMinQTokens, std::max<int64_t>(n, 1));

@@ -20,8 +20,7 @@ Transfer HybridBuilder::MakeTransfer(const std::string& phase, const std::string
   t.src = src;
   t.dst = dst;
   t.tag = next_tag_++;
-  t.label = phase + " " + tensor + " " + std::to_string(src_rank) + "->" +
-            std::to_string(dst_rank);
+  t.label = phase + " " + tensor + " " + std::to_string(src_rank) + "->" + std::to_string(dst_rank);
   ProgramBuilder& sb = b_[src_rank];
   ProgramBuilder& db = b_[dst_rank];
   t.send_from = src;
@@ -35,10 +34,9 @@ Transfer HybridBuilder::MakeTransfer(const std::string& phase, const std::string
   t.land = dst;
   if (!db.Contiguous(dst)) {
     const BufferDecl& d = db.decl(dst.buffer);
-    const int buf =
-        db.AddBuffer("stage." + phase + "." + tensor + ".from" + std::to_string(src_rank),
-                     BufferRole::kStaging, BufferInit::kUndefined, dst.tokens, dst.heads, d.width,
-                     d.element_bytes);
+    const int buf = db.AddBuffer(
+        "stage." + phase + "." + tensor + ".from" + std::to_string(src_rank), BufferRole::kStaging,
+        BufferInit::kUndefined, dst.tokens, dst.heads, d.width, d.element_bytes);
     t.land = db.Whole(buf);
   }
   return t;

@@ -57,9 +57,8 @@ void HybridBuilder::CopyOwnIn(int r) {
   const RankLayout& l = lay_[r];
   ProgramBuilder& b = b_[r];
   const int64_t n = l.shard_tokens;
-  b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n), Region{l.gq, 0, n, 0,
-                                                                       kv_size_[l.u] * group_},
-         "a2a own q");
+  b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n),
+         Region{l.gq, 0, n, 0, kv_size_[l.u] * group_}, "a2a own q");
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.k, 0, n),
          Region{l.gk, 0, n, 0, kv_size_[l.u]}, "a2a own k");
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.v, 0, n),

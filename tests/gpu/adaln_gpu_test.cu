@@ -15,19 +15,12 @@
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace ditscale::kernels {
 namespace {
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 // Device buffer (RAII) poisoned with 0xFF bytes: NaN in fp32, fp16 and bf16.
 struct DevBuf {

@@ -20,40 +20,12 @@
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/attn_merge.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace ditscale::kernels {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-// Host bytes plus a device copy (RAII).
-struct Buf {
-  std::vector<std::uint8_t> host;
-  void* dev = nullptr;
-  explicit Buf(std::vector<std::uint8_t> h) : host(std::move(h)) {
-    if (cudaMalloc(&dev, std::max<std::size_t>(host.size(), 16)) != cudaSuccess) dev = nullptr;
-    if (dev != nullptr && !host.empty()) {
-      cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice);
-    }
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() {
-    if (dev != nullptr) cudaFree(dev);
-  }
-  void* base(bool device) { return device ? dev : static_cast<void*>(host.data()); }
-  std::vector<std::uint8_t> download() const {
-    std::vector<std::uint8_t> h(host.size());
-    if (!h.empty()) cudaMemcpy(h.data(), dev, h.size(), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
+using gpu_test::Buf;
 
 std::uint64_t run_seed() {
   static const std::uint64_t seed = [] {
@@ -144,13 +116,13 @@ void run_case(const Case& c) {
     };
     for (int i = 0; i < c.k; ++i) {
       p.in[i] = dense_out_view(view_at(outs[i]->base(device)), c.T, hb, c.D);
-      const auto* l = static_cast<const float*>(lses[i]->base(device));
+      const auto* l = reinterpret_cast<const float*>(lses[i]->base(device));
       p.in_lse[i] = c.bht ? lse_view_bht(l, c.T, c.H) : lse_view_bth(l, c.T, c.H);
     }
     Buf& ob = c.in_place ? *outs[0] : out;
     Buf& lb = c.in_place ? *lses[0] : out_lse;
     p.out = dense_out_dst(view_at(ob.base(device)), c.T, hb, c.D);
-    auto* l = static_cast<float*>(lb.base(device));
+    auto* l = reinterpret_cast<float*>(lb.base(device));
     if (c.write_lse) p.out_lse = c.bht ? lse_dst_bht(l, c.T, c.H) : lse_dst_bth(l, c.T, c.H);
     return p;
   };

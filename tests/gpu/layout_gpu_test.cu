@@ -15,42 +15,12 @@
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/layout.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace ditscale::kernels {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-// Host bytes plus a device copy (RAII).
-struct Buf {
-  std::vector<std::uint8_t> host;
-  void* dev = nullptr;
-  explicit Buf(std::vector<std::uint8_t> h) : host(std::move(h)) {
-    if (cudaMalloc(&dev, std::max<std::size_t>(host.size(), 16)) != cudaSuccess) dev = nullptr;
-    if (dev != nullptr && !host.empty()) {
-      cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice);
-    }
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() {
-    if (dev != nullptr) cudaFree(dev);
-  }
-  char* base(bool device) {
-    return device ? static_cast<char*>(dev) : reinterpret_cast<char*>(host.data());
-  }
-  std::vector<std::uint8_t> download() const {
-    std::vector<std::uint8_t> h(host.size());
-    if (!h.empty()) cudaMemcpy(h.data(), dev, h.size(), cudaMemcpyDeviceToHost);
-    return h;
-  }
-};
+using gpu_test::Buf;
 
 std::mt19937_64& rng() {
   static std::mt19937_64 r = [] {

@@ -17,6 +17,7 @@
 # Knobs (environment):
 #   MODEL (wan2.1-1.3b)  LAYERS (8)  MAX_FRAMES (33: 720p clips up to 32400 tokens)
 #   MANIFEST (examples/manifests/mixed_2k.csv)  M_MEM (auto: min(fit M_mem, 131072))
+#   TRAIN_RUNS (equal-token adaptive balanced balanced-nofused: the runs of the train stage)
 #   TRAIN_BUDGET_S (60 per run)  TRAIN_STEPS (400, a cap)  SWEEP_BUDGET_S (180)
 #   SWEEP_MAX_TOKENS (131072: B*S cap of the sweep)  NPROC (all GPUs)  SEED (0)
 #   MEM_BUDGET_GIB (40: memory budget of the longest-sequence estimate)
@@ -141,7 +142,7 @@ ditscale.ops as o; print('fused adaln available:', o.is_available(), o.load_erro
     COST=()
     [ -f "$WORK/cost.json" ] && COST=(--cost "$WORK/cost.json")
     FF=$(fused_flag)
-    for run in equal-token adaptive balanced balanced-nofused; do
+    for run in ${TRAIN_RUNS:-equal-token adaptive balanced balanced-nofused}; do
       pol=${run%-nofused}
       flag=$FF
       [ "$run" = balanced-nofused ] && flag=--no-fused-adaln

@@ -1,0 +1,362 @@
+#include "ditscale/comm/nccl_comm.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "ditscale/core/error.h"
+
+#if DITSCALE_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+namespace ditscale::comm {
+
+using ::ditscale::internal::StrCat;
+
+#if DITSCALE_HAVE_NCCL
+
+static_assert(sizeof(ncclUniqueId) == kUniqueIdBytes, "NcclId must hold an ncclUniqueId");
+
+namespace {
+
+// Throws ditscale::Error with `msg` when it is not empty (argument checks of enqueue calls).
+void ThrowIf(const std::string& msg) {
+  if (!msg.empty()) DS_FAIL(msg);
+}
+
+constexpr std::size_t kMaxPendingKept = 16;
+
+using Clock = std::chrono::steady_clock;
+
+std::string NcclText(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') s += StrCat(" (", last, ")");
+  return s;
+}
+
+// Polls with a short sleep that grows to 1 ms: quick for fast ops, cheap for long waits.
+class Backoff {
+ public:
+  void Wait() {
+    std::this_thread::sleep_for(std::chrono::microseconds(us_));
+    us_ = std::min(us_ * 2, 1000);
+  }
+
+ private:
+  int us_ = 20;
+};
+
+// Makes `device` current for a scope and restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+    if (prev_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = -1;
+};
+
+}  // namespace
+
+bool NcclAvailable() { return true; }
+
+Result<NcclId> NcclNewId() {
+  ncclUniqueId uid;
+  ncclResult_t r = ncclGetUniqueId(&uid);
+  if (r != ncclSuccess) {
+    return internal::CommFailure(StrCat("ncclGetUniqueId failed: ", NcclText(r, nullptr)));
+  }
+  NcclId id;
+  std::memcpy(id.bytes.data(), &uid, sizeof(uid));
+  return id;
+}
+
+NcclComm::NcclComm(int rank, int size, int device, double timeout_s)
+    : rank_(rank), size_(size), device_(device), timeout_s_(timeout_s) {}
+
+Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks, int rank,
+                                                   int device, double timeout_s) {
+  std::string bad = internal::CheckRankArgs("NcclComm::Create", nranks, rank, device);
+  if (!bad.empty()) return internal::CommFailure(bad);
+  if (!(timeout_s > 0)) {
+    return internal::CommFailure(
+        StrCat("NcclComm::Create: rank ", rank, ": timeout_s must be > 0, got ", timeout_s));
+  }
+  int ndev = 0;
+  cudaError_t ce = cudaGetDeviceCount(&ndev);
+  if (ce != cudaSuccess) {
+    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
+                                        ": cudaGetDeviceCount failed: ", cudaGetErrorString(ce),
+                                        " (no usable GPU?)"));
+  }
+  if (device >= ndev) {
+    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
+                                        ": device ", device, " does not exist (", ndev,
+                                        " CUDA devices)"));
+  }
+  ce = cudaSetDevice(device);
+  if (ce != cudaSuccess) {
+    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
+                                        ": cudaSetDevice(", device,
+                                        ") failed: ", cudaGetErrorString(ce)));
+  }
+  ncclUniqueId uid;
+  std::memcpy(&uid, id.bytes.data(), sizeof(uid));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // every call returns at once, so that a missing peer cannot hang us
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, uid, rank, &config);
+  std::unique_ptr<NcclComm> c(new NcclComm(rank, nranks, device, timeout_s));
+  c->comm_ = comm;
+  std::string what = StrCat("ncclCommInitRankConfig (waiting for all ", nranks,
+                            " ranks to join with the same id)");
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm == nullptr) {
+      c->failed_ = true;
+      return internal::CommFailure(
+          StrCat("NCCL rank ", rank, " of ", nranks, " (device ", device,
+                 "): ncclCommInitRankConfig failed: ", NcclText(r, nullptr)));
+    }
+    return c->Fail(StrCat(what, " failed: ", NcclText(r, comm)));
+  }
+  if (!c->WaitReady(what)) return internal::CommFailure(c->failure_);
+  return c;
+}
+
+NcclComm::~NcclComm() {
+  if (comm_ == nullptr) return;
+  auto comm = static_cast<ncclComm_t>(comm_);
+  DeviceGuard guard(device_);
+  if (failed_) {
+    ncclCommAbort(comm);
+    return;
+  }
+  // Finalize flushes outstanding work (non-blocking: poll), then Destroy frees the resources; a
+  // peer that never completes its side must not hang the destructor, so abort after timeout_s.
+  ncclResult_t r = ncclCommFinalize(comm);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  Backoff backoff;
+  while (r == ncclInProgress && Clock::now() < deadline) {
+    backoff.Wait();
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+  }
+  if (r == ncclSuccess) {
+    r = ncclCommDestroy(comm);
+    if (r == ncclSuccess || r == ncclInProgress) return;
+  }
+  std::fprintf(stderr,
+               "ditscale: NCCL rank %d of %d: communicator finalize failed or timed out (%s); "
+               "aborting it\n",
+               rank_, size_, ncclGetErrorString(r));
+  ncclCommAbort(comm);
+}
+
+void NcclComm::set_timeout_s(double timeout_s) {
+  DS_CHECK(timeout_s > 0, "NCCL rank ", rank_, ": timeout_s must be > 0, got ", timeout_s);
+  timeout_s_ = timeout_s;
+}
+
+void NcclComm::NotePending(std::string op) {
+  if (pending_.size() < kMaxPendingKept) {
+    pending_.push_back(std::move(op));
+  } else {
+    ++pending_dropped_;
+  }
+}
+
+Failure NcclComm::Fail(const std::string& what) {
+  if (!failed_) {
+    std::string pending;
+    for (const auto& p : pending_) pending += (pending.empty() ? "" : ", ") + p;
+    if (pending_dropped_ > 0) pending += StrCat(" and ", pending_dropped_, " more");
+    failure_ = StrCat("NCCL rank ", rank_, " of ", size_, " (device ", device_, "): ", what,
+                      "; pending since the last Synchronize: [", pending.empty() ? "none" : pending,
+                      "]; the communicator was aborted (create a new one)");
+    failed_ = true;
+    if (comm_ != nullptr) {
+      DeviceGuard guard(device_);
+      ncclResult_t r = ncclCommAbort(static_cast<ncclComm_t>(comm_));
+      if (r != ncclSuccess) failure_ += StrCat("; ncclCommAbort: ", ncclGetErrorString(r));
+      comm_ = nullptr;
+    }
+  }
+  return internal::CommFailure(failure_);
+}
+
+bool NcclComm::WaitReady(const std::string& what) {
+  auto comm = static_cast<ncclComm_t>(comm_);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_s_);
+  Backoff backoff;
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) {
+      Fail(StrCat(what, ": ncclCommGetAsyncError failed: ", NcclText(r, comm)));
+      return false;
+    }
+    if (state == ncclSuccess) return true;
+    if (state != ncclInProgress) {
+      Fail(StrCat(what, ": ", NcclText(state, comm)));
+      return false;
+    }
+    if (Clock::now() >= deadline) {
+      Fail(StrCat(what, ": timed out after ", timeout_s_,
+                  " s (a peer that never joined or never posted its matching operation?)"));
+      return false;
+    }
+    backoff.Wait();
+  }
+}
+
+void NcclComm::AfterCall(int result, const std::string& what) {
+  auto r = static_cast<ncclResult_t>(result);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    Fail(StrCat(what, " failed: ", NcclText(r, static_cast<ncclComm_t>(comm_))));
+    return;
+  }
+  // Outside a group the op must be on the stream before we return, so that events recorded on
+  // the stream afterwards cover it.
+  if (group_depth_ == 0) WaitReady(what);
+}
+
+void NcclComm::GroupStart() {
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) {
+    if (!failed_) Fail(StrCat("ncclGroupStart failed: ", ncclGetErrorString(r)));
+    return;
+  }
+  ++group_depth_;
+}
+
+void NcclComm::GroupEnd() {
+  DS_CHECK(group_depth_ > 0, "NCCL rank ", rank_, ": GroupEnd without GroupStart");
+  --group_depth_;
+  ncclResult_t r = ncclGroupEnd();
+  if (failed_) return;
+  AfterCall(r, "ncclGroupEnd");
+}
+
+void NcclComm::Send(const void* buf, std::size_t bytes, int peer, void* stream) {
+  ThrowIf(internal::CheckPeer("NcclComm::Send", rank_, size_, peer));
+  ThrowIf(internal::CheckBytes("NcclComm::Send", rank_, peer, bytes, buf, "buf"));
+  if (bytes == 0 || failed_) return;
+  std::string op = StrCat("send ", bytes, " B to peer ", peer);
+  NotePending(op);
+  ncclResult_t r = ncclSend(buf, bytes, ncclUint8, peer, static_cast<ncclComm_t>(comm_),
+                            static_cast<cudaStream_t>(stream));
+  AfterCall(r, StrCat("ncclSend (", op, ")"));
+}
+
+void NcclComm::Recv(void* buf, std::size_t bytes, int peer, void* stream) {
+  ThrowIf(internal::CheckPeer("NcclComm::Recv", rank_, size_, peer));
+  ThrowIf(internal::CheckBytes("NcclComm::Recv", rank_, peer, bytes, buf, "buf"));
+  if (bytes == 0 || failed_) return;
+  std::string op = StrCat("recv ", bytes, " B from peer ", peer);
+  NotePending(op);
+  ncclResult_t r = ncclRecv(buf, bytes, ncclUint8, peer, static_cast<ncclComm_t>(comm_),
+                            static_cast<cudaStream_t>(stream));
+  AfterCall(r, StrCat("ncclRecv (", op, ")"));
+}
+
+void NcclComm::AllToAll(const void* send, void* recv, std::size_t block_bytes, void* stream) {
+  DS_CHECK(block_bytes == 0 || block_bytes <= static_cast<std::size_t>(PTRDIFF_MAX) / size_,
+           "NcclComm::AllToAll on rank ", rank_, ": block_bytes = ", block_bytes, " times ", size_,
+           " ranks overflows (a negative count converted to size_t?)");
+  ThrowIf(internal::CheckBytes("NcclComm::AllToAll", rank_, -1, block_bytes, send, "send"));
+  ThrowIf(internal::CheckBytes("NcclComm::AllToAll", rank_, -1, block_bytes, recv, "recv"));
+  if (block_bytes == 0 || failed_) return;
+  const auto* s = static_cast<const unsigned char*>(send);
+  auto* d = static_cast<unsigned char*>(recv);
+  GroupStart();
+  for (int peer = 0; peer < size_; ++peer) {
+    Send(s + peer * block_bytes, block_bytes, peer, stream);
+    Recv(d + peer * block_bytes, block_bytes, peer, stream);
+  }
+  GroupEnd();
+}
+
+Result<bool> NcclComm::Synchronize(void* stream) {
+  if (failed_) return internal::CommFailure(failure_);
+  if (group_depth_ != 0) {
+    return internal::CommFailure(
+        StrCat("NCCL rank ", rank_, " of ", size_,
+               ": Synchronize inside GroupStart/GroupEnd (the group is not launched yet)"));
+  }
+  auto comm = static_cast<ncclComm_t>(comm_);
+  auto s = static_cast<cudaStream_t>(stream);
+  DeviceGuard guard(device_);
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  Backoff backoff;
+  while (true) {
+    cudaError_t ce = cudaStreamQuery(s);
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return Fail(StrCat("ncclCommGetAsyncError failed: ", NcclText(r, comm)));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      return Fail(StrCat("asynchronous NCCL error: ", NcclText(state, comm)));
+    }
+    if (ce == cudaSuccess) {
+      pending_.clear();
+      pending_dropped_ = 0;
+      return true;
+    }
+    if (ce != cudaErrorNotReady) {
+      return Fail(StrCat("cudaStreamQuery failed: ", cudaGetErrorString(ce)));
+    }
+    if (Clock::now() >= deadline) {
+      return Fail(StrCat("Synchronize timed out after ", timeout_s_,
+                         " s waiting for the stream (a peer that never posted its matching "
+                         "operation, or a hung kernel)"));
+    }
+    backoff.Wait();
+  }
+}
+
+#else  // !DITSCALE_HAVE_NCCL
+
+namespace {
+const char* kNoNccl =
+    "ditscale was built without NCCL (install NCCL with the CUDA toolkit or set NCCL_HOME, "
+    "then rebuild)";
+}  // namespace
+
+bool NcclAvailable() { return false; }
+Result<NcclId> NcclNewId() { return internal::CommFailure(kNoNccl); }
+
+NcclComm::NcclComm(int rank, int size, int device, double timeout_s)
+    : rank_(rank), size_(size), device_(device), timeout_s_(timeout_s) {}
+
+Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId&, int nranks, int rank, int device,
+                                                   double) {
+  std::string bad = internal::CheckRankArgs("NcclComm::Create", nranks, rank, device);
+  if (!bad.empty()) return internal::CommFailure(bad);
+  return internal::CommFailure(kNoNccl);
+}
+NcclComm::~NcclComm() = default;
+void NcclComm::set_timeout_s(double timeout_s) { timeout_s_ = timeout_s; }
+void NcclComm::GroupStart() { DS_FAIL(kNoNccl); }
+void NcclComm::GroupEnd() { DS_FAIL(kNoNccl); }
+void NcclComm::Send(const void*, std::size_t, int, void*) { DS_FAIL(kNoNccl); }
+void NcclComm::Recv(void*, std::size_t, int, void*) { DS_FAIL(kNoNccl); }
+void NcclComm::AllToAll(const void*, void*, std::size_t, void*) { DS_FAIL(kNoNccl); }
+Result<bool> NcclComm::Synchronize(void*) { return internal::CommFailure(kNoNccl); }
+void NcclComm::AfterCall(int, const std::string&) {}
+bool NcclComm::WaitReady(const std::string&) { return false; }
+Failure NcclComm::Fail(const std::string& what) { return internal::CommFailure(what); }
+void NcclComm::NotePending(std::string) {}
+
+#endif  // DITSCALE_HAVE_NCCL
+
+}  // namespace ditscale::comm

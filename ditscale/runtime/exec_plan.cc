@@ -1,0 +1,353 @@
+#include "ditscale/runtime/exec_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace ditscale::runtime {
+namespace {
+
+Failure Fail(const std::string& message, const std::string& field = "") {
+  Failure f;
+  f.message = message;
+  f.column = field;
+  return f;
+}
+
+int64_t AlignUp(int64_t x) { return (x + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+
+bool IsTwoSided(sp::OpKind k) { return k == sp::OpKind::kSend || k == sp::OpKind::kRecv; }
+bool IsOneSided(sp::OpKind k) {
+  return k == sp::OpKind::kPut || k == sp::OpKind::kSignal || k == sp::OpKind::kWait;
+}
+
+std::string OpName(const sp::Schedule& s, int rank, int op) {
+  std::ostringstream os;
+  const sp::Op& o = s.ranks[rank].ops[op];
+  os << "rank " << rank << " op #" << op << " (" << sp::ToString(o.kind) << " '" << o.label
+     << "')";
+  return os.str();
+}
+
+UserBinding BindingOf(const sp::RankProgram& p, int buffer) {
+  if (buffer == p.q) return UserBinding::kQ;
+  if (buffer == p.k) return UserBinding::kK;
+  if (buffer == p.v) return UserBinding::kV;
+  if (buffer == p.out) return UserBinding::kOut;
+  if (buffer == p.text_q) return UserBinding::kTextQ;
+  if (buffer == p.text_k) return UserBinding::kTextK;
+  if (buffer == p.text_v) return UserBinding::kTextV;
+  if (buffer == p.text_out) return UserBinding::kTextOut;
+  return UserBinding::kNone;
+}
+
+// Units of one rank in host issue order (see the header).
+Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
+                                          std::vector<int>* unit_of_op) {
+  const sp::RankProgram& p = s.ranks[rank];
+  const int n = static_cast<int>(p.ops.size());
+  std::vector<IssueUnit> units;
+  unit_of_op->assign(n, -1);
+  // Build units per stream in stream order.
+  std::vector<std::vector<int>> per_stream_units(sp::kNumStreams);
+  for (int st = 0; st < sp::kNumStreams; ++st) {
+    int last_group = -1, last_unit = -1;
+    for (int i = 0; i < n; ++i) {
+      const sp::Op& o = p.ops[i];
+      if (static_cast<int>(o.stream) != st) continue;
+      if (o.group >= 0 && o.group == last_group && last_unit >= 0) {
+        units[last_unit].ops.push_back(i);
+      } else {
+        IssueUnit u;
+        u.stream = o.stream;
+        u.ops.push_back(i);
+        units.push_back(u);
+        last_unit = static_cast<int>(units.size()) - 1;
+        per_stream_units[st].push_back(last_unit);
+      }
+      last_group = o.group;
+      (*unit_of_op)[i] = last_unit;
+    }
+  }
+  const int nu = static_cast<int>(units.size());
+  // Edges: previous unit on the stream, and each dependency's unit.
+  std::vector<std::set<int>> preds(nu);
+  for (int st = 0; st < sp::kNumStreams; ++st) {
+    for (size_t k = 1; k < per_stream_units[st].size(); ++k) {
+      preds[per_stream_units[st][k]].insert(per_stream_units[st][k - 1]);
+    }
+  }
+  for (int u = 0; u < nu; ++u) {
+    for (int op : units[u].ops) {
+      for (int d : p.ops[op].deps) {
+        if (d < 0 || d >= n) {
+          return Fail(OpName(s, rank, op) + ": dependency " + std::to_string(d) +
+                          " is not an op of the rank",
+                      "deps");
+        }
+        const int du = (*unit_of_op)[d];
+        if (du == u) {
+          return Fail(OpName(s, rank, op) + " depends on op #" + std::to_string(d) +
+                          " of its own NCCL group",
+                      "deps");
+        }
+        preds[u].insert(du);
+        if (units[du].stream != units[u].stream) {
+          units[du].record_event = true;
+          if (std::find(units[u].wait_units.begin(), units[u].wait_units.end(), du) ==
+              units[u].wait_units.end()) {
+            units[u].wait_units.push_back(du);
+          }
+        }
+      }
+    }
+  }
+  // Kahn's algorithm, lowest first-op index first.
+  std::vector<int> indeg(nu, 0);
+  std::vector<std::vector<int>> succ(nu);
+  for (int u = 0; u < nu; ++u) {
+    for (int q : preds[u]) {
+      succ[q].push_back(u);
+      ++indeg[u];
+    }
+  }
+  using Item = std::pair<int, int>;  // (first op index, unit)
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> ready;
+  for (int u = 0; u < nu; ++u) {
+    if (indeg[u] == 0) ready.push({units[u].ops.front(), u});
+  }
+  std::vector<int> order;
+  while (!ready.empty()) {
+    const int u = ready.top().second;
+    ready.pop();
+    order.push_back(u);
+    for (int v : succ[u]) {
+      if (--indeg[v] == 0) ready.push({units[v].ops.front(), v});
+    }
+  }
+  if (static_cast<int>(order.size()) != nu) {
+    return Fail("rank " + std::to_string(rank) +
+                    ": the op groups and dependencies form a cycle; the schedule cannot be "
+                    "issued from one host thread",
+                "group");
+  }
+  std::vector<int> new_index(nu);
+  for (int k = 0; k < nu; ++k) new_index[order[k]] = k;
+  std::vector<IssueUnit> sorted(nu);
+  for (int k = 0; k < nu; ++k) {
+    sorted[k] = units[order[k]];
+    for (int& w : sorted[k].wait_units) w = new_index[w];
+    std::sort(sorted[k].wait_units.begin(), sorted[k].wait_units.end());
+  }
+  for (int& u : *unit_of_op) u = new_index[u];
+  return sorted;
+}
+
+}  // namespace
+
+const char* ToString(UserBinding b) {
+  switch (b) {
+    case UserBinding::kNone:
+      return "none";
+    case UserBinding::kQ:
+      return "q";
+    case UserBinding::kK:
+      return "k";
+    case UserBinding::kV:
+      return "v";
+    case UserBinding::kOut:
+      return "out";
+    case UserBinding::kTextQ:
+      return "text_q";
+    case UserBinding::kTextK:
+      return "text_k";
+    case UserBinding::kTextV:
+      return "text_v";
+    case UserBinding::kTextOut:
+      return "text_out";
+  }
+  return "?";
+}
+
+int CounterTable::index(const std::string& name) const {
+  auto it = std::lower_bound(names.begin(), names.end(), name);
+  return it != names.end() && *it == name ? static_cast<int>(it - names.begin()) : -1;
+}
+
+CounterTable BuildCounterTable(const sp::Schedule& s) {
+  CounterTable t;
+  std::set<std::string> names;
+  for (const sp::RankProgram& p : s.ranks) {
+    for (const sp::Op& o : p.ops) {
+      if (!o.counter.empty()) names.insert(o.counter);
+    }
+  }
+  t.names.assign(names.begin(), names.end());
+  t.per_layer_total.assign(s.ranks.size(), std::vector<int64_t>(t.names.size(), 0));
+  for (const sp::RankProgram& p : s.ranks) {
+    for (const sp::Op& o : p.ops) {
+      const bool signals = o.kind == sp::OpKind::kSignal ||
+                           (o.kind == sp::OpKind::kPut && !o.counter.empty());
+      if (signals) t.per_layer_total[o.peer][t.index(o.counter)] += o.count;
+    }
+  }
+  return t;
+}
+
+int64_t RegionByteOffset(const sp::Region& r, const sp::BufferDecl& d) {
+  return (r.token_begin * d.heads + r.head_begin) * d.width * d.element_bytes;
+}
+
+Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOptions& opt) {
+  const int n = static_cast<int>(s.ranks.size());
+  const int64_t batch = s.shape.batch;
+  std::vector<ExecPlan> plans(n);
+  bool any_two = false, any_one = false;
+  // Buffers some peer Puts into (they must live in the symmetric arena).
+  std::vector<std::set<int>> put_targets(n);
+  for (int r = 0; r < n; ++r) {
+    for (const sp::Op& o : s.ranks[r].ops) {
+      any_two = any_two || IsTwoSided(o.kind);
+      any_one = any_one || IsOneSided(o.kind);
+      if (o.kind == sp::OpKind::kPut) put_targets[o.peer].insert(o.dst.buffer);
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const sp::RankProgram& p = s.ranks[r];
+    ExecPlan& plan = plans[r];
+    plan.rank = r;
+    plan.element_bytes = s.shape.dtype_bytes;
+    plan.uses_nccl = any_two;
+    plan.uses_nvshmem = any_one;
+    const int nb = static_cast<int>(p.buffers.size());
+    plan.offset.assign(nb, -1);
+    plan.bytes.assign(nb, 0);
+    plan.binding.assign(nb, UserBinding::kNone);
+    int64_t at = 0;
+    for (int b = 0; b < nb; ++b) {
+      const sp::BufferDecl& d = p.buffers[b];
+      plan.bytes[b] = d.elements(batch) * d.element_bytes;
+      UserBinding bind = BindingOf(p, b);
+      if (bind != UserBinding::kNone && opt.bind_user_tensors && !put_targets[r].count(b)) {
+        plan.binding[b] = bind;
+        continue;
+      }
+      plan.binding[b] = bind;  // in the arena; the executor copies in/out when bound != kNone
+      plan.offset[b] = at;
+      at = AlignUp(at + plan.bytes[b]);
+    }
+    plan.buffers_bytes = at;
+    // Ops: kinds on the right streams, contiguous transfer regions.
+    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+      const sp::Op& o = p.ops[i];
+      // Each comm stream has its own NCCL communicator; Send/Recv elsewhere have none.
+      if (IsTwoSided(o.kind) && o.stream == sp::Stream::kCompute) {
+        return Fail(OpName(s, r, i) + " runs on the compute stream: Send/Recv belong on a comm "
+                        "stream (each has its own NCCL communicator)",
+                    "stream");
+      }
+      auto contiguous = [&](const sp::Region& reg, const sp::RankProgram& owner,
+                            const char* field) -> Result<bool> {
+        if (!reg.valid()) return true;
+        if (!sp::RegionContiguous(reg, owner.buffers[reg.buffer], batch)) {
+          return Fail(OpName(s, r, i) + ": the " + field +
+                          " region is not contiguous (a Pack/Unpack to a staging buffer must "
+                          "come first)",
+                      field);
+        }
+        return true;
+      };
+      if (o.kind == sp::OpKind::kSend) {
+        auto c = contiguous(o.src, p, "src");
+        if (!c) return c.failure();
+      } else if (o.kind == sp::OpKind::kRecv) {
+        auto c = contiguous(o.dst, p, "dst");
+        if (!c) return c.failure();
+      } else if (o.kind == sp::OpKind::kPut) {
+        auto c = contiguous(o.src, p, "src");
+        if (!c) return c.failure();
+        auto d = contiguous(o.dst, s.ranks[o.peer], "dst");
+        if (!d) return d.failure();
+      }
+    }
+    auto units = OrderUnits(s, r, &plan.unit_of_op);
+    if (!units) return units.failure();
+    plan.units = std::move(units.value());
+  }
+  if (any_one) {
+    int64_t arena = 0;
+    for (const ExecPlan& p : plans) arena = std::max(arena, p.buffers_bytes);
+    const CounterTable counters = BuildCounterTable(s);
+    // One word per counter, plus one scratch word that puts without a counter signal (add 0).
+    const int64_t words = static_cast<int64_t>(counters.names.size()) + 1;
+    for (ExecPlan& p : plans) {
+      p.signal_offset = arena;
+      p.arena_bytes = AlignUp(arena + words * 8);
+    }
+  } else {
+    for (ExecPlan& p : plans) p.arena_bytes = p.buffers_bytes;
+  }
+  return plans;
+}
+
+std::string CheckNcclOrder(const sp::Schedule& s, const std::vector<ExecPlan>& plans) {
+  // (stream, sender, receiver) -> tags in issue order, for sends and for receives.
+  using Key = std::tuple<int, int, int>;
+  std::map<Key, std::vector<int64_t>> sends, recvs;
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const sp::RankProgram& p = s.ranks[r];
+    for (const IssueUnit& u : plans[r].units) {
+      for (int i : u.ops) {
+        const sp::Op& o = p.ops[i];
+        const int st = static_cast<int>(o.stream);
+        if (o.kind == sp::OpKind::kSend) sends[Key{st, static_cast<int>(r), o.peer}].push_back(o.tag);
+        if (o.kind == sp::OpKind::kRecv) recvs[Key{st, o.peer, static_cast<int>(r)}].push_back(o.tag);
+      }
+    }
+  }
+  std::ostringstream os;
+  auto show = [](const std::vector<int64_t>& v) {
+    std::ostringstream t;
+    for (size_t i = 0; i < v.size() && i < 8; ++i) t << (i ? "," : "") << v[i];
+    if (v.size() > 8) t << ",...";
+    return t.str();
+  };
+  std::set<Key> keys;
+  for (auto& [k, v] : sends) keys.insert(k);
+  for (auto& [k, v] : recvs) keys.insert(k);
+  for (const Key& k : keys) {
+    const std::vector<int64_t>& a = sends[k];
+    const std::vector<int64_t>& b = recvs[k];
+    if (a != b) {
+      os << "stream " << sp::ToString(static_cast<sp::Stream>(std::get<0>(k))) << ": rank "
+         << std::get<1>(k) << " sends tags [" << show(a) << "] to rank " << std::get<2>(k)
+         << ", which receives tags [" << show(b) << "] in its issue order\n";
+    }
+  }
+  return os.str();
+}
+
+std::string PrintPlan(const sp::Schedule& s, const ExecPlan& plan) {
+  std::ostringstream os;
+  const sp::RankProgram& p = s.ranks[plan.rank];
+  os << "rank " << plan.rank << ": arena " << plan.arena_bytes << " bytes, " << plan.units.size()
+     << " units\n";
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const IssueUnit& unit = plan.units[u];
+    os << "  [" << u << "] " << sp::ToString(unit.stream);
+    if (!unit.wait_units.empty()) {
+      os << " waits";
+      for (int w : unit.wait_units) os << ' ' << w;
+    }
+    if (unit.record_event) os << " (event)";
+    os << ':';
+    for (int i : unit.ops) os << " #" << i << ' ' << sp::ToString(p.ops[i].kind);
+    os << '\n';
+  }
+  return os.str();
+}
+
+}  // namespace ditscale::runtime

@@ -1,0 +1,210 @@
+#include "ditscale/runtime/exec_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "ditscale/sp/strategies.h"
+
+namespace ditscale::runtime {
+namespace {
+
+sp::Schedule Build(int machines, int gpus, const std::string& strategy, int chunks, bool one_sided,
+                   int64_t text = 16, int64_t heads = 6, int64_t batch = 2) {
+  sp::SpMesh mesh{machines, gpus};
+  sp::SpConfig cfg;
+  cfg.strategy = strategy;
+  cfg.torus_chunks = chunks;
+  cfg.one_sided = one_sided;
+  sp::AttentionShape shape;
+  shape.batch = batch;
+  shape.seq_tokens = 96;
+  shape.text_tokens = text;
+  shape.heads = heads;
+  shape.head_dim = 8;
+  auto s = sp::BuildSchedule(mesh, cfg, shape);
+  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.failure().ToString());
+  return std::move(s).value();
+}
+
+// Every invariant the GPU executor relies on.
+void CheckPlans(const sp::Schedule& s, const std::vector<ExecPlan>& plans) {
+  ASSERT_EQ(plans.size(), s.ranks.size());
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    const sp::RankProgram& p = s.ranks[r];
+    const ExecPlan& plan = plans[r];
+    // Each op in exactly one unit; units are single-stream; stream order kept.
+    std::vector<int> seen(p.ops.size(), 0);
+    std::vector<int> position(p.ops.size(), -1);
+    int pos = 0;
+    for (size_t u = 0; u < plan.units.size(); ++u) {
+      for (int i : plan.units[u].ops) {
+        ++seen[i];
+        position[i] = pos++;
+        EXPECT_EQ(p.ops[i].stream, plan.units[u].stream);
+        EXPECT_EQ(plan.unit_of_op[i], static_cast<int>(u));
+      }
+    }
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      EXPECT_EQ(seen[i], 1) << "op " << i;
+      for (int d : p.ops[i].deps) {
+        EXPECT_LT(position[d], position[i]) << "rank " << r << " op " << i << " dep " << d;
+        const int du = plan.unit_of_op[d], iu = plan.unit_of_op[i];
+        if (p.ops[d].stream != p.ops[i].stream) {
+          EXPECT_TRUE(plan.units[du].record_event);
+          const auto& w = plan.units[iu].wait_units;
+          EXPECT_NE(std::find(w.begin(), w.end(), du), w.end());
+        }
+      }
+    }
+    for (int st = 0; st < sp::kNumStreams; ++st) {  // stream order preserved
+      int last = -1;
+      for (size_t i = 0; i < p.ops.size(); ++i) {
+        if (static_cast<int>(p.ops[i].stream) != st) continue;
+        EXPECT_GT(position[i], last);
+        last = position[i];
+      }
+    }
+    // Arena: aligned, disjoint, inside; inputs/outputs bound unless a peer puts into them.
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (size_t b = 0; b < p.buffers.size(); ++b) {
+      if (plan.offset[b] < 0) {
+        EXPECT_NE(plan.binding[b], UserBinding::kNone) << p.buffers[b].name;
+        continue;
+      }
+      EXPECT_EQ(plan.offset[b] % kArenaAlignment, 0);
+      spans.push_back({plan.offset[b], plan.offset[b] + plan.bytes[b]});
+      EXPECT_LE(plan.offset[b] + plan.bytes[b], plan.buffers_bytes);
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t k = 1; k < spans.size(); ++k) EXPECT_LE(spans[k - 1].second, spans[k].first);
+    EXPECT_GE(plan.arena_bytes, plan.buffers_bytes);
+  }
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    for (const sp::Op& o : s.ranks[r].ops) {
+      if (o.kind == sp::OpKind::kPut) EXPECT_GE(plans[o.peer].offset[o.dst.buffer], 0);
+    }
+  }
+  EXPECT_EQ(CheckNcclOrder(s, plans), "");
+}
+
+struct Case {
+  int machines, gpus;
+  std::string strategy;
+  int chunks;
+};
+
+TEST(ExecPlan, EveryStrategyMeshAndTransportIsExecutable) {
+  const std::vector<Case> cases = {
+      {1, 2, "ulysses", 1},         {1, 2, "ring", 1},  {2, 1, "ring", 1},
+      {1, 4, "usp", 1},             {2, 2, "usp", 1},   {2, 2, "swiftfusion-tas", 1},
+      {2, 2, "torus", 1},           {2, 2, "torus", 2}, {2, 2, "torus", 3},
+      {2, 1, "swiftfusion-tas", 1}, {2, 1, "torus", 2}, {2, 4, "torus", 2},
+  };
+  for (const Case& c : cases) {
+    for (bool one_sided : {false, true}) {
+      SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
+                   " chunks " + std::to_string(c.chunks) + (one_sided ? " one-sided" : ""));
+      const sp::Schedule s = Build(c.machines, c.gpus, c.strategy, c.chunks, one_sided);
+      auto plans = BuildExecPlans(s, {});
+      ASSERT_TRUE(plans.ok()) << plans.failure().ToString();
+      CheckPlans(s, plans.value());
+      EXPECT_EQ(plans.value()[0].uses_nvshmem, one_sided);
+      EXPECT_EQ(plans.value()[0].uses_nccl, !one_sided);
+      if (one_sided) {
+        // Same arena size everywhere, signal words after every rank's buffers.
+        for (const ExecPlan& p : plans.value()) {
+          EXPECT_EQ(p.arena_bytes, plans.value()[0].arena_bytes);
+          EXPECT_GE(p.signal_offset, p.buffers_bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST(ExecPlan, PlansAreDeterministic) {
+  const sp::Schedule s = Build(2, 2, "torus", 2, false);
+  auto a = BuildExecPlans(s, {});
+  auto b = BuildExecPlans(s, {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    EXPECT_EQ(PrintPlan(s, a.value()[r]), PrintPlan(s, b.value()[r]));
+  }
+}
+
+TEST(ExecPlan, WithoutBindingEveryBufferIsInTheArena) {
+  const sp::Schedule s = Build(1, 2, "ulysses", 1, false);
+  PlanOptions o;
+  o.bind_user_tensors = false;
+  auto plans = BuildExecPlans(s, o);
+  ASSERT_TRUE(plans.ok());
+  for (const ExecPlan& p : plans.value()) {
+    for (int64_t off : p.offset) EXPECT_GE(off, 0);
+  }
+}
+
+TEST(ExecPlan, CountersGrowByTheSignalsSentPerLayer) {
+  const sp::Schedule s = Build(2, 2, "torus", 2, true);
+  const CounterTable t = BuildCounterTable(s);
+  ASSERT_FALSE(t.names.empty());
+  EXPECT_TRUE(std::is_sorted(t.names.begin(), t.names.end()));
+  // Every Wait's threshold is reachable within one layer.
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    for (const sp::Op& o : s.ranks[r].ops) {
+      if (o.kind != sp::OpKind::kWait) continue;
+      const int c = t.index(o.counter);
+      ASSERT_GE(c, 0);
+      EXPECT_LE(o.count, t.per_layer_total[r][c]) << o.label;
+    }
+  }
+  EXPECT_EQ(t.index("no such counter"), -1);
+}
+
+TEST(ExecPlan, MismatchedNcclOrderIsReported) {
+  sp::Schedule s = Build(1, 2, "ring", 1, false);
+  auto plans = BuildExecPlans(s, {});
+  ASSERT_TRUE(plans.ok());
+  // Swap the tags of two sends of rank 0 to rank 1 on one stream: the receiver's order no
+  // longer matches.
+  std::vector<int> sends;
+  for (size_t i = 0; i < s.ranks[0].ops.size(); ++i) {
+    if (s.ranks[0].ops[i].kind == sp::OpKind::kSend) sends.push_back(static_cast<int>(i));
+  }
+  ASSERT_GE(sends.size(), 2u);
+  std::swap(s.ranks[0].ops[sends[0]].tag, s.ranks[0].ops[sends[1]].tag);
+  const std::string why = CheckNcclOrder(s, plans.value());
+  EXPECT_NE(why.find("rank 0 sends tags"), std::string::npos) << why;
+}
+
+TEST(ExecPlan, NonContiguousTransferRegionFailsNamingTheField) {
+  sp::Schedule s = Build(1, 2, "ring", 1, false, /*text=*/0, /*heads=*/6, /*batch=*/2);
+  for (sp::Op& o : s.ranks[0].ops) {
+    if (o.kind == sp::OpKind::kSend) {  // half the heads of a buffer: strided
+      const sp::BufferDecl& d = s.ranks[0].buffers[o.src.buffer];
+      o.src.head_begin = 0;
+      o.src.heads = d.heads / 2;
+      break;
+    }
+  }
+  auto plans = BuildExecPlans(s, {});
+  ASSERT_FALSE(plans.ok());
+  EXPECT_EQ(plans.failure().column, "src");
+  EXPECT_NE(plans.failure().message.find("not contiguous"), std::string::npos);
+}
+
+TEST(ExecPlan, SendOnTheComputeStreamIsRejected) {
+  sp::Schedule s = Build(1, 2, "ring", 1, false);
+  for (sp::Op& o : s.ranks[1].ops) {
+    if (o.kind == sp::OpKind::kRecv) {
+      o.stream = sp::Stream::kCompute;
+      break;
+    }
+  }
+  auto plans = BuildExecPlans(s, {});
+  ASSERT_FALSE(plans.ok());
+  EXPECT_EQ(plans.failure().column, "stream");
+}
+
+}  // namespace
+}  // namespace ditscale::runtime

@@ -1,0 +1,428 @@
+#include "ditscale/runtime/gpu_executor.h"
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "ditscale/comm/nccl_comm.h"
+#include "ditscale/comm/nvshmem_comm.h"
+#include "ditscale/core/error.h"
+#include "ditscale/kernels/attn_merge.h"
+#include "ditscale/kernels/layout.h"
+
+namespace ditscale::runtime {
+namespace {
+
+#define DS_CUDA(call)                                                                        \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    DS_CHECK(e_ == cudaSuccess, "sp executor: ", #call, " failed: ", cudaGetErrorString(e_)); \
+  } while (0)
+
+// Fills `n` 32-bit words (or 16-bit halves) with `pattern`.
+__global__ void Fill32(uint32_t* p, int64_t n, uint32_t pattern) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    p[i] = pattern;
+  }
+}
+__global__ void Fill16(uint16_t* p, int64_t n, uint16_t pattern) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    p[i] = pattern;
+  }
+}
+
+void FillNegInf(void* p, int64_t bytes, int element_bytes, kernels::DType dtype,
+                cudaStream_t stream) {
+  const int threads = 256;
+  if (element_bytes == 4) {
+    const int64_t n = bytes / 4;
+    const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 4096));
+    if (n > 0) Fill32<<<blocks, threads, 0, stream>>>(static_cast<uint32_t*>(p), n, 0xff800000u);
+  } else {
+    DS_CHECK(element_bytes == 2, "sp executor: -inf fill of ", element_bytes, "-byte elements");
+    const uint16_t pattern = dtype == kernels::DType::kFloat16 ? 0xfc00 : 0xff80;
+    const int64_t n = bytes / 2;
+    const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 4096));
+    if (n > 0) Fill16<<<blocks, threads, 0, stream>>>(static_cast<uint16_t*>(p), n, pattern);
+  }
+  DS_CUDA(cudaGetLastError());
+}
+
+kernels::DType DTypeOfBuffer(const sp::BufferDecl& d, kernels::DType layer) {
+  if (d.element_bytes == 4) return kernels::DType::kFloat32;
+  return layer;
+}
+
+}  // namespace
+
+bool GpuExecutorAvailable() { return true; }
+
+struct GpuExecutor::Impl {
+  cudaStream_t streams[sp::kNumStreams] = {nullptr, nullptr, nullptr};
+  std::vector<cudaEvent_t> unit_events;  // per unit (null when no other stream waits)
+  cudaEvent_t start = nullptr, ready = nullptr;
+  cudaEvent_t end[sp::kNumStreams] = {nullptr, nullptr, nullptr};
+};
+
+Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, int rank,
+                                                         kernels::DType dtype, int device,
+                                                         Transports transports,
+                                                         AttentionBackend* attention) {
+  auto fail = [](const std::string& m, const std::string& field = "") {
+    Failure f;
+    f.message = m;
+    f.column = field;
+    return f;
+  };
+  if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) {
+    return fail("rank " + std::to_string(rank) + " is not in the schedule's " +
+                    std::to_string(schedule.ranks.size()) + " ranks",
+                "rank");
+  }
+  if (attention == nullptr) return fail("no attention backend", "attention");
+  if (static_cast<int>(kernels::dtype_size(dtype)) != schedule.shape.dtype_bytes) {
+    return fail("dtype " + std::string(kernels::dtype_name(dtype)) + " does not match the " +
+                    "schedule's dtype_bytes " + std::to_string(schedule.shape.dtype_bytes),
+                "dtype");
+  }
+  const sp::ValidationReport rep = sp::ValidateSchedule(schedule);
+  if (!rep.ok()) return fail("invalid schedule:\n" + rep.ToString());
+  auto plans = BuildExecPlans(schedule, {});
+  if (!plans) return plans.failure();
+  const std::string order = CheckNcclOrder(schedule, plans.value());
+  if (!order.empty()) return fail("the schedule's Send/Recv order cannot match in NCCL:\n" + order);
+
+  std::unique_ptr<GpuExecutor> ex(new GpuExecutor());
+  ex->plans_ = std::move(plans.value());
+  ex->counters_ = BuildCounterTable(schedule);
+  ex->schedule_ = std::move(schedule);
+  ex->rank_ = rank;
+  ex->device_ = device;
+  ex->dtype_ = dtype;
+  ex->transports_ = transports;
+  ex->attention_ = attention;
+  const ExecPlan& plan = ex->plans_[rank];
+  const sp::RankProgram& prog = ex->schedule_.ranks[rank];
+  const sp::SpMesh& mesh = ex->schedule_.mesh;
+  // Transports the program needs.
+  for (const sp::Op& o : prog.ops) {
+    if (o.kind == sp::OpKind::kSend || o.kind == sp::OpKind::kRecv) {
+      comm::NcclComm* c = o.stream == sp::Stream::kCommInter ? transports.inter : transports.intra;
+      if (c == nullptr) {
+        return fail(std::string("the schedule sends on the ") + sp::ToString(o.stream) +
+                        " stream but no NCCL communicator was given for it",
+                    "transports");
+      }
+      if (c->size() != mesh.ranks() || c->rank() != rank) {
+        return fail("NCCL communicator is rank " + std::to_string(c->rank()) + " of " +
+                        std::to_string(c->size()) + ", the schedule wants rank " +
+                        std::to_string(rank) + " of " + std::to_string(mesh.ranks()),
+                    "transports");
+      }
+    }
+  }
+  ex->symmetric_ = plan.uses_nvshmem;
+  if (ex->symmetric_) {
+    if (transports.shmem == nullptr) {
+      return fail("one-sided schedule but no NVSHMEM transport: " +
+                      comm::NvshmemUnavailableReason(),
+                  "transports");
+    }
+    if (transports.shmem->size() != mesh.ranks() || transports.shmem->rank() != rank) {
+      return fail("NVSHMEM PE " + std::to_string(transports.shmem->rank()) + " of " +
+                      std::to_string(transports.shmem->size()) + " does not match rank " +
+                      std::to_string(rank) + " of " + std::to_string(mesh.ranks()),
+                  "transports");
+    }
+  }
+  DS_CUDA(cudaSetDevice(device));
+  ex->impl_ = std::make_unique<Impl>();
+  Impl& im = *ex->impl_;
+  int lo = 0, hi = 0;
+  DS_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  for (int s = 0; s < sp::kNumStreams; ++s) {
+    // Comm streams at the highest priority: their kernels are short and gate other ranks.
+    DS_CUDA(cudaStreamCreateWithPriority(&im.streams[s], cudaStreamNonBlocking, s == 0 ? lo : hi));
+    DS_CUDA(cudaEventCreateWithFlags(&im.end[s], cudaEventDisableTiming));
+  }
+  DS_CUDA(cudaEventCreateWithFlags(&im.start, cudaEventDisableTiming));
+  DS_CUDA(cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming));
+  im.unit_events.assign(plan.units.size(), nullptr);
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    if (plan.units[u].record_event) {
+      DS_CUDA(cudaEventCreateWithFlags(&im.unit_events[u], cudaEventDisableTiming));
+    }
+  }
+  if (plan.arena_bytes > 0) {
+    if (ex->symmetric_) {
+      ex->arena_ = static_cast<char*>(transports.shmem->Malloc(plan.arena_bytes));  // zeroed
+    } else {
+      void* p = nullptr;
+      const cudaError_t e = cudaMalloc(&p, plan.arena_bytes);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fail("cudaMalloc of the " + std::to_string(plan.arena_bytes) +
+                        "-byte executor arena failed: " + cudaGetErrorString(e),
+                    "memory");
+      }
+      ex->arena_ = static_cast<char*>(p);
+    }
+  }
+  return Result<std::unique_ptr<GpuExecutor>>(std::move(ex));
+}
+
+GpuExecutor::~GpuExecutor() {
+  if (!impl_) return;
+  cudaSetDevice(device_);
+  for (cudaStream_t s : impl_->streams) {
+    if (s) cudaStreamSynchronize(s);
+  }
+  if (arena_) {
+    if (symmetric_ && transports_.shmem) {
+      transports_.shmem->Free(arena_);
+    } else {
+      cudaFree(arena_);
+    }
+  }
+  for (cudaEvent_t e : impl_->unit_events) {
+    if (e) cudaEventDestroy(e);
+  }
+  for (int s = 0; s < sp::kNumStreams; ++s) {
+    if (impl_->end[s]) cudaEventDestroy(impl_->end[s]);
+    if (impl_->streams[s]) cudaStreamDestroy(impl_->streams[s]);
+  }
+  if (impl_->start) cudaEventDestroy(impl_->start);
+  if (impl_->ready) cudaEventDestroy(impl_->ready);
+}
+
+char* GpuExecutor::BufferBase(int buffer, const LayerIo& io) const {
+  const ExecPlan& plan = plans_[rank_];
+  if (plan.offset[buffer] >= 0) return arena_ + plan.offset[buffer];
+  switch (plan.binding[buffer]) {
+    case UserBinding::kQ:
+      return static_cast<char*>(const_cast<void*>(io.q));
+    case UserBinding::kK:
+      return static_cast<char*>(const_cast<void*>(io.k));
+    case UserBinding::kV:
+      return static_cast<char*>(const_cast<void*>(io.v));
+    case UserBinding::kTextQ:
+      return static_cast<char*>(const_cast<void*>(io.text_q));
+    case UserBinding::kTextK:
+      return static_cast<char*>(const_cast<void*>(io.text_k));
+    case UserBinding::kTextV:
+      return static_cast<char*>(const_cast<void*>(io.text_v));
+    case UserBinding::kOut:
+      return static_cast<char*>(io.out);
+    case UserBinding::kTextOut:
+      return static_cast<char*>(io.text_out);
+    case UserBinding::kNone:
+      break;
+  }
+  DS_FAIL("sp executor: buffer ", buffer, " has neither an arena offset nor a binding");
+}
+
+StridedView GpuExecutor::View(const sp::Region& r, const LayerIo& io) const {
+  const sp::BufferDecl& d = schedule_.ranks[rank_].buffers[r.buffer];
+  StridedView v;
+  v.batch = schedule_.shape.batch;
+  v.tokens = r.tokens;
+  v.heads = r.heads;
+  v.width = d.width;
+  v.stride_h = d.width;
+  v.stride_t = d.heads * d.width;
+  v.stride_b = d.tokens * d.heads * d.width;
+  v.data = BufferBase(r.buffer, io) + RegionByteOffset(r, d);
+  return v;
+}
+
+void GpuExecutor::Run(const LayerIo& io, void* stream) {
+  const ExecPlan& plan = plans_[rank_];
+  const sp::RankProgram& prog = schedule_.ranks[rank_];
+  auto need = [](const void* p, int buffer, const char* what) {
+    DS_CHECK(buffer < 0 || p != nullptr, "sp executor: LayerIo.", what, " is null");
+  };
+  need(io.q, prog.q, "q");
+  need(io.k, prog.k, "k");
+  need(io.v, prog.v, "v");
+  need(io.out, prog.out, "out");
+  need(io.text_q, prog.text_q, "text_q");
+  need(io.text_k, prog.text_k, "text_k");
+  need(io.text_v, prog.text_v, "text_v");
+  need(io.text_out, prog.text_out, "text_out");
+  DS_CUDA(cudaSetDevice(device_));
+  Impl& im = *impl_;
+  cudaStream_t user = static_cast<cudaStream_t>(stream);
+  cudaStream_t compute = im.streams[0];
+  DS_CUDA(cudaEventRecord(im.start, user));
+  DS_CUDA(cudaStreamWaitEvent(compute, im.start, 0));
+  // Inputs that live in the arena (one-sided put targets): copy in. Initial values: fill.
+  for (size_t b = 0; b < prog.buffers.size(); ++b) {
+    const sp::BufferDecl& d = prog.buffers[b];
+    if (plan.offset[b] < 0) continue;
+    char* base = arena_ + plan.offset[b];
+    const UserBinding bind = plan.binding[b];
+    const bool input = bind == UserBinding::kQ || bind == UserBinding::kK ||
+                       bind == UserBinding::kV || bind == UserBinding::kTextQ ||
+                       bind == UserBinding::kTextK || bind == UserBinding::kTextV;
+    if (input) {
+      const void* src = bind == UserBinding::kQ       ? io.q
+                        : bind == UserBinding::kK     ? io.k
+                        : bind == UserBinding::kV     ? io.v
+                        : bind == UserBinding::kTextQ ? io.text_q
+                        : bind == UserBinding::kTextK ? io.text_k
+                                                      : io.text_v;
+      DS_CUDA(cudaMemcpyAsync(base, src, plan.bytes[b], cudaMemcpyDeviceToDevice, compute));
+    } else if (d.init == sp::BufferInit::kZero) {
+      DS_CUDA(cudaMemsetAsync(base, 0, plan.bytes[b], compute));
+    } else if (d.init == sp::BufferInit::kNegInf) {
+      FillNegInf(base, plan.bytes[b], d.element_bytes, dtype_, compute);
+    }
+  }
+  // Bound buffers with an initial value (the caller's out, if the schedule accumulates in it).
+  for (size_t b = 0; b < prog.buffers.size(); ++b) {
+    const sp::BufferDecl& d = prog.buffers[b];
+    if (plan.offset[b] >= 0 || d.init == sp::BufferInit::kUndefined) continue;
+    char* base = BufferBase(static_cast<int>(b), io);
+    if (d.init == sp::BufferInit::kZero) {
+      DS_CUDA(cudaMemsetAsync(base, 0, plan.bytes[b], compute));
+    } else {
+      FillNegInf(base, plan.bytes[b], d.element_bytes, dtype_, compute);
+    }
+  }
+  DS_CUDA(cudaEventRecord(im.ready, compute));
+  for (int s = 1; s < sp::kNumStreams; ++s) DS_CUDA(cudaStreamWaitEvent(im.streams[s], im.ready, 0));
+
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const IssueUnit& unit = plan.units[u];
+    cudaStream_t st = im.streams[static_cast<int>(unit.stream)];
+    for (int w : unit.wait_units) DS_CUDA(cudaStreamWaitEvent(st, im.unit_events[w], 0));
+    Issue(static_cast<int>(u), io);
+    if (unit.record_event) DS_CUDA(cudaEventRecord(im.unit_events[u], st));
+  }
+  for (int s = 0; s < sp::kNumStreams; ++s) {
+    DS_CUDA(cudaEventRecord(im.end[s], im.streams[s]));
+    DS_CUDA(cudaStreamWaitEvent(user, im.end[s], 0));
+  }
+  // Outputs that live in the arena: copy out on the caller's stream.
+  for (size_t b = 0; b < prog.buffers.size(); ++b) {
+    if (plan.offset[b] < 0) continue;
+    if (plan.binding[b] == UserBinding::kOut) {
+      DS_CUDA(cudaMemcpyAsync(io.out, arena_ + plan.offset[b], plan.bytes[b],
+                              cudaMemcpyDeviceToDevice, user));
+    } else if (plan.binding[b] == UserBinding::kTextOut) {
+      DS_CUDA(cudaMemcpyAsync(io.text_out, arena_ + plan.offset[b], plan.bytes[b],
+                              cudaMemcpyDeviceToDevice, user));
+    }
+  }
+  ++layers_;
+}
+
+void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
+  const ExecPlan& plan = plans_[rank_];
+  const IssueUnit& unit = plan.units[unit_index];
+  const sp::RankProgram& prog = schedule_.ranks[rank_];
+  cudaStream_t st = impl_->streams[static_cast<int>(unit.stream)];
+  const int64_t batch = schedule_.shape.batch;
+  comm::NcclComm* nccl =
+      unit.stream == sp::Stream::kCommInter ? transports_.inter : transports_.intra;
+  const bool group = unit.ops.size() > 1 && nccl != nullptr;
+  bool grouped_nccl = false;
+  for (int i : unit.ops) {
+    const sp::OpKind k = prog.ops[i].kind;
+    grouped_nccl = grouped_nccl || k == sp::OpKind::kSend || k == sp::OpKind::kRecv;
+  }
+  if (group && grouped_nccl) nccl->GroupStart();
+  for (int i : unit.ops) {
+    const sp::Op& o = prog.ops[i];
+    switch (o.kind) {
+      case sp::OpKind::kSend: {
+        const sp::BufferDecl& d = prog.buffers[o.src.buffer];
+        nccl->Send(BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, d),
+                   sp::RegionBytes(o.src, d, batch), o.peer, st);
+        break;
+      }
+      case sp::OpKind::kRecv: {
+        const sp::BufferDecl& d = prog.buffers[o.dst.buffer];
+        nccl->Recv(BufferBase(o.dst.buffer, io) + RegionByteOffset(o.dst, d),
+                   sp::RegionBytes(o.dst, d, batch), o.peer, st);
+        break;
+      }
+      case sp::OpKind::kPut: {
+        const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
+        const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
+        char* dst = arena_ + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd);
+        const int c = o.counter.empty() ? static_cast<int>(counters_.names.size())
+                                        : counters_.index(o.counter);
+        auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + c;
+        transports_.shmem->PutSignal(dst, BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
+                                     sp::RegionBytes(o.src, sd, batch), sig,
+                                     o.counter.empty() ? 0 : static_cast<uint64_t>(o.count),
+                                     o.peer, st);
+        break;
+      }
+      case sp::OpKind::kSignal: {
+        auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) +
+                    counters_.index(o.counter);
+        transports_.shmem->Signal(sig, static_cast<uint64_t>(o.count), o.peer, st);
+        break;
+      }
+      case sp::OpKind::kWait: {
+        const int c = counters_.index(o.counter);
+        auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + c;
+        // Signal words are never reset: layer L waits for L * (per-layer growth) + count.
+        const uint64_t target =
+            static_cast<uint64_t>(layers_) * counters_.per_layer_total[rank_][c] + o.count;
+        transports_.shmem->WaitGE(sig, target, st);
+        break;
+      }
+      case sp::OpKind::kAttention: {
+        AttentionArgs a;
+        a.q = View(o.src, io);
+        a.k = View(o.key, io);
+        a.v = View(o.value, io);
+        a.out = View(o.dst, io);
+        a.lse = View(o.dst_lse, io);
+        a.dtype = dtype_;
+        a.scale = 1.0 / std::sqrt(static_cast<double>(schedule_.shape.head_dim));
+        attention_->Attention(a, st);
+        break;
+      }
+      case sp::OpKind::kMerge: {
+        const StridedView acc = View(o.dst, io), acc_lse = View(o.dst_lse, io);
+        const StridedView part = View(o.src, io), part_lse = View(o.src_lse, io);
+        const kernels::AttnMergeParams p = kernels::attn_merge_pair_params(
+            batch, acc.tokens, acc.heads, acc.width, dtype_,
+            kernels::AttnOutDst{acc.data, acc.stride_b, acc.stride_t, acc.stride_h},
+            kernels::LseDst{static_cast<float*>(acc_lse.data), acc_lse.stride_b, acc_lse.stride_t,
+                            acc_lse.stride_h},
+            kernels::AttnOutView{part.data, part.stride_b, part.stride_t, part.stride_h},
+            kernels::LseView{static_cast<const float*>(part_lse.data), part_lse.stride_b,
+                             part_lse.stride_t, part_lse.stride_h});
+        kernels::attn_merge_cuda(p, st);
+        break;
+      }
+      case sp::OpKind::kPack:
+      case sp::OpKind::kUnpack:
+      case sp::OpKind::kCopy: {
+        const StridedView s = View(o.src, io), d = View(o.dst, io);
+        if (s.tokens == 0 || s.heads == 0) break;
+        kernels::LayoutCopyParams p;
+        p.dtype = DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_);
+        p.batch = batch;
+        p.head_dim = s.width;
+        p.num_copies = 1;
+        p.copies[0] = kernels::LayoutCopy{s.data,   s.stride_b, s.stride_t, s.stride_h, d.data,
+                                          d.stride_b, d.stride_t, d.stride_h, s.tokens, s.heads};
+        kernels::layout_copy_cuda(p, st);
+        break;
+      }
+    }
+  }
+  if (group && grouped_nccl) nccl->GroupEnd();
+}
+
+}  // namespace ditscale::runtime

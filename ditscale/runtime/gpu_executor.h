@@ -1,0 +1,119 @@
+// GPU executor of sequence-parallel attention schedules (ditscale/sp/schedule.h).
+//
+// One executor per (schedule, rank, dtype): built once, run once per attention layer. It owns
+// one CUDA stream per schedule stream (compute, intra-machine comm, inter-machine comm; the comm
+// streams at high priority), one event per unit another stream waits for, and one device arena
+// holding every work, scratch and staging buffer (cudaMalloc; NVSHMEM's symmetric heap for
+// one-sided schedules). The host issues the whole layer without blocking (exec_plan.h gives the
+// order); the caller's stream is joined at the start and waits for all three streams at the end,
+// so the executor behaves like one asynchronous op on the caller's stream.
+//
+// Ops: Send/Recv -> NCCL on the communicator of the op's comm stream (groups -> ncclGroupStart /
+// End); Put/Signal/Wait -> NVSHMEM put-with-signal / signal / wait-until on the stream; Attention
+// -> the AttentionBackend (the torch layer passes cuDNN attention through ATen); Merge -> our
+// log-sum-exp merge kernel (fp32 accumulation); Pack/Unpack/Copy -> our strided region copy
+// kernel. Buffers with an initial value (zero, -inf) are filled at the start of every layer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ditscale/core/result.h"
+#include "ditscale/kernels/dtype.h"
+#include "ditscale/runtime/exec_plan.h"
+#include "ditscale/sp/schedule.h"
+
+namespace ditscale::comm {
+class NcclComm;
+class Nvshmem;
+}  // namespace ditscale::comm
+
+namespace ditscale::runtime {
+
+// A strided [batch, tokens, heads, width] device tensor, width contiguous; strides in elements.
+struct StridedView {
+  void* data = nullptr;
+  int64_t batch = 0, tokens = 0, heads = 0, width = 0;
+  int64_t stride_b = 0, stride_t = 0, stride_h = 0;
+};
+
+// softmax(q k^T * scale) v for every (batch, head): q [B, Tq, Hq, D], k and v [B, Tk, Hkv, D]
+// (Hq a multiple of Hkv: grouped queries), out [B, Tq, Hq, D] in `dtype`, lse [B, Tq, Hq, 1]
+// fp32 natural-log log-sum-exp of the scaled scores. Enqueued on `stream` (a cudaStream_t).
+struct AttentionArgs {
+  StridedView q, k, v, out, lse;
+  kernels::DType dtype = kernels::DType::kBFloat16;
+  double scale = 1.0;
+};
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual void Attention(const AttentionArgs& args, void* stream) = 0;
+};
+
+struct Transports {
+  comm::NcclComm* intra = nullptr;  // Send/Recv on the intra-machine comm stream
+  comm::NcclComm* inter = nullptr;  // Send/Recv on the inter-machine comm stream
+  comm::Nvshmem* shmem = nullptr;   // one-sided schedules
+};
+
+// The caller's tensors of one layer: dense row-major [B, tokens, heads, head_dim] device memory
+// (q/k/v/out: the rank's image-token shard; text_*: all T joint tokens; null when T == 0).
+struct LayerIo {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* text_q = nullptr;
+  const void* text_k = nullptr;
+  const void* text_v = nullptr;
+  void* out = nullptr;
+  void* text_out = nullptr;
+};
+
+bool GpuExecutorAvailable();  // built with CUDA
+
+class GpuExecutor {
+ public:
+  // Validates the schedule, plans it (exec_plan.h, NCCL order check included), allocates the
+  // arena (collective for one-sided schedules: every rank creates its executor in the same
+  // order) and the streams/events on `device`. `attention` must outlive the executor.
+  static Result<std::unique_ptr<GpuExecutor>> Create(sp::Schedule schedule, int rank,
+                                                     kernels::DType dtype, int device,
+                                                     Transports transports,
+                                                     AttentionBackend* attention);
+  ~GpuExecutor();
+  GpuExecutor(const GpuExecutor&) = delete;
+  GpuExecutor& operator=(const GpuExecutor&) = delete;
+
+  // Enqueues one layer after the work already on `stream` (a cudaStream_t); `stream` waits for
+  // its end. Throws ditscale::Error on a CUDA launch error or bad io (null pointer).
+  void Run(const LayerIo& io, void* stream);
+
+  const sp::Schedule& schedule() const { return schedule_; }
+  const ExecPlan& plan() const { return plans_[rank_]; }
+  int64_t arena_bytes() const { return plans_[rank_].arena_bytes; }
+  int64_t layers_run() const { return layers_; }
+
+ private:
+  GpuExecutor() = default;
+  struct Impl;
+  void Issue(int unit, const LayerIo& io);
+  char* BufferBase(int buffer, const LayerIo& io) const;
+  StridedView View(const sp::Region& r, const LayerIo& io) const;
+
+  sp::Schedule schedule_;
+  std::vector<ExecPlan> plans_;
+  CounterTable counters_;
+  int rank_ = 0;
+  int device_ = 0;
+  kernels::DType dtype_ = kernels::DType::kBFloat16;
+  Transports transports_;
+  AttentionBackend* attention_ = nullptr;
+  char* arena_ = nullptr;
+  bool symmetric_ = false;
+  int64_t layers_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ditscale::runtime

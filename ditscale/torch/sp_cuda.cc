@@ -1,0 +1,385 @@
+// The sequence-parallel attention runtime as a TorchScript class, `torch.classes.ditscale.SpRuntime`
+// (driven by python/ditscale/sp): one per process group. It owns the NCCL communicators (one per
+// comm stream kind: intra-machine and inter-machine), the NVSHMEM state (optional, created on
+// first use of a one-sided strategy), cuDNN attention through ATen as the executor's attention
+// backend, and one GpuExecutor per (configuration, shape, dtype), created on first use and reused.
+// Compiled only when ditscale's CUDA kernels are built and torch has CUDA.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <tuple>
+
+#include "ditscale/comm/nccl_comm.h"
+#include "ditscale/comm/nvshmem_comm.h"
+#include "ditscale/runtime/gpu_executor.h"
+#include "ditscale/sp/strategies.h"
+
+namespace ditscale::torch_ext {
+namespace {
+
+using at::Tensor;
+
+template <typename Id>
+Id IdFromTensor(const Tensor& t, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kByte && t.numel() == comm::kUniqueIdBytes, "ditscale.sp: ",
+              what, " must be a uint8 tensor of ", comm::kUniqueIdBytes, " bytes");
+  Tensor c = t.to(at::kCPU).contiguous();
+  Id id;
+  std::memcpy(id.bytes.data(), c.data_ptr(), comm::kUniqueIdBytes);
+  return id;
+}
+
+template <typename Id>
+Tensor IdToTensor(const Id& id) {
+  Tensor t = at::empty({comm::kUniqueIdBytes}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(t.data_ptr(), id.bytes.data(), comm::kUniqueIdBytes);
+  return t;
+}
+
+Tensor sp_nccl_id() {
+  auto id = comm::NcclNewId();
+  TORCH_CHECK(id.ok(), "ditscale.sp: ", id.failure().ToString());
+  return IdToTensor(id.value());
+}
+
+Tensor sp_nvshmem_id() {
+  auto id = comm::NvshmemNewId();
+  TORCH_CHECK(id.ok(), "ditscale.sp: ", id.failure().ToString());
+  return IdToTensor(id.value());
+}
+
+// "" when one-sided transfers can run, else why not.
+std::string sp_nvshmem_unavailable() {
+  return comm::NvshmemAvailable() ? std::string() : comm::NvshmemUnavailableReason();
+}
+
+at::ScalarType ScalarOf(kernels::DType d) {
+  switch (d) {
+    case kernels::DType::kBFloat16:
+      return at::kBFloat16;
+    case kernels::DType::kFloat16:
+      return at::kHalf;
+    default:
+      return at::kFloat;
+  }
+}
+
+// [B, T, H, W] strided view -> a [B, H, T, W] tensor over the same memory.
+Tensor AsBhtd(const runtime::StridedView& v, at::ScalarType dtype, int device) {
+  return at::from_blob(v.data, {v.batch, v.heads, v.tokens, v.width},
+                       {v.stride_b, v.stride_h, v.stride_t, 1},
+                       at::TensorOptions().dtype(dtype).device(at::kCUDA, device));
+}
+
+// cuDNN attention (flash as the fallback) through ATen, on the executor's compute stream.
+class AtenAttention final : public runtime::AttentionBackend {
+ public:
+  explicit AtenAttention(int device) : device_(device) {}
+
+  void Attention(const runtime::AttentionArgs& a, void* stream) override {
+    c10::cuda::CUDAStreamGuard guard(
+        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), device_));
+    const at::ScalarType dt = ScalarOf(a.dtype);
+    Tensor out = AsBhtd(a.out, dt, device_);
+    Tensor lse = at::from_blob(a.lse.data, {a.lse.batch, a.lse.heads, a.lse.tokens},
+                               {a.lse.stride_b, a.lse.stride_h, a.lse.stride_t},
+                               at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
+    if (a.q.tokens == 0 || a.q.heads == 0) return;
+    if (a.k.tokens == 0) {  // no keys: the partial of an empty block
+      out.zero_();
+      lse.fill_(-std::numeric_limits<float>::infinity());
+      return;
+    }
+    Tensor q = AsBhtd(a.q, dt, device_);
+    Tensor k = AsBhtd(a.k, dt, device_);
+    Tensor v = AsBhtd(a.v, dt, device_);
+    if (k.size(1) != q.size(1)) {  // grouped queries: expand the kv heads
+      const int64_t g = q.size(1) / k.size(1);
+      k = k.repeat_interleave(g, 1);
+      v = v.repeat_interleave(g, 1);
+    }
+    if (!checked_) Calibrate(q.options());
+    Tensor o, l;
+    if (use_cudnn_) {
+      try {
+        auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, true, 0.0, false,
+                                                         false, a.scale);
+        o = std::get<0>(r);
+        l = std::get<1>(r);
+        if (lse_scale_ != 1.0) l = l * lse_scale_;
+      } catch (const std::exception& e) {  // a layout or size cuDNN refuses: flash from now on
+        TORCH_WARN("ditscale.sp: cuDNN attention failed on q ", q.sizes(), " strides ",
+                   q.strides(), " (", e.what(), "); switching to flash attention");
+        use_cudnn_ = false;
+      }
+    }
+    if (!use_cudnn_) {
+      auto r = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, false, false, a.scale);
+      o = std::get<0>(r);
+      l = std::get<1>(r);
+    }
+    out.copy_(o);
+    lse.copy_(l.reshape({q.size(0), q.size(1), q.size(2)}));
+  }
+
+  std::string backend() const { return use_cudnn_ ? "cudnn" : "flash"; }
+
+ private:
+  // Once: does cuDNN attention run here, and in which base is its log-sum-exp? Compared with an
+  // fp32 reference on a small random case (the executor's merges need natural logs).
+  void Calibrate(const at::TensorOptions& opts) {
+    checked_ = true;
+    // Deterministic inputs without touching the global RNG.
+    auto pattern = [&](int64_t t, double f) {
+      return (at::arange(2 * t * 128, opts.dtype(at::kFloat)).reshape({1, 2, t, 128}) * f)
+          .sin()
+          .to(opts.dtype());
+    };
+    Tensor q = pattern(64, 0.37), k = pattern(80, 0.53), v = pattern(80, 0.71);
+    const double scale = 1.0 / std::sqrt(128.0);
+    Tensor ref = at::logsumexp(at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) *
+                                   scale,
+                               -1);
+    try {
+      auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, true, 0.0, false,
+                                                       false, scale);
+      Tensor l = std::get<1>(r).reshape({1, 2, 64}).to(at::kFloat);
+      const double e_nat = (l - ref).abs().max().item<double>();
+      const double e_log2 = (l * std::log(2.0) - ref).abs().max().item<double>();
+      if (e_nat < 5e-2) {
+        use_cudnn_ = true;
+        lse_scale_ = 1.0;
+      } else if (e_log2 < 5e-2) {
+        use_cudnn_ = true;
+        lse_scale_ = std::log(2.0);
+      } else {
+        use_cudnn_ = false;
+        TORCH_WARN("ditscale.sp: cuDNN attention's logsumexp matches neither base (errors ", e_nat,
+                   ", ", e_log2, "); using flash attention");
+      }
+    } catch (const std::exception& e) {
+      use_cudnn_ = false;
+      TORCH_WARN("ditscale.sp: cuDNN attention unavailable (", e.what(), "); using flash");
+    }
+  }
+
+  int device_;
+  bool checked_ = false;
+  bool use_cudnn_ = true;
+  double lse_scale_ = 1.0;
+};
+
+kernels::DType DTypeOf(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16:
+      return kernels::DType::kBFloat16;
+    case at::kHalf:
+      return kernels::DType::kFloat16;
+    default:
+      // cuDNN and flash attention run in 16-bit floats only.
+      TORCH_CHECK(false, "ditscale.sp.attention: dtype ", t, " is not supported (bf16, fp16)");
+  }
+}
+
+}  // namespace
+
+struct SpRuntime : torch::CustomClassHolder {
+  SpRuntime(int64_t rank, int64_t world, int64_t device, int64_t machines,
+            int64_t gpus_per_machine, Tensor nccl_id_intra, Tensor nccl_id_inter,
+            double timeout_s)
+      : rank_(static_cast<int>(rank)),
+        world_(static_cast<int>(world)),
+        device_(static_cast<int>(device)),
+        mesh_{static_cast<int>(machines), static_cast<int>(gpus_per_machine)},
+        attention_(static_cast<int>(device)) {
+    TORCH_CHECK(machines >= 1 && gpus_per_machine >= 1 && machines * gpus_per_machine == world,
+                "ditscale.sp: mesh ", machines, " x ", gpus_per_machine, " does not have ", world,
+                " ranks");
+    TORCH_CHECK(rank >= 0 && rank < world, "ditscale.sp: rank ", rank, " not in [0, ", world, ")");
+    // Collective: every rank builds the same communicators in the same order.
+    if (gpus_per_machine > 1) intra_ = MakeComm(nccl_id_intra, "intra", timeout_s);
+    if (machines > 1) inter_ = MakeComm(nccl_id_inter, "inter", timeout_s);
+  }
+
+  // Collective over all ranks; `id` from sp_nvshmem_id() on rank 0, broadcast.
+  void init_nvshmem(Tensor id) {
+    if (shmem_) return;
+    auto s = comm::Nvshmem::Init(IdFromTensor<comm::NvshmemId>(id, "nvshmem id"), world_, rank_,
+                                 device_);
+    TORCH_CHECK(s.ok(), "ditscale.sp: NVSHMEM: ", s.failure().ToString());
+    shmem_ = std::move(s).value();
+  }
+
+  bool has_nvshmem() const { return shmem_ != nullptr; }
+
+  // Runs one attention layer; returns [out, text_out] (text_out empty when there are no joint
+  // tokens). q, k, v: [B, S_local, H, D] CUDA tensors of this rank's shard; seq_total: S of all
+  // ranks; text_*: [B, T, H, D] or undefined.
+  std::vector<Tensor> attention(std::string strategy, int64_t ulysses, int64_t ring,
+                                int64_t chunks, bool one_sided, int64_t seq_total, Tensor q,
+                                Tensor k, Tensor v, std::optional<Tensor> tq,
+                                std::optional<Tensor> tk, std::optional<Tensor> tv) {
+    TORCH_CHECK(q.is_cuda() && q.device().index() == device_, "ditscale.sp.attention: q must be on cuda:",
+                device_);
+    TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+                "ditscale.sp.attention: q, k, v must be [B, S_local, H, D]");
+    TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                    k.size(3) == q.size(3),
+                "ditscale.sp.attention: k and v must be [B, S_local, H_kv, D] like q");
+    TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+                "ditscale.sp.attention: q, k, v must share a dtype");
+    const bool joint = tq.has_value() && tq->defined();
+    const int64_t T = joint ? tq->size(1) : 0;
+    if (joint) {
+      TORCH_CHECK(tk.has_value() && tv.has_value() && tk->defined() && tv->defined(),
+                  "ditscale.sp.attention: joint_q, joint_k and joint_v go together");
+      TORCH_CHECK(tq->dim() == 4 && tq->size(0) == q.size(0) && tq->size(2) == q.size(2) &&
+                      tq->size(3) == q.size(3) && tk->sizes() == tv->sizes() &&
+                      tk->size(1) == T && tk->size(2) == k.size(2),
+                  "ditscale.sp.attention: joint tensors must be [B, T, H, D] (H_kv for k, v)");
+    }
+    c10::cuda::CUDAGuard guard(q.device());
+    const kernels::DType dt = DTypeOf(q.scalar_type());
+    sp::AttentionShape shape;
+    shape.batch = q.size(0);
+    shape.seq_tokens = seq_total;
+    shape.text_tokens = T;
+    shape.heads = q.size(2);
+    shape.kv_heads = k.size(2);
+    shape.head_dim = q.size(3);
+    shape.dtype_bytes = static_cast<int>(kernels::dtype_size(dt));
+    runtime::GpuExecutor& ex = Executor(strategy, ulysses, ring, chunks, one_sided, shape, dt);
+    const sp::RankProgram& p = ex.schedule().ranks[rank_];
+    TORCH_CHECK(p.image_token_count == q.size(1), "ditscale.sp.attention: rank ", rank_,
+                " holds ", q.size(1), " image tokens, but strategy '", strategy, "' on this mesh ",
+                "gives it ", p.image_token_count, " of ", seq_total,
+                " (shards must follow ditscale.sp.shard_range)");
+    Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    Tensor out = at::empty_like(qc);
+    Tensor tqc, tkc, tvc, tout;
+    runtime::LayerIo io;
+    io.q = qc.data_ptr();
+    io.k = kc.data_ptr();
+    io.v = vc.data_ptr();
+    io.out = out.data_ptr();
+    if (joint) {
+      tqc = tq->contiguous();
+      tkc = tk->contiguous();
+      tvc = tv->contiguous();
+      tout = at::empty_like(tqc);
+      io.text_q = tqc.data_ptr();
+      io.text_k = tkc.data_ptr();
+      io.text_v = tvc.data_ptr();
+      io.text_out = tout.data_ptr();
+    }
+    auto stream = c10::cuda::getCurrentCUDAStream(device_);
+    ex.Run(io, stream.stream());
+    return {out, joint ? tout : at::empty({0}, q.options())};
+  }
+
+  // Waits for the current stream with hang detection on the communicators (debugging aid).
+  void synchronize(double timeout_s) {
+    auto stream = c10::cuda::getCurrentCUDAStream(device_);
+    for (comm::NcclComm* c : {intra_.get(), inter_.get()}) {
+      if (!c) continue;
+      c->set_timeout_s(timeout_s);
+      auto r = c->Synchronize(stream.stream());
+      TORCH_CHECK(r.ok(), "ditscale.sp: ", r.failure().ToString());
+    }
+    if (shmem_) {
+      auto r = shmem_->Synchronize(stream.stream(), timeout_s);
+      TORCH_CHECK(r.ok(), "ditscale.sp: ", r.failure().ToString());
+    }
+    stream.synchronize();
+  }
+
+  // The schedule of a cached configuration as text (PrintSchedule) and the executor's plan.
+  std::string describe(std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks,
+                       bool one_sided) {
+    std::ostringstream os;
+    for (auto& [key, ex] : executors_) {
+      if (std::get<0>(key) == strategy && std::get<1>(key) == ulysses &&
+          std::get<2>(key) == ring && std::get<3>(key) == chunks && std::get<4>(key) == one_sided) {
+        os << runtime::PrintPlan(ex->schedule(), ex->plan());
+        os << "arena bytes " << ex->arena_bytes() << ", attention " << attention_.backend() << "\n";
+      }
+    }
+    return os.str();
+  }
+
+  int64_t executors() const { return static_cast<int64_t>(executors_.size()); }
+  void clear() { executors_.clear(); }
+
+ private:
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int>;
+
+  std::unique_ptr<comm::NcclComm> MakeComm(const Tensor& id, const char* what, double timeout_s) {
+    auto c = comm::NcclComm::Create(IdFromTensor<comm::NcclId>(id, what), world_, rank_, device_,
+                                    timeout_s);
+    TORCH_CHECK(c.ok(), "ditscale.sp: NCCL ", what, " communicator: ", c.failure().ToString());
+    return std::move(c).value();
+  }
+
+  runtime::GpuExecutor& Executor(const std::string& strategy, int64_t u, int64_t r,
+                                 int64_t chunks, bool one_sided, const sp::AttentionShape& s,
+                                 kernels::DType dt) {
+    const Key key{strategy, u, r, chunks, one_sided, s.batch, s.seq_tokens, s.text_tokens,
+                  s.heads, s.kv_heads, s.head_dim, static_cast<int>(dt)};
+    auto it = executors_.find(key);
+    if (it != executors_.end()) return *it->second;
+    if (one_sided) {
+      TORCH_CHECK(shmem_ != nullptr, "ditscale.sp: one-sided strategy without NVSHMEM (",
+                  sp_nvshmem_unavailable().empty() ? std::string("call init_nvshmem first")
+                                                   : sp_nvshmem_unavailable(),
+                  ")");
+    }
+    sp::SpConfig cfg;
+    cfg.strategy = strategy;
+    cfg.ulysses_degree = static_cast<int>(u);
+    cfg.ring_degree = static_cast<int>(r);
+    cfg.torus_chunks = static_cast<int>(chunks);
+    cfg.one_sided = one_sided;
+    auto sched = sp::BuildSchedule(mesh_, cfg, s);
+    TORCH_CHECK(sched.ok(), "ditscale.sp.attention: ", sched.failure().ToString());
+    runtime::Transports t{intra_.get(), inter_.get(), shmem_.get()};
+    auto ex = runtime::GpuExecutor::Create(std::move(sched).value(), rank_, dt, device_, t,
+                                           &attention_);
+    TORCH_CHECK(ex.ok(), "ditscale.sp.attention: ", ex.failure().ToString());
+    auto& slot = executors_[key];
+    slot = std::move(ex).value();
+    return *slot;
+  }
+
+  int rank_, world_, device_;
+  sp::SpMesh mesh_;
+  AtenAttention attention_;
+  std::unique_ptr<comm::NcclComm> intra_, inter_;
+  std::unique_ptr<comm::Nvshmem> shmem_;
+  // Executors before the transports in destruction order: declared after them.
+  std::map<Key, std::unique_ptr<runtime::GpuExecutor>> executors_;
+};
+
+TORCH_LIBRARY_FRAGMENT(ditscale, m) {
+  m.def("sp_nccl_id", &sp_nccl_id);
+  m.def("sp_nvshmem_id", &sp_nvshmem_id);
+  m.def("sp_nvshmem_unavailable", &sp_nvshmem_unavailable);
+  m.class_<SpRuntime>("SpRuntime")
+      .def(torch::init<int64_t, int64_t, int64_t, int64_t, int64_t, Tensor, Tensor, double>())
+      .def("init_nvshmem", &SpRuntime::init_nvshmem)
+      .def("has_nvshmem", &SpRuntime::has_nvshmem)
+      .def("attention", &SpRuntime::attention)
+      .def("synchronize", &SpRuntime::synchronize)
+      .def("describe", &SpRuntime::describe)
+      .def("executors", &SpRuntime::executors)
+      .def("clear", &SpRuntime::clear);
+}
+
+}  // namespace ditscale::torch_ext

@@ -1,0 +1,304 @@
+"""Sequence-parallel attention for DiT inference (SwiftFusion): Ulysses, Ring, USP,
+SwiftFusion's topology-aware scheduling (TAS) and Torus attention on NCCL or NVSHMEM.
+
+Usage, one process per GPU under ``torchrun``::
+
+    import ditscale.sp as sp
+    sp.emulate_machines(2)          # optional, BEFORE init_process_group: see below
+    torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    mesh = sp.Mesh.from_process_group()            # machines x GPUs from the host names
+    begin, count = sp.shard_range(S, mesh.size, mesh.rank)   # this rank's image tokens
+    out = sp.attention(q, k, v, mesh=mesh)                   # q, k, v: [B, count, H, D]
+    out, text_out = sp.attention(q, k, v, mesh=mesh, strategy="torus", chunks=2,
+                                 joint_q=tq, joint_k=tk, joint_v=tv)   # MMDiT text: [B, T, H, D]
+
+The result is dense, non-causal attention (scale 1/sqrt(D)) of the local queries over all
+tokens of all ranks, joint text tokens first; ``text_out`` (the joint queries' output) is the same
+on every rank. Strategies: ``ulysses``, ``ring``, ``usp`` (Ulysses within machines, Ring across),
+``swiftfusion-tas`` (Ulysses across machines, Ring within), ``torus`` (TAS with the all-to-all
+cut into ``chunks`` pipelined with attention), ``auto`` (the planner's choice for the mesh and a
+topology, ``h200-local`` by default or a JSON file from ``bench/sp/calibrate.py``).
+``transport="nvshmem"`` runs the one-sided form (puts with signals, NVSHMEM symmetric memory);
+it needs ditscale built with NVSHMEM (``nvidia-nvshmem-cu13``).
+
+Emulated machines: ``emulate_machines(m)`` gives the processes of each group of
+``LOCAL_WORLD_SIZE / m`` consecutive local ranks their own ``NCCL_HOSTID``, so NCCL (ours and
+torch.distributed's) treats the groups as different hosts: its socket transport between them,
+NVLink within. Call it before any NCCL communicator is created.
+
+The schedules, executor and kernels are C++/CUDA (``ditscale/sp``, ``ditscale/runtime``,
+``ditscale/comm``, ``ditscale/kernels``); this module builds the communicators from the process
+group and caches one executor per configuration and shape (buffers are allocated once).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import ops as _ops  # loads ditscale._C (the ops and the SpRuntime class)
+
+STRATEGIES = ("ulysses", "ring", "usp", "swiftfusion-tas", "torus")
+TRANSPORTS = ("nccl", "nvshmem")
+
+
+def shard_range(seq: int, world: int, rank: int) -> Tuple[int, int]:
+    """(begin, count) of rank's image tokens: an even split, the first seq % world ranks hold
+    one token more (the split every strategy's schedule uses)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"shard_range: rank {rank} not in [0, {world})")
+    base, extra = divmod(int(seq), int(world))
+    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+
+def emulate_machines(machines: int) -> int:
+    """Sets NCCL_HOSTID so that this host's processes form ``machines`` emulated machines of
+    consecutive local ranks; returns this process's machine index. Call before NCCL starts."""
+    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    if machines < 1 or local_world % machines:
+        raise ValueError(
+            f"emulate_machines({machines}): {local_world} local processes cannot be split "
+            f"into {machines} machines of equal size")
+    per = local_world // machines
+    machine = local_rank // per
+    host = socket.gethostname()
+    os.environ["NCCL_HOSTID"] = f"{host}-emulated-machine-{machine}"
+    os.environ["DITSCALE_EMULATED_MACHINES"] = str(machines)
+    return machine
+
+
+def _host_id() -> str:
+    return os.environ.get("NCCL_HOSTID") or socket.gethostname()
+
+
+@dataclass
+class Mesh:
+    """machines x gpus_per_machine ranks; rank = machine * gpus_per_machine + local GPU."""
+
+    machines: int
+    gpus_per_machine: int
+    group: Optional[dist.ProcessGroup] = None
+    hosts: Tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self):
+        if self.machines < 1 or self.gpus_per_machine < 1:
+            raise ValueError(f"Mesh: machines ({self.machines}) and gpus_per_machine "
+                             f"({self.gpus_per_machine}) must be >= 1")
+        if dist.is_available() and dist.is_initialized():
+            world = dist.get_world_size(self.group)
+            if world != self.size:
+                raise ValueError(f"Mesh {self.machines} x {self.gpus_per_machine} has "
+                                 f"{self.size} ranks, the process group {world}")
+
+    @property
+    def size(self) -> int:
+        return self.machines * self.gpus_per_machine
+
+    @property
+    def rank(self) -> int:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(self.group)
+        return 0
+
+    @classmethod
+    def from_process_group(cls, group: Optional[dist.ProcessGroup] = None) -> "Mesh":
+        """The mesh of an initialised process group: ranks on the same host (NCCL_HOSTID when
+        set, as emulate_machines does, else the host name) form a machine. Ranks of a machine
+        must be consecutive and every machine must have as many as the others."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls(1, 1, None, (_host_id(),))
+        world = dist.get_world_size(group)
+        hosts = [None] * world
+        dist.all_gather_object(hosts, _host_id(), group=group)
+        order = []
+        for h in hosts:
+            if not order or order[-1] != h:
+                if h in order:
+                    raise ValueError(f"Mesh.from_process_group: the ranks of host {h!r} are not "
+                                     f"consecutive: {hosts}")
+                order.append(h)
+        counts = {h: hosts.count(h) for h in order}
+        if len(set(counts.values())) != 1:
+            raise ValueError(f"Mesh.from_process_group: machines have different GPU counts: "
+                             f"{counts}")
+        return cls(len(order), world // len(order), group, tuple(hosts))
+
+
+class _Runtime:
+    """Communicators and executors of one mesh (collective construction)."""
+
+    def __init__(self, mesh: Mesh, device: torch.device, timeout_s: float):
+        _require()
+        self.mesh = mesh
+        self.device = device
+        group = mesh.group
+        ids = [None, None]
+        if mesh.rank == 0:
+            ids = [bytes(torch.ops.ditscale.sp_nccl_id().tolist()),
+                   bytes(torch.ops.ditscale.sp_nccl_id().tolist())]
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(ids, src=src, group=group, device=device)
+        as_t = lambda b: torch.tensor(list(b), dtype=torch.uint8)  # noqa: E731
+        self.obj = torch.classes.ditscale.SpRuntime(
+            mesh.rank, mesh.size, device.index, mesh.machines, mesh.gpus_per_machine,
+            as_t(ids[0]), as_t(ids[1]), float(timeout_s))
+        self.seq_total: Dict[Tuple[int, ...], int] = {}
+        self.plans: Dict[Tuple, dict] = {}
+
+    def ensure_nvshmem(self) -> None:
+        if self.obj.has_nvshmem():
+            return
+        why = torch.ops.ditscale.sp_nvshmem_unavailable()
+        if why:
+            raise RuntimeError(f"ditscale.sp: transport='nvshmem' is not available: {why}")
+        # The symmetric heap holds every executor arena of one-sided strategies.
+        os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "16G")
+        os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+        ids = [None]
+        if self.mesh.rank == 0:
+            ids = [bytes(torch.ops.ditscale.sp_nvshmem_id().tolist())]
+        group = self.mesh.group
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(ids, src=src, group=group, device=self.device)
+        self.obj.init_nvshmem(torch.tensor(list(ids[0]), dtype=torch.uint8))
+
+    def total_tokens(self, local: int) -> int:
+        key = (local,)
+        if key not in self.seq_total:
+            t = torch.tensor([local], dtype=torch.int64, device=self.device)
+            dist.all_reduce(t, group=self.mesh.group)
+            self.seq_total[key] = int(t.item())
+        return self.seq_total[key]
+
+
+_RUNTIMES: Dict[Tuple, _Runtime] = {}
+
+
+def _require() -> None:
+    if not _ops.is_available():
+        raise RuntimeError(f"ditscale.sp: the compiled extension is missing: {_ops.load_error()}")
+    if not hasattr(torch.classes.ditscale, "SpRuntime"):
+        raise RuntimeError("ditscale.sp: ditscale._C was built without the CUDA sequence-parallel "
+                           "runtime (needs CUDA, NCCL and a CUDA build of torch)")
+
+
+def _runtime(mesh: Mesh, device: torch.device, timeout_s: float = 120.0) -> _Runtime:
+    key = (id(mesh.group), mesh.machines, mesh.gpus_per_machine, device.index)
+    rt = _RUNTIMES.get(key)
+    if rt is None:
+        rt = _Runtime(mesh, device, timeout_s)
+        _RUNTIMES[key] = rt
+    return rt
+
+
+def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: int,
+         kv_heads: int = 0, dtype_bytes: int = 2, topology: str = "h200-local",
+         strategies=(), one_sided: Optional[bool] = None) -> dict:
+    """The planner's ranking for one attention layer on ``mesh`` (simulated with
+    ``topology``): {"ranked": [{"name", "strategy", "ulysses_degree", "ring_degree", "chunks",
+    "one_sided", "predicted_layer_s", ...}], "explanation": ...}."""
+    if not _ops.is_available():
+        raise RuntimeError(f"ditscale.sp.plan: {_ops.load_error()}")
+    if one_sided is None:
+        one_sided = not torch.ops.ditscale.sp_nvshmem_unavailable()
+    return json.loads(torch.ops.ditscale.sp_plan(
+        mesh.machines, mesh.gpus_per_machine, batch, seq, text, heads, kv_heads, head_dim,
+        dtype_bytes, topology, list(strategies), bool(one_sided)))
+
+
+def predict(mesh: Mesh, *, strategy: str, batch: int, seq: int, text: int, heads: int,
+            head_dim: int, kv_heads: int = 0, dtype_bytes: int = 2, chunks: int = 1,
+            transport: str = "nccl", ulysses_degree: int = 0, ring_degree: int = 0,
+            topology: str = "h200-local") -> float:
+    """The simulator's time of one attention layer (seconds) for a configuration."""
+    if not _ops.is_available():
+        raise RuntimeError(f"ditscale.sp.predict: {_ops.load_error()}")
+    j = json.loads(torch.ops.ditscale.sp_predict(
+        mesh.machines, mesh.gpus_per_machine, batch, seq, text, heads, kv_heads, head_dim,
+        dtype_bytes, topology, strategy, ulysses_degree, ring_degree, chunks,
+        transport == "nvshmem"))
+    return float(j["predicted_layer_s"])
+
+
+def _local_attention(q, k, v, joint_q, joint_k, joint_v):
+    """One rank holds everything: SDPA over [joint; image]."""
+    T = 0 if joint_q is None else joint_q.shape[1]
+    if T:
+        q, k, v = (torch.cat([a, b], 1) for a, b in ((joint_q, q), (joint_k, k), (joint_v, v)))
+    if k.shape[2] != q.shape[2]:
+        g = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    return (o[:, T:], o[:, :T]) if T else (o, None)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Optional[Mesh],
+              strategy: str = "auto", joint_q: Optional[torch.Tensor] = None,
+              joint_k: Optional[torch.Tensor] = None, joint_v: Optional[torch.Tensor] = None,
+              chunks: Optional[int] = None, transport: str = "nccl",
+              ulysses_degree: int = 0, ring_degree: int = 0, topology: str = "h200-local"):
+    """Sequence-parallel attention of this rank's image-token shard (see the module docstring).
+    Returns ``out`` [B, S_local, H, D], or ``(out, joint_out)`` when ``joint_q`` is given."""
+    joint = joint_q is not None
+    if (joint_k is None) != (joint_q is None) or (joint_v is None) != (joint_q is None):
+        raise ValueError("ditscale.sp.attention: joint_q, joint_k and joint_v go together")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"ditscale.sp.attention: transport {transport!r} is not one of "
+                         f"{TRANSPORTS}")
+    if mesh is None or mesh.size == 1:
+        out, jout = _local_attention(q, k, v, joint_q, joint_k, joint_v)
+        return (out, jout) if joint else out
+    if not q.is_cuda:
+        raise ValueError("ditscale.sp.attention: q, k, v must be CUDA tensors for a mesh of "
+                         f"{mesh.size} ranks")
+    rt = _runtime(mesh, q.device)
+    seq_total = rt.total_tokens(q.shape[1])
+    one_sided = transport == "nvshmem"
+    if strategy == "auto":
+        key = (q.shape[0], seq_total, 0 if not joint else joint_q.shape[1], q.shape[2],
+               k.shape[2], q.shape[3], q.element_size(), topology, one_sided)
+        best = rt.plans.get(key)
+        if best is None:
+            ranked = plan(mesh, batch=q.shape[0], seq=seq_total, text=key[2], heads=q.shape[2],
+                          kv_heads=k.shape[2], head_dim=q.shape[3], dtype_bytes=q.element_size(),
+                          topology=topology, one_sided=one_sided)["ranked"]
+            best = next(c for c in ranked if c["one_sided"] == one_sided)
+            rt.plans[key] = best
+        strategy = best["strategy"]
+        ulysses_degree, ring_degree = best["ulysses_degree"], best["ring_degree"]
+        chunks = best["chunks"]
+    if strategy not in STRATEGIES:
+        raise ValueError(f"ditscale.sp.attention: unknown strategy {strategy!r}; one of "
+                         f"{STRATEGIES + ('auto',)}")
+    if chunks is None:
+        chunks = 2 if strategy == "torus" else 1
+    if one_sided:
+        rt.ensure_nvshmem()
+    out, jout = rt.obj.attention(strategy, int(ulysses_degree), int(ring_degree), int(chunks),
+                                 one_sided, seq_total, q, k, v, joint_q, joint_k, joint_v)
+    return (out, jout) if joint else out
+
+
+def synchronize(mesh: Mesh, device: Optional[torch.device] = None, timeout_s: float = 60.0):
+    """Waits for the current stream, failing (instead of hanging) when a transfer does not
+    complete within ``timeout_s`` (the communicators are aborted)."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    _runtime(mesh, device).obj.synchronize(float(timeout_s))
+
+
+def describe(mesh: Mesh, strategy: str, *, ulysses_degree: int = 0, ring_degree: int = 0,
+             chunks: int = 1, transport: str = "nccl",
+             device: Optional[torch.device] = None) -> str:
+    """The executor plan (units, streams, events, arena) of a configuration already run."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    return _runtime(mesh, device).obj.describe(strategy, ulysses_degree, ring_degree, chunks,
+                                               transport == "nvshmem")

@@ -1,0 +1,118 @@
+"""CPU tests of ditscale.sp: shards, meshes from process groups (gloo), emulated machines, the
+planner/simulator ops and the single-rank path. The GPU executor is tested in tests/gpu."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ditscale.sp as sp
+
+
+def test_shard_range_is_even_and_covers_everything():
+    for seq, world in ((1031, 2), (65536, 8), (7, 4), (3, 3)):
+        spans = [sp.shard_range(seq, world, r) for r in range(world)]
+        assert spans[0][0] == 0
+        for (b0, c0), (b1, _) in zip(spans, spans[1:]):
+            assert b0 + c0 == b1
+        assert sum(c for _, c in spans) == seq
+        assert max(c for _, c in spans) - min(c for _, c in spans) <= 1
+        assert [c for _, c in spans] == sorted((c for _, c in spans), reverse=True)
+    with pytest.raises(ValueError, match="rank 2 not in"):
+        sp.shard_range(10, 2, 2)
+
+
+def test_emulate_machines_sets_host_ids(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    ids = set()
+    for r in range(4):
+        monkeypatch.setenv("LOCAL_RANK", str(r))
+        assert sp.emulate_machines(2) == r // 2
+        ids.add(os.environ["NCCL_HOSTID"])
+    assert len(ids) == 2
+    with pytest.raises(ValueError, match="cannot be split"):
+        sp.emulate_machines(3)
+
+
+def test_mesh_validates_sizes():
+    with pytest.raises(ValueError, match="must be >= 1"):
+        sp.Mesh(0, 2)
+    m = sp.Mesh(2, 4)
+    assert m.size == 8 and m.rank == 0
+
+
+def _mesh_worker(rank, world, port, host_ids, out):
+    os.environ["NCCL_HOSTID"] = host_ids[rank]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        m = sp.Mesh.from_process_group()
+        out[rank] = (m.machines, m.gpus_per_machine, m.rank)
+    except ValueError as e:
+        out[rank] = str(e)
+    dist.destroy_process_group()
+
+
+def _run_mesh(host_ids):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    world = len(host_ids)
+    out = mp.Manager().dict()
+    mp.start_processes(_mesh_worker, args=(world, port, host_ids, out), nprocs=world,
+                       start_method="spawn")
+    return [out[r] for r in range(world)]
+
+
+def test_mesh_from_process_group_groups_hosts():
+    assert _run_mesh(["a", "a", "b", "b"]) == [(2, 2, r) for r in range(4)]
+    assert _run_mesh(["a", "a"]) == [(1, 2, 0), (1, 2, 1)]
+    bad = _run_mesh(["a", "b", "a"])
+    assert all("not consecutive" in x for x in bad)
+
+
+def _ops_ready():
+    import ditscale.ops as ops
+    return ops.is_available() and hasattr(torch.ops.ditscale, "sp_plan")
+
+
+@pytest.mark.skipif(not _ops_ready(), reason="ditscale._C not built")
+def test_plan_and_predict_use_the_simulator():
+    mesh = sp.Mesh(2, 2)
+    r = sp.plan(mesh, batch=1, seq=65536, text=512, heads=24, head_dim=128, one_sided=False)
+    ranked = r["ranked"]
+    assert ranked and all(not c["one_sided"] for c in ranked)
+    times = [c["predicted_layer_s"] for c in ranked]
+    assert times == sorted(times) and times[0] > 0
+    best = ranked[0]
+    t = sp.predict(mesh, strategy=best["strategy"], batch=1, seq=65536, text=512, heads=24,
+                   head_dim=128, chunks=best["chunks"], ulysses_degree=best["ulysses_degree"],
+                   ring_degree=best["ring_degree"])
+    assert t == pytest.approx(best["predicted_layer_s"], rel=1e-9)
+    # On one machine Ulysses moves 4x (S/N)*H*d per rank; over a socket link it is much slower.
+    fast = sp.predict(sp.Mesh(1, 2), strategy="ulysses", batch=1, seq=65536, text=512, heads=24,
+                      head_dim=128)
+    slow = sp.predict(sp.Mesh(2, 1), strategy="ulysses", batch=1, seq=65536, text=512, heads=24,
+                      head_dim=128)
+    assert slow > 2 * fast
+    with pytest.raises(RuntimeError, match="strategy"):
+        sp.predict(mesh, strategy="nonsense", batch=1, seq=1024, text=0, heads=8, head_dim=64)
+
+
+def test_single_rank_attention_is_dense_attention_with_joint_tokens():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 10, 4, 8, dtype=torch.float64) for _ in range(3))
+    tq, tk, tv = (torch.randn(2, 3, 4, 8, dtype=torch.float64) for _ in range(3))
+    out, jout = sp.attention(q, k, v, mesh=None, joint_q=tq, joint_k=tk, joint_v=tv)
+    Q, K, V = (torch.cat([a, b], 1) for a, b in ((tq, q), (tk, k), (tv, v)))
+    s = torch.einsum("bqhd,bkhd->bhqk", Q, K) / 8 ** 0.5
+    ref = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), V)
+    torch.testing.assert_close(out, ref[:, 3:])
+    torch.testing.assert_close(jout, ref[:, :3])
+    assert sp.attention(q, k, v, mesh=sp.Mesh(1, 1)).shape == q.shape
+    with pytest.raises(ValueError, match="go together"):
+        sp.attention(q, k, v, mesh=None, joint_q=tq)
+    with pytest.raises(ValueError, match="transport"):
+        sp.attention(q, k, v, mesh=None, transport="carrier-pigeon")

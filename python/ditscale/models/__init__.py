@@ -20,3 +20,4 @@ from .wan_dit import (  # noqa: F401
     timestep_embedding,
     unpatchify,
 )
+from .mmdit import FluxMMDiT, MMDiTConfig, build_mmdit, make_mmdit_config  # noqa: F401

@@ -27,6 +27,8 @@ step() {  # step NAME TIMEOUT_S CMD...  -> logs to $OUT/NAME.log, records pass/f
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 JOBS=$(nproc)
+# SKIP_BUILD=1: a warm machine that already ran the build steps (second call of a lease).
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
 step configure 300 cmake -S . -B build-gpu -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF \
      -DDITSCALE_CUDA_ARCHS=90a -DPython3_EXECUTABLE="$(command -v $PY)"
 step build 600 cmake --build build-gpu -j"$JOBS"
@@ -34,6 +36,7 @@ step ctest-cpu 300 ctest --test-dir build-gpu -LE gpu --output-on-failure -j"$JO
 step ctest-gpu 300 ctest --test-dir build-gpu -L gpu --output-on-failure
 step pip-install 600 env CMAKE_ARGS="-DDITSCALE_CUDA_ARCHS=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
      $PY -m pip install --no-build-isolation --no-deps -q .
+fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = adaln ]; then
   step pytest-adaln-gpu 600 $PY -m pytest -q -x tests/gpu/test_adaln_cuda.py
@@ -45,9 +48,59 @@ if [ "$WHAT" = all ] || [ "$WHAT" = adaln ]; then
   [ -x build-gpu/bench/adaln_kernel_bench ] && step bench-adaln-kernel 300 build-gpu/bench/adaln_kernel_bench
 fi
 
+if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
+  # SwiftFusion attention benchmark (after the sp GPU tests): calibrate the simulator on this
+  # machine, time every strategy and the peers on NVLink and on 2 emulated machines, then the
+  # report (bench/sp/*.py). One torchrun launch per link type: NCCL_HOSTID is read at NCCL init.
+  SPD="$OUT/sp"
+  mkdir -p "$SPD"
+  NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+  TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
+  CLI=build-gpu/tools/ditscale
+  # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
+  # SKIP_BUILD=1 SP_PARTS="bench-emulated report example").
+  PARTS=" ${SP_PARTS:-test calib bench-nvlink bench-emulated report example} "
+  has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
+  if [ "$NGPU" -ge 2 ]; then
+    if has test; then
+      step sp-check-nvlink 300 $TRUN tests/gpu/sp_attention_check.py
+      step sp-check-emulated 240 $TRUN tests/gpu/sp_attention_check.py --emulate-machines 2 --quick
+    fi
+    if has sanitize && command -v compute-sanitizer >/dev/null; then
+      step sp-sanitizer 240 $PY -m torch.distributed.run --standalone --nproc-per-node 2 \
+           --no-python compute-sanitizer --tool memcheck --error-exitcode 1 \
+           $PY tests/gpu/sp_attention_check.py --tiny
+    fi
+    if has calib; then
+      step sp-calibrate-nvlink 150 $TRUN bench/sp/calibrate.py measure \
+           --out "$SPD/calib-raw-nvlink.json"
+      step sp-calibrate-emulated 150 $TRUN bench/sp/calibrate.py measure --emulate-machines 2 \
+           --p2p-only --out "$SPD/calib-raw-emulated.json"
+      step sp-calibrate-fit 60 $PY bench/sp/calibrate.py fit "$SPD"/calib-raw-*.json \
+           --out-dir "$SPD/calib" --ditscale "$CLI"
+    fi
+    has bench-nvlink && step sp-bench-nvlink 300 $TRUN bench/sp/bench_sp_attention.py \
+         --seq 36864 65536 --text 512 --meshes auto 2x1 --time-budget-s ${SP_BENCH_S:-150} \
+         --json "$SPD/sp-nvlink.json"
+    has bench-emulated && step sp-bench-emulated 300 $TRUN bench/sp/bench_sp_attention.py \
+         --seq 36864 65536 --text 512 --emulate-machines 2 --time-budget-s ${SP_BENCH_S:-150} \
+         --json "$SPD/sp-emulated.json"
+    has report && step sp-report 120 $PY bench/sp/report.py "$SPD"/sp-*.json \
+         --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x2.md" \
+         --summary "$OUT/sp-summary.txt"
+    has example && step sp-inference 420 $TRUN examples/sp_inference.py --resolution 3072 4096 \
+         --strategies all --steps-timed 2 --json "$SPD/sp-inference.json"
+  else
+    row sp-bench skip "needs 2 GPUs, found $NGPU"
+  fi
+fi
+
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '| %-34s | %-6s | %s |\n' step result detail
 printf '|%s|%s|%s|\n' "------------------------------------" "--------" "-----------------"
 for r in "${ROWS[@]}"; do echo "$r"; done
 [ -f "$OUT/adaln-h200.md" ] && tail -n 30 "$OUT/adaln-h200.md"
+if [ -f "$OUT/sp-summary.txt" ]; then
+  echo; echo "== sp attention (ms per layer; details in $OUT/sp-h200x2.md)"; cat "$OUT/sp-summary.txt"
+fi

@@ -37,15 +37,33 @@ if(NOT DITSCALE_CUDA STREQUAL "OFF")
 endif()
 
 # ---- NCCL ----
+# NCCL_HOME first, then the nvidia-nccl-cu13 wheel of the running Python (the NCCL that torch
+# loads: a process has ONE libnccl.so.2, so the headers we compile against must be that
+# library's), then the CUDA toolkit / system.
 set(DITSCALE_HAVE_NCCL OFF)
 if(DITSCALE_HAVE_CUDA)
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_HOME}/include)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} $ENV{NCCL_HOME}/lib)
-  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+  set(_nccl_hints $ENV{NCCL_HOME})
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c
+        "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])"
+      OUTPUT_VARIABLE _nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(_nccl_py AND EXISTS "${_nccl_py}/include/nccl.h")
+      list(APPEND _nccl_hints ${_nccl_py})
+    endif()
+  endif()
+  find_path(DITSCALE_NCCL_INCLUDE nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include NO_DEFAULT_PATH)
+  find_library(DITSCALE_NCCL_LIB NAMES nccl libnccl.so.2 HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64
+               NO_DEFAULT_PATH)
+  find_path(DITSCALE_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(DITSCALE_NCCL_LIB NAMES nccl libnccl.so.2 HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(DITSCALE_NCCL_INCLUDE AND DITSCALE_NCCL_LIB)
     set(DITSCALE_HAVE_NCCL ON)
     add_library(ditscale_nccl_dep INTERFACE)
-    target_include_directories(ditscale_nccl_dep INTERFACE ${NCCL_INCLUDE_DIR})
-    target_link_libraries(ditscale_nccl_dep INTERFACE ${NCCL_LIBRARY})
+    target_include_directories(ditscale_nccl_dep INTERFACE ${DITSCALE_NCCL_INCLUDE})
+    target_link_libraries(ditscale_nccl_dep INTERFACE ${DITSCALE_NCCL_LIB})
+    message(STATUS "ditscale: NCCL ${DITSCALE_NCCL_LIB} (headers ${DITSCALE_NCCL_INCLUDE})")
   else()
     message(STATUS "ditscale: NCCL not found; the NCCL transport is off")
   endif()

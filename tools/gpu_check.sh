@@ -33,7 +33,7 @@ step configure 300 cmake -S . -B build-gpu -G Ninja -DDITSCALE_CUDA=ON -DDITSCAL
      -DDITSCALE_CUDA_ARCHS=90a -DPython3_EXECUTABLE="$(command -v $PY)"
 step build 600 cmake --build build-gpu -j"$JOBS"
 [ "${SKIP_CPU_TESTS:-0}" = 1 ] || step ctest-cpu 300 ctest --test-dir build-gpu -LE gpu --output-on-failure -j"$JOBS"
-step ctest-gpu 300 ctest --test-dir build-gpu -L gpu --output-on-failure
+[ "${SKIP_GPU_TESTS:-0}" = 1 ] || step ctest-gpu 300 ctest --test-dir build-gpu -L gpu --output-on-failure
 step pip-install 600 env CMAKE_ARGS="-DDITSCALE_CUDA_ARCHS=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
      $PY -m pip install --no-build-isolation --no-deps -q .
 fi

@@ -111,6 +111,16 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks,
                                         ": cudaSetDevice(", device,
                                         ") failed: ", cudaGetErrorString(ce)));
   }
+  // One process has one libnccl.so.2 (often torch's, loaded first). Structs such as
+  // ncclConfig_t change between versions, so headers and the loaded library must agree.
+  int loaded = 0;
+  if (ncclGetVersion(&loaded) == ncclSuccess && loaded / 100 != NCCL_VERSION_CODE / 100) {
+    return internal::CommFailure(StrCat(
+        "NCCL rank ", rank, ": ditscale was compiled against NCCL ", NCCL_VERSION_CODE,
+        " but this process runs NCCL ", loaded,
+        " (the libnccl.so.2 loaded first, e.g. torch's); rebuild ditscale against it "
+        "(NCCL_HOME, or the nvidia-nccl-cu13 wheel that torch uses)"));
+  }
   ncclUniqueId uid;
   std::memcpy(&uid, id.bytes.data(), sizeof(uid));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

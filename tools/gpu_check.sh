@@ -89,7 +89,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
          --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x2.md" \
          --summary "$OUT/sp-summary.txt"
     has example && step sp-inference 420 $TRUN examples/sp_inference.py --resolution 3072 4096 \
-         --strategies all --steps-timed 2 --json "$SPD/sp-inference.json"
+         --strategies ${SP_EXAMPLE_STRATEGIES:-all} --steps-timed 2 --json "$SPD/sp-inference.json"
   else
     row sp-bench skip "needs 2 GPUs, found $NGPU"
   fi

@@ -209,12 +209,24 @@ struct SpRuntime : torch::CustomClassHolder {
   }
 
   // Collective over all ranks; `id` from sp_nvshmem_id() on rank 0, broadcast.
+  // NVSHMEM is process-global: every SpRuntime of the process (one per mesh over the same
+  // ranks) shares one instance; a second process group of another size cannot use it.
   void init_nvshmem(Tensor id) {
     if (shmem_) return;
+    static std::weak_ptr<comm::Nvshmem> process_shmem;
+    if (auto existing = process_shmem.lock()) {
+      TORCH_CHECK(existing->size() == world_ && existing->rank() == rank_,
+                  "ditscale.sp: NVSHMEM is already initialised in this process as PE ",
+                  existing->rank(), " of ", existing->size(), "; this mesh needs rank ", rank_,
+                  " of ", world_);
+      shmem_ = existing;
+      return;
+    }
     auto s = comm::Nvshmem::Init(IdFromTensor<comm::NvshmemId>(id, "nvshmem id"), world_, rank_,
                                  device_);
     TORCH_CHECK(s.ok(), "ditscale.sp: NVSHMEM: ", s.failure().ToString());
-    shmem_ = std::move(s).value();
+    shmem_ = std::shared_ptr<comm::Nvshmem>(std::move(s).value());
+    process_shmem = shmem_;
   }
 
   bool has_nvshmem() const { return shmem_ != nullptr; }
@@ -362,7 +374,7 @@ struct SpRuntime : torch::CustomClassHolder {
   sp::SpMesh mesh_;
   AtenAttention attention_;
   std::unique_ptr<comm::NcclComm> intra_, inter_;
-  std::unique_ptr<comm::Nvshmem> shmem_;
+  std::shared_ptr<comm::Nvshmem> shmem_;
   // Executors before the transports in destruction order: declared after them.
   std::map<Key, std::unique_ptr<runtime::GpuExecutor>> executors_;
 };

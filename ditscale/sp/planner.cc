@@ -1,5 +1,7 @@
 #include "ditscale/sp/planner.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -196,6 +198,52 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
     }
   }
   return os.str();
+}
+
+nlohmann::json PlanCandidateJson(const PlanCandidate& c) {
+  nlohmann::json j;
+  j["name"] = c.Name();
+  j["strategy"] = c.config.strategy;
+  j["ulysses_degree"] = c.config.ulysses_degree;
+  j["ring_degree"] = c.config.ring_degree;
+  j["torus_chunks"] = c.config.torus_chunks;
+  j["one_sided"] = c.config.one_sided;
+  j["predicted_layer_s"] = c.sim.layer_s;
+  j["predicted_step_s"] = c.step.step_s;
+  j["linear_layer_s"] = c.step.linear_layer_s;
+  j["max_inter_bytes_per_rank"] = c.max_inter_bytes_per_rank;
+  j["max_intra_bytes_per_rank"] = c.max_intra_bytes_per_rank;
+  j["inter_busy_s"] = c.sim.inter_busy_s;
+  j["hidden_comm_fraction"] = c.hidden_comm_fraction();
+  nlohmann::json b;
+  b["mean_compute_s"] = c.sim.mean_compute_s();
+  b["mean_exposed_comm_s"] = c.sim.mean_exposed_comm_s();
+  b["mean_idle_s"] = c.sim.mean_idle_s();
+  b["mean_comm_active_s"] = c.sim.mean_comm_active_s();
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (size_t r = 0; r < c.sim.ranks.size(); ++r) {
+    const sp::RankBreakdown& x = c.sim.ranks[r];
+    per_rank.push_back({{"rank", r},
+                        {"end_s", x.end_s},
+                        {"compute_s", x.compute_s},
+                        {"exposed_comm_s", x.exposed_comm_s},
+                        {"idle_s", x.idle_s},
+                        {"comm_active_s", x.comm_active_s},
+                        {"attention_s", x.attention_s},
+                        {"sent_intra_bytes", x.sent_intra_bytes},
+                        {"sent_inter_bytes", x.sent_inter_bytes}});
+  }
+  b["per_rank"] = per_rank;
+  j["breakdown"] = b;
+  const sp::CriticalPath& cp = c.sim.critical_path;
+  j["critical_path"] = {{"attention_s", cp.attention_s},
+                        {"memory_s", cp.memory_s},
+                        {"intra_transfer_s", cp.intra_transfer_s},
+                        {"inter_transfer_s", cp.inter_transfer_s},
+                        {"signal_s", cp.signal_s},
+                        {"ops", cp.ops},
+                        {"summary", cp.Describe()}};
+  return j;
 }
 
 }  // namespace ditscale::sp

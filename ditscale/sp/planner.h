@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ditscale/core/result.h"
 #include "ditscale/sp/schedule.h"
 #include "ditscale/sp/simulator.h"
@@ -69,5 +71,10 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
 // rank over the inter-machine network (...); it hides 92% of its communication behind
 // attention (usp: 35%)".
 std::string ExplainWinner(const std::vector<PlanCandidate>& ranked);
+
+// One candidate as JSON (the `ditscale sp plan/simulate --json` record and what
+// torch.ops.ditscale.sp_plan / sp_predict return): name, strategy, ulysses_degree, ring_degree,
+// torus_chunks, one_sided, predicted_layer_s, predicted_step_s, byte counts and the breakdown.
+nlohmann::json PlanCandidateJson(const PlanCandidate& c);
 
 }  // namespace ditscale::sp

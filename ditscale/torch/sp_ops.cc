@@ -37,19 +37,6 @@ sp::Topology LoadTopo(const std::string& topology, int64_t machines, int64_t gpu
   return std::move(t).value();
 }
 
-nlohmann::json CandidateJson(const sp::PlanCandidate& c) {
-  nlohmann::json j;
-  j["name"] = c.Name();
-  j["strategy"] = c.config.strategy;
-  j["ulysses_degree"] = c.config.ulysses_degree;
-  j["ring_degree"] = c.config.ring_degree;
-  j["chunks"] = c.config.torus_chunks;
-  j["one_sided"] = c.config.one_sided;
-  j["predicted_layer_s"] = c.sim.layer_s;
-  j["max_inter_bytes_per_rank"] = c.max_inter_bytes_per_rank;
-  j["max_intra_bytes_per_rank"] = c.max_intra_bytes_per_rank;
-  return j;
-}
 
 // Ranked configurations for one attention layer (JSON text: {"ranked": [...], "explanation"}).
 std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, int64_t text,
@@ -64,7 +51,7 @@ std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, 
   TORCH_CHECK(r.ok(), "ditscale.sp: planning failed: ", r.failure().ToString());
   nlohmann::json j;
   j["ranked"] = nlohmann::json::array();
-  for (const sp::PlanCandidate& c : r.value().ranked) j["ranked"].push_back(CandidateJson(c));
+  for (const sp::PlanCandidate& c : r.value().ranked) j["ranked"].push_back(sp::PlanCandidateJson(c));
   j["skipped"] = r.value().skipped;
   j["explanation"] = r.value().explanation;
   return j.dump();
@@ -85,7 +72,7 @@ std::string sp_predict(int64_t machines, int64_t gpus, int64_t batch, int64_t se
   auto c = sp::EvaluateConfig(
       topo, AttentionWorkload(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes), cfg);
   TORCH_CHECK(c.ok(), "ditscale.sp: ", c.failure().ToString());
-  return CandidateJson(c.value()).dump();
+  return sp::PlanCandidateJson(c.value()).dump();
 }
 
 }  // namespace

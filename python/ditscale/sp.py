@@ -203,7 +203,7 @@ def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: i
          kv_heads: int = 0, dtype_bytes: int = 2, topology: str = "h200-local",
          strategies=(), one_sided: Optional[bool] = None) -> dict:
     """The planner's ranking for one attention layer on ``mesh`` (simulated with
-    ``topology``): {"ranked": [{"name", "strategy", "ulysses_degree", "ring_degree", "chunks",
+    ``topology``): {"ranked": [{"name", "strategy", "ulysses_degree", "ring_degree", "torus_chunks",
     "one_sided", "predicted_layer_s", ...}], "explanation": ...}."""
     if not _ops.is_available():
         raise RuntimeError(f"ditscale.sp.plan: {_ops.load_error()}")
@@ -275,7 +275,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
             rt.plans[key] = best
         strategy = best["strategy"]
         ulysses_degree, ring_degree = best["ulysses_degree"], best["ring_degree"]
-        chunks = best["chunks"]
+        chunks = best["torus_chunks"]
     if strategy not in STRATEGIES:
         raise ValueError(f"ditscale.sp.attention: unknown strategy {strategy!r}; one of "
                          f"{STRATEGIES + ('auto',)}")

@@ -88,7 +88,7 @@ def test_plan_and_predict_use_the_simulator():
     assert times == sorted(times) and times[0] > 0
     best = ranked[0]
     t = sp.predict(mesh, strategy=best["strategy"], batch=1, seq=65536, text=512, heads=24,
-                   head_dim=128, chunks=best["chunks"], ulysses_degree=best["ulysses_degree"],
+                   head_dim=128, chunks=best["torus_chunks"], ulysses_degree=best["ulysses_degree"],
                    ring_degree=best["ring_degree"])
     assert t == pytest.approx(best["predicted_layer_s"], rel=1e-9)
     # On one machine Ulysses moves 4x (S/N)*H*d per rank; over a socket link it is much slower.

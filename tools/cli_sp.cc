@@ -82,24 +82,27 @@ nlohmann::json ContextJson(const sp::Topology& t, const sp::Workload& w) {
 
 std::string Row(int rank, const sp::PlanCandidate& c, double ref_layer_s) {
   return fmt::format(
-      "{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>8}", rank, c.Name(),
-      c.sim.layer_s * 1e3, c.step.step_s, c.sim.mean_exposed_comm_s() * 1e3,
+      "{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>9.2f} {:>8}", rank,
+      c.Name(), c.sim.layer_s * 1e3, c.step.step_s, c.sim.mean_exposed_comm_s() * 1e3,
       100 * c.hidden_comm_fraction(), c.max_inter_bytes_per_rank / 1e6,
+      c.max_work_bytes_per_rank / 1e9,
       ref_layer_s > 0 ? fmt::format("{:.2f}x", ref_layer_s / c.sim.layer_s) : std::string("n/a"));
 }
 
 std::string Header(const char* ref) {
-  return fmt::format("{:>3}  {:<38} {:>9} {:>9} {:>8} {:>8} {:>10} {:>8}\n", "#", "configuration",
-                     "layer ms", "step s", "exp. ms", "hidden", "inter MB/r", ref);
+  return fmt::format("{:>3}  {:<38} {:>9} {:>9} {:>8} {:>8} {:>10} {:>9} {:>8}\n", "#",
+                     "configuration", "layer ms", "step s", "exp. ms", "hidden", "inter MB/r",
+                     "work GB/r", ref);
 }
 
 void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strategies,
-             const std::vector<int>& chunks) {
+             const std::vector<int>& chunks, double mem_limit_gib) {
   sp::Topology topo = LoadCluster(a);
   sp::Workload wl = LoadWorkload(a);
   sp::PlanOptions opt;
   opt.strategies = strategies;
   if (!chunks.empty()) opt.torus_chunks = chunks;
+  if (mem_limit_gib > 0) opt.max_work_bytes_per_rank = static_cast<int64_t>(mem_limit_gib * 1e9);
   sp::PlanResult plan = OrThrow(sp::Plan(topo, wl, opt), "plan");
   // Baseline: the best USP; with one GPU per machine USP is a plain ring (not enumerated
   // twice), so the best ring stands in for it.
@@ -192,7 +195,11 @@ void RegisterSpCommands(CLI::App& app) {
   plan->add_option("--strategies", *strategies, "restrict to these strategies")->delimiter(',');
   plan->add_option("--chunks", *chunks, "torus chunk counts to try (default 1,2,4,8)")
       ->delimiter(',');
-  plan->callback([=] { RunPlan(*plan_args, *top, *strategies, *chunks); });
+  auto mem_limit = std::make_shared<double>(0);
+  plan->add_option("--mem-limit-gb", *mem_limit,
+                   "skip configurations needing more work memory per rank (GB; 0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  plan->callback([=] { RunPlan(*plan_args, *top, *strategies, *chunks, *mem_limit); });
 
   auto sim_args = std::make_shared<CommonArgs>();
   auto cfg = std::make_shared<sp::SpConfig>();

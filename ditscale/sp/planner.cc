@@ -76,6 +76,9 @@ Result<PlanCandidate> EvaluateConfig(const Topology& topology, const Workload& w
     c.max_inter_bytes_per_rank = std::max(c.max_inter_bytes_per_rank, r.sent_inter_bytes);
     c.max_intra_bytes_per_rank = std::max(c.max_intra_bytes_per_rank, r.sent_intra_bytes);
   }
+  for (int64_t b : WorkBytesPerRank(*schedule)) {
+    c.max_work_bytes_per_rank = std::max(c.max_work_bytes_per_rank, b);
+  }
   return c;
 }
 
@@ -130,7 +133,14 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   PlanResult out;
   for (const SpConfig& cfg : configs) {
     Result<PlanCandidate> c = EvaluateConfig(topology, workload, cfg);
-    if (c.ok()) {
+    if (c.ok() && options.max_work_bytes_per_rank > 0 &&
+        c->max_work_bytes_per_rank > options.max_work_bytes_per_rank) {
+      std::ostringstream why;
+      why << c->Name() << ": needs " << c->max_work_bytes_per_rank / 1e6
+          << " MB of work memory on a rank, over the limit of "
+          << options.max_work_bytes_per_rank / 1e6 << " MB";
+      out.skipped.push_back(why.str());
+    } else if (c.ok()) {
       out.ranked.push_back(std::move(c).ValueOrThrow());
     } else {
       PlanCandidate named;
@@ -213,6 +223,7 @@ nlohmann::json PlanCandidateJson(const PlanCandidate& c) {
   j["linear_layer_s"] = c.step.linear_layer_s;
   j["max_inter_bytes_per_rank"] = c.max_inter_bytes_per_rank;
   j["max_intra_bytes_per_rank"] = c.max_intra_bytes_per_rank;
+  j["max_work_bytes_per_rank"] = c.max_work_bytes_per_rank;
   j["inter_busy_s"] = c.sim.inter_busy_s;
   j["hidden_comm_fraction"] = c.hidden_comm_fraction();
   nlohmann::json b;

@@ -34,6 +34,9 @@ struct PlanOptions {
   std::vector<int> torus_chunks = {1, 2, 4, 8};
   bool two_sided = true;  // include NCCL-style transport
   bool one_sided = true;  // include NVSHMEM-style transport
+  // Skip configurations whose work memory (WorkBytesPerRank) exceeds this on some rank; 0 = no
+  // limit. Skipped ones are listed in PlanResult::skipped with their memory.
+  int64_t max_work_bytes_per_rank = 0;
 };
 
 struct PlanCandidate {
@@ -42,6 +45,7 @@ struct PlanCandidate {
   StepPrediction step;
   int64_t max_inter_bytes_per_rank = 0;  // sent over the NIC by the busiest rank
   int64_t max_intra_bytes_per_rank = 0;
+  int64_t max_work_bytes_per_rank = 0;  // WorkBytesPerRank: memory beyond q/k/v/out, busiest rank
   // e.g. "torus U=2 R=8 chunks=4 one-sided".
   std::string Name() const;
   // Of the time some comm op was pending, the fraction overlapped with compute (mean over ranks).

@@ -156,3 +156,72 @@ TEST(Planner, FailuresNameTheField) {
 
 }  // namespace
 }  // namespace ditscale::sp
+
+namespace ditscale::sp {
+namespace {
+
+TEST(Planner, WorkMemoryIsReportedAndLimitsTheSearch) {
+  Topology t = MakePresetTopology("p4de", 2, 4).value();
+  Workload w = MakeWorkload("flux", {2048, 2048}).value();
+  PlanResult all = Plan(t, w).value();
+  int64_t smallest = all.ranked[0].max_work_bytes_per_rank, largest = smallest;
+  for (const PlanCandidate& c : all.ranked) {
+    ASSERT_GT(c.max_work_bytes_per_rank, 0) << c.Name();
+    smallest = std::min(smallest, c.max_work_bytes_per_rank);
+    largest = std::max(largest, c.max_work_bytes_per_rank);
+  }
+  ASSERT_LT(smallest, largest);
+  // Torus keeps every kv piece of its ring resident: more work memory than TAS's double buffer.
+  SpConfig torus;
+  torus.strategy = "torus";
+  torus.ulysses_degree = 2;
+  torus.ring_degree = 4;
+  torus.torus_chunks = 2;
+  SpConfig tas = torus;
+  tas.strategy = "swiftfusion-tas";
+  tas.torus_chunks = 1;
+  EXPECT_GT(EvaluateConfig(t, w, torus).value().max_work_bytes_per_rank,
+            EvaluateConfig(t, w, tas).value().max_work_bytes_per_rank);
+  // A limit between the extremes keeps only the candidates under it and names the others.
+  PlanOptions o;
+  o.max_work_bytes_per_rank = (smallest + largest) / 2;
+  PlanResult limited = Plan(t, w, o).value();
+  ASSERT_FALSE(limited.ranked.empty());
+  for (const PlanCandidate& c : limited.ranked) {
+    EXPECT_LE(c.max_work_bytes_per_rank, o.max_work_bytes_per_rank);
+  }
+  EXPECT_EQ(limited.ranked.size() + limited.skipped.size(), all.ranked.size() + all.skipped.size());
+  bool named = false;
+  for (const std::string& s : limited.skipped) named = named || s.find("work memory") != s.npos;
+  EXPECT_TRUE(named);
+}
+
+TEST(Schedule, WorkBytesCountEveryBufferButTheLayersOwnTensors) {
+  SpConfig cfg;
+  cfg.strategy = "torus";
+  cfg.ulysses_degree = 2;
+  cfg.ring_degree = 2;
+  cfg.torus_chunks = 2;
+  AttentionShape shape;
+  shape.batch = 2;
+  shape.seq_tokens = 64;
+  shape.text_tokens = 8;
+  shape.heads = 4;
+  shape.head_dim = 16;
+  Schedule s = BuildSchedule(SpMesh{2, 2}, cfg, shape).value();
+  const std::vector<int64_t> work = WorkBytesPerRank(s);
+  ASSERT_EQ(work.size(), s.ranks.size());
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    int64_t expect = 0;
+    for (const BufferDecl& d : s.ranks[r].buffers) {
+      if (d.role != BufferRole::kInput && d.role != BufferRole::kOutput) {
+        expect += d.elements(shape.batch) * d.element_bytes;
+      }
+    }
+    EXPECT_EQ(work[r], expect);
+    EXPECT_GT(work[r], 0);
+  }
+}
+
+}  // namespace
+}  // namespace ditscale::sp

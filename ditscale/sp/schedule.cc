@@ -312,4 +312,17 @@ std::string ScheduleToJson(const Schedule& s, int indent) {
   return j.dump(indent);
 }
 
+std::vector<int64_t> WorkBytesPerRank(const Schedule& schedule) {
+  std::vector<int64_t> out;
+  for (const RankProgram& p : schedule.ranks) {
+    int64_t bytes = 0;
+    for (const BufferDecl& d : p.buffers) {
+      if (d.role == BufferRole::kInput || d.role == BufferRole::kOutput) continue;
+      bytes += d.elements(schedule.shape.batch) * d.element_bytes;
+    }
+    out.push_back(bytes);
+  }
+  return out;
+}
+
 }  // namespace ditscale::sp

@@ -241,6 +241,11 @@ struct RankCommVolume {
 };
 std::vector<RankCommVolume> CommVolumePerRank(const Schedule& schedule);
 
+// Device memory a rank needs beyond the layer's own tensors: the bytes of its kWork, kScratch and
+// kStaging buffers (gathered q/k/v, accumulators, ring kv buffers, partials, staging), all
+// batches. The GPU executor allocates exactly these (plus alignment) once per shape.
+std::vector<int64_t> WorkBytesPerRank(const Schedule& schedule);
+
 // Human-readable listing: header, per rank the buffers and one line per op.
 std::string PrintSchedule(const Schedule& schedule);
 // JSON dump (nlohmann::json text, indented by `indent`, -1 = compact) of the whole schedule.

@@ -55,7 +55,10 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   SPD="$OUT/sp"
   mkdir -p "$SPD"
   NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-  TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node 2"
+  # All GPUs of the host (2 on nvidia-h200-x2; on 4 GPUs the emulated run is 2 machines x 2 GPUs,
+  # the central SwiftFusion setting). An even count is needed for 2 emulated machines.
+  NP=${SP_NPROC:-$NGPU}
+  TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NP"
   CLI=build-gpu/tools/ditscale
   # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
   # SKIP_BUILD=1 SP_PARTS="bench-emulated report example").
@@ -80,13 +83,13 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
            --out-dir "$SPD/calib" --ditscale "$CLI"
     fi
     has bench-nvlink && step sp-bench-nvlink 300 $TRUN bench/sp/bench_sp_attention.py \
-         --seq 36864 65536 --text 512 --meshes auto 2x1 --time-budget-s ${SP_BENCH_S:-150} \
+         --seq 36864 65536 --text 512 --meshes auto 2x$((NP / 2)) --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-nvlink.json"
     has bench-emulated && step sp-bench-emulated 300 $TRUN bench/sp/bench_sp_attention.py \
          --seq 36864 65536 --text 512 --emulate-machines 2 --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-emulated.json"
     has report && step sp-report 120 $PY bench/sp/report.py "$SPD"/sp-*.json \
-         --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x2.md" \
+         --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x$NP.md" \
          --summary "$OUT/sp-summary.txt"
     has example && step sp-inference 420 $TRUN examples/sp_inference.py --resolution 3072 4096 \
          --strategies ${SP_EXAMPLE_STRATEGIES:-all} --steps-timed 2 --json "$SPD/sp-inference.json"
@@ -102,5 +105,5 @@ printf '|%s|%s|%s|\n' "------------------------------------" "--------" "-------
 for r in "${ROWS[@]}"; do echo "$r"; done
 [ -f "$OUT/adaln-h200.md" ] && tail -n 30 "$OUT/adaln-h200.md"
 if [ -f "$OUT/sp-summary.txt" ]; then
-  echo; echo "== sp attention (ms per layer; details in $OUT/sp-h200x2.md)"; cat "$OUT/sp-summary.txt"
+  echo; echo "== sp attention (ms per layer; details in $OUT/sp-h200x<GPUs>.md)"; cat "$OUT/sp-summary.txt"
 fi

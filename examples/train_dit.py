@@ -128,7 +128,9 @@ def work(cost: Dict, s: int) -> float:
 
 
 def predict_steps(sampler, dataset: ManifestShapes, cost: Dict, steps: List[int], world: int):
-    """Per (step, rank) predicted cost a + sum_i B_i * Work(S_i) for the given steps."""
+    """Per (step, rank) predicted cost a + sum_i (a_mb + B_i * Work(S_i)) for the given steps:
+    a once per optimizer step, a_mb per micro-batch pass (0 in cost files without it)."""
+    a_mb = float(cost.get("a_mb", 0.0))
     out = []
     for k in steps:
         row = []
@@ -136,7 +138,7 @@ def predict_steps(sampler, dataset: ManifestShapes, cost: Dict, steps: List[int]
             mbs = sampler.cell(k, r)
             c = cost["a"] if mbs else 0.0
             for ids in mbs:
-                c += len(ids) * work(cost, dataset.shape(ids[0])[3])
+                c += a_mb + len(ids) * work(cost, dataset.shape(ids[0])[3])
             row.append(c)
         out.append(row)
     return np.asarray(out, dtype=np.float64).reshape(len(steps), world)
@@ -343,10 +345,12 @@ def summarize(args, records, sampler, dataset, world, plan, fused, cfg) -> Dict:
         if ep0 and sampler.epoch != 0:
             sampler.set_epoch(0)
         if ep0:
-            pred = predict_steps(sampler, dataset, load_cost(args.cost), ep0, world)
+            cost = load_cost(args.cost)
+            pred = predict_steps(sampler, dataset, cost, ep0, world)
             ptok = float(sum(r[2][:, idx["tokens"]].sum() for r in timed if r[0] == 0))
             p = balance_metrics(pred, pred.max(axis=1), ptok)
             p["steps"] = len(ep0)
+            p["a_s"], p["a_mb_s"] = float(cost["a"]), float(cost.get("a_mb", 0.0))
             mt = balance_metrics(
                 np.stack([r[2][:, idx["compute_s"]] for r in timed if r[0] == 0]),
                 np.array([r[2][:, idx["step_s"]].max() for r in timed if r[0] == 0]), ptok)

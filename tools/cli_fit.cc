@@ -37,9 +37,9 @@ nlohmann::ordered_json QualityJson(const balance::FitQuality& q) {
 nlohmann::ordered_json FitJson(const balance::ModelFit& f) {
   nlohmann::ordered_json j;
   if (f.model.kind == CostModel::Kind::kPower) {
-    j = {{"a", f.model.a}, {"b", f.model.b}, {"p", f.model.p}};
+    j = {{"a", f.model.a}, {"a_mb", f.model.a_mb}, {"b", f.model.b}, {"p", f.model.p}};
   } else {
-    j = {{"a", f.model.a}, {"c1", f.model.c1}, {"c2", f.model.c2}};
+    j = {{"a", f.model.a}, {"a_mb", f.model.a_mb}, {"c1", f.model.c1}, {"c2", f.model.c2}};
   }
   j["quality"] = QualityJson(f.quality);
   return j;
@@ -58,6 +58,10 @@ void RunFit(const FitOptions& o) {
   if (fit.memory) m_mem = fit.memory->model.MaxTokens(gpu_bytes, o.mem_safety);
   const CostModel& best = fit.best().model;
   const char* chosen = best.kind == CostModel::Kind::kPower ? "power" : "quadratic";
+  // Rows timed with gradient accumulation (k >= 2 micro-batches) make a_mb identifiable.
+  int64_t accum_rows = 0;
+  for (const auto& r : table.rows) accum_rows += r.micro_batches >= 2 ? 1 : 0;
+  const bool fits_amb = accum_rows > 0;
 
   if (!o.out.empty()) {
     std::ofstream out(o.out);
@@ -70,6 +74,8 @@ void RunFit(const FitOptions& o) {
     nlohmann::ordered_json j;
     j["source"] = table.source;
     j["rows"] = table.rows.size();
+    j["accumulation_rows"] = accum_rows;
+    j["a_mb_fitted"] = fits_amb;
     j["power"] = FitJson(fit.power);
     j["quadratic"] = FitJson(fit.quadratic);
     j["chosen"] = chosen;
@@ -97,14 +103,30 @@ void RunFit(const FitOptions& o) {
   fmt::print("benchmark: {} ({} rows, peak memory {})\n", table.source, table.rows.size(),
              fit.memory ? "measured" : "not measured");
   const auto& pw = fit.power;
-  fmt::print("power      t = a + b*B*S^p          a={:.4g} s  b={:.4g}  p={:.4f}\n", pw.model.a,
-             pw.model.b, pw.model.p);
-  fmt::print("           {}\n", QualityLine(pw.quality));
   const auto& qd = fit.quadratic;
-  fmt::print("quadratic  t = a + B*(c1*S + c2*S^2) a={:.4g} s  c1={:.4g}  c2={:.4g}\n", qd.model.a,
-             qd.model.c1, qd.model.c2);
+  if (fits_amb) {
+    // k micro-batches per timed step: the per-pass overhead a_mb is fitted apart from a.
+    fmt::print("{} rows with k >= 2 micro-batches: t = a + k*(a_mb + B*Work(S))\n", accum_rows);
+    fmt::print(
+        "power      Work = b*S^p             a={:.4g} s  a_mb={:.4g} s  b={:.4g}  p={:.4f}\n",
+        pw.model.a, pw.model.a_mb, pw.model.b, pw.model.p);
+    fmt::print("           {}\n", QualityLine(pw.quality));
+    fmt::print(
+        "quadratic  Work = c1*S + c2*S^2     a={:.4g} s  a_mb={:.4g} s  c1={:.4g}  c2={:.4g}\n",
+        qd.model.a, qd.model.a_mb, qd.model.c1, qd.model.c2);
+  } else {
+    fmt::print("power      t = a + b*B*S^p          a={:.4g} s  b={:.4g}  p={:.4f}\n", pw.model.a,
+               pw.model.b, pw.model.p);
+    fmt::print("           {}\n", QualityLine(pw.quality));
+    fmt::print("quadratic  t = a + B*(c1*S + c2*S^2) a={:.4g} s  c1={:.4g}  c2={:.4g}\n",
+               qd.model.a, qd.model.c1, qd.model.c2);
+  }
   fmt::print("           {}\n", QualityLine(qd.quality));
   fmt::print("chosen: {} ({})\n", chosen, fit.choice_reason);
+  if (!fits_amb) {
+    fmt::print(
+        "a_mb: 0 (no row with micro_batches >= 2; a is the whole fixed cost of a one-pass step)\n");
+  }
   if (fit.memory) {
     const auto& m = *fit.memory;
     fmt::print(
@@ -126,7 +148,7 @@ void RegisterFitCommand(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "fit",
       "Fit the step-time (power and quadratic) and memory models to a shape benchmark CSV "
-      "(batch_size,seq_len,step_time_s[,peak_mem_bytes])");
+      "(batch_size,seq_len,step_time_s[,peak_mem_bytes][,micro_batches])");
   sub->add_option("bench", opts->bench, "benchmark CSV")->required();
   sub->add_option("--gpu-mem-gib", opts->gpu_mem_gib, "GPU memory for M_mem, GiB (default 140)")
       ->check(CLI::PositiveNumber);

@@ -63,6 +63,12 @@ struct PolicyRun {
   double plan_s = 0, sim_s = 0, plan_cpu_s = 0;
 };
 
+// Mean micro-batches (forward/backward passes) per rank and step: each costs a_mb.
+double MicroBatchesPerRankStep(const SimResult& s) {
+  const double cells = static_cast<double>(s.num_steps) * s.world_size;
+  return cells > 0 ? static_cast<double>(s.micro_batches) / cells : 0;
+}
+
 nlohmann::json PolicyJson(const PolicyRun& r) {
   const SimResult& s = r.sim;
   return {{"compute_cv", s.compute_cv},
@@ -76,6 +82,7 @@ nlohmann::json PolicyJson(const PolicyRun& r) {
           {"dropped_samples", s.dropped_samples},
           {"padded_micro_batches", s.padded_micro_batches},
           {"micro_batches", s.micro_batches},
+          {"micro_batches_per_rank_step", MicroBatchesPerRankStep(s)},
           {"samples", s.samples},
           {"tokens", s.tokens},
           {"mean_samples_per_step", s.mean_samples_per_step},
@@ -116,15 +123,15 @@ void EmitBatches(const std::string& path, const Plan& plan, const SimResult& sim
 }
 
 void PrintTable(const std::vector<Policy>& policies, const std::vector<PolicyRun>& runs) {
-  std::printf("%-12s %12s %10s %12s %12s %8s %10s %8s %9s\n", "policy", "tok/s/GPU", "CV",
-              "epoch (s)", "lower bd (s)", "ep/lb", "bubble", "steps", "dropped");
+  std::printf("%-12s %12s %10s %12s %12s %8s %10s %8s %9s %8s\n", "policy", "tok/s/GPU", "CV",
+              "epoch (s)", "lower bd (s)", "ep/lb", "bubble", "steps", "dropped", "mb/rank");
   for (size_t i = 0; i < runs.size(); ++i) {
     const SimResult& s = runs[i].sim;
-    std::printf("%-12s %12.1f %9.2f%% %12.1f %12.1f %8.4f %9.2f%% %8lld %9lld\n",
+    std::printf("%-12s %12.1f %9.2f%% %12.1f %12.1f %8.4f %9.2f%% %8lld %9lld %8.2f\n",
                 PolicyName(policies[i]), s.tokens_per_s_per_gpu, 100 * s.compute_cv, s.epoch_time_s,
                 s.lower_bound_s, s.lower_bound_s > 0 ? s.epoch_time_s / s.lower_bound_s : 0,
                 100 * s.bubble_fraction, static_cast<long long>(s.num_steps),
-                static_cast<long long>(s.dropped_samples));
+                static_cast<long long>(s.dropped_samples), MicroBatchesPerRankStep(s));
   }
 }
 
@@ -160,6 +167,12 @@ void RunPlan(const PlanArgs& a) {
                 {"reason", fit.choice_reason}};
   } else {
     cost = AnalyticalCost(model);
+  }
+  // --overhead-per-micro-batch: the conservative accounting, a_mb := a + a_mb, a := 0, applied to
+  // the cost model itself so the planner, the simulator, --json and the report all see it.
+  if (a.overhead_per_mb) {
+    cost = OverheadPerMicroBatch(cost);
+    cost.source += " (overhead per micro-batch)";
   }
   int64_t m_mem = a.m_mem;
   if (m_mem <= 0) {
@@ -210,9 +223,7 @@ void RunPlan(const PlanArgs& a) {
   po.m_comp = a.m_comp;
   po.rank_budget_s = a.budget;
   po.tail = tail;
-  po.overhead_per_micro_batch = a.overhead_per_mb;
   SimOptions so;
-  so.overhead_per_micro_batch = a.overhead_per_mb;
   so.noise_sigma = a.noise;
   so.noise_seed = a.seed;
   so.keep_rank_costs = true;
@@ -409,6 +420,8 @@ void RunPlan(const PlanArgs& a) {
   std::printf("cost %s; M_mem %lld tokens; M_comp %.6g (p = %.3f); %d ranks; tail %s\n",
               cost.source.c_str(), static_cast<long long>(m_mem), po.m_comp, runs[0].plan.p,
               a.world_size, TailPolicyName(tail));
+  std::printf("fixed overheads: a %.4g s per step and rank, a_mb %.4g s per micro-batch\n", cost.a,
+              cost.a_mb);
   for (size_t i = 0; i < policies.size(); ++i) {
     if (policies[i] == Policy::kBalanced) {
       std::printf("balanced per-rank budget %.4g s\n", runs[i].plan.rank_budget_s);
@@ -456,7 +469,8 @@ void RegisterPlanCommand(CLI::App& app) {
                 "Sweep the balanced per-rank budget (1x..16x the default)");
   sub->add_option("--noise", a->noise, "Lognormal sigma of simulated per-micro-batch noise");
   sub->add_flag("--overhead-per-micro-batch", a->overhead_per_mb,
-                "Charge the fixed step overhead per micro-batch (conservative)");
+                "Charge the whole fixed overhead per micro-batch: a_mb := a + a_mb, a := 0 "
+                "(conservative; a fitted a_mb is the accurate way)");
   sub->add_flag("--compare", a->compare, "Run the three policies side by side");
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->add_option("--out", a->out, "Write the plan summary JSON");

@@ -122,6 +122,7 @@ ditscale.ops as o; print('fused adaln available:', o.is_available(), o.load_erro
     step sweep $((SWEEP_BUDGET_S + 240)) "${LAUNCH[@]}" -m ditscale.shape_bench --model "$MODEL" \
          --num-layers "$LAYERS" --manifest "$MANIFEST" --shape-model "$SHAPE_MODEL" \
          --max-shapes 8 --max-tokens "${SWEEP_MAX_TOKENS:-131072}" --points-per-shape 3 --warmup 2 --steps 3 \
+         --accum-points "${SWEEP_ACCUM_POINTS:-3}" \
          --time-budget-s "$SWEEP_BUDGET_S" --seed "$SEED" $(fused_flag) --out "$WORK/bench.csv"
     ;;
   fit)

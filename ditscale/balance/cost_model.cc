@@ -51,8 +51,23 @@ double CostModel::Work(int64_t seq_len) const {
   return c1 * s + c2 * s * s;
 }
 
+double CostModel::MicroBatchTime(int64_t batch, int64_t seq_len) const {
+  return a_mb + static_cast<double>(batch) * Work(seq_len);
+}
+
 double CostModel::StepTime(int64_t batch, int64_t seq_len) const {
-  return a + static_cast<double>(batch) * Work(seq_len);
+  return a + MicroBatchTime(batch, seq_len);
+}
+
+double CostModel::AccumStepTime(int64_t micro_batches, int64_t batch, int64_t seq_len) const {
+  return a + static_cast<double>(micro_batches) * MicroBatchTime(batch, seq_len);
+}
+
+CostModel OverheadPerMicroBatch(const CostModel& cost) {
+  CostModel c = cost;
+  c.a_mb = cost.a + cost.a_mb;
+  c.a = 0;
+  return c;
 }
 
 double CostModel::Exponent(int64_t seq_len) const {
@@ -153,11 +168,11 @@ Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out
     return Failure{std::string("invalid JSON: ") + e.what(), path, line, ""};
   }
   if (!j.is_object()) return Failure{"expected a JSON object", path, 1, ""};
-  static const char* kKnown[] = {"kind", "a", "b", "p", "c1", "c2", "source", "memory"};
+  static const char* kKnown[] = {"kind", "a", "a_mb", "b", "p", "c1", "c2", "source", "memory"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown)) {
       return JsonFailure(path, it.key(),
-                         "unknown field (known: kind, a, b, p, c1, c2, source, "
+                         "unknown field (known: kind, a, a_mb, b, p, c1, c2, source, "
                          "memory)");
     }
   }
@@ -171,6 +186,7 @@ Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out
   const bool power = c.kind == CostModel::Kind::kPower;
   Failure f;
   if (!GetNumber(j, "a", path, "a", true, &c.a, &f) ||
+      !GetNumber(j, "a_mb", path, "a_mb", false, &c.a_mb, &f) ||
       !GetNumber(j, "b", path, "b", power, &c.b, &f) ||
       !GetNumber(j, "p", path, "p", power, &c.p, &f) ||
       !GetNumber(j, "c1", path, "c1", !power, &c.c1, &f) ||
@@ -201,6 +217,7 @@ std::string CostModelToJson(const CostModel& cost, const MemoryModel* memory) {
   nlohmann::ordered_json j;
   j["kind"] = cost.kind == CostModel::Kind::kPower ? "power" : "quadratic";
   j["a"] = cost.a;
+  j["a_mb"] = cost.a_mb;
   j["b"] = cost.b;
   j["p"] = cost.p;
   j["c1"] = cost.c1;

@@ -1,8 +1,14 @@
 // Step-time and memory models of one data-parallel rank's training step on a batch of B samples
 // of S tokens each.
 //
-//   power:      step_time_s(B, S) = a + b * B * S^p               (AdaptiveLoad's model)
-//   quadratic:  step_time_s(B, S) = a + B * (c1 * S + c2 * S^2)   (linear layers + attention)
+//   Work(S):    power:     b * S^p                 (AdaptiveLoad's model)
+//               quadratic: c1 * S + c2 * S^2       (linear layers + attention)
+//   one step of k micro-batches (B_i, S_i) (gradient accumulation):
+//               step_time_s = a + sum_i (a_mb + B_i * Work(S_i))
+//     a:    paid once per step and rank (optimizer step, gradient all-reduce tail);
+//     a_mb: paid by every forward/backward pass (launches, FSDP all-gather / reduce-scatter of the
+//           pass, small-kernel inefficiency). 0 unless fitted from benchmark rows with k >= 2.
+//   a step of one micro-batch: StepTime(B, S) = a + a_mb + B * Work(S).
 //   memory:     peak_bytes(B, S)  = m0 + m1 * B * S
 //
 // M_mem (tokens per batch) follows from the memory model and a GPU capacity:
@@ -20,21 +26,35 @@ namespace ditscale::balance {
 struct CostModel {
   enum class Kind { kPower, kQuadratic };
   Kind kind = Kind::kPower;
-  double a = 0;        // fixed per-step overhead, s
+  double a = 0;        // fixed overhead per step (and rank), s
+  double a_mb = 0;     // fixed overhead per micro-batch pass, s (0: not modelled)
   double b = 0;        // power: s per (sample * token^p)
   double p = 2;        // power: exponent
   double c1 = 0;       // quadratic: s per token
   double c2 = 0;       // quadratic: s per token^2
   std::string source;  // "analytical:<preset>@h200", "fit:<file>", "json:<file>"
 
-  // Predicted step time (s) of one batch of B samples of S tokens.
+  // Predicted step time (s) of a step made of one micro-batch of B samples of S tokens:
+  // a + a_mb + B * Work(S).
   double StepTime(int64_t batch, int64_t seq_len) const;
-  // Per-sample work term without the fixed overhead: StepTime(B, S) - a = B * Work(S).
+  // Predicted time (s) of a step of `micro_batches` (k >= 1) equal micro-batches of B samples of
+  // S tokens each: a + k * (a_mb + B * Work(S)). The sweep rows with a micro_batches column.
+  double AccumStepTime(int64_t micro_batches, int64_t batch, int64_t seq_len) const;
+  // Cost of one micro-batch pass inside a step, without the per-step overhead:
+  // a_mb + B * Work(S).
+  double MicroBatchTime(int64_t batch, int64_t seq_len) const;
+  // Per-sample work term without any fixed overhead: B * Work(S) is what a micro-batch adds on
+  // top of a_mb.
   double Work(int64_t seq_len) const;
   // The exponent used by the dual constraint B * S^p <= M_comp: p for kPower; for kQuadratic
   // the local slope d log Work / d log S at S (between 1 and 2).
   double Exponent(int64_t seq_len) const;
 };
+
+// The conservative accounting of `ditscale plan --overhead-per-micro-batch`: the whole fixed
+// overhead is charged per micro-batch, a_mb := a + a_mb, a := 0 (for a model fitted without
+// accumulation rows, a_mb = 0, this is a_mb := a). Idempotent.
+CostModel OverheadPerMicroBatch(const CostModel& cost);
 
 struct MemoryModel {
   double m0 = 0;  // bytes independent of the batch (weights, optimizer state, workspace)
@@ -59,8 +79,10 @@ struct MemoryAssumptions {
 };
 MemoryModel AnalyticalMemory(const ModelPreset& model, const MemoryAssumptions& assume);
 
-// JSON round trip: {"kind": "power", "a": ..., "b": ..., "p": ..., "c1":..., "c2":...,
-//  "memory": {"m0": ..., "m1": ...}}. Failures name the file and the field.
+// JSON round trip: {"kind": "power", "a": ..., "a_mb": ..., "b": ..., "p": ..., "c1":...,
+//  "c2":..., "memory": {"m0": ..., "m1": ...}}. "a_mb" is optional on read (default 0: files
+//  written before it existed read as before) and always written. Failures name the file and
+//  the field.
 Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out = nullptr);
 std::string CostModelToJson(const CostModel& cost, const MemoryModel* memory = nullptr);
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -105,6 +106,7 @@ TEST_F(CostJsonTest, RoundTripIsExactOnRandomValues) {
     CostModel c;
     c.kind = i % 2 ? CostModel::Kind::kPower : CostModel::Kind::kQuadratic;
     c.a = u(rng);
+    c.a_mb = i % 3 ? u(rng) * 0.1 : 0.0;
     c.b = u(rng) * 1e-9 + 1e-12;
     c.p = 1 + u(rng);
     c.c1 = u(rng) * 1e-5 + 1e-9;
@@ -116,6 +118,7 @@ TEST_F(CostJsonTest, RoundTripIsExactOnRandomValues) {
     ASSERT_TRUE(back.ok()) << back.failure().ToString();
     EXPECT_EQ(back->kind, c.kind);
     EXPECT_EQ(back->a, c.a);
+    EXPECT_EQ(back->a_mb, c.a_mb);
     EXPECT_EQ(back->b, c.b);
     EXPECT_EQ(back->p, c.p);
     EXPECT_EQ(back->c1, c.c1);
@@ -124,6 +127,17 @@ TEST_F(CostJsonTest, RoundTripIsExactOnRandomValues) {
     EXPECT_EQ(back_m.m1, m.m1);
     EXPECT_EQ(back->source, "json:" + p);
   }
+}
+
+TEST_F(CostJsonTest, FilesWithoutAmbReadAsZero) {
+  auto c = LoadCostModel(Write(R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 1.5})"));
+  ASSERT_TRUE(c.ok()) << c.failure().ToString();
+  EXPECT_EQ(c->a_mb, 0);
+  EXPECT_DOUBLE_EQ(c->StepTime(2, 100), 0.1 + 2e-9 * std::pow(100.0, 1.5));
+  auto d =
+      LoadCostModel(Write(R"({"kind": "power", "a": 0.1, "a_mb": 0.02, "b": 1e-9, "p": 1.5})"));
+  ASSERT_TRUE(d.ok()) << d.failure().ToString();
+  EXPECT_EQ(d->a_mb, 0.02);
 }
 
 TEST_F(CostJsonTest, ErrorsNameTheField) {
@@ -140,6 +154,8 @@ TEST_F(CostJsonTest, ErrorsNameTheField) {
            {R"({"kind": "quadratic", "a": 0.1, "c1": 1e-5})", "c2"},
            {R"({"kind": "quadratic", "a": 0.1, "c1": 0, "c2": 0})", "c1"},
            {R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 1.5, "bb": 1})", "bb"},
+           {R"({"kind": "power", "a": 0.1, "a_mb": -0.01, "b": 1e-9, "p": 1.5})", "a_mb"},
+           {R"({"kind": "power", "a": 0.1, "a_mb": "x", "b": 1e-9, "p": 1.5})", "a_mb"},
            {R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 1.5, "memory": {"m0": 1}})",
             "memory.m1"},
            {R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 1.5, "memory": 5})", "memory"},

@@ -67,9 +67,14 @@ std::optional<double> ParsePositive(std::string_view s, bool integer, std::strin
 // ---------------------------------------------------------------------------------------------
 // Small dense least squares
 
-// Solves the k x k system A x = b (k <= 3) by Gaussian elimination with partial pivoting.
-bool Solve(int k, std::array<std::array<double, 3>, 3> A, std::array<double, 3> b,
-           std::array<double, 3>* x) {
+// At most 4 unknowns: (a, a_mb, c1, c2) or (a, a_mb, log b, p).
+constexpr int kMaxParams = 4;
+using Vec = std::array<double, kMaxParams>;
+using Mat = std::array<Vec, kMaxParams>;
+
+// Solves the k x k system A x = b (k <= kMaxParams) by Gaussian elimination with partial
+// pivoting.
+bool Solve(int k, Mat A, Vec b, Vec* x) {
   for (int c = 0; c < k; ++c) {
     int piv = c;
     for (int r = c + 1; r < k; ++r) {
@@ -92,31 +97,31 @@ bool Solve(int k, std::array<std::array<double, 3>, 3> A, std::array<double, 3> 
   return true;
 }
 
-// min sum_i w_i (y_i - sum_j X[j][i] beta_j)^2 subject to beta >= 0, k <= 3 columns: every
-// active set is solved (columns scaled to unit max for conditioning) and the best feasible
+// min sum_i w_i (y_i - sum_j X[j][i] beta_j)^2 subject to beta >= 0, k <= kMaxParams columns:
+// every active set is solved (columns scaled to unit max for conditioning) and the best feasible
 // solution kept, which is the exact NNLS optimum.
-std::array<double, 3> Nnls(const std::vector<std::vector<double>>& X, const std::vector<double>& y,
-                           const std::vector<double>& w, double* sse_out) {
+Vec Nnls(const std::vector<std::vector<double>>& X, const std::vector<double>& y,
+         const std::vector<double>& w, double* sse_out) {
   const int k = static_cast<int>(X.size());
   const size_t n = y.size();
-  std::array<double, 3> scale{1, 1, 1};
+  Vec scale{1, 1, 1, 1};
   for (int j = 0; j < k; ++j) {
     double m = 0;
     for (double v : X[j]) m = std::max(m, std::abs(v));
     scale[j] = m > 0 ? m : 1;
   }
-  std::array<double, 3> best{0, 0, 0};
+  Vec best{0, 0, 0, 0};
   double best_sse = std::numeric_limits<double>::infinity();
   for (int mask = 0; mask < (1 << k); ++mask) {
-    std::array<int, 3> cols{};
+    std::array<int, kMaxParams> cols{};
     int m = 0;
     for (int j = 0; j < k; ++j) {
       if (mask & (1 << j)) cols[m++] = j;
     }
-    std::array<double, 3> beta{0, 0, 0};
+    Vec beta{0, 0, 0, 0};
     if (m > 0) {
-      std::array<std::array<double, 3>, 3> A{};
-      std::array<double, 3> b{};
+      Mat A{};
+      Vec b{};
       for (size_t i = 0; i < n; ++i) {
         for (int r = 0; r < m; ++r) {
           const double xr = X[cols[r]][i] / scale[cols[r]];
@@ -124,7 +129,7 @@ std::array<double, 3> Nnls(const std::vector<std::vector<double>>& X, const std:
           for (int c = 0; c < m; ++c) A[r][c] += w[i] * xr * X[cols[c]][i] / scale[cols[c]];
         }
       }
-      std::array<double, 3> sol{};
+      Vec sol{};
       if (!Solve(m, A, b, &sol)) continue;
       bool feasible = true;
       for (int r = 0; r < m; ++r) {
@@ -178,11 +183,21 @@ FitQuality Quality(const BenchTable& t, const std::vector<double>& pred, int num
   return q;
 }
 
+// Whether the per-micro-batch overhead a_mb is fitted: only rows with k >= 2 micro-batches tell
+// it apart from a (with k = 1 everywhere, a and a_mb only appear as their sum).
+bool FitsAmb(const BenchTable& t) {
+  for (const auto& r : t.rows) {
+    if (r.micro_batches >= 2) return true;
+  }
+  return false;
+}
+
 Result<bool> CheckEnough(const BenchTable& t) {
-  if (t.rows.size() < 4) {
-    return Failure{
-        "need at least 4 benchmark rows to fit 3 parameters, got " + std::to_string(t.rows.size()),
-        t.source, 0, ""};
+  const size_t params = FitsAmb(t) ? 4 : 3;
+  if (t.rows.size() < params + 1) {
+    return Failure{"need at least " + std::to_string(params + 1) + " benchmark rows to fit " +
+                       std::to_string(params) + " parameters, got " + std::to_string(t.rows.size()),
+                   t.source, 0, ""};
   }
   std::set<int64_t> seqs;
   for (const auto& r : t.rows) seqs.insert(r.seq_len);
@@ -193,73 +208,85 @@ Result<bool> CheckEnough(const BenchTable& t) {
   return true;
 }
 
-// Weighted SSE and (a, b) of the power model for a fixed exponent p.
+// Weighted SSE and (a, a_mb, b) of the power model for a fixed exponent p. Columns: 1, [k,]
+// k * B * S^p (k = micro_batches; the k column only when a_mb is fitted).
 struct PowerAt {
-  double sse, a, b;
+  double sse, a, a_mb, b;
 };
-PowerAt SolvePowerAt(const BenchTable& t, double p) {
+PowerAt SolvePowerAt(const BenchTable& t, double p, bool fit_amb) {
   const size_t n = t.rows.size();
-  std::vector<std::vector<double>> X(2, std::vector<double>(n));
+  std::vector<std::vector<double>> X(fit_amb ? 3 : 2, std::vector<double>(n));
   std::vector<double> y(n), w(n);
   for (size_t i = 0; i < n; ++i) {
     const auto& r = t.rows[i];
+    const double k = static_cast<double>(r.micro_batches);
     X[0][i] = 1;
-    X[1][i] = static_cast<double>(r.batch_size) * std::pow(static_cast<double>(r.seq_len), p);
+    if (fit_amb) X[1][i] = k;
+    X.back()[i] =
+        k * static_cast<double>(r.batch_size) * std::pow(static_cast<double>(r.seq_len), p);
     y[i] = r.step_time_s;
     w[i] = 1 / (y[i] * y[i]);
   }
   double sse;
   auto beta = Nnls(X, y, w, &sse);
-  return {sse, beta[0], beta[1]};
+  return {sse, beta[0], fit_amb ? beta[1] : 0.0, fit_amb ? beta[2] : beta[1]};
 }
 
-double PowerSse(const BenchTable& t, double a, double b, double p) {
+double PowerSse(const BenchTable& t, double a, double a_mb, double b, double p) {
   double sse = 0;
   for (const auto& r : t.rows) {
-    const double f = a + b * r.batch_size * std::pow(static_cast<double>(r.seq_len), p);
+    const double k = static_cast<double>(r.micro_batches);
+    const double f =
+        a + k * (a_mb + b * r.batch_size * std::pow(static_cast<double>(r.seq_len), p));
     const double e = (r.step_time_s - f) / r.step_time_s;
     sse += e * e;
   }
   return sse;
 }
 
-// Levenberg-Marquardt on (a, beta = log b, p) with a >= 0 and p in [p_lo, p_hi] kept by
-// rejecting steps (noisy benches otherwise let p run away where b*S^p is nearly flat).
-void PolishPower(const BenchTable& t, double p_lo, double p_hi, double* a, double* b, double* p) {
+// Levenberg-Marquardt on (a, log b, p), or (a, log b, p, a_mb) when a_mb is fitted, with a, a_mb
+// >= 0 and p in [p_lo, p_hi] kept by rejecting steps (noisy benches otherwise let p run away where
+// b*S^p is nearly flat).
+void PolishPower(const BenchTable& t, double p_lo, double p_hi, bool fit_amb, double* a,
+                 double* a_mb, double* b, double* p) {
   if (*b <= 0) return;
+  const int np = fit_amb ? 4 : 3;
   double beta = std::log(*b);
-  double sse = PowerSse(t, *a, *b, *p);
+  double sse = PowerSse(t, *a, *a_mb, *b, *p);
   double lambda = 1e-3;
   for (int it = 0; it < 100 && lambda < 1e12; ++it) {
-    std::array<std::array<double, 3>, 3> JtJ{};
-    std::array<double, 3> Jtr{};
+    Mat JtJ{};
+    Vec Jtr{};
     for (const auto& r : t.rows) {
       const double s = static_cast<double>(r.seq_len);
-      const double x = std::exp(beta) * r.batch_size * std::pow(s, *p);
-      const double res = (r.step_time_s - *a - x) / r.step_time_s;
-      const std::array<double, 3> J = {-1 / r.step_time_s, -x / r.step_time_s,
-                                       -x * std::log(s) / r.step_time_s};
-      for (int i = 0; i < 3; ++i) {
+      const double k = static_cast<double>(r.micro_batches);
+      const double x = k * std::exp(beta) * r.batch_size * std::pow(s, *p);
+      const double res = (r.step_time_s - *a - k * *a_mb - x) / r.step_time_s;
+      const Vec J = {-1 / r.step_time_s, -x / r.step_time_s, -x * std::log(s) / r.step_time_s,
+                     -k / r.step_time_s};
+      for (int i = 0; i < np; ++i) {
         Jtr[i] += J[i] * res;
-        for (int j = 0; j < 3; ++j) JtJ[i][j] += J[i] * J[j];
+        for (int j = 0; j < np; ++j) JtJ[i][j] += J[i] * J[j];
       }
     }
     auto A = JtJ;
-    for (int i = 0; i < 3; ++i) A[i][i] += lambda * std::max(JtJ[i][i], 1e-30);
-    std::array<double, 3> delta{};
-    if (!Solve(3, A, {-Jtr[0], -Jtr[1], -Jtr[2]}, &delta)) {
+    for (int i = 0; i < np; ++i) A[i][i] += lambda * std::max(JtJ[i][i], 1e-30);
+    Vec delta{};
+    if (!Solve(np, A, {-Jtr[0], -Jtr[1], -Jtr[2], -Jtr[3]}, &delta)) {
       lambda *= 10;
       continue;
     }
-    const double na = *a + delta[0], nbeta = beta + delta[1], np = *p + delta[2];
-    const double nsse = (na >= 0 && np >= p_lo && np <= p_hi)
-                            ? PowerSse(t, na, std::exp(nbeta), np)
+    const double na = *a + delta[0], nbeta = beta + delta[1], np_ = *p + delta[2];
+    const double namb = fit_amb ? *a_mb + delta[3] : *a_mb;
+    const double nsse = (na >= 0 && namb >= 0 && np_ >= p_lo && np_ <= p_hi)
+                            ? PowerSse(t, na, namb, std::exp(nbeta), np_)
                             : std::numeric_limits<double>::infinity();
     if (nsse < sse) {
       const bool converged = sse - nsse < 1e-15 * std::max(sse, 1e-300);
       *a = na;
+      *a_mb = namb;
       beta = nbeta;
-      *p = np;
+      *p = np_;
       sse = nsse;
       lambda = std::max(lambda / 10, 1e-12);
       if (converged) break;
@@ -275,8 +302,9 @@ void PolishPower(const BenchTable& t, double p_lo, double p_hi, double* a, doubl
 Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name) {
   BenchTable t;
   t.source = name;
-  enum { kB, kS, kT, kM, kNum };
-  static const char* kNames[kNum] = {"batch_size", "seq_len", "step_time_s", "peak_mem_bytes"};
+  enum { kB, kS, kT, kM, kK, kNum };
+  static const char* kNames[kNum] = {"batch_size", "seq_len", "step_time_s", "peak_mem_bytes",
+                                     "micro_batches"};
   std::array<int, kNum> col;
   col.fill(-1);
   std::vector<std::string> header;
@@ -307,7 +335,7 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
         if (col[k] < 0) {
           return Failure{
               "header lacks required column (need batch_size, seq_len, step_time_s"
-              "[, peak_mem_bytes])",
+              "[, peak_mem_bytes][, micro_batches])",
               name, line_no, kNames[k]};
         }
       }
@@ -325,7 +353,7 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
       if (col[k] < 0) continue;
       std::string_view f = fields[col[k]];
       if (k == kM && f.empty()) continue;
-      auto v = ParsePositive(f, k == kB || k == kS, &why);
+      auto v = ParsePositive(f, k == kB || k == kS || k == kK, &why);
       if (!v) return Failure{why, name, line_no, kNames[k]};
       switch (k) {
         case kB:
@@ -336,6 +364,13 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
           break;
         case kT:
           row.step_time_s = *v;
+          break;
+        case kK:
+          if (*v > 1e6) {
+            return Failure{"implausible number of micro-batches (> 1e6): '" + std::string(f) + "'",
+                           name, line_no, kNames[k]};
+          }
+          row.micro_batches = static_cast<int64_t>(*v);
           break;
         default:
           row.peak_mem_bytes = *v;
@@ -358,13 +393,14 @@ Result<BenchTable> ReadBenchCsv(const std::string& path) {
 
 Result<ModelFit> FitPowerModel(const BenchTable& t) {
   if (auto ok = CheckEnough(t); !ok.ok()) return ok.failure();
+  const bool fit_amb = FitsAmb(t);
   // Profile p on a grid, refine by golden section inside the best cell.
   constexpr double kLo = 0.5, kHi = 3.5, kStep = 0.01;
   const int steps = static_cast<int>(std::lround((kHi - kLo) / kStep));
   int best_i = 0;
   double best_sse = std::numeric_limits<double>::infinity();
   for (int i = 0; i <= steps; ++i) {
-    const double sse = SolvePowerAt(t, kLo + i * kStep).sse;
+    const double sse = SolvePowerAt(t, kLo + i * kStep, fit_amb).sse;
     if (sse < best_sse) {
       best_sse = sse;
       best_i = i;
@@ -374,53 +410,61 @@ Result<ModelFit> FitPowerModel(const BenchTable& t) {
   double hi = kLo + std::min(steps, best_i + 1) * kStep;
   const double g = (std::sqrt(5.0) - 1) / 2;
   double x1 = hi - g * (hi - lo), x2 = lo + g * (hi - lo);
-  double f1 = SolvePowerAt(t, x1).sse, f2 = SolvePowerAt(t, x2).sse;
+  double f1 = SolvePowerAt(t, x1, fit_amb).sse, f2 = SolvePowerAt(t, x2, fit_amb).sse;
   while (hi - lo > 1e-9) {
     if (f1 < f2) {
       hi = x2;
       x2 = x1;
       f2 = f1;
       x1 = hi - g * (hi - lo);
-      f1 = SolvePowerAt(t, x1).sse;
+      f1 = SolvePowerAt(t, x1, fit_amb).sse;
     } else {
       lo = x1;
       x1 = x2;
       f1 = f2;
       x2 = lo + g * (hi - lo);
-      f2 = SolvePowerAt(t, x2).sse;
+      f2 = SolvePowerAt(t, x2, fit_amb).sse;
     }
   }
   double p = (lo + hi) / 2;
-  PowerAt at = SolvePowerAt(t, p);
+  PowerAt at = SolvePowerAt(t, p, fit_amb);
   if (best_sse < at.sse) {  // the grid point was better than the refined one (flat region)
     p = kLo + best_i * kStep;
-    at = SolvePowerAt(t, p);
+    at = SolvePowerAt(t, p, fit_amb);
   }
-  double a = at.a, b = at.b;
-  PolishPower(t, kLo, kHi, &a, &b, &p);
+  double a = at.a, a_mb = at.a_mb, b = at.b;
+  PolishPower(t, kLo, kHi, fit_amb, &a, &a_mb, &b, &p);
   ModelFit fit;
   fit.model.kind = CostModel::Kind::kPower;
   fit.model.a = a;
+  fit.model.a_mb = a_mb;
   fit.model.b = b;
   fit.model.p = p;
   fit.model.source = "fit:" + t.source;
   std::vector<double> pred;
-  for (const auto& r : t.rows) pred.push_back(fit.model.StepTime(r.batch_size, r.seq_len));
-  fit.quality = Quality(t, pred, 3);
+  for (const auto& r : t.rows) {
+    pred.push_back(fit.model.AccumStepTime(r.micro_batches, r.batch_size, r.seq_len));
+  }
+  fit.quality = Quality(t, pred, fit_amb ? 4 : 3);
   return fit;
 }
 
 Result<ModelFit> FitQuadraticModel(const BenchTable& t) {
   if (auto ok = CheckEnough(t); !ok.ok()) return ok.failure();
+  const bool fit_amb = FitsAmb(t);
   const size_t n = t.rows.size();
-  std::vector<std::vector<double>> X(3, std::vector<double>(n));
+  // Columns: 1, [k,] k * B * S, k * B * S^2 (k = micro_batches; k only when a_mb is fitted).
+  const int off = fit_amb ? 1 : 0;
+  std::vector<std::vector<double>> X(3 + off, std::vector<double>(n));
   std::vector<double> y(n), w(n);
   for (size_t i = 0; i < n; ++i) {
     const auto& r = t.rows[i];
     const double s = static_cast<double>(r.seq_len);
+    const double k = static_cast<double>(r.micro_batches);
     X[0][i] = 1;
-    X[1][i] = r.batch_size * s;
-    X[2][i] = r.batch_size * s * s;
+    if (fit_amb) X[1][i] = k;
+    X[1 + off][i] = k * r.batch_size * s;
+    X[2 + off][i] = k * r.batch_size * s * s;
     y[i] = r.step_time_s;
     w[i] = 1 / (y[i] * y[i]);
   }
@@ -428,12 +472,15 @@ Result<ModelFit> FitQuadraticModel(const BenchTable& t) {
   ModelFit fit;
   fit.model.kind = CostModel::Kind::kQuadratic;
   fit.model.a = beta[0];
-  fit.model.c1 = beta[1];
-  fit.model.c2 = beta[2];
+  fit.model.a_mb = fit_amb ? beta[1] : 0.0;
+  fit.model.c1 = beta[1 + off];
+  fit.model.c2 = beta[2 + off];
   fit.model.source = "fit:" + t.source;
   std::vector<double> pred;
-  for (const auto& r : t.rows) pred.push_back(fit.model.StepTime(r.batch_size, r.seq_len));
-  fit.quality = Quality(t, pred, 3);
+  for (const auto& r : t.rows) {
+    pred.push_back(fit.model.AccumStepTime(r.micro_batches, r.batch_size, r.seq_len));
+  }
+  fit.quality = Quality(t, pred, fit_amb ? 4 : 3);
   return fit;
 }
 

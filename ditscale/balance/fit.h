@@ -1,25 +1,36 @@
 // Fitting the step-time and memory models (cost_model.h) to a shape benchmark.
 //
 // Benchmark CSV: a header row naming the columns batch_size, seq_len, step_time_s and optionally
-// peak_mem_bytes (any order; other columns ignored), then one row per measurement. Lines that
-// start with '#' and blank lines are ignored. batch_size and seq_len are positive integers,
-// step_time_s a positive number of seconds, peak_mem_bytes a positive number of bytes or empty.
-// Errors are Failures "file:line: column 'seq_len': ...".
+// peak_mem_bytes and micro_batches (any order; other columns ignored), then one row per
+// measurement. Lines that start with '#' and blank lines are ignored. batch_size and seq_len are
+// positive integers, step_time_s a positive number of seconds, peak_mem_bytes a positive number
+// of bytes or empty, micro_batches k a positive integer (default 1 when the column is absent): the
+// row timed one optimizer step made of k forward/backward passes of B samples of S tokens each
+// (gradient accumulation), peak memory being that of one pass. Errors are Failures
+// "file:line: column 'seq_len': ...".
+//
+// Step time of a row: t = a + k * (a_mb + B * Work(S)) (cost_model.h). When some row has k >= 2,
+// a and a_mb are fitted jointly with the other parameters (4 parameters); otherwise they are not
+// identifiable apart (only a + a_mb is) and a_mb = 0: the fit is the 3-parameter one below,
+// bit-identical to the fit before a_mb existed.
 //
 // Fits (all parameters >= 0):
-//   power:     t = a + b * B * S^p. Relative (1/t^2-weighted) least squares: the exponent p is
-//              profiled over [0.5, 3.5] (a grid of 301 points, then golden-section search in the
-//              best grid cell) with a, b solved in closed form for each p (non-negative 2-variable
-//              least squares), then polished by Levenberg-Marquardt on (a, log b, p).
-//   quadratic: t = a + c1 * B * S + c2 * B * S^2. Relative linear least squares with a, c1,
-//              c2 >= 0 (exact non-negative least squares by enumerating the 8 active sets).
+//   power:     t = a + k * (a_mb + b * B * S^p). Relative (1/t^2-weighted) least squares: the
+//              exponent p is profiled over [0.5, 3.5] (a grid of 301 points, then golden-section
+//              search in the best grid cell) with a, [a_mb,] b solved in closed form for each p
+//              (non-negative least squares), then polished by Levenberg-Marquardt on
+//              (a, log b, p[, a_mb]).
+//   quadratic: t = a + k * (a_mb + c1 * B * S + c2 * B * S^2). Relative linear least squares with
+//              a, [a_mb,] c1, c2 >= 0 (exact non-negative least squares by enumerating the active
+//              sets).
 //   memory:    peak = m0 + m1 * B * S, ordinary least squares over the rows with peak_mem_bytes.
 // Relative weighting is used because step times span orders of magnitude and bench noise is
 // multiplicative.
 //
-// Choice of model: both have 3 parameters, so adjusted R^2 orders them exactly as R^2 does. The
-// model with the higher adjusted R^2 of the relative residuals (1 - SSE_rel / SST_rel, the fitted
-// objective) wins; within 1e-9 the lower RMSE (s) wins; a remaining tie goes to the power model.
+// Choice of model: both have the same number of parameters (3, or 4 with a_mb), so adjusted R^2
+// orders them exactly as R^2 does. The model with the higher adjusted R^2 of the relative
+// residuals (1 - SSE_rel / SST_rel, the fitted objective) wins; within 1e-9 the lower RMSE (s)
+// wins; a remaining tie goes to the power model.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +48,7 @@ struct BenchRow {
   int64_t seq_len = 0;        // S, tokens per sample
   double step_time_s = 0;     // measured step time, s
   double peak_mem_bytes = 0;  // measured peak memory, bytes; 0 when not measured
+  int64_t micro_batches = 1;  // k: forward/backward passes of (B, S) in the timed step
   int64_t line = 0;           // 1-based line in the file
 };
 
@@ -83,7 +95,8 @@ struct FitResult {
   const ModelFit& best() const { return chosen == CostModel::Kind::kPower ? power : quadratic; }
 };
 
-// Each needs at least 4 rows and 2 distinct seq_len values; Failures name the file.
+// Each needs at least 4 rows (5 when a_mb is fitted) and 2 distinct seq_len values; Failures
+// name the file.
 Result<ModelFit> FitPowerModel(const BenchTable& table);
 Result<ModelFit> FitQuadraticModel(const BenchTable& table);
 // Needs at least 2 rows with peak memory and 2 distinct B*S among them.

@@ -75,8 +75,8 @@ TEST(Fit, ExponentStaysInItsSearchRange) {
   for (int trial = 0; trial < 10; ++trial) {
     const double j = jump(rng);
     auto csv = MakeBench(
-        [&](int64_t B, int64_t S) { return 0.5 + (S == 65536 ? j * B : 0.0) + 1e-12 * B * S; },
-        rng, 0.02, false);
+        [&](int64_t B, int64_t S) { return 0.5 + (S == 65536 ? j * B : 0.0) + 1e-12 * B * S; }, rng,
+        0.02, false);
     auto table = ParseBenchCsv(csv, "bench.csv");
     ASSERT_TRUE(table.ok()) << table.failure().ToString();
     auto fit = FitBench(*table);
@@ -166,6 +166,116 @@ TEST(Fit, BadRowsNameLineAndColumn) {
   EXPECT_FALSE(ok->has_memory);
 }
 
+// Steps of k in {1, 2} micro-batches: t = a + k * (a_mb + B * Work(S)), 2% noise. a_mb is fitted
+// apart from a only because of the k = 2 rows.
+template <typename W>
+std::string MakeAccumBench(double a, double a_mb, W&& work, std::mt19937_64& rng, double noise) {
+  std::normal_distribution<double> n(0.0, 1.0);
+  std::string csv = "batch_size,seq_len,step_time_s,micro_batches\n";
+  // Short sequences too: there a pass is mostly overhead, which is what separates a_mb from a.
+  for (int64_t s : {256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536}) {
+    for (int64_t b : {1, 2, 4, 8}) {
+      for (int64_t k : {1, 2}) {
+        for (int rep = 0; rep < 2; ++rep) {  // two timed repeats per point, as a sweep logs them
+          const double t = (a + k * (a_mb + b * work(s))) * (1 + noise * n(rng));
+          csv += std::to_string(b) + "," + std::to_string(s) + "," + std::to_string(t) + "," +
+                 std::to_string(k) + "\n";
+        }
+      }
+    }
+  }
+  return csv;
+}
+
+TEST(Fit, RecoversPerMicroBatchOverheadFromAccumulationRows) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int trial = 0; trial < 5; ++trial) {
+    const double a = 0.1 + 0.1 * u(rng), a_mb = 0.05 + 0.05 * u(rng), p = 1.2 + 0.6 * u(rng);
+    // Work of the largest micro-batch (B = 8, S = 64k) ~ 30 s, of the smallest ~ ms.
+    const double b = 30.0 / (8 * std::pow(65536.0, p));
+    auto table =
+        ParseBenchCsv(MakeAccumBench(
+                          a, a_mb, [&](int64_t s) { return b * std::pow(s, p); }, rng, 0.02),
+                      "accum.csv");
+    ASSERT_TRUE(table.ok()) << table.failure().ToString();
+    ASSERT_EQ(table->rows.size(), 144u);
+    auto fit = FitBench(*table);
+    ASSERT_TRUE(fit.ok()) << fit.failure().ToString();
+    const CostModel& m = fit->power.model;
+    EXPECT_EQ(fit->chosen, CostModel::Kind::kPower) << fit->choice_reason;
+    EXPECT_NEAR(m.a_mb, a_mb, 0.1 * a_mb) << "trial " << trial << " a " << m.a;
+    EXPECT_NEAR(m.a, a, 0.1 * a) << "trial " << trial << " a_mb " << m.a_mb;
+    EXPECT_NEAR(m.p, p, 0.05);
+    EXPECT_NEAR(m.AccumStepTime(2, 8, 65536), a + 2 * (a_mb + 30), 0.03 * 60);
+    EXPECT_GT(fit->power.quality.r2, 0.99);
+    // The quadratic fit has the a_mb column too (and is worse here unless p is near 1 or 2).
+    EXPECT_GE(fit->quadratic.model.a_mb, 0);
+  }
+  // Quadratic work: the quadratic fit recovers a_mb too.
+  for (int trial = 0; trial < 3; ++trial) {
+    const double a = 0.1 + 0.1 * u(rng), a_mb = 0.05 + 0.05 * u(rng);
+    const double c1 = 5e-6, c2 = 3e-10;
+    auto table = ParseBenchCsv(
+        MakeAccumBench(
+            a, a_mb, [&](int64_t s) { return c1 * s + c2 * double(s) * s; }, rng, 0.02),
+        "accum.csv");
+    ASSERT_TRUE(table.ok());
+    auto fit = FitBench(*table);
+    ASSERT_TRUE(fit.ok()) << fit.failure().ToString();
+    EXPECT_EQ(fit->chosen, CostModel::Kind::kQuadratic) << fit->choice_reason;
+    EXPECT_NEAR(fit->quadratic.model.a_mb, a_mb, 0.1 * a_mb) << "trial " << trial;
+    EXPECT_NEAR(fit->quadratic.model.a, a, 0.1 * a) << "trial " << trial;
+  }
+}
+
+TEST(Fit, WithoutAccumulationRowsAmbIsZero) {
+  // Only k = 1 rows (explicit column or none): a_mb is not identifiable and stays 0; the two
+  // spellings give the same fit.
+  std::mt19937_64 rng(7);
+  auto csv = MakeBench([](int64_t B, int64_t S) { return 0.1 + 1e-9 * B * std::pow(S, 1.5); }, rng,
+                       0.02, false);
+  auto plain = ParseBenchCsv(csv, "b.csv").value();
+  std::string with_k;
+  size_t pos = 0;
+  for (int line = 0; pos < csv.size(); ++line) {
+    const size_t nl = csv.find('\n', pos);
+    std::string l = csv.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line == 1) l += ",micro_batches";
+    if (line >= 2) l += ",1";
+    with_k += l + "\n";
+  }
+  auto k1 = ParseBenchCsv(with_k, "b.csv").value();
+  ASSERT_EQ(k1.rows.size(), plain.rows.size());
+  auto f0 = FitBench(plain).value(), f1 = FitBench(k1).value();
+  EXPECT_EQ(f0.power.model.a_mb, 0);
+  EXPECT_EQ(f0.quadratic.model.a_mb, 0);
+  EXPECT_EQ(f0.power.model.a, f1.power.model.a);
+  EXPECT_EQ(f0.power.model.p, f1.power.model.p);
+  EXPECT_EQ(f0.quadratic.model.c2, f1.quadratic.model.c2);
+}
+
+TEST(Fit, BadMicroBatchesNameLineAndColumn) {
+  const std::string h = "batch_size,seq_len,step_time_s,micro_batches\n";
+  for (const auto& [text, part] : std::vector<std::pair<std::string, std::string>>{
+           {h + "1,1024,0.5,1\n1,1024,0.9,0\n", "must be > 0"},
+           {h + "1,1024,0.5,1\n1,1024,0.9,1.5\n", "not an integer"},
+           {h + "1,1024,0.5,1\n1,1024,0.9,two\n", "not a finite number"},
+           {h + "1,1024,0.5,1\n1,1024,0.9,\n", "missing value"},
+       }) {
+    auto r = ParseBenchCsv(text, "k.csv");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.failure().file, "k.csv");
+    EXPECT_EQ(r.failure().line, 3) << text;
+    EXPECT_EQ(r.failure().column, "micro_batches") << text;
+    EXPECT_NE(r.failure().message.find(part), std::string::npos) << r.failure().ToString();
+  }
+  EXPECT_EQ(ParseBenchCsv(h + "3,1024,0.5,4\n", "k.csv").value().rows[0].micro_batches, 4);
+}
+
 TEST(Fit, TooFewRowsOrOneSeqLen) {
   auto t = ParseBenchCsv("batch_size,seq_len,step_time_s\n1,1024,1\n2,1024,2\n1,2048,3\n", "f.csv")
                .value();
@@ -200,6 +310,17 @@ TEST(FitExample, BenchExampleRecoversItsModel) {
   EXPECT_NEAR(fit->power.model.p, 1.45, 0.05);
   ASSERT_TRUE(fit->memory.has_value());
   EXPECT_NEAR(fit->memory->model.m1, 153600, 0.05 * 153600);
+  // No micro_batches column: a_mb = 0 and the numbers of the fit before a_mb existed (ditscale
+  // fit --json of that version, to the printed 17 digits).
+  EXPECT_EQ(fit->power.model.a_mb, 0);
+  EXPECT_EQ(fit->quadratic.model.a_mb, 0);
+  EXPECT_DOUBLE_EQ(fit->power.model.a, 0.07909478319878058);
+  EXPECT_DOUBLE_EQ(fit->power.model.b, 4.2259866608365124e-07);
+  EXPECT_DOUBLE_EQ(fit->power.model.p, 1.450877716915795);
+  EXPECT_DOUBLE_EQ(fit->power.quality.r2, 0.9996219386540551);
+  EXPECT_DOUBLE_EQ(fit->quadratic.model.a, 0.06585474442926698);
+  EXPECT_DOUBLE_EQ(fit->quadratic.model.c1, 1.4405653396253983e-05);
+  EXPECT_DOUBLE_EQ(fit->quadratic.model.c2, 7.244448331587472e-10);
 }
 
 }  // namespace

@@ -133,6 +133,9 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
       const double fit = std::floor((target - total - ctx.mb_overhead) * slack / u);
       int64_t b = fit <= 0 ? 0 : std::min<int64_t>(n, static_cast<int64_t>(fit));
       if (sel.empty() && b == 0) b = 1;  // the budget is at least one sample's cost
+      // A split never leaves a micro-batch whose work is below its own overhead a_mb: such a
+      // remainder is taken whole (with a_mb = 0 nothing changes).
+      if (b > 0 && static_cast<double>(n - b) * u < ctx.mb_overhead) b = n;
       if (b > 0) {
         sel.push_back(Chunk{head.begin, head.begin + b, head.shape});
         head.begin += b;
@@ -176,7 +179,9 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
         const double ovh = c == 0 ? ctx.mb_overhead : 0;
         const double cap = mean - l - ovh;
         int64_t take = 1;
-        if (u <= 0) {
+        if (u <= 0 || cap + ctx.mb_overhead >= static_cast<double>(left) * u) {
+          // All of it fits, or what would overflow the mean costs less than the a_mb that
+          // splitting it off onto another rank adds (a_mb = 0: only when all of it fits).
           take = left;
         } else if (cap >= u) {
           take = std::min<int64_t>(left, static_cast<int64_t>(std::floor(cap * slack / u)));
@@ -414,11 +419,13 @@ double PlanExponent(const ShapedManifest& shaped, const CostModel& cost) {
 double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, double m_comp,
                          double p) {
   const int64_t s = std::max<int64_t>(1, RepresentativeSeqLen(shaped));
-  return cost.a + m_comp * cost.Work(s) / std::pow(static_cast<double>(s), p);
+  return cost.a + cost.a_mb + m_comp * cost.Work(s) / std::pow(static_cast<double>(s), p);
 }
 
-Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost,
+Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
                       const PlanOptions& options) {
+  const CostModel cost =
+      options.overhead_per_micro_batch ? OverheadPerMicroBatch(cost_in) : cost_in;
   if (options.world_size < 1) {
     return Fail("world size must be >= 1, got " + std::to_string(options.world_size));
   }
@@ -446,6 +453,10 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost,
   }
   if (!(cost.a >= 0) || !std::isfinite(cost.a)) {
     return Fail("cost model: overhead a must be finite and >= 0, got " + std::to_string(cost.a));
+  }
+  if (!(cost.a_mb >= 0) || !std::isfinite(cost.a_mb)) {
+    return Fail("cost model: per-micro-batch overhead a_mb must be finite and >= 0, got " +
+                std::to_string(cost.a_mb));
   }
   const std::vector<int64_t> count = ShapeCounts(shaped);
   std::vector<double> work_of_shape(num_shapes, 0.0);
@@ -507,14 +518,14 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost,
     ctx.shaped = &shaped;
     ctx.cost = &cost;
     ctx.work_of_shape = work_of_shape;
-    ctx.step_overhead = options.overhead_per_micro_batch ? 0 : cost.a;
-    ctx.mb_overhead = options.overhead_per_micro_batch ? cost.a : 0;
+    ctx.step_overhead = cost.a;
+    ctx.mb_overhead = cost.a_mb;
     const double requested = options.rank_budget_s > 0
                                  ? options.rank_budget_s
                                  : DefaultRankBudget(shaped, cost, plan.m_comp, plan.p);
     double max_unit = 0;
     for (int32_t s = 0; s < num_shapes; ++s) {
-      if (count[s] > 0) max_unit = std::max(max_unit, cost.a + work_of_shape[s]);
+      if (count[s] > 0) max_unit = std::max(max_unit, cost.a + cost.a_mb + work_of_shape[s]);
     }
     ctx.budget = std::max(requested, max_unit);
     ctx.lookahead = 8 * static_cast<int64_t>(options.world_size) + 32;

@@ -42,10 +42,11 @@ struct PlanOptions {
   double m_comp = 0;         // compute constraint; 0: chosen automatically (adaptive)
   double rank_budget_s = 0;  // balanced: per-rank predicted cost per step; 0: default
   TailPolicy tail = TailPolicy::kDrop;
-  // Cost accounting of gradient accumulation (must match SimOptions of the simulator):
-  //   false (default): a rank's cost in a step is a + sum_i B_i * Work(S_i): the fixed overhead a
-  //     (optimizer step, gradient all-reduce, launches) is paid once per step and rank;
-  //   true: sum_i StepTime(B_i, S_i): a is paid by every micro-batch (conservative).
+  // Cost accounting of gradient accumulation: a rank's cost in a step is always
+  //   a + sum_i (cost.a_mb + B_i * Work(S_i))   (cost_model.h),
+  // a once per step and rank, a_mb per micro-batch pass. true: plan with
+  // OverheadPerMicroBatch(cost) instead (a_mb := a + a_mb, a := 0; conservative). Kept for old
+  // callers: a cost model with a fitted a_mb is the accurate way to charge micro-batches.
   bool overhead_per_micro_batch = false;
 };
 
@@ -96,7 +97,8 @@ struct Plan {
 //  2. each bucket is cut into micro-batches of B(S) (the last one of a bucket may be smaller);
 //  3. the micro-batch order is shuffled;
 //  4. equal-token / adaptive: step k gives micro-batch k * world_size + r to rank r;
-//     balanced: each step cuts the next world_size * budget seconds of work (overhead included)
+//     balanced: each step cuts the next world_size * (budget - a) seconds of work (a_mb per
+//     micro-batch included)
 //     from the shuffled micro-batch order, splitting the micro-batch that crosses the cut, and
 //     assigns its samples to ranks by LPT (most expensive sample first, to the least-loaded
 //     rank; ties rotate with the step); the samples of one micro-batch that land on one rank
@@ -106,6 +108,10 @@ struct Plan {
 //     fit); what does not fit stays in order for the next step's cut. A step still uneven by
 //     > 1% is improved by pairwise swaps (internal/partition.h). The budget is the mean
 //     per-rank cost of the cut; a rank exceeds it by less than one sample's cost.
+//     Every stage of balancing (cut, LPT split, top-up, swaps) charges cost.a_mb for each
+//     micro-batch it creates: a split or a top-up happens only where the receiving rank has room
+//     for a_mb plus at least one sample, so with a_mb > 0 steps are made of fewer micro-batches;
+//     with a_mb = 0 the plan is the same as before a_mb existed.
 //  5. a last step in which some rank has no micro-batch is the tail: dropped / padded / kept.
 // Balanced budget: rank_budget_s if > 0, else DefaultRankBudget; raised to at least the cost
 // of the most expensive single sample so every sample fits a rank (Plan::rank_budget_s is the
@@ -127,8 +133,8 @@ int64_t RepresentativeSeqLen(const ShapedManifest& shaped);
 // cost.Exponent(S*) at the representative S* (the local slope of log Work vs log S there).
 double PlanExponent(const ShapedManifest& shaped, const CostModel& cost);
 // Default per-rank budget of a balanced step: the predicted cost of one adaptive batch that
-// exactly meets the compute constraint, a + m_comp * Work(S*) / S*^p (= a + b * m_comp for the
-// power model).
+// exactly meets the compute constraint, a + a_mb + m_comp * Work(S*) / S*^p (= a + a_mb + b *
+// m_comp for the power model).
 double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, double m_comp,
                          double p);
 

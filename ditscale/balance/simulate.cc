@@ -9,8 +9,10 @@
 
 namespace ditscale::balance {
 
-SimResult Simulate(const Plan& plan, const ShapedManifest& shaped, const CostModel& cost,
+SimResult Simulate(const Plan& plan, const ShapedManifest& shaped, const CostModel& cost_in,
                    const SimOptions& options) {
+  const CostModel cost =
+      options.overhead_per_micro_batch ? OverheadPerMicroBatch(cost_in) : cost_in;
   const int64_t w = plan.world_size;
   DS_CHECK(w >= 1, "plan world_size ", w);
   SimResult out;
@@ -40,8 +42,7 @@ SimResult Simulate(const Plan& plan, const ShapedManifest& shaped, const CostMod
         DS_CHECK(mb.shape >= 0 && mb.shape < num_shapes, "micro-batch ", m, " has shape ", mb.shape,
                  " but the manifest has ", num_shapes, " shapes");
         const int64_t n = mb.end - mb.begin;
-        double term = static_cast<double>(n) * work_of_shape[mb.shape];
-        if (options.overhead_per_micro_batch) term += cost.a;
+        double term = cost.a_mb + static_cast<double>(n) * work_of_shape[mb.shape];
         if (sigma > 0) {
           internal::SplitMix64 rng(internal::StreamKey(
               options.noise_seed, plan.epoch, internal::kSimNoise, static_cast<uint64_t>(i)));
@@ -55,7 +56,7 @@ SimResult Simulate(const Plan& plan, const ShapedManifest& shaped, const CostMod
           out.tokens += n * shaped.shapes[mb.shape].seq_len;
         }
       }
-      if (e > b && !options.overhead_per_micro_batch) cost_r += cost.a;
+      if (e > b) cost_r += cost.a;
       c[r] = cost_r;
       if (options.keep_rank_costs) out.rank_cost_s[k * w + r] = cost_r;
     }

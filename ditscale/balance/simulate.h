@@ -1,15 +1,14 @@
 // Simulator of a plan: predicted per-step, per-rank compute and the load-balance metrics.
 //
 // Cost of rank r in step k (its micro-batches i = 1..n, n >= 1, each of B_i samples of S_i tokens):
-//   overhead once per step (default, realistic: the optimizer step, the gradient all-reduce and
-//   most launch overhead happen once per global step; gradient accumulation only repeats the
-//   forward/backward work):      cost = a + sum_i B_i * Work(S_i)
-//   overhead per micro-batch (SimOptions::overhead_per_micro_batch, conservative):
-//                                cost = sum_i StepTime(B_i, S_i) = n * a + sum_i B_i * Work(S_i)
-// and 0 when the rank has no micro-batch. With noise sigma > 0 every micro-batch's term is
-// multiplied by exp(sigma * z - sigma^2 / 2), z ~ N(0, 1) (mean-preserving lognormal), drawn
-// from splitmix64 seeded by (noise_seed, plan epoch, micro-batch position), so a simulation
-// is reproducible.
+//   cost = a + sum_i (a_mb + B_i * Work(S_i))        (cost_model.h)
+// a (optimizer step, gradient all-reduce tail) is paid once per step and rank; a_mb by every
+// forward/backward pass (gradient accumulation repeats it). SimOptions::overhead_per_micro_batch
+// simulates OverheadPerMicroBatch(cost) instead (a_mb := a + a_mb, a := 0; conservative).
+// The cost is 0 when the rank has no micro-batch. With noise sigma > 0 every micro-batch's term
+// (a_mb + B_i * Work(S_i)) is multiplied by exp(sigma * z - sigma^2 / 2), z ~ N(0, 1)
+// (mean-preserving lognormal), drawn from splitmix64 seeded by (noise_seed, plan epoch,
+// micro-batch position), so a simulation is reproducible.
 //
 // Metrics (W ranks, K steps, c[k][r] the cost above):
 //   step_time[k]        = max_r c[k][r]            (synchronous data parallelism)
@@ -31,7 +30,7 @@
 namespace ditscale::balance {
 
 struct SimOptions {
-  bool overhead_per_micro_batch = false;  // see above; match PlanOptions of the plan
+  bool overhead_per_micro_batch = false;  // see above; match PlanOptions of the plan (old flag)
   double noise_sigma = 0;                 // lognormal sigma of per-micro-batch noise; 0: none
   uint64_t noise_seed = 0;
   bool keep_rank_costs = true;  // fill SimResult::rank_cost_s (steps x ranks)

@@ -16,13 +16,22 @@ Grid: shapes from ``--shapes`` (``FxHxW`` list), from a manifest's training shap
 shapes (images to 81-frame 720p); per shape, powers of two B with B*S <= --max-tokens, at most
 ``--points-per-shape`` of them (geometrically spread, B = 1 and the largest always kept).
 
+Gradient accumulation (``--accum-points N``, default 2): for N of the swept shapes (spread over
+the S range, their smallest measured B), a step made of k = 2 micro-batches of (B, S) is timed
+too, exactly as ``examples/train_dit.py`` runs an accumulated step (two forward + backward passes,
+then one gradient reduce-scatter and optimizer step), and written with ``micro_batches=2``. These
+rows let ``ditscale fit`` separate the fixed cost of a pass (a_mb) from that of a step (a). They
+run right after the first pass over the shapes (every shape's B = 1), so a time budget keeps
+them. ``--accum-points 0``: none (every row has micro_batches=1).
+
 Out of memory: the ranks agree on it (all_reduce of a flag inside the step), the step is
 abandoned, the model is rebuilt, and the point is written as a comment line
 ``# infeasible,B,S,F,H,W,out-of-memory`` (``ditscale fit`` skips '#' lines); the larger B of that
 shape are skipped, and when B = 1 fails the larger shapes too.
 
 The CSV: '#' comment lines (set-up), then the header ``batch_size,seq_len,step_time_s,
-peak_mem_bytes`` plus extra columns that ``ditscale fit`` ignores (frames, height, width, ...).
+peak_mem_bytes,micro_batches`` plus extra columns that ``ditscale fit`` ignores (frames, height,
+width, ...). step_time_s is the whole step (all k passes); peak_mem_bytes that of the step.
 Rows are written (rank 0) and flushed as they are measured, so an interrupted sweep keeps its rows.
 """
 
@@ -55,7 +64,8 @@ DEFAULT_SHAPES = [
     (81, 720, 1280),
 ]
 CSV_COLUMNS = [
-    "batch_size", "seq_len", "step_time_s", "peak_mem_bytes", "frames", "height", "width",
+    "batch_size", "seq_len", "step_time_s", "peak_mem_bytes", "micro_batches", "frames", "height",
+    "width",
     "world_size", "step_time_std_s", "compute_s", "sync_s", "optim_s", "tokens_per_s",
 ]
 
@@ -111,6 +121,33 @@ def batch_grid(seq_len: int, max_tokens: int, points: int, max_batch: int) -> Li
     return [cands[i] for i in idx]
 
 
+def accum_shapes(shapes: Sequence[Tuple[int, int, int]], n: int) -> List[Tuple[int, int, int]]:
+    """n of the shapes (sorted by S) for the gradient-accumulation points, spread over the S range
+    (the smallest and the largest first kept when n >= 2)."""
+    if n <= 0 or not shapes:
+        return []
+    if n >= len(shapes):
+        return list(shapes)
+    if n == 1:
+        return [shapes[len(shapes) // 2]]
+    idx = sorted({round(i * (len(shapes) - 1) / (n - 1)) for i in range(n)})
+    return [shapes[i] for i in idx]
+
+
+def sweep_plan(shapes: Sequence[Tuple[int, int, int]], grids: Sequence[Sequence[int]],
+               accum_points: int, accum_k: int = 2) -> List[Tuple[Tuple[int, int, int], int, int]]:
+    """The measurement order: (shape, B, k micro-batches). Passes over the shapes (S ascending),
+    one B per shape per pass (B ascending across passes); the accumulation points (k = accum_k at
+    the shape's smallest B) follow the first pass."""
+    passes = [[(s, g[p], 1) for s, g in zip(shapes, grids) if p < len(g)]
+              for p in range(max(map(len, grids), default=0))]
+    if not passes:
+        return []
+    first_b = {s: g[0] for s, g in zip(shapes, grids) if g}
+    accum = [(s, first_b[s], accum_k) for s in accum_shapes(list(shapes), accum_points)]
+    return passes[0] + accum + [x for p in passes[1:] for x in p]
+
+
 def _fmt_s(s: float) -> str:
     s = max(0, int(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -137,6 +174,10 @@ def main(argv: Sequence[str] = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=131072, help="cap on B*S per rank")
     ap.add_argument("--max-batch", type=int, default=1024)
     ap.add_argument("--points-per-shape", type=int, default=3)
+    ap.add_argument("--accum-points", type=int, default=2,
+                    help="shapes also timed as a step of 2 micro-batches (gradient accumulation; "
+                    "rows with micro_batches=2 let `ditscale fit` fit the per-micro-batch "
+                    "overhead a_mb); 0: none")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="bench.csv")
@@ -151,6 +192,8 @@ def main(argv: Sequence[str] = None) -> int:
     ap.add_argument("--fail-above-tokens", type=int, default=None,
                     help="testing: treat micro-batches of more tokens as out of memory")
     args = ap.parse_args(argv)
+    if args.accum_points < 0:
+        raise SystemExit(f"--accum-points must be >= 0, got {args.accum_points}")
 
     env = init_distributed(args.device, args.pg_timeout_s)
     dev, is0 = env.device, env.rank == 0
@@ -178,8 +221,7 @@ def main(argv: Sequence[str] = None) -> int:
     # budget still leaves a grid that spans the S range.
     grids = [batch_grid(seq_len_of(*s), args.max_tokens, args.points_per_shape, args.max_batch)
              for s in shapes]
-    plan = [(s, g[p]) for p in range(max(map(len, grids), default=0))
-            for s, g in zip(shapes, grids) if p < len(g)]
+    plan = sweep_plan(shapes, grids, args.accum_points)
     if not plan:
         raise SystemExit("nothing to measure (check --shapes / --max-seq-len)")
 
@@ -211,40 +253,44 @@ def main(argv: Sequence[str] = None) -> int:
     failed_b1_at = None  # a B = 1 OOM: every larger shape is infeasible too
     failed_shapes = set()  # shapes with an OOM: their larger B are skipped
     done = measured = infeasible = 0
-    for (f, h, w), b in plan:
+    for (f, h, w), b, k in plan:
         s = seq_len_of(f, h, w)
         done += 1
         if (f, h, w) in failed_shapes or (failed_b1_at is not None and s >= failed_b1_at):
             if out:
-                out.write(f"# infeasible,{b},{s},{f},{h},{w},skipped after a smaller OOM\n")
+                out.write(f"# infeasible,{b},{s},{f},{h},{w},skipped after a smaller OOM"
+                          f"{'' if k == 1 else f' (micro_batches {k})'}\n")
             infeasible += 1
             continue
         elapsed = _agree_max(time.perf_counter() - t_start, dev)
         if args.time_budget_s is not None and elapsed > args.time_budget_s:
             log(f"time budget {args.time_budget_s:.0f} s reached; stopping before point {done}")
             break
-        mb = data.for_pixels(list(range(b)), f, h, w)
+        # k micro-batches of distinct samples; the loss scale averages over all k * B samples as
+        # train_dit's accumulated steps do.
+        mbs = [data.for_pixels(list(range(i * b, (i + 1) * b)), f, h, w) for i in range(k)]
         reset_peak_memory(dev)
         times, comps, syncs, optims = [], [], [], []
         oom = False
         for i in range(args.warmup + args.steps):
-            st = runner.step([mb], 1.0 / b, fail_above_tokens=args.fail_above_tokens)
+            st = runner.step(mbs, 1.0 / (k * b), fail_above_tokens=args.fail_above_tokens)
             if st.oom:
                 oom = True
                 break
             if i >= args.warmup:
                 times.append(st.step_s), comps.append(st.compute_s)
                 syncs.append(st.sync_s), optims.append(st.optim_s)
-        del mb
+        del mbs
         if oom:
             infeasible += 1
             del runner, model, opt
             release_memory(dev)
             model, opt, runner = fresh()
             if out:
-                out.write(f"# infeasible,{b},{s},{f},{h},{w},out-of-memory\n")
+                out.write(f"# infeasible,{b},{s},{f},{h},{w},out-of-memory"
+                          f"{'' if k == 1 else f' (micro_batches {k})'}\n")
                 out.flush()
-            if b == 1:
+            if b == 1 and k == 1:
                 failed_b1_at = s
             failed_shapes.add((f, h, w))
             line = f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}) out of memory: infeasible"
@@ -257,13 +303,14 @@ def main(argv: Sequence[str] = None) -> int:
             comp, sync, optim = (sum(v) / len(v) for v in (comps, syncs, optims))
             if out:
                 peak_field = str(int(peak)) if peak > 0 else ""
-                out.write(f"{b},{s},{step:.6g},{peak_field},{f},{h},{w},{env.world_size},"
+                out.write(f"{b},{s},{step:.6g},{peak_field},{k},{f},{h},{w},{env.world_size},"
                           f"{std:.3g},{comp:.6g},{sync:.6g},{optim:.6g},"
-                          f"{b * s * env.world_size / step:.6g}\n")
+                          f"{k * b * s * env.world_size / step:.6g}\n")
                 out.flush()
             mem = f", peak {peak / 2**30:.1f} GiB" if peak > 0 else ""
-            line = (f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}) step {step:.4f} s "
-                    f"(+-{100 * std / mean:.1f}%){mem}, {b * s / step:,.0f} tok/s/rank")
+            acc = "" if k == 1 else f" x{k} micro-batches"
+            line = (f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}){acc} step {step:.4f} s "
+                    f"(+-{100 * std / mean:.1f}%){mem}, {k * b * s / step:,.0f} tok/s/rank")
         el = time.perf_counter() - t_start
         eta = el / done * (len(plan) - done)
         log(f"[{done:>3d}/{len(plan)}] {line} | {_fmt_s(el)} elapsed, ETA {_fmt_s(eta)}")

@@ -42,7 +42,8 @@ def test_default_shapes_are_sorted_wan_shapes():
 
 def read_bench(path):
     """The reader rules of ditscale/balance/fit.cc: '#' and blank lines skipped, a header naming
-    batch_size, seq_len, step_time_s (+ optional peak_mem_bytes), every row with all fields."""
+    batch_size, seq_len, step_time_s (+ optional peak_mem_bytes, micro_batches), every row with all
+    fields."""
     lines = [ln for ln in Path(path).read_text().splitlines()
              if ln.strip() and not ln.lstrip().startswith("#")]
     rows = list(csv.reader(lines))
@@ -56,6 +57,7 @@ def read_bench(path):
         assert int(d["batch_size"]) >= 1 and int(d["seq_len"]) >= 1
         assert float(d["step_time_s"]) > 0
         assert d["peak_mem_bytes"] == "" or float(d["peak_mem_bytes"]) > 0
+        assert int(d.get("micro_batches", "1")) >= 1
         out.append(d)
     return out
 
@@ -85,7 +87,7 @@ def find_cli():
 def test_sweep_csv_oom_and_ditscale_fit(tmp_path):
     out, stdout = run_bench(tmp_path, "--shapes", "1x64x64,5x64x64,9x64x64,9x128x128",
                             "--max-tokens", "256", "--points-per-shape", "3",
-                            "--fail-above-tokens", "130")
+                            "--fail-above-tokens", "130", "--accum-points", "0")
     rows = read_bench(out)
     got = sorted((int(r["seq_len"]), int(r["batch_size"])) for r in rows)
     got = [(b, s) for s, b in got]
@@ -100,6 +102,7 @@ def test_sweep_csv_oom_and_ditscale_fit(tmp_path):
         assert f"# infeasible,{b},{s},{f},{h},{w},out-of-memory" in text
     for r in rows:
         assert int(r["world_size"]) == 1 and r["peak_mem_bytes"] == ""  # CPU: not measured
+        assert r["micro_batches"] == "1"  # --accum-points 0
         assert float(r["compute_s"]) > 0 and float(r["tokens_per_s"]) > 0
         assert int(r["seq_len"]) == seq_len_of(int(r["frames"]), int(r["height"]),
                                                int(r["width"]))
@@ -122,3 +125,45 @@ def test_manifest_shapes(tmp_path):
     shapes = shape_bench.manifest_shapes(str(man), str(model), 8)
     assert shapes == [(1, 64, 64), (9, 64, 64), (9, 64, 128)]
     assert shape_bench.manifest_shapes(str(man), str(model), 2) == [(1, 64, 64), (9, 64, 128)]
+
+
+def test_sweep_plan_accumulation_points():
+    shapes = [(1, 64, 64), (5, 64, 64), (9, 64, 64), (9, 128, 128)]
+    grids = [[1, 4, 16], [1, 4], [1], [1, 2]]
+    plan = shape_bench.sweep_plan(shapes, grids, 2)
+    # First pass (B = 1 of every shape), then k = 2 at the smallest and largest S, then the rest.
+    assert plan[:4] == [(s, 1, 1) for s in shapes]
+    assert plan[4:6] == [((1, 64, 64), 1, 2), ((9, 128, 128), 1, 2)]
+    assert plan[6:] == [((1, 64, 64), 4, 1), ((5, 64, 64), 4, 1), ((9, 128, 128), 2, 1),
+                        ((1, 64, 64), 16, 1)]
+    assert shape_bench.sweep_plan(shapes, grids, 0) == [x for x in plan if x[2] == 1]
+    assert shape_bench.accum_shapes(shapes, 1) == [(9, 64, 64)]
+    assert shape_bench.accum_shapes(shapes, 9) == shapes
+
+
+def test_sweep_accumulation_rows_and_fit(tmp_path):
+    """Default --accum-points 2: rows with micro_batches=2 (two passes, one optimizer step) at the
+    smallest and the largest S; `ditscale fit` reads the column and reports a_mb."""
+    out, stdout = run_bench(tmp_path, "--shapes", "1x64x64,5x64x64,9x64x64",
+                            "--max-tokens", "256", "--points-per-shape", "2")
+    rows = read_bench(out)
+    header = [ln for ln in out.read_text().splitlines() if not ln.startswith("#")][0]
+    assert header.split(",")[:5] == ["batch_size", "seq_len", "step_time_s", "peak_mem_bytes",
+                                     "micro_batches"]
+    acc = [r for r in rows if r["micro_batches"] == "2"]
+    assert sorted((int(r["seq_len"]), int(r["batch_size"])) for r in acc) == [(16, 1), (48, 1)]
+    assert len(rows) - len(acc) == 6 and all(r["micro_batches"] in ("1", "2") for r in rows)
+    for r in acc:  # tokens/s counts both micro-batches
+        tps = 2 * int(r["batch_size"]) * int(r["seq_len"]) / float(r["step_time_s"])
+        assert float(r["tokens_per_s"]) == pytest.approx(tps, rel=1e-3)
+    assert "x2 micro-batches" in stdout and "[  8/8]" in stdout
+    cli = find_cli()
+    if cli is None:
+        pytest.skip("no ditscale CLI binary with `fit` to read the CSV")
+    r = subprocess.run([cli, "fit", str(out), "--json"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    import json
+    j = json.loads(r.stdout)
+    assert j["rows"] == 8 and j["accumulation_rows"] == 2 and j["a_mb_fitted"] is True
+    assert j["power"]["a_mb"] >= 0 and j["quadratic"]["a_mb"] >= 0

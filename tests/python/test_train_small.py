@@ -132,6 +132,29 @@ def test_train_world_size_1(corpus, tmp_path, monkeypatch, capsys):
     assert "== summary" in stdout and "measured / predicted tokens/s" in stdout
 
 
+def test_predict_steps_charges_a_per_step_and_a_mb_per_micro_batch():
+    """The prediction of train_dit (the simulator's formula): a + sum_i (a_mb + B_i * Work(S_i))
+    per (step, rank), 0 for a rank without work; cost files without a_mb read as a_mb = 0."""
+    train = load_train_module()
+
+    class Sampler:
+        cells = {(0, 0): [[0, 1], [2]], (0, 1): [[3]], (1, 0): [], (1, 1): [[4, 5, 6]]}
+
+        def cell(self, k, r):
+            return self.cells[(k, r)]
+
+    class Shapes:
+        def shape(self, i):
+            return (1, 64, 64, 100 if i < 3 else 200)
+
+    base = {"kind": "quadratic", "a": 0.5, "c1": 0.01, "c2": 0.0}
+    old = train.predict_steps(Sampler(), Shapes(), base, [0, 1], 2)
+    assert old.ravel().tolist() == pytest.approx([0.5 + 3 * 1.0, 0.5 + 2.0, 0.0, 0.5 + 3 * 2.0])
+    new = train.predict_steps(Sampler(), Shapes(), dict(base, a_mb=0.25), [0, 1], 2)
+    # Rank 0 of step 0 runs 2 micro-batches, the others 1.
+    assert (new - old).ravel().tolist() == pytest.approx([0.5, 0.25, 0.0, 0.25])
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

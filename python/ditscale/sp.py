@@ -17,7 +17,8 @@ tokens of all ranks, joint text tokens first; ``text_out`` (the joint queries' o
 on every rank. Strategies: ``ulysses``, ``ring``, ``usp`` (Ulysses within machines, Ring across),
 ``swiftfusion-tas`` (Ulysses across machines, Ring within), ``torus`` (TAS with the all-to-all
 cut into ``chunks`` pipelined with attention), ``auto`` (the planner's choice for the mesh and a
-topology, ``h200-local`` by default or a JSON file from ``bench/sp/calibrate.py``).
+topology: ``$DITSCALE_SP_TOPOLOGY`` when set (e.g. the JSON that ``bench/sp/calibrate.py fit``
+measures on this cluster), else the ``h200-local`` preset).
 ``transport="nvshmem"`` runs the one-sided form (puts with signals, NVSHMEM symmetric memory);
 it needs ditscale built with NVSHMEM (``nvidia-nvshmem-cu13``).
 
@@ -46,6 +47,13 @@ import torch.distributed as dist
 from . import ops as _ops  # loads ditscale._C (the ops and the SpRuntime class)
 
 STRATEGIES = ("ulysses", "ring", "usp", "swiftfusion-tas", "torus")
+
+
+def default_topology() -> str:
+    """The cluster model of strategy="auto", plan() and predict(): $DITSCALE_SP_TOPOLOGY (a
+    preset name or the topology JSON that ``bench/sp/calibrate.py fit`` writes from measurements
+    on this cluster), else the ``h200-local`` preset."""
+    return os.environ.get("DITSCALE_SP_TOPOLOGY") or "h200-local"
 TRANSPORTS = ("nccl", "nvshmem")
 
 
@@ -200,13 +208,14 @@ def _runtime(mesh: Mesh, device: torch.device, timeout_s: float = 120.0) -> _Run
 
 
 def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: int,
-         kv_heads: int = 0, dtype_bytes: int = 2, topology: str = "h200-local",
+         kv_heads: int = 0, dtype_bytes: int = 2, topology: Optional[str] = None,
          strategies=(), one_sided: Optional[bool] = None) -> dict:
     """The planner's ranking for one attention layer on ``mesh`` (simulated with
     ``topology``): {"ranked": [{"name", "strategy", "ulysses_degree", "ring_degree", "torus_chunks",
     "one_sided", "predicted_layer_s", ...}], "explanation": ...}."""
     if not _ops.is_available():
         raise RuntimeError(f"ditscale.sp.plan: {_ops.load_error()}")
+    topology = topology or default_topology()
     if one_sided is None:
         one_sided = not torch.ops.ditscale.sp_nvshmem_unavailable()
     return json.loads(torch.ops.ditscale.sp_plan(
@@ -217,10 +226,11 @@ def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: i
 def predict(mesh: Mesh, *, strategy: str, batch: int, seq: int, text: int, heads: int,
             head_dim: int, kv_heads: int = 0, dtype_bytes: int = 2, chunks: int = 1,
             transport: str = "nccl", ulysses_degree: int = 0, ring_degree: int = 0,
-            topology: str = "h200-local") -> float:
+            topology: Optional[str] = None) -> float:
     """The simulator's time of one attention layer (seconds) for a configuration."""
     if not _ops.is_available():
         raise RuntimeError(f"ditscale.sp.predict: {_ops.load_error()}")
+    topology = topology or default_topology()
     j = json.loads(torch.ops.ditscale.sp_predict(
         mesh.machines, mesh.gpus_per_machine, batch, seq, text, heads, kv_heads, head_dim,
         dtype_bytes, topology, strategy, ulysses_degree, ring_degree, chunks,
@@ -245,7 +255,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
               strategy: str = "auto", joint_q: Optional[torch.Tensor] = None,
               joint_k: Optional[torch.Tensor] = None, joint_v: Optional[torch.Tensor] = None,
               chunks: Optional[int] = None, transport: str = "nccl",
-              ulysses_degree: int = 0, ring_degree: int = 0, topology: str = "h200-local"):
+              ulysses_degree: int = 0, ring_degree: int = 0, topology: Optional[str] = None):
     """Sequence-parallel attention of this rank's image-token shard (see the module docstring).
     Returns ``out`` [B, S_local, H, D], or ``(out, joint_out)`` when ``joint_q`` is given."""
     joint = joint_q is not None
@@ -264,6 +274,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     seq_total = rt.total_tokens(q.shape[1])
     one_sided = transport == "nvshmem"
     if strategy == "auto":
+        topology = topology or default_topology()
         key = (q.shape[0], seq_total, 0 if not joint else joint_q.shape[1], q.shape[2],
                k.shape[2], q.shape[3], q.element_size(), topology, one_sided)
         best = rt.plans.get(key)

@@ -116,3 +116,16 @@ def test_single_rank_attention_is_dense_attention_with_joint_tokens():
         sp.attention(q, k, v, mesh=None, joint_q=tq)
     with pytest.raises(ValueError, match="transport"):
         sp.attention(q, k, v, mesh=None, transport="carrier-pigeon")
+
+
+def test_default_topology_follows_the_environment(monkeypatch):
+    monkeypatch.delenv("DITSCALE_SP_TOPOLOGY", raising=False)
+    assert sp.default_topology() == "h200-local"
+    monkeypatch.setenv("DITSCALE_SP_TOPOLOGY", "p4de")
+    assert sp.default_topology() == "p4de"
+    if _ops_ready():  # the planner takes it: p4de's links differ from h200-local's
+        a = sp.predict(sp.Mesh(2, 1), strategy="ring", batch=1, seq=16384, text=0, heads=8,
+                       head_dim=128)
+        b = sp.predict(sp.Mesh(2, 1), strategy="ring", batch=1, seq=16384, text=0, heads=8,
+                       head_dim=128, topology="h200-local")
+        assert a != b

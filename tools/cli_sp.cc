@@ -65,7 +65,6 @@ sp::Workload LoadWorkload(const CommonArgs& a) {
   return OrThrow(sp::MakeWorkload(a.model, o), "--model");
 }
 
-
 nlohmann::json ContextJson(const sp::Topology& t, const sp::Workload& w) {
   return {{"cluster", t.name},
           {"machines", t.machines},
@@ -82,8 +81,8 @@ nlohmann::json ContextJson(const sp::Topology& t, const sp::Workload& w) {
 
 std::string Row(int rank, const sp::PlanCandidate& c, double ref_layer_s) {
   return fmt::format(
-      "{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>9.2f} {:>8}", rank,
-      c.Name(), c.sim.layer_s * 1e3, c.step.step_s, c.sim.mean_exposed_comm_s() * 1e3,
+      "{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>9.2f} {:>8}", rank, c.Name(),
+      c.sim.layer_s * 1e3, c.step.step_s, c.sim.mean_exposed_comm_s() * 1e3,
       100 * c.hidden_comm_fraction(), c.max_inter_bytes_per_rank / 1e6,
       c.max_work_bytes_per_rank / 1e9,
       ref_layer_s > 0 ? fmt::format("{:.2f}x", ref_layer_s / c.sim.layer_s) : std::string("n/a"));

@@ -27,8 +27,7 @@ bool IsOneSided(sp::OpKind k) {
 std::string OpName(const sp::Schedule& s, int rank, int op) {
   std::ostringstream os;
   const sp::Op& o = s.ranks[rank].ops[op];
-  os << "rank " << rank << " op #" << op << " (" << sp::ToString(o.kind) << " '" << o.label
-     << "')";
+  os << "rank " << rank << " op #" << op << " (" << sp::ToString(o.kind) << " '" << o.label << "')";
   return os.str();
 }
 
@@ -189,8 +188,8 @@ CounterTable BuildCounterTable(const sp::Schedule& s) {
   t.per_layer_total.assign(s.ranks.size(), std::vector<int64_t>(t.names.size(), 0));
   for (const sp::RankProgram& p : s.ranks) {
     for (const sp::Op& o : p.ops) {
-      const bool signals = o.kind == sp::OpKind::kSignal ||
-                           (o.kind == sp::OpKind::kPut && !o.counter.empty());
+      const bool signals =
+          o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
       if (signals) t.per_layer_total[o.peer][t.index(o.counter)] += o.count;
     }
   }
@@ -245,7 +244,8 @@ Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOp
       const sp::Op& o = p.ops[i];
       // Each comm stream has its own NCCL communicator; Send/Recv elsewhere have none.
       if (IsTwoSided(o.kind) && o.stream == sp::Stream::kCompute) {
-        return Fail(OpName(s, r, i) + " runs on the compute stream: Send/Recv belong on a comm "
+        return Fail(OpName(s, r, i) +
+                        " runs on the compute stream: Send/Recv belong on a comm "
                         "stream (each has its own NCCL communicator)",
                     "stream");
       }
@@ -303,8 +303,10 @@ std::string CheckNcclOrder(const sp::Schedule& s, const std::vector<ExecPlan>& p
       for (int i : u.ops) {
         const sp::Op& o = p.ops[i];
         const int st = static_cast<int>(o.stream);
-        if (o.kind == sp::OpKind::kSend) sends[Key{st, static_cast<int>(r), o.peer}].push_back(o.tag);
-        if (o.kind == sp::OpKind::kRecv) recvs[Key{st, o.peer, static_cast<int>(r)}].push_back(o.tag);
+        if (o.kind == sp::OpKind::kSend)
+          sends[Key{st, static_cast<int>(r), o.peer}].push_back(o.tag);
+        if (o.kind == sp::OpKind::kRecv)
+          recvs[Key{st, o.peer, static_cast<int>(r)}].push_back(o.tag);
       }
     }
   }

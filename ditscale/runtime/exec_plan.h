@@ -5,9 +5,9 @@
 //    arena, allocated once per (schedule, dtype) and reused by every call; the layer's inputs and
 //    outputs are bound to the caller's tensors instead (no copy) unless a peer Puts into them
 //    (one-sided transfers need the destination in NVSHMEM's symmetric heap). One-sided plans
-//    also reserve one uint64 signal word per counter name (and one scratch word) at the end of the arena; counter
-//    indices are global (the sorted union of every rank's names), so a sender knows the word of
-//    its peer's counter.
+//    also reserve one uint64 signal word per counter name (and one scratch word) at the end of the
+//    arena; counter indices are global (the sorted union of every rank's names), so a sender knows
+//    the word of its peer's counter.
 //  - issue order: the ops of a stream run in schedule order; consecutive ops of one stream with
 //    the same group >= 0 are one unit (ncclGroupStart/End). Units are issued from the host in a
 //    topological order of their dependencies (the unit before on the same stream, and each

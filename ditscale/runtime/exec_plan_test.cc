@@ -97,10 +97,12 @@ struct Case {
 
 TEST(ExecPlan, EveryStrategyMeshAndTransportIsExecutable) {
   const std::vector<Case> cases = {
-      {1, 2, "ulysses", 1},         {1, 2, "ring", 1},  {2, 1, "ring", 1},
-      {1, 4, "usp", 1},             {2, 2, "usp", 1},   {2, 2, "swiftfusion-tas", 1},
-      {2, 2, "torus", 1},           {2, 2, "torus", 2}, {2, 2, "torus", 3},
-      {2, 1, "swiftfusion-tas", 1}, {2, 1, "torus", 2}, {2, 4, "torus", 2},
+      {1, 2, "ulysses", 1}, {1, 2, "ring", 1},
+      {2, 1, "ring", 1},    {1, 4, "usp", 1},
+      {2, 2, "usp", 1},     {2, 2, "swiftfusion-tas", 1},
+      {2, 2, "torus", 1},   {2, 2, "torus", 2},
+      {2, 2, "torus", 3},   {2, 1, "swiftfusion-tas", 1},
+      {2, 1, "torus", 2},   {2, 4, "torus", 2},
   };
   for (const Case& c : cases) {
     for (bool one_sided : {false, true}) {

@@ -1,5 +1,3 @@
-#include "ditscale/runtime/gpu_executor.h"
-
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -11,13 +9,14 @@
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/attn_merge.h"
 #include "ditscale/kernels/layout.h"
+#include "ditscale/runtime/gpu_executor.h"
 
 namespace ditscale::runtime {
 namespace {
 
-#define DS_CUDA(call)                                                                        \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
+#define DS_CUDA(call)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (call);                                                                  \
     DS_CHECK(e_ == cudaSuccess, "sp executor: ", #call, " failed: ", cudaGetErrorString(e_)); \
   } while (0)
 
@@ -55,6 +54,44 @@ void FillNegInf(void* p, int64_t bytes, int element_bytes, kernels::DType dtype,
 kernels::DType DTypeOfBuffer(const sp::BufferDecl& d, kernels::DType layer) {
   if (d.element_bytes == 4) return kernels::DType::kFloat32;
   return layer;
+}
+
+// The caller's tensor behind a binding (null for kNone or a tensor the caller did not give).
+char* UserPointer(UserBinding b, const LayerIo& io) {
+  const void* p = nullptr;
+  switch (b) {
+    case UserBinding::kQ:
+      p = io.q;
+      break;
+    case UserBinding::kK:
+      p = io.k;
+      break;
+    case UserBinding::kV:
+      p = io.v;
+      break;
+    case UserBinding::kTextQ:
+      p = io.text_q;
+      break;
+    case UserBinding::kTextK:
+      p = io.text_k;
+      break;
+    case UserBinding::kTextV:
+      p = io.text_v;
+      break;
+    case UserBinding::kOut:
+      p = io.out;
+      break;
+    case UserBinding::kTextOut:
+      p = io.text_out;
+      break;
+    case UserBinding::kNone:
+      break;
+  }
+  return static_cast<char*>(const_cast<void*>(p));
+}
+
+bool IsInput(UserBinding b) {
+  return b != UserBinding::kNone && b != UserBinding::kOut && b != UserBinding::kTextOut;
 }
 
 }  // namespace
@@ -128,9 +165,9 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
   ex->symmetric_ = plan.uses_nvshmem;
   if (ex->symmetric_) {
     if (transports.shmem == nullptr) {
-      return fail("one-sided schedule but no NVSHMEM transport: " +
-                      comm::NvshmemUnavailableReason(),
-                  "transports");
+      return fail(
+          "one-sided schedule but no NVSHMEM transport: " + comm::NvshmemUnavailableReason(),
+          "transports");
     }
     if (transports.shmem->size() != mesh.ranks() || transports.shmem->rank() != rank) {
       return fail("NVSHMEM PE " + std::to_string(transports.shmem->rank()) + " of " +
@@ -202,27 +239,9 @@ GpuExecutor::~GpuExecutor() {
 char* GpuExecutor::BufferBase(int buffer, const LayerIo& io) const {
   const ExecPlan& plan = plans_[rank_];
   if (plan.offset[buffer] >= 0) return arena_ + plan.offset[buffer];
-  switch (plan.binding[buffer]) {
-    case UserBinding::kQ:
-      return static_cast<char*>(const_cast<void*>(io.q));
-    case UserBinding::kK:
-      return static_cast<char*>(const_cast<void*>(io.k));
-    case UserBinding::kV:
-      return static_cast<char*>(const_cast<void*>(io.v));
-    case UserBinding::kTextQ:
-      return static_cast<char*>(const_cast<void*>(io.text_q));
-    case UserBinding::kTextK:
-      return static_cast<char*>(const_cast<void*>(io.text_k));
-    case UserBinding::kTextV:
-      return static_cast<char*>(const_cast<void*>(io.text_v));
-    case UserBinding::kOut:
-      return static_cast<char*>(io.out);
-    case UserBinding::kTextOut:
-      return static_cast<char*>(io.text_out);
-    case UserBinding::kNone:
-      break;
-  }
-  DS_FAIL("sp executor: buffer ", buffer, " has neither an arena offset nor a binding");
+  DS_CHECK(plan.binding[buffer] != UserBinding::kNone, "sp executor: buffer ", buffer,
+           " has neither an arena offset nor a binding");
+  return UserPointer(plan.binding[buffer], io);
 }
 
 StridedView GpuExecutor::View(const sp::Region& r, const LayerIo& io) const {
@@ -242,59 +261,35 @@ StridedView GpuExecutor::View(const sp::Region& r, const LayerIo& io) const {
 void GpuExecutor::Run(const LayerIo& io, void* stream) {
   const ExecPlan& plan = plans_[rank_];
   const sp::RankProgram& prog = schedule_.ranks[rank_];
-  auto need = [](const void* p, int buffer, const char* what) {
-    DS_CHECK(buffer < 0 || p != nullptr, "sp executor: LayerIo.", what, " is null");
-  };
-  need(io.q, prog.q, "q");
-  need(io.k, prog.k, "k");
-  need(io.v, prog.v, "v");
-  need(io.out, prog.out, "out");
-  need(io.text_q, prog.text_q, "text_q");
-  need(io.text_k, prog.text_k, "text_k");
-  need(io.text_v, prog.text_v, "text_v");
-  need(io.text_out, prog.text_out, "text_out");
+  for (size_t b = 0; b < prog.buffers.size(); ++b) {
+    const UserBinding bind = plan.binding[b];
+    DS_CHECK(bind == UserBinding::kNone || UserPointer(bind, io) != nullptr,
+             "sp executor: LayerIo.", ToString(bind), " is null");
+  }
   DS_CUDA(cudaSetDevice(device_));
   Impl& im = *impl_;
   cudaStream_t user = static_cast<cudaStream_t>(stream);
   cudaStream_t compute = im.streams[0];
   DS_CUDA(cudaEventRecord(im.start, user));
   DS_CUDA(cudaStreamWaitEvent(compute, im.start, 0));
-  // Inputs that live in the arena (one-sided put targets): copy in. Initial values: fill.
+  // Inputs that live in the arena (one-sided put targets): copy in. Buffers with an initial
+  // value (in the arena, or the caller's out if the schedule accumulates in it): fill.
   for (size_t b = 0; b < prog.buffers.size(); ++b) {
     const sp::BufferDecl& d = prog.buffers[b];
-    if (plan.offset[b] < 0) continue;
-    char* base = arena_ + plan.offset[b];
     const UserBinding bind = plan.binding[b];
-    const bool input = bind == UserBinding::kQ || bind == UserBinding::kK ||
-                       bind == UserBinding::kV || bind == UserBinding::kTextQ ||
-                       bind == UserBinding::kTextK || bind == UserBinding::kTextV;
-    if (input) {
-      const void* src = bind == UserBinding::kQ       ? io.q
-                        : bind == UserBinding::kK     ? io.k
-                        : bind == UserBinding::kV     ? io.v
-                        : bind == UserBinding::kTextQ ? io.text_q
-                        : bind == UserBinding::kTextK ? io.text_k
-                                                      : io.text_v;
-      DS_CUDA(cudaMemcpyAsync(base, src, plan.bytes[b], cudaMemcpyDeviceToDevice, compute));
+    char* base = BufferBase(static_cast<int>(b), io);
+    if (plan.offset[b] >= 0 && IsInput(bind)) {
+      DS_CUDA(cudaMemcpyAsync(base, UserPointer(bind, io), plan.bytes[b], cudaMemcpyDeviceToDevice,
+                              compute));
     } else if (d.init == sp::BufferInit::kZero) {
       DS_CUDA(cudaMemsetAsync(base, 0, plan.bytes[b], compute));
     } else if (d.init == sp::BufferInit::kNegInf) {
       FillNegInf(base, plan.bytes[b], d.element_bytes, dtype_, compute);
     }
   }
-  // Bound buffers with an initial value (the caller's out, if the schedule accumulates in it).
-  for (size_t b = 0; b < prog.buffers.size(); ++b) {
-    const sp::BufferDecl& d = prog.buffers[b];
-    if (plan.offset[b] >= 0 || d.init == sp::BufferInit::kUndefined) continue;
-    char* base = BufferBase(static_cast<int>(b), io);
-    if (d.init == sp::BufferInit::kZero) {
-      DS_CUDA(cudaMemsetAsync(base, 0, plan.bytes[b], compute));
-    } else {
-      FillNegInf(base, plan.bytes[b], d.element_bytes, dtype_, compute);
-    }
-  }
   DS_CUDA(cudaEventRecord(im.ready, compute));
-  for (int s = 1; s < sp::kNumStreams; ++s) DS_CUDA(cudaStreamWaitEvent(im.streams[s], im.ready, 0));
+  for (int s = 1; s < sp::kNumStreams; ++s)
+    DS_CUDA(cudaStreamWaitEvent(im.streams[s], im.ready, 0));
 
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const IssueUnit& unit = plan.units[u];
@@ -309,14 +304,10 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
   }
   // Outputs that live in the arena: copy out on the caller's stream.
   for (size_t b = 0; b < prog.buffers.size(); ++b) {
-    if (plan.offset[b] < 0) continue;
-    if (plan.binding[b] == UserBinding::kOut) {
-      DS_CUDA(cudaMemcpyAsync(io.out, arena_ + plan.offset[b], plan.bytes[b],
-                              cudaMemcpyDeviceToDevice, user));
-    } else if (plan.binding[b] == UserBinding::kTextOut) {
-      DS_CUDA(cudaMemcpyAsync(io.text_out, arena_ + plan.offset[b], plan.bytes[b],
-                              cudaMemcpyDeviceToDevice, user));
-    }
+    const UserBinding bind = plan.binding[b];
+    if (plan.offset[b] < 0 || bind == UserBinding::kNone || IsInput(bind)) continue;
+    DS_CUDA(cudaMemcpyAsync(UserPointer(bind, io), arena_ + plan.offset[b], plan.bytes[b],
+                            cudaMemcpyDeviceToDevice, user));
   }
   ++layers_;
 }
@@ -358,15 +349,15 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
         const int c = o.counter.empty() ? static_cast<int>(counters_.names.size())
                                         : counters_.index(o.counter);
         auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + c;
-        transports_.shmem->PutSignal(dst, BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
-                                     sp::RegionBytes(o.src, sd, batch), sig,
-                                     o.counter.empty() ? 0 : static_cast<uint64_t>(o.count),
-                                     o.peer, st);
+        transports_.shmem->PutSignal(
+            dst, BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
+            sp::RegionBytes(o.src, sd, batch), sig,
+            o.counter.empty() ? 0 : static_cast<uint64_t>(o.count), o.peer, st);
         break;
       }
       case sp::OpKind::kSignal: {
-        auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) +
-                    counters_.index(o.counter);
+        auto* sig =
+            reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + counters_.index(o.counter);
         transports_.shmem->Signal(sig, static_cast<uint64_t>(o.count), o.peer, st);
         break;
       }
@@ -415,8 +406,8 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
         p.batch = batch;
         p.head_dim = s.width;
         p.num_copies = 1;
-        p.copies[0] = kernels::LayoutCopy{s.data,   s.stride_b, s.stride_t, s.stride_h, d.data,
-                                          d.stride_b, d.stride_t, d.stride_h, s.tokens, s.heads};
+        p.copies[0] = kernels::LayoutCopy{s.data,     s.stride_b, s.stride_t, s.stride_h, d.data,
+                                          d.stride_b, d.stride_t, d.stride_h, s.tokens,   s.heads};
         kernels::layout_copy_cuda(p, st);
         break;
       }

@@ -1,10 +1,9 @@
 #include "ditscale/sp/planner.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "ditscale/sp/strategies.h"

@@ -1,9 +1,9 @@
-// The sequence-parallel attention runtime as a TorchScript class, `torch.classes.ditscale.SpRuntime`
-// (driven by python/ditscale/sp): one per process group. It owns the NCCL communicators (one per
-// comm stream kind: intra-machine and inter-machine), the NVSHMEM state (optional, created on
-// first use of a one-sided strategy), cuDNN attention through ATen as the executor's attention
-// backend, and one GpuExecutor per (configuration, shape, dtype), created on first use and reused.
-// Compiled only when ditscale's CUDA kernels are built and torch has CUDA.
+// The sequence-parallel attention runtime as a TorchScript class,
+// `torch.classes.ditscale.SpRuntime` (driven by python/ditscale/sp): one per process group. It owns
+// the NCCL communicators (one per comm stream kind: intra-machine and inter-machine), the NVSHMEM
+// state (optional, created on first use of a one-sided strategy), cuDNN attention through ATen as
+// the executor's attention backend, and one GpuExecutor per (configuration, shape, dtype), created
+// on first use and reused. Compiled only when ditscale's CUDA kernels are built and torch has CUDA.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -28,8 +28,8 @@ using at::Tensor;
 
 template <typename Id>
 Id IdFromTensor(const Tensor& t, const char* what) {
-  TORCH_CHECK(t.scalar_type() == at::kByte && t.numel() == comm::kUniqueIdBytes, "ditscale.sp: ",
-              what, " must be a uint8 tensor of ", comm::kUniqueIdBytes, " bytes");
+  TORCH_CHECK(t.scalar_type() == at::kByte && t.numel() == comm::kUniqueIdBytes,
+              "ditscale.sp: ", what, " must be a uint8 tensor of ", comm::kUniqueIdBytes, " bytes");
   Tensor c = t.to(at::kCPU).contiguous();
   Id id;
   std::memcpy(id.bytes.data(), c.data_ptr(), comm::kUniqueIdBytes);
@@ -115,8 +115,8 @@ class AtenAttention final : public runtime::AttentionBackend {
         l = std::get<1>(r);
         if (lse_scale_ != 1.0) l = l * lse_scale_;
       } catch (const std::exception& e) {  // a layout or size cuDNN refuses: flash from now on
-        TORCH_WARN("ditscale.sp: cuDNN attention failed on q ", q.sizes(), " strides ",
-                   q.strides(), " (", e.what(), "); switching to flash attention");
+        TORCH_WARN("ditscale.sp: cuDNN attention failed on q ", q.sizes(), " strides ", q.strides(),
+                   " (", e.what(), "); switching to flash attention");
         use_cudnn_ = false;
       }
     }
@@ -144,9 +144,8 @@ class AtenAttention final : public runtime::AttentionBackend {
     };
     Tensor q = pattern(64, 0.37), k = pattern(80, 0.53), v = pattern(80, 0.71);
     const double scale = 1.0 / std::sqrt(128.0);
-    Tensor ref = at::logsumexp(at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) *
-                                   scale,
-                               -1);
+    Tensor ref =
+        at::logsumexp(at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale, -1);
     try {
       auto r = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, true, 0.0, false,
                                                        false, scale);
@@ -191,9 +190,8 @@ kernels::DType DTypeOf(at::ScalarType t) {
 }  // namespace
 
 struct SpRuntime : torch::CustomClassHolder {
-  SpRuntime(int64_t rank, int64_t world, int64_t device, int64_t machines,
-            int64_t gpus_per_machine, Tensor nccl_id_intra, Tensor nccl_id_inter,
-            double timeout_s)
+  SpRuntime(int64_t rank, int64_t world, int64_t device, int64_t machines, int64_t gpus_per_machine,
+            Tensor nccl_id_intra, Tensor nccl_id_inter, double timeout_s)
       : rank_(static_cast<int>(rank)),
         world_(static_cast<int>(world)),
         device_(static_cast<int>(device)),
@@ -234,12 +232,12 @@ struct SpRuntime : torch::CustomClassHolder {
   // Runs one attention layer; returns [out, text_out] (text_out empty when there are no joint
   // tokens). q, k, v: [B, S_local, H, D] CUDA tensors of this rank's shard; seq_total: S of all
   // ranks; text_*: [B, T, H, D] or undefined.
-  std::vector<Tensor> attention(std::string strategy, int64_t ulysses, int64_t ring,
-                                int64_t chunks, bool one_sided, int64_t seq_total, Tensor q,
-                                Tensor k, Tensor v, std::optional<Tensor> tq,
-                                std::optional<Tensor> tk, std::optional<Tensor> tv) {
-    TORCH_CHECK(q.is_cuda() && q.device().index() == device_, "ditscale.sp.attention: q must be on cuda:",
-                device_);
+  std::vector<Tensor> attention(std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks,
+                                bool one_sided, int64_t seq_total, Tensor q, Tensor k, Tensor v,
+                                std::optional<Tensor> tq, std::optional<Tensor> tk,
+                                std::optional<Tensor> tv) {
+    TORCH_CHECK(q.is_cuda() && q.device().index() == device_,
+                "ditscale.sp.attention: q must be on cuda:", device_);
     TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
                 "ditscale.sp.attention: q, k, v must be [B, S_local, H, D]");
     TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
@@ -253,8 +251,8 @@ struct SpRuntime : torch::CustomClassHolder {
       TORCH_CHECK(tk.has_value() && tv.has_value() && tk->defined() && tv->defined(),
                   "ditscale.sp.attention: joint_q, joint_k and joint_v go together");
       TORCH_CHECK(tq->dim() == 4 && tq->size(0) == q.size(0) && tq->size(2) == q.size(2) &&
-                      tq->size(3) == q.size(3) && tk->sizes() == tv->sizes() &&
-                      tk->size(1) == T && tk->size(2) == k.size(2),
+                      tq->size(3) == q.size(3) && tk->sizes() == tv->sizes() && tk->size(1) == T &&
+                      tk->size(2) == k.size(2),
                   "ditscale.sp.attention: joint tensors must be [B, T, H, D] (H_kv for k, v)");
     }
     c10::cuda::CUDAGuard guard(q.device());
@@ -269,8 +267,8 @@ struct SpRuntime : torch::CustomClassHolder {
     shape.dtype_bytes = static_cast<int>(kernels::dtype_size(dt));
     runtime::GpuExecutor& ex = Executor(strategy, ulysses, ring, chunks, one_sided, shape, dt);
     const sp::RankProgram& p = ex.schedule().ranks[rank_];
-    TORCH_CHECK(p.image_token_count == q.size(1), "ditscale.sp.attention: rank ", rank_,
-                " holds ", q.size(1), " image tokens, but strategy '", strategy, "' on this mesh ",
+    TORCH_CHECK(p.image_token_count == q.size(1), "ditscale.sp.attention: rank ", rank_, " holds ",
+                q.size(1), " image tokens, but strategy '", strategy, "' on this mesh ",
                 "gives it ", p.image_token_count, " of ", seq_total,
                 " (shards must follow ditscale.sp.shard_range)");
     Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
@@ -317,8 +315,8 @@ struct SpRuntime : torch::CustomClassHolder {
                        bool one_sided) {
     std::ostringstream os;
     for (auto& [key, ex] : executors_) {
-      if (std::get<0>(key) == strategy && std::get<1>(key) == ulysses &&
-          std::get<2>(key) == ring && std::get<3>(key) == chunks && std::get<4>(key) == one_sided) {
+      if (std::get<0>(key) == strategy && std::get<1>(key) == ulysses && std::get<2>(key) == ring &&
+          std::get<3>(key) == chunks && std::get<4>(key) == one_sided) {
         os << runtime::PrintPlan(ex->schedule(), ex->plan());
         os << "arena bytes " << ex->arena_bytes() << ", attention " << attention_.backend() << "\n";
       }
@@ -340,11 +338,11 @@ struct SpRuntime : torch::CustomClassHolder {
     return std::move(c).value();
   }
 
-  runtime::GpuExecutor& Executor(const std::string& strategy, int64_t u, int64_t r,
-                                 int64_t chunks, bool one_sided, const sp::AttentionShape& s,
-                                 kernels::DType dt) {
-    const Key key{strategy, u, r, chunks, one_sided, s.batch, s.seq_tokens, s.text_tokens,
-                  s.heads, s.kv_heads, s.head_dim, static_cast<int>(dt)};
+  runtime::GpuExecutor& Executor(const std::string& strategy, int64_t u, int64_t r, int64_t chunks,
+                                 bool one_sided, const sp::AttentionShape& s, kernels::DType dt) {
+    const Key key{
+        strategy,      u,       r,          chunks,     one_sided,           s.batch, s.seq_tokens,
+        s.text_tokens, s.heads, s.kv_heads, s.head_dim, static_cast<int>(dt)};
     auto it = executors_.find(key);
     if (it != executors_.end()) return *it->second;
     if (one_sided) {
@@ -362,8 +360,8 @@ struct SpRuntime : torch::CustomClassHolder {
     auto sched = sp::BuildSchedule(mesh_, cfg, s);
     TORCH_CHECK(sched.ok(), "ditscale.sp.attention: ", sched.failure().ToString());
     runtime::Transports t{intra_.get(), inter_.get(), shmem_.get()};
-    auto ex = runtime::GpuExecutor::Create(std::move(sched).value(), rank_, dt, device_, t,
-                                           &attention_);
+    auto ex =
+        runtime::GpuExecutor::Create(std::move(sched).value(), rank_, dt, device_, t, &attention_);
     TORCH_CHECK(ex.ok(), "ditscale.sp.attention: ", ex.failure().ToString());
     auto& slot = executors_[key];
     slot = std::move(ex).value();

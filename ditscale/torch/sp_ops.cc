@@ -37,7 +37,6 @@ sp::Topology LoadTopo(const std::string& topology, int64_t machines, int64_t gpu
   return std::move(t).value();
 }
 
-
 // Ranked configurations for one attention layer (JSON text: {"ranked": [...], "explanation"}).
 std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, int64_t text,
                     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
@@ -46,12 +45,13 @@ std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, 
   sp::PlanOptions po;
   po.strategies = strategies;
   po.one_sided = one_sided;
-  auto r = sp::Plan(topo, AttentionWorkload(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
-                    po);
+  auto r = sp::Plan(
+      topo, AttentionWorkload(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes), po);
   TORCH_CHECK(r.ok(), "ditscale.sp: planning failed: ", r.failure().ToString());
   nlohmann::json j;
   j["ranked"] = nlohmann::json::array();
-  for (const sp::PlanCandidate& c : r.value().ranked) j["ranked"].push_back(sp::PlanCandidateJson(c));
+  for (const sp::PlanCandidate& c : r.value().ranked)
+    j["ranked"].push_back(sp::PlanCandidateJson(c));
   j["skipped"] = r.value().skipped;
   j["explanation"] = r.value().explanation;
   return j.dump();

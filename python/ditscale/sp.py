@@ -147,17 +147,10 @@ class _Runtime:
         _require()
         self.mesh = mesh
         self.device = device
-        group = mesh.group
-        ids = [None, None]
-        if mesh.rank == 0:
-            ids = [bytes(torch.ops.ditscale.sp_nccl_id().tolist()),
-                   bytes(torch.ops.ditscale.sp_nccl_id().tolist())]
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast_object_list(ids, src=src, group=group, device=device)
-        as_t = lambda b: torch.tensor(list(b), dtype=torch.uint8)  # noqa: E731
+        intra, inter = self._ids_from_rank0(torch.ops.ditscale.sp_nccl_id, 2)
         self.obj = torch.classes.ditscale.SpRuntime(
             mesh.rank, mesh.size, device.index, mesh.machines, mesh.gpus_per_machine,
-            as_t(ids[0]), as_t(ids[1]), float(timeout_s))
+            intra, inter, float(timeout_s))
         self.seq_total: Dict[Tuple[int, ...], int] = {}
         self.plans: Dict[Tuple, dict] = {}
 
@@ -170,13 +163,19 @@ class _Runtime:
         # The symmetric heap holds every executor arena of one-sided strategies.
         os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "16G")
         os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-        ids = [None]
+        (nvshmem_id,) = self._ids_from_rank0(torch.ops.ditscale.sp_nvshmem_id, 1)
+        self.obj.init_nvshmem(nvshmem_id)
+
+    def _ids_from_rank0(self, make, count: int):
+        """``count`` unique ids made by ``make()`` on the mesh's rank 0, broadcast to every rank
+        (uint8 CPU tensors)."""
+        ids = [None] * count
         if self.mesh.rank == 0:
-            ids = [bytes(torch.ops.ditscale.sp_nvshmem_id().tolist())]
+            ids = [bytes(make().tolist()) for _ in range(count)]
         group = self.mesh.group
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast_object_list(ids, src=src, group=group, device=self.device)
-        self.obj.init_nvshmem(torch.tensor(list(ids[0]), dtype=torch.uint8))
+        return [torch.tensor(list(b), dtype=torch.uint8) for b in ids]
 
     def total_tokens(self, local: int) -> int:
         key = (local,)

@@ -127,51 +127,50 @@ int ProgramBuilder::Merge(const Region& part, const Region& part_lse, const Regi
   return Add(std::move(op), {part, part_lse, acc, acc_lse}, {acc, acc_lse});
 }
 
-int ProgramBuilder::Send(Stream stream, int group, int peer, LinkKind link, int64_t tag,
-                         const Region& src, const std::string& label) {
+namespace {
+
+// The fields every transfer op (Send, Recv, Put, Signal) sets.
+Op TransferOp(OpKind kind, Stream stream, int group, int peer, LinkKind link,
+              const std::string& label) {
   Op op;
-  op.kind = OpKind::kSend;
+  op.kind = kind;
   op.stream = stream;
   op.group = group;
   op.peer = peer;
   op.link = link;
+  op.label = label;
+  return op;
+}
+
+}  // namespace
+
+int ProgramBuilder::Send(Stream stream, int group, int peer, LinkKind link, int64_t tag,
+                         const Region& src, const std::string& label) {
+  Op op = TransferOp(OpKind::kSend, stream, group, peer, link, label);
   op.tag = tag;
   op.src = src;
   op.bytes = RegionBytesOf(src);
-  op.label = label;
   return Add(std::move(op), {src}, {});
 }
 
 int ProgramBuilder::Recv(Stream stream, int group, int peer, LinkKind link, int64_t tag,
                          const Region& dst, const std::string& label) {
-  Op op;
-  op.kind = OpKind::kRecv;
-  op.stream = stream;
-  op.group = group;
-  op.peer = peer;
-  op.link = link;
+  Op op = TransferOp(OpKind::kRecv, stream, group, peer, link, label);
   op.tag = tag;
   op.dst = dst;
   op.bytes = RegionBytesOf(dst);
-  op.label = label;
   return Add(std::move(op), {}, {dst});
 }
 
 int ProgramBuilder::Put(Stream stream, int group, int peer, LinkKind link, const Region& src,
                         const Region& dst, const std::string& counter, int64_t value,
                         const std::string& label) {
-  Op op;
-  op.kind = OpKind::kPut;
-  op.stream = stream;
-  op.group = group;
-  op.peer = peer;
-  op.link = link;
+  Op op = TransferOp(OpKind::kPut, stream, group, peer, link, label);
   op.src = src;
   op.dst = dst;
   op.counter = counter;
   op.count = value;
   op.bytes = RegionBytesOf(src);
-  op.label = label;
   return Add(std::move(op), {src}, {});
 }
 
@@ -179,15 +178,9 @@ int ProgramBuilder::Signal(Stream stream, int peer, LinkKind link, const std::st
                            int64_t value, const std::vector<Region>& releases,
                            const std::vector<int>& extra_deps, const std::string& label,
                            int group) {
-  Op op;
-  op.kind = OpKind::kSignal;
-  op.stream = stream;
-  op.group = group;
-  op.peer = peer;
-  op.link = link;
+  Op op = TransferOp(OpKind::kSignal, stream, group, peer, link, label);
   op.counter = counter;
   op.count = value;
-  op.label = label;
   return Add(std::move(op), {}, releases, extra_deps);
 }
 

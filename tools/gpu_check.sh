@@ -27,25 +27,48 @@ step() {  # step NAME TIMEOUT_S CMD...  -> logs to $OUT/NAME.log, records pass/f
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 JOBS=$(nproc)
-# SKIP_BUILD=1: a warm machine that already ran the build steps (second call of a lease).
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-step configure 300 cmake -S . -B build-gpu -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF \
-     -DDITSCALE_CUDA_ARCHS=90a -DPython3_EXECUTABLE="$(command -v $PY)"
-step build 600 cmake --build build-gpu -j"$JOBS"
-[ "${SKIP_CPU_TESTS:-0}" = 1 ] || step ctest-cpu 300 ctest --test-dir build-gpu -LE gpu --output-on-failure -j"$JOBS"
-[ "${SKIP_GPU_TESTS:-0}" = 1 ] || step ctest-gpu 300 ctest --test-dir build-gpu -L gpu --output-on-failure
-step pip-install 600 env CMAKE_ARGS="-DDITSCALE_CUDA_ARCHS=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
-     $PY -m pip install --no-build-isolation --no-deps -q .
-fi
+# BUILD_DIR: the CMake build (default build-gpu; a path outside a carried snapshot survives
+# between the calls of a warm lease). PIP_BUILD_DIR: scikit-build-core's build dir for
+# `pip install .` (default build-py/<tag> of pyproject.toml), same reason.
+BUILD=${BUILD_DIR:-build-gpu}
+PIP_ARGS=()
+[ -n "${PIP_BUILD_DIR:-}" ] && PIP_ARGS=(-C "build-dir=$PIP_BUILD_DIR")
+# BUILD_MODE: full (CMake build with CUDA, CPU + GPU ctest, pip install), py (pip install and
+# the CPU-only `ditscale` CLI: enough for the sp stage), none (a warm machine that already
+# built; SKIP_BUILD=1 is the old spelling).
+MODE=${BUILD_MODE:-full}
+[ "${SKIP_BUILD:-0}" = 1 ] && MODE=none
+pip_install() {
+  step pip-install 600 env CMAKE_ARGS="-DDITSCALE_CUDA_ARCHS=90a" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
+       $PY -m pip install --no-build-isolation --no-deps -q "${PIP_ARGS[@]}" .
+}
+case $MODE in
+full)
+  step configure 300 cmake -S . -B "$BUILD" -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF \
+       -DDITSCALE_CUDA_ARCHS=90a -DPython3_EXECUTABLE="$(command -v $PY)"
+  step build 600 cmake --build "$BUILD" -j"$JOBS"
+  [ "${SKIP_CPU_TESTS:-0}" = 1 ] || step ctest-cpu 300 ctest --test-dir "$BUILD" -LE gpu --output-on-failure -j"$JOBS"
+  [ "${SKIP_GPU_TESTS:-0}" = 1 ] || step ctest-gpu 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure
+  pip_install;;
+py)  # the CLI builds on the CPU side of the machine while pip compiles the extension
+  ( cmake -S . -B "$BUILD" -G Ninja -DDITSCALE_CUDA=OFF -DDITSCALE_TORCH=OFF \
+      -DDITSCALE_BUILD_TESTS=OFF -DDITSCALE_BUILD_BENCHMARKS=OFF >"$OUT/cli-build.log" 2>&1 \
+    && cmake --build "$BUILD" -j"$JOBS" --target ditscale >>"$OUT/cli-build.log" 2>&1 ) &
+  CLI_PID=$!
+  pip_install
+  if wait $CLI_PID; then row cli-build ok "$BUILD/tools/ditscale"; else row cli-build FAIL "see cli-build.log"; fi;;
+none) ;;
+*) echo "BUILD_MODE=$MODE: expected full, py or none" >&2; exit 2;;
+esac
 
 if [ "$WHAT" = all ] || [ "$WHAT" = adaln ]; then
   step pytest-adaln-gpu 600 $PY -m pytest -q -x tests/gpu/test_adaln_cuda.py
   if command -v compute-sanitizer >/dev/null; then
     step sanitizer-adaln 600 compute-sanitizer --tool memcheck --error-exitcode 1 \
-         build-gpu/tests/gpu/adaln_gpu_test --gtest_filter='*PlainPerSample*:*Strided*'
+         "$BUILD"/tests/gpu/adaln_gpu_test --gtest_filter='*PlainPerSample*:*Strided*'
   fi
   step bench-adaln 600 $PY bench/adaln/bench_adaln.py --warm-cache 18 --out "$OUT/adaln-h200.md"
-  [ -x build-gpu/bench/adaln_kernel_bench ] && step bench-adaln-kernel 300 build-gpu/bench/adaln_kernel_bench
+  [ -x "$BUILD"/bench/adaln_kernel_bench ] && step bench-adaln-kernel 300 "$BUILD"/bench/adaln_kernel_bench
 fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
@@ -59,7 +82,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   # the central SwiftFusion setting). An even count is needed for 2 emulated machines.
   NP=${SP_NPROC:-$NGPU}
   TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NP"
-  CLI=build-gpu/tools/ditscale
+  CLI=$BUILD/tools/ditscale
   # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
   # SKIP_BUILD=1 SP_PARTS="bench-emulated report example").
   PARTS=" ${SP_PARTS:-test calib bench-nvlink bench-emulated report example} "

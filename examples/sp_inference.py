@@ -89,7 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
                    help="default bf16 on CUDA, fp32 on CPU")
     p.add_argument("--chunks", type=int, default=2, help="torus chunks")
-    p.add_argument("--transport", choices=("nccl", "nvshmem"), default="nccl")
+    p.add_argument("--transport", choices=("nccl", "nvshmem", "nvshmem-intra"), default="nccl")
     p.add_argument("--tol", type=float, default=None,
                    help="max_rel tolerance (default 3e-2 bf16, 1e-4 fp32)")
     p.add_argument("--seed", type=int, default=0)

@@ -79,27 +79,39 @@ nlohmann::json ContextJson(const sp::Topology& t, const sp::Workload& w) {
             {"layers", w.layers}}}};
 }
 
-std::string Row(int rank, const sp::PlanCandidate& c, double ref_layer_s) {
+// `name_width`: the configuration column, as wide as the longest name shown (the mixed transport
+// "one-sided intra / two-sided inter" makes names long).
+std::string Row(int rank, const sp::PlanCandidate& c, double ref_layer_s, int name_width) {
   return fmt::format(
-      "{:>3}  {:<38} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>9.2f} {:>8}", rank, c.Name(),
-      c.sim.layer_s * 1e3, c.step.step_s, c.sim.mean_exposed_comm_s() * 1e3,
+      "{:>3}  {:<{}} {:>9.2f} {:>9.3f} {:>8.2f} {:>7.0f}% {:>10.1f} {:>9.2f} {:>8}", rank, c.Name(),
+      name_width, c.sim.layer_s * 1e3, c.step.step_s, c.sim.mean_exposed_comm_s() * 1e3,
       100 * c.hidden_comm_fraction(), c.max_inter_bytes_per_rank / 1e6,
       c.max_work_bytes_per_rank / 1e9,
       ref_layer_s > 0 ? fmt::format("{:.2f}x", ref_layer_s / c.sim.layer_s) : std::string("n/a"));
 }
 
-std::string Header(const char* ref) {
-  return fmt::format("{:>3}  {:<38} {:>9} {:>9} {:>8} {:>8} {:>10} {:>9} {:>8}\n", "#",
-                     "configuration", "layer ms", "step s", "exp. ms", "hidden", "inter MB/r",
-                     "work GB/r", ref);
+std::string Header(const char* ref, int name_width) {
+  return fmt::format("{:>3}  {:<{}} {:>9} {:>9} {:>8} {:>8} {:>10} {:>9} {:>8}\n", "#",
+                     "configuration", name_width, "layer ms", "step s", "exp. ms", "hidden",
+                     "inter MB/r", "work GB/r", ref);
 }
 
 void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strategies,
-             const std::vector<int>& chunks, double mem_limit_gib) {
+             const std::vector<int>& chunks, double mem_limit_gib,
+             const std::vector<std::string>& transports) {
   sp::Topology topo = LoadCluster(a);
   sp::Workload wl = LoadWorkload(a);
   sp::PlanOptions opt;
   opt.strategies = strategies;
+  if (!transports.empty()) {
+    // Validated by the option's check: nccl, nvshmem, nvshmem-intra.
+    auto has = [&](const char* t) {
+      return std::find(transports.begin(), transports.end(), t) != transports.end();
+    };
+    opt.two_sided = has("nccl");
+    opt.one_sided = has("nvshmem");
+    opt.one_sided_intra_only = has("nvshmem-intra");
+  }
   if (!chunks.empty()) opt.torus_chunks = chunks;
   if (mem_limit_gib > 0) opt.max_work_bytes_per_rank = static_cast<int64_t>(mem_limit_gib * 1e9);
   sp::PlanResult plan = OrThrow(sp::Plan(topo, wl, opt), "plan");
@@ -136,8 +148,12 @@ void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strat
   }
   fmt::print("cluster {} ({} x {} GPUs), {}\n", topo.name, topo.machines, topo.gpus_per_machine,
              wl.Describe());
-  fmt::print("{}", Header(ref_name));
-  for (int i = 0; i < shown; ++i) fmt::print("{}\n", Row(i + 1, plan.ranked[i], best_usp));
+  int width = 38;
+  for (int i = 0; i < shown; ++i) width = std::max<int>(width, plan.ranked[i].Name().size());
+  fmt::print("{}", Header(ref_name, width));
+  for (int i = 0; i < shown; ++i) {
+    fmt::print("{}\n", Row(i + 1, plan.ranked[i], best_usp, width));
+  }
   fmt::print("({} configurations simulated, {} skipped)\n\n{}\n", plan.ranked.size(),
              plan.skipped.size(), plan.explanation);
   for (const auto& s : plan.skipped) fmt::print("skipped: {}\n", s);
@@ -198,7 +214,13 @@ void RegisterSpCommands(CLI::App& app) {
   plan->add_option("--mem-limit-gb", *mem_limit,
                    "skip configurations needing more work memory per rank (GB; 0 = no limit)")
       ->check(CLI::NonNegativeNumber);
-  plan->callback([=] { RunPlan(*plan_args, *top, *strategies, *chunks, *mem_limit); });
+  auto transports = std::make_shared<std::vector<std::string>>();
+  plan->add_option("--transports", *transports,
+                   "transports to try: nccl, nvshmem (puts on every link), nvshmem-intra (puts "
+                   "within machines, NCCL between them); default all")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"nccl", "nvshmem", "nvshmem-intra"}));
+  plan->callback([=] { RunPlan(*plan_args, *top, *strategies, *chunks, *mem_limit, *transports); });
 
   auto sim_args = std::make_shared<CommonArgs>();
   auto cfg = std::make_shared<sp::SpConfig>();
@@ -210,7 +232,16 @@ void RegisterSpCommands(CLI::App& app) {
   sim->add_option("--ring", cfg->ring_degree, "Ring degree R (0 = default)");
   sim->add_option("--chunks", cfg->torus_chunks, "torus chunks")->capture_default_str();
   sim->add_flag("--one-sided", cfg->one_sided, "one-sided (NVSHMEM put/signal) transport");
-  sim->callback([=] { RunSimulate(*sim_args, *cfg); });
+  auto transport = std::make_shared<std::string>();
+  sim->add_option("--transport", *transport,
+                  "nccl | nvshmem | nvshmem-intra (puts within machines, NCCL between them); "
+                  "overrides --one-sided")
+      ->check(CLI::IsMember({"nccl", "nvshmem", "nvshmem-intra"}));
+  sim->callback([=] {
+    sp::SpConfig c = *cfg;
+    if (!transport->empty()) sp::SetTransport(*transport, &c);
+    RunSimulate(*sim_args, c);
+  });
 }
 
 }  // namespace ditscale::cli

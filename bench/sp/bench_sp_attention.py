@@ -50,6 +50,7 @@ for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "
 
 STRATEGIES = ("ulysses", "ring", "usp", "swiftfusion-tas", "torus")
 PEERS = ("single", "plain-ulysses", "torch-cp")
+TRANSPORTS = ("nccl", "nvshmem", "nvshmem-intra")  # as ditscale.sp.TRANSPORTS
 
 
 @dataclass
@@ -110,7 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strategies", nargs="*", default=list(STRATEGIES), help="ditscale strategies")
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4], help="torus chunk counts")
     p.add_argument("--transports", nargs="+", default=None,
-                   help="nccl and/or nvshmem (default: both on NVLink, nccl when emulated)")
+                   help="nccl, nvshmem (puts on every link) and/or nvshmem-intra (puts within "
+                   "machines, NCCL between them); default: nccl nvshmem on NVLink, nccl "
+                   "nvshmem-intra when emulated (NVSHMEM would bypass the emulated link)")
     p.add_argument("--meshes", nargs="+", default=["auto"],
                    help="ditscale meshes: 'auto' (from the process group) and/or MxG, e.g. 2x1 "
                    "to run the 2 NVLink GPUs as two logical machines")
@@ -129,7 +132,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     emulated = a.emulate_machines > 1
     if a.transports is None:
-        a.transports = ["nccl"] if emulated else ["nccl", "nvshmem"]
+        a.transports = ["nccl", "nvshmem-intra"] if emulated else ["nccl", "nvshmem"]
     # Emulated-machine layers take ~0.2-0.7 s each (1.3 GB over ~1.8 GiB/s): few iterations.
     a.warmup = a.warmup if a.warmup is not None else (1 if emulated else 3)
     a.iters = a.iters if a.iters is not None else (2 if emulated else 5)
@@ -141,8 +144,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         if s not in PEERS:
             p.error(f"--peers: unknown peer '{s}' (known: {', '.join(PEERS)})")
     for t in a.transports:
-        if t not in ("nccl", "nvshmem"):
-            p.error(f"--transports: unknown transport '{t}' (nccl, nvshmem)")
+        if t not in TRANSPORTS:
+            p.error(f"--transports: unknown transport '{t}' ({', '.join(TRANSPORTS)})")
+    if emulated and "nvshmem" in a.transports:
+        p.error("--transports: nvshmem puts between emulated machines would go over NVLink, "
+                "around the emulated link; use nvshmem-intra (puts within machines only)")
     for m in a.meshes:
         if m != "auto" and parse_mesh(m) is None:
             p.error(f"--meshes: '{m}' is neither 'auto' nor MxG (e.g. 2x1)")

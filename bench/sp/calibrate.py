@@ -226,16 +226,19 @@ def flux_height_width(image_tokens: int) -> tuple[int, int]:
 
 def simulate(cli: str, cluster: str, machines: int, gpus_per_machine: int, strategy: str,
              image_tokens: int, chunks: int = 1, one_sided: bool = False,
-             batch: int = 1) -> dict:
+             batch: int = 1, transport: str = "") -> dict:
     """`ditscale sp simulate ... --json` for the Flux attention layer with `image_tokens`
-    (512 text tokens, 24 x 128 heads). Raises RuntimeError with the CLI's message on failure."""
+    (512 text tokens, 24 x 128 heads). `transport` (nccl | nvshmem | nvshmem-intra), when given,
+    overrides `one_sided`. Raises RuntimeError with the CLI's message on failure."""
     h, w = flux_height_width(image_tokens)
     cmd = [cli, "sp", "simulate", "--cluster", str(cluster), "--machines", str(machines),
            "--gpus-per-machine", str(gpus_per_machine), "--model", "flux", "--height", str(h),
            "--width", str(w), "--batch", str(batch), "--strategy", strategy, "--json"]
     if strategy == "torus":
         cmd += ["--chunks", str(chunks)]
-    if one_sided:
+    if transport:
+        cmd += ["--transport", transport]
+    elif one_sided:
         cmd.append("--one-sided")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:

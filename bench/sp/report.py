@@ -42,6 +42,8 @@ REFERENCE_66048 = {
     "nvlink": {"1 GPU (cuDNN)": 88.3, "plain Ulysses": 47.3, "PyTorch CP": 46.3},
     "emulated": {"plain Ulysses": 253.0, "PyTorch CP": 175.0},
 }
+ONE_SIDED = ("nvshmem", "nvshmem-intra")  # bench_sp_attention.py's one-sided transports
+TRANSPORT_TITLE = {"nvshmem": "NVSHMEM", "nvshmem-intra": "NVSHMEM-intra"}
 PRESET_BW = {"intra": 263 * GIB, "inter": 1.8 * GIB}  # h200-local (topology.cc)
 LINK_TITLE = {"nvlink": "NVLink (one host, NCCL P2P)",
               "emulated": "Emulated machines (NCCL socket transport between them)"}
@@ -124,13 +126,14 @@ class Predictor:
         cluster = self.cluster(run["link"], mesh)
         if cluster is None:
             return None
-        key = (cluster, tuple(mesh), strategy, run["seq"], run.get("chunks", 1),
-               run.get("transport") == "nvshmem", shape.get("batch", 1))
+        transport = (run.get("transport") or "nccl") if impl == "ditscale" else "nccl"
+        key = (cluster, tuple(mesh), strategy, run["seq"], run.get("chunks", 1), transport,
+               shape.get("batch", 1))
         if key not in self.cache:
             try:
                 self.cache[key] = calibrate.simulate(
                     self.cli, cluster, mesh[0], mesh[1], strategy, run["seq"],
-                    chunks=run.get("chunks", 1), one_sided=key[5], batch=key[6])
+                    chunks=run.get("chunks", 1), batch=key[6], transport=transport)
             except Exception as e:  # a missing prediction must not lose the measured table
                 self.errors.append(str(e))
                 self.cache[key] = None
@@ -244,17 +247,24 @@ class Report:
                 if r["impl"] == "ditscale" and r["status"] == "ok":
                     k = (link, seq, r["strategy"], r.get("chunks", 1), tuple(r.get("mesh") or []))
                     pairs[k][r.get("transport", "nccl")] = r["ms"]
-        rows = [(k, v) for k, v in sorted(pairs.items()) if "nccl" in v and "nvshmem" in v]
+        # One-sided columns that some row pairs with an NCCL run: "nvshmem" (puts on every link),
+        # "nvshmem-intra" (puts within machines, NCCL between them; emulated machines).
+        cols = [t for t in ONE_SIDED if any("nccl" in v and t in v for v in pairs.values())]
+        rows = [(k, v) for k, v in sorted(pairs.items())
+                if "nccl" in v and any(t in v for t in cols)]
         if not rows:
             return []
+        head = "".join(f" {TRANSPORT_TITLE[t]} ms | {TRANSPORT_TITLE[t]} speed-up |" for t in cols)
         lines = ["## NCCL vs NVSHMEM (two-sided vs one-sided transport)", "",
-                 "| link | S | strategy | mesh | NCCL ms | NVSHMEM ms | NVSHMEM speed-up |",
-                 "|---|--:|---|---|--:|--:|--:|"]
+                 "NVSHMEM-intra: puts within machines, NCCL send/recv between them.", "",
+                 f"| link | S | strategy | mesh | NCCL ms |{head}",
+                 "|---|--:|---|---|--:|" + "--:|--:|" * len(cols)]
         for (link, seq, strat, chunks, mesh), v in rows:
             name = strat + (f" c{chunks}" if strat == "torus" else "")
+            cells = "".join(f" {fmt_ms(v.get(t))} | {fmt_x(v['nccl'] / v[t] if t in v else None)} |"
+                            for t in cols)
             lines.append(f"| {link} | {seq:,} | {name} | {'x'.join(map(str, mesh))} "
-                         f"| {fmt_ms(v['nccl'])} | {fmt_ms(v['nvshmem'])} "
-                         f"| {fmt_x(v['nccl'] / v['nvshmem'])} |")
+                         f"| {fmt_ms(v['nccl'])} |{cells}")
         return lines + [""]
 
     def calibration(self) -> list[str]:

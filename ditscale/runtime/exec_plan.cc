@@ -214,6 +214,19 @@ Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOp
       if (o.kind == sp::OpKind::kPut) put_targets[o.peer].insert(o.dst.buffer);
     }
   }
+  // Buffers a rank's own ops write (a ring reuses the own k/v buffers for later blocks). Such a
+  // buffer must not be the caller's tensor: binding it would overwrite the caller's inputs.
+  std::vector<std::set<int>> written(n);
+  for (int r = 0; r < n; ++r) {
+    for (const sp::Op& o : s.ranks[r].ops) {
+      if (o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSend ||
+          o.kind == sp::OpKind::kSignal || o.kind == sp::OpKind::kWait) {
+        continue;  // no local write (a Wait's region is the put target, handled above)
+      }
+      if (o.dst.valid()) written[r].insert(o.dst.buffer);
+      if (o.dst_lse.valid()) written[r].insert(o.dst_lse.buffer);
+    }
+  }
   for (int r = 0; r < n; ++r) {
     const sp::RankProgram& p = s.ranks[r];
     ExecPlan& plan = plans[r];
@@ -230,7 +243,9 @@ Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOp
       const sp::BufferDecl& d = p.buffers[b];
       plan.bytes[b] = d.elements(batch) * d.element_bytes;
       UserBinding bind = BindingOf(p, b);
-      if (bind != UserBinding::kNone && opt.bind_user_tensors && !put_targets[r].count(b)) {
+      const bool input = bind != UserBinding::kOut && bind != UserBinding::kTextOut;
+      if (bind != UserBinding::kNone && opt.bind_user_tensors && !put_targets[r].count(b) &&
+          !(input && written[r].count(b))) {
         plan.binding[b] = bind;
         continue;
       }

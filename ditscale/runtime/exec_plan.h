@@ -4,10 +4,12 @@
 //  - memory: every buffer of the rank's program gets a 256-byte aligned offset in one device
 //    arena, allocated once per (schedule, dtype) and reused by every call; the layer's inputs and
 //    outputs are bound to the caller's tensors instead (no copy) unless a peer Puts into them
-//    (one-sided transfers need the destination in NVSHMEM's symmetric heap). One-sided plans
-//    also reserve one uint64 signal word per counter name (and one scratch word) at the end of the
-//    arena; counter indices are global (the sorted union of every rank's names), so a sender knows
-//    the word of its peer's counter.
+//    (one-sided transfers need the destination in NVSHMEM's symmetric heap; a Recv target may stay
+//    in the caller's tensor). One-sided plans also reserve one uint64 signal word per counter name
+//    (and one scratch word) at the end of the arena; counter indices are global (the sorted union
+//    of every rank's names), so a sender knows the word of its peer's counter. A schedule may mix
+//    both transports (SpConfig::one_sided_inter = false: puts within machines, Send/Recv between
+//    them): the plan then uses NCCL and NVSHMEM, and the arena is symmetric as for one-sided.
 //  - issue order: the ops of a stream run in schedule order; consecutive ops of one stream with
 //    the same group >= 0 are one unit (ncclGroupStart/End). Units are issued from the host in a
 //    topological order of their dependencies (the unit before on the same stream, and each
@@ -72,7 +74,7 @@ struct ExecPlan {
   std::vector<IssueUnit> units;  // host issue order
   std::vector<int> unit_of_op;   // op index -> index into units
   bool uses_nccl = false;        // Send/Recv present (any rank)
-  bool uses_nvshmem = false;     // Put/Signal/Wait present (any rank)
+  bool uses_nvshmem = false;     // Put/Signal/Wait present (any rank); both in mixed schedules
 };
 
 // Counter names of the whole schedule (sorted, global index = position) and, per rank, how much

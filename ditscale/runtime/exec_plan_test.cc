@@ -79,6 +79,22 @@ void CheckPlans(const sp::Schedule& s, const std::vector<ExecPlan>& plans) {
     }
     std::sort(spans.begin(), spans.end());
     for (size_t k = 1; k < spans.size(); ++k) EXPECT_LE(spans[k - 1].second, spans[k].first);
+    // A buffer bound to the caller's input tensor is only read: a ring that reuses its own k/v
+    // buffers for later blocks must not overwrite the caller's k and v (seen on 4 GPUs).
+    for (const sp::Op& o : p.ops) {
+      if (o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSend ||
+          o.kind == sp::OpKind::kSignal || o.kind == sp::OpKind::kWait) {
+        continue;
+      }
+      for (const sp::Region* w : {&o.dst, &o.dst_lse}) {
+        if (!w->valid()) continue;
+        const UserBinding b = plan.binding[w->buffer];
+        const bool caller_input = plan.offset[w->buffer] < 0 && b != UserBinding::kOut &&
+                                  b != UserBinding::kTextOut;
+        EXPECT_FALSE(caller_input) << "rank " << r << ": '" << o.label << "' writes the caller's "
+                                   << ToString(b) << " tensor";
+      }
+    }
     EXPECT_GE(plan.arena_bytes, plan.buffers_bytes);
   }
   for (size_t r = 0; r < s.ranks.size(); ++r) {
@@ -103,6 +119,8 @@ TEST(ExecPlan, EveryStrategyMeshAndTransportIsExecutable) {
       {2, 2, "torus", 1},   {2, 2, "torus", 2},
       {2, 2, "torus", 3},   {2, 1, "swiftfusion-tas", 1},
       {2, 1, "torus", 2},   {2, 4, "torus", 2},
+      {1, 4, "ring", 1},    {4, 1, "ring", 1},
+      {1, 3, "ring", 1},    {1, 4, "swiftfusion-tas", 1},
   };
   for (const Case& c : cases) {
     for (bool one_sided : {false, true}) {
@@ -119,6 +137,69 @@ TEST(ExecPlan, EveryStrategyMeshAndTransportIsExecutable) {
         for (const ExecPlan& p : plans.value()) {
           EXPECT_EQ(p.arena_bytes, plans.value()[0].arena_bytes);
           EXPECT_GE(p.signal_offset, p.buffers_bytes);
+        }
+      }
+    }
+  }
+}
+
+// Puts within machines, NCCL between them: one plan with both, NCCL order consistent, every put
+// target in the (symmetric) arena, and the counters of the sync rounds only within machines.
+TEST(ExecPlan, IntraOneSidedInterTwoSidedIsExecutable) {
+  const std::vector<Case> cases = {
+      {2, 2, "ulysses", 1},
+      {2, 2, "ring", 1},
+      {2, 2, "usp", 1},
+      {2, 2, "swiftfusion-tas", 1},
+      {2, 2, "torus", 1},
+      {2, 2, "torus", 2},
+      {2, 4, "usp", 1},
+      {2, 4, "torus", 2},
+      {2, 4, "ring", 1},
+      {3, 2, "ulysses", 1},
+      {3, 2, "swiftfusion-tas", 1},
+      {3, 2, "torus", 3},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
+                 " chunks " + std::to_string(c.chunks) + " nvshmem-intra");
+    sp::SpConfig cfg;
+    cfg.strategy = c.strategy;
+    cfg.torus_chunks = c.chunks;
+    cfg.one_sided = true;
+    cfg.one_sided_inter = false;
+    sp::AttentionShape shape;
+    shape.batch = 2;
+    shape.seq_tokens = 96;
+    shape.text_tokens = 16;
+    shape.heads = 6;
+    shape.head_dim = 8;
+    const sp::Schedule s = sp::BuildSchedule({c.machines, c.gpus}, cfg, shape).ValueOrThrow();
+    auto plans = BuildExecPlans(s, {});
+    ASSERT_TRUE(plans.ok()) << plans.failure().ToString();
+    CheckPlans(s, plans.value());
+    EXPECT_TRUE(plans.value()[0].uses_nvshmem);
+    EXPECT_TRUE(plans.value()[0].uses_nccl);
+    const CounterTable counters = BuildCounterTable(s);
+    for (const std::string& name : counters.names) {
+      EXPECT_EQ(name.find(".inter"), std::string::npos) << name;
+    }
+    for (size_t r = 0; r < s.ranks.size(); ++r) {
+      const ExecPlan& p = plans.value()[r];
+      EXPECT_EQ(p.arena_bytes, plans.value()[0].arena_bytes);
+      EXPECT_GE(p.signal_offset, p.buffers_bytes);
+      // A Recv into the caller's output needs no symmetric memory: it stays bound unless a
+      // peer also puts into it.
+      for (const sp::Op& o : s.ranks[r].ops) {
+        if (o.kind == sp::OpKind::kRecv && o.dst.buffer == s.ranks[r].out) {
+          bool put_into = false;
+          for (const sp::RankProgram& q : s.ranks) {
+            for (const sp::Op& x : q.ops) {
+              put_into |= x.kind == sp::OpKind::kPut && x.peer == static_cast<int>(r) &&
+                          x.dst.buffer == s.ranks[r].out;
+            }
+          }
+          EXPECT_EQ(p.offset[o.dst.buffer] < 0, !put_into);
         }
       }
     }

@@ -47,7 +47,7 @@ std::string PlanCandidate::Name() const {
   std::ostringstream os;
   os << config.strategy << " U=" << config.ulysses_degree << " R=" << config.ring_degree;
   if (config.strategy == "torus") os << " chunks=" << config.torus_chunks;
-  os << (config.one_sided ? " one-sided" : " two-sided");
+  os << " " << TransportDescription(config);
   return os.str();
 }
 
@@ -90,9 +90,16 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   std::vector<std::string> strategies = options.strategies;
   if (strategies.empty()) strategies = StrategyNames();
   const int n = topology.world_size();
-  std::vector<bool> transports;
-  if (options.two_sided) transports.push_back(false);
-  if (options.one_sided) transports.push_back(true);
+  // (one_sided, one_sided_inter). Puts within machines and NCCL between them only with more than
+  // one machine (on one machine it is the plain one-sided schedule, already enumerated).
+  std::vector<std::pair<bool, bool>> transports;
+  if (options.two_sided) transports.push_back({false, true});
+  if (options.one_sided) transports.push_back({true, true});
+  if (options.one_sided_intra_only && topology.machines > 1) {
+    transports.push_back({true, false});
+  } else if (options.one_sided_intra_only && !options.one_sided) {
+    transports.push_back({true, true});  // one machine: the same schedule
+  }
   if (transports.empty()) return Failure{"no transport selected", "", 0, "one_sided"};
 
   std::vector<SpConfig> configs;
@@ -116,13 +123,14 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
       std::vector<int> chunks = {1};
       if (s == "torus") chunks = options.torus_chunks;
       for (int c : chunks) {
-        for (bool one : transports) {
+        for (auto [one, inter] : transports) {
           SpConfig cfg;
           cfg.strategy = s;
           cfg.ulysses_degree = u;
           cfg.ring_degree = r;
           cfg.torus_chunks = c;
           cfg.one_sided = one;
+          cfg.one_sided_inter = inter;
           configs.push_back(cfg);
         }
       }
@@ -191,19 +199,18 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
     os << "; hides " << Pct(c->hidden_comm_fraction()) << " of its communication (exposed "
        << Ms(c->sim.mean_exposed_comm_s()) << " per rank)";
   }
-  // The same configuration with the other transport, if enumerated.
+  // The same configuration with each other transport that was enumerated.
   for (const PlanCandidate& c : ranked) {
     const SpConfig& a = c.config;
     const SpConfig& b = w.config;
     if (a.strategy == b.strategy && a.ulysses_degree == b.ulysses_degree &&
         a.ring_degree == b.ring_degree && a.torus_chunks == b.torus_chunks &&
-        a.one_sided != b.one_sided) {
-      os << "\n  the same with " << (a.one_sided ? "one-sided" : "two-sided")
-         << " transport: " << Ms(c.sim.layer_s) << " ("
+        (a.one_sided != b.one_sided || a.one_sided_inter != b.one_sided_inter)) {
+      os << "\n  the same with " << TransportDescription(a) << " transport: " << Ms(c.sim.layer_s)
+         << " ("
          << (c.sim.layer_s >= w.sim.layer_s ? Ratio(c.sim.layer_s / w.sim.layer_s) + " slower"
                                             : Ratio(w.sim.layer_s / c.sim.layer_s) + " faster")
          << ")";
-      break;
     }
   }
   return os.str();
@@ -217,6 +224,8 @@ nlohmann::json PlanCandidateJson(const PlanCandidate& c) {
   j["ring_degree"] = c.config.ring_degree;
   j["torus_chunks"] = c.config.torus_chunks;
   j["one_sided"] = c.config.one_sided;
+  j["one_sided_inter"] = c.config.one_sided_inter;
+  j["transport"] = TransportName(c.config);
   j["predicted_layer_s"] = c.sim.layer_s;
   j["predicted_step_s"] = c.step.step_s;
   j["linear_layer_s"] = c.step.linear_layer_s;

@@ -6,7 +6,8 @@
 //     for every factorisation U * R = N with U, R > 1,
 //   torus (tas with the cross-machine all-to-all split into chunks) for every factorisation with
 //     U > 1 (R = 1 included: chunked Ulysses) and every chunk count in PlanOptions::torus_chunks,
-// each in two-sided (NCCL send/recv) and one-sided (NVSHMEM put + signal) transport. The
+// each in two-sided (NCCL send/recv) and one-sided (NVSHMEM put + signal) transport, and, on
+// more than one machine, one-sided within machines and two-sided between them. The
 // placement follows the strategy (usp: Ulysses group inside a machine; tas/torus: ring group
 // inside a machine). Configurations the builders refuse (e.g. U > kv heads, a rank without
 // tokens) are listed as skipped with the builder's reason. Uneven head counts (30 heads on
@@ -32,7 +33,10 @@ struct PlanOptions {
   std::vector<std::string> strategies;  // empty = all of StrategyNames()
   std::vector<int> torus_chunks = {1, 2, 4, 8};
   bool two_sided = true;  // include NCCL-style transport
-  bool one_sided = true;  // include NVSHMEM-style transport
+  bool one_sided = true;  // include NVSHMEM-style transport (puts on every link)
+  // Include, on more than one machine, puts within machines and NCCL between them
+  // (SpConfig::one_sided_inter = false; "nvshmem-intra").
+  bool one_sided_intra_only = true;
   // Skip configurations whose work memory (WorkBytesPerRank) exceeds this on some rank; 0 = no
   // limit. Skipped ones are listed in PlanResult::skipped with their memory.
   int64_t max_work_bytes_per_rank = 0;
@@ -45,7 +49,7 @@ struct PlanCandidate {
   int64_t max_inter_bytes_per_rank = 0;  // sent over the NIC by the busiest rank
   int64_t max_intra_bytes_per_rank = 0;
   int64_t max_work_bytes_per_rank = 0;  // WorkBytesPerRank: memory beyond q/k/v/out, busiest rank
-  // e.g. "torus U=2 R=8 chunks=4 one-sided".
+  // e.g. "torus U=2 R=8 chunks=4 one-sided" (or "... one-sided intra / two-sided inter").
   std::string Name() const;
   // Of the time some comm op was pending, the fraction overlapped with compute (mean over ranks).
   double hidden_comm_fraction() const;
@@ -77,7 +81,8 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked);
 
 // One candidate as JSON (the `ditscale sp plan/simulate --json` record and what
 // torch.ops.ditscale.sp_plan / sp_predict return): name, strategy, ulysses_degree, ring_degree,
-// torus_chunks, one_sided, predicted_layer_s, predicted_step_s, byte counts and the breakdown.
+// torus_chunks, one_sided, one_sided_inter, transport ("nccl", "nvshmem", "nvshmem-intra"),
+// predicted_layer_s, predicted_step_s, byte counts and the breakdown.
 nlohmann::json PlanCandidateJson(const PlanCandidate& c);
 
 }  // namespace ditscale::sp

@@ -14,8 +14,9 @@ Workload Flux(int side) { return MakeWorkload("flux", {side, side}).value(); }
 TEST(Planner, EnumeratesEveryConfigurationOnce) {
   Topology t = MakePresetTopology("p4de", 2, 4).value();  // N = 8
   PlanResult p = Plan(t, Flux(1024)).value();
-  // ulysses 1 + ring 1 + usp {2,4} + tas {2,4} + torus {2,4,8} x 4 chunks = 18 configs x 2.
-  EXPECT_EQ(p.ranked.size() + p.skipped.size(), 36u);
+  // ulysses 1 + ring 1 + usp {2,4} + tas {2,4} + torus {2,4,8} x 4 chunks = 18 configs x 3
+  // transports (two machines: nccl, nvshmem, nvshmem-intra).
+  EXPECT_EQ(p.ranked.size() + p.skipped.size(), 54u);
   std::set<std::string> names;
   for (const auto& c : p.ranked) EXPECT_TRUE(names.insert(c.Name()).second) << c.Name();
   for (size_t i = 1; i < p.ranked.size(); ++i) {
@@ -27,6 +28,49 @@ TEST(Planner, EnumeratesEveryConfigurationOnce) {
     EXPECT_NEAR(c.step.step_s, 57 * (c.sim.layer_s + c.step.linear_layer_s), 1e-12);
   }
   EXPECT_NE(p.explanation.find(p.ranked[0].Name() + " wins"), std::string::npos) << p.explanation;
+}
+
+TEST(Planner, IntraOnlyOneSidedIsListedOnlyAcrossMachines) {
+  auto count = [](const PlanResult& p, const std::string& transport) {
+    int n = 0;
+    for (const PlanCandidate& c : p.ranked) {
+      const nlohmann::json j = PlanCandidateJson(c);
+      EXPECT_EQ(j["transport"], TransportName(c.config));
+      EXPECT_EQ(j["one_sided"], c.config.one_sided);
+      EXPECT_EQ(j["one_sided_inter"], c.config.one_sided_inter);
+      if (j["transport"] == transport) {
+        ++n;
+        if (transport == "nvshmem-intra") {
+          EXPECT_FALSE(j["one_sided_inter"].get<bool>());
+          EXPECT_NE(c.Name().find("one-sided intra / two-sided inter"), std::string::npos);
+        }
+      }
+    }
+    return n;
+  };
+  const PlanResult two = Plan(MakePresetTopology("p4de", 2, 4).value(), Flux(1024)).value();
+  EXPECT_EQ(count(two, "nvshmem-intra"), count(two, "nvshmem"));
+  EXPECT_GT(count(two, "nvshmem-intra"), 0);
+  const PlanResult one = Plan(MakePresetTopology("p4de", 1, 8).value(), Flux(1024)).value();
+  EXPECT_EQ(count(one, "nvshmem-intra"), 0);
+  EXPECT_GT(count(one, "nvshmem"), 0);
+  PlanOptions no_one_sided;
+  no_one_sided.one_sided = false;
+  no_one_sided.one_sided_intra_only = false;
+  const PlanResult nccl =
+      Plan(MakePresetTopology("p4de", 2, 4).value(), Flux(1024), no_one_sided).value();
+  EXPECT_EQ(count(nccl, "nvshmem-intra") + count(nccl, "nvshmem"), 0);
+  PlanOptions intra_only;
+  intra_only.two_sided = false;
+  intra_only.one_sided = false;
+  const PlanResult intra =
+      Plan(MakePresetTopology("p4de", 2, 4).value(), Flux(1024), intra_only).value();
+  EXPECT_EQ(count(intra, "nvshmem-intra"), static_cast<int>(intra.ranked.size()));
+  // On one machine the intra-only variant is the one-sided schedule: asked for alone, it is
+  // planned as such.
+  const PlanResult intra1 =
+      Plan(MakePresetTopology("p4de", 1, 8).value(), Flux(1024), intra_only).value();
+  EXPECT_EQ(count(intra1, "nvshmem"), static_cast<int>(intra1.ranked.size()));
 }
 
 PlanCandidate Eval(const Topology& t, const Workload& w, const std::string& s, int u, int r,

@@ -181,12 +181,39 @@ nlohmann::json RegionJson(const Region& r) {
 
 }  // namespace
 
+bool OneSidedOn(const SpConfig& c, LinkKind link) {
+  return c.one_sided && (c.one_sided_inter || link != LinkKind::kInterMachine);
+}
+
+const char* TransportDescription(const SpConfig& c) {
+  if (!c.one_sided) return "two-sided";
+  return c.one_sided_inter ? "one-sided" : "one-sided intra / two-sided inter";
+}
+
+const char* TransportName(const SpConfig& c) {
+  if (!c.one_sided) return "nccl";
+  return c.one_sided_inter ? "nvshmem" : "nvshmem-intra";
+}
+
+bool SetTransport(const std::string& name, SpConfig* c) {
+  if (name == "nccl") {
+    c->one_sided = false;
+    c->one_sided_inter = true;
+  } else if (name == "nvshmem" || name == "nvshmem-intra") {
+    c->one_sided = true;
+    c->one_sided_inter = name == "nvshmem";
+  } else {
+    return false;
+  }
+  return true;
+}
+
 std::string PrintSchedule(const Schedule& s) {
   std::ostringstream os;
   const SpConfig& c = s.config;
   os << "schedule " << s.strategy << ": mesh " << s.mesh.machines << "x" << s.mesh.gpus_per_machine
      << ", ulysses " << c.ulysses_degree << ", ring " << c.ring_degree << ", torus_chunks "
-     << c.torus_chunks << ", " << (c.one_sided ? "one-sided" : "two-sided") << "\n";
+     << c.torus_chunks << ", " << TransportDescription(c) << "\n";
   os << "shape: batch " << s.shape.batch << ", seq " << s.shape.seq_tokens << ", text "
      << s.shape.text_tokens << ", heads " << s.shape.heads << " (kv " << s.shape.kv_heads_or_heads()
      << "), head_dim " << s.shape.head_dim << ", dtype_bytes " << s.shape.dtype_bytes << "\n";
@@ -246,6 +273,8 @@ std::string ScheduleToJson(const Schedule& s, int indent) {
                  {"ring_degree", s.config.ring_degree},
                  {"torus_chunks", s.config.torus_chunks},
                  {"one_sided", s.config.one_sided},
+                 {"one_sided_inter", s.config.one_sided_inter},
+                 {"transport", TransportName(s.config)},
                  {"placement", s.config.placement == Placement::kUlyssesOuter ? "ulysses-outer"
                                                                               : "ulysses-inner"}};
   j["shape"] = {{"batch", s.shape.batch},

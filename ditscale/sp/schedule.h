@@ -74,6 +74,11 @@ struct SpConfig {
   // pipelined with the attention of the chunk before. 1 = tas with the stationary block first.
   int torus_chunks = 1;
   bool one_sided = false;  // Put + Signal / Wait (NVSHMEM) instead of Send / Recv (NCCL)
+  // Scope of one_sided (ignored, and resolved to true, when one_sided is false). true: puts on
+  // every link. false: puts on intra-machine links only, Send / Recv (NCCL) on inter-machine links
+  // ("nvshmem-intra": for NVSHMEM builds without a remote transport, and for emulated machines,
+  // where NVSHMEM would bypass the emulated network over NVLink).
+  bool one_sided_inter = true;
   Placement placement = Placement::kStrategyDefault;
 };
 
@@ -196,6 +201,17 @@ struct Schedule {
   std::vector<RankProgram> ranks;
   std::vector<std::string> notes;  // design choices worth printing (e.g. text-token scheme)
 };
+
+// ---- Transport of a configuration ----
+
+// True when transfers over `link` are one-sided (Put + Signal / Wait) under `config`.
+bool OneSidedOn(const SpConfig& config, LinkKind link);
+// "two-sided", "one-sided" or "one-sided intra / two-sided inter" (descriptions, plan names).
+const char* TransportDescription(const SpConfig& config);
+// The user-facing transport name: "nccl", "nvshmem" or "nvshmem-intra".
+const char* TransportName(const SpConfig& config);
+// Sets one_sided / one_sided_inter from a transport name; false for an unknown name.
+bool SetTransport(const std::string& name, SpConfig* config);
 
 // ---- Queries on a schedule ----
 

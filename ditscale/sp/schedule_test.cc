@@ -277,6 +277,69 @@ TEST(Schedule, PrintAndJson) {
   EXPECT_EQ(j["ranks"][1]["volume"]["recv_inter_bytes"], CommVolumePerRank(s)[1].recv_inter_bytes);
 }
 
+TEST(Schedule, TransportIsNamedInPrintAndJson) {
+  SpConfig c;
+  c.strategy = "swiftfusion-tas";
+  c.one_sided = true;
+  c.one_sided_inter = false;
+  const Schedule mixed = BuildSchedule({2, 2}, c, Shape(32, 4, 4)).ValueOrThrow();
+  EXPECT_NE(PrintSchedule(mixed).find(", one-sided intra / two-sided inter\n"), std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(ScheduleToJson(mixed));
+  EXPECT_EQ(j["config"]["transport"], "nvshmem-intra");
+  EXPECT_EQ(j["config"]["one_sided"], true);
+  EXPECT_EQ(j["config"]["one_sided_inter"], false);
+  const Schedule two = Build({2, 2}, "swiftfusion-tas", Shape(32, 4, 4), false);
+  EXPECT_NE(PrintSchedule(two).find(", two-sided\n"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(ScheduleToJson(two))["config"]["transport"], "nccl");
+  const Schedule one = Build({2, 2}, "swiftfusion-tas", Shape(32, 4, 4), true);
+  EXPECT_NE(PrintSchedule(one).find(", one-sided\n"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(ScheduleToJson(one))["config"]["transport"], "nvshmem");
+  // The scope is meaningless for two-sided transport: resolved to the default.
+  c.one_sided = false;
+  EXPECT_TRUE(ResolveConfig({2, 2}, c, Shape(32, 4, 4))->one_sided_inter);
+  for (const char* name : {"nccl", "nvshmem", "nvshmem-intra"}) {
+    SpConfig t;
+    ASSERT_TRUE(SetTransport(name, &t));
+    EXPECT_STREQ(TransportName(t), name);
+  }
+  SpConfig t;
+  EXPECT_FALSE(SetTransport("nvshmem-inter", &t));
+  EXPECT_TRUE(OneSidedOn(mixed.config, LinkKind::kIntraMachine));
+  EXPECT_FALSE(OneSidedOn(mixed.config, LinkKind::kInterMachine));
+}
+
+// Mixed transport: the sync rounds stay within machines, usp's ring across machines is NCCL and
+// needs no release signals, and validation (token game with rendezvous and counters) passes.
+TEST(Schedule, IntraOneSidedSyncsOnlyWithinMachines) {
+  for (const std::string& st : StrategyNames()) {
+    for (SpMesh mesh : {SpMesh{2, 2}, SpMesh{2, 4}, SpMesh{3, 2}, SpMesh{4, 1}}) {
+      SpConfig c;
+      c.strategy = st;
+      c.one_sided = true;
+      c.one_sided_inter = false;
+      c.torus_chunks = st == "torus" ? 3 : 1;
+      const Schedule s = BuildSchedule(mesh, c, Shape(64, 8, 8)).ValueOrThrow();
+      const ValidationReport rep = ValidateSchedule(s);
+      EXPECT_TRUE(rep.ok()) << st << "\n" << rep.ToString();
+      const std::vector<RankCommVolume> vol = CommVolumePerRank(s);
+      for (const RankProgram& p : s.ranks) {
+        EXPECT_EQ(vol[p.rank].signals_inter, 0) << st;
+        for (const Op& op : p.ops) {
+          if (op.kind == OpKind::kSignal && op.counter == "ring.free") {
+            EXPECT_TRUE(mesh.same_machine(p.rank, op.peer)) << st << " " << op.label;
+          }
+          // One GPU per machine: nothing one-sided is left.
+          if (mesh.gpus_per_machine == 1) {
+            EXPECT_TRUE(op.kind != OpKind::kPut && op.kind != OpKind::kSignal &&
+                        op.kind != OpKind::kWait)
+                << st << " " << op.label;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Schedule, RegionContiguity) {
   const BufferDecl d{"x", BufferRole::kWork, BufferInit::kZero, 10, 4, 8, 2};
   EXPECT_TRUE(RegionContiguous(Region{0, 2, 3, 0, 4}, d, 1));

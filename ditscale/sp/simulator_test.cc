@@ -5,6 +5,7 @@
 #include <random>
 
 #include "ditscale/sp/internal/fair_share.h"
+#include "ditscale/sp/strategies.h"
 
 namespace ditscale::sp {
 namespace {
@@ -363,6 +364,37 @@ TEST(Simulator, DeadlockAndMismatchAreFailures) {
   wait.count = 1;
   w.Add(0, wait);
   EXPECT_FALSE(Simulate(w.s, Simple(1, 1)).ok());
+}
+
+// Mixed transport (puts within machines, NCCL between them): the simulator runs it; the bytes
+// per link are those of the other transports, and only the intra-machine link carries signals.
+TEST(Simulator, IntraOneSidedInterTwoSided) {
+  AttentionShape shape;
+  shape.seq_tokens = 4096;
+  shape.text_tokens = 64;
+  shape.heads = 8;
+  shape.head_dim = 64;
+  for (const std::string& st : StrategyNames()) {
+    for (SpMesh mesh : {SpMesh{2, 2}, SpMesh{2, 4}, SpMesh{3, 2}}) {
+      const Topology t = Simple(mesh.machines, mesh.gpus_per_machine);
+      SpConfig c;
+      c.strategy = st;
+      c.torus_chunks = st == "torus" ? 2 : 1;
+      c.one_sided = true;
+      c.one_sided_inter = false;
+      const Schedule mixed = BuildSchedule(mesh, c, shape).ValueOrThrow();
+      c.one_sided = false;
+      const Schedule two = BuildSchedule(mesh, c, shape).ValueOrThrow();
+      Result<SimResult> a = Simulate(mixed, t);
+      ASSERT_TRUE(a.ok()) << st << ": " << a.failure().ToString();
+      SimResult b = Simulate(two, t).ValueOrThrow();
+      EXPECT_GT(a->layer_s, 0);
+      for (size_t r = 0; r < a->ranks.size(); ++r) {
+        EXPECT_EQ(a->ranks[r].sent_inter_bytes, b.ranks[r].sent_inter_bytes) << st;
+        EXPECT_EQ(a->ranks[r].sent_intra_bytes, b.ranks[r].sent_intra_bytes) << st;
+      }
+    }
+  }
 }
 
 TEST(Simulator, PredictStep) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <set>
 
@@ -22,7 +23,7 @@ std::string Describe(const Case& c) {
   std::ostringstream os;
   os << c.config.strategy << " mesh " << c.mesh.machines << "x" << c.mesh.gpus_per_machine
      << " U=" << c.config.ulysses_degree << " R=" << c.config.ring_degree
-     << " chunks=" << c.config.torus_chunks << (c.config.one_sided ? " one-sided" : " two-sided")
+     << " chunks=" << c.config.torus_chunks << " " << TransportDescription(c.config)
      << " b=" << c.shape.batch << " S=" << c.shape.seq_tokens << " T=" << c.shape.text_tokens
      << " H=" << c.shape.heads << " Hkv=" << c.shape.kv_heads_or_heads();
   return os.str();
@@ -229,6 +230,116 @@ TEST(Strategies, TextTokensLargerThanShardsAndFewerThanRing) {
     c.config.torus_chunks = 4;  // 2 tokens per shard, 4 chunks: empty chunks
     c.config.one_sided = true;
     RunCase(c, 20 + text);
+  }
+}
+
+// One-sided within machines, two-sided between them: puts never cross machines, Send / Recv
+// never stay inside one, Waits count put arrivals only, the sync rounds and ring flow control
+// involve only pairs linked by puts; and the result is still dense attention.
+void CheckIntraOnlyTransport(const Schedule& s) {
+  bool any_put = false, any_send = false;
+  for (const RankProgram& p : s.ranks) {
+    for (const Op& op : p.ops) {
+      const std::string at = "rank " + std::to_string(p.rank) + " '" + op.label + "'";
+      switch (op.kind) {
+        case OpKind::kPut:
+        case OpKind::kSignal:
+          any_put = any_put || op.kind == OpKind::kPut;
+          EXPECT_TRUE(s.mesh.same_machine(p.rank, op.peer)) << at;
+          EXPECT_EQ(op.link, LinkKind::kIntraMachine) << at;
+          EXPECT_EQ(op.counter.find(".inter"), std::string::npos) << at;
+          break;
+        case OpKind::kSend:
+        case OpKind::kRecv:
+          any_send = true;
+          EXPECT_FALSE(s.mesh.same_machine(p.rank, op.peer)) << at;
+          EXPECT_EQ(op.stream, Stream::kCommInter) << at;
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  // Every strategy on these meshes moves data both within and between machines.
+  EXPECT_TRUE(any_put);
+  EXPECT_TRUE(any_send);
+  // Each Wait of a phase counter expects exactly the puts signalling it (no Recv counted).
+  std::map<std::pair<int, std::string>, int64_t> signalled;
+  for (const RankProgram& p : s.ranks) {
+    for (const Op& op : p.ops) {
+      if ((op.kind == OpKind::kPut || op.kind == OpKind::kSignal) && !op.counter.empty()) {
+        signalled[{op.peer, op.counter}] += op.count;
+      }
+    }
+  }
+  for (const RankProgram& p : s.ranks) {
+    for (const Op& op : p.ops) {
+      if (op.kind != OpKind::kWait) continue;
+      EXPECT_LE(op.count, (signalled[{p.rank, op.counter}])) << op.label;
+    }
+  }
+}
+
+TEST(Strategies, IntraOneSidedInterTwoSidedMatchesDense) {
+  uint64_t seed = 4000;
+  for (const SpMesh& mesh : {SpMesh{2, 2}, SpMesh{2, 4}, SpMesh{3, 2}}) {
+    for (const std::string& strategy : StrategyNames()) {
+      const std::vector<int> chunk_counts =
+          strategy == "torus" ? std::vector<int>{1, 2, 3} : std::vector<int>{1};
+      for (int chunks : chunk_counts) {
+        for (int64_t text : {0, 8}) {
+          Case c{mesh, SpConfig{}, Shape(text ? 53 : 48, text, text ? 10 : 8)};
+          c.config.strategy = strategy;
+          c.config.torus_chunks = chunks;
+          c.config.one_sided = true;
+          c.config.one_sided_inter = false;
+          RunCase(c, ++seed);
+          const Schedule s = BuildSchedule(c.mesh, c.config, c.shape).ValueOrThrow();
+          SCOPED_TRACE(Describe(c));
+          EXPECT_FALSE(s.config.one_sided_inter);
+          CheckIntraOnlyTransport(s);
+        }
+      }
+    }
+  }
+}
+
+TEST(Strategies, IntraOneSidedWithOtherDegreesAndPlacements) {
+  uint64_t seed = 4500;
+  const SpMesh mesh{2, 4};
+  for (const std::string& strategy : {"usp", "swiftfusion-tas", "torus"}) {
+    for (auto [u, r] : {std::pair{2, 4}, {4, 2}, {8, 1}, {1, 8}}) {
+      for (Placement p : {Placement::kUlyssesInner, Placement::kUlyssesOuter}) {
+        Case c{mesh, SpConfig{}, Shape(61, 8, 8)};
+        c.config.strategy = strategy;
+        c.config.ulysses_degree = u;
+        c.config.ring_degree = r;
+        c.config.placement = p;
+        c.config.one_sided = true;
+        c.config.one_sided_inter = false;
+        c.config.torus_chunks = strategy == "torus" ? 3 : 1;
+        RunCase(c, ++seed);
+      }
+    }
+  }
+}
+
+TEST(Strategies, IntraOneSidedOnOneMachineIsPlainOneSided) {
+  for (const std::string& strategy : StrategyNames()) {
+    SpConfig a;
+    a.strategy = strategy;
+    a.one_sided = true;
+    SpConfig b = a;
+    b.one_sided_inter = false;
+    const Schedule sa = BuildSchedule({1, 4}, a, Shape(48, 8, 4)).ValueOrThrow();
+    const Schedule sb = BuildSchedule({1, 4}, b, Shape(48, 8, 4)).ValueOrThrow();
+    for (size_t r = 0; r < sa.ranks.size(); ++r) {
+      ASSERT_EQ(sa.ranks[r].ops.size(), sb.ranks[r].ops.size()) << strategy;
+      for (size_t i = 0; i < sa.ranks[r].ops.size(); ++i) {
+        EXPECT_EQ(sa.ranks[r].ops[i].kind, sb.ranks[r].ops[i].kind);
+        EXPECT_EQ(sa.ranks[r].ops[i].label, sb.ranks[r].ops[i].label);
+      }
+    }
   }
 }
 

@@ -231,11 +231,12 @@ struct SpRuntime : torch::CustomClassHolder {
 
   // Runs one attention layer; returns [out, text_out] (text_out empty when there are no joint
   // tokens). q, k, v: [B, S_local, H, D] CUDA tensors of this rank's shard; seq_total: S of all
-  // ranks; text_*: [B, T, H, D] or undefined.
+  // ranks; text_*: [B, T, H, D] or undefined. one_sided_inter (with one_sided): puts also between
+  // machines; false = puts within machines, NCCL between them (SpConfig::one_sided_inter).
   std::vector<Tensor> attention(std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks,
-                                bool one_sided, int64_t seq_total, Tensor q, Tensor k, Tensor v,
-                                std::optional<Tensor> tq, std::optional<Tensor> tk,
-                                std::optional<Tensor> tv) {
+                                bool one_sided, bool one_sided_inter, int64_t seq_total, Tensor q,
+                                Tensor k, Tensor v, std::optional<Tensor> tq,
+                                std::optional<Tensor> tk, std::optional<Tensor> tv) {
     TORCH_CHECK(q.is_cuda() && q.device().index() == device_,
                 "ditscale.sp.attention: q must be on cuda:", device_);
     TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -265,7 +266,8 @@ struct SpRuntime : torch::CustomClassHolder {
     shape.kv_heads = k.size(2);
     shape.head_dim = q.size(3);
     shape.dtype_bytes = static_cast<int>(kernels::dtype_size(dt));
-    runtime::GpuExecutor& ex = Executor(strategy, ulysses, ring, chunks, one_sided, shape, dt);
+    runtime::GpuExecutor& ex =
+        Executor(strategy, ulysses, ring, chunks, one_sided, one_sided_inter, shape, dt);
     const sp::RankProgram& p = ex.schedule().ranks[rank_];
     TORCH_CHECK(p.image_token_count == q.size(1), "ditscale.sp.attention: rank ", rank_, " holds ",
                 q.size(1), " image tokens, but strategy '", strategy, "' on this mesh ",
@@ -312,11 +314,14 @@ struct SpRuntime : torch::CustomClassHolder {
 
   // The schedule of a cached configuration as text (PrintSchedule) and the executor's plan.
   std::string describe(std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks,
-                       bool one_sided) {
+                       bool one_sided, bool one_sided_inter) {
     std::ostringstream os;
+    const bool inter = !one_sided || one_sided_inter;  // the key's canonical form
     for (auto& [key, ex] : executors_) {
       if (std::get<0>(key) == strategy && std::get<1>(key) == ulysses && std::get<2>(key) == ring &&
-          std::get<3>(key) == chunks && std::get<4>(key) == one_sided) {
+          std::get<3>(key) == chunks && std::get<4>(key) == one_sided &&
+          std::get<5>(key) == inter) {
+        os << "transport " << sp::TransportDescription(ex->schedule().config) << "\n";
         os << runtime::PrintPlan(ex->schedule(), ex->plan());
         os << "arena bytes " << ex->arena_bytes() << ", attention " << attention_.backend() << "\n";
       }
@@ -328,8 +333,9 @@ struct SpRuntime : torch::CustomClassHolder {
   void clear() { executors_.clear(); }
 
  private:
-  using Key = std::tuple<std::string, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, int64_t, int>;
+  // (strategy, U, R, chunks, one_sided, one_sided_inter, shape..., dtype).
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t, int>;
 
   std::unique_ptr<comm::NcclComm> MakeComm(const Tensor& id, const char* what, double timeout_s) {
     auto c = comm::NcclComm::Create(IdFromTensor<comm::NcclId>(id, what), world_, rank_, device_,
@@ -339,10 +345,13 @@ struct SpRuntime : torch::CustomClassHolder {
   }
 
   runtime::GpuExecutor& Executor(const std::string& strategy, int64_t u, int64_t r, int64_t chunks,
-                                 bool one_sided, const sp::AttentionShape& s, kernels::DType dt) {
-    const Key key{
-        strategy,      u,       r,          chunks,     one_sided,           s.batch, s.seq_tokens,
-        s.text_tokens, s.heads, s.kv_heads, s.head_dim, static_cast<int>(dt)};
+                                 bool one_sided, bool one_sided_inter, const sp::AttentionShape& s,
+                                 kernels::DType dt) {
+    // The scope means nothing without one_sided: one key for the two-sided executor.
+    const bool inter = !one_sided || one_sided_inter;
+    const Key key =
+        std::make_tuple(strategy, u, r, chunks, one_sided, inter, s.batch, s.seq_tokens,
+                        s.text_tokens, s.heads, s.kv_heads, s.head_dim, static_cast<int>(dt));
     auto it = executors_.find(key);
     if (it != executors_.end()) return *it->second;
     if (one_sided) {
@@ -357,6 +366,7 @@ struct SpRuntime : torch::CustomClassHolder {
     cfg.ring_degree = static_cast<int>(r);
     cfg.torus_chunks = static_cast<int>(chunks);
     cfg.one_sided = one_sided;
+    cfg.one_sided_inter = inter;
     auto sched = sp::BuildSchedule(mesh_, cfg, s);
     TORCH_CHECK(sched.ok(), "ditscale.sp.attention: ", sched.failure().ToString());
     runtime::Transports t{intra_.get(), inter_.get(), shmem_.get()};

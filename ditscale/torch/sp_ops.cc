@@ -1,6 +1,7 @@
 // Sequence-parallel planning ops (no GPU needed): the SwiftFusion planner and simulator of
 // ditscale/sp behind `torch.ops.ditscale.sp_plan` / `sp_predict`, used by ditscale.sp for
-// strategy="auto" and by the benchmarks for predicted times.
+// strategy="auto" and by the benchmarks for predicted times. Candidates carry "transport"
+// ("nccl", "nvshmem", "nvshmem-intra") and "one_sided_inter".
 #include <torch/library.h>
 
 #include <nlohmann/json.hpp>
@@ -40,11 +41,14 @@ sp::Topology LoadTopo(const std::string& topology, int64_t machines, int64_t gpu
 // Ranked configurations for one attention layer (JSON text: {"ranked": [...], "explanation"}).
 std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, int64_t text,
                     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
-                    std::string topology, std::vector<std::string> strategies, bool one_sided) {
+                    std::string topology, std::vector<std::string> strategies, bool one_sided,
+                    bool one_sided_intra) {
   const sp::Topology topo = LoadTopo(topology, machines, gpus);
   sp::PlanOptions po;
   po.strategies = strategies;
   po.one_sided = one_sided;
+  // The intra-only variant ("nvshmem-intra") is a one-sided transport too: off with one_sided.
+  po.one_sided_intra_only = one_sided && one_sided_intra;
   auto r = sp::Plan(
       topo, AttentionWorkload(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes), po);
   TORCH_CHECK(r.ok(), "ditscale.sp: planning failed: ", r.failure().ToString());
@@ -61,7 +65,7 @@ std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, 
 std::string sp_predict(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, int64_t text,
                        int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
                        std::string topology, std::string strategy, int64_t ulysses, int64_t ring,
-                       int64_t chunks, bool one_sided) {
+                       int64_t chunks, bool one_sided, bool one_sided_inter) {
   const sp::Topology topo = LoadTopo(topology, machines, gpus);
   sp::SpConfig cfg;
   cfg.strategy = strategy;
@@ -69,6 +73,7 @@ std::string sp_predict(int64_t machines, int64_t gpus, int64_t batch, int64_t se
   cfg.ring_degree = static_cast<int>(ring);
   cfg.torus_chunks = static_cast<int>(chunks);
   cfg.one_sided = one_sided;
+  cfg.one_sided_inter = one_sided_inter;
   auto c = sp::EvaluateConfig(
       topo, AttentionWorkload(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes), cfg);
   TORCH_CHECK(c.ok(), "ditscale.sp: ", c.failure().ToString());
@@ -78,8 +83,18 @@ std::string sp_predict(int64_t machines, int64_t gpus, int64_t batch, int64_t se
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ditscale, m) {
-  m.def("sp_plan", &sp_plan);
-  m.def("sp_predict", &sp_predict);
+  // The trailing transport-scope arguments default so that calls written before they existed
+  // keep their meaning (one-sided = puts on every link, plus the intra-only variant in plans).
+  m.def(
+      "sp_plan(int machines, int gpus, int batch, int seq, int text, int heads, int kv_heads, "
+      "int head_dim, int dtype_bytes, str topology, str[] strategies, bool one_sided, "
+      "bool one_sided_intra=True) -> str",
+      &sp_plan);
+  m.def(
+      "sp_predict(int machines, int gpus, int batch, int seq, int text, int heads, int kv_heads, "
+      "int head_dim, int dtype_bytes, str topology, str strategy, int ulysses, int ring, "
+      "int chunks, bool one_sided, bool one_sided_inter=True) -> str",
+      &sp_predict);
 }
 
 }  // namespace ditscale::torch_ext

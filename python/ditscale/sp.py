@@ -20,12 +20,16 @@ cut into ``chunks`` pipelined with attention), ``auto`` (the planner's choice fo
 topology: ``$DITSCALE_SP_TOPOLOGY`` when set (e.g. the JSON that ``bench/sp/calibrate.py fit``
 measures on this cluster), else the ``h200-local`` preset).
 ``transport="nvshmem"`` runs the one-sided form (puts with signals, NVSHMEM symmetric memory);
-it needs ditscale built with NVSHMEM (``nvidia-nvshmem-cu13``).
+it needs ditscale built with NVSHMEM (``nvidia-nvshmem-cu13``). ``transport="nvshmem-intra"``
+puts within machines and uses NCCL send/recv between them: for clusters whose NVSHMEM has no
+remote transport, and for emulated machines.
 
 Emulated machines: ``emulate_machines(m)`` gives the processes of each group of
 ``LOCAL_WORLD_SIZE / m`` consecutive local ranks their own ``NCCL_HOSTID``, so NCCL (ours and
 torch.distributed's) treats the groups as different hosts: its socket transport between them,
-NVLink within. Call it before any NCCL communicator is created.
+NVLink within. Call it before any NCCL communicator is created. NVSHMEM knows nothing of the
+emulation: its puts between emulated machines would go over NVLink, around the emulated network,
+so on emulated machines ``transport="nvshmem"`` is refused; use ``"nvshmem-intra"``.
 
 The schedules, executor and kernels are C++/CUDA (``ditscale/sp``, ``ditscale/runtime``,
 ``ditscale/comm``, ``ditscale/kernels``); this module builds the communicators from the process
@@ -54,7 +58,37 @@ def default_topology() -> str:
     preset name or the topology JSON that ``bench/sp/calibrate.py fit`` writes from measurements
     on this cluster), else the ``h200-local`` preset."""
     return os.environ.get("DITSCALE_SP_TOPOLOGY") or "h200-local"
-TRANSPORTS = ("nccl", "nvshmem")
+
+
+# nccl: Send/Recv everywhere; nvshmem: puts with signals on every link; nvshmem-intra: puts
+# within machines, NCCL Send/Recv between them.
+TRANSPORTS = ("nccl", "nvshmem", "nvshmem-intra")
+
+# Set by emulate_machines(): the number of emulated machines of this process (0 = none).
+_EMULATED_MACHINES = int(os.environ.get("DITSCALE_EMULATED_MACHINES", "0") or 0)
+
+
+def emulated_machines() -> int:
+    """The machine count emulate_machines() set up for this process (0 when not emulating)."""
+    return _EMULATED_MACHINES
+
+
+def _transport_flags(transport: str, where: str) -> Tuple[bool, bool]:
+    """(one_sided, one_sided_inter) of a transport name."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"{where}: transport {transport!r} is not one of {TRANSPORTS}")
+    return transport != "nccl", transport == "nvshmem"
+
+
+def _check_transport_on_mesh(transport: str, mesh: Optional["Mesh"], where: str) -> None:
+    """Refuses NVSHMEM between emulated machines: it would use NVLink, not the emulated link."""
+    if (transport == "nvshmem" and _EMULATED_MACHINES > 1 and mesh is not None
+            and mesh.machines > 1):
+        raise ValueError(
+            f"{where}: transport='nvshmem' puts on every link, but these {mesh.machines} machines "
+            f"are emulated on one host (emulate_machines): NVSHMEM would move the inter-machine "
+            f"data over NVLink, bypassing the emulated network. Use transport='nvshmem-intra' "
+            f"(puts within machines, NCCL between them) or 'nccl'")
 
 
 def shard_range(seq: int, world: int, rank: int) -> Tuple[int, int]:
@@ -80,6 +114,8 @@ def emulate_machines(machines: int) -> int:
     host = socket.gethostname()
     os.environ["NCCL_HOSTID"] = f"{host}-emulated-machine-{machine}"
     os.environ["DITSCALE_EMULATED_MACHINES"] = str(machines)
+    global _EMULATED_MACHINES
+    _EMULATED_MACHINES = machines
     return machine
 
 
@@ -159,7 +195,8 @@ class _Runtime:
             return
         why = torch.ops.ditscale.sp_nvshmem_unavailable()
         if why:
-            raise RuntimeError(f"ditscale.sp: transport='nvshmem' is not available: {why}")
+            raise RuntimeError(f"ditscale.sp: NVSHMEM transports ('nvshmem', 'nvshmem-intra') are "
+                               f"not available: {why}")
         # The symmetric heap holds every executor arena of one-sided strategies.
         os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "16G")
         os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
@@ -211,7 +248,9 @@ def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: i
          strategies=(), one_sided: Optional[bool] = None) -> dict:
     """The planner's ranking for one attention layer on ``mesh`` (simulated with
     ``topology``): {"ranked": [{"name", "strategy", "ulysses_degree", "ring_degree", "torus_chunks",
-    "one_sided", "predicted_layer_s", ...}], "explanation": ...}."""
+    "one_sided", "one_sided_inter", "transport", "predicted_layer_s", ...}], "explanation": ...}.
+    ``one_sided`` (default: when NVSHMEM is available) adds the one-sided candidates: "nvshmem"
+    and, on more than one machine, "nvshmem-intra"."""
     if not _ops.is_available():
         raise RuntimeError(f"ditscale.sp.plan: {_ops.load_error()}")
     topology = topology or default_topology()
@@ -219,22 +258,36 @@ def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: i
         one_sided = not torch.ops.ditscale.sp_nvshmem_unavailable()
     return json.loads(torch.ops.ditscale.sp_plan(
         mesh.machines, mesh.gpus_per_machine, batch, seq, text, heads, kv_heads, head_dim,
-        dtype_bytes, topology, list(strategies), bool(one_sided)))
+        dtype_bytes, topology, list(strategies), bool(one_sided), bool(one_sided)))
 
 
 def predict(mesh: Mesh, *, strategy: str, batch: int, seq: int, text: int, heads: int,
             head_dim: int, kv_heads: int = 0, dtype_bytes: int = 2, chunks: int = 1,
             transport: str = "nccl", ulysses_degree: int = 0, ring_degree: int = 0,
             topology: Optional[str] = None) -> float:
-    """The simulator's time of one attention layer (seconds) for a configuration."""
+    """The simulator's time of one attention layer (seconds) for a configuration
+    (``transport``: one of TRANSPORTS)."""
+    one_sided, one_sided_inter = _transport_flags(transport, "ditscale.sp.predict")
     if not _ops.is_available():
         raise RuntimeError(f"ditscale.sp.predict: {_ops.load_error()}")
     topology = topology or default_topology()
     j = json.loads(torch.ops.ditscale.sp_predict(
         mesh.machines, mesh.gpus_per_machine, batch, seq, text, heads, kv_heads, head_dim,
-        dtype_bytes, topology, strategy, ulysses_degree, ring_degree, chunks,
-        transport == "nvshmem"))
+        dtype_bytes, topology, strategy, ulysses_degree, ring_degree, chunks, one_sided,
+        one_sided_inter))
     return float(j["predicted_layer_s"])
+
+
+def _best_for_transport(ranked, transport: str, mesh: Mesh) -> dict:
+    """The fastest plan candidate that runs on ``transport``. On one machine "nvshmem-intra" is
+    the plain one-sided schedule (the planner lists it once, as "nvshmem")."""
+    want = "nvshmem" if transport == "nvshmem-intra" and mesh.machines == 1 else transport
+    for c in ranked:
+        if c.get("transport", "nvshmem" if c["one_sided"] else "nccl") == want:
+            return c
+    raise RuntimeError(f"ditscale.sp.attention: the planner found no configuration for "
+                       f"transport {transport!r} on a {mesh.machines} x "
+                       f"{mesh.gpus_per_machine} mesh")
 
 
 def _local_attention(q, k, v, joint_q, joint_k, joint_v):
@@ -260,9 +313,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     joint = joint_q is not None
     if (joint_k is None) != (joint_q is None) or (joint_v is None) != (joint_q is None):
         raise ValueError("ditscale.sp.attention: joint_q, joint_k and joint_v go together")
-    if transport not in TRANSPORTS:
-        raise ValueError(f"ditscale.sp.attention: transport {transport!r} is not one of "
-                         f"{TRANSPORTS}")
+    one_sided, one_sided_inter = _transport_flags(transport, "ditscale.sp.attention")
+    _check_transport_on_mesh(transport, mesh, "ditscale.sp.attention")
     if mesh is None or mesh.size == 1:
         out, jout = _local_attention(q, k, v, joint_q, joint_k, joint_v)
         return (out, jout) if joint else out
@@ -271,17 +323,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
                          f"{mesh.size} ranks")
     rt = _runtime(mesh, q.device)
     seq_total = rt.total_tokens(q.shape[1])
-    one_sided = transport == "nvshmem"
     if strategy == "auto":
         topology = topology or default_topology()
         key = (q.shape[0], seq_total, 0 if not joint else joint_q.shape[1], q.shape[2],
-               k.shape[2], q.shape[3], q.element_size(), topology, one_sided)
+               k.shape[2], q.shape[3], q.element_size(), topology, transport)
         best = rt.plans.get(key)
         if best is None:
             ranked = plan(mesh, batch=q.shape[0], seq=seq_total, text=key[2], heads=q.shape[2],
                           kv_heads=k.shape[2], head_dim=q.shape[3], dtype_bytes=q.element_size(),
                           topology=topology, one_sided=one_sided)["ranked"]
-            best = next(c for c in ranked if c["one_sided"] == one_sided)
+            best = _best_for_transport(ranked, transport, mesh)
             rt.plans[key] = best
         strategy = best["strategy"]
         ulysses_degree, ring_degree = best["ulysses_degree"], best["ring_degree"]
@@ -294,7 +345,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     if one_sided:
         rt.ensure_nvshmem()
     out, jout = rt.obj.attention(strategy, int(ulysses_degree), int(ring_degree), int(chunks),
-                                 one_sided, seq_total, q, k, v, joint_q, joint_k, joint_v)
+                                 one_sided, one_sided_inter, seq_total, q, k, v, joint_q, joint_k,
+                                 joint_v)
     return (out, jout) if joint else out
 
 
@@ -308,7 +360,9 @@ def synchronize(mesh: Mesh, device: Optional[torch.device] = None, timeout_s: fl
 def describe(mesh: Mesh, strategy: str, *, ulysses_degree: int = 0, ring_degree: int = 0,
              chunks: int = 1, transport: str = "nccl",
              device: Optional[torch.device] = None) -> str:
-    """The executor plan (units, streams, events, arena) of a configuration already run."""
+    """The executor plan (transport, units, streams, events, arena) of a configuration already
+    run."""
+    one_sided, one_sided_inter = _transport_flags(transport, "ditscale.sp.describe")
     device = device or torch.device("cuda", torch.cuda.current_device())
     return _runtime(mesh, device).obj.describe(strategy, ulysses_degree, ring_degree, chunks,
-                                               transport == "nvshmem")
+                                               one_sided, one_sided_inter)

@@ -25,6 +25,10 @@ def test_shard_range_is_even_and_covers_everything():
 
 
 def test_emulate_machines_sets_host_ids(monkeypatch):
+    # emulate_machines writes these directly; monkeypatch restores them after the test.
+    monkeypatch.setattr(sp, "_EMULATED_MACHINES", sp._EMULATED_MACHINES)
+    monkeypatch.setenv("NCCL_HOSTID", os.environ.get("NCCL_HOSTID", ""))
+    monkeypatch.setenv("DITSCALE_EMULATED_MACHINES", "0")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     ids = set()
     for r in range(4):
@@ -32,6 +36,7 @@ def test_emulate_machines_sets_host_ids(monkeypatch):
         assert sp.emulate_machines(2) == r // 2
         ids.add(os.environ["NCCL_HOSTID"])
     assert len(ids) == 2
+    assert sp.emulated_machines() == 2
     with pytest.raises(ValueError, match="cannot be split"):
         sp.emulate_machines(3)
 
@@ -129,3 +134,62 @@ def test_default_topology_follows_the_environment(monkeypatch):
         b = sp.predict(sp.Mesh(2, 1), strategy="ring", batch=1, seq=16384, text=0, heads=8,
                        head_dim=128, topology="h200-local")
         assert a != b
+
+
+def test_transports_and_emulated_machines_refuse_nvshmem(monkeypatch):
+    assert sp.TRANSPORTS == ("nccl", "nvshmem", "nvshmem-intra")
+    q, k, v = (torch.randn(1, 4, 2, 8) for _ in range(3))
+    monkeypatch.setattr(sp, "_EMULATED_MACHINES", 2)
+    with pytest.raises(ValueError, match="emulated.*nvshmem-intra"):
+        sp.attention(q, k, v, mesh=sp.Mesh(2, 1), strategy="ring", transport="nvshmem")
+    with pytest.raises(ValueError, match="emulated.*nvshmem-intra"):
+        sp.attention(q, k, v, mesh=sp.Mesh(2, 2), strategy="auto", transport="nvshmem")
+    # Allowed transports get past the check (and fail on the CPU tensors instead).
+    for t in ("nccl", "nvshmem-intra"):
+        with pytest.raises(ValueError, match="CUDA tensors"):
+            sp.attention(q, k, v, mesh=sp.Mesh(2, 1), strategy="ring", transport=t)
+    # One emulated machine, or a mesh of one machine: nothing crosses an emulated link.
+    assert sp.attention(q, k, v, mesh=sp.Mesh(1, 1), transport="nvshmem").shape == q.shape
+    monkeypatch.setattr(sp, "_EMULATED_MACHINES", 0)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        sp.attention(q, k, v, mesh=sp.Mesh(2, 1), strategy="ring", transport="nvshmem")
+    with pytest.raises(ValueError, match="transport 'nvshmem-inter'"):
+        sp.attention(q, k, v, mesh=sp.Mesh(2, 1), transport="nvshmem-inter")
+
+
+def test_best_candidate_for_each_transport():
+    ranked = [{"transport": "nvshmem", "one_sided": True, "name": "a"},
+              {"transport": "nvshmem-intra", "one_sided": True, "name": "b"},
+              {"transport": "nccl", "one_sided": False, "name": "c"}]
+    assert sp._best_for_transport(ranked, "nvshmem-intra", sp.Mesh(2, 2))["name"] == "b"
+    assert sp._best_for_transport(ranked, "nccl", sp.Mesh(2, 2))["name"] == "c"
+    # One machine: the planner lists the plain one-sided schedule only.
+    assert sp._best_for_transport(ranked[:1] + ranked[2:], "nvshmem-intra",
+                                  sp.Mesh(1, 4))["name"] == "a"
+    with pytest.raises(RuntimeError, match="no configuration for transport"):
+        sp._best_for_transport(ranked[2:], "nvshmem", sp.Mesh(2, 2))
+
+
+@pytest.mark.skipif(not _ops_ready(), reason="ditscale._C not built")
+def test_plan_lists_intra_one_sided_across_machines_only():
+    kw = dict(batch=1, seq=16384, text=512, heads=24, head_dim=128)
+    ranked = sp.plan(sp.Mesh(2, 2), one_sided=True, **kw)["ranked"]
+    by_transport = {}
+    for c in ranked:
+        by_transport.setdefault(c["transport"], []).append(c)
+        assert c["one_sided"] == (c["transport"] != "nccl")
+        assert c["one_sided_inter"] == (c["transport"] != "nvshmem-intra")
+    assert set(by_transport) == {"nccl", "nvshmem", "nvshmem-intra"}
+    assert len(by_transport["nvshmem-intra"]) == len(by_transport["nvshmem"])
+    best = by_transport["nvshmem-intra"][0]
+    assert "one-sided intra / two-sided inter" in best["name"]
+    t = sp.predict(sp.Mesh(2, 2), strategy=best["strategy"], chunks=best["torus_chunks"],
+                   ulysses_degree=best["ulysses_degree"], ring_degree=best["ring_degree"],
+                   transport="nvshmem-intra", **kw)
+    assert t == pytest.approx(best["predicted_layer_s"], rel=1e-9)
+    one = sp.plan(sp.Mesh(1, 4), one_sided=True, **kw)["ranked"]
+    assert {c["transport"] for c in one} == {"nccl", "nvshmem"}
+    two_sided = sp.plan(sp.Mesh(2, 2), one_sided=False, **kw)["ranked"]
+    assert {c["transport"] for c in two_sided} == {"nccl"}
+    with pytest.raises(ValueError, match="transport"):
+        sp.predict(sp.Mesh(2, 2), strategy="ring", transport="shm", **kw)

@@ -262,7 +262,10 @@ def test_bench_configurations():
     assert len(cfgs) == 3 + 2 * 7 and len(set(names)) == len(names)
     assert "ditscale torus c4 nvshmem" in names and names[0] == "1 GPU (SDPA)"
     e = bench.parse_args(["--emulate-machines", "2", "--meshes", "auto", "2x1"])
-    assert e.transports == ["nccl"] and (e.warmup, e.iters, e.repeats) == (1, 2, 2)
+    assert e.transports == ["nccl", "nvshmem-intra"]
+    assert (e.warmup, e.iters, e.repeats) == (1, 2, 2)
+    with pytest.raises(SystemExit):  # NVSHMEM between emulated machines would bypass the link
+        bench.parse_args(["--emulate-machines", "2", "--transports", "nvshmem"])
     assert len(bench.configs(e, have_sp=False)) == 3
     with pytest.raises(SystemExit):
         bench.parse_args(["--strategies", "zigzag"])

@@ -2,6 +2,8 @@
 // and Ring (kv rotation), with optional Torus chunking of the Ulysses all-to-all and two-sided or
 // one-sided transport. ulysses = (N, 1), ring = (1, N); usp / tas / torus differ in placement
 // and in the pipelined step 0. See strategies.h for the algorithms and the text-token scheme.
+// Transport is decided per link (OneSidedBetween): with one_sided_inter = false the
+// intra-machine transfers are puts and the inter-machine ones Send / Recv in the same schedule.
 //
 // Build order (the ProgramBuilder derives deps from the order ops are added, so the order below
 // is load-bearing): plan layouts and all transfers, [one-sided: "ready" round], issue the
@@ -121,6 +123,8 @@ class HybridBuilder {
   int RankOf(int u, int i) const;
   int64_t RingChunkTokens(int ring_index) const;
   LinkKind LinkOf(int a, int b) const;
+  // Transfers between ranks a and b are puts (else Send / Recv): see SpConfig::one_sided_inter.
+  bool OneSidedBetween(int a, int b) const { return OneSidedOn(cfg_, LinkOf(a, b)); }
   static Stream StreamOf(LinkKind link);
 
   SpMesh mesh_;

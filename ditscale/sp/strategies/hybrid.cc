@@ -221,13 +221,16 @@ void HybridBuilder::FinishText(int r) {
 
 // One-sided: every rank signals "<name>.<link>" to each rank that puts into it and waits for the
 // signals of every rank it puts into. At the start this says "my buffers are free"; at the end
-// ("done") it says "all your data has arrived and been consumed".
+// ("done") it says "all your data has arrived and been consumed". Only pairs linked by puts take
+// part: a Recv writes its buffer only once the receiver's stream reaches it, and a Send completes
+// only with its Recv, so NCCL transfers need no flow control of their own.
 void HybridBuilder::SyncRound(const std::vector<const Phase*>& phases, const std::string& name,
                               bool at_end) {
   const int n = U_ * R_;
   std::vector<std::set<int>> writers(n), targets(n);
   for (const Phase* p : phases) {
     for (const Transfer& t : p->transfers) {
+      if (!OneSidedBetween(t.src_rank, t.dst_rank)) continue;
       writers[t.dst_rank].insert(t.src_rank);
       targets[t.src_rank].insert(t.dst_rank);
     }

@@ -73,6 +73,8 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
                                      " x ring_degree " + std::to_string(c.ring_degree) +
                                      " != " + std::to_string(n) + " ranks of the mesh");
   }
+  // The scope of one-sided transfers means nothing for two-sided transport: one canonical form.
+  if (!c.one_sided) c.one_sided_inter = true;
   if (c.torus_chunks < 1) return Bad("torus_chunks", "must be >= 1");
   if (c.torus_chunks > 1 && c.strategy != "torus") {
     return Bad("torus_chunks", "only strategy torus splits the all-to-all into chunks");

@@ -3,7 +3,8 @@
 // buffer alternating with the own one (double buffering; a second extra buffer only when the own
 // buffer is smaller than the largest ring chunk). One-sided: a rank puts block s into the next
 // rank's location of block s + 1 once that rank has released it ("ring.free"), and the data
-// arrival is the put's signal on the phase counter.
+// arrival is the put's signal on the phase counter. A ring link that is two-sided
+// (one_sided_inter = false across machines) uses Send / Recv and no "ring.free" signals.
 #include <algorithm>
 
 #include "ditscale/sp/internal/hybrid.h"
@@ -100,6 +101,9 @@ void HybridBuilder::RingRelease(int s, int r) {
   if (R_ == 1 || !Reused(l, s)) return;
   ProgramBuilder& b = b_[r];
   const int pv = RankOf(l.u, (l.i - 1 + R_) % R_);
+  // A Recv target needs no "free" signal: the Recv is ordered after the block's readers on this
+  // rank (local deps), and the sender's Send waits for it (and skips free_wait, see Issue).
+  if (!OneSidedBetween(pv, r)) return;
   b.Signal(Stream::kCompute, pv, LinkOf(r, pv), "ring.free", 1,
            {b.Whole(l.ring_loc[s].first), b.Whole(l.ring_loc[s].second)}, {},
            "ring release block " + std::to_string(s));

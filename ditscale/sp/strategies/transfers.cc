@@ -4,6 +4,8 @@
 // (ncclGroupStart/End), Packs before it on the same stream, Unpacks where the data is consumed.
 // One-sided: Packs, then per link stream one group of puts-with-signal into the peer's buffer
 // (phase counter += 1 each); the receiver Waits for the phase counter only where it consumes.
+// The choice is per link (SpConfig::one_sided_inter): a phase may mix both forms, the Wait then
+// counts only the transfers that arrive by put.
 #include <algorithm>
 #include <map>
 
@@ -58,7 +60,7 @@ void HybridBuilder::Issue(const Phase& phase, int r) {
   }
   for (LinkKind link : {LinkKind::kIntraMachine, LinkKind::kInterMachine}) {
     const Stream st = StreamOf(link);
-    if (cfg_.one_sided) {
+    if (OneSidedOn(cfg_, link)) {
       int64_t free_wait = 0;
       for (const Transfer* t : out) {
         if (LinkOf(r, t->dst_rank) == link) free_wait = std::max(free_wait, t->free_wait);
@@ -105,10 +107,14 @@ void HybridBuilder::Consume(const Phase& phase, int r, Stream st) {
     if (t.dst_rank == r) in.push_back(&t);
   }
   if (in.empty()) return;
-  if (cfg_.one_sided) {
-    std::vector<Region> landed;
-    for (const Transfer* t : in) landed.push_back(t->land);
-    b.Wait(st, phase.name, static_cast<int64_t>(in.size()), landed, phase.name + " arrived");
+  // The phase counter counts put arrivals only; a Recv has completed the data of its transfer
+  // (the local deps on the landing region order the consumers after it).
+  std::vector<Region> landed;
+  for (const Transfer* t : in) {
+    if (OneSidedBetween(t->src_rank, r)) landed.push_back(t->land);
+  }
+  if (!landed.empty()) {
+    b.Wait(st, phase.name, static_cast<int64_t>(landed.size()), landed, phase.name + " arrived");
   }
   for (const Transfer* t : in) {
     if (t->land.buffer != t->dst.buffer) {

@@ -128,6 +128,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=200.0,
                    help="skip runs predicted to end past this many seconds after start")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, profile one step of each configuration (torch.profiler, "
+                   "CUDA kernels) and print rank 0's top kernels by GPU time (diagnosis)")
     p.add_argument("--json", type=Path, default=None, help="results file (rank 0 writes it)")
     a = p.parse_args(argv)
     emulated = a.emulate_machines > 1
@@ -397,6 +400,31 @@ class Bench:
         self.agree(True)  # resynchronise after a failure on every rank
         return c
 
+    def profile_step(self, cfg: Config, seq: int, step) -> None:
+        """One step under torch.profiler: where the GPU time of this configuration goes."""
+        torch = self.torch
+        from torch.profiler import ProfilerActivity, profile
+
+        self.dist.barrier()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        self.dist.barrier()
+        if self.rank == 0:
+            rows = []
+            for e in prof.key_averages():
+                t = getattr(e, "self_device_time_total", None)
+                if t is None:
+                    t = getattr(e, "self_cuda_time_total", 0)
+                if t > 0:
+                    rows.append((t, e.count, e.key))
+            rows.sort(reverse=True)
+            total = sum(r[0] for r in rows)
+            log(f"profile {cfg.name} S={seq}: {total / 1e3:.2f} ms of GPU kernels and copies "
+                "(all streams, summed)")
+            for t, n, k in rows[:10]:
+                log(f"    {t / 1e3:9.3f} ms  x{n:<4d} {k[:110]}")
+
     def budget_allows(self, est_s: float) -> bool:
         left = self.a.time_budget_s - (time.monotonic() - self.t0)
         ok = est_s <= left
@@ -457,6 +485,8 @@ class Bench:
             step, _, close = self.make_layer(cfg, seq)
             run.ms_repeats = self.time_layer(step)
             run.ms = statistics.median(run.ms_repeats)
+            if a.profile:
+                self.profile_step(cfg, seq, step)
             flops = peers.attention_flops(a.batch, a.heads, seq + a.text, a.head_dim)
             run.tflops = flops / (run.ms * 1e-3) / 1e12
             last_ms[cfg.name] = (seq, run.ms)

@@ -180,6 +180,10 @@ def topology_from_fits(fits: dict, name: str, gpus_per_machine: int,
         t["intra_latency_us"] = PRESET_INTRA_LATENCY_US
         sync_us = max(0.0, intra["latency_s"] * 1e6 - PRESET_INTRA_LATENCY_US)
         t["two_sided_sync_us"] = round(sync_us, 2)
+    # One "NIC" per GPU both for NVLink split into logical machines (every GPU has its own
+    # NVLink ports) and for emulated machines (every GPU pair has its own loopback sockets; the
+    # calibration measures one pair).
+    t["nics_per_machine"] = 0
     if nvlink_as_machines:
         if intra:
             t["nic_bandwidth_GBps"] = t["intra_bandwidth_GBps"]

@@ -312,7 +312,7 @@ void Sim::Drain() {
 }
 
 void Sim::Recompute() {
-  const int m = t_.machines;
+  const int m = t_.machines * t_.Nics();  // NICs in the cluster
   std::vector<double> cap(2 * n_ + 2 * m);
   for (int r = 0; r < n_; ++r) cap[r] = cap[n_ + r] = t_.intra_bandwidth_Bps;
   for (int i = 0; i < m; ++i) cap[2 * n_ + i] = cap[2 * n_ + m + i] = t_.nic_bandwidth_Bps;
@@ -325,7 +325,7 @@ void Sim::Recompute() {
       if (t_.SameMachine(a.src, a.dst)) {
         flows.push_back({a.src, n_ + a.dst});
       } else {
-        flows.push_back({2 * n_ + t_.MachineOf(a.src), 2 * n_ + m + t_.MachineOf(a.dst)});
+        flows.push_back({2 * n_ + t_.NicOf(a.src), 2 * n_ + m + t_.NicOf(a.dst)});
         ++inter_flows_;
       }
       idx.push_back(i);

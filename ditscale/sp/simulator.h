@@ -25,10 +25,10 @@
 //   A transfer to oneself is a local copy: MemorySeconds(2 * bytes), no link.
 // Link sharing: every data phase is a flow over two capacity resources — intra-machine: the
 // sender GPU's egress port and the receiver GPU's ingress port (intra_bandwidth_Bps each);
-// inter-machine: the sender machine's NIC egress and the receiver machine's NIC ingress
-// (nic_bandwidth_Bps each). Concurrent flows get max-min fair rates (progressive filling), so
-// two flows through one NIC each get half of it and a flow limited elsewhere leaves its unused
-// share to the others.
+// inter-machine: the sender GPU's NIC egress and the receiver GPU's NIC ingress (Topology::NicOf:
+// one per machine by default, one per GPU with nics_per_machine 0; nic_bandwidth_Bps each).
+// Concurrent flows get max-min fair rates (progressive filling), so two flows through one NIC each
+// get half of it and a flow limited elsewhere leaves its unused share to the others.
 //
 // Breakdown per rank, over [0, layer_s] (the three parts sum to layer_s):
 //   compute_s       the compute stream is running an op.

@@ -333,6 +333,33 @@ TEST(Simulator, TwoSidedTransfersSlowConcurrentCompute) {
   }
 }
 
+// Two GPUs of machine 0 send to two GPUs of machine 1 at once: one shared NIC per machine halves
+// each flow's rate; one NIC per GPU (nics_per_machine 0, emulated machines) does not.
+TEST(Simulator, NicsPerMachineShareOrSeparateInterMachineFlows) {
+  for (int nics : {1, 2, 0}) {
+    Topology t = Simple(2, 2);
+    t.nics_per_machine = nics;
+    t.inter_latency_s = 0;
+    t.two_sided_sync_s = 0;
+    t.one_sided_overhead_s = 0;
+    Builder b(2, 2);
+    b.Add(0, Xfer(OpKind::kPut, 2, -1, 1'000'000'000, Stream::kCommInter));
+    b.Add(1, Xfer(OpKind::kPut, 3, -1, 1'000'000'000, Stream::kCommInter));
+    SimResult r = SimOk(b, t);
+    const double one = 1e9 / t.nic_bandwidth_Bps;  // 0.1 s alone
+    EXPECT_NEAR(r.layer_s, nics == 1 ? 2 * one : one, 1e-9) << "nics_per_machine " << nics;
+  }
+  // Both flows from one GPU share its NIC whatever the count.
+  Topology t = Simple(2, 2);
+  t.nics_per_machine = 0;
+  t.inter_latency_s = 0;
+  t.one_sided_overhead_s = 0;
+  Builder b(2, 2);
+  b.Add(0, Xfer(OpKind::kPut, 2, -1, 1'000'000'000, Stream::kCommInter, {}, 0));
+  b.Add(0, Xfer(OpKind::kPut, 3, -1, 1'000'000'000, Stream::kCommInter, {}, 0));
+  EXPECT_NEAR(SimOk(b, t).layer_s, 0.2, 1e-9);
+}
+
 TEST(Simulator, GroupsStartTogetherAndBlockTheStream) {
   // Two sends in one group run concurrently (sharing the egress port); the op after the group
   // starts when both have finished.

@@ -48,6 +48,7 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.intra_bandwidth_Bps = 263 * kGiB;
     t.intra_latency_s = 5 * kUs;
     t.nic_bandwidth_Bps = 1.8 * kGiB;
+    t.nics_per_machine = 0;  // emulated machines: each GPU pair has its own loopback sockets
     t.inter_latency_s = 50 * kUs;
     t.attention_flops = 650 * kTera;
     t.linear_flops = 750 * kTera;
@@ -125,6 +126,10 @@ Result<bool> Topology::Validate() const {
                      Positive{"one_sided_overhead_us", one_sided_overhead_s}}) {
     if (!(p.v >= 0) || !std::isfinite(p.v)) return bad(p.field, "must be a finite number >= 0");
   }
+  if (nics_per_machine < 0 || nics_per_machine > gpus_per_machine) {
+    return bad("nics_per_machine", "must be in [0, gpus_per_machine] (0 = one per GPU), got " +
+                                       std::to_string(nics_per_machine));
+  }
   if (!(two_sided_sm_fraction >= 0 && two_sided_sm_fraction < 1)) {
     return bad("two_sided_sm_fraction", "must be in [0, 1)");
   }
@@ -192,6 +197,13 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     if (key == "base") continue;
+    if (key == "nics_per_machine") {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1024) {
+        return Fail(source, key, "must be an integer >= 0 (0 = one NIC per GPU)");
+      }
+      t.nics_per_machine = static_cast<int>(it->get<int64_t>());
+      continue;
+    }
     if (key == "name") {
       if (!it->is_string()) return Fail(source, key, "must be a string");
       t.name = it->get<std::string>();

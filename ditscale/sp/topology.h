@@ -7,11 +7,15 @@
 //   * intra-machine (NVSwitch / NVLink): every GPU has one egress port and one ingress port of
 //     `intra_bandwidth_Bps` each; a transfer a -> b on the same machine occupies a's egress and b's
 //     ingress. Latency `intra_latency_s` is added once per transfer.
-//   * inter-machine (EFA / RDMA / socket): every machine has ONE shared NIC with
-//     `nic_bandwidth_Bps` egress and the same ingress; a transfer from machine m to machine n
-//     occupies m's NIC egress and n's NIC ingress, shared with every other concurrent
-//     inter-machine flow of those machines (see simulator.h for the sharing rule). Latency
-//     `inter_latency_s` is added once per transfer.
+//   * inter-machine (EFA / RDMA / socket): every machine has `nics_per_machine` NICs (default
+//     ONE, shared by all its GPUs; 0 = one per GPU, a rail-optimised cluster) with
+//     `nic_bandwidth_Bps` egress and the same ingress each; GPU l of a machine uses NIC
+//     l * nics / gpus_per_machine. A transfer from GPU a to GPU b on another machine occupies
+//     a's NIC egress and b's NIC ingress, shared with every other concurrent inter-machine flow
+//     through those NICs (see simulator.h for the sharing rule). Latency `inter_latency_s` is
+//     added once per transfer. Emulated machines on one host (NCCL_HOSTID) are one NIC per GPU:
+//     each GPU pair talks over its own loopback sockets (2 x 2 H200 run: the single shared NIC
+//     predicted 2-2.5x the measured times of every socket-bound strategy).
 //
 // Compute:
 //   * attention of a q block of `q_tokens` against a kv block of `kv_tokens` with F flops takes
@@ -56,7 +60,8 @@
 //     intra 282.4 GB/s per direction: measured NCCL all-to-all busbw ~263 GiB/s at 256 MiB.
 //       intra latency 5 us.
 //     NIC 1.93 GB/s per direction: measured NCCL socket transport between emulated machines
-//       (NCCL_HOSTID per machine), ~1.8 GiB/s. inter latency 50 us (TCP loopback + proxy).
+//       (NCCL_HOSTID per machine), ~1.8 GiB/s per GPU pair, one "NIC" per GPU (each pair has its
+//       own loopback sockets). inter latency 50 us (TCP loopback + proxy).
 //     attention 650 TFLOP/s: measured cuDNN attention (ATen) at hd 128 on one H200.
 //       linear 750 TFLOP/s (76% of 989), HBM 4.0 TB/s achieved (4.8 TB/s datasheet).
 //   Common overheads (all presets unless noted): kernel launch 5 us; NCCL two-sided sync 15 us
@@ -66,10 +71,11 @@
 //
 // Custom clusters: a JSON object with the keys below (bandwidths in GB/s = 1e9 B/s, times in
 // microseconds). "base" names a preset whose values fill the keys not given; without "base",
-// every key is required. Unknown keys are errors.
+// every key is required except "nics_per_machine" (default 1; 0 = one NIC per GPU). Unknown keys
+// are errors.
 //   { "base": "p4de", "name": "my-cluster", "gpus_per_machine": 8,
 //     "intra_bandwidth_GBps": 240, "intra_latency_us": 5,
-//     "nic_bandwidth_GBps": 42.5, "inter_latency_us": 20,
+//     "nic_bandwidth_GBps": 42.5, "nics_per_machine": 1, "inter_latency_us": 20,
 //     "attention_tflops": 200, "attention_half_tokens": 128, "linear_tflops": 250,
 //     "hbm_bandwidth_GBps": 1600, "launch_overhead_us": 5, "two_sided_sync_us": 15,
 //     "two_sided_sm_fraction": 0.1, "one_sided_overhead_us": 2 }
@@ -89,7 +95,8 @@ struct Topology {
 
   double intra_bandwidth_Bps = 0;  // per GPU, per direction (egress = ingress)
   double intra_latency_s = 0;
-  double nic_bandwidth_Bps = 0;  // per machine (shared by its GPUs), per direction
+  double nic_bandwidth_Bps = 0;  // per NIC, per direction
+  int nics_per_machine = 1;      // NICs per machine; 0 = one per GPU
   double inter_latency_s = 0;
 
   double attention_flops = 0;          // asymptotic achieved attention FLOP/s per GPU
@@ -105,6 +112,12 @@ struct Topology {
   int world_size() const { return machines * gpus_per_machine; }
   int MachineOf(int rank) const { return rank / gpus_per_machine; }
   bool SameMachine(int a, int b) const { return MachineOf(a) == MachineOf(b); }
+  // NICs per machine with 0 resolved to gpus_per_machine.
+  int Nics() const { return nics_per_machine > 0 ? nics_per_machine : gpus_per_machine; }
+  // Global index (machine * Nics() + k) of the NIC that rank uses for inter-machine traffic.
+  int NicOf(int rank) const {
+    return MachineOf(rank) * Nics() + (rank % gpus_per_machine) * Nics() / gpus_per_machine;
+  }
 
   // Eff(t) = t / (t + attention_half_tokens), in (0, 1); 0 for t <= 0.
   double BlockEfficiency(double tokens) const;

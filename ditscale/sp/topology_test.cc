@@ -100,6 +100,39 @@ TEST(Topology, JsonErrorsNameFileAndField) {
   EXPECT_EQ(r.failure().line, 3) << r.failure().ToString();
 }
 
+TEST(Topology, NicsPerMachine) {
+  Topology t = MakePresetTopology("p4de", 2).value();
+  EXPECT_EQ(t.nics_per_machine, 1);  // one shared NIC: every GPU of a machine uses NIC m
+  EXPECT_EQ(t.NicOf(0), 0);
+  EXPECT_EQ(t.NicOf(7), 0);
+  EXPECT_EQ(t.NicOf(8), 1);
+  t.nics_per_machine = 4;  // p4de's 4 EFA devices: GPUs 0-1 -> NIC 0, ..., 6-7 -> NIC 3
+  EXPECT_EQ(t.NicOf(1), 0);
+  EXPECT_EQ(t.NicOf(2), 1);
+  EXPECT_EQ(t.NicOf(15), 7);
+  t.nics_per_machine = 0;  // one per GPU
+  EXPECT_EQ(t.Nics(), 8);
+  EXPECT_EQ(t.NicOf(13), 13);
+  t.nics_per_machine = 9;
+  auto v = t.Validate();
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.failure().ToString().find("nics_per_machine"), std::string::npos);
+  // The emulated-machine preset: one per GPU.
+  EXPECT_EQ(MakePresetTopology("h200-local", 2).value().nics_per_machine, 0);
+  // JSON: optional, an integer >= 0.
+  auto j = ParseTopologyJson(R"({"base": "p4de", "nics_per_machine": 4})", "c.json", 2);
+  ASSERT_TRUE(j.ok()) << j.failure().ToString();
+  EXPECT_EQ(j.value().nics_per_machine, 4);
+  for (const char* bad : {R"({"base": "p4de", "nics_per_machine": -1})",
+                          R"({"base": "p4de", "nics_per_machine": 1.5})",
+                          R"({"base": "p4de", "nics_per_machine": 12})"}) {
+    auto e = ParseTopologyJson(bad, "c.json", 2);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.failure().ToString().find("nics_per_machine"), std::string::npos) << bad;
+    EXPECT_NE(e.failure().ToString().find("c.json"), std::string::npos) << bad;
+  }
+}
+
 TEST(Topology, LoadFromFileAndPreset) {
   std::string path =
       ::testing::TempDir() + "topo_" + std::to_string(std::random_device{}()) + ".json";

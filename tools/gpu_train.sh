@@ -15,11 +15,11 @@
 # Results: $OUT/train-h200x<NPROC>.md (commit it as bench/results/train-h200x<NPROC>.md) and
 # $OUT/train-h200x<NPROC>-loss.png, plus bench.csv, cost.json, fit.json, train-*.jsonl, logs.
 # Knobs (environment):
-#   MODEL (wan2.1-1.3b)  LAYERS (8)  MAX_FRAMES (33: 720p clips up to 32400 tokens)
-#   MANIFEST (examples/manifests/mixed_2k.csv)  M_MEM (auto: min(fit M_mem, 131072))
+#   MODEL (wan2.1-1.3b)  LAYERS (8)  MAX_FRAMES (81: Wan's clip length, 720p up to 75600 tokens)
+#   MANIFEST (examples/manifests/mixed_2k.csv)  M_MEM (auto: min(fit M_mem, 160000))
 #   TRAIN_RUNS (equal-token adaptive balanced balanced-nofused: the runs of the train stage)
 #   TRAIN_BUDGET_S (60 per run)  TRAIN_STEPS (400, a cap)  SWEEP_BUDGET_S (180)
-#   SWEEP_MAX_TOKENS (131072: B*S cap of the sweep)  NPROC (all GPUs)  SEED (0)
+#   SWEEP_MAX_TOKENS (160000: B*S cap of the sweep)  NPROC (all GPUs)  SEED (0)
 #   MEM_BUDGET_GIB (40: memory budget of the longest-sequence estimate)
 #   SHAPE_MODEL_JSON (a ditscale JSON model file instead of MODEL + MAX_FRAMES)
 #   DITSCALE_CLI (path of the ditscale binary)  ADALN_SHAPES (FxHxW list of the adaln stage)
@@ -43,7 +43,7 @@ export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 MODEL=${MODEL:-wan2.1-1.3b}
 LAYERS=${LAYERS:-8}
-MAX_FRAMES=${MAX_FRAMES:-33}
+MAX_FRAMES=${MAX_FRAMES:-81}
 MANIFEST=${MANIFEST:-$ROOT/examples/manifests/mixed_2k.csv}
 M_MEM=${M_MEM:-auto}
 TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-60}
@@ -97,7 +97,7 @@ try:
     m = json.load(open(sys.argv[1])).get("m_mem_tokens")
 except Exception:
     m = None
-print(min(int(m), 131072) if m and m > 0 else 131072)
+print(min(int(m), 160000) if m and m > 0 else 160000)
 EOF
 }
 
@@ -121,7 +121,7 @@ ditscale.ops as o; print('fused adaln available:', o.is_available(), o.load_erro
   sweep)
     step sweep $((SWEEP_BUDGET_S + 240)) "${LAUNCH[@]}" -m ditscale.shape_bench --model "$MODEL" \
          --num-layers "$LAYERS" --manifest "$MANIFEST" --shape-model "$SHAPE_MODEL" \
-         --max-shapes 8 --max-tokens "${SWEEP_MAX_TOKENS:-131072}" --points-per-shape 3 --warmup 2 --steps 3 \
+         --max-shapes 8 --max-tokens "${SWEEP_MAX_TOKENS:-160000}" --points-per-shape 3 --warmup 2 --steps 3 \
          --accum-points "${SWEEP_ACCUM_POINTS:-3}" \
          --time-budget-s "$SWEEP_BUDGET_S" --seed "$SEED" $(fused_flag) --out "$WORK/bench.csv"
     ;;

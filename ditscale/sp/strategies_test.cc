@@ -104,13 +104,15 @@ TEST(Strategies, HybridDegreesAndPlacements) {
   for (const std::string& strategy : {"usp", "swiftfusion-tas", "torus"}) {
     for (auto [u, r] : {std::pair{2, 4}, {4, 2}, {8, 1}, {1, 8}}) {
       for (Placement p : {Placement::kUlyssesInner, Placement::kUlyssesOuter}) {
-        for (bool one_sided : {false, true}) {
+        // Transports: two-sided, one-sided, one-sided within machines / two-sided between them.
+        for (auto [one_sided, inter] : {std::pair{false, true}, {true, true}, {true, false}}) {
           Case c{mesh, SpConfig{}, Shape(61, 8, 8)};
           c.config.strategy = strategy;
           c.config.ulysses_degree = u;
           c.config.ring_degree = r;
           c.config.placement = p;
           c.config.one_sided = one_sided;
+          c.config.one_sided_inter = inter;
           c.config.torus_chunks = strategy == "torus" ? 3 : 1;
           RunCase(c, ++seed);
         }
@@ -233,6 +235,56 @@ TEST(Strategies, TextTokensLargerThanShardsAndFewerThanRing) {
   }
 }
 
+// Joint text with U > 1: the rank's text rows share the gathered buffers, so step 0 is ONE
+// attention over [text; image] queries x [image; text] keys and every later ring step one
+// attention + one merge; the text inputs are read only by copies (never by an attention).
+// Covers uneven head groups, GQA, text split unevenly over the ring (T < R: ranks without text
+// rows), batch 2 and both transports.
+TEST(Strategies, JointTextIsOneAttentionPerKvBlock) {
+  uint64_t seed = 6000;
+  struct Hybrid {
+    std::string strategy;
+    SpMesh mesh;
+  };
+  const Hybrid hybrids[] = {
+      {"ulysses", {1, 4}},         {"usp", {2, 2}},  {"usp", {2, 4}}, {"swiftfusion-tas", {2, 4}},
+      {"swiftfusion-tas", {4, 2}}, {"torus", {2, 4}}};
+  for (const Hybrid& h : hybrids) {
+    for (bool one_sided : {false, true}) {
+      for (int64_t text : {3, 8}) {
+        for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{6, 0}, {12, 4}}) {
+          Case c{h.mesh, SpConfig{}, Shape(53, text, heads, kv_heads)};
+          c.config.strategy = h.strategy;
+          c.config.one_sided = one_sided;
+          c.config.torus_chunks = h.strategy == "torus" ? 2 : 1;
+          c.config = ResolveConfig(c.mesh, c.config, c.shape).ValueOrThrow();
+          ASSERT_GT(c.config.ulysses_degree, 1);
+          RunCase(c, ++seed);
+          const Schedule s = BuildSchedule(c.mesh, c.config, c.shape).ValueOrThrow();
+          SCOPED_TRACE(Describe(c));
+          for (const RankProgram& p : s.ranks) {
+            int attentions = 0, merges = 0;
+            for (const Op& op : p.ops) {
+              if (op.kind == OpKind::kMerge) ++merges;
+              if (op.kind != OpKind::kAttention) continue;
+              ++attentions;
+              for (const Region& r : {op.src, op.key, op.value}) {
+                EXPECT_NE(r.buffer, p.text_q) << op.label;
+                EXPECT_NE(r.buffer, p.text_k) << op.label;
+                EXPECT_NE(r.buffer, p.text_v) << op.label;
+              }
+            }
+            if (h.strategy == "torus") continue;  // pipelined: counts depend on the chunks
+            const int R = c.config.ring_degree;
+            EXPECT_EQ(attentions, R) << "rank " << p.rank;
+            EXPECT_EQ(merges, R - 1) << "rank " << p.rank;
+          }
+        }
+      }
+    }
+  }
+}
+
 // One-sided within machines, two-sided between them: puts never cross machines, Send / Recv
 // never stay inside one, Waits count put arrivals only, the sync rounds and ring flow control
 // involve only pairs linked by puts; and the result is still dense attention.
@@ -299,26 +351,6 @@ TEST(Strategies, IntraOneSidedInterTwoSidedMatchesDense) {
           EXPECT_FALSE(s.config.one_sided_inter);
           CheckIntraOnlyTransport(s);
         }
-      }
-    }
-  }
-}
-
-TEST(Strategies, IntraOneSidedWithOtherDegreesAndPlacements) {
-  uint64_t seed = 4500;
-  const SpMesh mesh{2, 4};
-  for (const std::string& strategy : {"usp", "swiftfusion-tas", "torus"}) {
-    for (auto [u, r] : {std::pair{2, 4}, {4, 2}, {8, 1}, {1, 8}}) {
-      for (Placement p : {Placement::kUlyssesInner, Placement::kUlyssesOuter}) {
-        Case c{mesh, SpConfig{}, Shape(61, 8, 8)};
-        c.config.strategy = strategy;
-        c.config.ulysses_degree = u;
-        c.config.ring_degree = r;
-        c.config.placement = p;
-        c.config.one_sided = true;
-        c.config.one_sided_inter = false;
-        c.config.torus_chunks = strategy == "torus" ? 3 : 1;
-        RunCase(c, ++seed);
       }
     }
   }

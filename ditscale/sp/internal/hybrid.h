@@ -64,6 +64,11 @@ struct RankLayout {
   Accumulator acc, tacc;
   int part = -1, part_lse = -1;
   int64_t tq_begin = 0, tq_tokens = 0;  // text query rows this rank computes
+  // Joint text (U > 1, T > 0): the rank's text query rows sit in front of the image rows of
+  // gathered.q and acc (rows [0, qoff), image rows from qoff), and the text kv rows next to the
+  // image kv (gathered.k/v rows [chunk_tokens, + T); torus: kall/vall rows [0, T)), so that one
+  // attention covers [text; image] and tacc is unused. 0 otherwise.
+  int64_t qoff = 0;
   std::vector<Slot> slots;
   std::vector<std::pair<int64_t, int64_t>> chunk_range;  // gathered [a, b) of torus chunk c
   std::vector<std::pair<int, int>> ring_loc;             // (k, v) buffer of ring block s
@@ -94,6 +99,7 @@ class HybridBuilder {
                   int64_t acc_token_begin, const std::string& label);
   Region KvHeads(int r, int buffer, int64_t token_begin, int64_t tokens) const;
   Region QHeads(int r, int buffer, int64_t token_begin, int64_t tokens) const;
+  Region TextOut(int r) const;
   Phase PlanText();
   void FinishText(int r);
   // transfers.cc
@@ -106,10 +112,14 @@ class HybridBuilder {
   Phase PlanBack(int chunk);
   void CopyOwnIn(int r);
   void CopyOwnOut(int r);
+  void CopyTextIn(int r, int k, int v, int64_t kv_row);
   void Step0(int r);
   void Consume(const Phase& phase, int r, Stream stream);
   // torus.cc (torus_pipeline(): torus with U > 1; torus with U = 1 is plain ring)
   bool torus_pipeline() const { return cfg_.strategy == "torus" && U_ > 1; }
+  // Text rows live in the gathered buffers (RankLayout::qoff). With U == 1 the gathered buffers
+  // are the caller's q, k, v: no room, text keeps its own calls and tacc.
+  bool joint_text() const { return U_ > 1 && shape_.text_tokens > 0; }
   void PlanTorusBuffers(int r);
   void PlanTorusPhases();
   void EmitTorusRing(int r, std::vector<char>* consumed);

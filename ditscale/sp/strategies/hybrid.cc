@@ -111,16 +111,20 @@ void HybridBuilder::PlanLayouts() {
     l.chunk_tokens = RingChunkTokens(l.i);
     int64_t acc_tokens = l.shard_tokens;
     if (U_ > 1) {
-      l.gq =
-          b.AddBuffer("gathered.q", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hq, d, e);
+      l.qoff = joint_text() ? l.tq_tokens : 0;
+      const int64_t q_rows = l.qoff + max_chunk;
+      // Text kv after the image rows (torus: in front of kall, PlanTorusBuffers), so ring blocks
+      // landing in gathered.k/v still start at row 0.
+      const int64_t kv_rows = max_chunk + (joint_text() ? T : 0);
+      l.gq = b.AddBuffer("gathered.q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
       if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
-        l.gk = b.AddBuffer("gathered.k", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
-                           d, e);
-        l.gv = b.AddBuffer("gathered.v", BufferRole::kWork, BufferInit::kUndefined, max_chunk, hkv,
-                           d, e);
+        l.gk = b.AddBuffer("gathered.k", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d,
+                           e);
+        l.gv = b.AddBuffer("gathered.v", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d,
+                           e);
       }
-      l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, max_chunk, hq, d, e);
-      acc_tokens = max_chunk;
+      l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, q_rows, hq, d, e);
+      acc_tokens = q_rows;
     } else {
       l.gq = l.q;
       l.gk = l.k;
@@ -130,12 +134,13 @@ void HybridBuilder::PlanLayouts() {
     l.acc.lse =
         b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
     l.acc.fresh.assign(acc_tokens, 1);
-    const int64_t part_tokens = std::max(l.chunk_tokens, l.tq_tokens);
+    const int64_t part_tokens =
+        U_ > 1 ? l.qoff + l.chunk_tokens : std::max(l.chunk_tokens, l.tq_tokens);
     l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
                          hq, d, e);
     l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
                              part_tokens, hq, 1, 4);
-    if (l.tq_tokens > 0) {
+    if (l.tq_tokens > 0 && !joint_text()) {
       l.tacc.out =
           b.AddBuffer("text_acc.out", BufferRole::kWork, BufferInit::kZero, l.tq_tokens, hq, d, e);
       l.tacc.lse = b.AddBuffer("text_acc.lse", BufferRole::kWork, BufferInit::kNegInf, l.tq_tokens,
@@ -193,6 +198,13 @@ void HybridBuilder::AttendInto(int r, const Region& q, const Region& k, const Re
   b.Merge(part, part_lse, acc_out, acc_lse, "merge " + label);
 }
 
+// The rank's finished text query rows: rows [0, qoff) of acc (joint text) or tacc.
+Region HybridBuilder::TextOut(int r) const {
+  const RankLayout& l = lay_[r];
+  const int buffer = joint_text() ? l.acc.out : l.tacc.out;
+  return Region{buffer, 0, l.tq_tokens, 0, kv_size_[l.u] * group_};
+}
+
 Phase HybridBuilder::PlanText() {
   Phase p;
   p.name = "text";
@@ -202,7 +214,7 @@ Phase HybridBuilder::PlanText() {
     if (l.tq_tokens == 0) continue;
     for (int x = 0; x < n; ++x) {
       if (x == r) continue;
-      const Region src{l.tacc.out, 0, l.tq_tokens, 0, kv_size_[l.u] * group_};
+      const Region src = TextOut(r);
       const Region dst{lay_[x].tout, l.tq_begin, l.tq_tokens, kv_begin_[l.u] * group_,
                        kv_size_[l.u] * group_};
       p.transfers.push_back(MakeTransfer(p.name, "out", r, src, x, dst));
@@ -214,9 +226,8 @@ Phase HybridBuilder::PlanText() {
 void HybridBuilder::FinishText(int r) {
   const RankLayout& l = lay_[r];
   if (l.tq_tokens == 0) return;
-  const Region src{l.tacc.out, 0, l.tq_tokens, 0, kv_size_[l.u] * group_};
-  b_[r].Copy(OpKind::kCopy, Stream::kCompute, src, QHeads(r, l.tout, l.tq_begin, l.tq_tokens),
-             "text out own piece");
+  b_[r].Copy(OpKind::kCopy, Stream::kCompute, TextOut(r),
+             QHeads(r, l.tout, l.tq_begin, l.tq_tokens), "text out own piece");
 }
 
 // One-sided: every rank signals "<name>.<link>" to each rank that puts into it and waits for the
@@ -271,7 +282,10 @@ Schedule HybridBuilder::Build() {
   if (shape_.text_tokens > 0) {
     s_.notes.push_back(
         "text tokens: image queries attend the local text k/v once; text query rows are split "
-        "over the ring ranks (each attends every kv block it sees), then all-gathered");
+        "over the ring ranks (each attends every kv block it sees), then all-gathered" +
+        std::string(joint_text() ? "; text rows share the gathered buffers: one attention "
+                                   "covers [text; image] queries and keys"
+                                 : ""));
   }
   PlanLayouts();
   const int n = U_ * R_;

@@ -90,8 +90,9 @@ void HybridBuilder::RingCompute(int s, int r) {
   const Region k = KvHeads(r, l.ring_loc[s].first, 0, L);
   const Region v = KvHeads(r, l.ring_loc[s].second, 0, L);
   const std::string tag = "ring step " + std::to_string(s);
-  AttendInto(r, QHeads(r, l.gq, 0, l.chunk_tokens), k, v, &l.acc, 0, tag + " attention");
-  if (l.tq_tokens > 0) {
+  // Joint text: q = [text rows; image rows] in one call (qoff = 0 otherwise).
+  AttendInto(r, QHeads(r, l.gq, 0, l.qoff + l.chunk_tokens), k, v, &l.acc, 0, tag + " attention");
+  if (l.tq_tokens > 0 && !joint_text()) {
     AttendInto(r, QHeads(r, l.tq, l.tq_begin, l.tq_tokens), k, v, &l.tacc, 0, tag + " text q");
   }
 }

@@ -3,11 +3,13 @@
 // the out all-to-all back leaves query chunk by query chunk as each becomes final.
 //
 // Data layout of rank (u, i):
-//   gathered.q  own (stationary) slot, then torus chunk 0, 1, ... (slots of the Ulysses peers).
-//   kall/vall   the k, v of EVERY block of the ring (head group u), resident for the whole layer,
-//               in arrival order: piece-major (piece 0 = the stationary slot of each block, piece
-//               c + 1 = torus chunk c of each block), then by ring hop (hop 0 = own block, hop h =
-//               the block of ring index i - h). So "all kv that has arrived" is always a prefix.
+//   gathered.q  the rank's text query rows (joint text, RankLayout::qoff), own (stationary) slot,
+//               then torus chunk 0, 1, ... (slots of the Ulysses peers). acc alike.
+//   kall/vall   the T text kv rows, then the k, v of EVERY block of the ring (head group u),
+//               resident for the whole layer, in arrival order: piece-major (piece 0 = the
+//               stationary slot of each block, piece c + 1 = torus chunk c of each block), then by
+//               ring hop (hop 0 = own block, hop h = the block of ring index i - h). So "all kv
+//               that has arrived" is always a prefix.
 // Pipeline:
 //   inter stream  the all-to-all phases in order, k, v one chunk ahead of q: kv0, kv1, q0, kv2,
 //                 q1, ..., q(C-1) (a query chunk is only useful once there is kv to attend, and
@@ -18,7 +20,7 @@
 //                 two prefixes done exactly once, merged by log-sum-exp):
 //                 kv [kd, kq) arrived -> queries [0, qa) x kv [kd, kq)   (grouped so that each op
 //                                        has >= kMinKvTokens kv, or the stationary block size)
-//                 q chunk [qa, e) arrived -> queries [qa, e) x kv [0, kd) (+ text kv)
+//                 q chunk [qa, e) arrived -> queries [qa, e) x kv [0, kd)
 //                 The last kv event (the whole last piece) is split by query chunk and each
 //                 chunk's out all-to-all back is issued as soon as the chunk is final; query
 //                 chunks arriving after it are final at once (grouped to >= kMinQTokens, the last
@@ -65,7 +67,8 @@ void HybridBuilder::PlanTorusBuffers(int r) {
   const int pieces = C_ + 1;
   l.seg_begin.assign(pieces, std::vector<int64_t>(R_, 0));
   l.seg_tokens.assign(pieces, std::vector<int64_t>(R_, 0));
-  int64_t cursor = 0;
+  // Joint text: the T text kv rows come first, local from the start (an always-arrived prefix).
+  int64_t cursor = joint_text() ? shape_.text_tokens : 0;
   for (int p = 0; p < pieces; ++p) {
     for (int h = 0; h < R_; ++h) {
       const RankLayout& src = lay_[RankOf(l.u, ((l.i - h) % R_ + R_) % R_)];
@@ -107,8 +110,8 @@ void HybridBuilder::PlanTorusPhases() {
         const RankLayout& o = lay_[src];
         if (with_q) {
           const Region q{o.q, sl.src_offset, sl.tokens, kv_begin_[l.u] * group_, hq};
-          t.phase.transfers.push_back(MakeTransfer(t.phase.name, "q", src, q, r,
-                                                   Region{l.gq, sl.offset, sl.tokens, 0, hq}));
+          t.phase.transfers.push_back(MakeTransfer(
+              t.phase.name, "q", src, q, r, Region{l.gq, l.qoff + sl.offset, sl.tokens, 0, hq}));
         }
         if (with_kv) {
           const Region dk{l.kall, kv_base + sl.offset, sl.tokens, 0, hkv};
@@ -164,8 +167,9 @@ void HybridBuilder::EmitTorusRing(int r, std::vector<char>* consumed) {
   RankLayout& l = lay_[r];
   ProgramBuilder& b = b_[r];
   const int64_t n = l.shard_tokens, hq = kv_size_[l.u] * group_, hkv = kv_size_[l.u];
-  b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n), Region{l.gq, 0, n, 0, hq},
+  b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n), Region{l.gq, l.qoff, n, 0, hq},
          "a2a own q");
+  if (joint_text()) CopyTextIn(r, l.kall, l.vall, 0);
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.k, 0, n),
          Region{l.kall, l.seg_begin[0][0], n, 0, hkv}, "a2a own k");
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.v, 0, n),
@@ -193,13 +197,15 @@ void HybridBuilder::EmitTorusRing(int r, std::vector<char>* consumed) {
 void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
   RankLayout& l = lay_[r];
   const int64_t n = l.shard_tokens, T = shape_.text_tokens;
-  const Region tq = l.tq_tokens > 0 ? QHeads(r, l.tq, l.tq_begin, l.tq_tokens) : Region{};
-  const Region tk = T > 0 ? KvHeads(r, l.tk, 0, T) : Region{};
-  const Region tv = T > 0 ? KvHeads(r, l.tv, 0, T) : Region{};
   const int64_t total = b_[r].decl(l.kall).tokens;
   const auto K = [&](int64_t a, int64_t e) { return KvHeads(r, l.kall, a, e - a); };
   const auto V = [&](int64_t a, int64_t e) { return KvHeads(r, l.vall, a, e - a); };
-  const auto Q = [&](int64_t a, int64_t e) { return QHeads(r, l.gq, a, e - a); };
+  // Text is always joint here (U > 1): the text kv is the prefix [0, T) of kall, local from the
+  // start, and the rank's text query rows [0, qoff) of gq / acc travel with the stationary
+  // queries (those starting at image row 0). Queries are named by gathered (image) rows.
+  const int64_t o = l.qoff;
+  const auto row = [&](int64_t a) { return a == 0 ? 0 : a + o; };
+  const auto Q = [&](int64_t a, int64_t e) { return QHeads(r, l.gq, row(a), e + o - row(a)); };
 
   // Arrival order of queries and kv segments (the same for every rank).
   std::vector<Item> items;
@@ -222,10 +228,7 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
     (*consumed)[phase] = 1;
   };
 
-  // Text kv and the stationary queries are local: attend them first.
-  if (T > 0) AttendInto(r, Q(0, n), tk, tv, &l.acc, 0, "torus stationary q x text kv");
-  if (l.tq_tokens > 0) AttendInto(r, tq, tk, tv, &l.tacc, 0, "torus text q x text kv");
-  int64_t qa = n, qp = n, kd = 0, kq = 0;  // queries [qa, qp) arrived, not yet attended
+  int64_t qa = n, qp = n, kd = 0, kq = T;  // queries [qa, qp) arrived, not yet attended
   std::vector<int> arrived, pending;       // query chunks attended / waiting
   bool kv_done = false;
   const int64_t min_kv = std::min(kMinKvTokens, std::max<int64_t>(n, 1));
@@ -234,8 +237,7 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
   auto attend_pending = [&]() {
     if (pending.empty()) return;
     const std::string tag = "torus q " + Range(qa, qp);
-    AttendInto(r, Q(qa, qp), K(0, kd), V(0, kd), &l.acc, qa, tag + " x kv " + Range(0, kd));
-    if (T > 0) AttendInto(r, Q(qa, qp), tk, tv, &l.acc, qa, tag + " x text kv");
+    AttendInto(r, Q(qa, qp), K(0, kd), V(0, kd), &l.acc, row(qa), tag + " x kv " + Range(0, kd));
     qa = qp;
     for (int c : pending) {
       arrived.push_back(c);
@@ -279,7 +281,7 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
       // Finish the queries one chunk at a time; each chunk's out leaves as soon as it is final.
       for (int c : arrived) {
         const auto [a, e] = l.chunk_range[c];
-        AttendInto(r, Q(a, e), K(kd, kq), V(kd, kq), &l.acc, a,
+        AttendInto(r, Q(a, e), K(kd, kq), V(kd, kq), &l.acc, row(a),
                    "torus chunk " + std::to_string(c) + " q" + kv_tag);
         Issue(back_[c], r);
       }
@@ -288,8 +290,10 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
       deferred_v = V(kd, kq);
       deferred_label = "torus stationary q" + kv_tag;
     }
-    if (l.tq_tokens > 0) {
-      AttendInto(r, tq, K(kd, kq), V(kd, kq), &l.tacc, 0, "torus text q" + kv_tag);
+    if (final && o > 0) {
+      // The text rows leave the deferred stationary call: their all-gather starts now.
+      AttendInto(r, QHeads(r, l.gq, 0, o), K(kd, kq), V(kd, kq), &l.acc, 0,
+                 "torus text q" + kv_tag);
     }
     kd = kq;
     if (final) {
@@ -301,7 +305,7 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
   }
   attend_pending();
   if (deferred_k.valid()) {
-    AttendInto(r, Q(0, n), deferred_k, deferred_v, &l.acc, 0, deferred_label);
+    AttendInto(r, QHeads(r, l.gq, o, n), deferred_k, deferred_v, &l.acc, o, deferred_label);
     CopyOwnOut(r);
   }
 }

@@ -21,7 +21,7 @@ Phase HybridBuilder::PlanForward(int chunk) {
       const Region k{sl_owner.k, sl.src_offset, sl.tokens, kv_begin_[l.u], kv_size_[l.u]};
       const Region v{sl_owner.v, sl.src_offset, sl.tokens, kv_begin_[l.u], kv_size_[l.u]};
       p.transfers.push_back(
-          MakeTransfer(p.name, "q", src, q, r, Region{l.gq, sl.offset, sl.tokens, 0, hq}));
+          MakeTransfer(p.name, "q", src, q, r, Region{l.gq, l.qoff + sl.offset, sl.tokens, 0, hq}));
       p.transfers.push_back(MakeTransfer(p.name, "k", src, k, r,
                                          Region{l.gk, sl.offset, sl.tokens, 0, kv_size_[l.u]}));
       p.transfers.push_back(MakeTransfer(p.name, "v", src, v, r,
@@ -43,7 +43,7 @@ Phase HybridBuilder::PlanBack(int chunk) {
     for (const Slot& sl : l.slots) {
       if (sl.chunk != chunk) continue;
       const int owner = RankOf(sl.src_u, l.i);
-      const Region src{l.acc.out, sl.offset, sl.tokens, 0, hq};
+      const Region src{l.acc.out, l.qoff + sl.offset, sl.tokens, 0, hq};
       const Region dst{lay_[owner].out, sl.src_offset, sl.tokens, kv_begin_[l.u] * group_, hq};
       p.transfers.push_back(MakeTransfer(p.name, "out", r, src, owner, dst));
     }
@@ -58,7 +58,7 @@ void HybridBuilder::CopyOwnIn(int r) {
   ProgramBuilder& b = b_[r];
   const int64_t n = l.shard_tokens;
   b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n),
-         Region{l.gq, 0, n, 0, kv_size_[l.u] * group_}, "a2a own q");
+         Region{l.gq, l.qoff, n, 0, kv_size_[l.u] * group_}, "a2a own q");
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.k, 0, n),
          Region{l.gk, 0, n, 0, kv_size_[l.u]}, "a2a own k");
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.v, 0, n),
@@ -68,15 +68,41 @@ void HybridBuilder::CopyOwnIn(int r) {
 void HybridBuilder::CopyOwnOut(int r) {
   const RankLayout& l = lay_[r];
   const int64_t n = l.shard_tokens;
-  b_[r].Copy(OpKind::kCopy, Stream::kCompute, Region{l.acc.out, 0, n, 0, kv_size_[l.u] * group_},
-             QHeads(r, l.out, 0, n), "a2a own out");
+  b_[r].Copy(OpKind::kCopy, Stream::kCompute,
+             Region{l.acc.out, l.qoff, n, 0, kv_size_[l.u] * group_}, QHeads(r, l.out, 0, n),
+             "a2a own out");
+}
+
+// Joint text: the rank's text query rows (its ring share, own head group) into gathered.q rows
+// [0, qoff), and all T text kv rows (own kv heads) into rows [kv_row, + T) of `k`, `v`.
+void HybridBuilder::CopyTextIn(int r, int k, int v, int64_t kv_row) {
+  const RankLayout& l = lay_[r];
+  ProgramBuilder& b = b_[r];
+  const int64_t T = shape_.text_tokens, hkv = kv_size_[l.u];
+  if (l.qoff > 0) {
+    b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.tq, l.tq_begin, l.qoff),
+           Region{l.gq, 0, l.qoff, 0, hkv * group_}, "text q in");
+  }
+  b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.tk, 0, T), Region{k, kv_row, T, 0, hkv},
+         "text k in");
+  b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.tv, 0, T), Region{v, kv_row, T, 0, hkv},
+         "text v in");
 }
 
 void HybridBuilder::Step0(int r) {
   RankLayout& l = lay_[r];
+  const int64_t L = l.chunk_tokens, T = shape_.text_tokens;
+  // Local text rows first: the copies run while the all-to-all is still arriving.
+  if (joint_text()) CopyTextIn(r, l.gk, l.gv, L);
   if (U_ > 1) Consume(fwd_[0], r, false);
   CopyOwnIn(r);
-  const int64_t L = l.chunk_tokens;
+  if (joint_text()) {
+    // One call over [text; image] queries x [image; text] keys instead of four calls and two
+    // merges: the text-query calls alone are too small to fill the GPU (T / R rows).
+    AttendInto(r, QHeads(r, l.gq, 0, l.qoff + L), KvHeads(r, l.gk, 0, L + T),
+               KvHeads(r, l.gv, 0, L + T), &l.acc, 0, "step 0 attention (text + image)");
+    return;
+  }
   const Region q = QHeads(r, l.gq, 0, L);
   const Region k = KvHeads(r, l.gk, 0, L);
   const Region v = KvHeads(r, l.gv, 0, L);

@@ -190,6 +190,13 @@ def topology_from_fits(fits: dict, name: str, gpus_per_machine: int,
             t["inter_latency_us"] = t["intra_latency_us"]
     elif inter:
         t["nic_bandwidth_GBps"] = round(inter["bandwidth_Bps"] / 1e9, 4)
+        uni = inter.get("unidirectional")
+        if uni and uni["bandwidth_Bps"] > 1.1 * inter["bandwidth_Bps"]:
+            # One way is faster than each direction of a two-way exchange (loopback sockets
+            # share their copies between directions): the NIC's rate is the one-way one, and
+            # both directions together are limited to twice the two-way rate.
+            t["nic_bandwidth_GBps"] = round(uni["bandwidth_Bps"] / 1e9, 4)
+            t["nic_duplex_GBps"] = round(2 * inter["bandwidth_Bps"] / 1e9, 4)
         base_sync = sync_us if sync_us is not None else 15.0
         t["inter_latency_us"] = round(max(0.0, inter["latency_s"] * 1e6 - base_sync), 2)
     if att:

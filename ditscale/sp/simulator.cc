@@ -313,19 +313,26 @@ void Sim::Drain() {
 
 void Sim::Recompute() {
   const int m = t_.machines * t_.Nics();  // NICs in the cluster
-  std::vector<double> cap(2 * n_ + 2 * m);
+  const bool duplex = t_.nic_duplex_Bps > 0;
+  // Resources: GPU egress, GPU ingress, NIC egress, NIC ingress, then (duplex) NIC both ways.
+  std::vector<double> cap(2 * n_ + (duplex ? 3 : 2) * m);
   for (int r = 0; r < n_; ++r) cap[r] = cap[n_ + r] = t_.intra_bandwidth_Bps;
   for (int i = 0; i < m; ++i) cap[2 * n_ + i] = cap[2 * n_ + m + i] = t_.nic_bandwidth_Bps;
-  std::vector<std::array<int, 2>> flows;
+  if (duplex) {
+    for (int i = 0; i < m; ++i) cap[2 * n_ + 2 * m + i] = t_.nic_duplex_Bps;
+  }
+  std::vector<internal::FlowResources> flows;
   std::vector<int> idx;
   inter_flows_ = 0;
   for (int i = 0; i < int(acts_.size()); ++i) {
     Activity& a = acts_[i];
     if (a.phase == Phase::kData) {
       if (t_.SameMachine(a.src, a.dst)) {
-        flows.push_back({a.src, n_ + a.dst});
+        flows.push_back({a.src, n_ + a.dst, -1, -1});
       } else {
-        flows.push_back({2 * n_ + t_.NicOf(a.src), 2 * n_ + m + t_.NicOf(a.dst)});
+        const int from = t_.NicOf(a.src), to = t_.NicOf(a.dst);
+        flows.push_back({2 * n_ + from, 2 * n_ + m + to, duplex ? 2 * n_ + 2 * m + from : -1,
+                         duplex ? 2 * n_ + 2 * m + to : -1});
         ++inter_flows_;
       }
       idx.push_back(i);
@@ -335,7 +342,7 @@ void Sim::Recompute() {
       a.rate = 1.0;
     }
   }
-  std::vector<double> rates = internal::MaxMinFairRates(cap, flows);
+  std::vector<double> rates = internal::MaxMinFairRatesWide(cap, flows);
   for (size_t k = 0; k < idx.size(); ++k) acts_[idx[k]].rate = rates[k];
 }
 

@@ -360,6 +360,25 @@ TEST(Simulator, NicsPerMachineShareOrSeparateInterMachineFlows) {
   EXPECT_NEAR(SimOk(b, t).layer_s, 0.2, 1e-9);
 }
 
+// A duplex limit (loopback sockets): one way runs at the NIC rate, two opposite flows share
+// nic_duplex between them; without the limit each direction is independent.
+TEST(Simulator, NicDuplexLimitsOppositeFlows) {
+  for (double duplex_gbps : {0.0, 15.0}) {
+    Topology t = Simple(2, 1);  // NIC 10 GB/s
+    t.nic_duplex_Bps = duplex_gbps * 1e9;
+    t.inter_latency_s = 0;
+    t.one_sided_overhead_s = 0;
+    Builder one(2, 1);
+    one.Add(0, Xfer(OpKind::kPut, 1, -1, 1'000'000'000, Stream::kCommInter));
+    EXPECT_NEAR(SimOk(one, t).layer_s, 0.1, 1e-9);  // one way: the NIC rate either way
+    Builder both(2, 1);
+    both.Add(0, Xfer(OpKind::kPut, 1, -1, 1'000'000'000, Stream::kCommInter));
+    both.Add(1, Xfer(OpKind::kPut, 0, -1, 1'000'000'000, Stream::kCommInter));
+    // Both ways: 10 GB/s each (full duplex) or 7.5 GB/s each (15 GB/s shared).
+    EXPECT_NEAR(SimOk(both, t).layer_s, duplex_gbps > 0 ? 1.0 / 7.5 : 0.1, 1e-9) << duplex_gbps;
+  }
+}
+
 TEST(Simulator, GroupsStartTogetherAndBlockTheStream) {
   // Two sends in one group run concurrently (sharing the egress port); the op after the group
   // starts when both have finished.

@@ -126,6 +126,9 @@ Result<bool> Topology::Validate() const {
                      Positive{"one_sided_overhead_us", one_sided_overhead_s}}) {
     if (!(p.v >= 0) || !std::isfinite(p.v)) return bad(p.field, "must be a finite number >= 0");
   }
+  if (!(nic_duplex_Bps >= 0) || !std::isfinite(nic_duplex_Bps)) {
+    return bad("nic_duplex_GBps", "must be a finite number >= 0 (0 = full duplex)");
+  }
   if (nics_per_machine < 0 || nics_per_machine > gpus_per_machine) {
     return bad("nics_per_machine", "must be in [0, gpus_per_machine] (0 = one per GPU), got " +
                                        std::to_string(nics_per_machine));
@@ -197,6 +200,11 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     if (key == "base") continue;
+    if (key == "nic_duplex_GBps") {
+      if (!it->is_number()) return Fail(source, key, "must be a number");
+      t.nic_duplex_Bps = it->get<double>() * kGB;
+      continue;
+    }
     if (key == "nics_per_machine") {
       if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1024) {
         return Fail(source, key, "must be an integer >= 0 (0 = one NIC per GPU)");

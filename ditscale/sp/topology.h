@@ -12,7 +12,9 @@
 //     `nic_bandwidth_Bps` egress and the same ingress each; GPU l of a machine uses NIC
 //     l * nics / gpus_per_machine. A transfer from GPU a to GPU b on another machine occupies
 //     a's NIC egress and b's NIC ingress, shared with every other concurrent inter-machine flow
-//     through those NICs (see simulator.h for the sharing rule). Latency `inter_latency_s` is
+//     through those NICs (see simulator.h for the sharing rule); with `nic_duplex_Bps` > 0 a
+//     NIC's egress and ingress flows together are also limited to that (half-duplex-like links
+//     such as loopback sockets). Latency `inter_latency_s` is
 //     added once per transfer. Emulated machines on one host (NCCL_HOSTID) are one NIC per GPU:
 //     each GPU pair talks over its own loopback sockets (2 x 2 H200 run: the single shared NIC
 //     predicted 2-2.5x the measured times of every socket-bound strategy).
@@ -71,8 +73,8 @@
 //
 // Custom clusters: a JSON object with the keys below (bandwidths in GB/s = 1e9 B/s, times in
 // microseconds). "base" names a preset whose values fill the keys not given; without "base",
-// every key is required except "nics_per_machine" (default 1; 0 = one NIC per GPU). Unknown keys
-// are errors.
+// every key is required except "nics_per_machine" (default 1; 0 = one NIC per GPU) and
+// "nic_duplex_GBps" (default 0: full duplex). Unknown keys are errors.
 //   { "base": "p4de", "name": "my-cluster", "gpus_per_machine": 8,
 //     "intra_bandwidth_GBps": 240, "intra_latency_us": 5,
 //     "nic_bandwidth_GBps": 42.5, "nics_per_machine": 1, "inter_latency_us": 20,
@@ -97,6 +99,9 @@ struct Topology {
   double intra_latency_s = 0;
   double nic_bandwidth_Bps = 0;  // per NIC, per direction
   int nics_per_machine = 1;      // NICs per machine; 0 = one per GPU
+  // Egress + ingress of one NIC together; 0 = no joint limit (full duplex). Loopback sockets
+  // share their CPU copies between directions: one way 2.7 GB/s, both ways 1.75 GB/s each.
+  double nic_duplex_Bps = 0;
   double inter_latency_s = 0;
 
   double attention_flops = 0;          // asymptotic achieved attention FLOP/s per GPU

@@ -123,12 +123,17 @@ TEST(Topology, NicsPerMachine) {
   auto j = ParseTopologyJson(R"({"base": "p4de", "nics_per_machine": 4})", "c.json", 2);
   ASSERT_TRUE(j.ok()) << j.failure().ToString();
   EXPECT_EQ(j.value().nics_per_machine, 4);
-  for (const char* bad : {R"({"base": "p4de", "nics_per_machine": -1})",
+  auto dj = ParseTopologyJson(R"({"base": "h200-local", "nic_duplex_GBps": 3.5})", "c.json", 2);
+  ASSERT_TRUE(dj.ok()) << dj.failure().ToString();
+  EXPECT_DOUBLE_EQ(dj.value().nic_duplex_Bps, 3.5e9);
+  EXPECT_DOUBLE_EQ(MakePresetTopology("p4de", 2).value().nic_duplex_Bps, 0);  // full duplex
+  for (const char* bad : {R"({"base": "p4de", "nic_duplex_GBps": -1})",
+                          R"({"base": "p4de", "nics_per_machine": -1})",
                           R"({"base": "p4de", "nics_per_machine": 1.5})",
                           R"({"base": "p4de", "nics_per_machine": 12})"}) {
     auto e = ParseTopologyJson(bad, "c.json", 2);
     ASSERT_FALSE(e.ok()) << bad;
-    EXPECT_NE(e.failure().ToString().find("nics_per_machine"), std::string::npos) << bad;
+    EXPECT_NE(e.failure().ToString().find("nic"), std::string::npos) << bad;
     EXPECT_NE(e.failure().ToString().find("c.json"), std::string::npos) << bad;
   }
 }

@@ -6,8 +6,8 @@
 
 namespace ditscale::sp::internal {
 
-std::vector<double> MaxMinFairRates(const std::vector<double>& capacity,
-                                    const std::vector<std::array<int, 2>>& flows) {
+std::vector<double> MaxMinFairRatesWide(const std::vector<double>& capacity,
+                                        const std::vector<FlowResources>& flows) {
   const int nr = static_cast<int>(capacity.size());
   const int nf = static_cast<int>(flows.size());
   std::vector<double> rate(nf, std::numeric_limits<double>::infinity());
@@ -55,6 +55,14 @@ std::vector<double> MaxMinFairRates(const std::vector<double>& capacity,
     }
   }
   return rate;
+}
+
+std::vector<double> MaxMinFairRates(const std::vector<double>& capacity,
+                                    const std::vector<std::array<int, 2>>& flows) {
+  std::vector<FlowResources> wide;
+  wide.reserve(flows.size());
+  for (const auto& f : flows) wide.push_back({f[0], f[1], -1, -1});
+  return MaxMinFairRatesWide(capacity, wide);
 }
 
 }  // namespace ditscale::sp::internal

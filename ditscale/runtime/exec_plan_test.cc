@@ -260,6 +260,30 @@ TEST(ExecPlan, MismatchedNcclOrderIsReported) {
   EXPECT_NE(why.find("rank 0 sends tags"), std::string::npos) << why;
 }
 
+// The pure ring with text attends its own work copies (ring.q/k/v: text rows joined to the
+// image rows), so the caller's q, k, v are only read and every caller tensor is bound. Without
+// text the ring's own block buffer is the caller's k / v, reused for a later block when R > 2:
+// those two live in the arena (the executor copies them in).
+TEST(ExecPlan, RingWithTextBindsEveryCallerTensor) {
+  for (int64_t text : {0, 16}) {
+    for (bool one_sided : {false, true}) {
+      SCOPED_TRACE("text " + std::to_string(text) + (one_sided ? " one-sided" : ""));
+      const sp::Schedule s = Build(1, 4, "ring", 1, one_sided, text);
+      auto plans = BuildExecPlans(s, {});
+      ASSERT_TRUE(plans.ok()) << plans.failure().ToString();
+      CheckPlans(s, plans.value());
+      for (size_t r = 0; r < s.ranks.size(); ++r) {
+        const sp::RankProgram& p = s.ranks[r];
+        const ExecPlan& plan = plans.value()[r];
+        EXPECT_LT(plan.offset[p.q], 0);
+        EXPECT_LT(plan.offset[p.out], 0);
+        const bool kv_bound = text > 0;
+        for (int kv : {p.k, p.v}) EXPECT_EQ(plan.offset[kv] < 0, kv_bound) << p.buffers[kv].name;
+      }
+    }
+  }
+}
+
 TEST(ExecPlan, NonContiguousTransferRegionFailsNamingTheField) {
   sp::Schedule s = Build(1, 2, "ring", 1, false, /*text=*/0, /*heads=*/6, /*batch=*/2);
   for (sp::Op& o : s.ranks[0].ops) {

@@ -235,46 +235,76 @@ TEST(Strategies, TextTokensLargerThanShardsAndFewerThanRing) {
   }
 }
 
-// Joint text with U > 1: the rank's text rows share the gathered buffers, so step 0 is ONE
-// attention over [text; image] queries x [image; text] keys and every later ring step one
-// attention + one merge; the text inputs are read only by copies (never by an attention).
+// Joint text: the rank's text rows share the gathered buffers (U == 1: the "ring.*" work
+// buffers), so step 0 is ONE attention over [text; image] queries x [image; text] keys and every
+// later ring step one attention + one merge; the text inputs are read only by copies (never by
+// an attention). With U == 1 the caller's q, k, v are only read, by the copies into ring.q/k/v
+// (so the runtime may bind them), and out is written once, by the copy of acc's image rows.
 // Covers uneven head groups, GQA, text split unevenly over the ring (T < R: ranks without text
-// rows), batch 2 and both transports.
+// rows), batch 2 and the three transports (one-sided within machines only where there are two).
 TEST(Strategies, JointTextIsOneAttentionPerKvBlock) {
   uint64_t seed = 6000;
   struct Hybrid {
     std::string strategy;
     SpMesh mesh;
+    int ulysses_degree = 0;  // 0 = the strategy's default
   };
-  const Hybrid hybrids[] = {
-      {"ulysses", {1, 4}},         {"usp", {2, 2}},  {"usp", {2, 4}}, {"swiftfusion-tas", {2, 4}},
-      {"swiftfusion-tas", {4, 2}}, {"torus", {2, 4}}};
+  const Hybrid hybrids[] = {{"ulysses", {1, 4}},
+                            {"usp", {2, 2}},
+                            {"usp", {2, 4}},
+                            {"swiftfusion-tas", {2, 4}},
+                            {"swiftfusion-tas", {4, 2}},
+                            {"torus", {2, 4}},
+                            // U == 1: the pure ring.
+                            {"ring", {1, 2}},
+                            {"ring", {1, 4}},
+                            {"ring", {4, 1}},
+                            {"ring", {2, 2}},
+                            {"swiftfusion-tas", {1, 4}},
+                            {"usp", {2, 2}, 1},
+                            {"torus", {2, 2}, 1}};
   for (const Hybrid& h : hybrids) {
-    for (bool one_sided : {false, true}) {
+    for (auto [one_sided, inter] : {std::pair{false, true}, {true, true}, {true, false}}) {
+      if (!inter && h.mesh.machines == 1) continue;  // same as fully one-sided
       for (int64_t text : {3, 8}) {
         for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{6, 0}, {12, 4}}) {
           Case c{h.mesh, SpConfig{}, Shape(53, text, heads, kv_heads)};
           c.config.strategy = h.strategy;
+          c.config.ulysses_degree = h.ulysses_degree;
           c.config.one_sided = one_sided;
+          c.config.one_sided_inter = inter;
           c.config.torus_chunks = h.strategy == "torus" ? 2 : 1;
           c.config = ResolveConfig(c.mesh, c.config, c.shape).ValueOrThrow();
-          ASSERT_GT(c.config.ulysses_degree, 1);
+          const bool pure_ring = c.config.ulysses_degree == 1;
+          ASSERT_EQ(pure_ring, h.strategy == "ring" || h.ulysses_degree == 1 ||
+                                   (h.mesh.machines == 1 && h.strategy == "swiftfusion-tas"));
           RunCase(c, ++seed);
           const Schedule s = BuildSchedule(c.mesh, c.config, c.shape).ValueOrThrow();
           SCOPED_TRACE(Describe(c));
           for (const RankProgram& p : s.ranks) {
-            int attentions = 0, merges = 0;
+            int attentions = 0, merges = 0, out_writes = 0;
             for (const Op& op : p.ops) {
               if (op.kind == OpKind::kMerge) ++merges;
+              if (op.dst.buffer == p.out || op.dst_lse.buffer == p.out) ++out_writes;
+              if (pure_ring && op.kind != OpKind::kPut && op.kind != OpKind::kSend &&
+                  op.kind != OpKind::kSignal) {
+                for (int input : {p.q, p.k, p.v}) EXPECT_NE(op.dst.buffer, input) << op.label;
+              }
               if (op.kind != OpKind::kAttention) continue;
               ++attentions;
               for (const Region& r : {op.src, op.key, op.value}) {
                 EXPECT_NE(r.buffer, p.text_q) << op.label;
                 EXPECT_NE(r.buffer, p.text_k) << op.label;
                 EXPECT_NE(r.buffer, p.text_v) << op.label;
+                if (pure_ring) {
+                  EXPECT_NE(r.buffer, p.q) << op.label;
+                  EXPECT_NE(r.buffer, p.k) << op.label;
+                  EXPECT_NE(r.buffer, p.v) << op.label;
+                }
               }
             }
-            if (h.strategy == "torus") continue;  // pipelined: counts depend on the chunks
+            if (pure_ring) EXPECT_EQ(out_writes, 1) << "rank " << p.rank;
+            if (h.strategy == "torus" && !pure_ring) continue;  // pipelined: counts vary
             const int R = c.config.ring_degree;
             EXPECT_EQ(attentions, R) << "rank " << p.rank;
             EXPECT_EQ(merges, R - 1) << "rank " << p.rank;

@@ -59,15 +59,17 @@ struct RankLayout {
   int64_t shard_begin = 0, shard_tokens = 0;
   int q = -1, k = -1, v = -1, out = -1;
   int tq = -1, tk = -1, tv = -1, tout = -1;
-  int gq = -1, gk = -1, gv = -1;  // gathered buffers (== q, k, v when U == 1)
-  int64_t chunk_tokens = 0;       // L: tokens of this rank's ring chunk
-  Accumulator acc, tacc;
+  // Gathered buffers; U == 1: "ring.q/k/v" with joint text, else the caller's q, k, v.
+  int gq = -1, gk = -1, gv = -1;
+  int64_t chunk_tokens = 0;  // L: tokens of this rank's ring chunk
+  Accumulator acc;
   int part = -1, part_lse = -1;
   int64_t tq_begin = 0, tq_tokens = 0;  // text query rows this rank computes
-  // Joint text (U > 1, T > 0): the rank's text query rows sit in front of the image rows of
+  // Joint text (T > 0): the rank's text query rows sit in front of the image rows of
   // gathered.q and acc (rows [0, qoff), image rows from qoff), and the text kv rows next to the
   // image kv (gathered.k/v rows [chunk_tokens, + T); torus: kall/vall rows [0, T)), so that one
-  // attention covers [text; image] and tacc is unused. 0 otherwise.
+  // attention covers [text; image] queries and keys. 0 otherwise. U == 1 uses the same layout in
+  // its own "ring.*" work buffers (the gathered chunk is the own shard).
   int64_t qoff = 0;
   std::vector<Slot> slots;
   std::vector<std::pair<int64_t, int64_t>> chunk_range;  // gathered [a, b) of torus chunk c
@@ -117,9 +119,10 @@ class HybridBuilder {
   void Consume(const Phase& phase, int r, Stream stream);
   // torus.cc (torus_pipeline(): torus with U > 1; torus with U = 1 is plain ring)
   bool torus_pipeline() const { return cfg_.strategy == "torus" && U_ > 1; }
-  // Text rows live in the gathered buffers (RankLayout::qoff). With U == 1 the gathered buffers
-  // are the caller's q, k, v: no room, text keeps its own calls and tacc.
-  bool joint_text() const { return U_ > 1 && shape_.text_tokens > 0; }
+  // Text rows live in the gathered buffers (RankLayout::qoff). With U == 1 those are work
+  // buffers made for it ("ring.q/k/v", one q and one kv shard per rank): the text-query calls
+  // alone (T / R rows) would fill a fraction of the GPU, so the copies pay for themselves.
+  bool joint_text() const { return shape_.text_tokens > 0; }
   void PlanTorusBuffers(int r);
   void PlanTorusPhases();
   void EmitTorusRing(int r, std::vector<char>* consumed);

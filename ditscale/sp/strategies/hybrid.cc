@@ -86,9 +86,11 @@ void HybridBuilder::PlanLayouts() {
     l.q = b.AddBuffer("q", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, H_, d, e);
     l.k = b.AddBuffer("k", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
     l.v = b.AddBuffer("v", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
-    l.out =
-        b.AddBuffer("out", BufferRole::kOutput,
-                    U_ == 1 ? BufferInit::kZero : BufferInit::kUndefined, l.shard_tokens, H_, d, e);
+    // The pure ring without joint text accumulates straight into the caller's out.
+    const bool out_is_acc = U_ == 1 && !joint_text();
+    l.out = b.AddBuffer("out", BufferRole::kOutput,
+                        out_is_acc ? BufferInit::kZero : BufferInit::kUndefined, l.shard_tokens, H_,
+                        d, e);
     prog.image_token_begin = l.shard_begin;
     prog.image_token_count = l.shard_tokens;
     prog.q = l.q;
@@ -110,18 +112,22 @@ void HybridBuilder::PlanLayouts() {
     }
     l.chunk_tokens = RingChunkTokens(l.i);
     int64_t acc_tokens = l.shard_tokens;
-    if (U_ > 1) {
+    if (!out_is_acc) {
+      // U == 1 with joint text: the same layout with the rank's own shard as the "gathered"
+      // chunk ("ring.q" = [text q rows; own q], "ring.k/v" = [own k/v; text k/v], the ring's own
+      // buffer), so that every kv block is one attention over all query rows + one merge.
+      const std::string name = U_ > 1 ? "gathered" : "ring";
       l.qoff = joint_text() ? l.tq_tokens : 0;
       const int64_t q_rows = l.qoff + max_chunk;
       // Text kv after the image rows (torus: in front of kall, PlanTorusBuffers), so ring blocks
       // landing in gathered.k/v still start at row 0.
       const int64_t kv_rows = max_chunk + (joint_text() ? T : 0);
-      l.gq = b.AddBuffer("gathered.q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
+      l.gq = b.AddBuffer(name + ".q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
       if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
-        l.gk = b.AddBuffer("gathered.k", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d,
-                           e);
-        l.gv = b.AddBuffer("gathered.v", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d,
-                           e);
+        l.gk =
+            b.AddBuffer(name + ".k", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d, e);
+        l.gv =
+            b.AddBuffer(name + ".v", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d, e);
       }
       l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, q_rows, hq, d, e);
       acc_tokens = q_rows;
@@ -134,19 +140,11 @@ void HybridBuilder::PlanLayouts() {
     l.acc.lse =
         b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
     l.acc.fresh.assign(acc_tokens, 1);
-    const int64_t part_tokens =
-        U_ > 1 ? l.qoff + l.chunk_tokens : std::max(l.chunk_tokens, l.tq_tokens);
+    const int64_t part_tokens = l.qoff + l.chunk_tokens;
     l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
                          hq, d, e);
     l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
                              part_tokens, hq, 1, 4);
-    if (l.tq_tokens > 0 && !joint_text()) {
-      l.tacc.out =
-          b.AddBuffer("text_acc.out", BufferRole::kWork, BufferInit::kZero, l.tq_tokens, hq, d, e);
-      l.tacc.lse = b.AddBuffer("text_acc.lse", BufferRole::kWork, BufferInit::kNegInf, l.tq_tokens,
-                               hq, 1, 4);
-      l.tacc.fresh.assign(l.tq_tokens, 1);
-    }
     // Gathered slots: own shard first, then torus chunk by chunk, peers in rotated order.
     l.slots.push_back(Slot{l.u, -1, 0, l.shard_tokens, 0});
     int64_t cursor = l.shard_tokens;
@@ -198,11 +196,10 @@ void HybridBuilder::AttendInto(int r, const Region& q, const Region& k, const Re
   b.Merge(part, part_lse, acc_out, acc_lse, "merge " + label);
 }
 
-// The rank's finished text query rows: rows [0, qoff) of acc (joint text) or tacc.
+// The rank's finished text query rows: rows [0, qoff) of acc.
 Region HybridBuilder::TextOut(int r) const {
   const RankLayout& l = lay_[r];
-  const int buffer = joint_text() ? l.acc.out : l.tacc.out;
-  return Region{buffer, 0, l.tq_tokens, 0, kv_size_[l.u] * group_};
+  return Region{l.acc.out, 0, l.tq_tokens, 0, kv_size_[l.u] * group_};
 }
 
 Phase HybridBuilder::PlanText() {
@@ -348,7 +345,7 @@ Schedule HybridBuilder::Build() {
     Issue(text_, r);
   }
   for (int r = 0; r < n; ++r) {
-    if (U_ > 1) CopyOwnOut(r);
+    if (lay_[r].acc.out != lay_[r].out) CopyOwnOut(r);
     FinishText(r);
     for (const Phase& p : back_) Consume(p, r, false);
     Consume(text_, r, false);

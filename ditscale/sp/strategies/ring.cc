@@ -92,9 +92,6 @@ void HybridBuilder::RingCompute(int s, int r) {
   const std::string tag = "ring step " + std::to_string(s);
   // Joint text: q = [text rows; image rows] in one call (qoff = 0 otherwise).
   AttendInto(r, QHeads(r, l.gq, 0, l.qoff + l.chunk_tokens), k, v, &l.acc, 0, tag + " attention");
-  if (l.tq_tokens > 0 && !joint_text()) {
-    AttendInto(r, QHeads(r, l.tq, l.tq_begin, l.tq_tokens), k, v, &l.tacc, 0, tag + " text q");
-  }
 }
 
 void HybridBuilder::RingRelease(int s, int r) {

@@ -1,5 +1,7 @@
 // Ulysses: the head-parallel all-to-all of q, k, v in (chunked for Torus), out back, and the
 // plain (non-pipelined) step 0: the whole gathered ring chunk attended at once.
+#include <string>
+
 #include "ditscale/sp/internal/hybrid.h"
 
 namespace ditscale::sp::internal {
@@ -53,16 +55,18 @@ Phase HybridBuilder::PlanBack(int chunk) {
 
 // The stationary part of the all-to-all: own shard, own head group, copied locally.
 void HybridBuilder::CopyOwnIn(int r) {
-  if (U_ == 1) return;
   const RankLayout& l = lay_[r];
+  if (l.gq == l.q) return;  // pure ring without joint text: attends the caller's tensors
   ProgramBuilder& b = b_[r];
   const int64_t n = l.shard_tokens;
-  b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n),
-         Region{l.gq, l.qoff, n, 0, kv_size_[l.u] * group_}, "a2a own q");
+  const std::string tag = U_ > 1 ? "a2a own " : "ring own ";
+  // k, v before q: with U == 1 the ring forwards the own block from gk / gv once they are in.
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.k, 0, n),
-         Region{l.gk, 0, n, 0, kv_size_[l.u]}, "a2a own k");
+         Region{l.gk, 0, n, 0, kv_size_[l.u]}, tag + "k");
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.v, 0, n),
-         Region{l.gv, 0, n, 0, kv_size_[l.u]}, "a2a own v");
+         Region{l.gv, 0, n, 0, kv_size_[l.u]}, tag + "v");
+  b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n),
+         Region{l.gq, l.qoff, n, 0, kv_size_[l.u] * group_}, tag + "q");
 }
 
 void HybridBuilder::CopyOwnOut(int r) {
@@ -70,7 +74,7 @@ void HybridBuilder::CopyOwnOut(int r) {
   const int64_t n = l.shard_tokens;
   b_[r].Copy(OpKind::kCopy, Stream::kCompute,
              Region{l.acc.out, l.qoff, n, 0, kv_size_[l.u] * group_}, QHeads(r, l.out, 0, n),
-             "a2a own out");
+             U_ > 1 ? "a2a own out" : "ring own out");
 }
 
 // Joint text: the rank's text query rows (its ring share, own head group) into gathered.q rows
@@ -92,31 +96,21 @@ void HybridBuilder::CopyTextIn(int r, int k, int v, int64_t kv_row) {
 void HybridBuilder::Step0(int r) {
   RankLayout& l = lay_[r];
   const int64_t L = l.chunk_tokens, T = shape_.text_tokens;
-  // Local text rows first: the copies run while the all-to-all is still arriving.
-  if (joint_text()) CopyTextIn(r, l.gk, l.gv, L);
-  if (U_ > 1) Consume(fwd_[0], r, false);
-  CopyOwnIn(r);
-  if (joint_text()) {
-    // One call over [text; image] queries x [image; text] keys instead of four calls and two
-    // merges: the text-query calls alone are too small to fill the GPU (T / R rows).
-    AttendInto(r, QHeads(r, l.gq, 0, l.qoff + L), KvHeads(r, l.gk, 0, L + T),
-               KvHeads(r, l.gv, 0, L + T), &l.acc, 0, "step 0 attention (text + image)");
-    return;
+  if (U_ == 1) {
+    // Own k, v first: the ring forwards them from ring.k/v (rows [0, L)) as soon as they are in.
+    CopyOwnIn(r);
+    if (joint_text()) CopyTextIn(r, l.gk, l.gv, L);
+  } else {
+    // Local text rows first: the copies run while the all-to-all is still arriving.
+    if (joint_text()) CopyTextIn(r, l.gk, l.gv, L);
+    Consume(fwd_[0], r, false);
+    CopyOwnIn(r);
   }
-  const Region q = QHeads(r, l.gq, 0, L);
-  const Region k = KvHeads(r, l.gk, 0, L);
-  const Region v = KvHeads(r, l.gv, 0, L);
-  AttendInto(r, q, k, v, &l.acc, 0, "step 0 attention");
-  if (shape_.text_tokens > 0) {
-    const Region tk = KvHeads(r, l.tk, 0, shape_.text_tokens);
-    const Region tv = KvHeads(r, l.tv, 0, shape_.text_tokens);
-    AttendInto(r, q, tk, tv, &l.acc, 0, "image q x text kv");
-    if (l.tq_tokens > 0) {
-      const Region tq = QHeads(r, l.tq, l.tq_begin, l.tq_tokens);
-      AttendInto(r, tq, k, v, &l.tacc, 0, "text q x step 0 kv");
-      AttendInto(r, tq, tk, tv, &l.tacc, 0, "text q x text kv");
-    }
-  }
+  // Joint text: one call over [text; image] queries x [image; text] keys instead of four calls
+  // and two merges: the text-query calls alone are too small to fill the GPU (T / R rows).
+  AttendInto(r, QHeads(r, l.gq, 0, l.qoff + L), KvHeads(r, l.gk, 0, L + T),
+             KvHeads(r, l.gv, 0, L + T), &l.acc, 0,
+             T > 0 ? "step 0 attention (text + image)" : "step 0 attention");
 }
 
 }  // namespace ditscale::sp::internal

@@ -37,7 +37,10 @@
 // head group u against all image kv of its ring (it sees every kv block during the ring) and the
 // text kv; an all-gather of these text-output pieces over all N ranks then gives every rank the
 // full text output. Cost: T/R * (S + T) attention rows per rank plus T*H*d*e*(N-1)/N bytes
-// received per rank.
+// received per rank. Layout: the rank's text query rows sit in front of its image query rows and
+// the text k/v rows after the image k/v rows of its first kv block, in work buffers (gathered.*
+// with a Ulysses group, ring.* without), so each kv block is ONE attention call and one merge:
+// separate text-query calls (T/R rows) would fill only a few of the GPU's SMs.
 //
 // Closed-form per-rank volumes (received bytes, b batch, e dtype bytes, no text, S % N == 0,
 // H % U == 0): Ulysses 4 * b * (S/N) * H * d * e * (U-1)/U (q, k, v in and out back);

@@ -84,7 +84,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NP"
   CLI=$BUILD/tools/ditscale
   # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
-  # SKIP_BUILD=1 SP_PARTS="bench-emulated report example").
+  # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag" and "sanitize" are opt-in.
   PARTS=" ${SP_PARTS:-test calib bench-nvlink bench-emulated report example} "
   has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
   if [ "$NGPU" -ge 2 ]; then
@@ -111,6 +111,11 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     has bench-emulated && step sp-bench-emulated 300 $TRUN bench/sp/bench_sp_attention.py \
          --seq 36864 65536 --text 512 --emulate-machines 2 --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-emulated.json"
+    # diag (opt-in): where the time of Ulysses and Ring goes, NCCL vs NVSHMEM: kernel table
+    # (torch.profiler) and every rank's per-unit GPU timeline (ditscale.sp.timeline).
+    has diag && step sp-diag 200 $TRUN bench/sp/bench_sp_attention.py --seq 36864 --text 512 \
+         --strategies ulysses ring --transports nccl nvshmem --peers plain-ulysses --check-seq 0 \
+         --warmup 2 --iters 3 --repeats 1 --profile --timeline --json "$SPD/diag.json"
     has report && step sp-report 120 $PY bench/sp/report.py "$SPD"/sp-*.json \
          --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x$NP.md" \
          --summary "$OUT/sp-summary.txt"

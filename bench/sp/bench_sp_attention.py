@@ -128,6 +128,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=200.0,
                    help="skip runs predicted to end past this many seconds after start")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeline", action="store_true",
+                   help="after timing, run one traced step of each ditscale configuration and "
+                   "print every rank's per-unit GPU timeline (ditscale.sp.timeline; diagnosis)")
     p.add_argument("--profile", action="store_true",
                    help="after timing, profile one step of each configuration (torch.profiler, "
                    "CUDA kernels) and print rank 0's top kernels by GPU time (diagnosis)")
@@ -425,6 +428,25 @@ class Bench:
             for t, n, k in rows[:10]:
                 log(f"    {t / 1e3:9.3f} ms  x{n:<4d} {k[:110]}")
 
+    def timeline_step(self, cfg: Config, seq: int, step) -> None:
+        """One traced step: when each unit of the schedule ran on every rank's GPU."""
+        sp, torch = self.sp, self.torch
+        mesh = self.mesh(cfg.mesh)
+        sp.set_trace(mesh, True)
+        try:
+            step()
+            chunks = cfg.chunks if cfg.strategy == "torus" else 1
+            text = sp.timeline(mesh, cfg.strategy, chunks=chunks, transport=cfg.transport)
+        finally:
+            sp.set_trace(mesh, False)
+        texts = [None] * self.world
+        self.dist.all_gather_object(texts, text)
+        if self.rank == 0:
+            log(f"timeline {cfg.name} S={seq}:")
+            for t in texts:
+                for line in (t or "(no traced layer)\n").splitlines():
+                    log("    " + line)
+
     def budget_allows(self, est_s: float) -> bool:
         left = self.a.time_budget_s - (time.monotonic() - self.t0)
         ok = est_s <= left
@@ -487,6 +509,8 @@ class Bench:
             run.ms = statistics.median(run.ms_repeats)
             if a.profile:
                 self.profile_step(cfg, seq, step)
+            if a.timeline and cfg.impl == "ditscale":
+                self.timeline_step(cfg, seq, step)
             flops = peers.attention_flops(a.batch, a.heads, seq + a.text, a.head_dim)
             run.tflops = flops / (run.ms * 1e-3) / 1e12
             last_ms[cfg.name] = (seq, run.ms)

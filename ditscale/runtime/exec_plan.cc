@@ -1,6 +1,7 @@
 #include "ditscale/runtime/exec_plan.h"
 
 #include <algorithm>
+#include <iomanip>
 #include <map>
 #include <queue>
 #include <set>
@@ -363,6 +364,51 @@ std::string PrintPlan(const sp::Schedule& s, const ExecPlan& plan) {
     os << ':';
     for (int i : unit.ops) os << " #" << i << ' ' << sp::ToString(p.ops[i].kind);
     os << '\n';
+  }
+  return os.str();
+}
+
+std::string PrintTimeline(const sp::Schedule& s, const ExecPlan& plan,
+                          const std::vector<UnitTiming>& timings) {
+  const sp::RankProgram& p = s.ranks[plan.rank];
+  std::vector<UnitTiming> t;
+  for (const UnitTiming& x : timings) {
+    if (x.unit >= 0 && x.unit < static_cast<int>(plan.units.size())) t.push_back(x);
+  }
+  std::stable_sort(t.begin(), t.end(), [](const UnitTiming& a, const UnitTiming& b) {
+    return a.begin_ms < b.begin_ms;
+  });
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3);
+  double layer_end = 0;
+  for (const UnitTiming& x : t) layer_end = std::max(layer_end, x.end_ms);
+  os << "rank " << plan.rank << ": " << t.size() << " units, layer " << layer_end << " ms\n";
+  os << "  begin ms    end ms    dur ms  stream       ops\n";
+  for (const UnitTiming& x : t) {
+    const IssueUnit& unit = plan.units[x.unit];
+    os << std::setw(9) << x.begin_ms << ' ' << std::setw(9) << x.end_ms << ' ' << std::setw(9)
+       << x.end_ms - x.begin_ms << "  " << std::left << std::setw(11) << sp::ToString(unit.stream)
+       << std::right << ' ';
+    const sp::Op& first = p.ops[unit.ops.front()];
+    os << '[' << x.unit << "] " << sp::ToString(first.kind);
+    if (unit.ops.size() > 1) os << " x" << unit.ops.size();
+    os << " '" << first.label << "'\n";
+  }
+  for (int st = 0; st < sp::kNumStreams; ++st) {
+    double busy = 0, longest = 0, first_begin = -1, last_end = 0;
+    int longest_unit = -1;
+    for (const UnitTiming& x : t) {
+      if (static_cast<int>(plan.units[x.unit].stream) != st) continue;
+      const double d = x.end_ms - x.begin_ms;
+      busy += d;
+      if (d > longest) longest = d, longest_unit = x.unit;
+      if (first_begin < 0) first_begin = x.begin_ms;
+      last_end = std::max(last_end, x.end_ms);
+    }
+    if (first_begin < 0) continue;
+    os << "  " << sp::ToString(static_cast<sp::Stream>(st)) << ": busy " << busy << " ms, idle "
+       << std::max(0.0, last_end - first_begin - busy) << " ms between " << first_begin << " and "
+       << last_end << " ms, longest [" << longest_unit << "] " << longest << " ms\n";
   }
   return os.str();
 }

@@ -108,4 +108,19 @@ int64_t RegionByteOffset(const sp::Region& region, const sp::BufferDecl& decl);
 // One line per unit: stream, ops (kind, label), waits; for logs and tests.
 std::string PrintPlan(const sp::Schedule& schedule, const ExecPlan& plan);
 
+// When one unit of a traced layer ran on the GPU, in ms after the layer's start on this rank:
+// begin = the unit could start (its stream's earlier work and the events it waits for were
+// done), end = its last op completed.
+struct UnitTiming {
+  int unit = 0;
+  double begin_ms = 0, end_ms = 0;
+};
+
+// The timeline of one traced layer (GpuExecutor::SetTrace / LastTimeline) as text: the units in
+// start order with stream, begin, end, duration and their ops (kind and label), then per stream
+// the busy time, the idle time inside the layer and the longest unit. Units with no timing are
+// left out. Where a layer is slower than its compute, this shows which stream waited for what.
+std::string PrintTimeline(const sp::Schedule& schedule, const ExecPlan& plan,
+                          const std::vector<UnitTiming>& timings);
+
 }  // namespace ditscale::runtime

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iomanip>
 #include <set>
+#include <sstream>
 
 #include "ditscale/sp/strategies.h"
 
@@ -89,8 +91,8 @@ void CheckPlans(const sp::Schedule& s, const std::vector<ExecPlan>& plans) {
       for (const sp::Region* w : {&o.dst, &o.dst_lse}) {
         if (!w->valid()) continue;
         const UserBinding b = plan.binding[w->buffer];
-        const bool caller_input = plan.offset[w->buffer] < 0 && b != UserBinding::kOut &&
-                                  b != UserBinding::kTextOut;
+        const bool caller_input =
+            plan.offset[w->buffer] < 0 && b != UserBinding::kOut && b != UserBinding::kTextOut;
         EXPECT_FALSE(caller_input) << "rank " << r << ": '" << o.label << "' writes the caller's "
                                    << ToString(b) << " tensor";
       }
@@ -242,6 +244,36 @@ TEST(ExecPlan, CountersGrowByTheSignalsSentPerLayer) {
     }
   }
   EXPECT_EQ(t.index("no such counter"), -1);
+}
+
+TEST(ExecPlan, TimelineListsUnitsInStartOrderWithStreamSummaries) {
+  const sp::Schedule s = Build(1, 2, "ring", 1, false);
+  auto plans = BuildExecPlans(s, {});
+  ASSERT_TRUE(plans.ok());
+  const ExecPlan& plan = plans.value()[0];
+  ASSERT_GE(plan.units.size(), 3u);
+  // Three units out of order, one out of range (ignored).
+  std::vector<UnitTiming> t = {{2, 5.0, 9.0}, {0, 0.5, 1.0}, {1, 1.0, 4.0}, {999, 0, 1}};
+  const std::string text = PrintTimeline(s, plan, t);
+  EXPECT_NE(text.find("rank 0: 3 units, layer 9.000 ms"), std::string::npos) << text;
+  const size_t a = text.find("[0] "), b = text.find("[1] "), c = text.find("[2] ");
+  ASSERT_NE(a, std::string::npos);
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, c);
+  EXPECT_EQ(text.find("[999]"), std::string::npos);
+  // Per-stream lines: busy = sum of the durations on that stream.
+  double busy_compute = 0;
+  for (const UnitTiming& x : t) {
+    if (x.unit < static_cast<int>(plan.units.size()) &&
+        plan.units[x.unit].stream == sp::Stream::kCompute) {
+      busy_compute += x.end_ms - x.begin_ms;
+    }
+  }
+  if (busy_compute > 0) {
+    std::ostringstream want;
+    want << std::fixed << std::setprecision(3) << "compute: busy " << busy_compute << " ms";
+    EXPECT_NE(text.find(want.str()), std::string::npos) << text;
+  }
 }
 
 TEST(ExecPlan, MismatchedNcclOrderIsReported) {

@@ -103,6 +103,11 @@ struct GpuExecutor::Impl {
   std::vector<cudaEvent_t> unit_events;  // per unit (null when no other stream waits)
   cudaEvent_t start = nullptr, ready = nullptr;
   cudaEvent_t end[sp::kNumStreams] = {nullptr, nullptr, nullptr};
+  // Tracing: timing events, created on the first SetTrace(true).
+  bool trace = false;
+  bool traced_run = false;  // the last Run was traced
+  cudaEvent_t trace_start = nullptr;
+  std::vector<cudaEvent_t> trace_begin, trace_end;
 };
 
 Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, int rank,
@@ -234,6 +239,47 @@ GpuExecutor::~GpuExecutor() {
   }
   if (impl_->start) cudaEventDestroy(impl_->start);
   if (impl_->ready) cudaEventDestroy(impl_->ready);
+  if (impl_->trace_start) cudaEventDestroy(impl_->trace_start);
+  for (cudaEvent_t e : impl_->trace_begin) cudaEventDestroy(e);
+  for (cudaEvent_t e : impl_->trace_end) cudaEventDestroy(e);
+}
+
+void GpuExecutor::SetTrace(bool on) {
+  Impl& im = *impl_;
+  if (on && !im.trace_start) {
+    DS_CUDA(cudaSetDevice(device_));
+    const size_t n = plans_[rank_].units.size();
+    DS_CUDA(cudaEventCreate(&im.trace_start));
+    im.trace_begin.assign(n, nullptr);
+    im.trace_end.assign(n, nullptr);
+    for (size_t u = 0; u < n; ++u) {
+      DS_CUDA(cudaEventCreate(&im.trace_begin[u]));
+      DS_CUDA(cudaEventCreate(&im.trace_end[u]));
+    }
+  }
+  im.trace = on;
+}
+
+bool GpuExecutor::trace() const { return impl_->trace; }
+
+Result<std::vector<UnitTiming>> GpuExecutor::LastTimeline() const {
+  const Impl& im = *impl_;
+  if (!im.traced_run) {
+    Failure f;
+    f.message = "no traced layer has run (SetTrace(true), then Run)";
+    f.column = "trace";
+    return f;
+  }
+  DS_CUDA(cudaSetDevice(device_));
+  std::vector<UnitTiming> out;
+  for (size_t u = 0; u < im.trace_end.size(); ++u) {
+    DS_CUDA(cudaEventSynchronize(im.trace_end[u]));
+    float b = 0, e = 0;
+    DS_CUDA(cudaEventElapsedTime(&b, im.trace_start, im.trace_begin[u]));
+    DS_CUDA(cudaEventElapsedTime(&e, im.trace_start, im.trace_end[u]));
+    out.push_back(UnitTiming{static_cast<int>(u), b, e});
+  }
+  return out;
 }
 
 char* GpuExecutor::BufferBase(int buffer, const LayerIo& io) const {
@@ -272,6 +318,8 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
   cudaStream_t compute = im.streams[0];
   DS_CUDA(cudaEventRecord(im.start, user));
   DS_CUDA(cudaStreamWaitEvent(compute, im.start, 0));
+  const bool trace = im.trace;
+  if (trace) DS_CUDA(cudaEventRecord(im.trace_start, compute));
   // Inputs that live in the arena (one-sided put targets): copy in. Buffers with an initial
   // value (in the arena, or the caller's out if the schedule accumulates in it): fill.
   for (size_t b = 0; b < prog.buffers.size(); ++b) {
@@ -295,7 +343,9 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
     const IssueUnit& unit = plan.units[u];
     cudaStream_t st = im.streams[static_cast<int>(unit.stream)];
     for (int w : unit.wait_units) DS_CUDA(cudaStreamWaitEvent(st, im.unit_events[w], 0));
+    if (trace) DS_CUDA(cudaEventRecord(im.trace_begin[u], st));
     Issue(static_cast<int>(u), io);
+    if (trace) DS_CUDA(cudaEventRecord(im.trace_end[u], st));
     if (unit.record_event) DS_CUDA(cudaEventRecord(im.unit_events[u], st));
   }
   for (int s = 0; s < sp::kNumStreams; ++s) {
@@ -309,6 +359,7 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
     DS_CUDA(cudaMemcpyAsync(UserPointer(bind, io), arena_ + plan.offset[b], plan.bytes[b],
                             cudaMemcpyDeviceToDevice, user));
   }
+  im.traced_run = trace;
   ++layers_;
 }
 

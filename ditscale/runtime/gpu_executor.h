@@ -90,6 +90,14 @@ class GpuExecutor {
   // its end. Throws ditscale::Error on a CUDA launch error or bad io (null pointer).
   void Run(const LayerIo& io, void* stream);
 
+  // Tracing (diagnosis): while on, every Run records a timing event before and after each unit
+  // on its stream (two events per unit; some overhead). LastTimeline waits for the last traced
+  // layer and returns when each unit could start and when it ended, in ms after the layer's start
+  // on this rank (PrintTimeline formats it). Fails when no traced layer ran.
+  void SetTrace(bool on);
+  bool trace() const;
+  Result<std::vector<UnitTiming>> LastTimeline() const;
+
   const sp::Schedule& schedule() const { return schedule_; }
   const ExecPlan& plan() const { return plans_[rank_]; }
   int64_t arena_bytes() const { return plans_[rank_].arena_bytes; }

@@ -329,6 +329,34 @@ struct SpRuntime : torch::CustomClassHolder {
     return os.str();
   }
 
+  // Tracing (diagnosis): every executor records per-unit timing events while on.
+  void set_trace(bool on) {
+    trace_ = on;
+    for (auto& [key, ex] : executors_) ex->SetTrace(on);
+  }
+
+  // The per-unit timeline of the last traced layer of a cached configuration (every shape that
+  // ran traced), as text (runtime::PrintTimeline); waits for that layer.
+  std::string timeline(std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks,
+                       bool one_sided, bool one_sided_inter) {
+    std::ostringstream os;
+    const bool inter = !one_sided || one_sided_inter;
+    for (auto& [key, ex] : executors_) {
+      if (std::get<0>(key) != strategy || std::get<1>(key) != ulysses || std::get<2>(key) != ring ||
+          std::get<3>(key) != chunks || std::get<4>(key) != one_sided ||
+          std::get<5>(key) != inter) {
+        continue;
+      }
+      auto t = ex->LastTimeline();
+      if (!t.ok()) continue;
+      const sp::AttentionShape& sh = ex->schedule().shape;
+      os << "S " << sh.seq_tokens << " + " << sh.text_tokens << " text, transport "
+         << sp::TransportDescription(ex->schedule().config) << "\n"
+         << runtime::PrintTimeline(ex->schedule(), ex->plan(), t.value());
+    }
+    return os.str();
+  }
+
   int64_t executors() const { return static_cast<int64_t>(executors_.size()); }
   void clear() { executors_.clear(); }
 
@@ -375,6 +403,7 @@ struct SpRuntime : torch::CustomClassHolder {
     TORCH_CHECK(ex.ok(), "ditscale.sp.attention: ", ex.failure().ToString());
     auto& slot = executors_[key];
     slot = std::move(ex).value();
+    if (trace_) slot->SetTrace(true);
     return *slot;
   }
 
@@ -385,6 +414,7 @@ struct SpRuntime : torch::CustomClassHolder {
   std::shared_ptr<comm::Nvshmem> shmem_;
   // Executors before the transports in destruction order: declared after them.
   std::map<Key, std::unique_ptr<runtime::GpuExecutor>> executors_;
+  bool trace_ = false;
 };
 
 TORCH_LIBRARY_FRAGMENT(ditscale, m) {
@@ -398,6 +428,8 @@ TORCH_LIBRARY_FRAGMENT(ditscale, m) {
       .def("attention", &SpRuntime::attention)
       .def("synchronize", &SpRuntime::synchronize)
       .def("describe", &SpRuntime::describe)
+      .def("set_trace", &SpRuntime::set_trace)
+      .def("timeline", &SpRuntime::timeline)
       .def("executors", &SpRuntime::executors)
       .def("clear", &SpRuntime::clear);
 }

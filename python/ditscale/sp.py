@@ -366,3 +366,24 @@ def describe(mesh: Mesh, strategy: str, *, ulysses_degree: int = 0, ring_degree:
     device = device or torch.device("cuda", torch.cuda.current_device())
     return _runtime(mesh, device).obj.describe(strategy, ulysses_degree, ring_degree, chunks,
                                                one_sided, one_sided_inter)
+
+
+def set_trace(mesh: Mesh, on: bool = True, device: Optional[torch.device] = None) -> None:
+    """Diagnosis: while on, every layer run on ``mesh`` records when each unit of its schedule
+    started and ended on the GPU (two CUDA events per unit; a little overhead). Read it with
+    :func:`timeline`."""
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    _runtime(mesh, device).obj.set_trace(bool(on))
+
+
+def timeline(mesh: Mesh, strategy: str, *, ulysses_degree: int = 0, ring_degree: int = 0,
+             chunks: int = 1, transport: str = "nccl",
+             device: Optional[torch.device] = None) -> str:
+    """The per-unit GPU timeline of this rank's last traced layer of a configuration (run with
+    :func:`set_trace` on): units in start order with stream, begin/end ms after the layer's start
+    and their ops, then per stream the busy and idle time. Waits for that layer. Empty when the
+    configuration has not run traced. Pass ``chunks`` as the layer ran (torus: 2 by default)."""
+    one_sided, one_sided_inter = _transport_flags(transport, "ditscale.sp.timeline")
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    return _runtime(mesh, device).obj.timeline(strategy, ulysses_degree, ring_degree, chunks,
+                                               one_sided, one_sided_inter)

@@ -193,3 +193,11 @@ def test_plan_lists_intra_one_sided_across_machines_only():
     assert {c["transport"] for c in two_sided} == {"nccl"}
     with pytest.raises(ValueError, match="transport"):
         sp.predict(sp.Mesh(2, 2), strategy="ring", transport="shm", **kw)
+
+
+def test_timeline_and_describe_validate_the_transport():
+    # The transport is checked before any runtime is touched (so also without a GPU).
+    for fn in (sp.timeline, sp.describe):
+        with pytest.raises(ValueError, match="transport 'udp'"):
+            fn(sp.Mesh(2, 1), "ring", transport="udp", device=torch.device("cpu"))
+    assert callable(sp.set_trace)

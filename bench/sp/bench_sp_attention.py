@@ -128,6 +128,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=200.0,
                    help="skip runs predicted to end past this many seconds after start")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--net-channels-per-peer", type=int, default=0,
+                   help="N > 0: ditscale's inter-machine NCCL communicator uses N channels per "
+                   "peer over the network (socket) transport ($DITSCALE_SP_NET_CHANNELS_PER_PEER)")
     p.add_argument("--timeline", action="store_true",
                    help="after timing, run one traced step of each ditscale configuration and "
                    "print every rank's per-unit GPU timeline (ditscale.sp.timeline; diagnosis)")
@@ -548,6 +551,7 @@ class Bench:
             "version": 1,
             "link": self.link,
             "emulate_machines": a.emulate_machines,
+            "net_channels_per_peer": a.net_channels_per_peer,
             "world_size": self.world,
             "host": socket.gethostname(),
             "gpu": torch.cuda.get_device_name(self.device),
@@ -575,6 +579,8 @@ class Bench:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.net_channels_per_peer > 0:  # read when ditscale's communicators are created
+        os.environ["DITSCALE_SP_NET_CHANNELS_PER_PEER"] = str(a.net_channels_per_peer)
     import torch
 
     if not torch.cuda.is_available():

@@ -86,12 +86,18 @@ NcclComm::NcclComm(int rank, int size, int device, double timeout_s)
     : rank_(rank), size_(size), device_(device), timeout_s_(timeout_s) {}
 
 Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks, int rank,
-                                                   int device, double timeout_s) {
+                                                   int device, double timeout_s,
+                                                   int channels_per_net_peer) {
   std::string bad = internal::CheckRankArgs("NcclComm::Create", nranks, rank, device);
   if (!bad.empty()) return internal::CommFailure(bad);
   if (!(timeout_s > 0)) {
     return internal::CommFailure(
         StrCat("NcclComm::Create: rank ", rank, ": timeout_s must be > 0, got ", timeout_s));
+  }
+  if (channels_per_net_peer < 0 || channels_per_net_peer > 64) {
+    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank,
+                                        ": channels_per_net_peer must be in [0, 64], got ",
+                                        channels_per_net_peer));
   }
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
@@ -115,16 +121,25 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks,
   // ncclConfig_t change between versions, so headers and the loaded library must agree.
   int loaded = 0;
   if (ncclGetVersion(&loaded) == ncclSuccess && loaded / 100 != NCCL_VERSION_CODE / 100) {
-    return internal::CommFailure(StrCat(
-        "NCCL rank ", rank, ": ditscale was compiled against NCCL ", NCCL_VERSION_CODE,
-        " but this process runs NCCL ", loaded,
-        " (the libnccl.so.2 loaded first, e.g. torch's); rebuild ditscale against it "
-        "(NCCL_HOME, or the nvidia-nccl-cu13 wheel that torch uses)"));
+    return internal::CommFailure(
+        StrCat("NCCL rank ", rank, ": ditscale was compiled against NCCL ", NCCL_VERSION_CODE,
+               " but this process runs NCCL ", loaded,
+               " (the libnccl.so.2 loaded first, e.g. torch's); rebuild ditscale against it "
+               "(NCCL_HOME, or the nvidia-nccl-cu13 wheel that torch uses)"));
   }
   ncclUniqueId uid;
   std::memcpy(&uid, id.bytes.data(), sizeof(uid));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once, so that a missing peer cannot hang us
+  if (channels_per_net_peer > 0) {
+#if NCCL_VERSION_CODE >= 22800
+    config.nChannelsPerNetPeer = channels_per_net_peer;
+#else
+    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank,
+                                        ": channels_per_net_peer needs NCCL >= 2.28 (built with ",
+                                        NCCL_VERSION_CODE, ")"));
+#endif
+  }
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, uid, rank, &config);
   std::unique_ptr<NcclComm> c(new NcclComm(rank, nranks, device, timeout_s));
@@ -349,7 +364,7 @@ NcclComm::NcclComm(int rank, int size, int device, double timeout_s)
     : rank_(rank), size_(size), device_(device), timeout_s_(timeout_s) {}
 
 Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId&, int nranks, int rank, int device,
-                                                   double) {
+                                                   double, int) {
   std::string bad = internal::CheckRankArgs("NcclComm::Create", nranks, rank, device);
   if (!bad.empty()) return internal::CommFailure(bad);
   return internal::CommFailure(kNoNccl);

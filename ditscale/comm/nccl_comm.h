@@ -44,8 +44,12 @@ class NcclComm {
   // first; the calling thread keeps that device current). Waits until all `nranks` ranks have
   // joined with the same `id`, at most `timeout_s` seconds (> 0); a Failure names the rank, the
   // number of ranks and what it waited for.
+  // channels_per_net_peer > 0 sets ncclConfig_t::nChannelsPerNetPeer (NCCL >= 2.28): how many
+  // channels, hence sockets / network flows, a send/recv to one peer over the network transport
+  // uses (0 = NCCL's default; must be in [0, 64]).
   static Result<std::unique_ptr<NcclComm>> Create(const NcclId& id, int nranks, int rank,
-                                                  int device, double timeout_s = 60);
+                                                  int device, double timeout_s = 60,
+                                                  int channels_per_net_peer = 0);
   // ncclCommFinalize + ncclCommDestroy (waits at most timeout_s for outstanding work), or
   // ncclCommAbort when the communicator failed. Never throws.
   ~NcclComm();

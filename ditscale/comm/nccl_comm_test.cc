@@ -55,6 +55,9 @@ TEST(CommNccl, CreateRejectsBadArguments) {
   ASSERT_FALSE(r.ok());
   EXPECT_FALSE(r.failure().message.empty());
   if (NcclAvailable()) {
+    r = NcclComm::Create(id, 2, 0, 0, 10.0, 65);
+    ASSERT_FALSE(r.ok());
+    EXPECT_HAS(r.failure().message, "channels_per_net_peer must be in [0, 64], got 65");
     r = NcclComm::Create(id, 2, 0, 0, 0.0);
     ASSERT_FALSE(r.ok());
     EXPECT_HAS(r.failure().message, "timeout_s must be > 0");

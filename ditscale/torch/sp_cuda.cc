@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -366,8 +367,22 @@ struct SpRuntime : torch::CustomClassHolder {
                          int64_t, int64_t, int64_t, int64_t, int>;
 
   std::unique_ptr<comm::NcclComm> MakeComm(const Tensor& id, const char* what, double timeout_s) {
+    // $DITSCALE_SP_NET_CHANNELS_PER_PEER: NCCL channels per peer over the network transport of
+    // the inter-machine communicator (more channels = more concurrent sockets / flows).
+    int channels = 0;
+    if (std::string(what) == "inter") {
+      if (const char* env = std::getenv("DITSCALE_SP_NET_CHANNELS_PER_PEER"); env && *env) {
+        char* end = nullptr;
+        const long v = std::strtol(env, &end, 10);
+        TORCH_CHECK(end && *end == '\0' && v >= 1 && v <= 64,
+                    "ditscale.sp: $DITSCALE_SP_NET_CHANNELS_PER_PEER must be an integer in "
+                    "[1, 64], got '",
+                    env, "'");
+        channels = static_cast<int>(v);
+      }
+    }
     auto c = comm::NcclComm::Create(IdFromTensor<comm::NcclId>(id, what), world_, rank_, device_,
-                                    timeout_s);
+                                    timeout_s, channels);
     TORCH_CHECK(c.ok(), "ditscale.sp: NCCL ", what, " communicator: ", c.failure().ToString());
     return std::move(c).value();
   }

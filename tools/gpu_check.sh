@@ -84,7 +84,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NP"
   CLI=$BUILD/tools/ditscale
   # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
-  # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag" and "sanitize" are opt-in.
+  # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag", "channels" and "sanitize" are opt-in.
   PARTS=" ${SP_PARTS:-test calib bench-nvlink bench-emulated report example} "
   has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
   if [ "$NGPU" -ge 2 ]; then
@@ -116,6 +116,12 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     has diag && step sp-diag 200 $TRUN bench/sp/bench_sp_attention.py --seq 36864 --text 512 \
          --strategies ulysses ring --transports nccl nvshmem --peers plain-ulysses --check-seq 0 \
          --warmup 2 --iters 3 --repeats 1 --profile --timeline --json "$SPD/diag.json"
+    # channels (opt-in): the emulated-machine run of the hybrids with more NCCL channels (sockets)
+    # per peer on ditscale's inter-machine communicator; compare with sp-emulated.json.
+    has channels && step sp-bench-channels 300 $TRUN bench/sp/bench_sp_attention.py \
+         --seq 36864 65536 --text 512 --emulate-machines 2 --strategies usp swiftfusion-tas torus \
+         --transports nccl --peers --net-channels-per-peer ${SP_NET_CHANNELS:-8} \
+         --time-budget-s ${SP_BENCH_S:-150} --json "$SPD/channels.json"
     has report && step sp-report 120 $PY bench/sp/report.py "$SPD"/sp-*.json \
          --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x$NP.md" \
          --summary "$OUT/sp-summary.txt"

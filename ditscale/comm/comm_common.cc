@@ -39,4 +39,8 @@ std::string CheckBytes(const char* what, int rank, int peer, std::size_t bytes, 
   return {};
 }
 
+void ThrowIf(const std::string& msg) {
+  if (!msg.empty()) DS_FAIL(msg);
+}
+
 }  // namespace ditscale::comm::internal

@@ -32,6 +32,10 @@ std::string CheckPeer(const char* what, int rank, int nranks, int peer);
 std::string CheckBytes(const char* what, int rank, int peer, std::size_t bytes, const void* buf,
                        const char* buf_name);
 
+// Throws ditscale::Error with `msg` when it is not empty (the argument checks above, in calls
+// that report errors by throwing).
+void ThrowIf(const std::string& msg);
+
 // A Failure with only a message (transport failures are about no input file).
 inline Failure CommFailure(std::string message) {
   Failure f;

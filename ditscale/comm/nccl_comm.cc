@@ -24,11 +24,6 @@ static_assert(sizeof(ncclUniqueId) == kUniqueIdBytes, "NcclId must hold an ncclU
 
 namespace {
 
-// Throws ditscale::Error with `msg` when it is not empty (argument checks of enqueue calls).
-void ThrowIf(const std::string& msg) {
-  if (!msg.empty()) DS_FAIL(msg);
-}
-
 constexpr std::size_t kMaxPendingKept = 16;
 
 using Clock = std::chrono::steady_clock;
@@ -274,8 +269,8 @@ void NcclComm::GroupEnd() {
 }
 
 void NcclComm::Send(const void* buf, std::size_t bytes, int peer, void* stream) {
-  ThrowIf(internal::CheckPeer("NcclComm::Send", rank_, size_, peer));
-  ThrowIf(internal::CheckBytes("NcclComm::Send", rank_, peer, bytes, buf, "buf"));
+  internal::ThrowIf(internal::CheckPeer("NcclComm::Send", rank_, size_, peer));
+  internal::ThrowIf(internal::CheckBytes("NcclComm::Send", rank_, peer, bytes, buf, "buf"));
   if (bytes == 0 || failed_) return;
   std::string op = StrCat("send ", bytes, " B to peer ", peer);
   NotePending(op);
@@ -285,8 +280,8 @@ void NcclComm::Send(const void* buf, std::size_t bytes, int peer, void* stream) 
 }
 
 void NcclComm::Recv(void* buf, std::size_t bytes, int peer, void* stream) {
-  ThrowIf(internal::CheckPeer("NcclComm::Recv", rank_, size_, peer));
-  ThrowIf(internal::CheckBytes("NcclComm::Recv", rank_, peer, bytes, buf, "buf"));
+  internal::ThrowIf(internal::CheckPeer("NcclComm::Recv", rank_, size_, peer));
+  internal::ThrowIf(internal::CheckBytes("NcclComm::Recv", rank_, peer, bytes, buf, "buf"));
   if (bytes == 0 || failed_) return;
   std::string op = StrCat("recv ", bytes, " B from peer ", peer);
   NotePending(op);
@@ -299,8 +294,10 @@ void NcclComm::AllToAll(const void* send, void* recv, std::size_t block_bytes, v
   DS_CHECK(block_bytes == 0 || block_bytes <= static_cast<std::size_t>(PTRDIFF_MAX) / size_,
            "NcclComm::AllToAll on rank ", rank_, ": block_bytes = ", block_bytes, " times ", size_,
            " ranks overflows (a negative count converted to size_t?)");
-  ThrowIf(internal::CheckBytes("NcclComm::AllToAll", rank_, -1, block_bytes, send, "send"));
-  ThrowIf(internal::CheckBytes("NcclComm::AllToAll", rank_, -1, block_bytes, recv, "recv"));
+  internal::ThrowIf(
+      internal::CheckBytes("NcclComm::AllToAll", rank_, -1, block_bytes, send, "send"));
+  internal::ThrowIf(
+      internal::CheckBytes("NcclComm::AllToAll", rank_, -1, block_bytes, recv, "recv"));
   if (block_bytes == 0 || failed_) return;
   const auto* s = static_cast<const unsigned char*>(send);
   auto* d = static_cast<unsigned char*>(recv);

@@ -28,10 +28,6 @@ namespace {
 std::mutex g_mu;
 bool g_live = false;
 
-void ThrowIf(const std::string& msg) {
-  if (!msg.empty()) DS_FAIL(msg);
-}
-
 }  // namespace
 
 bool NvshmemAvailable() { return true; }
@@ -155,8 +151,8 @@ void Nvshmem::Free(void* p) {
 
 void Nvshmem::PutSignal(void* dst, const void* src, std::size_t bytes, std::uint64_t* sig,
                         std::uint64_t add, int pe, void* stream) {
-  ThrowIf(internal::CheckPeer("Nvshmem::PutSignal", rank_, size_, pe));
-  ThrowIf(internal::CheckBytes("Nvshmem::PutSignal", rank_, pe, bytes, src, "src"));
+  internal::ThrowIf(internal::CheckPeer("Nvshmem::PutSignal", rank_, size_, pe));
+  internal::ThrowIf(internal::CheckBytes("Nvshmem::PutSignal", rank_, pe, bytes, src, "src"));
   CheckSymmetric(sig, "Nvshmem::PutSignal", "sig");
   auto s = static_cast<cudaStream_t>(stream);
   if (bytes == 0) {
@@ -168,7 +164,7 @@ void Nvshmem::PutSignal(void* dst, const void* src, std::size_t bytes, std::uint
 }
 
 void Nvshmem::Signal(std::uint64_t* sig, std::uint64_t add, int pe, void* stream) {
-  ThrowIf(internal::CheckPeer("Nvshmem::Signal", rank_, size_, pe));
+  internal::ThrowIf(internal::CheckPeer("Nvshmem::Signal", rank_, size_, pe));
   CheckSymmetric(sig, "Nvshmem::Signal", "sig");
   nvshmemx_signal_op_on_stream(sig, add, NVSHMEM_SIGNAL_ADD, pe, static_cast<cudaStream_t>(stream));
 }

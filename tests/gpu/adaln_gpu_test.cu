@@ -45,15 +45,7 @@ struct DevBuf {
   }
 };
 
-std::uint64_t run_seed() {
-  static const std::uint64_t seed = [] {
-    const auto s =
-        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    std::printf("adaln_gpu_test seed: %llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
+std::uint64_t run_seed() { return gpu_test::run_seed("adaln_gpu_test"); }
 
 // Host buffer of `count` elements of `dtype` with values uniform in [lo, hi).
 std::vector<std::uint8_t> random_buf(std::mt19937_64& rng, DType dtype, std::size_t count,
@@ -79,16 +71,7 @@ double rel_error(const std::vector<std::uint8_t>& got, const std::vector<std::ui
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 1e-5;
-    case DType::kFloat16:
-      return 2e-3;
-    default:
-      return 1e-2;
-  }
-}
+using gpu_test::tolerance;
 
 struct Case {
   DType dtype = DType::kBFloat16;

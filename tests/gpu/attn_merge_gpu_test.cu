@@ -27,26 +27,9 @@ namespace {
 
 using gpu_test::Buf;
 
-std::uint64_t run_seed() {
-  static const std::uint64_t seed = [] {
-    const auto s =
-        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    std::printf("attn_merge_gpu_test seed: %llu\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
+std::uint64_t run_seed() { return gpu_test::run_seed("attn_merge_gpu_test"); }
 
-double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 1e-5;
-    case DType::kFloat16:
-      return 2e-3;
-    default:
-      return 1e-2;
-  }
-}
+using gpu_test::tolerance;
 
 struct Case {
   DType dtype = DType::kBFloat16;

@@ -1,15 +1,19 @@
-// Helpers shared by the CUDA GPU tests: device detection for clean skips and a host buffer with
-// a device copy (RAII).
+// Helpers shared by the CUDA GPU tests: device detection for clean skips, a host buffer with a
+// device copy (RAII), the run's random seed and the relative-error bound per dtype.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <utility>
 #include <vector>
+
+#include "ditscale/kernels/dtype.h"
 
 namespace ditscale::gpu_test {
 
@@ -45,6 +49,30 @@ struct Buf {
     return h;
   }
 };
+
+// Fresh random inputs every run: one seed per process from the clock, printed (with `test`, the
+// program's name) so that a failure can be reproduced.
+inline std::uint64_t run_seed(const char* test) {
+  static const std::uint64_t seed = [test] {
+    const auto s =
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::printf("%s seed: %llu\n", test, static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+// Relative (Frobenius) error bound of a kernel against its fp64 reference, by output dtype.
+inline double tolerance(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kFloat32:
+      return 1e-5;
+    case kernels::DType::kFloat16:
+      return 2e-3;
+    default:
+      return 1e-2;
+  }
+}
 
 }  // namespace ditscale::gpu_test
 

@@ -84,6 +84,17 @@ def find_cli():
     return None
 
 
+def fit_json(csv_path):
+    """`ditscale fit CSV --json` (the test skips without a CLI binary); its stdout."""
+    cli = find_cli()
+    if cli is None:
+        pytest.skip("no ditscale CLI binary with `fit` to read the CSV")
+    r = subprocess.run([cli, "fit", str(csv_path), "--json"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def test_sweep_csv_oom_and_ditscale_fit(tmp_path):
     out, stdout = run_bench(tmp_path, "--shapes", "1x64x64,5x64x64,9x64x64,9x128x128",
                             "--max-tokens", "256", "--points-per-shape", "3",
@@ -107,13 +118,8 @@ def test_sweep_csv_oom_and_ditscale_fit(tmp_path):
         assert int(r["seq_len"]) == seq_len_of(int(r["frames"]), int(r["height"]),
                                                int(r["width"]))
     assert "[ 10/10]" in stdout and "ETA" in stdout and "out of memory" in stdout
-    cli = find_cli()
-    if cli is None:
-        pytest.skip("no ditscale CLI binary with `fit` to read the CSV")
-    r = subprocess.run([cli, "fit", str(out), "--json"], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert '"rows": 6' in r.stdout
+    fit = fit_json(out)
+    assert '"rows": 6' in fit
 
 
 def test_manifest_shapes(tmp_path):
@@ -157,13 +163,8 @@ def test_sweep_accumulation_rows_and_fit(tmp_path):
         tps = 2 * int(r["batch_size"]) * int(r["seq_len"]) / float(r["step_time_s"])
         assert float(r["tokens_per_s"]) == pytest.approx(tps, rel=1e-3)
     assert "x2 micro-batches" in stdout and "[  8/8]" in stdout
-    cli = find_cli()
-    if cli is None:
-        pytest.skip("no ditscale CLI binary with `fit` to read the CSV")
-    r = subprocess.run([cli, "fit", str(out), "--json"], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 0, r.stderr
+    fit = fit_json(out)
     import json
-    j = json.loads(r.stdout)
+    j = json.loads(fit)
     assert j["rows"] == 8 and j["accumulation_rows"] == 2 and j["a_mb_fitted"] is True
     assert j["power"]["a_mb"] >= 0 and j["quadratic"]["a_mb"] >= 0

@@ -43,15 +43,9 @@ endif()
 set(DITSCALE_HAVE_NCCL OFF)
 if(DITSCALE_HAVE_CUDA)
   set(_nccl_hints $ENV{NCCL_HOME})
-  find_package(Python3 COMPONENTS Interpreter QUIET)
-  if(Python3_Interpreter_FOUND)
-    execute_process(
-      COMMAND ${Python3_EXECUTABLE} -c
-        "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])"
-      OUTPUT_VARIABLE _nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-    if(_nccl_py AND EXISTS "${_nccl_py}/include/nccl.h")
-      list(APPEND _nccl_hints ${_nccl_py})
-    endif()
+  ditscale_python_package_dir(nvidia.nccl _nccl_py)
+  if(_nccl_py AND EXISTS "${_nccl_py}/include/nccl.h")
+    list(APPEND _nccl_hints ${_nccl_py})
   endif()
   find_path(DITSCALE_NCCL_INCLUDE nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include NO_DEFAULT_PATH)
   find_library(DITSCALE_NCCL_LIB NAMES nccl libnccl.so.2 HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64

@@ -77,3 +77,17 @@ function(ditscale_module)
     ditscale_cc_benchmark(NAME ${A_NAME}_${_n} SRCS ${b} DEPS ditscale_${A_NAME})
   endforeach()
 endfunction()
+
+# ditscale_python_package_dir(MODULE OUT): the folder of the Python package MODULE (e.g.
+# nvidia.nccl, a namespace package in the CUDA wheels) as installed for the running Python, or ""
+# when there is no Python or no such package. Used to find the NCCL / NVSHMEM that torch loads.
+function(ditscale_python_package_dir module out)
+  set(dir "")
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(
+      COMMAND ${Python3_EXECUTABLE} -c "import ${module} as m; print(list(m.__path__)[0])"
+      OUTPUT_VARIABLE dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  endif()
+  set(${out} "${dir}" PARENT_SCOPE)
+endfunction()

@@ -1,15 +1,9 @@
 # Locates NVSHMEM 3: NVSHMEM_HOME, or the nvidia-nvshmem-cu13 wheel of the running Python.
 # The wheel ships libnvshmem_host.so.3 (no unversioned link) and the static libnvshmem_device.a.
 set(_nvshmem_hints $ENV{NVSHMEM_HOME})
-find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND)
-  execute_process(
-    COMMAND ${Python3_EXECUTABLE} -c
-      "import nvidia.nvshmem, os; print(os.path.dirname(nvidia.nvshmem.__file__) if nvidia.nvshmem.__file__ else list(nvidia.nvshmem.__path__)[0])"
-    OUTPUT_VARIABLE _nvshmem_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  if(_nvshmem_py)
-    list(APPEND _nvshmem_hints ${_nvshmem_py})
-  endif()
+ditscale_python_package_dir(nvidia.nvshmem _nvshmem_py)  # cmake/DitscaleHelpers.cmake
+if(_nvshmem_py)
+  list(APPEND _nvshmem_hints ${_nvshmem_py})
 endif()
 find_path(NVSHMEM_INCLUDE_DIR nvshmem.h HINTS ${_nvshmem_hints} PATH_SUFFIXES include)
 find_library(NVSHMEM_HOST_LIBRARY NAMES nvshmem_host libnvshmem_host.so.3

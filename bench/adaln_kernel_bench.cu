@@ -14,7 +14,10 @@
 //               groups of R consecutive rows (default: automatic), .g per-thread stores
 //               instead of bulk stores, .b bulk stores at every row size, .e L2 evict-first
 //               hints, .c0/.c1 coefficients in registers / reloaded per row);
-//               `pipe...` variants force the cp.async forward.
+//               `pipe...` variants force the cp.async forward;
+//               `warp[.rR][.e]`: the warp-per-row forward (R rows per warp, .e streaming
+//               cache hints) where it applies (rows <= 256 vectors), else the bulk-copy one;
+//               `auto`: the defaults.
 //               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
 //   --fwd-only  skip the backward timings (columns show 0)
 #include <cuda_runtime.h>
@@ -81,6 +84,24 @@ Variant parse_variant(const std::string& spec) {
   Variant v{spec, {}};
   if (spec == "base") {
     v.tuning.pipelined = false;
+    return v;
+  }
+  if (spec == "auto") return v;
+  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e]
+    v.tuning.fwd_kernel = 3;
+    for (std::size_t pos = 4; pos < spec.size();) {
+      const std::size_t dot = std::min(spec.find('.', pos), spec.size());
+      const std::string tok = spec.substr(pos, dot - pos);
+      if (!tok.empty() && tok[0] == 'r') {
+        v.tuning.fwd_warp_rows = std::atoi(tok.c_str() + 1);
+      } else if (tok == "e") {
+        v.tuning.fwd_evict_first = true;
+      } else if (!tok.empty()) {
+        std::fprintf(stderr, "unknown field '%s' in variant '%s'\n", tok.c_str(), spec.c_str());
+        std::exit(2);
+      }
+      pos = dot + 1;
+    }
     return v;
   }
   const bool tma = spec.rfind("tma", 0) == 0;

@@ -1,9 +1,10 @@
 // Fused AdaLN forward: one read of x (or residual + gate * branch), one write of y (and h), fp32
 // statistics kept in registers. See adaln.h for the math and layouts.
 //
-// Default: on sm_90 builds and devices, plain (not gated) calls take the bulk-copy kernel of
-// internal/adaln_fwd_tma.cuh (whole-row bulk loads and stores through a shared-memory ring);
-// otherwise the pipelined persistent kernel of internal/adaln_fwd_pipe.cuh (cp.async ring,
+// Default: plain (not gated) calls with rows of <= 256 16-byte vectors take the warp-per-row
+// kernel of internal/adaln_fwd_warp.cuh (row in registers, shuffles only); wider plain rows, on
+// sm_90 builds and devices, the bulk-copy kernel of internal/adaln_fwd_tma.cuh (whole-row bulk
+// loads and stores through a shared-memory ring); otherwise the pipelined persistent kernel of internal/adaln_fwd_pipe.cuh (cp.async ring,
 // modulation in registers). The vector kernel below is the first version, used when the ring
 // would not fit or AdaLNTuning::pipelined is off.
 // Vector kernel (D % V == 0 and 16-byte aligned views, V = 16 bytes / sizeof(T)): a row is held
@@ -24,6 +25,7 @@
 #include "ditscale/kernels/internal/adaln_device.cuh"
 #include "ditscale/kernels/internal/adaln_fwd_pipe.cuh"
 #include "ditscale/kernels/internal/adaln_fwd_tma.cuh"
+#include "ditscale/kernels/internal/adaln_fwd_warp.cuh"
 #include "ditscale/kernels/internal/adaln_launch.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
 #include "ditscale/kernels/internal/cuda_check.h"
@@ -230,6 +232,39 @@ bool launch_fwd_tma(const FwdArgs& a, int tpr, cudaStream_t stream) {
   return true;
 }
 
+// The warp-per-row forward for aligned, plain calls with rows < 2^31 (checked by the caller) of
+// at most kFwdWarpMaxVecs * 32 vectors; false when it does not apply or is not selected.
+bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stream) {
+  const AdaLNTuning& tune = adaln_tuning();
+  if ((tune.fwd_kernel != 0 && tune.fwd_kernel != 3) || a.gated) return false;
+  const std::int64_t nvec = p.dim / vec;
+  const int vecs = static_cast<int>((nvec + 31) / 32);
+  if (vecs < 1 || vecs > kFwdWarpMaxVecs) return false;
+  const int rows = tune.fwd_warp_rows == 2 && p.dtype == DType::kBFloat16 ? 2 : 1;
+  a.evict_first = tune.fwd_evict_first;
+  const std::int64_t warps = (a.rows + rows - 1) / rows;
+  std::int64_t grid = (warps + kFwdWarpsPerBlock - 1) / kFwdWarpsPerBlock;
+  if (tune.max_resident_blocks > 0) grid = std::min<std::int64_t>(grid, tune.max_resident_blocks);
+  DS_CHECK(grid >= 1 && grid <= 0x7fffffff, "AdaLN: invalid grid size ", grid);
+  const dim3 block(32, kFwdWarpsPerBlock);
+  dispatch_dtype(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    dispatch_int<1, 2, 3, 4, 5, 6, 8>(vecs == 7 ? 8 : vecs, [&](auto kv) {
+      constexpr int kVecs = decltype(kv)::value;
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        dispatch_int<1, 2>(rows, [&](auto kr) {
+          adaln_fwd_warp_kernel<T, kVecs, decltype(kr)::value>
+              <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+        });
+      } else {
+        adaln_fwd_warp_kernel<T, kVecs, 1><<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+      }
+      DS_CHECK_CUDA(cudaGetLastError());
+    });
+  });
+  return true;
+}
+
 // The bulk-copy forward for aligned, plain calls with rows < 2^31 (checked by the caller); false
 // when it does not apply (gated, fewer than 64 vectors per row, ring too large, no sm_90 code,
 // or AdaLNTuning::fwd_kernel == 1).
@@ -361,6 +396,7 @@ void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
   const AdaLNTuning& tune = adaln_tuning();
   // The pipelined kernel indexes rows with 32-bit arithmetic.
   if (aligned && tune.pipelined && a.rows < (std::int64_t{1} << 31)) {
+    if (try_fwd_warp(p, a, static_cast<int>(vec), cu_stream)) return;
     if (try_fwd_tma(p, a, static_cast<int>(vec), cu_stream)) return;
     const VecPlan plan = choose_vec_plan(
         p.dim / vec, kFwdVecCandidates, static_cast<int>(std::size(kFwdVecCandidates)),

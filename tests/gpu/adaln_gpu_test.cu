@@ -514,6 +514,62 @@ TEST(AdaLNGpu, BulkCopyForwardRowGroups) {
   }
 }
 
+// The warp-per-row forward (the default for plain rows of <= 256 vectors): 1 or 2 rows per warp,
+// streaming hints, grids small enough that each warp walks many rows and crosses sample ends,
+// partial last lanes (D = 1000: 125 vectors), padded rows and samples, per-token and fp32
+// modulation, affine, RMS; and a gated call, which must take another kernel.
+TEST(AdaLNGpu, WarpPerRowForward) {
+  SKIP_WITHOUT_GPU();
+  using internal::AdaLNTuning;
+  struct Restore {
+    ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
+  } restore;
+  struct WarpCase {
+    int rows, grid;
+    bool stream;
+  };
+  for (const WarpCase& w : {WarpCase{0, 0, false}, WarpCase{1, 1, false}, WarpCase{2, 0, false},
+                            WarpCase{2, 3, true}, WarpCase{1, 2, true}}) {
+    AdaLNTuning t;
+    t.fwd_kernel = 3;
+    t.fwd_warp_rows = w.rows;
+    t.max_resident_blocks = w.grid;
+    t.fwd_evict_first = w.stream;
+    internal::adaln_tuning() = t;
+    SCOPED_TRACE("warp rows " + std::to_string(w.rows) + " grid " + std::to_string(w.grid) +
+                 " stream " + std::to_string(w.stream));
+    for (DType dt : kDtypes) {
+      for (std::int64_t d : {64, 1000, 1536, 2048}) {
+        Case c;
+        c.dtype = dt;
+        c.B = 3;
+        c.N = 37;
+        c.D = d;
+        c.affine = d == 1000;
+        run_case(c);
+        Case rms = c;  // per token, one row per sample: every row pair straddles samples
+        rms.norm = NormType::kRMSNorm;
+        rms.per_token = true;
+        rms.mod_f32 = true;
+        rms.N = 1;
+        rms.B = 5;
+        run_case(rms);
+        Case padded = c;  // padded rows and samples
+        padded.x_pad = 8;
+        padded.b_pad = 16;
+        padded.N = 19;
+        run_case(padded);
+      }
+      Case gated;  // gated: not the warp kernel's
+      gated.dtype = dt;
+      gated.gated = true;
+      gated.D = 1536;
+      gated.N = 21;
+      run_case(gated);
+    }
+  }
+}
+
 TEST(AdaLNGpu, RejectsFp64AndMissingWorkspace) {
   SKIP_WITHOUT_GPU();
   AdaLNBwdParams p;

@@ -190,6 +190,28 @@ __device__ __forceinline__ void load_smem_vec(const uint4* p, float (&out)[V]) {
   for (int i = 0; i < V; ++i) out[i] = to_f(e[i]);
 }
 
+// A and C of feature vector starting at d (sample b, token n): A = w (1 + scale),
+// C = b (1 + scale) + shift.
+template <int V, typename T>
+__device__ __forceinline__ void fwd_coefs(const FwdArgs& a, std::int64_t b, std::int64_t n,
+                                          std::int64_t d, float (&ca)[V], float (&cc)[V]) {
+  load_view_vec<V, T>(a.scale, view_offset(a.scale, b, n, d), ca);
+  load_view_vec<V, T>(a.shift, view_offset(a.shift, b, n, d), cc);
+#pragma unroll
+  for (int e = 0; e < V; ++e) ca[e] += 1.f;
+  if (a.weight == nullptr && a.bias == nullptr) return;
+  float w[V], bi[V];
+  fill(w, 1.f);
+  fill(bi, 0.f);
+  if (a.weight != nullptr) load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
+  if (a.bias != nullptr) load_view_vec<V, T>(DevView{a.bias, 0, 0, a.affine_f32}, d, bi);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    cc[e] = fmaf(bi[e], ca[e], cc[e]);
+    ca[e] *= w[e];
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

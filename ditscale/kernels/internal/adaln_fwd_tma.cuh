@@ -124,28 +124,6 @@ __device__ __forceinline__ void store_smem_vec(uint4* p, const float (&in)[V]) {
   *p = raw;
 }
 
-// A and C of feature vector starting at d (sample b, token n): A = w (1 + scale),
-// C = b (1 + scale) + shift.
-template <int V, typename T>
-__device__ __forceinline__ void fwd_coefs(const FwdArgs& a, std::int64_t b, std::int64_t n,
-                                          std::int64_t d, float (&ca)[V], float (&cc)[V]) {
-  load_view_vec<V, T>(a.scale, view_offset(a.scale, b, n, d), ca);
-  load_view_vec<V, T>(a.shift, view_offset(a.shift, b, n, d), cc);
-#pragma unroll
-  for (int e = 0; e < V; ++e) ca[e] += 1.f;
-  if (a.weight == nullptr && a.bias == nullptr) return;
-  float w[V], bi[V];
-  fill(w, 1.f);
-  fill(bi, 0.f);
-  if (a.weight != nullptr) load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
-  if (a.bias != nullptr) load_view_vec<V, T>(DevView{a.bias, 0, 0, a.affine_f32}, d, bi);
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    cc[e] = fmaf(bi[e], ca[e], cc[e]);
-    ca[e] *= w[e];
-  }
-}
-
 // Not gated (the launcher sends gated calls to the cp.async kernel). rows < 2^31.
 // kRows consecutive rows per block iteration (a group; blockDim.y = kRows, row threadIdx.y): a
 // ring slot holds the group, loaded with one bulk copy per run of rows that are contiguous in x

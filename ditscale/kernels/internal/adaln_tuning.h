@@ -18,10 +18,15 @@ struct AdaLNTuning {
   int fwd_rows = 0;
   // Threads per row the vector plans aim for (ties between equally padded plans).
   int fwd_target_tpr = 128;
-  // Forward kernel: 0 = automatic (the bulk-copy kernel of adaln_fwd_tma.cuh where the build has
-  // sm_90 code for the device and the call is plain (not gated, D >= 64 vectors), else the
-  // cp.async kernel), 1 = the cp.async kernel, 2 = same as 0.
+  // Forward kernel: 0 = automatic (plain calls: the warp-per-row kernel of adaln_fwd_warp.cuh for
+  // rows of <= 256 16-byte vectors, else the bulk-copy kernel of adaln_fwd_tma.cuh where the
+  // build has sm_90 code for the device and the row has >= 64 vectors; otherwise, and for gated
+  // calls, the cp.async kernel), 1 = the cp.async kernel, 2 = the bulk-copy kernel where it
+  // applies (else the cp.async one), 3 = the warp-per-row kernel where it applies (else as 2).
   int fwd_kernel = 0;
+  // Warp-per-row kernel: rows per warp (1 or 2; 0 = automatic = 1; 2 is instantiated for bf16
+  // only, other dtypes take 1).
+  int fwd_warp_rows = 0;
   // Bulk-copy kernel: ring depth in rows (3, 4 or 6; other values than 4 and per-thread stores
   // are instantiated for bf16 with 2, 3 or 5 vectors per thread only, others use 4 + bulk
   // stores); y through bulk stores (1), per-thread 16-byte stores (0) or automatic (-1: bulk

@@ -1,0 +1,142 @@
+// AdaLN forward with one warp per row, the row held in registers. Included by adaln.cu only.
+//
+// Why: for rows of at most 256 16-byte vectors (D <= 2048 in bf16/fp16, 1024 in fp32) the
+// bulk-copy kernel (adaln_fwd_tma.cuh) stays at 57-77% of the copy bandwidth on the H200: its
+// blocks pay a mbarrier wait, two block barriers and a bulk-copy issue per 2-3 KB row, and the
+// register budget leaves ~7 blocks (rows) per SM. Here a warp owns a row (kRows rows) from load
+// to store: no shared memory, no block barrier, the reductions are warp shuffles only, so the
+// SM holds as many rows in flight as warps fit (up to 32-64), like a plain copy kernel does.
+//
+// Warp w takes rows w * kRows ... w * kRows + kRows - 1, then w + (grid warps), ... (grid-stride
+// over row groups; the launcher sizes the grid to cover all rows in one pass unless
+// AdaLNTuning::max_resident_blocks caps it). Lane l owns the 16-byte vectors j * 32 + l, j <
+// kVecs, of each of its rows, loaded all at once (every load of a row group is issued before the
+// first reduction). Statistics: two-pass (mean, then the centred sum of squares from the
+// registers), fp32, warp shuffles in a fixed order: the bits depend on the inputs only.
+// Plain (not gated) calls, 16-byte aligned views, rows < 2^31 (checked by the launcher).
+#pragma once
+
+#include <cstdint>
+
+#include "ditscale/kernels/internal/adaln_device.cuh"
+
+namespace ditscale::kernels::internal {
+
+// Warps (rows) per block of the warp-per-row forward.
+inline constexpr int kFwdWarpsPerBlock = 4;
+// Most vectors per lane it takes (256 vectors per row).
+inline constexpr int kFwdWarpMaxVecs = 8;
+
+// 16 bytes of T -> V floats.
+template <int V, typename T>
+__device__ __forceinline__ void unpack_vec(const uint4& raw, float (&out)[V]) {
+  static_assert(V * sizeof(T) == 16, "one 16-byte chunk per vector");
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_f(e[i]);
+}
+
+// Minimum resident blocks for __launch_bounds__ (registers <= 65536 / (128 x blocks)): ptxas
+// keeps ~6 registers per 16-byte vector a lane holds (the row data, then the coefficient loads it
+// hoists ahead of the stores) plus ~56; at a 64-register cap it spilled from 4 vectors, at 80 from
+// 6. Blocks of 4 warps keep the caps fine-grained (8 blocks: 64 registers, 5: 102, 4: 128).
+constexpr int fwd_warp_min_blocks(int vecs_per_lane) {
+  const int blocks = 512 / (6 * vecs_per_lane + 56);
+  return blocks < 1 ? 1 : (blocks > 8 ? 8 : blocks);
+}
+
+template <typename T, int kVecs, int kRows>
+__global__ void __launch_bounds__(32 * kFwdWarpsPerBlock, fwd_warp_min_blocks(kVecs* kRows))
+    adaln_fwd_warp_kernel(const FwdArgs a) {
+  constexpr int V = 16 / sizeof(T);
+  const int lane = static_cast<int>(threadIdx.x);
+  const int nvec = static_cast<int>(a.d / V);
+  const unsigned rows = static_cast<unsigned>(a.rows);
+  const unsigned seq = static_cast<unsigned>(a.n);
+  const float inv_d = 1.0f / static_cast<float>(a.d);
+  const bool stream = a.evict_first;
+  const T* const xg = static_cast<const T*>(a.x.data);
+  T* const yg = static_cast<T*>(a.y);
+  const unsigned warps = gridDim.x * blockDim.y;
+
+  for (unsigned w = blockIdx.x * blockDim.y + threadIdx.y;
+       static_cast<unsigned long long>(w) * kRows < rows; w += warps) {
+    const unsigned u0 = w * kRows;
+    uint4 raw[kRows][kVecs];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const unsigned u = u0 + r;
+      const bool ok = u < rows;
+      const unsigned b = ok ? u / seq : 0;
+      const unsigned n = ok ? u - b * seq : 0;
+      const uint4* src = reinterpret_cast<const uint4*>(
+          xg + static_cast<std::int64_t>(b) * a.x.sb + static_cast<std::int64_t>(n) * a.x.sn);
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        const int vi = j * 32 + lane;
+        if (ok && vi < nvec) {
+          raw[r][j] = stream ? __ldcs(src + vi) : src[vi];
+        } else {
+          raw[r][j] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const unsigned u = u0 + r;
+      float mean = 0.f;
+      if (!a.rms) {
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < kVecs; ++j) {
+          float v[V];
+          unpack_vec<V, T>(raw[r][j], v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) s += v[e];
+        }
+        mean = warp_sum(s) * inv_d;
+      }
+      float q = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        if (j * 32 + lane < nvec) {
+          float v[V];
+          unpack_vec<V, T>(raw[r][j], v);
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            const float c = v[e] - mean;
+            q = fmaf(c, c, q);
+          }
+        }
+      }
+      const float rstd = rsqrtf(warp_sum(q) * inv_d + a.eps);
+      if (u >= rows) continue;  // warp-uniform
+      if (lane == 0 && a.mean != nullptr) {
+        a.mean[u] = mean;
+        a.rstd[u] = rstd;
+      }
+      const unsigned b = u / seq;
+      const unsigned n = u - b * seq;
+      uint4* const dst = reinterpret_cast<uint4*>(yg + static_cast<std::int64_t>(u) * a.d);
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        const int vi = j * 32 + lane;
+        if (vi >= nvec) continue;
+        float v[V], ca[V], cc[V];
+        unpack_vec<V, T>(raw[r][j], v);
+        fwd_coefs<V, T>(a, b, n, static_cast<std::int64_t>(vi) * V, ca, cc);
+        uint4 out;
+        T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+        for (int e = 0; e < V; ++e) o[e] = from_f<T>(fmaf((v[e] - mean) * rstd, ca[e], cc[e]));
+        if (stream) {
+          __stcs(dst + vi, out);
+        } else {
+          dst[vi] = out;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ditscale::kernels::internal

@@ -84,7 +84,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NP"
   CLI=$BUILD/tools/ditscale
   # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
-  # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag", "channels" and "sanitize" are opt-in.
+  # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag", "channels", "sockets" and
+  # "sanitize" are opt-in.
   PARTS=" ${SP_PARTS:-test calib bench-nvlink bench-emulated report example} "
   has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
   if [ "$NGPU" -ge 2 ]; then
@@ -92,9 +93,12 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
       step sp-check-nvlink 300 $TRUN tests/gpu/sp_attention_check.py
       step sp-check-emulated 240 $TRUN tests/gpu/sp_attention_check.py --emulate-machines 2 --quick
     fi
+    # memcheck of the sp path. API errors are not reported: NCCL's communicator init probes
+    # kernels built for other architectures (cudaFuncGetAttributes -> "no kernel image", handled
+    # inside libnccl; 16 such reports on the H200 and nothing else).
     if has sanitize && command -v compute-sanitizer >/dev/null; then
       step sp-sanitizer 240 $PY -m torch.distributed.run --standalone --nproc-per-node 2 \
-           --no-python compute-sanitizer --tool memcheck --error-exitcode 1 \
+           --no-python compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
            $PY tests/gpu/sp_attention_check.py --tiny
     fi
     if has calib; then
@@ -122,6 +126,13 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
          --seq 36864 65536 --text 512 --emulate-machines 2 --strategies usp swiftfusion-tas torus \
          --transports nccl --peers --net-channels-per-peer ${SP_NET_CHANNELS:-8} \
          --time-budget-s ${SP_BENCH_S:-150} --json "$SPD/channels.json"
+    # sockets (opt-in): the emulated-machine run, peers included, with more socket threads per
+    # NCCL connection (the loopback link is CPU-bound per socket); compare with sp-emulated.json.
+    has sockets && step sp-bench-sockets 300 env NCCL_SOCKET_NTHREADS=${SP_SOCKET_NTHREADS:-4} \
+         NCCL_NSOCKS_PERTHREAD=${SP_NSOCKS_PERTHREAD:-2} $TRUN bench/sp/bench_sp_attention.py \
+         --seq ${SP_SOCKET_SEQ:-65536} --text 512 --emulate-machines 2 \
+         --strategies ring usp torus --transports nccl --time-budget-s ${SP_BENCH_S:-150} \
+         --json "$SPD/sockets.json"
     has report && step sp-report 120 $PY bench/sp/report.py "$SPD"/sp-*.json \
          --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x$NP.md" \
          --summary "$OUT/sp-summary.txt"

@@ -15,8 +15,10 @@
 //               instead of bulk stores, .b bulk stores at every row size, .e L2 evict-first
 //               hints, .c0/.c1 coefficients in registers / reloaded per row);
 //               `pipe...` variants force the cp.async forward;
-//               `warp[.rR][.e]`: the warp-per-row forward (R rows per warp, .e streaming
-//               cache hints) where it applies (rows <= 256 vectors), else the bulk-copy one;
+//               `warp[.rR][.e][.p|.n]`: the warp-per-row forward (R rows per warp, .e streaming
+//               cache hints, .p / .n: persistent grid with the next rows prefetched (the
+//               default) or one pass without prefetch) where it applies (rows <= 256
+//               vectors), else the bulk-copy one;
 //               `auto`: the defaults.
 //               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
 //   --fwd-only  skip the backward timings (columns show 0)
@@ -87,7 +89,7 @@ Variant parse_variant(const std::string& spec) {
     return v;
   }
   if (spec == "auto") return v;
-  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e]
+  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e][.p]
     v.tuning.fwd_kernel = 3;
     for (std::size_t pos = 4; pos < spec.size();) {
       const std::size_t dot = std::min(spec.find('.', pos), spec.size());
@@ -96,6 +98,10 @@ Variant parse_variant(const std::string& spec) {
         v.tuning.fwd_warp_rows = std::atoi(tok.c_str() + 1);
       } else if (tok == "e") {
         v.tuning.fwd_evict_first = true;
+      } else if (tok == "p") {
+        v.tuning.fwd_warp_prefetch = true;
+      } else if (tok == "n") {
+        v.tuning.fwd_warp_prefetch = false;
       } else if (!tok.empty()) {
         std::fprintf(stderr, "unknown field '%s' in variant '%s'\n", tok.c_str(), spec.c_str());
         std::exit(2);

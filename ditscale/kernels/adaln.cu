@@ -241,25 +241,35 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
   const int vecs = static_cast<int>((nvec + 31) / 32);
   if (vecs < 1 || vecs > kFwdWarpMaxVecs) return false;
   const int rows = tune.fwd_warp_rows == 2 && p.dtype == DType::kBFloat16 ? 2 : 1;
+  const bool prefetch = tune.fwd_warp_prefetch && p.dtype == DType::kBFloat16;
   a.evict_first = tune.fwd_evict_first;
   const std::int64_t warps = (a.rows + rows - 1) / rows;
-  std::int64_t grid = (warps + kFwdWarpsPerBlock - 1) / kFwdWarpsPerBlock;
-  if (tune.max_resident_blocks > 0) grid = std::min<std::int64_t>(grid, tune.max_resident_blocks);
-  DS_CHECK(grid >= 1 && grid <= 0x7fffffff, "AdaLN: invalid grid size ", grid);
+  const std::int64_t blocks = (warps + kFwdWarpsPerBlock - 1) / kFwdWarpsPerBlock;
   const dim3 block(32, kFwdWarpsPerBlock);
+  auto launch = [&](auto* kernel) {
+    std::int64_t grid = blocks;
+    if (prefetch) {
+      grid = persistent_grid(kernel, 32 * kFwdWarpsPerBlock, 0, blocks);
+    } else if (tune.max_resident_blocks > 0) {
+      grid = std::min<std::int64_t>(grid, tune.max_resident_blocks);
+    }
+    DS_CHECK(grid >= 1 && grid <= 0x7fffffff, "AdaLN: invalid grid size ", grid);
+    kernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+    DS_CHECK_CUDA(cudaGetLastError());
+  };
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     dispatch_int<1, 2, 3, 4, 5, 6, 8>(vecs == 7 ? 8 : vecs, [&](auto kv) {
       constexpr int kVecs = decltype(kv)::value;
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {
         dispatch_int<1, 2>(rows, [&](auto kr) {
-          adaln_fwd_warp_kernel<T, kVecs, decltype(kr)::value>
-              <<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+          dispatch_bool(prefetch, [&](auto kp) {
+            launch(adaln_fwd_warp_kernel<T, kVecs, decltype(kr)::value, decltype(kp)::value>);
+          });
         });
       } else {
-        adaln_fwd_warp_kernel<T, kVecs, 1><<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
+        launch(adaln_fwd_warp_kernel<T, kVecs, 1, false>);
       }
-      DS_CHECK_CUDA(cudaGetLastError());
     });
   });
   return true;

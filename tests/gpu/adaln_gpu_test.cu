@@ -526,18 +526,22 @@ TEST(AdaLNGpu, WarpPerRowForward) {
   } restore;
   struct WarpCase {
     int rows, grid;
-    bool stream;
+    bool stream, prefetch;
   };
-  for (const WarpCase& w : {WarpCase{0, 0, false}, WarpCase{1, 1, false}, WarpCase{2, 0, false},
-                            WarpCase{2, 3, true}, WarpCase{1, 2, true}}) {
+  for (const WarpCase& w :
+       {WarpCase{0, 0, false, true}, WarpCase{1, 1, false, false}, WarpCase{2, 0, false, false},
+        WarpCase{2, 3, true, false}, WarpCase{1, 2, true, false}, WarpCase{1, 0, false, true},
+        WarpCase{1, 1, false, true}, WarpCase{2, 3, false, true}, WarpCase{2, 0, true, true}}) {
     AdaLNTuning t;
     t.fwd_kernel = 3;
     t.fwd_warp_rows = w.rows;
     t.max_resident_blocks = w.grid;
     t.fwd_evict_first = w.stream;
+    t.fwd_warp_prefetch = w.prefetch;
     internal::adaln_tuning() = t;
     SCOPED_TRACE("warp rows " + std::to_string(w.rows) + " grid " + std::to_string(w.grid) +
-                 " stream " + std::to_string(w.stream));
+                 " stream " + std::to_string(w.stream) + " prefetch " +
+                 std::to_string(w.prefetch));
     for (DType dt : kDtypes) {
       for (std::int64_t d : {64, 1000, 1536, 2048}) {
         Case c;

@@ -9,7 +9,7 @@
 //
 // Warp w takes rows w * kRows ... w * kRows + kRows - 1, then w + (grid warps), ... (grid-stride
 // over row groups; the launcher sizes the grid to cover all rows in one pass unless
-// AdaLNTuning::max_resident_blocks caps it). Lane l owns the 16-byte vectors j * 32 + l, j <
+// AdaLNTuning::max_resident_blocks caps it, or, with kPrefetch, to one wave of resident blocks). Lane l owns the 16-byte vectors j * 32 + l, j <
 // kVecs, of each of its rows, loaded all at once (every load of a row group is issued before the
 // first reduction). Statistics: two-pass (mean, then the centred sum of squares from the
 // registers), fp32, warp shuffles in a fixed order: the bits depend on the inputs only.
@@ -45,98 +45,132 @@ constexpr int fwd_warp_min_blocks(int vecs_per_lane) {
   return blocks < 1 ? 1 : (blocks > 8 ? 8 : blocks);
 }
 
+// Loads rows u0 ... u0 + kRows - 1 (those < a.rows) of x into raw (zeros elsewhere).
 template <typename T, int kVecs, int kRows>
-__global__ void __launch_bounds__(32 * kFwdWarpsPerBlock, fwd_warp_min_blocks(kVecs* kRows))
+__device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long long u0, int lane,
+                                              int nvec, uint4 (&raw)[kRows][kVecs]) {
+  const unsigned rows = static_cast<unsigned>(a.rows);
+  const unsigned seq = static_cast<unsigned>(a.n);
+  const T* const xg = static_cast<const T*>(a.x.data);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const bool ok = u0 + r < rows;
+    const unsigned u = ok ? static_cast<unsigned>(u0 + r) : 0u;
+    const unsigned b = u / seq;
+    const unsigned n = u - b * seq;
+    const uint4* src = reinterpret_cast<const uint4*>(
+        xg + static_cast<std::int64_t>(b) * a.x.sb + static_cast<std::int64_t>(n) * a.x.sn);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int vi = j * 32 + lane;
+      if (ok && vi < nvec) {
+        raw[r][j] = a.evict_first ? __ldcs(src + vi) : src[vi];
+      } else {
+        raw[r][j] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
+}
+
+// Statistics and output of rows u0 ... u0 + kRows - 1 held in raw.
+template <typename T, int kVecs, int kRows>
+__device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int lane, int nvec,
+                                              const uint4 (&raw)[kRows][kVecs]) {
+  constexpr int V = 16 / sizeof(T);
+  const unsigned rows = static_cast<unsigned>(a.rows);
+  const unsigned seq = static_cast<unsigned>(a.n);
+  const float inv_d = 1.0f / static_cast<float>(a.d);
+  T* const yg = static_cast<T*>(a.y);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const unsigned u = u0 + r;
+    float mean = 0.f;
+    if (!a.rms) {
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        float v[V];
+        unpack_vec<V, T>(raw[r][j], v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) s += v[e];
+      }
+      mean = warp_sum(s) * inv_d;
+    }
+    float q = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      if (j * 32 + lane < nvec) {
+        float v[V];
+        unpack_vec<V, T>(raw[r][j], v);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float c = v[e] - mean;
+          q = fmaf(c, c, q);
+        }
+      }
+    }
+    const float rstd = rsqrtf(warp_sum(q) * inv_d + a.eps);
+    if (u >= rows) continue;  // warp-uniform
+    if (lane == 0 && a.mean != nullptr) {
+      a.mean[u] = mean;
+      a.rstd[u] = rstd;
+    }
+    const unsigned b = u / seq;
+    const unsigned n = u - b * seq;
+    uint4* const dst = reinterpret_cast<uint4*>(yg + static_cast<std::int64_t>(u) * a.d);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int vi = j * 32 + lane;
+      if (vi >= nvec) continue;
+      float v[V], ca[V], cc[V];
+      unpack_vec<V, T>(raw[r][j], v);
+      fwd_coefs<V, T>(a, b, n, static_cast<std::int64_t>(vi) * V, ca, cc);
+      uint4 out;
+      T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int e = 0; e < V; ++e) o[e] = from_f<T>(fmaf((v[e] - mean) * rstd, ca[e], cc[e]));
+      if (a.evict_first) {
+        __stcs(dst + vi, out);
+      } else {
+        dst[vi] = out;
+      }
+    }
+  }
+}
+
+// kPrefetch: the loads of the warp's next row group are issued before the current group is
+// reduced and written (register double buffer), so a warp always has a row in flight; meant for
+// a persistent grid (each warp walks many groups), sized by the launcher.
+template <typename T, int kVecs, int kRows, bool kPrefetch>
+__global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
+                                  fwd_warp_min_blocks(kVecs* kRows*(kPrefetch ? 2 : 1)))
     adaln_fwd_warp_kernel(const FwdArgs a) {
   constexpr int V = 16 / sizeof(T);
   const int lane = static_cast<int>(threadIdx.x);
   const int nvec = static_cast<int>(a.d / V);
-  const unsigned rows = static_cast<unsigned>(a.rows);
-  const unsigned seq = static_cast<unsigned>(a.n);
-  const float inv_d = 1.0f / static_cast<float>(a.d);
-  const bool stream = a.evict_first;
-  const T* const xg = static_cast<const T*>(a.x.data);
-  T* const yg = static_cast<T*>(a.y);
+  const unsigned long long rows = static_cast<unsigned long long>(a.rows);
   const unsigned warps = gridDim.x * blockDim.y;
-
-  for (unsigned w = blockIdx.x * blockDim.y + threadIdx.y;
-       static_cast<unsigned long long>(w) * kRows < rows; w += warps) {
-    const unsigned u0 = w * kRows;
-    uint4 raw[kRows][kVecs];
+  unsigned long long g = blockIdx.x * blockDim.y + threadIdx.y;
+  uint4 raw[kRows][kVecs];
+  if constexpr (kPrefetch) {
+    if (g * kRows < rows) fwd_warp_load<T, kVecs, kRows>(a, g * kRows, lane, nvec, raw);
+  }
+  for (; g * kRows < rows; g += warps) {
+    if constexpr (kPrefetch) {
+      uint4 next[kRows][kVecs];
+      fwd_warp_load<T, kVecs, kRows>(a, (g + warps) * kRows, lane, nvec, next);
+      fwd_warp_rows<T, kVecs, kRows>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const unsigned u = u0 + r;
-      const bool ok = u < rows;
-      const unsigned b = ok ? u / seq : 0;
-      const unsigned n = ok ? u - b * seq : 0;
-      const uint4* src = reinterpret_cast<const uint4*>(
-          xg + static_cast<std::int64_t>(b) * a.x.sb + static_cast<std::int64_t>(n) * a.x.sn);
+      for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        const int vi = j * 32 + lane;
-        if (ok && vi < nvec) {
-          raw[r][j] = stream ? __ldcs(src + vi) : src[vi];
-        } else {
-          raw[r][j] = make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int j = 0; j < kVecs; ++j) raw[r][j] = next[r][j];
       }
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const unsigned u = u0 + r;
-      float mean = 0.f;
-      if (!a.rms) {
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < kVecs; ++j) {
-          float v[V];
-          unpack_vec<V, T>(raw[r][j], v);
-#pragma unroll
-          for (int e = 0; e < V; ++e) s += v[e];
-        }
-        mean = warp_sum(s) * inv_d;
-      }
-      float q = 0.f;
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        if (j * 32 + lane < nvec) {
-          float v[V];
-          unpack_vec<V, T>(raw[r][j], v);
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const float c = v[e] - mean;
-            q = fmaf(c, c, q);
-          }
-        }
-      }
-      const float rstd = rsqrtf(warp_sum(q) * inv_d + a.eps);
-      if (u >= rows) continue;  // warp-uniform
-      if (lane == 0 && a.mean != nullptr) {
-        a.mean[u] = mean;
-        a.rstd[u] = rstd;
-      }
-      const unsigned b = u / seq;
-      const unsigned n = u - b * seq;
-      uint4* const dst = reinterpret_cast<uint4*>(yg + static_cast<std::int64_t>(u) * a.d);
-#pragma unroll
-      for (int j = 0; j < kVecs; ++j) {
-        const int vi = j * 32 + lane;
-        if (vi >= nvec) continue;
-        float v[V], ca[V], cc[V];
-        unpack_vec<V, T>(raw[r][j], v);
-        fwd_coefs<V, T>(a, b, n, static_cast<std::int64_t>(vi) * V, ca, cc);
-        uint4 out;
-        T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-        for (int e = 0; e < V; ++e) o[e] = from_f<T>(fmaf((v[e] - mean) * rstd, ca[e], cc[e]));
-        if (stream) {
-          __stcs(dst + vi, out);
-        } else {
-          dst[vi] = out;
-        }
-      }
+    } else {
+      fwd_warp_load<T, kVecs, kRows>(a, g * kRows, lane, nvec, raw);
+      fwd_warp_rows<T, kVecs, kRows>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
     }
   }
+  (void)V;
 }
 
 }  // namespace ditscale::kernels::internal

@@ -27,6 +27,9 @@ struct AdaLNTuning {
   // Warp-per-row kernel: rows per warp (1 or 2; 0 = automatic = 1; 2 is instantiated for bf16
   // only, other dtypes take 1).
   int fwd_warp_rows = 0;
+  // Warp-per-row kernel: persistent grid with the next row group's loads issued before the
+  // current one is reduced (register double buffer; instantiated for bf16, other dtypes ignore it).
+  bool fwd_warp_prefetch = true;
   // Bulk-copy kernel: ring depth in rows (3, 4 or 6; other values than 4 and per-thread stores
   // are instantiated for bf16 with 2, 3 or 5 vectors per thread only, others use 4 + bulk
   // stores); y through bulk stores (1), per-thread 16-byte stores (0) or automatic (-1: bulk

@@ -15,8 +15,8 @@
 //               instead of bulk stores, .b bulk stores at every row size, .e L2 evict-first
 //               hints, .c0/.c1 coefficients in registers / reloaded per row);
 //               `pipe...` variants force the cp.async forward;
-//               `warp[.rR][.e][.p|.n]`: the warp-per-row forward (R rows per warp, .e streaming
-//               cache hints, .p / .n: persistent grid with the next rows prefetched (the
+//               `warp[.rR][.e|.c][.p|.n]`: the warp-per-row forward (R rows per warp, .e / .c
+//               streaming cache hints on (the default) / off, .p / .n: persistent grid with the next rows prefetched (the
 //               default) or one pass without prefetch) where it applies (rows <= 256
 //               vectors), else the bulk-copy one;
 //               `auto`: the defaults.
@@ -89,7 +89,7 @@ Variant parse_variant(const std::string& spec) {
     return v;
   }
   if (spec == "auto") return v;
-  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e][.p]
+  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e|.c][.p|.n]
     v.tuning.fwd_kernel = 3;
     for (std::size_t pos = 4; pos < spec.size();) {
       const std::size_t dot = std::min(spec.find('.', pos), spec.size());
@@ -97,7 +97,9 @@ Variant parse_variant(const std::string& spec) {
       if (!tok.empty() && tok[0] == 'r') {
         v.tuning.fwd_warp_rows = std::atoi(tok.c_str() + 1);
       } else if (tok == "e") {
-        v.tuning.fwd_evict_first = true;
+        v.tuning.fwd_evict_first = 1;
+      } else if (tok == "c") {
+        v.tuning.fwd_evict_first = 0;
       } else if (tok == "p") {
         v.tuning.fwd_warp_prefetch = true;
       } else if (tok == "n") {
@@ -132,7 +134,7 @@ Variant parse_variant(const std::string& spec) {
       } else if (tma && c == 'b') {
         v.tuning.fwd_bulk_store = 1;
       } else if (tma && c == 'e') {
-        v.tuning.fwd_evict_first = true;
+        v.tuning.fwd_evict_first = 1;
       } else if (tma && c == 'r') {
         v.tuning.fwd_tma_rows = std::atoi(tok.c_str() + 1);
       } else if (tma && c == 'c') {

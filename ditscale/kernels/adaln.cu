@@ -242,7 +242,7 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
   if (vecs < 1 || vecs > kFwdWarpMaxVecs) return false;
   const int rows = tune.fwd_warp_rows == 2 && p.dtype == DType::kBFloat16 ? 2 : 1;
   const bool prefetch = tune.fwd_warp_prefetch && p.dtype == DType::kBFloat16;
-  a.evict_first = tune.fwd_evict_first;
+  a.evict_first = tune.fwd_evict_first != 0;
   const std::int64_t warps = (a.rows + rows - 1) / rows;
   const std::int64_t blocks = (warps + kFwdWarpsPerBlock - 1) / kFwdWarpsPerBlock;
   const dim3 block(32, kFwdWarpsPerBlock);
@@ -314,7 +314,7 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
   const bool bulk_store =
       !extra || (tune.fwd_bulk_store < 0 ? group_bytes > 4096 : tune.fwd_bulk_store != 0);
   if (static_cast<std::size_t>(stages) * group_bytes > kMaxFwdRingBytes) return false;
-  a.evict_first = tune.fwd_evict_first;
+  a.evict_first = tune.fwd_evict_first > 0;
   bool launched = false;
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -391,7 +391,7 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
     bool bulk_store;
     int grid;
     int coef_reload;
-    bool evict;
+    int evict;
   };
   for (const TmaCase& c : {TmaCase{3, true, 1, -1, false}, TmaCase{4, true, 3, -1, false},
                            TmaCase{6, true, 7, -1, false}, TmaCase{3, false, 3, -1, false},
@@ -525,13 +525,13 @@ TEST(AdaLNGpu, WarpPerRowForward) {
     ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
   } restore;
   struct WarpCase {
-    int rows, grid;
-    bool stream, prefetch;
+    int rows, grid, stream;  // stream: -1 automatic, 0 off, 1 on
+    bool prefetch;
   };
   for (const WarpCase& w :
-       {WarpCase{0, 0, false, true}, WarpCase{1, 1, false, false}, WarpCase{2, 0, false, false},
-        WarpCase{2, 3, true, false}, WarpCase{1, 2, true, false}, WarpCase{1, 0, false, true},
-        WarpCase{1, 1, false, true}, WarpCase{2, 3, false, true}, WarpCase{2, 0, true, true}}) {
+       {WarpCase{0, 0, -1, true}, WarpCase{1, 1, 0, false}, WarpCase{2, 0, 0, false},
+        WarpCase{2, 3, 1, false}, WarpCase{1, 2, 1, false}, WarpCase{1, 0, 0, true},
+        WarpCase{1, 1, 0, true}, WarpCase{2, 3, 0, true}, WarpCase{2, 0, 1, true}}) {
     AdaLNTuning t;
     t.fwd_kernel = 3;
     t.fwd_warp_rows = w.rows;

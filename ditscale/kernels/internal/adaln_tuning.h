@@ -28,21 +28,25 @@ struct AdaLNTuning {
   // only, other dtypes take 1).
   int fwd_warp_rows = 0;
   // Warp-per-row kernel: persistent grid with the next row group's loads issued before the
-  // current one is reduced (register double buffer; instantiated for bf16, other dtypes ignore it).
+  // current one is reduced (register double buffer; instantiated for bf16, other dtypes ignore it;
+  // measured +0-1.5 points of the copy bandwidth at D = 1024-1536).
   bool fwd_warp_prefetch = true;
+  // Streaming cache hints on the forward's x loads and y stores: 1 on, 0 off, -1 automatic (on
+  // for the warp-per-row kernel: ld.global.cs / st.global.cs measured +1-3.5 points at
+  // D = 1024-1536; off for the bulk-copy kernel, whose L2 evict-first hints gained nothing).
+  int fwd_evict_first = -1;
   // Bulk-copy kernel: ring depth in rows (3, 4 or 6; other values than 4 and per-thread stores
   // are instantiated for bf16 with 2, 3 or 5 vectors per thread only, others use 4 + bulk
   // stores); y through bulk stores (1), per-thread 16-byte stores (0) or automatic (-1: bulk
   // stores for rows above 4 KB; measured: 3 KB rows 1-2.5 points faster with per-thread stores,
-  // 6 and 10 KB rows 2-20 points faster with bulk stores); L2 evict-first hints (no measured
-  // gain); coefficients recomputed per row (1), kept in registers (0) or automatic (-1: per row
+  // 6 and 10 KB rows 2-20 points faster with bulk stores); L2 evict-first hints
+  // (fwd_evict_first); coefficients recomputed per row (1), kept in registers (0) or automatic (-1: per row
   // only when a thread holds more than 40 elements; at 40, D = 5120 bf16, registers measured
   // 91.6% of copy against 79.9% per row).
   // fwd_tma_stages 0 = automatic: 4, or 6 for groups of several rows (fewer blocks per SM with
   // bigger blocks: the deeper ring keeps as many bytes in flight).
   int fwd_tma_stages = 0;
   int fwd_bulk_store = -1;
-  bool fwd_evict_first = false;
   int fwd_coef_reload = -1;
   // Bulk-copy kernel: consecutive rows per block iteration (1, 2 or 4, applied to rows of <= 3
   // vectors per thread with coefficients in registers and tpr >= 64; 0 = automatic = 1: groups

@@ -17,7 +17,7 @@
 //               `pipe...` variants force the cp.async forward;
 //               `warp[.rR][.e|.c][.p|.n]`: the warp-per-row forward (R rows per warp, .e / .c
 //               streaming cache hints on (the default) / off, .p / .n: persistent grid with the next rows prefetched (the
-//               default) or one pass without prefetch, .l: elements unpacked once) where it applies (rows <= 256
+//               default) or one pass without prefetch) where it applies (rows <= 256
 //               vectors), else the bulk-copy one;
 //               `auto`: the defaults.
 //               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
@@ -104,8 +104,6 @@ Variant parse_variant(const std::string& spec) {
         v.tuning.fwd_warp_prefetch = true;
       } else if (tok == "n") {
         v.tuning.fwd_warp_prefetch = false;
-      } else if (tok == "l") {
-        v.tuning.fwd_warp_lean = true;
       } else if (!tok.empty()) {
         std::fprintf(stderr, "unknown field '%s' in variant '%s'\n", tok.c_str(), spec.c_str());
         std::exit(2);

@@ -242,7 +242,6 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
   if (vecs < 1 || vecs > kFwdWarpMaxVecs) return false;
   const int rows = tune.fwd_warp_rows == 2 && p.dtype == DType::kBFloat16 ? 2 : 1;
   const bool prefetch = tune.fwd_warp_prefetch && p.dtype == DType::kBFloat16;
-  const bool lean = tune.fwd_warp_lean && rows == 1 && p.dtype == DType::kBFloat16;
   a.evict_first = tune.fwd_evict_first != 0;
   const std::int64_t warps = (a.rows + rows - 1) / rows;
   const std::int64_t blocks = (warps + kFwdWarpsPerBlock - 1) / kFwdWarpsPerBlock;
@@ -263,12 +262,6 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
     dispatch_int<1, 2, 3, 4, 5, 6, 8>(vecs == 7 ? 8 : vecs, [&](auto kv) {
       constexpr int kVecs = decltype(kv)::value;
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        if (lean) {
-          dispatch_bool(prefetch, [&](auto kp) {
-            launch(adaln_fwd_warp_kernel<T, kVecs, 1, decltype(kp)::value, true>);
-          });
-          return;
-        }
         dispatch_int<1, 2>(rows, [&](auto kr) {
           dispatch_bool(prefetch, [&](auto kp) {
             launch(adaln_fwd_warp_kernel<T, kVecs, decltype(kr)::value, decltype(kp)::value>);

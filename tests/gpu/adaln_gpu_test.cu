@@ -526,25 +526,22 @@ TEST(AdaLNGpu, WarpPerRowForward) {
   } restore;
   struct WarpCase {
     int rows, grid, stream;  // stream: -1 automatic, 0 off, 1 on
-    bool prefetch, lean = false;
+    bool prefetch;
   };
   for (const WarpCase& w :
        {WarpCase{0, 0, -1, true}, WarpCase{1, 1, 0, false}, WarpCase{2, 0, 0, false},
         WarpCase{2, 3, 1, false}, WarpCase{1, 2, 1, false}, WarpCase{1, 0, 0, true},
-        WarpCase{1, 1, 0, true}, WarpCase{2, 3, 0, true}, WarpCase{2, 0, 1, true},
-        WarpCase{1, 0, -1, true, true}, WarpCase{1, 2, -1, true, true},
-        WarpCase{1, 0, 0, false, true}, WarpCase{1, 3, -1, false, true}}) {
+        WarpCase{1, 1, 0, true}, WarpCase{2, 3, 0, true}, WarpCase{2, 0, 1, true}}) {
     AdaLNTuning t;
     t.fwd_kernel = 3;
     t.fwd_warp_rows = w.rows;
     t.max_resident_blocks = w.grid;
     t.fwd_evict_first = w.stream;
     t.fwd_warp_prefetch = w.prefetch;
-    t.fwd_warp_lean = w.lean;
     internal::adaln_tuning() = t;
     SCOPED_TRACE("warp rows " + std::to_string(w.rows) + " grid " + std::to_string(w.grid) +
                  " stream " + std::to_string(w.stream) + " prefetch " +
-                 std::to_string(w.prefetch) + " lean " + std::to_string(w.lean));
+                 std::to_string(w.prefetch));
     for (DType dt : kDtypes) {
       for (std::int64_t d : {64, 1000, 1536, 2048}) {
         Case c;

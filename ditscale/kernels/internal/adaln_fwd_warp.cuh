@@ -72,74 +72,10 @@ __device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long lo
   }
 }
 
-// kLean: one row whose elements are unpacked to fp32 once (not once per pass) and normalised as
-// fma(x, rstd, -mean * rstd): ~25% fewer instructions for more registers. Nsight Compute put the
-// one-pass form at 68.6% of the SM's issue throughput at D = 1536 (5.04 cycles per issued
-// instruction at 4 warps per scheduler), with DRAM at 64% of its peak.
-template <typename T, int kVecs>
-__device__ __forceinline__ void fwd_warp_row_lean(const FwdArgs& a, unsigned u, int lane,
-                                                  int nvec, const uint4 (&raw)[kVecs]) {
-  constexpr int V = 16 / sizeof(T);
-  const float inv_d = 1.0f / static_cast<float>(a.d);
-  float x[kVecs][V];
-  float s = 0.f;
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    unpack_vec<V, T>(raw[j], x[j]);
-#pragma unroll
-    for (int e = 0; e < V; ++e) s += x[j][e];
-  }
-  const float mean = a.rms ? 0.f : warp_sum(s) * inv_d;
-  float q = 0.f;
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    if (j * 32 + lane < nvec) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float c = x[j][e] - mean;
-        q = fmaf(c, c, q);
-      }
-    }
-  }
-  const float rstd = rsqrtf(warp_sum(q) * inv_d + a.eps);
-  if (u >= static_cast<unsigned>(a.rows)) return;  // warp-uniform
-  if (lane == 0 && a.mean != nullptr) {
-    a.mean[u] = mean;
-    a.rstd[u] = rstd;
-  }
-  const float shift = -mean * rstd;
-  const unsigned seq = static_cast<unsigned>(a.n);
-  const unsigned b = u / seq;
-  const unsigned n = u - b * seq;
-  uint4* const dst =
-      reinterpret_cast<uint4*>(static_cast<T*>(a.y) + static_cast<std::int64_t>(u) * a.d);
-#pragma unroll
-  for (int j = 0; j < kVecs; ++j) {
-    const int vi = j * 32 + lane;
-    if (vi >= nvec) continue;
-    float ca[V], cc[V];
-    fwd_coefs<V, T>(a, b, n, static_cast<std::int64_t>(vi) * V, ca, cc);
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = from_f<T>(fmaf(fmaf(x[j][e], rstd, shift), ca[e], cc[e]));
-    if (a.evict_first) {
-      __stcs(dst + vi, out);
-    } else {
-      dst[vi] = out;
-    }
-  }
-}
-
 // Statistics and output of rows u0 ... u0 + kRows - 1 held in raw.
-template <typename T, int kVecs, int kRows, bool kLean = false>
+template <typename T, int kVecs, int kRows>
 __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int lane, int nvec,
                                               const uint4 (&raw)[kRows][kVecs]) {
-  if constexpr (kLean) {
-    static_assert(kRows == 1, "the lean form takes one row per warp");
-    fwd_warp_row_lean<T, kVecs>(a, u0, lane, nvec, raw[0]);
-    return;
-  }
   constexpr int V = 16 / sizeof(T);
   const unsigned rows = static_cast<unsigned>(a.rows);
   const unsigned seq = static_cast<unsigned>(a.n);
@@ -205,10 +141,9 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
 // kPrefetch: the loads of the warp's next row group are issued before the current group is
 // reduced and written (register double buffer), so a warp always has a row in flight; meant for
 // a persistent grid (each warp walks many groups), sized by the launcher.
-template <typename T, int kVecs, int kRows, bool kPrefetch, bool kLean = false>
+template <typename T, int kVecs, int kRows, bool kPrefetch>
 __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
-                                  fwd_warp_min_blocks(kLean ? kVecs * (kPrefetch ? 4 : 2)
-                                                            : kVecs * kRows * (kPrefetch ? 2 : 1)))
+                                  fwd_warp_min_blocks(kVecs* kRows*(kPrefetch ? 2 : 1)))
     adaln_fwd_warp_kernel(const FwdArgs a) {
   constexpr int V = 16 / sizeof(T);
   const int lane = static_cast<int>(threadIdx.x);
@@ -224,7 +159,7 @@ __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
     if constexpr (kPrefetch) {
       uint4 next[kRows][kVecs];
       fwd_warp_load<T, kVecs, kRows>(a, (g + warps) * kRows, lane, nvec, next);
-      fwd_warp_rows<T, kVecs, kRows, kLean>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
+      fwd_warp_rows<T, kVecs, kRows>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
@@ -232,7 +167,7 @@ __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
       }
     } else {
       fwd_warp_load<T, kVecs, kRows>(a, g * kRows, lane, nvec, raw);
-      fwd_warp_rows<T, kVecs, kRows, kLean>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
+      fwd_warp_rows<T, kVecs, kRows>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
     }
   }
   (void)V;

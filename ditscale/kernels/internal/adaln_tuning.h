@@ -31,9 +31,6 @@ struct AdaLNTuning {
   // current one is reduced (register double buffer; instantiated for bf16, other dtypes ignore it;
   // measured +0-1.5 points of the copy bandwidth at D = 1024-1536).
   bool fwd_warp_prefetch = true;
-  // Warp-per-row kernel, one row per warp, bf16: elements unpacked once, fewer instructions,
-  // more registers (adaln_fwd_warp.cuh, fwd_warp_row_lean).
-  bool fwd_warp_lean = false;
   // Streaming cache hints on the forward's x loads and y stores: 1 on, 0 off, -1 automatic (on
   // for the warp-per-row kernel: ld.global.cs / st.global.cs measured +1-3.5 points at
   // D = 1024-1536; off for the bulk-copy kernel, whose L2 evict-first hints gained nothing).

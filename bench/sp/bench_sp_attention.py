@@ -70,6 +70,8 @@ class Config:
         s = f"ditscale {self.strategy}"
         if self.strategy == "torus":
             s += f" c{self.chunks}"
+        elif self.chunks > 1:  # ulysses in head chunks
+            s += f" h{self.chunks}"
         s += f" {self.transport}"
         if self.mesh != "auto":
             s += f" mesh {self.mesh}"
@@ -110,6 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="M > 1: M emulated machines (NCCL socket transport between them)")
     p.add_argument("--strategies", nargs="*", default=list(STRATEGIES), help="ditscale strategies")
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4], help="torus chunk counts")
+    p.add_argument("--head-chunks", type=int, nargs="+", default=[1, 2, 4],
+                   help="ulysses head-chunk counts (1 = plain Ulysses)")
     p.add_argument("--transports", nargs="+", default=None,
                    help="nccl, nvshmem (puts on every link) and/or nvshmem-intra (puts within "
                    "machines, NCCL between them); default: nccl nvshmem on NVLink, nccl "
@@ -185,7 +189,8 @@ def configs(a: argparse.Namespace, have_sp: bool) -> list[Config]:
     for mesh in a.meshes:
         for transport in a.transports:
             for s in a.strategies:
-                for c in a.chunks if s == "torus" else [1]:
+                for c in (a.chunks if s == "torus" else
+                          a.head_chunks if s == "ulysses" else [1]):
                     out.append(Config("ditscale", s, c, transport, mesh))
     return out
 
@@ -438,7 +443,7 @@ class Bench:
         sp.set_trace(mesh, True)
         try:
             step()
-            chunks = cfg.chunks if cfg.strategy == "torus" else 1
+            chunks = cfg.chunks
             text = sp.timeline(mesh, cfg.strategy, chunks=chunks, transport=cfg.transport)
         finally:
             sp.set_trace(mesh, False)

@@ -260,7 +260,8 @@ class Report:
                  f"| link | S | strategy | mesh | NCCL ms |{head}",
                  "|---|--:|---|---|--:|" + "--:|--:|" * len(cols)]
         for (link, seq, strat, chunks, mesh), v in rows:
-            name = strat + (f" c{chunks}" if strat == "torus" else "")
+            name = strat + (f" c{chunks}" if strat == "torus" else
+                            f" h{chunks}" if chunks > 1 else "")
             cells = "".join(f" {fmt_ms(v.get(t))} | {fmt_x(v['nccl'] / v[t] if t in v else None)} |"
                             for t in cols)
             lines.append(f"| {link} | {seq:,} | {name} | {'x'.join(map(str, mesh))} "

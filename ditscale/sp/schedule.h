@@ -70,8 +70,10 @@ struct SpConfig {
   std::string strategy = "ulysses";
   int ulysses_degree = 0;
   int ring_degree = 0;
-  // Torus only: the Ulysses all-to-all (q, k, v in) is split into this many token chunks, each
+  // Torus: the Ulysses all-to-all (q, k, v in) is split into this many token chunks, each
   // pipelined with the attention of the chunk before. 1 = tas with the stationary block first.
+  // Ulysses: this many head chunks, each chunk's all-to-all pipelined with the attention of the
+  // chunk before (strategies/ulysses_heads.cc). 1 = plain. Other strategies: 1.
   int torus_chunks = 1;
   bool one_sided = false;  // Put + Signal / Wait (NVSHMEM) instead of Send / Recv (NCCL)
   // Scope of one_sided (ignored, and resolved to true, when one_sided is false). true: puts on

@@ -8,7 +8,11 @@
 // Strategies:
 //  ulysses          U = N. All-to-all of q, k, v: each rank gathers the full sequence for its head
 //                   group (uneven groups when H % U != 0, e.g. 30 heads on 4 -> 8, 8, 7, 7; in
-//                   units of kv-head groups under GQA), attends, all-to-all of out back.
+//                   units of kv-head groups under GQA), attends, all-to-all of out back. With
+//                   torus_chunks = C > 1 the head group is cut into C chunks of kv heads, each
+//                   with its own all-to-all pipelined against the attention of the chunk before
+//                   (strategies/ulysses_heads.cc): only the first chunk's way in and the last
+//                   chunk's way back stay exposed; no merges (heads are independent).
 //  ring             R = N. R steps; at step s a rank attends its queries against the kv block that
 //                   came from s hops back and LSE-merges it; kv blocks rotate to the next rank,
 //                   double buffered (own buffer + one extra, reused with flow control).
@@ -60,7 +64,8 @@ namespace ditscale::sp {
 const std::vector<std::string>& StrategyNames();
 
 // Fills the defaults of `config` (degrees, placement) for `mesh` and checks it: known strategy,
-// U * R == mesh.ranks(), 1 <= torus_chunks, torus_chunks == 1 unless strategy is torus, shape
+// U * R == mesh.ranks(), 1 <= torus_chunks, torus_chunks == 1 unless strategy is torus or
+// ulysses (ulysses: U >= 2 and torus_chunks <= kv heads / U), shape
 // sizes positive, kv_heads divides heads, U <= kv_heads, every rank has at least one image token.
 // Failures name the field (Failure::column), e.g. "ulysses_degree".
 Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,

@@ -98,6 +98,72 @@ TEST(Strategies, UspMatchesDense) { SweepStrategy("usp", {1}); }
 TEST(Strategies, TasMatchesDense) { SweepStrategy("swiftfusion-tas", {1}); }
 TEST(Strategies, TorusMatchesDense) { SweepStrategy("torus", {1, 2, 3, 4}); }
 
+// Head-chunked Ulysses: every mesh, 2-3 head chunks (uneven chunks and groups: 10 heads on 4
+// ranks -> groups 3, 3, 2, 2 -> chunks of 2 + 1 and 1 + 1), GQA, joint text, both transports;
+// more chunks than the smallest group's kv heads is refused, naming torus_chunks.
+TEST(Strategies, UlyssesHeadChunksMatchDense) {
+  uint64_t seed = 700;
+  for (const SpMesh& mesh : kMeshes) {
+    for (int chunks : {2, 3}) {
+      for (bool one_sided : {false, true}) {
+        for (int64_t text : {0, 8}) {
+          for (const auto& [heads, kv] : {std::pair<int64_t, int64_t>{12, 0}, {10, 0}, {12, 6}}) {
+            Case c{mesh, SpConfig{}, Shape(heads == 10 ? 53 : 48, text, heads, kv)};
+            c.config.strategy = "ulysses";
+            c.config.one_sided = one_sided;
+            c.config.torus_chunks = chunks;
+            Result<SpConfig> rc = ResolveConfig(mesh, c.config, c.shape);
+            if (!rc.ok()) {  // infeasible: more ranks than kv heads, or chunks than kv heads
+              const int64_t kvh = c.shape.kv_heads_or_heads();
+              if (rc.failure().column == "ulysses_degree") {
+                EXPECT_GT(mesh.ranks(), kvh) << Describe(c);
+              } else {
+                EXPECT_EQ(rc.failure().column, "torus_chunks") << Describe(c);
+                EXPECT_GT(chunks, kvh / mesh.ranks()) << Describe(c);
+              }
+              continue;
+            }
+            c.config = *rc;
+            RunCase(c, ++seed);
+            // C attention calls per rank, no merge, and the first chunk's out leaves before the
+            // last chunk's attention (the pipeline), the last chunk's q/k/v arrive after the
+            // first attention was issued.
+            const Schedule s = BuildSchedule(c.mesh, c.config, c.shape).ValueOrThrow();
+            const std::vector<Op>& ops = s.ranks[0].ops;
+            int attentions = 0, merges = 0, first_back = -1, last_attention = -1;
+            for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+              attentions += ops[i].kind == OpKind::kAttention;
+              merges += ops[i].kind == OpKind::kMerge;
+              const bool back = (ops[i].kind == OpKind::kSend || ops[i].kind == OpKind::kPut) &&
+                                ops[i].label.find("a2a.out") != std::string::npos;
+              if (back && first_back < 0) first_back = i;
+              if (ops[i].kind == OpKind::kAttention) last_attention = i;
+            }
+            EXPECT_EQ(attentions, chunks) << Describe(c);
+            EXPECT_EQ(merges, 0) << Describe(c);
+            EXPECT_GE(first_back, 0) << Describe(c);
+            EXPECT_LT(first_back, last_attention) << Describe(c);
+          }
+        }
+      }
+    }
+  }
+  // Two-sided and one-sided volumes equal plain Ulysses (same bytes, only cut by heads).
+  Case plain{SpMesh{1, 4}, SpConfig{}, Shape(48, 8, 12)};
+  plain.config.strategy = "ulysses";
+  Case chunked = plain;
+  chunked.config.torus_chunks = 3;
+  const Schedule a = BuildSchedule(plain.mesh, plain.config, plain.shape).ValueOrThrow();
+  const Schedule b = BuildSchedule(chunked.mesh, chunked.config, chunked.shape).ValueOrThrow();
+  const std::vector<RankCommVolume> va = CommVolumePerRank(a), vb = CommVolumePerRank(b);
+  ASSERT_EQ(va.size(), vb.size());
+  for (size_t r = 0; r < va.size(); ++r) {
+    EXPECT_EQ(va[r].sent_bytes(), vb[r].sent_bytes()) << "rank " << r;
+    EXPECT_EQ(va[r].recv_bytes(), vb[r].recv_bytes()) << "rank " << r;
+    EXPECT_DOUBLE_EQ(va[r].attention_flops, vb[r].attention_flops) << "rank " << r;
+  }
+}
+
 TEST(Strategies, HybridDegreesAndPlacements) {
   uint64_t seed = 77;
   const SpMesh mesh{2, 4};
@@ -419,7 +485,15 @@ TEST(Strategies, ResolveConfigNamesTheBadField) {
   EXPECT_EQ(column({2, 2}, cfg, shape), "ulysses_degree");
   cfg.ulysses_degree = 0;
   cfg.torus_chunks = 2;
-  EXPECT_EQ(column({2, 2}, cfg, shape), "torus_chunks");
+  EXPECT_EQ(column({2, 2}, cfg, shape), "torus_chunks");  // usp has no chunks
+  SpConfig heads;
+  heads.strategy = "ulysses";
+  heads.torus_chunks = 2;
+  EXPECT_EQ(column({2, 2}, heads, shape), "ok");  // 8 heads on 4 ranks: 2 per rank, 2 chunks
+  heads.torus_chunks = 3;
+  EXPECT_EQ(column({2, 2}, heads, shape), "torus_chunks");
+  heads.torus_chunks = 2;
+  EXPECT_EQ(column({1, 1}, heads, shape), "torus_chunks");  // one rank: no all-to-all
   cfg.strategy = "torus";
   cfg.torus_chunks = 0;
   EXPECT_EQ(column({2, 2}, cfg, shape), "torus_chunks");

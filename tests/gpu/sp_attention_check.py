@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 tests/gpu/sp_attention_check.py [--emulate-machines 2] [--quick]
 
-Every strategy (ulysses, ring, usp, swiftfusion-tas, torus with 1-3 chunks), the transports
+Every strategy (ulysses plain and in 2 head chunks, ring, usp, swiftfusion-tas, torus with 1-3
+chunks), the transports
 (NCCL; NVSHMEM when built with it: "nvshmem" on real machines or one host, "nvshmem-intra" -- puts
 within machines, NCCL between them -- on meshes of several machines; emulated machines refuse
 "nvshmem", whose puts would bypass the emulated link), meshes 1 x N (NVLink) and N x 1 (the machine
@@ -57,11 +58,11 @@ def main():
     shapes = [(2, 1024, 77, 6, 6, 64, torch.bfloat16),
               (1, 1031, 0, 3, 3, 128, torch.bfloat16),
               (1, 512, 64, 4, 2, 128, torch.float16)]
-    strategies = [("ulysses", 1), ("ring", 1), ("usp", 1), ("swiftfusion-tas", 1), ("torus", 1),
-                  ("torus", 2), ("torus", 3)]
+    strategies = [("ulysses", 1), ("ulysses", 2), ("ring", 1), ("usp", 1), ("swiftfusion-tas", 1),
+                  ("torus", 1), ("torus", 2), ("torus", 3)]
     if args.quick:
         shapes = shapes[:1]
-        strategies = [("ulysses", 1), ("ring", 1), ("torus", 2)]
+        strategies = [("ulysses", 1), ("ulysses", 2), ("ring", 1), ("torus", 2)]
     if args.tiny:
         shapes = [(1, 256, 16, 2, 2, 64, torch.bfloat16)]
         strategies = [("ring", 1), ("torus", 2)]
@@ -106,14 +107,15 @@ def main():
             scale_ref = ref.abs().max().item()
             for strategy, chunks, transport in cases(mesh):
                 name = (f"{mesh.machines}x{mesh.gpus_per_machine} {strategy}"
-                        f"{'/' + str(chunks) if strategy == 'torus' else ''} {transport} "
+                        f"{'/' + str(chunks) if strategy == 'torus' or chunks > 1 else ''} {transport} "
                         f"B{B} S{S} T{T} H{H}/{HK} D{D} {str(dt)[6:]}")
                 t0 = time.time()
                 # The Ulysses degree of the strategy on this mesh: more ranks than kv heads is
-                # refused by design (each Ulysses rank needs a kv head); the check expects that.
+                # refused by design (each Ulysses rank needs a kv head), and so are more Ulysses
+                # head chunks than kv heads per rank; the check expects those refusals.
                 U = {"ulysses": mesh.size, "ring": 1, "usp": mesh.gpus_per_machine}.get(
                     strategy, mesh.machines)
-                refusal = U > HK
+                refusal = U > HK or (strategy == "ulysses" and chunks > HK // U)
                 inputs = [x.clone() for x in (q, k, v) + ((jq, jk, jv) if T else ())]
                 try:
                     def run():
@@ -142,11 +144,12 @@ def main():
                     clobbered = t.item() > 0
                     ok = rel <= args.tol and not differs and not clobbered and not refusal
                     status = ("ok" if ok else "INPUTS OVERWRITTEN" if clobbered else
-                              "NOT REFUSED (Ulysses degree > kv heads)" if refusal else
+                              "NOT REFUSED (Ulysses degree or head chunks > kv heads)" if refusal else
                               "NOT DETERMINISTIC" if differs else "WRONG")
                 except Exception as e:  # noqa: BLE001 - reported, then the next case
-                    if refusal and "exceeds" in str(e):
-                        rel, ok, status = float("nan"), True, "ok (refused: Ulysses degree > kv heads)"
+                    if refusal and ("exceeds" in str(e) or "head chunks" in str(e)):
+                        rel, ok, status = (float("nan"), True,
+                                           "ok (refused: Ulysses degree or head chunks > kv heads)")
                     else:
                         rel, ok, status = float("nan"), False, f"ERROR {type(e).__name__}: {e}"
                 for a, b in zip(inputs, (q, k, v) + ((jq, jk, jv) if T else ())):

@@ -54,6 +54,16 @@ struct Accumulator {
   std::vector<char> fresh;  // per token: nothing accumulated yet (write directly, no merge)
 };
 
+// Head-chunked Ulysses (strategy ulysses, torus_chunks = C > 1): the rank's head group is split
+// into C chunks of kv heads (and their query heads); chunk h has its own gathered buffers, so that
+// its all-to-all lands contiguously and its attention is one call over all rows of its heads.
+struct HeadChunk {
+  int64_t kv_begin = 0, kv_heads = 0;  // within the rank's kv-head group
+  int64_t q_begin = 0, q_heads = 0;    // within the rank's query-head group
+  int gq = -1, gk = -1, gv = -1;
+  Accumulator acc;
+};
+
 struct RankLayout {
   int rank = 0, u = 0, i = 0;
   int64_t shard_begin = 0, shard_tokens = 0;
@@ -79,6 +89,7 @@ struct RankLayout {
   // (hop h = the block of ring index i - h; hop 0 = own block). seg_begin[p][h] / seg_tokens[p][h].
   int kall = -1, vall = -1;
   std::vector<std::vector<int64_t>> seg_begin, seg_tokens;
+  std::vector<HeadChunk> heads;  // head-chunked Ulysses only
 };
 
 // One input phase of the torus pipeline: torus chunk `chunk`'s q and/or k, v slots.
@@ -127,6 +138,15 @@ class HybridBuilder {
   void PlanTorusPhases();
   void EmitTorusRing(int r, std::vector<char>* consumed);
   void EmitTorusCompute(int r, std::vector<char>* consumed);
+  // ulysses_heads.cc: head-chunked Ulysses (R == 1, C > 1), each chunk's all-to-all in
+  // pipelined with the attention of the chunk before and its out back with the one after.
+  bool head_pipeline() const { return cfg_.strategy == "ulysses" && cfg_.torus_chunks > 1; }
+  void PlanHeadBuffers(int r, int64_t q_rows, int64_t kv_rows);
+  Phase PlanForwardHeads(int h);
+  Phase PlanBackHeads(int h);
+  Phase PlanTextHeads();
+  void EmitHeadPipeline(int r);
+  Schedule BuildHeadPipeline();
   // ring.cc
   void PlanRingLocations(int r);
   Phase PlanRingStep(int s);
@@ -150,6 +170,7 @@ class HybridBuilder {
   Schedule s_;
   std::vector<Phase> fwd_, ring_;          // Ulysses q/k/v chunks; ring steps
   std::vector<Phase> back_;                // Ulysses out back, per torus chunk (slots of chunk c)
+  std::vector<Phase> hfwd_, hback_;        // head-chunked Ulysses: q/k/v in and out back per chunk
   std::vector<TorusIn> tin_;               // torus: q/k/v all-to-all phases, in issue order
   std::vector<std::vector<Phase>> tring_;  // torus: [piece][ring step] kv forwarding
   Phase text_;                             // text-out all-gather

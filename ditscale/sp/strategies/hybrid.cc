@@ -122,6 +122,10 @@ void HybridBuilder::PlanLayouts() {
       // Text kv after the image rows (torus: in front of kall, PlanTorusBuffers), so ring blocks
       // landing in gathered.k/v still start at row 0.
       const int64_t kv_rows = max_chunk + (joint_text() ? T : 0);
+      if (head_pipeline()) {  // per-chunk gathered buffers and accumulators, nothing shared
+        PlanHeadBuffers(r, q_rows, kv_rows);
+        acc_tokens = 0;
+      } else {
       l.gq = b.AddBuffer(name + ".q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
       if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
         l.gk =
@@ -131,20 +135,23 @@ void HybridBuilder::PlanLayouts() {
       }
       l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, q_rows, hq, d, e);
       acc_tokens = q_rows;
+      }
     } else {
       l.gq = l.q;
       l.gk = l.k;
       l.gv = l.v;
       l.acc.out = l.out;
     }
-    l.acc.lse =
-        b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
-    l.acc.fresh.assign(acc_tokens, 1);
-    const int64_t part_tokens = l.qoff + l.chunk_tokens;
-    l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
-                         hq, d, e);
-    l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
-                             part_tokens, hq, 1, 4);
+    if (!head_pipeline()) {
+      l.acc.lse =
+          b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
+      l.acc.fresh.assign(acc_tokens, 1);
+      const int64_t part_tokens = l.qoff + l.chunk_tokens;
+      l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined,
+                           part_tokens, hq, d, e);
+      l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
+                               part_tokens, hq, 1, 4);
+    }
     // Gathered slots: own shard first, then torus chunk by chunk, peers in rotated order.
     l.slots.push_back(Slot{l.u, -1, 0, l.shard_tokens, 0});
     int64_t cursor = l.shard_tokens;
@@ -168,7 +175,7 @@ void HybridBuilder::PlanLayouts() {
   for (int r = 0; r < n; ++r) {
     if (torus_pipeline()) {
       PlanTorusBuffers(r);
-    } else {
+    } else if (!head_pipeline()) {
       PlanRingLocations(r);
     }
   }
@@ -285,6 +292,7 @@ Schedule HybridBuilder::Build() {
                                  : ""));
   }
   PlanLayouts();
+  if (head_pipeline()) return BuildHeadPipeline();
   const int n = U_ * R_;
   fwd_.clear();
   ring_.clear();

@@ -76,8 +76,13 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
   // The scope of one-sided transfers means nothing for two-sided transport: one canonical form.
   if (!c.one_sided) c.one_sided_inter = true;
   if (c.torus_chunks < 1) return Bad("torus_chunks", "must be >= 1");
-  if (c.torus_chunks > 1 && c.strategy != "torus") {
-    return Bad("torus_chunks", "only strategy torus splits the all-to-all into chunks");
+  if (c.torus_chunks > 1 && c.strategy != "torus" && c.strategy != "ulysses") {
+    return Bad("torus_chunks",
+               "only strategies torus (token chunks) and ulysses (head chunks) split the "
+               "all-to-all into chunks");
+  }
+  if (c.torus_chunks > 1 && c.strategy == "ulysses" && c.ulysses_degree < 2) {
+    return Bad("torus_chunks", "head chunks need ulysses_degree >= 2 (one rank has no all-to-all)");
   }
   if (c.placement == Placement::kStrategyDefault) {
     c.placement = (c.strategy == "swiftfusion-tas" || c.strategy == "torus")
@@ -98,6 +103,12 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
     return Bad("ulysses_degree", "ulysses_degree " + std::to_string(c.ulysses_degree) +
                                      " exceeds the " + std::to_string(kvh) +
                                      " kv heads (each Ulysses rank needs at least one)");
+  }
+  if (c.strategy == "ulysses" && c.torus_chunks > kvh / c.ulysses_degree) {
+    return Bad("torus_chunks", "ulysses in " + std::to_string(c.torus_chunks) +
+                                   " head chunks needs >= " + std::to_string(c.torus_chunks) +
+                                   " kv heads per Ulysses rank; the smallest group has " +
+                                   std::to_string(kvh / c.ulysses_degree));
   }
   if (shape.head_dim < 1) return Bad("head_dim", "must be >= 1");
   if (shape.dtype_bytes < 1) return Bad("dtype_bytes", "must be >= 1");

@@ -102,6 +102,14 @@ def test_plan_and_predict_use_the_simulator():
     slow = sp.predict(sp.Mesh(2, 1), strategy="ulysses", batch=1, seq=65536, text=512, heads=24,
                       head_dim=128)
     assert slow > 2 * fast
+    # Ulysses in head chunks: same bytes, the all-to-all pipelined; more chunks than kv heads per
+    # rank is refused naming the field.
+    chunked = sp.predict(sp.Mesh(1, 2), strategy="ulysses", chunks=2, batch=1, seq=65536,
+                         text=512, heads=24, head_dim=128)
+    assert 0 < chunked <= fast * 1.05
+    with pytest.raises(RuntimeError, match="torus_chunks"):
+        sp.predict(sp.Mesh(1, 2), strategy="ulysses", chunks=13, batch=1, seq=1024, text=0,
+                   heads=24, head_dim=64)
     with pytest.raises(RuntimeError, match="strategy"):
         sp.predict(mesh, strategy="nonsense", batch=1, seq=1024, text=0, heads=8, head_dim=64)
 

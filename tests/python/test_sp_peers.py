@@ -258,10 +258,11 @@ def test_bench_configurations():
     a = bench.parse_args(["--seq", "4096"])
     cfgs = bench.configs(a, have_sp=True)
     names = [c.name for c in cfgs]
-    # 3 baselines + 2 transports x (ring, usp, tas + ulysses and torus with 3 chunk counts each).
-    assert len(cfgs) == 3 + 2 * 9 and len(set(names)) == len(names)
+    # 3 baselines + 2 transports x (4 strategies + torus with 3 chunk counts).
+    assert len(cfgs) == 3 + 2 * 7 and len(set(names)) == len(names)
     assert "ditscale torus c4 nvshmem" in names and names[0] == "1 GPU (SDPA)"
-    assert "ditscale ulysses h2 nccl" in names and "ditscale ulysses nccl" in names
+    h = bench.configs(bench.parse_args(["--seq", "4096", "--head-chunks", "1", "2"]), have_sp=True)
+    assert "ditscale ulysses h2 nccl" in [c.name for c in h] and len(h) == len(cfgs) + 2
     e = bench.parse_args(["--emulate-machines", "2", "--meshes", "auto", "2x1"])
     assert e.transports == ["nccl", "nvshmem-intra"]
     assert (e.warmup, e.iters, e.repeats) == (1, 2, 2)

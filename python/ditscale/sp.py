@@ -16,7 +16,8 @@ The result is dense, non-causal attention (scale 1/sqrt(D)) of the local queries
 tokens of all ranks, joint text tokens first; ``text_out`` (the joint queries' output) is the same
 on every rank. Strategies: ``ulysses``, ``ring``, ``usp`` (Ulysses within machines, Ring across),
 ``swiftfusion-tas`` (Ulysses across machines, Ring within), ``torus`` (TAS with the all-to-all
-cut into ``chunks`` pipelined with attention), ``auto`` (the planner's choice for the mesh and a
+cut into ``chunks`` token chunks pipelined with attention; with ``ulysses``, ``chunks`` > 1 cuts
+the head group into that many chunks, each chunk's all-to-all pipelined the same way), ``auto`` (the planner's choice for the mesh and a
 topology: ``$DITSCALE_SP_TOPOLOGY`` when set (e.g. the JSON that ``bench/sp/calibrate.py fit``
 measures on this cluster), else the ``h200-local`` preset).
 ``transport="nvshmem"`` runs the one-sided form (puts with signals, NVSHMEM symmetric memory);

@@ -4,11 +4,11 @@
 // Default: plain (not gated) calls with rows of <= 256 16-byte vectors take the warp-per-row
 // kernel of internal/adaln_fwd_warp.cuh (row in registers, shuffles only); wider plain rows, on
 // sm_90 builds and devices, the bulk-copy kernel of internal/adaln_fwd_tma.cuh (whole-row bulk
-// loads and stores through a shared-memory ring); otherwise the pipelined persistent kernel of internal/adaln_fwd_pipe.cuh (cp.async ring,
-// modulation in registers). The vector kernel below is the first version, used when the ring
-// would not fit or AdaLNTuning::pipelined is off.
-// Vector kernel (D % V == 0 and 16-byte aligned views, V = 16 bytes / sizeof(T)): a row is held
-// in registers by `tpr` threads (blockDim.x, a multiple of 32), each owning kVecs vectors of V
+// loads and stores through a shared-memory ring); otherwise the pipelined persistent kernel of
+// internal/adaln_fwd_pipe.cuh (cp.async ring, modulation in registers). The vector kernel below is
+// the first version, used when the ring would not fit or AdaLNTuning::pipelined is off. Vector
+// kernel (D % V == 0 and 16-byte aligned views, V = 16 bytes / sizeof(T)): a row is held in
+// registers by `tpr` threads (blockDim.x, a multiple of 32), each owning kVecs vectors of V
 // elements (vector i of thread t is feature vector j * tpr + t: consecutive threads read
 // consecutive 16-byte chunks). blockDim.y rows share a block when a row takes one warp. Mean,
 // then the centred variance from the registers (two-pass, stable); warp shuffle, then the row's

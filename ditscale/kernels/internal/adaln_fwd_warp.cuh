@@ -9,11 +9,12 @@
 //
 // Warp w takes rows w * kRows ... w * kRows + kRows - 1, then w + (grid warps), ... (grid-stride
 // over row groups; the launcher sizes the grid to cover all rows in one pass unless
-// AdaLNTuning::max_resident_blocks caps it, or, with kPrefetch, to one wave of resident blocks). Lane l owns the 16-byte vectors j * 32 + l, j <
-// kVecs, of each of its rows, loaded all at once (every load of a row group is issued before the
-// first reduction). Statistics: two-pass (mean, then the centred sum of squares from the
-// registers), fp32, warp shuffles in a fixed order: the bits depend on the inputs only.
-// Plain (not gated) calls, 16-byte aligned views, rows < 2^31 (checked by the launcher).
+// AdaLNTuning::max_resident_blocks caps it, or, with kPrefetch, to one wave of resident blocks).
+// Lane l owns the 16-byte vectors j * 32 + l, j < kVecs, of each of its rows, loaded all at once
+// (every load of a row group is issued before the first reduction). Statistics: two-pass (mean,
+// then the centred sum of squares from the registers), fp32, warp shuffles in a fixed order: the
+// bits depend on the inputs only. Plain (not gated) calls, 16-byte aligned views, rows < 2^31
+// (checked by the launcher).
 #pragma once
 
 #include <cstdint>
@@ -58,8 +59,8 @@ __device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long lo
     const unsigned u = ok ? static_cast<unsigned>(u0 + r) : 0u;
     const unsigned b = u / seq;
     const unsigned n = u - b * seq;
-    const uint4* src = reinterpret_cast<const uint4*>(
-        xg + static_cast<std::int64_t>(b) * a.x.sb + static_cast<std::int64_t>(n) * a.x.sn);
+    const uint4* src = reinterpret_cast<const uint4*>(xg + static_cast<std::int64_t>(b) * a.x.sb +
+                                                      static_cast<std::int64_t>(n) * a.x.sn);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const int vi = j * 32 + lane;
@@ -170,7 +171,6 @@ __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
       fwd_warp_rows<T, kVecs, kRows>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
     }
   }
-  (void)V;
 }
 
 }  // namespace ditscale::kernels::internal

@@ -40,11 +40,11 @@ struct AdaLNTuning {
   // stores); y through bulk stores (1), per-thread 16-byte stores (0) or automatic (-1: bulk
   // stores for rows above 4 KB; measured: 3 KB rows 1-2.5 points faster with per-thread stores,
   // 6 and 10 KB rows 2-20 points faster with bulk stores); L2 evict-first hints
-  // (fwd_evict_first); coefficients recomputed per row (1), kept in registers (0) or automatic (-1: per row
-  // only when a thread holds more than 40 elements; at 40, D = 5120 bf16, registers measured
-  // 91.6% of copy against 79.9% per row).
-  // fwd_tma_stages 0 = automatic: 4, or 6 for groups of several rows (fewer blocks per SM with
-  // bigger blocks: the deeper ring keeps as many bytes in flight).
+  // (fwd_evict_first); coefficients recomputed per row (1), kept in registers (0) or automatic (-1:
+  // per row only when a thread holds more than 40 elements; at 40, D = 5120 bf16, registers
+  // measured 91.6% of copy against 79.9% per row). fwd_tma_stages 0 = automatic: 4, or 6 for groups
+  // of several rows (fewer blocks per SM with bigger blocks: the deeper ring keeps as many bytes in
+  // flight).
   int fwd_tma_stages = 0;
   int fwd_bulk_store = -1;
   int fwd_coef_reload = -1;

@@ -54,13 +54,18 @@ struct Accumulator {
   std::vector<char> fresh;  // per token: nothing accumulated yet (write directly, no merge)
 };
 
-// Head-chunked Ulysses (strategy ulysses, torus_chunks = C > 1): the rank's head group is split
-// into C chunks of kv heads (and their query heads); chunk h has its own gathered buffers, so that
-// its all-to-all lands contiguously and its attention is one call over all rows of its heads.
-struct HeadChunk {
+// Heads of a rank's group that a Ulysses transfer moves and the gathered buffers holding them:
+// the whole group, or one head chunk.
+struct HeadSel {
   int64_t kv_begin = 0, kv_heads = 0;  // within the rank's kv-head group
   int64_t q_begin = 0, q_heads = 0;    // within the rank's query-head group
   int gq = -1, gk = -1, gv = -1;
+};
+
+// Head-chunked Ulysses (strategy ulysses, torus_chunks = C > 1): the rank's head group is split
+// into C chunks of kv heads (and their query heads); chunk h has its own gathered buffers, so that
+// its all-to-all lands contiguously and its attention is one call over all rows of its heads.
+struct HeadChunk : HeadSel {
   Accumulator acc;
 };
 
@@ -112,7 +117,9 @@ class HybridBuilder {
                   int64_t acc_token_begin, const std::string& label);
   Region KvHeads(int r, int buffer, int64_t token_begin, int64_t tokens) const;
   Region QHeads(int r, int buffer, int64_t token_begin, int64_t tokens) const;
-  Region TextOut(int r) const;
+  // The rank's finished text query rows (rows [0, tq_tokens) of its accumulator, or of each head
+  // chunk's), each with its first query head within the rank's group.
+  std::vector<std::pair<Region, int64_t>> TextPieces(int r) const;
   Phase PlanText();
   void FinishText(int r);
   // transfers.cc
@@ -121,8 +128,10 @@ class HybridBuilder {
   void Issue(const Phase& phase, int r);
   void Consume(const Phase& phase, int r, bool on_link_stream);
   // ulysses.cc
-  Phase PlanForward(int chunk);
-  Phase PlanBack(int chunk);
+  // head_chunk < 0: the whole head group (torus chunk `chunk`); else head chunk head_chunk.
+  HeadSel Heads(int r, int head_chunk) const;
+  Phase PlanForward(int chunk, int head_chunk = -1);
+  Phase PlanBack(int chunk, int head_chunk = -1);
   void CopyOwnIn(int r);
   void CopyOwnOut(int r);
   void CopyTextIn(int r, int k, int v, int64_t kv_row);
@@ -142,9 +151,6 @@ class HybridBuilder {
   // pipelined with the attention of the chunk before and its out back with the one after.
   bool head_pipeline() const { return cfg_.strategy == "ulysses" && cfg_.torus_chunks > 1; }
   void PlanHeadBuffers(int r, int64_t q_rows, int64_t kv_rows);
-  Phase PlanForwardHeads(int h);
-  Phase PlanBackHeads(int h);
-  Phase PlanTextHeads();
   void EmitHeadPipeline(int r);
   Schedule BuildHeadPipeline();
   // ring.cc

@@ -124,17 +124,17 @@ void HybridBuilder::PlanLayouts() {
       const int64_t kv_rows = max_chunk + (joint_text() ? T : 0);
       if (head_pipeline()) {  // per-chunk gathered buffers and accumulators, nothing shared
         PlanHeadBuffers(r, q_rows, kv_rows);
-        acc_tokens = 0;
       } else {
-      l.gq = b.AddBuffer(name + ".q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
-      if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
-        l.gk =
-            b.AddBuffer(name + ".k", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d, e);
-        l.gv =
-            b.AddBuffer(name + ".v", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d, e);
-      }
-      l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, q_rows, hq, d, e);
-      acc_tokens = q_rows;
+        l.gq =
+            b.AddBuffer(name + ".q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
+        if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
+          l.gk = b.AddBuffer(name + ".k", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv,
+                             d, e);
+          l.gv = b.AddBuffer(name + ".v", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv,
+                             d, e);
+        }
+        l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, q_rows, hq, d, e);
+        acc_tokens = q_rows;
       }
     } else {
       l.gq = l.q;
@@ -147,8 +147,8 @@ void HybridBuilder::PlanLayouts() {
           b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
       l.acc.fresh.assign(acc_tokens, 1);
       const int64_t part_tokens = l.qoff + l.chunk_tokens;
-      l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined,
-                           part_tokens, hq, d, e);
+      l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
+                           hq, d, e);
       l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
                                part_tokens, hq, 1, 4);
     }
@@ -203,10 +203,14 @@ void HybridBuilder::AttendInto(int r, const Region& q, const Region& k, const Re
   b.Merge(part, part_lse, acc_out, acc_lse, "merge " + label);
 }
 
-// The rank's finished text query rows: rows [0, qoff) of acc.
-Region HybridBuilder::TextOut(int r) const {
+std::vector<std::pair<Region, int64_t>> HybridBuilder::TextPieces(int r) const {
   const RankLayout& l = lay_[r];
-  return Region{l.acc.out, 0, l.tq_tokens, 0, kv_size_[l.u] * group_};
+  if (l.heads.empty()) return {{Region{l.acc.out, 0, l.tq_tokens, 0, kv_size_[l.u] * group_}, 0}};
+  std::vector<std::pair<Region, int64_t>> pieces;
+  for (const HeadChunk& c : l.heads) {
+    pieces.push_back({Region{c.acc.out, 0, l.tq_tokens, 0, c.q_heads}, c.q_begin});
+  }
+  return pieces;
 }
 
 Phase HybridBuilder::PlanText() {
@@ -216,12 +220,15 @@ Phase HybridBuilder::PlanText() {
   for (int r = 0; r < n; ++r) {
     const RankLayout& l = lay_[r];
     if (l.tq_tokens == 0) continue;
-    for (int x = 0; x < n; ++x) {
-      if (x == r) continue;
-      const Region src = TextOut(r);
-      const Region dst{lay_[x].tout, l.tq_begin, l.tq_tokens, kv_begin_[l.u] * group_,
-                       kv_size_[l.u] * group_};
-      p.transfers.push_back(MakeTransfer(p.name, "out", r, src, x, dst));
+    const std::vector<std::pair<Region, int64_t>> pieces = TextPieces(r);
+    for (const auto& [src, head] : pieces) {
+      const std::string tensor = pieces.size() == 1 ? "out" : "out.h" + std::to_string(head);
+      for (int x = 0; x < n; ++x) {
+        if (x == r) continue;
+        const Region dst{lay_[x].tout, l.tq_begin, l.tq_tokens, kv_begin_[l.u] * group_ + head,
+                         src.heads};
+        p.transfers.push_back(MakeTransfer(p.name, tensor, r, src, x, dst));
+      }
     }
   }
   return p;
@@ -230,8 +237,11 @@ Phase HybridBuilder::PlanText() {
 void HybridBuilder::FinishText(int r) {
   const RankLayout& l = lay_[r];
   if (l.tq_tokens == 0) return;
-  b_[r].Copy(OpKind::kCopy, Stream::kCompute, TextOut(r),
-             QHeads(r, l.tout, l.tq_begin, l.tq_tokens), "text out own piece");
+  for (const auto& [src, head] : TextPieces(r)) {
+    b_[r].Copy(OpKind::kCopy, Stream::kCompute, src,
+               Region{l.tout, l.tq_begin, l.tq_tokens, kv_begin_[l.u] * group_ + head, src.heads},
+               "text out own piece");
+  }
 }
 
 // One-sided: every rank signals "<name>.<link>" to each rank that puts into it and waits for the

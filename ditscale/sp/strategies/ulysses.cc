@@ -5,48 +5,75 @@
 #include "ditscale/sp/internal/hybrid.h"
 
 namespace ditscale::sp::internal {
+namespace {
+
+// "<base>c<chunk>" (torus chunk of the whole head group) or "<base>h<head_chunk>".
+std::string PhaseName(const char* base, int chunk, int head_chunk) {
+  std::string s = base;
+  s += head_chunk < 0 ? 'c' : 'h';
+  s += std::to_string(head_chunk < 0 ? chunk : head_chunk);
+  return s;
+}
+
+}  // namespace
+
+HeadSel HybridBuilder::Heads(int r, int head_chunk) const {
+  const RankLayout& l = lay_[r];
+  if (head_chunk >= 0) return l.heads[head_chunk];
+  HeadSel h;
+  h.kv_heads = kv_size_[l.u];
+  h.q_heads = h.kv_heads * group_;
+  h.gq = l.gq;
+  h.gk = l.gk;
+  h.gv = l.gv;
+  return h;
+}
 
 // Chunk `chunk` of the q/k/v all-to-all: every rank receives, from each Ulysses peer of its
-// ring chunk, sub-chunk `chunk` of the peer's shard for the receiver's head group.
-Phase HybridBuilder::PlanForward(int chunk) {
+// ring chunk, sub-chunk `chunk` of the peer's shard for the receiver's head group (or, with
+// head_chunk >= 0, for that head chunk of it: head-chunked Ulysses, where chunk is 0).
+Phase HybridBuilder::PlanForward(int chunk, int head_chunk) {
   Phase p;
-  p.name = "a2a.in.c" + std::to_string(chunk);
+  p.name = PhaseName("a2a.in.", chunk, head_chunk);
   const int n = U_ * R_;
   for (int r = 0; r < n; ++r) {
     const RankLayout& l = lay_[r];
-    const int64_t hq = kv_size_[l.u] * group_;
+    const HeadSel h = Heads(r, head_chunk);
+    const int64_t qh = kv_begin_[l.u] * group_ + h.q_begin, kh = kv_begin_[l.u] + h.kv_begin;
     for (const Slot& sl : l.slots) {
       if (sl.chunk != chunk) continue;
       const int src = RankOf(sl.src_u, l.i);
-      const RankLayout& sl_owner = lay_[src];
-      const Region q{sl_owner.q, sl.src_offset, sl.tokens, kv_begin_[l.u] * group_, hq};
-      const Region k{sl_owner.k, sl.src_offset, sl.tokens, kv_begin_[l.u], kv_size_[l.u]};
-      const Region v{sl_owner.v, sl.src_offset, sl.tokens, kv_begin_[l.u], kv_size_[l.u]};
+      const RankLayout& o = lay_[src];
       p.transfers.push_back(
-          MakeTransfer(p.name, "q", src, q, r, Region{l.gq, l.qoff + sl.offset, sl.tokens, 0, hq}));
-      p.transfers.push_back(MakeTransfer(p.name, "k", src, k, r,
-                                         Region{l.gk, sl.offset, sl.tokens, 0, kv_size_[l.u]}));
-      p.transfers.push_back(MakeTransfer(p.name, "v", src, v, r,
-                                         Region{l.gv, sl.offset, sl.tokens, 0, kv_size_[l.u]}));
+          MakeTransfer(p.name, "q", src, Region{o.q, sl.src_offset, sl.tokens, qh, h.q_heads}, r,
+                       Region{h.gq, l.qoff + sl.offset, sl.tokens, 0, h.q_heads}));
+      p.transfers.push_back(MakeTransfer(p.name, "k", src,
+                                         Region{o.k, sl.src_offset, sl.tokens, kh, h.kv_heads}, r,
+                                         Region{h.gk, sl.offset, sl.tokens, 0, h.kv_heads}));
+      p.transfers.push_back(MakeTransfer(p.name, "v", src,
+                                         Region{o.v, sl.src_offset, sl.tokens, kh, h.kv_heads}, r,
+                                         Region{h.gv, sl.offset, sl.tokens, 0, h.kv_heads}));
     }
   }
   return p;
 }
 
 // The out all-to-all back: each gathered slot's output returns to the shard it came from, into
-// the sender's head group of the owner's `out`.
-Phase HybridBuilder::PlanBack(int chunk) {
+// the sender's head group (or head chunk) of the owner's `out`.
+Phase HybridBuilder::PlanBack(int chunk, int head_chunk) {
   Phase p;
-  p.name = "a2a.out.c" + std::to_string(chunk);
+  p.name = PhaseName("a2a.out.", chunk, head_chunk);
   const int n = U_ * R_;
   for (int r = 0; r < n; ++r) {
     const RankLayout& l = lay_[r];
-    const int64_t hq = kv_size_[l.u] * group_;
+    const HeadSel h = Heads(r, head_chunk);
+    const int acc = head_chunk < 0 ? l.acc.out : l.heads[head_chunk].acc.out;
     for (const Slot& sl : l.slots) {
       if (sl.chunk != chunk) continue;
       const int owner = RankOf(sl.src_u, l.i);
-      const Region src{l.acc.out, l.qoff + sl.offset, sl.tokens, 0, hq};
-      const Region dst{lay_[owner].out, sl.src_offset, sl.tokens, kv_begin_[l.u] * group_, hq};
+      const Region src{acc, l.qoff + sl.offset, sl.tokens, 0, h.q_heads};
+      const Region dst{lay_[owner].out, sl.src_offset, sl.tokens,
+                       kv_begin_[l.u] * group_ + h.q_begin, h.q_heads};
       p.transfers.push_back(MakeTransfer(p.name, "out", r, src, owner, dst));
     }
   }

@@ -40,83 +40,13 @@ void HybridBuilder::PlanHeadBuffers(int r, int64_t q_rows, int64_t kv_rows) {
                        c.kv_heads, d, e);
     c.gv = b.AddBuffer("gathered.v" + tag, BufferRole::kWork, BufferInit::kUndefined, kv_rows,
                        c.kv_heads, d, e);
-    c.acc.out = b.AddBuffer("acc.out" + tag, BufferRole::kWork, BufferInit::kZero, q_rows,
-                            c.q_heads, d, e);
+    c.acc.out =
+        b.AddBuffer("acc.out" + tag, BufferRole::kWork, BufferInit::kZero, q_rows, c.q_heads, d, e);
     c.acc.lse = b.AddBuffer("acc.lse" + tag, BufferRole::kWork, BufferInit::kNegInf, q_rows,
                             c.q_heads, 1, 4);
     c.acc.fresh.assign(q_rows, 1);
     l.heads.push_back(std::move(c));
   }
-}
-
-// Chunk h of the q/k/v all-to-all: from each Ulysses peer, the receiver's heads of chunk h of the
-// peer's shard, into rows [qoff + slot offset) of gathered.q.h / [slot offset) of gathered.k/v.h.
-Phase HybridBuilder::PlanForwardHeads(int h) {
-  Phase p;
-  p.name = "a2a.in.h" + std::to_string(h);
-  for (int r = 0; r < U_ * R_; ++r) {
-    const RankLayout& l = lay_[r];
-    const HeadChunk& c = l.heads[h];
-    for (const Slot& sl : l.slots) {
-      if (sl.chunk < 0) continue;  // own slot: copied locally
-      const int src = RankOf(sl.src_u, l.i);
-      const RankLayout& o = lay_[src];
-      const int64_t qh = kv_begin_[l.u] * group_ + c.q_begin, kh = kv_begin_[l.u] + c.kv_begin;
-      p.transfers.push_back(
-          MakeTransfer(p.name, "q", src, Region{o.q, sl.src_offset, sl.tokens, qh, c.q_heads}, r,
-                       Region{c.gq, l.qoff + sl.offset, sl.tokens, 0, c.q_heads}));
-      p.transfers.push_back(
-          MakeTransfer(p.name, "k", src, Region{o.k, sl.src_offset, sl.tokens, kh, c.kv_heads}, r,
-                       Region{c.gk, sl.offset, sl.tokens, 0, c.kv_heads}));
-      p.transfers.push_back(
-          MakeTransfer(p.name, "v", src, Region{o.v, sl.src_offset, sl.tokens, kh, c.kv_heads}, r,
-                       Region{c.gv, sl.offset, sl.tokens, 0, c.kv_heads}));
-    }
-  }
-  return p;
-}
-
-// Chunk h's out back: each peer slot's rows of acc.out.h to the owner's out, heads of chunk h.
-Phase HybridBuilder::PlanBackHeads(int h) {
-  Phase p;
-  p.name = "a2a.out.h" + std::to_string(h);
-  for (int r = 0; r < U_ * R_; ++r) {
-    const RankLayout& l = lay_[r];
-    const HeadChunk& c = l.heads[h];
-    for (const Slot& sl : l.slots) {
-      if (sl.chunk < 0) continue;
-      const int owner = RankOf(sl.src_u, l.i);
-      p.transfers.push_back(MakeTransfer(
-          p.name, "out", r, Region{c.acc.out, l.qoff + sl.offset, sl.tokens, 0, c.q_heads},
-          owner,
-          Region{lay_[owner].out, sl.src_offset, sl.tokens, kv_begin_[l.u] * group_ + c.q_begin,
-                 c.q_heads}));
-    }
-  }
-  return p;
-}
-
-// Text output: every rank computed all T text query rows of its head group (R = 1), chunk by
-// chunk in rows [0, qoff) of acc.out.h; each chunk's rows go to every other rank's text_out.
-Phase HybridBuilder::PlanTextHeads() {
-  Phase p;
-  p.name = "text";
-  const int n = U_ * R_;
-  for (int r = 0; r < n; ++r) {
-    const RankLayout& l = lay_[r];
-    if (l.tq_tokens == 0) continue;
-    for (const HeadChunk& c : l.heads) {
-      for (int x = 0; x < n; ++x) {
-        if (x == r) continue;
-        p.transfers.push_back(MakeTransfer(
-            p.name, "out.h" + std::to_string(c.q_begin), r,
-            Region{c.acc.out, 0, l.tq_tokens, 0, c.q_heads}, x,
-            Region{lay_[x].tout, l.tq_begin, l.tq_tokens, kv_begin_[l.u] * group_ + c.q_begin,
-                   c.q_heads}));
-      }
-    }
-  }
-  return p;
 }
 
 void HybridBuilder::EmitHeadPipeline(int r) {
@@ -146,17 +76,12 @@ void HybridBuilder::EmitHeadPipeline(int r) {
     b.Copy(OpKind::kCopy, Stream::kCompute, Region{l.q, 0, n, qh0 + c.q_begin, c.q_heads},
            Region{c.gq, l.qoff, n, 0, c.q_heads}, "a2a own q" + tag);
     Consume(hfwd_[h], r, Stream::kCompute);
-    AttendInto(r, Region{c.gq, 0, l.qoff + L, 0, c.q_heads},
-               Region{c.gk, 0, L + T, 0, c.kv_heads}, Region{c.gv, 0, L + T, 0, c.kv_heads},
-               &c.acc, 0, (T > 0 ? "attention (text + image)" : "attention") + tag);
+    AttendInto(r, Region{c.gq, 0, l.qoff + L, 0, c.q_heads}, Region{c.gk, 0, L + T, 0, c.kv_heads},
+               Region{c.gv, 0, L + T, 0, c.kv_heads}, &c.acc, 0,
+               (T > 0 ? "attention (text + image)" : "attention") + tag);
     Issue(hback_[h], r);
     b.Copy(OpKind::kCopy, Stream::kCompute, Region{c.acc.out, l.qoff, n, 0, c.q_heads},
            Region{l.out, 0, n, qh0 + c.q_begin, c.q_heads}, "a2a own out" + tag);
-    if (l.tq_tokens > 0) {
-      b.Copy(OpKind::kCopy, Stream::kCompute, Region{c.acc.out, 0, l.tq_tokens, 0, c.q_heads},
-             Region{l.tout, l.tq_begin, l.tq_tokens, qh0 + c.q_begin, c.q_heads},
-             "text out own piece" + tag);
-    }
   }
 }
 
@@ -166,10 +91,10 @@ Schedule HybridBuilder::BuildHeadPipeline() {
   hfwd_.clear();
   hback_.clear();
   for (int h = 0; h < cfg_.torus_chunks; ++h) {
-    hfwd_.push_back(PlanForwardHeads(h));
-    hback_.push_back(PlanBackHeads(h));
+    hfwd_.push_back(PlanForward(0, h));
+    hback_.push_back(PlanBack(0, h));
   }
-  text_ = shape_.text_tokens > 0 ? PlanTextHeads() : Phase{};
+  text_ = shape_.text_tokens > 0 ? PlanText() : Phase{};
   std::vector<const Phase*> all;
   for (const Phase& p : hfwd_) all.push_back(&p);
   for (const Phase& p : hback_) all.push_back(&p);
@@ -184,6 +109,7 @@ Schedule HybridBuilder::BuildHeadPipeline() {
   for (int r = 0; r < n; ++r) EmitHeadPipeline(r);
   for (int r = 0; r < n; ++r) Issue(text_, r);
   for (int r = 0; r < n; ++r) {
+    FinishText(r);
     for (const Phase& p : hback_) Consume(p, r, false);
     Consume(text_, r, false);
   }

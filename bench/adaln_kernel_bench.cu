@@ -15,10 +15,11 @@
 //               instead of bulk stores, .b bulk stores at every row size, .e L2 evict-first
 //               hints, .c0/.c1 coefficients in registers / reloaded per row);
 //               `pipe...` variants force the cp.async forward;
-//               `warp[.rR][.e|.c][.p|.n]`: the warp-per-row forward (R rows per warp, .e / .c
-//               streaming cache hints on (the default) / off, .p / .n: persistent grid with the next rows prefetched (the
-//               default) or one pass without prefetch) where it applies (rows <= 256
-//               vectors), else the bulk-copy one;
+//               `warp[.rR][.e|.c][.p|.n][.a0]`: the warp-per-row forward where it applies (rows
+//               <= 256 vectors), else the bulk-copy one: R rows per warp, .e / .c streaming
+//               cache hints on / off, .p / .n persistent grid with the next rows prefetched /
+//               one pass without prefetch, .a0 scale/shift loaded at use instead of packed
+//               ahead (the default where it applies; .p and .r2 select at use as well);
 //               `auto`: the defaults.
 //               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
 //   --fwd-only  skip the backward timings (columns show 0)
@@ -89,7 +90,7 @@ Variant parse_variant(const std::string& spec) {
     return v;
   }
   if (spec == "auto") return v;
-  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e|.c][.p|.n]
+  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e|.c][.p|.n][.a0]
     v.tuning.fwd_kernel = 3;
     for (std::size_t pos = 4; pos < spec.size();) {
       const std::size_t dot = std::min(spec.find('.', pos), spec.size());
@@ -101,9 +102,11 @@ Variant parse_variant(const std::string& spec) {
       } else if (tok == "c") {
         v.tuning.fwd_evict_first = 0;
       } else if (tok == "p") {
-        v.tuning.fwd_warp_prefetch = true;
+        v.tuning.fwd_warp_prefetch = 1;
       } else if (tok == "n") {
-        v.tuning.fwd_warp_prefetch = false;
+        v.tuning.fwd_warp_prefetch = 0;
+      } else if (tok == "a0") {
+        v.tuning.fwd_coef_ahead = 0;
       } else if (!tok.empty()) {
         std::fprintf(stderr, "unknown field '%s' in variant '%s'\n", tok.c_str(), spec.c_str());
         std::exit(2);

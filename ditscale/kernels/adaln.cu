@@ -240,9 +240,19 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
   const std::int64_t nvec = p.dim / vec;
   const int vecs = static_cast<int>((nvec + 31) / 32);
   if (vecs < 1 || vecs > kFwdWarpMaxVecs) return false;
-  const int rows = tune.fwd_warp_rows == 2 && p.dtype == DType::kBFloat16 ? 2 : 1;
-  const bool prefetch = tune.fwd_warp_prefetch && p.dtype == DType::kBFloat16;
-  a.evict_first = tune.fwd_evict_first != 0;
+  // Packed coefficients (adaln_fwd_warp.cuh): scale and shift in x's dtype, no affine; 2 vectors
+  // ahead for modulation per sample, all of the row's with its x loads per token.
+  // Asking for prefetch or two rows per warp (bf16) selects the form with coefficients at use.
+  const bool bf16 = p.dtype == DType::kBFloat16;
+  const bool packable = !a.scale.f32 && !a.shift.f32 && a.weight == nullptr && a.bias == nullptr;
+  const bool packed = packable && tune.fwd_coef_ahead != 0 &&
+                      !(bf16 && (tune.fwd_warp_prefetch > 0 || tune.fwd_warp_rows == 2));
+  const bool per_token = a.scale.sn != 0 || a.shift.sn != 0;
+  // Rows per warp, prefetch, streaming hints: automatic = one row, no prefetch and no hints with
+  // packed coefficients (bench/results/adaln-kernel-notes.md v6), else prefetch and hints (v5).
+  const int rows = tune.fwd_warp_rows == 2 && bf16 && !packed ? 2 : 1;
+  const bool prefetch = tune.fwd_warp_prefetch != 0 && bf16 && !packed;
+  a.evict_first = tune.fwd_evict_first < 0 ? !packed : tune.fwd_evict_first != 0;  // packed: none
   const std::int64_t warps = (a.rows + rows - 1) / rows;
   const std::int64_t blocks = (warps + kFwdWarpsPerBlock - 1) / kFwdWarpsPerBlock;
   const dim3 block(32, kFwdWarpsPerBlock);
@@ -261,14 +271,19 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
     using T = typename decltype(tag)::type;
     dispatch_int<1, 2, 3, 4, 5, 6, 8>(vecs == 7 ? 8 : vecs, [&](auto kv) {
       constexpr int kVecs = decltype(kv)::value;
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      constexpr int kAheadSample = kVecs < 2 ? kVecs : 2;
+      if (packed && per_token) {
+        launch(adaln_fwd_warp_kernel<T, kVecs, 1, false, kVecs>);
+      } else if (packed) {
+        launch(adaln_fwd_warp_kernel<T, kVecs, 1, false, kAheadSample>);
+      } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
         dispatch_int<1, 2>(rows, [&](auto kr) {
           dispatch_bool(prefetch, [&](auto kp) {
-            launch(adaln_fwd_warp_kernel<T, kVecs, decltype(kr)::value, decltype(kp)::value>);
+            launch(adaln_fwd_warp_kernel<T, kVecs, decltype(kr)::value, decltype(kp)::value, 0>);
           });
         });
       } else {
-        launch(adaln_fwd_warp_kernel<T, kVecs, 1, false>);
+        launch(adaln_fwd_warp_kernel<T, kVecs, 1, false, 0>);
       }
     });
   });

@@ -514,10 +514,12 @@ TEST(AdaLNGpu, BulkCopyForwardRowGroups) {
   }
 }
 
-// The warp-per-row forward (the default for plain rows of <= 256 vectors): 1 or 2 rows per warp,
-// streaming hints, grids small enough that each warp walks many rows and crosses sample ends,
-// partial last lanes (D = 1000: 125 vectors), padded rows and samples, per-token and fp32
-// modulation, affine, RMS; and a gated call, which must take another kernel.
+// The warp-per-row forward (the default for plain rows of <= 256 vectors): coefficients packed
+// ahead of use (per sample: 2 vectors ahead; per token: all with the x loads) or at use, 1 or 2
+// rows per warp, prefetch, streaming hints, grids small enough that each warp walks many rows
+// and crosses sample ends, partial last lanes (D = 1000: 125 vectors; D = 64: 8 lanes), padded
+// rows and samples, per-token and fp32 modulation, affine, RMS; and a gated call, which must
+// take another kernel.
 TEST(AdaLNGpu, WarpPerRowForward) {
   SKIP_WITHOUT_GPU();
   using internal::AdaLNTuning;
@@ -526,22 +528,25 @@ TEST(AdaLNGpu, WarpPerRowForward) {
   } restore;
   struct WarpCase {
     int rows, grid, stream;  // stream: -1 automatic, 0 off, 1 on
-    bool prefetch;
+    int prefetch;            // -1 automatic, 0 off, 1 on
+    int ahead;               // coefficients: -1 automatic (packed where it applies), 0 at use
   };
   for (const WarpCase& w :
-       {WarpCase{0, 0, -1, true}, WarpCase{1, 1, 0, false}, WarpCase{2, 0, 0, false},
-        WarpCase{2, 3, 1, false}, WarpCase{1, 2, 1, false}, WarpCase{1, 0, 0, true},
-        WarpCase{1, 1, 0, true}, WarpCase{2, 3, 0, true}, WarpCase{2, 0, 1, true}}) {
+       {WarpCase{0, 0, -1, -1, -1}, WarpCase{0, 2, -1, -1, -1}, WarpCase{0, 1, 1, 0, -1},
+        WarpCase{0, 0, -1, 1, -1}, WarpCase{1, 1, 0, 0, 0}, WarpCase{2, 0, 0, 0, 0},
+        WarpCase{2, 3, 1, 0, -1}, WarpCase{1, 2, 1, 0, 0}, WarpCase{1, 0, 0, 1, 0},
+        WarpCase{1, 1, 0, 1, 0}, WarpCase{2, 3, 0, 1, 0}, WarpCase{2, 0, 1, 1, 0}}) {
     AdaLNTuning t;
     t.fwd_kernel = 3;
     t.fwd_warp_rows = w.rows;
     t.max_resident_blocks = w.grid;
     t.fwd_evict_first = w.stream;
     t.fwd_warp_prefetch = w.prefetch;
+    t.fwd_coef_ahead = w.ahead;
     internal::adaln_tuning() = t;
     SCOPED_TRACE("warp rows " + std::to_string(w.rows) + " grid " + std::to_string(w.grid) +
-                 " stream " + std::to_string(w.stream) + " prefetch " +
-                 std::to_string(w.prefetch));
+                 " stream " + std::to_string(w.stream) + " prefetch " + std::to_string(w.prefetch) +
+                 " ahead " + std::to_string(w.ahead));
     for (DType dt : kDtypes) {
       for (std::int64_t d : {64, 1000, 1536, 2048}) {
         Case c;
@@ -551,6 +556,10 @@ TEST(AdaLNGpu, WarpPerRowForward) {
         c.D = d;
         c.affine = d == 1000;
         run_case(c);
+        Case tok = c;  // per token in x's dtype, no affine: packed, all with the x loads
+        tok.per_token = true;
+        tok.affine = false;
+        run_case(tok);
         Case rms = c;  // per token, one row per sample: every row pair straddles samples
         rms.norm = NormType::kRMSNorm;
         rms.per_token = true;
@@ -562,6 +571,7 @@ TEST(AdaLNGpu, WarpPerRowForward) {
         padded.x_pad = 8;
         padded.b_pad = 16;
         padded.N = 19;
+        padded.affine = false;
         run_case(padded);
       }
       Case gated;  // gated: not the warp kernel's

@@ -7,6 +7,18 @@
 // to store: no shared memory, no block barrier, the reductions are warp shuffles only, so the
 // SM holds as many rows in flight as warps fit (up to 32-64), like a plain copy kernel does.
 //
+// Coefficients (kAhead > 0, the default where it applies: scale and shift in T, no affine): the
+// row's scale and shift vectors are loaded packed (16 bytes each, as stored) kAhead vectors ahead
+// of the one being written, the first kAhead right after the row's x loads (before its reduction).
+// Loaded as each vector is written (kAhead == 0, the general form: fp32 modulation, affine),
+// every coefficient load waits behind the row's previous stores (the compiler may not move a load
+// above a store that could alias it): on the H200 that alone held 3 KB rows to ~72-80% of the
+// copy bandwidth (bench/adaln_probe, adaln-kernel-notes.md v6). kAhead = 2 for modulation per
+// sample (L1-resident: two vectors ahead hide its latency with the fewest registers), kVecs
+// (all, with the x loads) per token, where every row's coefficients come from DRAM. Packed
+// coefficients take plain loads and stores (no streaming hints: they measured 1-6 points slower
+// there, and a runtime choice in this loop costs instructions too).
+//
 // Warp w takes rows w * kRows ... w * kRows + kRows - 1, then w + (grid warps), ... (grid-stride
 // over row groups; the launcher sizes the grid to cover all rows in one pass unless
 // AdaLNTuning::max_resident_blocks caps it, or, with kPrefetch, to one wave of resident blocks).
@@ -46,8 +58,23 @@ constexpr int fwd_warp_min_blocks(int vecs_per_lane) {
   return blocks < 1 ? 1 : (blocks > 8 ? 8 : blocks);
 }
 
-// Loads rows u0 ... u0 + kRows - 1 (those < a.rows) of x into raw (zeros elsewhere).
-template <typename T, int kVecs, int kRows>
+// The packed scale and shift vectors vi of row (b, n): 16 bytes each, zeros past the row.
+template <typename T>
+__device__ __forceinline__ void fwd_warp_coef(const T* sc_row, const T* sh_row, int vi, int nvec,
+                                              uint4& sc, uint4& sh) {
+  constexpr int V = 16 / sizeof(T);
+  if (vi < nvec) {
+    sc = *reinterpret_cast<const uint4*>(sc_row + static_cast<std::int64_t>(vi) * V);
+    sh = *reinterpret_cast<const uint4*>(sh_row + static_cast<std::int64_t>(vi) * V);
+  } else {
+    sc = make_uint4(0u, 0u, 0u, 0u);
+    sh = sc;
+  }
+}
+
+// Loads rows u0 ... u0 + kRows - 1 (those < a.rows) of x into raw (zeros elsewhere); kHints:
+// streaming loads where a.evict_first asks for them.
+template <typename T, int kVecs, int kRows, bool kHints>
 __device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long long u0, int lane,
                                               int nvec, uint4 (&raw)[kRows][kVecs]) {
   const unsigned rows = static_cast<unsigned>(a.rows);
@@ -65,7 +92,7 @@ __device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long lo
     for (int j = 0; j < kVecs; ++j) {
       const int vi = j * 32 + lane;
       if (ok && vi < nvec) {
-        raw[r][j] = a.evict_first ? __ldcs(src + vi) : src[vi];
+        raw[r][j] = kHints && a.evict_first ? __ldcs(src + vi) : src[vi];
       } else {
         raw[r][j] = make_uint4(0u, 0u, 0u, 0u);
       }
@@ -73,8 +100,9 @@ __device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long lo
   }
 }
 
-// Statistics and output of rows u0 ... u0 + kRows - 1 held in raw.
-template <typename T, int kVecs, int kRows>
+// Statistics and output of rows u0 ... u0 + kRows - 1 held in raw; coefficients kAhead vectors
+// ahead (packed) or at use (kAhead == 0).
+template <typename T, int kVecs, int kRows, int kAhead>
 __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int lane, int nvec,
                                               const uint4 (&raw)[kRows][kVecs]) {
   constexpr int V = 16 / sizeof(T);
@@ -85,6 +113,21 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const unsigned u = u0 + r;
+    // Packed coefficients: the first kAhead vectors now, with the row's x loads in flight.
+    uint4 csc[kVecs], csh[kVecs];
+    const T* sc_row = nullptr;
+    const T* sh_row = nullptr;
+    if constexpr (kAhead > 0) {
+      const unsigned uc = u < rows ? u : rows - 1;
+      const unsigned b = uc / seq;
+      const unsigned n = uc - b * seq;
+      sc_row = static_cast<const T*>(a.scale.data) + view_offset(a.scale, b, n, 0);
+      sh_row = static_cast<const T*>(a.shift.data) + view_offset(a.shift, b, n, 0);
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        fwd_warp_coef<T>(sc_row, sh_row, j * 32 + lane, nvec, csc[j], csh[j]);
+      }
+    }
     float mean = 0.f;
     if (!a.rms) {
       float s = 0.f;
@@ -125,12 +168,23 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
       if (vi >= nvec) continue;
       float v[V], ca[V], cc[V];
       unpack_vec<V, T>(raw[r][j], v);
-      fwd_coefs<V, T>(a, b, n, static_cast<std::int64_t>(vi) * V, ca, cc);
+      if constexpr (kAhead > 0) {
+        unpack_vec<V, T>(csc[j], ca);
+        unpack_vec<V, T>(csh[j], cc);
+#pragma unroll
+        for (int e = 0; e < V; ++e) ca[e] += 1.f;
+        if (j + kAhead < kVecs) {
+          fwd_warp_coef<T>(sc_row, sh_row, (j + kAhead) * 32 + lane, nvec, csc[j + kAhead],
+                           csh[j + kAhead]);
+        }
+      } else {
+        fwd_coefs<V, T>(a, b, n, static_cast<std::int64_t>(vi) * V, ca, cc);
+      }
       uint4 out;
       T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
       for (int e = 0; e < V; ++e) o[e] = from_f<T>(fmaf((v[e] - mean) * rstd, ca[e], cc[e]));
-      if (a.evict_first) {
+      if (kAhead == 0 && a.evict_first) {  // packed coefficients: never (see the top)
         __stcs(dst + vi, out);
       } else {
         dst[vi] = out;
@@ -139,12 +193,15 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
   }
 }
 
+// kAhead: see the top of this file (kAhead > 2 holds every coefficient vector of the row: the
+// register budget counts them as x vectors).
 // kPrefetch: the loads of the warp's next row group are issued before the current group is
 // reduced and written (register double buffer), so a warp always has a row in flight; meant for
 // a persistent grid (each warp walks many groups), sized by the launcher.
-template <typename T, int kVecs, int kRows, bool kPrefetch>
+template <typename T, int kVecs, int kRows, bool kPrefetch, int kAhead>
 __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
-                                  fwd_warp_min_blocks(kVecs* kRows*(kPrefetch ? 2 : 1)))
+                                  fwd_warp_min_blocks(kVecs* kRows*(kPrefetch ? 2 : 1) *
+                                                      (kAhead > 2 ? 2 : 1)))
     adaln_fwd_warp_kernel(const FwdArgs a) {
   constexpr int V = 16 / sizeof(T);
   const int lane = static_cast<int>(threadIdx.x);
@@ -154,21 +211,22 @@ __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
   unsigned long long g = blockIdx.x * blockDim.y + threadIdx.y;
   uint4 raw[kRows][kVecs];
   if constexpr (kPrefetch) {
-    if (g * kRows < rows) fwd_warp_load<T, kVecs, kRows>(a, g * kRows, lane, nvec, raw);
+    if (g * kRows < rows)
+      fwd_warp_load<T, kVecs, kRows, kAhead == 0>(a, g * kRows, lane, nvec, raw);
   }
   for (; g * kRows < rows; g += warps) {
     if constexpr (kPrefetch) {
       uint4 next[kRows][kVecs];
-      fwd_warp_load<T, kVecs, kRows>(a, (g + warps) * kRows, lane, nvec, next);
-      fwd_warp_rows<T, kVecs, kRows>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
+      fwd_warp_load<T, kVecs, kRows, kAhead == 0>(a, (g + warps) * kRows, lane, nvec, next);
+      fwd_warp_rows<T, kVecs, kRows, kAhead>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int j = 0; j < kVecs; ++j) raw[r][j] = next[r][j];
       }
     } else {
-      fwd_warp_load<T, kVecs, kRows>(a, g * kRows, lane, nvec, raw);
-      fwd_warp_rows<T, kVecs, kRows>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
+      fwd_warp_load<T, kVecs, kRows, kAhead == 0>(a, g * kRows, lane, nvec, raw);
+      fwd_warp_rows<T, kVecs, kRows, kAhead>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
     }
   }
 }

@@ -25,15 +25,24 @@ struct AdaLNTuning {
   // applies (else the cp.async one), 3 = the warp-per-row kernel where it applies (else as 2).
   int fwd_kernel = 0;
   // Warp-per-row kernel: rows per warp (1 or 2; 0 = automatic = 1; 2 is instantiated for bf16
-  // only, other dtypes take 1).
+  // only, other dtypes take 1; packed coefficients take 1).
   int fwd_warp_rows = 0;
   // Warp-per-row kernel: persistent grid with the next row group's loads issued before the
-  // current one is reduced (register double buffer; instantiated for bf16, other dtypes ignore it;
-  // measured +0-1.5 points of the copy bandwidth at D = 1024-1536).
-  bool fwd_warp_prefetch = true;
+  // current one is reduced (register double buffer; instantiated for bf16, other dtypes ignore
+  // it): 1 on, 0 off, -1 automatic (on with coefficients loaded at use, where it measured +0-1.5
+  // points of the copy bandwidth at D = 1024-1536; off with packed coefficients, which do not
+  // prefetch: a grid of all rows, one per warp, measured fastest there). In bf16, 1 here or
+  // fwd_warp_rows = 2 selects coefficients at use.
+  int fwd_warp_prefetch = -1;
+  // Warp-per-row kernel: scale/shift loaded packed ahead of use (-1 automatic: where it applies,
+  // i.e. modulation in x's dtype and no affine; 0: at use, as each vector is written). Measured
+  // at D = 1536 in bench/adaln_probe: 72-80% -> ~89-95% of the copy bandwidth
+  // (adaln-kernel-notes.md v6).
+  int fwd_coef_ahead = -1;
   // Streaming cache hints on the forward's x loads and y stores: 1 on, 0 off, -1 automatic (on
-  // for the warp-per-row kernel: ld.global.cs / st.global.cs measured +1-3.5 points at
-  // D = 1024-1536; off for the bulk-copy kernel, whose L2 evict-first hints gained nothing).
+  // for the warp-per-row kernel with coefficients at use: ld.global.cs / st.global.cs measured
+  // +1-3.5 points at D = 1024-1536 there; never with packed coefficients, where they cost 1-6
+  // points; off for the bulk-copy kernel, whose L2 evict-first hints gained nothing).
   int fwd_evict_first = -1;
   // Bulk-copy kernel: ring depth in rows (3, 4 or 6; other values than 4 and per-thread stores
   // are instantiated for bf16 with 2, 3 or 5 vectors per thread only, others use 4 + bulk

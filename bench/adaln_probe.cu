@@ -11,7 +11,7 @@
 //   hoist  the same, with all of the row's scale/shift vectors loaded (packed) right after its x
 //          loads, before the reduction and the first store
 //   pipe   the same, the row's first two scale/shift vectors loaded with its x loads and each
-//          next one two vectors ahead of the one being written
+//          next one two vectors ahead of the one being written (pipe1: one ahead)
 //   cache  the same, the packed scale/shift vectors loaded once per warp and kept in registers
 //          across the rows it walks (per-sample modulation: every row of a sample shares them)
 //   cachel cache with the packed vectors made opaque in each row (the compiler would convert
@@ -19,14 +19,17 @@
 //   lib    the library's adaln_forward_cuda with its default tuning (the same shape)
 // each one-warp-per-row ("flat": grid of all rows) or persistent (a fixed number of warps per SM,
 // each walking rows; "pref": the next row's loads issued before the current one is finished,
-// "walk": no prefetch; "flat5" / "walk5": compiled for 5 resident blocks of 4 warps), with or
+// "walk": no prefetch; "flat5" / "walk5" / "flat6" / "flat7": compiled for 5 / 5 / 6 / 7
+// resident blocks of 4 warps), with or
 // without streaming cache hints (ld/st .cs). Reference: cudaMemcpyAsync device-to-device of x (the
 // copy limit the benchmarks use). L2 is flushed (a 256 MiB memset) before every timed launch; times
 // are medians of 21 CUDA-event-timed launches. Bytes counted: 2 x |x| (read x, write y).
 //
 // Usage: adaln_probe [--d 1024,1536,2048,3072 (512, 1024, 1536, 2048, 3072, 4096 or 5120)]
 //                    [--n 16384,65536] [--warps 8,16,24,32,48,64]
-//                    [--modes copy,stats,coefs,hoist,pipe,cache,cachel,lib] [--hints 1,0]
+//                    [--modes copy,stats,coefs,hoist,pipe,pipe1,cache,cachel,lib]
+//                    [--hints 1,0 (1: .cs loads and stores, 0: none, 2: x loads not allocated
+//                    in L1)]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -60,10 +63,21 @@ struct Buf {
   Buf& operator=(const Buf&) = delete;
 };
 
-enum Mode { kCopy = 0, kStats = 1, kCoefs = 2, kHoist = 3, kCache = 4, kPipe = 5, kCacheL = 6 };
+enum Mode {
+  kCopy = 0,
+  kStats = 1,
+  kCoefs = 2,
+  kHoist = 3,
+  kCache = 4,
+  kPipe = 5,
+  kCacheL = 6,
+  kPipe1 = 7
+};
 
-// Coefficient vectors the pipe mode loads ahead of the one it writes.
-constexpr int kPipeAhead = 2;
+// Coefficient vectors the pipe modes load ahead of the one they write (0: not a pipe mode).
+__host__ __device__ constexpr int pipe_ahead(int mode) {
+  return mode == kPipe ? 2 : mode == kPipe1 ? 1 : 0;
+}
 
 struct ProbeArgs {
   const uint4* x;
@@ -75,7 +89,7 @@ struct ProbeArgs {
   unsigned rows;
   int nvec;  // 16-byte vectors per row
   float inv_d;
-  bool hints;
+  int hints;  // 0 none, 1 streaming (.cs) loads and stores, 2 x loads not allocated in L1
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -98,6 +112,15 @@ __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
   return r;
 }
 
+// 16 bytes of x, not allocated in L1 (so streaming x does not evict the modulation there).
+__device__ __forceinline__ uint4 ld_no_l1(const uint4* p) {
+  uint4 r;
+  asm("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
 template <int kVecs>
 __device__ __forceinline__ void load_row(const ProbeArgs& a, unsigned u, int lane,
                                          uint4 (&raw)[kVecs]) {
@@ -105,7 +128,9 @@ __device__ __forceinline__ void load_row(const ProbeArgs& a, unsigned u, int lan
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int vi = j * 32 + lane;
-    raw[j] = (u < a.rows && vi < a.nvec) ? (a.hints ? __ldcs(src + vi) : src[vi])
+    raw[j] = (u < a.rows && vi < a.nvec) ? (a.hints == 1   ? __ldcs(src + vi)
+                                            : a.hints == 2 ? ld_no_l1(src + vi)
+                                                           : src[vi])
                                          : make_uint4(0u, 0u, 0u, 0u);
   }
 }
@@ -168,11 +193,12 @@ __device__ __forceinline__ void finish_row(const ProbeArgs& a, unsigned u, int l
         float sc[8], sh[8];
         unpack8(kMode == kCoefs ? a.scale[vi] : csc[j], sc);
         unpack8(kMode == kCoefs ? a.shift[vi] : csh[j], sh);
-        if constexpr (kMode == kPipe) {
-          const int va = (j + kPipeAhead) * 32 + lane;
-          if (j + kPipeAhead < kVecs && va < a.nvec) {
-            csc[j + kPipeAhead] = a.scale[va];
-            csh[j + kPipeAhead] = a.shift[va];
+        constexpr int kAhead = pipe_ahead(kMode);
+        if constexpr (kAhead > 0) {
+          const int va = (j + kAhead) * 32 + lane;
+          if (j + kAhead < kVecs && va < a.nvec) {
+            csc[j + kAhead] = a.scale[va];
+            csh[j + kAhead] = a.shift[va];
           }
         }
 #pragma unroll
@@ -183,7 +209,7 @@ __device__ __forceinline__ void finish_row(const ProbeArgs& a, unsigned u, int l
       }
       out = pack8(v);
     }
-    if (a.hints) {
+    if (a.hints == 1) {
       __stcs(dst + vi, out);
     } else {
       dst[vi] = out;
@@ -208,7 +234,7 @@ template <int kVecs, int kMode>
 __device__ __forceinline__ void row_coefs(const ProbeArgs& a, int lane, uint4 (&sc)[kVecs],
                                           uint4 (&sh)[kVecs]) {
   if constexpr (kMode == kHoist) load_coefs<kVecs>(a, lane, sc, sh);
-  if constexpr (kMode == kPipe) load_coefs<kVecs, kPipeAhead>(a, lane, sc, sh);
+  if constexpr (pipe_ahead(kMode) > 0) load_coefs<kVecs, pipe_ahead(kMode)>(a, lane, sc, sh);
   if constexpr (kMode == kCacheL) {
     launder<kVecs>(sc);
     launder<kVecs>(sh);
@@ -250,7 +276,8 @@ __global__ void __launch_bounds__(128, kMinBlocks) probe_kernel(const ProbeArgs 
 using KernelFn = void (*)(ProbeArgs);
 
 // grid: 0 flat, 1 persistent with prefetch, 2 persistent without, 3 / 4: flat / persistent
-// without prefetch compiled for 5 resident blocks (<= 102 registers).
+// without prefetch compiled for 5 resident blocks (<= 102 registers), 5 / 6: flat for 6 / 7
+// (<= 85 / 73 registers).
 template <int kVecs, int kMode>
 KernelFn pick_grid(int grid) {
   switch (grid) {
@@ -262,8 +289,12 @@ KernelFn pick_grid(int grid) {
       return probe_kernel<kVecs, kMode, true, false, 1>;
     case 3:
       return probe_kernel<kVecs, kMode, false, false, 5>;
-    default:
+    case 4:
       return probe_kernel<kVecs, kMode, true, false, 5>;
+    case 5:
+      return probe_kernel<kVecs, kMode, false, false, 6>;
+    default:
+      return probe_kernel<kVecs, kMode, false, false, 7>;
   }
 }
 
@@ -282,6 +313,8 @@ KernelFn pick_kernel(int mode, int grid) {
       return pick_grid<kVecs, kCache>(grid);
     case kPipe:
       return pick_grid<kVecs, kPipe>(grid);
+    case kPipe1:
+      return pick_grid<kVecs, kPipe1>(grid);
     default:
       return pick_grid<kVecs, kCacheL>(grid);
   }
@@ -369,7 +402,7 @@ int main(int argc, char** argv) {
       warps_per_sm = parse_list(argv[++i], "--warps");
     } else if (arg == "--hints") {
       hints.clear();
-      for (const std::string& w : parse_words(argv[++i])) hints.push_back(w == "1" ? 1 : 0);
+      for (const std::string& w : parse_words(argv[++i])) hints.push_back(std::atoi(w.c_str()));
     } else if (arg == "--modes") {
       modes = parse_words(argv[++i]);
     } else {
@@ -474,24 +507,28 @@ int main(int argc, char** argv) {
                        : m == "cache"  ? kCache
                        : m == "pipe"   ? kPipe
                        : m == "cachel" ? kCacheL
+                       : m == "pipe1"  ? kPipe1
                                        : -1;
         if (mi < 0) {
           std::fprintf(stderr, "adaln_probe: unknown mode '%s'\n", m.c_str());
           return 2;
         }
         for (long h : hints) {
-          a.hints = h != 0;
-          const char* hs = h ? "cs" : "none";
+          a.hints = static_cast<int>(h);
+          const char* hs = h == 1 ? "cs" : h == 2 ? "nol1" : "none";
           const bool cached = mi == kCache || mi == kCacheL;
-          for (int g = 0; g <= 4; ++g) {
-            if ((g == 0 || g == 3) && cached) continue;  // a flat grid is hoist
+          for (int g = 0; g <= 6; ++g) {
+            const bool flat = g == 0 || g == 3 || g >= 5;
+            if (flat && cached) continue;  // a flat grid is hoist
             KernelFn fn = kernel_for(vecs, mi, g);
             const char* gname = g == 0   ? "flat"
                                 : g == 1 ? "pref"
                                 : g == 2 ? "walk"
                                 : g == 3 ? "flat5"
-                                         : "walk5";
-            if (g == 0 || g == 3) {
+                                : g == 4 ? "walk5"
+                                : g == 5 ? "flat6"
+                                         : "flat7";
+            if (flat) {
               const unsigned flat_blocks = static_cast<unsigned>((N + 3) / 4);
               row(m.c_str(), gname, hs, 0, fn, time_ms([&] { fn<<<flat_blocks, 128>>>(a); }));
               continue;

@@ -258,6 +258,17 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
   const dim3 block(32, kFwdWarpsPerBlock);
   auto launch = [&](auto* kernel) {
     std::int64_t grid = blocks;
+    if (packed) {  // (token blocks, samples): adaln_fwd_warp.cuh
+      std::int64_t gx = (p.seq_len + kFwdWarpsPerBlock - 1) / kFwdWarpsPerBlock;
+      const std::int64_t gy = std::min<std::int64_t>(p.batch, 65535);
+      if (tune.max_resident_blocks > 0) {
+        gx = std::max<std::int64_t>(1, std::min<std::int64_t>(gx, tune.max_resident_blocks / gy));
+      }
+      DS_CHECK(gx >= 1 && gx <= 0x7fffffff, "AdaLN: invalid grid size ", gx);
+      kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block, 0, stream>>>(a);
+      DS_CHECK_CUDA(cudaGetLastError());
+      return;
+    }
     if (prefetch) {
       grid = persistent_grid(kernel, 32 * kFwdWarpsPerBlock, 0, blocks);
     } else if (tune.max_resident_blocks > 0) {
@@ -392,8 +403,10 @@ void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
   const bool gated = p.gate.data != nullptr;
   FwdArgs a;
   a.rows = p.batch * p.seq_len;
+  a.batch = p.batch;
   a.n = p.seq_len;
   a.d = p.dim;
+  a.inv_d = 1.0f / static_cast<float>(p.dim);
   a.eps = p.eps;
   a.rms = p.norm == NormType::kRMSNorm;
   a.gated = gated;

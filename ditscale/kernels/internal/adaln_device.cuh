@@ -20,9 +20,11 @@ struct DevView {
 };
 
 struct FwdArgs {
-  std::int64_t rows = 0;  // B * N
-  std::int64_t n = 0;     // N
-  std::int64_t d = 0;     // D
+  std::int64_t rows = 0;   // B * N
+  std::int64_t batch = 0;  // B
+  std::int64_t n = 0;      // N
+  std::int64_t d = 0;      // D
+  float inv_d = 0.f;       // 1 / D (fp32, as the kernels would compute it)
   float eps = 0.f;
   bool rms = false;
   bool gated = false;

@@ -19,9 +19,13 @@
 // coefficients take plain loads and stores (no streaming hints: they measured 1-6 points slower
 // there, and a runtime choice in this loop costs instructions too).
 //
-// Warp w takes rows w * kRows ... w * kRows + kRows - 1, then w + (grid warps), ... (grid-stride
-// over row groups; the launcher sizes the grid to cover all rows in one pass unless
-// AdaLNTuning::max_resident_blocks caps it, or, with kPrefetch, to one wave of resident blocks).
+// Rows: with packed coefficients the grid is (blocks of 4 tokens, samples) and warp w of column
+// b takes token w of sample b, then w + (grid warps), ... (no division per row: the per-row
+// integer divisions and setup were ~10% of the instructions of a one-row warp). Otherwise warp w
+// takes rows w * kRows ... w * kRows + kRows - 1 of the flattened [B * N] rows, then
+// w + (grid warps), ... Either way the launcher sizes the grid to cover all rows in one pass
+// unless AdaLNTuning::max_resident_blocks caps it, or, with kPrefetch, to one wave of resident
+// blocks.
 // Lane l owns the 16-byte vectors j * 32 + l, j < kVecs, of each of its rows, loaded all at once
 // (every load of a row group is issued before the first reduction). Statistics: two-pass (mean,
 // then the centred sum of squares from the registers), fp32, warp shuffles in a fixed order: the
@@ -72,26 +76,42 @@ __device__ __forceinline__ void fwd_warp_coef(const T* sc_row, const T* sh_row, 
   }
 }
 
-// Loads rows u0 ... u0 + kRows - 1 (those < a.rows) of x into raw (zeros elsewhere); kHints:
+// A row of x as a warp sees it: sample b, token n; ok false for the padding rows past the end
+// (their loads read zeros, nothing is written).
+struct WarpRow {
+  unsigned b = 0, n = 0;
+  bool ok = false;
+};
+
+// Rows u0 ... u0 + kRows - 1 of the flattened [B * N] rows (one division per row).
+template <int kRows>
+__device__ __forceinline__ void fwd_warp_rows_at(const FwdArgs& a, unsigned long long u0,
+                                                 WarpRow (&pos)[kRows]) {
+  const unsigned seq = static_cast<unsigned>(a.n);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    pos[r].ok = u0 + r < static_cast<unsigned long long>(a.rows);
+    const unsigned u = pos[r].ok ? static_cast<unsigned>(u0 + r) : 0u;
+    pos[r].b = u / seq;
+    pos[r].n = u - pos[r].b * seq;
+  }
+}
+
+// Loads rows pos of x into raw (zeros for rows that are not ok and lanes past the row); kHints:
 // streaming loads where a.evict_first asks for them.
 template <typename T, int kVecs, int kRows, bool kHints>
-__device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long long u0, int lane,
-                                              int nvec, uint4 (&raw)[kRows][kVecs]) {
-  const unsigned rows = static_cast<unsigned>(a.rows);
-  const unsigned seq = static_cast<unsigned>(a.n);
+__device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, const WarpRow (&pos)[kRows],
+                                              int lane, int nvec, uint4 (&raw)[kRows][kVecs]) {
   const T* const xg = static_cast<const T*>(a.x.data);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const bool ok = u0 + r < rows;
-    const unsigned u = ok ? static_cast<unsigned>(u0 + r) : 0u;
-    const unsigned b = u / seq;
-    const unsigned n = u - b * seq;
-    const uint4* src = reinterpret_cast<const uint4*>(xg + static_cast<std::int64_t>(b) * a.x.sb +
-                                                      static_cast<std::int64_t>(n) * a.x.sn);
+    const uint4* src =
+        reinterpret_cast<const uint4*>(xg + static_cast<std::int64_t>(pos[r].b) * a.x.sb +
+                                       static_cast<std::int64_t>(pos[r].n) * a.x.sn);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const int vi = j * 32 + lane;
-      if (ok && vi < nvec) {
+      if (pos[r].ok && vi < nvec) {
         raw[r][j] = kHints && a.evict_first ? __ldcs(src + vi) : src[vi];
       } else {
         raw[r][j] = make_uint4(0u, 0u, 0u, 0u);
@@ -100,27 +120,26 @@ __device__ __forceinline__ void fwd_warp_load(const FwdArgs& a, unsigned long lo
   }
 }
 
-// Statistics and output of rows u0 ... u0 + kRows - 1 held in raw; coefficients kAhead vectors
-// ahead (packed) or at use (kAhead == 0).
+// Statistics and output of rows pos held in raw; coefficients kAhead vectors ahead (packed) or
+// at use (kAhead == 0).
 template <typename T, int kVecs, int kRows, int kAhead>
-__device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int lane, int nvec,
+__device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, const WarpRow (&pos)[kRows],
+                                              int lane, int nvec,
                                               const uint4 (&raw)[kRows][kVecs]) {
   constexpr int V = 16 / sizeof(T);
-  const unsigned rows = static_cast<unsigned>(a.rows);
+  // Packed coefficients with 16-bit x: the normalisation folded into the modulation.
+  constexpr bool kFold = kAhead > 0 && sizeof(T) == 2;
   const unsigned seq = static_cast<unsigned>(a.n);
-  const float inv_d = 1.0f / static_cast<float>(a.d);
   T* const yg = static_cast<T*>(a.y);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const unsigned u = u0 + r;
+    const unsigned b = pos[r].b;
+    const unsigned n = pos[r].n;
     // Packed coefficients: the first kAhead vectors now, with the row's x loads in flight.
     uint4 csc[kVecs], csh[kVecs];
     const T* sc_row = nullptr;
     const T* sh_row = nullptr;
     if constexpr (kAhead > 0) {
-      const unsigned uc = u < rows ? u : rows - 1;
-      const unsigned b = uc / seq;
-      const unsigned n = uc - b * seq;
       sc_row = static_cast<const T*>(a.scale.data) + view_offset(a.scale, b, n, 0);
       sh_row = static_cast<const T*>(a.shift.data) + view_offset(a.shift, b, n, 0);
 #pragma unroll
@@ -138,7 +157,7 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
 #pragma unroll
         for (int e = 0; e < V; ++e) s += v[e];
       }
-      mean = warp_sum(s) * inv_d;
+      mean = warp_sum(s) * a.inv_d;
     }
     float q = 0.f;
 #pragma unroll
@@ -153,14 +172,13 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
         }
       }
     }
-    const float rstd = rsqrtf(warp_sum(q) * inv_d + a.eps);
-    if (u >= rows) continue;  // warp-uniform
+    const float rstd = rsqrtf(warp_sum(q) * a.inv_d + a.eps);
+    if (!pos[r].ok) continue;        // warp-uniform
+    const unsigned u = b * seq + n;  // y, mean and rstd are contiguous [B * N] rows
     if (lane == 0 && a.mean != nullptr) {
       a.mean[u] = mean;
       a.rstd[u] = rstd;
     }
-    const unsigned b = u / seq;
-    const unsigned n = u - b * seq;
     uint4* const dst = reinterpret_cast<uint4*>(yg + static_cast<std::int64_t>(u) * a.d);
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
@@ -171,8 +189,19 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
       if constexpr (kAhead > 0) {
         unpack_vec<V, T>(csc[j], ca);
         unpack_vec<V, T>(csh[j], cc);
+        if constexpr (kFold) {
+          // y = x * A + C, A = rstd * (1 + scale), C = shift - mean * A: three FMAs per element
+          // where the plain form takes four (this loop is issue-bound); the cancellation in C
+          // costs at most log2(|mean| / std) of fp32's 24 bits, far below 16-bit outputs' 8-11.
 #pragma unroll
-        for (int e = 0; e < V; ++e) ca[e] += 1.f;
+          for (int e = 0; e < V; ++e) {
+            ca[e] = fmaf(rstd, ca[e], rstd);
+            cc[e] = fmaf(-mean, ca[e], cc[e]);
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < V; ++e) ca[e] += 1.f;
+        }
         if (j + kAhead < kVecs) {
           fwd_warp_coef<T>(sc_row, sh_row, (j + kAhead) * 32 + lane, nvec, csc[j + kAhead],
                            csh[j + kAhead]);
@@ -183,7 +212,10 @@ __device__ __forceinline__ void fwd_warp_rows(const FwdArgs& a, unsigned u0, int
       uint4 out;
       T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-      for (int e = 0; e < V; ++e) o[e] = from_f<T>(fmaf((v[e] - mean) * rstd, ca[e], cc[e]));
+      for (int e = 0; e < V; ++e) {
+        o[e] =
+            from_f<T>(kFold ? fmaf(v[e], ca[e], cc[e]) : fmaf((v[e] - mean) * rstd, ca[e], cc[e]));
+      }
       if (kAhead == 0 && a.evict_first) {  // packed coefficients: never (see the top)
         __stcs(dst + vi, out);
       } else {
@@ -203,30 +235,53 @@ __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
                                   fwd_warp_min_blocks(kVecs* kRows*(kPrefetch ? 2 : 1) *
                                                       (kAhead > 2 ? 2 : 1)))
     adaln_fwd_warp_kernel(const FwdArgs a) {
-  constexpr int V = 16 / sizeof(T);
   const int lane = static_cast<int>(threadIdx.x);
-  const int nvec = static_cast<int>(a.d / V);
-  const unsigned long long rows = static_cast<unsigned long long>(a.rows);
-  const unsigned warps = gridDim.x * blockDim.y;
-  unsigned long long g = blockIdx.x * blockDim.y + threadIdx.y;
+  const int nvec = static_cast<int>(a.d / (16 / sizeof(T)));
   uint4 raw[kRows][kVecs];
-  if constexpr (kPrefetch) {
-    if (g * kRows < rows)
-      fwd_warp_load<T, kVecs, kRows, kAhead == 0>(a, g * kRows, lane, nvec, raw);
-  }
-  for (; g * kRows < rows; g += warps) {
-    if constexpr (kPrefetch) {
-      uint4 next[kRows][kVecs];
-      fwd_warp_load<T, kVecs, kRows, kAhead == 0>(a, (g + warps) * kRows, lane, nvec, next);
-      fwd_warp_rows<T, kVecs, kRows, kAhead>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int j = 0; j < kVecs; ++j) raw[r][j] = next[r][j];
+  WarpRow pos[kRows];
+  if constexpr (kAhead > 0) {
+    // Packed coefficients (one row per warp, no prefetch): grid (row blocks of a sample,
+    // samples), so a warp knows its sample and token without a division; both strided for the
+    // grids the launcher caps.
+    static_assert(kRows == 1 && !kPrefetch, "packed coefficients: one row per warp");
+    const unsigned seq = static_cast<unsigned>(a.n);
+    const unsigned batch = static_cast<unsigned>(a.batch);
+    const unsigned stride = gridDim.x * blockDim.y;
+    for (unsigned b = blockIdx.y; b < batch; b += gridDim.y) {
+      for (unsigned n = blockIdx.x * blockDim.y + threadIdx.y; n < seq; n += stride) {
+        pos[0] = WarpRow{b, n, true};
+        fwd_warp_load<T, kVecs, kRows, false>(a, pos, lane, nvec, raw);
+        fwd_warp_rows<T, kVecs, kRows, kAhead>(a, pos, lane, nvec, raw);
       }
-    } else {
-      fwd_warp_load<T, kVecs, kRows, kAhead == 0>(a, g * kRows, lane, nvec, raw);
-      fwd_warp_rows<T, kVecs, kRows, kAhead>(a, static_cast<unsigned>(g * kRows), lane, nvec, raw);
+    }
+  } else {
+    const unsigned long long rows = static_cast<unsigned long long>(a.rows);
+    const unsigned warps = gridDim.x * blockDim.y;
+    unsigned long long g = blockIdx.x * blockDim.y + threadIdx.y;
+    if constexpr (kPrefetch) {
+      if (g * kRows < rows) {
+        fwd_warp_rows_at<kRows>(a, g * kRows, pos);
+        fwd_warp_load<T, kVecs, kRows, true>(a, pos, lane, nvec, raw);
+      }
+    }
+    for (; g * kRows < rows; g += warps) {
+      if constexpr (kPrefetch) {
+        uint4 next[kRows][kVecs];
+        WarpRow next_pos[kRows];
+        fwd_warp_rows_at<kRows>(a, (g + warps) * kRows, next_pos);
+        fwd_warp_load<T, kVecs, kRows, true>(a, next_pos, lane, nvec, next);
+        fwd_warp_rows<T, kVecs, kRows, 0>(a, pos, lane, nvec, raw);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          pos[r] = next_pos[r];
+#pragma unroll
+          for (int j = 0; j < kVecs; ++j) raw[r][j] = next[r][j];
+        }
+      } else {
+        fwd_warp_rows_at<kRows>(a, g * kRows, pos);
+        fwd_warp_load<T, kVecs, kRows, true>(a, pos, lane, nvec, raw);
+        fwd_warp_rows<T, kVecs, kRows, 0>(a, pos, lane, nvec, raw);
+      }
     }
   }
 }

@@ -7,9 +7,10 @@
 //
 // Usage: adaln_kernel_bench [--quick] [--variants LIST]
 //   --quick     only B = 1, N = 16384, 65536 (D = 1536, 3072, 5120)
-//   --variants  comma-separated, each `base` (the first kernels) or `pipe[F.B][.tN][.rR][.pT]`
+//   --variants  comma-separated, each `base` (the first kernels) or `pipe[F.B][.tN][.rR][.pT][.qT]`
 //               (the pipelined kernels: ring depths F and B (default 3.3), at most N resident
-//               blocks per SM, R forward rows per thread, forward target of T threads per row);
+//               blocks per SM, R forward rows per thread, forward / backward target of T threads
+//               per row);
 //               `tma[.sS][.rR][.g][.b][.e][.cC][.pT][.tN]`: the bulk-copy forward (ring of S
 //               groups of R consecutive rows (default: automatic), .g per-thread stores
 //               instead of bulk stores, .b bulk stores at every row size, .e L2 evict-first
@@ -121,8 +122,8 @@ Variant parse_variant(const std::string& spec) {
     std::exit(2);
   }
   v.tuning.fwd_kernel = tma ? 2 : 1;
-  // pipe[F[.B]][.tN][.rR][.pT]: ring depths, blocks per SM cap, forward rows per thread, target
-  // threads per row of the forward.
+  // pipe[F[.B]][.tN][.rR][.pT][.qT]: ring depths, blocks per SM cap, forward rows per thread,
+  // target threads per row of the forward / backward.
   std::size_t pos = tma ? 3 : 4;
   int field = 0;
   while (pos < spec.size()) {
@@ -148,6 +149,8 @@ Variant parse_variant(const std::string& spec) {
         v.tuning.fwd_rows = std::atoi(tok.c_str() + 1);
       } else if (c == 'p') {
         v.tuning.fwd_target_tpr = std::atoi(tok.c_str() + 1);
+      } else if (c == 'q') {
+        v.tuning.bwd_target_tpr = std::atoi(tok.c_str() + 1);
       } else if (field++ == 0) {
         v.tuning.fwd_stages = std::atoi(tok.c_str());
       } else {

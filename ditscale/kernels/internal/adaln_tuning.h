@@ -61,7 +61,11 @@ struct AdaLNTuning {
   // vectors per thread with coefficients in registers and tpr >= 64; 0 = automatic = 1: groups
   // measured slower, see adaln-kernel-notes.md v4). Groups above 4 KB take bulk stores.
   int fwd_tma_rows = 0;
-  int bwd_target_tpr = 128;
+  // Pipelined backward: threads per row the vector plan aims for (ties between equally padded
+  // plans). 64 (more vectors per thread, fewer threads per row barrier) measured +3 to +15 points
+  // of the copy bandwidth over 128 at D = 1024-3072 (adaln-kernel-notes.md v8); D = 5120 has one
+  // plan either way.
+  int bwd_target_tpr = 64;
   // Upper bound on resident blocks per SM used to size the persistent grids (0 = the occupancy
   // calculator's value).
   int max_blocks_per_sm = 0;

@@ -8,7 +8,8 @@
 #     QUICK_VARIANTS  forward only, B = 1, N in {16384, 65536}, D in {1536, 3072, 5120}
 #                     (default none)
 # Variants: see bench/adaln_kernel_bench.cu. Environment: SANITIZE=0 skips memcheck,
-# RACECHECK=1 adds a racecheck run, MEMCHECK_FILTER picks the memcheck tests.
+# RACECHECK=1 adds a racecheck run, MEMCHECK_FILTER picks the memcheck tests, PROBE="ARGS" runs
+# bench/adaln_probe ARGS last (e.g. PROBE="--modes stats,pipe,lib --hints 0"; PROBE=all: defaults).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -21,17 +22,20 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 cat "$OUT/gpu.txt"
 TEST=$BIN/tests/gpu/adaln_gpu_test
 BENCH=$BIN/bench/adaln_kernel_bench
+PROBE_BIN=$BIN/bench/adaln_probe
 if ! timeout 30 "$TEST" --gtest_list_tests >/dev/null 2>&1 || ! [ -x "$BENCH" ]; then
   echo "== prebuilt binaries do not run here: building"
   B=build-adaln-gpu
   t0=$(date +%s)
   { timeout 200 cmake -S . -B $B -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF \
       -DDITSCALE_CUDA_ARCHS=90a &&
-    timeout 420 cmake --build $B -j"$(nproc)" --target adaln_gpu_test adaln_kernel_bench; } \
+    timeout 420 cmake --build $B -j"$(nproc)" --target adaln_gpu_test adaln_kernel_bench \
+      adaln_probe; } \
     >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   echo "built in $(( $(date +%s) - t0 ))s"
   TEST=$B/tests/gpu/adaln_gpu_test
   BENCH=$B/bench/adaln_kernel_bench
+  PROBE_BIN=$B/bench/adaln_probe
 fi
 t0=$(date +%s)
 timeout 240 "$TEST" >"$OUT/test.log" 2>&1
@@ -60,4 +64,10 @@ if [ "$FULL" != none ]; then
   timeout 200 "$BENCH" --variants "$FULL" >"$OUT/bench.log" 2>&1
   echo "== bench rc=$?"
   cat "$OUT/bench.log"
+fi
+if [ -n "${PROBE:-}" ] && [ -x "$PROBE_BIN" ]; then
+  read -r -a probe_args <<<"${PROBE/#all/}"
+  timeout 200 "$PROBE_BIN" "${probe_args[@]}" >"$OUT/probe.log" 2>&1
+  echo "== probe rc=$?"
+  cat "$OUT/probe.log"
 fi

@@ -34,26 +34,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/adaln_bench_util.cuh"
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(std::size_t bytes) {
-    check(cudaMalloc(&p, bytes == 0 ? 16 : bytes), "cudaMalloc");
-    check(cudaMemset(p, 0, bytes == 0 ? 16 : bytes), "cudaMemset");
-  }
-  ~Buf() { cudaFree(p); }
-};
+using ditscale::bench::Buf;
+using ditscale::bench::check;
+using ditscale::bench::fill_pattern;
 
 // Median milliseconds of fn() over `iters` runs (each timed by its own pair of events) after
 // `warmup` runs.
@@ -162,17 +151,6 @@ Variant parse_variant(const std::string& spec) {
   return v;
 }
 
-// x: [B, N, D] with values from a cheap deterministic pattern (uniform-ish in [-2, 2]).
-__global__ void fill_pattern(std::uint16_t* p, std::size_t n, std::uint32_t salt) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ salt;
-    h ^= h >> 15;
-    const float v = static_cast<float>(h & 0xffff) / 16384.f - 2.f;
-    p[i] = static_cast<std::uint16_t>(__float_as_uint(v) >> 16);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -195,10 +173,8 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Variant> vs;
-  for (std::size_t pos = 0; pos <= variants.size();) {
-    const std::size_t comma = std::min(variants.find(',', pos), variants.size());
-    if (comma > pos) vs.push_back(parse_variant(variants.substr(pos, comma - pos)));
-    pos = comma + 1;
+  for (const std::string& spec : ditscale::bench::split_commas(variants)) {
+    vs.push_back(parse_variant(spec));
   }
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {

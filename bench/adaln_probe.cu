@@ -41,27 +41,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/adaln_bench_util.cuh"
 #include "ditscale/kernels/adaln.h"
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-struct Buf {
-  void* p = nullptr;
-  explicit Buf(std::size_t bytes) {
-    check(cudaMalloc(&p, bytes), "cudaMalloc");
-    check(cudaMemset(p, 0, bytes), "cudaMemset");
-  }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-};
+using ditscale::bench::Buf;
+using ditscale::bench::check;
+using ditscale::bench::fill_pattern;
+using ditscale::bench::split_commas;
 
 enum Mode {
   kCopy = 0,
@@ -358,26 +346,6 @@ std::vector<long> parse_list(const char* s, const char* flag) {
   return v;
 }
 
-std::vector<std::string> parse_words(const std::string& s) {
-  std::vector<std::string> v;
-  for (std::size_t pos = 0; pos <= s.size();) {
-    const std::size_t c = std::min(s.find(',', pos), s.size());
-    if (c > pos) v.push_back(s.substr(pos, c - pos));
-    pos = c + 1;
-  }
-  return v;
-}
-
-__global__ void fill_pattern(std::uint16_t* p, std::size_t n, std::uint32_t salt) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ salt;
-    h ^= h >> 15;
-    const float v = static_cast<float>(h & 0xffff) / 16384.f - 2.f;
-    p[i] = static_cast<std::uint16_t>(__float_as_uint(v) >> 16);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -402,9 +370,9 @@ int main(int argc, char** argv) {
       warps_per_sm = parse_list(argv[++i], "--warps");
     } else if (arg == "--hints") {
       hints.clear();
-      for (const std::string& w : parse_words(argv[++i])) hints.push_back(std::atoi(w.c_str()));
+      for (const std::string& w : split_commas(argv[++i])) hints.push_back(std::atoi(w.c_str()));
     } else if (arg == "--modes") {
-      modes = parse_words(argv[++i]);
+      modes = split_commas(argv[++i]);
     } else {
       std::fprintf(stderr, "adaln_probe: unknown option '%s'\n", arg.c_str());
       return 2;

@@ -19,9 +19,12 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv"
   python3 -m venv --system-site-packages .venv
 fi
-echo "== pip install (torch==2.11.0, numpy, pytest, pybind11, scikit-build-core, nvshmem headers, safetensors, matplotlib)"
+# matplotlib: the report plots' test; diffusers (pinned): the Flux parity test against
+# FluxTransformer2DModel (tests/python/test_mmdit.py); both skip where they are missing.
+echo "== pip install (torch==2.11.0, numpy, pytest, pybind11, scikit-build-core, nvshmem headers, safetensors, matplotlib, diffusers==0.42.1)"
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  torch==2.11.0 numpy pytest pybind11 scikit-build-core nvidia-nvshmem-cu13 safetensors matplotlib
+  torch==2.11.0 numpy pytest pybind11 scikit-build-core nvidia-nvshmem-cu13 safetensors matplotlib \
+  diffusers==0.42.1
 echo "== configure + build (C++ core, CLI, tests, benchmarks; CUDA kernels if nvcc is present)"
 cmake -S . -B build -G Ninja -DPython3_EXECUTABLE="$PWD/.venv/bin/python" -DDITSCALE_TORCH=OFF >/dev/null
 cmake --build build -j"$(nproc)"

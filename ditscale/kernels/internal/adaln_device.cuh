@@ -37,7 +37,7 @@ struct FwdArgs {
   void* h = nullptr;
   float* mean = nullptr;
   float* rstd = nullptr;
-  bool evict_first = false;  // bulk-copy kernel: L2 evict-first hints on x loads and y stores
+  bool evict_first = false;  // streaming / evict-first hints on x loads and y stores
 };
 
 struct BwdArgs {

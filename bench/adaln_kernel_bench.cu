@@ -8,7 +8,7 @@
 // Usage: adaln_kernel_bench [--quick] [--variants LIST]
 //   --quick     only B = 1, N = 16384, 65536 (D = 1536, 3072, 5120)
 //   --variants  comma-separated, each `base` (the first kernels) or `pipe[F.B][.tN][.rR][.pT][.qT]`
-//               (the pipelined kernels: ring depths F and B (default 3.3), at most N resident
+//               (the pipelined kernels: ring depths F and B (default 3.2), at most N resident
 //               blocks per SM, R forward rows per thread, forward / backward target of T threads
 //               per row);
 //               `tma[.sS][.rR][.g][.b][.e][.cC][.pT][.tN]`: the bulk-copy forward (ring of S
@@ -24,6 +24,7 @@
 //               `auto`: the defaults.
 //               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
 //   --fwd-only  skip the backward timings (columns show 0)
+//   --shapes    B:N:D,... instead of the default shapes (e.g. one shape under Nsight Compute)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -140,6 +141,7 @@ Variant parse_variant(const std::string& spec) {
         v.tuning.fwd_target_tpr = std::atoi(tok.c_str() + 1);
       } else if (c == 'q') {
         v.tuning.bwd_target_tpr = std::atoi(tok.c_str() + 1);
+
       } else if (field++ == 0) {
         v.tuning.fwd_stages = std::atoi(tok.c_str());
       } else {
@@ -158,6 +160,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool fwd_only = false;
   std::string variants = "tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4";
+  std::string shapes_arg;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
@@ -166,8 +169,12 @@ int main(int argc, char** argv) {
       fwd_only = true;
     } else if (arg == "--variants" && i + 1 < argc) {
       variants = argv[++i];
+    } else if (arg == "--shapes" && i + 1 < argc) {
+      shapes_arg = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--fwd-only] [--variants base,pipe,tma.s6,...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--fwd-only] [--variants base,pipe,tma.s6,...] "
+                   "[--shapes B:N:D,...]\n",
                    argv[0]);
       return 2;
     }
@@ -194,9 +201,31 @@ int main(int argc, char** argv) {
     ns = {16384, 65536};
     bs = {1};
   }
+  struct Shape {
+    std::int64_t b, n, d;
+  };
+  std::vector<Shape> shapes;
   for (std::int64_t B : bs) {
     for (std::int64_t N : ns) {
-      for (std::int64_t D : ds) {
+      for (std::int64_t D : ds) shapes.push_back({B, N, D});
+    }
+  }
+  if (!shapes_arg.empty()) {
+    shapes.clear();
+    for (const std::string& spec : ditscale::bench::split_commas(shapes_arg)) {
+      long long b = 0, n = 0, d = 0;
+      if (std::sscanf(spec.c_str(), "%lld:%lld:%lld", &b, &n, &d) != 3 || b < 1 || n < 1 ||
+          d < 8 || d % 8 != 0) {
+        std::fprintf(stderr, "--shapes: '%s' is not B:N:D (D a multiple of 8)\n", spec.c_str());
+        return 2;
+      }
+      shapes.push_back({b, n, d});
+    }
+  }
+  for (const Shape& shape : shapes) {
+    {
+      {
+        const std::int64_t B = shape.b, N = shape.n, D = shape.d;
         const std::size_t elems = static_cast<std::size_t>(B * N * D);
         const std::size_t xbytes = elems * 2;
         Buf x(xbytes), y(xbytes), dy(xbytes), dx(xbytes), copy(xbytes);

@@ -387,11 +387,14 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
   if (a.ws_dgate != nullptr) pipe_slots.dgate = pipe_used++;
   if (a.ws_dweight != nullptr) pipe_slots.dweight = pipe_used++;
   if (a.ws_dbias != nullptr) pipe_slots.dbias = pipe_used++;
+  // Automatic threads-per-row target (AdaLNTuning::bwd_target_tpr): 128 for lean 16-bit rows of
+  // more than 3 KB, 64 otherwise (the folded lean kernel was measured; the others keep v8's 64).
+  const int auto_tpr = lean && vec == 8 && p.dim / vec > 192 ? 128 : 64;
   if (aligned && tune.pipelined) {
     pipe_plan = choose_vec_plan(
         p.dim / vec, kBwdVecCandidates, static_cast<int>(std::size(kBwdVecCandidates)),
         [&](int k) { return bwd_pipe_max_threads(static_cast<int>(k * vec)); },
-        tune.bwd_target_tpr);
+        tune.bwd_target_tpr > 0 ? tune.bwd_target_tpr : auto_tpr);
     const std::size_t pipe_smem =
         static_cast<std::size_t>(4) * 2 * pipe_plan.threads * pipe_plan.vecs * 16 +
         static_cast<std::size_t>(pipe_used) * p.dim * sizeof(float);

@@ -57,6 +57,10 @@ constexpr int bwd_pipe_max_threads(int elems_per_thread) {
 template <typename T, int kVecs, int kStages, bool kLean>
 __global__ void __launch_bounds__(bwd_pipe_max_threads(kVecs * 16 / sizeof(T)), 1)
     adaln_bwd_pipe_kernel(const BwdArgs a, const SmemSlots slots) {
+  // Lean 16-bit rows: the arithmetic folded (pass 1: xhat by one FMA, dscale accumulated by FMA;
+  // pass 2: dx by three operations; see there) and bf16 unpacked by bit operations
+  // (adaln-kernel-notes.md v9).
+  constexpr bool kFast = kLean && sizeof(T) == 2;
   constexpr int V = 16 / sizeof(T);
   constexpr int P = kStages - 1;
   extern __shared__ uint4 bwd_smem[];
@@ -140,88 +144,139 @@ __global__ void __launch_bounds__(bwd_pipe_max_threads(kVecs * 16 / sizeof(T)), 
 
     // Pass 1: sums of dxhat and dxhat * xhat; per-feature gradients.
     float sums[2] = {0.f, 0.f};
+    if constexpr (kFast) {
+      const float nmr = -mean * rstd;
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      const int vi = j * tpr + tx;
-      if (vi >= nvec) continue;
-      const std::int64_t d = static_cast<std::int64_t>(vi) * V;
-      float x[V], dy[V], w[V], bi[V];
-      load_smem_vec<V, T>(cur + j * tpr, x);
-      load_smem_vec<V, T>(cur + row_vecs + j * tpr, dy);
-      fill(w, 1.f);
-      fill(bi, 0.f);
-      if (affine) {
-        if (a.weight != nullptr) load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
-        if (a.bias != nullptr) load_view_vec<V, T>(DevView{a.bias, 0, 0, a.affine_f32}, d, bi);
-      }
-      float dscale[V], gy[V], dw[V];
+      for (int j = 0; j < kVecs; ++j) {
+        const int vi = j * tpr + tx;
+        if (vi >= nvec) continue;
+        float x[V], dy[V], xh[V];
+        unpack16<T>(cur[j * tpr], x);
+        unpack16<T>(cur[row_vecs + j * tpr], dy);
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float xhat = (x[e] - mean) * rstd;
-        gy[e] = dy[e] * g1[j][e];
-        const float dxhat = gy[e] * w[e];
-        dscale[e] = dy[e] * fmaf(xhat, w[e], bi[e]);
-        sums[0] += dxhat;
-        sums[1] = fmaf(dxhat, xhat, sums[1]);
-        acc_sc[j][e] += dscale[e];
-        acc_sh[j][e] += dy[e];
-        dw[e] = gy[e] * xhat;
+        for (int e = 0; e < V; ++e) {
+          xh[e] = fmaf(x[e], rstd, nmr);
+          const float gy = dy[e] * g1[j][e];
+          sums[0] += gy;
+          sums[1] = fmaf(gy, xh[e], sums[1]);
+          acc_sc[j][e] = fmaf(dy[e], xh[e], acc_sc[j][e]);
+          acc_sh[j][e] += dy[e];
+        }
+        const std::int64_t out = row * a.d + static_cast<std::int64_t>(vi) * V;
+        if (a.dscale_tok != nullptr) {
+          float dsc[V];
+#pragma unroll
+          for (int e = 0; e < V; ++e) dsc[e] = dy[e] * xh[e];
+          store_any_vec<V, T>(a.dscale_tok, a.scale.f32, out, dsc);
+        }
+        if (a.dshift_tok != nullptr) store_any_vec<V, T>(a.dshift_tok, a.shift.f32, out, dy);
       }
-      if (affine && slots.dweight >= 0) accumulate_vec<V>(slot(slots.dweight, d), first, dw);
-      if (affine && slots.dbias >= 0) accumulate_vec<V>(slot(slots.dbias, d), first, gy);
-      const std::int64_t out = row * a.d + d;
-      if (a.dscale_tok != nullptr) store_any_vec<V, T>(a.dscale_tok, a.scale.f32, out, dscale);
-      if (a.dshift_tok != nullptr) store_any_vec<V, T>(a.dshift_tok, a.shift.f32, out, dy);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVecs; ++j) {
+        const int vi = j * tpr + tx;
+        if (vi >= nvec) continue;
+        const std::int64_t d = static_cast<std::int64_t>(vi) * V;
+        float x[V], dy[V], w[V], bi[V];
+        load_smem_vec<V, T>(cur + j * tpr, x);
+        load_smem_vec<V, T>(cur + row_vecs + j * tpr, dy);
+        fill(w, 1.f);
+        fill(bi, 0.f);
+        if (affine) {
+          if (a.weight != nullptr) load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
+          if (a.bias != nullptr) load_view_vec<V, T>(DevView{a.bias, 0, 0, a.affine_f32}, d, bi);
+        }
+        float dscale[V], gy[V], dw[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float xhat = (x[e] - mean) * rstd;
+          gy[e] = dy[e] * g1[j][e];
+          const float dxhat = gy[e] * w[e];
+          dscale[e] = dy[e] * fmaf(xhat, w[e], bi[e]);
+          sums[0] += dxhat;
+          sums[1] = fmaf(dxhat, xhat, sums[1]);
+          acc_sc[j][e] += dscale[e];
+          acc_sh[j][e] += dy[e];
+          dw[e] = gy[e] * xhat;
+        }
+        if (affine && slots.dweight >= 0) accumulate_vec<V>(slot(slots.dweight, d), first, dw);
+        if (affine && slots.dbias >= 0) accumulate_vec<V>(slot(slots.dbias, d), first, gy);
+        const std::int64_t out = row * a.d + d;
+        if (a.dscale_tok != nullptr) store_any_vec<V, T>(a.dscale_tok, a.scale.f32, out, dscale);
+        if (a.dshift_tok != nullptr) store_any_vec<V, T>(a.dshift_tok, a.shift.f32, out, dy);
+      }
     }
     row_sum<2>(sums, red[parity]);
     const float c1 = a.rms ? 0.f : sums[0] * inv_d;
     const float c2 = sums[1] * inv_d;
 
     // Pass 2: dx from the thread's own ring chunks (xhat, dxhat recomputed).
+    if constexpr (kFast) {
+      // dx = rstd (g dy - c1 - xhat c2) with xhat = (x - mean) rstd, as
+      // dx = rstd (g dy) + x (-k) + (k mean - c1 rstd), k = c2 rstd^2: three operations per
+      // element; the cancellation between the last two terms costs at most log2(|mean| / std)
+      // of fp32's 24 bits, far below a 16-bit dx's 8-11.
+      const float k = c2 * rstd * rstd;
+      const float cx = -k;
+      const float c0 = fmaf(k, mean, -c1 * rstd);
+      T* const dxr = static_cast<T*>(a.dx) + row * a.d;
 #pragma unroll
-    for (int j = 0; j < kVecs; ++j) {
-      const int vi = j * tpr + tx;
-      if (vi >= nvec) continue;
-      const std::int64_t d = static_cast<std::int64_t>(vi) * V;
-      const std::int64_t out = row * a.d + d;
-      float x[V], dy[V], w[V];
-      load_smem_vec<V, T>(cur + j * tpr, x);
-      load_smem_vec<V, T>(cur + row_vecs + j * tpr, dy);
-      fill(w, 1.f);
-      if (affine && a.weight != nullptr) {
-        load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
+      for (int j = 0; j < kVecs; ++j) {
+        const int vi = j * tpr + tx;
+        if (vi >= nvec) continue;
+        float x[V], dy[V], dx[V];
+        unpack16<T>(cur[j * tpr], x);
+        unpack16<T>(cur[row_vecs + j * tpr], dy);
+#pragma unroll
+        for (int e = 0; e < V; ++e) dx[e] = fmaf(dy[e] * g1[j][e], rstd, fmaf(x[e], cx, c0));
+        store_vec<V>(dxr + vi * V, dx);
       }
-      float dx[V];
+    } else {
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float xhat = (x[e] - mean) * rstd;
-        const float dxhat = dy[e] * g1[j][e] * w[e];
-        dx[e] = rstd * (dxhat - fmaf(xhat, c2, c1));
+      for (int j = 0; j < kVecs; ++j) {
+        const int vi = j * tpr + tx;
+        if (vi >= nvec) continue;
+        const std::int64_t d = static_cast<std::int64_t>(vi) * V;
+        const std::int64_t out = row * a.d + d;
+        float x[V], dy[V], w[V];
+        load_smem_vec<V, T>(cur + j * tpr, x);
+        load_smem_vec<V, T>(cur + row_vecs + j * tpr, dy);
+        fill(w, 1.f);
+        if (affine && a.weight != nullptr) {
+          load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
+        }
+        float dx[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float xhat = (x[e] - mean) * rstd;
+          const float dxhat = dy[e] * g1[j][e] * w[e];
+          dx[e] = rstd * (dxhat - fmaf(xhat, c2, c1));
+        }
+        if (gated) {
+          if (a.dh_out.data != nullptr) {
+            float dh[V];
+            load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
+#pragma unroll
+            for (int e = 0; e < V; ++e) dx[e] += dh[e];
+          }
+          if (a.dbranch != nullptr) {
+            float g[V];
+            load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
+#pragma unroll
+            for (int e = 0; e < V; ++e) g[e] *= dx[e];
+            store_vec<V>(static_cast<T*>(a.dbranch) + out, g);
+          }
+          if (a.branch.data != nullptr) {
+            float dg[V];
+            load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
+#pragma unroll
+            for (int e = 0; e < V; ++e) dg[e] *= dx[e];
+            if (slots.dgate >= 0) accumulate_vec<V>(slot(slots.dgate, d), first, dg);
+            if (a.dgate_tok != nullptr) store_any_vec<V, T>(a.dgate_tok, a.gate.f32, out, dg);
+          }
+        }
+        store_vec<V>(static_cast<T*>(a.dx) + out, dx);
       }
-      if (gated) {
-        if (a.dh_out.data != nullptr) {
-          float dh[V];
-          load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
-#pragma unroll
-          for (int e = 0; e < V; ++e) dx[e] += dh[e];
-        }
-        if (a.dbranch != nullptr) {
-          float g[V];
-          load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
-#pragma unroll
-          for (int e = 0; e < V; ++e) g[e] *= dx[e];
-          store_vec<V>(static_cast<T*>(a.dbranch) + out, g);
-        }
-        if (a.branch.data != nullptr) {
-          float dg[V];
-          load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
-#pragma unroll
-          for (int e = 0; e < V; ++e) dg[e] *= dx[e];
-          if (slots.dgate >= 0) accumulate_vec<V>(slot(slots.dgate, d), first, dg);
-          if (a.dgate_tok != nullptr) store_any_vec<V, T>(a.dgate_tok, a.gate.f32, out, dg);
-        }
-      }
-      store_vec<V>(static_cast<T*>(a.dx) + out, dx);
     }
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace ditscale::kernels::internal {
 
@@ -179,6 +180,25 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// 16 bytes of a 16-bit type -> 8 floats (exact). bf16 by bit operations (one per element: the
+// low half shifted up, the high half masked), fp16 by conversion.
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[8]) {
+  static_assert(sizeof(T) == 2, "16-bit element types only");
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = to_f(e[i]);
+  }
 }
 
 // V elements of E from shared memory (16-byte aligned) -> float.

@@ -10,9 +10,12 @@ struct AdaLNTuning {
   // false: the first, one-row-per-block / one-block-per-tile kernels (kept for comparison).
   bool pipelined = true;
   // Depth of the cp.async ring in rows (2, 3 or 4; kStages - 1 rows are in flight ahead of the
-  // one being processed). Values other than 3 are instantiated for bf16 only; other dtypes use 3.
+  // one being processed). Values other than 3 are instantiated for bf16 only (the backward: lean
+  // bf16 calls, i.e. no affine, no gate); other calls use 3. Backward 2: one row ahead measured
+  // +1 to +16 points of the copy bandwidth over 3 with the folded arithmetic of
+  // adaln-kernel-notes.md v9.
   int fwd_stages = 3;
-  int bwd_stages = 3;
+  int bwd_stages = 2;
   // Rows each forward thread carries per iteration: 0 = automatic (2 when the registers allow),
   // 1 or 2.
   int fwd_rows = 0;
@@ -62,10 +65,12 @@ struct AdaLNTuning {
   // measured slower, see adaln-kernel-notes.md v4). Groups above 4 KB take bulk stores.
   int fwd_tma_rows = 0;
   // Pipelined backward: threads per row the vector plan aims for (ties between equally padded
-  // plans). 64 (more vectors per thread, fewer threads per row barrier) measured +3 to +15 points
-  // of the copy bandwidth over 128 at D = 1024-3072 (adaln-kernel-notes.md v8); D = 5120 has one
-  // plan either way.
-  int bwd_target_tpr = 64;
+  // plans); 0 = automatic: 128 for lean 16-bit rows of more than 192 16-byte vectors (3 KB), 64
+  // otherwise. Measured
+  // (adaln-kernel-notes.md v8, v9): 64 against 128 +3 to +15 points of the copy bandwidth at
+  // D = 1024-1536 (bf16); with the folded arithmetic 128 against 64 +5 to +6 points at D = 3072
+  // (3 vectors x 128 threads instead of 4 x 96); D = 5120 has one plan either way.
+  int bwd_target_tpr = 0;
   // Upper bound on resident blocks per SM used to size the persistent grids (0 = the occupancy
   // calculator's value).
   int max_blocks_per_sm = 0;

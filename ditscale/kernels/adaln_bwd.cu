@@ -234,6 +234,7 @@ __global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(cons
 struct ReduceJob {
   const float* ws = nullptr;
   void* out = nullptr;
+  std::int64_t out_sb = 0;  // elements between the samples of out
   bool out_f32 = false;
   bool over_batch = false;
 };
@@ -244,11 +245,14 @@ struct ReduceArgs {
   std::int64_t d = 0;
 };
 
-constexpr int kReduceCols = 32;  // features per block (one warp-wide coalesced row segment)
-constexpr int kReduceRows = 16;  // partial rows summed in parallel, then combined in order
+constexpr int kReduceCols = 32;   // features per block (one warp-wide coalesced row segment)
+constexpr int kReduceRows = 32;   // partial rows summed in parallel, then combined in order
+constexpr int kReduceUnroll = 8;  // loads a thread has in flight
 
-// grid: (ceil(D / 32) * B, jobs). Thread (tx, ty) sums partial rows ty, ty + 16, ... in order;
-// the 16 column sums are then added in ty order: a fixed tree, identical every run.
+// grid: (ceil(D / 32) * B, jobs). Thread (tx, ty) sums partial rows ty, ty + 32, ... in order
+// (loads issued 8 at a time); the 32 column sums are then added in ty order: a fixed tree,
+// identical every run. 32 x 8 loads per column in flight: the ~10 MB of partials of a backward
+// with ~800 blocks at D = 1536 took 5.2 us with 16 x 4 (bench/adaln/profile_adaln.py).
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols* kReduceRows)
     adaln_reduce_partials_kernel(const ReduceArgs r) {
@@ -263,15 +267,12 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   float s = 0.f;
   if (d < r.d) {
     std::int64_t t = threadIdx.y;
-    for (; t + 3 * kReduceRows < rows; t += 4 * kReduceRows) {
-      const float v0 = src[t * r.d];
-      const float v1 = src[(t + kReduceRows) * r.d];
-      const float v2 = src[(t + 2 * kReduceRows) * r.d];
-      const float v3 = src[(t + 3 * kReduceRows) * r.d];
-      s += v0;
-      s += v1;
-      s += v2;
-      s += v3;
+    for (; t + (kReduceUnroll - 1) * kReduceRows < rows; t += kReduceUnroll * kReduceRows) {
+      float v[kReduceUnroll];
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) v[u] = src[(t + u * kReduceRows) * r.d];
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) s += v[u];
     }
     for (; t < rows; t += kReduceRows) s += src[t * r.d];
   }
@@ -281,7 +282,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   float total = 0.f;
 #pragma unroll
   for (int k = 0; k < kReduceRows; ++k) total += part[k][threadIdx.x];
-  store_any<T>(job.out, job.out_f32, (job.over_batch ? 0 : b * r.d) + d, total);
+  store_any<T>(job.out, job.out_f32, (job.over_batch ? 0 : b * job.out_sb) + d, total);
 }
 
 constexpr int kBwdVecCandidates[] = {1, 2, 3, 4};
@@ -444,15 +445,17 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
     r.num_tiles = a.num_tiles;  // the pipelined launch may use fewer tiles than the layout holds
     r.d = p.dim;
     int jobs = 0;
-    auto add_job = [&](const float* src, void* out, DType out_dtype, bool over_batch) {
+    auto add_job = [&](const float* src, void* out, std::int64_t out_sb, DType out_dtype,
+                       bool over_batch) {
       if (src == nullptr) return;
-      r.jobs[jobs++] = ReduceJob{src, out, out_dtype == DType::kFloat32, over_batch};
+      r.jobs[jobs++] = ReduceJob{src, out, out_sb > 0 ? out_sb : p.dim,
+                                 out_dtype == DType::kFloat32, over_batch};
     };
-    add_job(a.ws_dscale, p.dscale, p.scale.dtype, false);
-    add_job(a.ws_dshift, p.dshift, p.shift.dtype, false);
-    add_job(a.ws_dgate, p.dgate, p.gate.dtype, false);
-    add_job(a.ws_dweight, p.dweight, p.affine_dtype, true);
-    add_job(a.ws_dbias, p.dbias, p.affine_dtype, true);
+    add_job(a.ws_dscale, p.dscale, p.dscale_stride_b, p.scale.dtype, false);
+    add_job(a.ws_dshift, p.dshift, p.dshift_stride_b, p.shift.dtype, false);
+    add_job(a.ws_dgate, p.dgate, 0, p.gate.dtype, false);
+    add_job(a.ws_dweight, p.dweight, 0, p.affine_dtype, true);
+    add_job(a.ws_dbias, p.dbias, 0, p.affine_dtype, true);
     if (jobs == 0) return;
     const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;
     DS_CHECK(chunks * B <= 0x7fffffff, "AdaLNBwdParams: batch * dim too large for one grid");

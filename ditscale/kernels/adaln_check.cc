@@ -2,6 +2,7 @@
 // with or without CUDA).
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
@@ -88,6 +89,16 @@ void adaln_check(const AdaLNBwdParams& p, bool for_gpu) {
   }
   DS_CHECK(p.dweight == nullptr || p.weight != nullptr, s, ".dweight is set but .weight is null");
   DS_CHECK(p.dbias == nullptr || p.bias != nullptr, s, ".dbias is set but .bias is null");
+  const std::pair<std::int64_t, bool> out_strides[2] = {{p.dscale_stride_b, is_per_token(p.scale)},
+                                                        {p.dshift_stride_b, is_per_token(p.shift)}};
+  for (int k = 0; k < 2; ++k) {
+    const char* name = k == 0 ? ".dscale_stride_b" : ".dshift_stride_b";
+    const auto [stride, per_token] = out_strides[k];
+    DS_CHECK(stride == 0 || !per_token, s, name, ": ", stride,
+             " but per-token gradients are contiguous (must be 0)");
+    DS_CHECK(stride == 0 || p.batch == 1 || stride >= p.dim, s, name, ": ", stride,
+             " is below dim = ", p.dim, " (samples would overlap)");
+  }
   const bool gated = p.gate.data != nullptr;
   if (gated) {
     check_view(p.gate, s, "gate", p.dtype, true, true);

@@ -164,14 +164,21 @@ void adaln_backward_ref(const AdaLNBwdParams& p) {
       }
     }
   }
-  for (std::int64_t i = 0; i < B * D; ++i) {
-    if (p.dscale != nullptr && !scale_tok) {
-      store_from_double(p.dscale, p.scale.dtype, i, acc_dscale[i]);
+  const std::int64_t sc_sb = p.dscale_stride_b > 0 ? p.dscale_stride_b : D;
+  const std::int64_t sh_sb = p.dshift_stride_b > 0 ? p.dshift_stride_b : D;
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::int64_t i = b * D + d;
+      if (p.dscale != nullptr && !scale_tok) {
+        store_from_double(p.dscale, p.scale.dtype, b * sc_sb + d, acc_dscale[i]);
+      }
+      if (p.dshift != nullptr && !shift_tok) {
+        store_from_double(p.dshift, p.shift.dtype, b * sh_sb + d, acc_dshift[i]);
+      }
+      if (p.dgate != nullptr && !gate_tok) {
+        store_from_double(p.dgate, p.gate.dtype, i, acc_dgate[i]);
+      }
     }
-    if (p.dshift != nullptr && !shift_tok) {
-      store_from_double(p.dshift, p.shift.dtype, i, acc_dshift[i]);
-    }
-    if (p.dgate != nullptr && !gate_tok) store_from_double(p.dgate, p.gate.dtype, i, acc_dgate[i]);
   }
   for (std::int64_t d = 0; d < D; ++d) {
     if (p.dweight != nullptr) store_from_double(p.dweight, p.affine_dtype, d, acc_dweight[d]);

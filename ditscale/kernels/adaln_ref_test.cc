@@ -333,6 +333,70 @@ TEST(AdaLNRef, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// Per-sample dscale / dshift written with a sample stride into rows of a [B, K, D] buffer (the
+// modulation gradient of the packed ops): the same values as contiguous outputs, other rows
+// untouched; per-token outputs with a stride and strides below D are rejected, naming the field.
+TEST(AdaLNRef, BackwardWritesStridedPerSampleGradients) {
+  std::mt19937_64 rng(7);
+  Problem pr(3, 4, 8, Variant{}, rng);
+  AdaLNFwdParams fp = pr.fwd();
+  adaln_forward_ref(fp);
+  const auto rows = static_cast<std::size_t>(pr.B * pr.N * pr.D);
+  const std::vector<double> dy = random_vec(rng, rows);
+  auto params = [&](std::vector<double>& dx) {
+    AdaLNBwdParams p;
+    pr.fill_config(p);
+    p.x = {pr.x.data(), DType::kFloat64, pr.N * pr.D, pr.D};
+    p.dy = {dy.data(), DType::kFloat64, pr.N * pr.D, pr.D};
+    p.dx = dx.data();
+    return p;
+  };
+  std::vector<double> dx0(rows), dx1(rows);
+  std::vector<double> dscale(pr.B * pr.D), dshift(pr.B * pr.D);
+  AdaLNBwdParams p = params(dx0);
+  p.dscale = dscale.data();
+  p.dshift = dshift.data();
+  adaln_backward_ref(p);
+
+  const std::int64_t K = 3;
+  std::vector<double> dmod(pr.B * K * pr.D, 0.0);
+  p = params(dx1);
+  p.dshift = dmod.data();             // row 0
+  p.dscale = dmod.data() + 2 * pr.D;  // row 2
+  p.dscale_stride_b = K * pr.D;
+  p.dshift_stride_b = K * pr.D;
+  adaln_backward_ref(p);
+  EXPECT_EQ(dx0, dx1);
+  for (std::int64_t b = 0; b < pr.B; ++b) {
+    for (std::int64_t d = 0; d < pr.D; ++d) {
+      EXPECT_EQ(dmod[(b * K + 0) * pr.D + d], dshift[b * pr.D + d]);
+      EXPECT_EQ(dmod[(b * K + 1) * pr.D + d], 0.0) << "row 1 must stay untouched";
+      EXPECT_EQ(dmod[(b * K + 2) * pr.D + d], dscale[b * pr.D + d]);
+    }
+  }
+  auto expect_throw = [&](const AdaLNBwdParams& bad, const std::string& needle) {
+    try {
+      adaln_backward_ref(bad);
+      ADD_FAILURE() << "no throw, expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  AdaLNBwdParams bad = p;
+  bad.dscale_stride_b = pr.D - 1;
+  expect_throw(bad, "AdaLNBwdParams.dscale_stride_b");
+  Problem tok(2, 3, 8, Variant{NormType::kLayerNorm, /*per_token=*/true}, rng);
+  std::vector<double> tdx(2 * 3 * 8), tds(2 * 3 * 8);
+  AdaLNBwdParams tp;
+  tok.fill_config(tp);
+  tp.x = {tok.x.data(), DType::kFloat64, 3 * 8, 8};
+  tp.dy = {dy.data(), DType::kFloat64, 3 * 8, 8};
+  tp.dx = tdx.data();
+  tp.dshift = tds.data();
+  tp.dshift_stride_b = 3 * 8 * 2;
+  expect_throw(tp, "AdaLNBwdParams.dshift_stride_b");
+}
+
 // ---- validation and workspace ----
 
 TEST(AdaLNRef, RejectsBadParamsNamingTheField) {

@@ -66,6 +66,37 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_bwd_cuda(
   return {c.dx, c.dscale, c.dshift, c.dweight, c.dbias};
 }
 
+std::tuple<Tensor, Tensor, Tensor> adaln_mod_fwd_cuda(const Tensor& x, const Tensor& mod,
+                                                      int64_t scale_index, int64_t shift_index,
+                                                      const OptTensor& weight,
+                                                      const OptTensor& bias, c10::string_view norm,
+                                                      double eps) {
+  const char* op = "ditscale::adaln_mod_fwd";
+  check_cuda(op, x);
+  c10::cuda::CUDAGuard guard(x.device());
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x);
+  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, m.scale,
+                                             m.shift, weight, bias, norm, eps);
+  if (!c.empty) kernels::adaln_forward_cuda(c.params, current_stream(x));
+  return {c.y, c.mean, c.rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_mod_bwd_cuda(
+    const Tensor& dy, const Tensor& x, const Tensor& mod, int64_t scale_index, int64_t shift_index,
+    const OptTensor& weight, const OptTensor& bias, const Tensor& mean, const Tensor& rstd,
+    c10::string_view norm, double eps) {
+  const char* op = "ditscale::adaln_mod_bwd";
+  check_cuda(op, x);
+  c10::cuda::CUDAGuard guard(x.device());
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x);
+  AdaLNBackwardCall c =
+      prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt, std::nullopt, m.scale,
+                             m.shift, weight, bias, mean, rstd, norm, eps);
+  Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index);
+  if (!c.empty) launch_backward(c, x);
+  return {c.dx, dmod, c.dweight, c.dbias};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_fwd_cuda(
     const Tensor& residual, const Tensor& gate, const Tensor& branch, const Tensor& scale,
     const Tensor& shift, const OptTensor& weight, const OptTensor& bias, c10::string_view norm,
@@ -100,6 +131,8 @@ TORCH_LIBRARY_IMPL(ditscale, CUDA, m) {
   namespace ext = ditscale::torch_ext;
   m.impl("adaln_fwd", &ext::adaln_fwd_cuda);
   m.impl("adaln_bwd", &ext::adaln_bwd_cuda);
+  m.impl("adaln_mod_fwd", &ext::adaln_mod_fwd_cuda);
+  m.impl("adaln_mod_bwd", &ext::adaln_mod_bwd_cuda);
   m.impl("adaln_gated_fwd", &ext::adaln_gated_fwd_cuda);
   m.impl("adaln_gated_bwd", &ext::adaln_gated_bwd_cuda);
 }

@@ -12,6 +12,11 @@
 //   (RMSNorm writes mean = 0).
 // adaln_bwd(dy, x, scale, shift, weight?, bias?, mean, rstd, norm, eps)
 //   -> (dx, dscale, dshift, dweight, dbias); dweight/dbias are empty [0] when weight/bias absent.
+// adaln_mod_fwd(x, mod, scale_index, shift_index, weight?, bias?, norm, eps) -> (y, mean, rstd)
+//   adaln_fwd with scale = mod[:, scale_index], shift = mod[:, shift_index] (mod [B, K, D]).
+// adaln_mod_bwd(dy, x, mod, scale_index, shift_index, weight?, bias?, mean, rstd, norm, eps)
+//   -> (dx, dmod, dweight, dbias): dmod [B, K, D] holds dscale / dshift in their rows, zeros
+//   elsewhere (written by the backward's reduction directly, no select_backward copies).
 // adaln_gated_fwd(residual, gate, branch, scale, shift, weight?, bias?, norm, eps)
 //   -> (h, y, mean, rstd) with h = residual + gate * branch, y = adaln(h).
 // adaln_gated_bwd(dh?, dy, h, gate, branch, scale, shift, weight?, bias?, mean, rstd, norm, eps)
@@ -59,6 +64,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_bwd_cpu(
   return {c.dx, c.dscale, c.dshift, c.dweight, c.dbias};
 }
 
+std::tuple<Tensor, Tensor, Tensor> adaln_mod_fwd_cpu(const Tensor& x, const Tensor& mod,
+                                                     int64_t scale_index, int64_t shift_index,
+                                                     const OptTensor& weight, const OptTensor& bias,
+                                                     c10::string_view norm, double eps) {
+  const char* op = "ditscale::adaln_mod_fwd";
+  check_cpu(op, x);
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x);
+  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, m.scale,
+                                             m.shift, weight, bias, norm, eps);
+  if (!c.empty) kernels::adaln_forward_ref(c.params);
+  return {c.y, c.mean, c.rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_mod_bwd_cpu(
+    const Tensor& dy, const Tensor& x, const Tensor& mod, int64_t scale_index, int64_t shift_index,
+    const OptTensor& weight, const OptTensor& bias, const Tensor& mean, const Tensor& rstd,
+    c10::string_view norm, double eps) {
+  const char* op = "ditscale::adaln_mod_bwd";
+  check_cpu(op, x);
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x);
+  AdaLNBackwardCall c =
+      prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt, std::nullopt, m.scale,
+                             m.shift, weight, bias, mean, rstd, norm, eps);
+  Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index);
+  if (!c.empty) kernels::adaln_backward_ref(c.params);
+  return {c.dx, dmod, c.dweight, c.dbias};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_fwd_cpu(
     const Tensor& residual, const Tensor& gate, const Tensor& branch, const Tensor& scale,
     const Tensor& shift, const OptTensor& weight, const OptTensor& bias, c10::string_view norm,
@@ -97,6 +130,13 @@ TORCH_LIBRARY(ditscale, m) {
       "Tensor mean, Tensor rstd, str norm, float eps) -> (Tensor dx, Tensor dscale, "
       "Tensor dshift, Tensor dweight, Tensor dbias)");
   m.def(
+      "adaln_mod_fwd(Tensor x, Tensor mod, int scale_index, int shift_index, Tensor? weight, "
+      "Tensor? bias, str norm, float eps) -> (Tensor y, Tensor mean, Tensor rstd)");
+  m.def(
+      "adaln_mod_bwd(Tensor dy, Tensor x, Tensor mod, int scale_index, int shift_index, "
+      "Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, str norm, float eps) -> "
+      "(Tensor dx, Tensor dmod, Tensor dweight, Tensor dbias)");
+  m.def(
       "adaln_gated_fwd(Tensor residual, Tensor gate, Tensor branch, Tensor scale, Tensor shift, "
       "Tensor? weight, Tensor? bias, str norm, float eps) -> (Tensor h, Tensor y, Tensor mean, "
       "Tensor rstd)");
@@ -111,6 +151,8 @@ TORCH_LIBRARY_IMPL(ditscale, CPU, m) {
   namespace ext = ditscale::torch_ext;
   m.impl("adaln_fwd", &ext::adaln_fwd_cpu);
   m.impl("adaln_bwd", &ext::adaln_bwd_cpu);
+  m.impl("adaln_mod_fwd", &ext::adaln_mod_fwd_cpu);
+  m.impl("adaln_mod_bwd", &ext::adaln_mod_bwd_cpu);
   m.impl("adaln_gated_fwd", &ext::adaln_gated_fwd_cpu);
   m.impl("adaln_gated_bwd", &ext::adaln_gated_bwd_cpu);
 }

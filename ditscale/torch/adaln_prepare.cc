@@ -262,4 +262,35 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
   return c;
 }
 
+ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_index,
+                          int64_t shift_index, const at::Tensor& x) {
+  check_x(op, "x", x);
+  TORCH_CHECK(
+      mod.defined() && mod.dim() == 3 && mod.size(0) == x.size(0) && mod.size(2) == x.size(2), op,
+      ": mod must be [B, K, D] with B = ", x.size(0), " and D = ", x.size(2), ", got ",
+      mod.defined() ? mod.sizes() : at::IntArrayRef{});
+  const int64_t K = mod.size(1);
+  for (const int64_t index : {scale_index, shift_index}) {
+    TORCH_CHECK(index >= 0 && index < K, op, ": ",
+                index == scale_index ? "scale_index" : "shift_index", " = ", index,
+                " is outside mod's K = ", K, " rows");
+  }
+  TORCH_CHECK(scale_index != shift_index, op, ": scale_index and shift_index are both ",
+              scale_index, " (scale and shift must be different rows of mod)");
+  return {mod.select(1, scale_index), mod.select(1, shift_index)};
+}
+
+at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor& mod,
+                                         int64_t scale_index, int64_t shift_index) {
+  const int64_t B = mod.size(0), K = mod.size(1), D = mod.size(2);
+  at::Tensor dmod = at::zeros({B, K, D}, mod.options().memory_format(at::MemoryFormat::Contiguous));
+  c.dscale = dmod.select(1, scale_index);
+  c.dshift = dmod.select(1, shift_index);
+  c.params.dscale = c.dscale.data_ptr();
+  c.params.dshift = c.dshift.data_ptr();
+  c.params.dscale_stride_b = K * D;
+  c.params.dshift_stride_b = K * D;
+  return dmod;
+}
+
 }  // namespace ditscale::torch_ext

@@ -73,4 +73,19 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
                                          const at::Tensor& mean, const at::Tensor& rstd,
                                          std::string_view norm, double eps);
 
+// Packed per-sample modulation (the adaln_mod_* ops): mod is [B, K, D] (x's dtype or fp32, any
+// strides), scale = mod[:, scale_index], shift = mod[:, shift_index] (distinct rows). Checks and
+// returns the two [B, D] views (read in place when mod's last dimension is contiguous).
+struct ModRows {
+  at::Tensor scale, shift;
+};
+ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_index,
+                          int64_t shift_index, const at::Tensor& x);
+
+// Points a prepared backward's dscale / dshift at rows scale_index / shift_index of a new zeroed
+// [B, K, D] gradient of mod (mod's dtype) and returns it: the gradient of mod, written by the
+// backward's reduction with no further copies.
+at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor& mod,
+                                         int64_t scale_index, int64_t shift_index);
+
 }  // namespace ditscale::torch_ext

@@ -63,13 +63,15 @@ NORMS = ["layernorm", "rmsnorm"]
 
 def test_ops_registered():
     assert ops.is_available(), ops.load_error()
-    for name in ("adaln_fwd", "adaln_bwd", "adaln_gated_fwd", "adaln_gated_bwd"):
+    names = ("adaln_fwd", "adaln_bwd", "adaln_mod_fwd", "adaln_mod_bwd", "adaln_gated_fwd",
+             "adaln_gated_bwd")
+    for name in names:
         op = getattr(torch.ops.ditscale, name)
         assert op.default._schema.name == f"ditscale::{name}"
     schema = str(torch.ops.ditscale.adaln_fwd.default._schema)
     assert "Tensor? weight" in schema and "str norm" in schema and "float eps" in schema
     # functional: no input is mutated or aliased
-    for name in ("adaln_fwd", "adaln_bwd", "adaln_gated_fwd", "adaln_gated_bwd"):
+    for name in names:
         s = getattr(torch.ops.ditscale, name).default._schema
         assert all(a.alias_info is None for a in s.arguments), name
         assert all(r.alias_info is None for r in s.returns), name
@@ -346,6 +348,22 @@ def test_opcheck_forward_ops():
     )
 
 
+def test_opcheck_packed_modulation_ops():
+    x, _, _, w = _opcheck_args()
+    mod = torch.randn(2, 6, 8, requires_grad=True)
+    for args in (
+        (x, mod, 1, 0, None, None, "layernorm", 1e-6),
+        (x.requires_grad_(), mod, 4, 3, w, w, "rmsnorm", 1e-5),
+    ):
+        torch.library.opcheck(torch.ops.ditscale.adaln_mod_fwd.default, args)
+    x, mod = x.detach(), mod.detach()  # the backward op itself has no autograd formula
+    y, mean, rstd = torch.ops.ditscale.adaln_mod_fwd(x, mod, 1, 0, w, None, "layernorm", 1e-6)
+    torch.library.opcheck(
+        torch.ops.ditscale.adaln_mod_bwd.default,
+        (torch.randn_like(y), x, mod, 1, 0, w, None, mean, rstd, "layernorm", 1e-6),
+    )
+
+
 def test_opcheck_backward_ops():
     x, s, t, w = _opcheck_args()
     y, mean, rstd = torch.ops.ditscale.adaln_fwd(x, s, t, w, None, "layernorm", 1e-6)
@@ -480,3 +498,87 @@ def test_chunk_modulation_layouts():
         dnn.AdaLayerNorm(8, norm="groupnorm")
     with pytest.raises(ValueError, match=r"x must be \[B, N, 8\]"):
         dnn.AdaLayerNorm(8)(torch.randn(2, 3, 9), torch.randn(2, 9), torch.randn(2, 9))
+
+
+# ------------------------------------------------------------------------------------------
+# Packed modulation: scale and shift as rows of one tensor that requires grad
+
+
+def _mod_edges(y):
+    """Types of the autograd nodes y's node feeds (AccumulateGrad / SelectBackward0 / ...)."""
+    return [type(f).__name__ if f is not None else None for f, _ in y.grad_fn.next_functions]
+
+
+@pytest.mark.parametrize(
+    "layout", ["b6d_select", "b6d_chunk_keepdim", "b6xd_chunk", "b1_b6d", "fp32_mod"]
+)
+def test_packed_modulation_routes_the_gradient_to_the_packed_tensor(layout):
+    g = gen(12)
+    B, N, D = (1 if layout == "b1_b6d" else 3), 5, 16
+    x_dtype = torch.bfloat16 if layout == "fp32_mod" else torch.float32
+    x = randn(B, N, D, g=g, dtype=x_dtype).requires_grad_()
+    shape = (B, 6 * D) if layout == "b6xd_chunk" else (B, 6, D)
+    mod = randn(*shape, g=g, dtype=torch.float32, scale=0.3).requires_grad_()
+
+    def views(m):
+        if layout == "b6xd_chunk":
+            parts = m.chunk(6, dim=1)  # [B, D] views, Flux / SD3
+        elif layout == "b6d_chunk_keepdim":
+            parts = m.chunk(6, dim=1)  # [B, 1, D] views, Wan 2.1
+        else:
+            parts = [m[:, i] for i in range(6)]
+        return parts[4], parts[3]  # scale, shift: rows 4 and 3
+
+    y = ops.adaln(x, *views(mod), norm="layernorm")
+    edges = _mod_edges(y)
+    assert "AccumulateGrad" in edges and not any("Select" in str(e) for e in edges), edges
+    dy = randn(B, N, D, g=g, dtype=x_dtype)
+    dx, dmod = torch.autograd.grad(y, (x, mod), dy)
+    # the same call through separate copies (the plain op and select_backward)
+    x2 = x.detach().clone().requires_grad_()
+    mod2 = mod.detach().clone().requires_grad_()
+    scale2, shift2 = (t.clone() for t in views(mod2))
+    y2 = ops.adaln(x2, scale2, shift2, norm="layernorm")
+    assert not any("AccumulateGrad" == e for e in _mod_edges(y2)[1:]), _mod_edges(y2)
+    dx2, dmod2 = torch.autograd.grad(y2, (x2, mod2), dy)
+    torch.testing.assert_close(y, y2, rtol=0, atol=0)
+    torch.testing.assert_close(dx, dx2, rtol=0, atol=0)
+    torch.testing.assert_close(dmod, dmod2, rtol=1e-12, atol=0)
+    rows = dmod.view(B, 6, D)
+    assert rows[:, [0, 1, 2, 5]].abs().max() == 0 and rows[:, 3].abs().max() > 0
+
+
+def test_packed_modulation_falls_back_where_it_does_not_apply():
+    g = gen(13)
+    B, N, D = 2, 4, 8
+    x = randn(B, N, D, g=g, dtype=torch.float32).requires_grad_()
+    mod = randn(B, 6, D, g=g, dtype=torch.float32, scale=0.3)
+    cases = {
+        "base without grad": (mod[:, 1], mod[:, 0]),
+        "same row": (mod.requires_grad_()[:, 1], mod[:, 1]),
+        "per token": tuple(randn(B, N, 6 * D, g=g).float().requires_grad_().chunk(6, 2)[:2]),
+        "different bases": (mod[:, 1], mod.detach().clone().requires_grad_()[:, 0]),
+        "non-contiguous base": tuple(
+            randn(B, D, 6, g=g).float().requires_grad_().transpose(1, 2)[:, i] for i in (1, 0)
+        ),
+    }
+    for name, (scale, shift) in cases.items():
+        y = ops.adaln(x, scale, shift)
+        ref = ops.adaln_reference(x, scale, shift)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5, msg=name)
+        if y.requires_grad:
+            (y * y).sum().backward()  # the plain op's autograd runs
+    with torch.no_grad():  # inference: the plain op, nothing to route
+        y = ops.adaln(x, mod[:, 1], mod[:, 0])
+        assert y.grad_fn is None
+
+
+def test_packed_modulation_op_errors_name_the_argument():
+    x = torch.randn(2, 3, 8)
+    mod = torch.randn(2, 6, 8)
+    with pytest.raises(RuntimeError, match="scale_index = 6 is outside mod's K = 6 rows"):
+        torch.ops.ditscale.adaln_mod_fwd(x, mod, 6, 0, None, None, "layernorm", 1e-6)
+    with pytest.raises(RuntimeError, match="scale_index and shift_index are both 2"):
+        torch.ops.ditscale.adaln_mod_fwd(x, mod, 2, 2, None, None, "layernorm", 1e-6)
+    with pytest.raises(RuntimeError, match=r"mod must be \[B, K, D\]"):
+        torch.ops.ditscale.adaln_mod_fwd(x, mod[:, :, :4], 1, 0, None, None, "layernorm", 1e-6)

@@ -68,6 +68,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = adaln ]; then
          "$BUILD"/tests/gpu/adaln_gpu_test --gtest_filter='*PlainPerSample*:*Strided*'
   fi
   step bench-adaln 600 $PY bench/adaln/bench_adaln.py --warm-cache 18 --out "$OUT/adaln-h200.md"
+  step profile-adaln 300 $PY bench/adaln/profile_adaln.py --out "$OUT/adaln-profile-h200.md"
   [ -x "$BUILD"/bench/adaln_kernel_bench ] && step bench-adaln-kernel 300 "$BUILD"/bench/adaln_kernel_bench
 fi
 

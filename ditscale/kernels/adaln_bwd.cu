@@ -112,27 +112,8 @@ __global__ void __launch_bounds__(bwd_max_threads(kVecs * 16 / sizeof(T)), 1)
 #pragma unroll
       for (int e = 0; e < V; ++e) dx[e] = rstd * (dxh[j][e] - fmaf(xh[j][e], c2, c1));
       if (a.gate.data != nullptr) {
-        if (a.dh_out.data != nullptr) {
-          float dh[V];
-          load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
-#pragma unroll
-          for (int e = 0; e < V; ++e) dx[e] += dh[e];
-        }
-        if (a.dbranch != nullptr) {
-          float g[V];
-          load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
-#pragma unroll
-          for (int e = 0; e < V; ++e) g[e] *= dx[e];
-          store_vec<V>(static_cast<T*>(a.dbranch) + out, g);
-        }
-        if (a.branch.data != nullptr) {
-          float dg[V];
-          load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
-#pragma unroll
-          for (int e = 0; e < V; ++e) dg[e] *= dx[e];
-          if (slots.dgate >= 0) accumulate_vec<V>(slot(slots.dgate, d), first, dg);
-          if (a.dgate_tok != nullptr) store_any_vec<V, T>(a.dgate_tok, a.gate.f32, out, dg);
-        }
+        gated_dx_vec<V, T>(a, b, n, d, out, first,
+                           slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, dx);
       }
       store_vec<V>(static_cast<T*>(a.dx) + out, dx);
     }

@@ -37,6 +37,37 @@ __device__ __forceinline__ void accumulate_vec(float* acc, bool first, const flo
   store_vec<V>(acc, old);
 }
 
+// The gated part of dx for the 16-byte vector at feature d of row (b, n) (output offset `out`):
+// adds the downstream dh, writes dbranch = gate * dx, and forms dgate = branch * dx, accumulated
+// in the thread's own shared-memory slot `dgate_acc` (null: not reduced) and written per token
+// where asked. Shared by both backward kernels.
+template <int V, typename T>
+__device__ __forceinline__ void gated_dx_vec(const BwdArgs& a, std::int64_t b, std::int64_t n,
+                                             std::int64_t d, std::int64_t out, bool first,
+                                             float* dgate_acc, float (&dx)[V]) {
+  if (a.dh_out.data != nullptr) {
+    float dh[V];
+    load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
+#pragma unroll
+    for (int e = 0; e < V; ++e) dx[e] += dh[e];
+  }
+  if (a.dbranch != nullptr) {
+    float g[V];
+    load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
+#pragma unroll
+    for (int e = 0; e < V; ++e) g[e] *= dx[e];
+    store_vec<V>(static_cast<T*>(a.dbranch) + out, g);
+  }
+  if (a.branch.data != nullptr) {
+    float dg[V];
+    load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
+#pragma unroll
+    for (int e = 0; e < V; ++e) dg[e] *= dx[e];
+    if (dgate_acc != nullptr) accumulate_vec<V>(dgate_acc, first, dg);
+    if (a.dgate_tok != nullptr) store_any_vec<V, T>(a.dgate_tok, a.gate.f32, out, dg);
+  }
+}
+
 // Reduced gradients that accumulate in dynamic shared memory, [slot][D] fp32, each element owned
 // by the one thread that owns its feature (no barrier, no race). Slot index or -1 when absent.
 struct SmemSlots {
@@ -253,27 +284,8 @@ __global__ void __launch_bounds__(bwd_pipe_max_threads(kVecs * 16 / sizeof(T)), 
           dx[e] = rstd * (dxhat - fmaf(xhat, c2, c1));
         }
         if (gated) {
-          if (a.dh_out.data != nullptr) {
-            float dh[V];
-            load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
-#pragma unroll
-            for (int e = 0; e < V; ++e) dx[e] += dh[e];
-          }
-          if (a.dbranch != nullptr) {
-            float g[V];
-            load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
-#pragma unroll
-            for (int e = 0; e < V; ++e) g[e] *= dx[e];
-            store_vec<V>(static_cast<T*>(a.dbranch) + out, g);
-          }
-          if (a.branch.data != nullptr) {
-            float dg[V];
-            load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
-#pragma unroll
-            for (int e = 0; e < V; ++e) dg[e] *= dx[e];
-            if (slots.dgate >= 0) accumulate_vec<V>(slot(slots.dgate, d), first, dg);
-            if (a.dgate_tok != nullptr) store_any_vec<V, T>(a.dgate_tok, a.gate.f32, out, dg);
-          }
+          gated_dx_vec<V, T>(a, b, n, d, out, first,
+                             slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, dx);
         }
         store_vec<V>(static_cast<T*>(a.dx) + out, dx);
       }

@@ -115,6 +115,17 @@ def make_inputs(B, N, D, requires_grad):
     return x, mod
 
 
+def fwd_bwd_step(f, x, mod, dy):
+    """One forward+backward of the AdaLN function f, as a DiT block calls it: scale and shift are
+    rows 1 and 0 of the [B, 6, D] modulation; gradients of x and the whole modulation."""
+
+    def run():
+        out = f(x, mod[:, 1], mod[:, 0])
+        return torch.autograd.grad(out, (x, mod), dy)
+
+    return run
+
+
 def bench_shape(B, N, D, timer, compiled, with_compile):
     row = {"B": B, "N": N, "D": D}
     # ---- forward (no autograd) ----
@@ -143,11 +154,7 @@ def bench_shape(B, N, D, timer, compiled, with_compile):
     dy = torch.randn(B, N, D, device="cuda", dtype=torch.bfloat16)
 
     def fwd_bwd(f):
-        def run():
-            out = f(x, mod[:, 1], mod[:, 0])
-            return torch.autograd.grad(out, (x, mod), dy)
-
-        return run
+        return fwd_bwd_step(f, x, mod, dy)
 
     for name, f in impls.items():
         row[f"fb_{name}"] = timer(fwd_bwd(f))

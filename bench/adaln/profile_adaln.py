@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_adaln import Timer, make_inputs  # noqa: E402
+from bench_adaln import Timer, fwd_bwd_step, make_inputs  # noqa: E402
 
 from ditscale import ops  # noqa: E402
 
@@ -60,17 +60,9 @@ def kernel_times(run, flush, reps):
 def profile_shape(B, N, D, timer, compiled, reps):
     x, mod = make_inputs(B, N, D, True)
     dy = torch.randn(B, N, D, device="cuda", dtype=torch.bfloat16)
-
-    def fwd_bwd(f):
-        def run():
-            out = f(x, mod[:, 1], mod[:, 0])
-            return torch.autograd.grad(out, (x, mod), dy)
-
-        return run
-
     rows = {}
     for name, f in (("ours", ops.adaln), ("compile", compiled)):
-        replay = timer._capture(fwd_bwd(f))
+        replay = timer._capture(fwd_bwd_step(f, x, mod, dy))
         if replay is None:
             raise RuntimeError(f"{name}: CUDA graph capture failed")
         for _ in range(timer.warmup):

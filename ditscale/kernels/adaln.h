@@ -112,11 +112,12 @@ struct AdaLNBwdParams : AdaLNConfig {
   void* dweight = nullptr;  // out: [D], affine_dtype (only when weight != null)
   void* dbias = nullptr;    // out: [D], affine_dtype (only when bias != null)
   void* dgate = nullptr;    // out, gated: per sample [B, D], per token [B, N, D]; gate.dtype
-  // Elements between the samples of a per-sample dscale / dshift (0 = D: contiguous [B, D]);
-  // e.g. K * D to write them into two rows of a zeroed [B, K, D] modulation gradient. Per-token
-  // outputs are contiguous (must be 0).
+  // Elements between the samples of a per-sample dscale / dshift / dgate (0 = D: contiguous
+  // [B, D]); e.g. K * D to write them into rows of a zeroed [B, K, D] modulation gradient.
+  // Per-token outputs are contiguous (must be 0).
   std::int64_t dscale_stride_b = 0;
   std::int64_t dshift_stride_b = 0;
+  std::int64_t dgate_stride_b = 0;
 
   // Device scratch of at least adaln_backward_workspace_bytes(*this) bytes, 16-byte aligned;
   // no initialisation needed. May be null when that size is 0.

@@ -434,7 +434,7 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
     };
     add_job(a.ws_dscale, p.dscale, p.dscale_stride_b, p.scale.dtype, false);
     add_job(a.ws_dshift, p.dshift, p.dshift_stride_b, p.shift.dtype, false);
-    add_job(a.ws_dgate, p.dgate, 0, p.gate.dtype, false);
+    add_job(a.ws_dgate, p.dgate, p.dgate_stride_b, p.gate.dtype, false);
     add_job(a.ws_dweight, p.dweight, 0, p.affine_dtype, true);
     add_job(a.ws_dbias, p.dbias, 0, p.affine_dtype, true);
     if (jobs == 0) return;

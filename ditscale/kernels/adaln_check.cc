@@ -89,10 +89,13 @@ void adaln_check(const AdaLNBwdParams& p, bool for_gpu) {
   }
   DS_CHECK(p.dweight == nullptr || p.weight != nullptr, s, ".dweight is set but .weight is null");
   DS_CHECK(p.dbias == nullptr || p.bias != nullptr, s, ".dbias is set but .bias is null");
-  const std::pair<std::int64_t, bool> out_strides[2] = {{p.dscale_stride_b, is_per_token(p.scale)},
-                                                        {p.dshift_stride_b, is_per_token(p.shift)}};
-  for (int k = 0; k < 2; ++k) {
-    const char* name = k == 0 ? ".dscale_stride_b" : ".dshift_stride_b";
+  const std::pair<std::int64_t, bool> out_strides[3] = {
+      {p.dscale_stride_b, is_per_token(p.scale)},
+      {p.dshift_stride_b, is_per_token(p.shift)},
+      {p.dgate_stride_b, p.gate.data != nullptr && is_per_token(p.gate)}};
+  for (int k = 0; k < 3; ++k) {
+    const char* name =
+        k == 0 ? ".dscale_stride_b" : (k == 1 ? ".dshift_stride_b" : ".dgate_stride_b");
     const auto [stride, per_token] = out_strides[k];
     DS_CHECK(stride == 0 || !per_token, s, name, ": ", stride,
              " but per-token gradients are contiguous (must be 0)");

@@ -166,6 +166,7 @@ void adaln_backward_ref(const AdaLNBwdParams& p) {
   }
   const std::int64_t sc_sb = p.dscale_stride_b > 0 ? p.dscale_stride_b : D;
   const std::int64_t sh_sb = p.dshift_stride_b > 0 ? p.dshift_stride_b : D;
+  const std::int64_t g_sb = p.dgate_stride_b > 0 ? p.dgate_stride_b : D;
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t d = 0; d < D; ++d) {
       const std::int64_t i = b * D + d;
@@ -176,7 +177,7 @@ void adaln_backward_ref(const AdaLNBwdParams& p) {
         store_from_double(p.dshift, p.shift.dtype, b * sh_sb + d, acc_dshift[i]);
       }
       if (p.dgate != nullptr && !gate_tok) {
-        store_from_double(p.dgate, p.gate.dtype, i, acc_dgate[i]);
+        store_from_double(p.dgate, p.gate.dtype, b * g_sb + d, acc_dgate[i]);
       }
     }
   }

@@ -385,6 +385,40 @@ TEST(AdaLNRef, BackwardWritesStridedPerSampleGradients) {
   AdaLNBwdParams bad = p;
   bad.dscale_stride_b = pr.D - 1;
   expect_throw(bad, "AdaLNBwdParams.dscale_stride_b");
+  // Gated: dgate into row 1 of the same kind of buffer.
+  Problem gp(2, 3, 8, Variant{NormType::kRMSNorm, false, false, /*gated=*/true}, rng);
+  AdaLNFwdParams gfp = gp.fwd();
+  adaln_forward_ref(gfp);
+  auto gated_params = [&](std::vector<double>& dx, std::vector<double>& dbranch) {
+    AdaLNBwdParams q;
+    gp.fill_config(q);
+    q.x = {gp.h.data(), DType::kFloat64, gp.N * gp.D, gp.D};
+    q.dy = {dy.data(), DType::kFloat64, gp.N * gp.D, gp.D};
+    q.branch = {gp.branch.data(), DType::kFloat64, gp.N * gp.D, gp.D};
+    q.dx = dx.data();
+    q.dbranch = dbranch.data();
+    return q;
+  };
+  const std::size_t grows = static_cast<std::size_t>(gp.B * gp.N * gp.D);
+  std::vector<double> gdx0(grows), gdx1(grows), gdb0(grows), gdb1(grows), dgate(gp.B * gp.D);
+  AdaLNBwdParams gq = gated_params(gdx0, gdb0);
+  gq.dgate = dgate.data();
+  adaln_backward_ref(gq);
+  std::vector<double> gmod(gp.B * K * gp.D, 0.0);
+  gq = gated_params(gdx1, gdb1);
+  gq.dgate = gmod.data() + gp.D;  // row 1
+  gq.dgate_stride_b = K * gp.D;
+  adaln_backward_ref(gq);
+  EXPECT_EQ(gdx0, gdx1);
+  EXPECT_EQ(gdb0, gdb1);
+  for (std::int64_t b = 0; b < gp.B; ++b) {
+    for (std::int64_t d = 0; d < gp.D; ++d) {
+      EXPECT_EQ(gmod[(b * K + 1) * gp.D + d], dgate[b * gp.D + d]);
+      EXPECT_EQ(gmod[(b * K + 0) * gp.D + d], 0.0);
+      EXPECT_EQ(gmod[(b * K + 2) * gp.D + d], 0.0);
+    }
+  }
+
   Problem tok(2, 3, 8, Variant{NormType::kLayerNorm, /*per_token=*/true}, rng);
   std::vector<double> tdx(2 * 3 * 8), tds(2 * 3 * 8);
   AdaLNBwdParams tp;

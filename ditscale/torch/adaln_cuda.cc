@@ -124,6 +124,36 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_b
   return {c.dx, c.dgate, c.dbranch, c.dscale, c.dshift, c.dweight, c.dbias};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_fwd_cuda(
+    const Tensor& residual, const Tensor& branch, const Tensor& mod, int64_t gate_index,
+    int64_t scale_index, int64_t shift_index, const OptTensor& weight, const OptTensor& bias,
+    c10::string_view norm, double eps) {
+  const char* op = "ditscale::adaln_gated_mod_fwd";
+  check_cuda(op, residual);
+  c10::cuda::CUDAGuard guard(residual.device());
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, residual, gate_index);
+  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, m.gate, branch, m.scale, m.shift,
+                                             weight, bias, norm, eps);
+  if (!c.empty) kernels::adaln_forward_cuda(c.params, current_stream(residual));
+  return {c.h, c.y, c.mean, c.rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_bwd_cuda(
+    const OptTensor& dh, const Tensor& dy, const Tensor& h, const Tensor& branch, const Tensor& mod,
+    int64_t gate_index, int64_t scale_index, int64_t shift_index, const OptTensor& weight,
+    const OptTensor& bias, const Tensor& mean, const Tensor& rstd, c10::string_view norm,
+    double eps) {
+  const char* op = "ditscale::adaln_gated_mod_bwd";
+  check_cuda(op, h);
+  c10::cuda::CUDAGuard guard(h.device());
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, h, gate_index);
+  AdaLNBackwardCall c = prepare_adaln_backward(op, true, dh, dy, h, m.gate, branch, m.scale,
+                                               m.shift, weight, bias, mean, rstd, norm, eps);
+  Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index, gate_index);
+  if (!c.empty) launch_backward(c, h);
+  return {c.dx, c.dbranch, dmod, c.dweight, c.dbias};
+}
+
 }  // namespace
 }  // namespace ditscale::torch_ext
 
@@ -135,4 +165,6 @@ TORCH_LIBRARY_IMPL(ditscale, CUDA, m) {
   m.impl("adaln_mod_bwd", &ext::adaln_mod_bwd_cuda);
   m.impl("adaln_gated_fwd", &ext::adaln_gated_fwd_cuda);
   m.impl("adaln_gated_bwd", &ext::adaln_gated_bwd_cuda);
+  m.impl("adaln_gated_mod_fwd", &ext::adaln_gated_mod_fwd_cuda);
+  m.impl("adaln_gated_mod_bwd", &ext::adaln_gated_mod_bwd_cuda);
 }

@@ -19,6 +19,11 @@
 //   elsewhere (written by the backward's reduction directly, no select_backward copies).
 // adaln_gated_fwd(residual, gate, branch, scale, shift, weight?, bias?, norm, eps)
 //   -> (h, y, mean, rstd) with h = residual + gate * branch, y = adaln(h).
+// adaln_gated_mod_fwd(residual, branch, mod, gate_index, scale_index, shift_index, weight?,
+//   bias?, norm, eps) -> (h, y, mean, rstd): adaln_gated_fwd with gate / scale / shift as rows of
+//   mod [B, K, D].
+// adaln_gated_mod_bwd(dh?, dy, h, branch, mod, gate_index, scale_index, shift_index, weight?,
+//   bias?, mean, rstd, norm, eps) -> (dresidual, dbranch, dmod, dweight, dbias).
 // adaln_gated_bwd(dh?, dy, h, gate, branch, scale, shift, weight?, bias?, mean, rstd, norm, eps)
 //   -> (dresidual, dgate, dbranch, dscale, dshift, dweight, dbias).
 // Layouts and checks: see adaln_prepare.h.
@@ -117,6 +122,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_b
   return {c.dx, c.dgate, c.dbranch, c.dscale, c.dshift, c.dweight, c.dbias};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_fwd_cpu(
+    const Tensor& residual, const Tensor& branch, const Tensor& mod, int64_t gate_index,
+    int64_t scale_index, int64_t shift_index, const OptTensor& weight, const OptTensor& bias,
+    c10::string_view norm, double eps) {
+  const char* op = "ditscale::adaln_gated_mod_fwd";
+  check_cpu(op, residual);
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, residual, gate_index);
+  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, m.gate, branch, m.scale, m.shift,
+                                             weight, bias, norm, eps);
+  if (!c.empty) kernels::adaln_forward_ref(c.params);
+  return {c.h, c.y, c.mean, c.rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_bwd_cpu(
+    const OptTensor& dh, const Tensor& dy, const Tensor& h, const Tensor& branch, const Tensor& mod,
+    int64_t gate_index, int64_t scale_index, int64_t shift_index, const OptTensor& weight,
+    const OptTensor& bias, const Tensor& mean, const Tensor& rstd, c10::string_view norm,
+    double eps) {
+  const char* op = "ditscale::adaln_gated_mod_bwd";
+  check_cpu(op, h);
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, h, gate_index);
+  AdaLNBackwardCall c = prepare_adaln_backward(op, true, dh, dy, h, m.gate, branch, m.scale,
+                                               m.shift, weight, bias, mean, rstd, norm, eps);
+  Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index, gate_index);
+  if (!c.empty) kernels::adaln_backward_ref(c.params);
+  return {c.dx, c.dbranch, dmod, c.dweight, c.dbias};
+}
+
 }  // namespace
 }  // namespace ditscale::torch_ext
 
@@ -145,6 +178,15 @@ TORCH_LIBRARY(ditscale, m) {
       "Tensor scale, Tensor shift, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
       "str norm, float eps) -> (Tensor dresidual, Tensor dgate, Tensor dbranch, Tensor dscale, "
       "Tensor dshift, Tensor dweight, Tensor dbias)");
+  m.def(
+      "adaln_gated_mod_fwd(Tensor residual, Tensor branch, Tensor mod, int gate_index, "
+      "int scale_index, int shift_index, Tensor? weight, Tensor? bias, str norm, float eps) -> "
+      "(Tensor h, Tensor y, Tensor mean, Tensor rstd)");
+  m.def(
+      "adaln_gated_mod_bwd(Tensor? dh, Tensor dy, Tensor h, Tensor branch, Tensor mod, "
+      "int gate_index, int scale_index, int shift_index, Tensor? weight, Tensor? bias, "
+      "Tensor mean, Tensor rstd, str norm, float eps) -> (Tensor dresidual, Tensor dbranch, "
+      "Tensor dmod, Tensor dweight, Tensor dbias)");
 }
 
 TORCH_LIBRARY_IMPL(ditscale, CPU, m) {
@@ -155,4 +197,6 @@ TORCH_LIBRARY_IMPL(ditscale, CPU, m) {
   m.impl("adaln_mod_bwd", &ext::adaln_mod_bwd_cpu);
   m.impl("adaln_gated_fwd", &ext::adaln_gated_fwd_cpu);
   m.impl("adaln_gated_bwd", &ext::adaln_gated_bwd_cpu);
+  m.impl("adaln_gated_mod_fwd", &ext::adaln_gated_mod_fwd_cpu);
+  m.impl("adaln_gated_mod_bwd", &ext::adaln_gated_mod_bwd_cpu);
 }

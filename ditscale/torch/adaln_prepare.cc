@@ -2,7 +2,9 @@
 #include "ditscale/torch/adaln_prepare.h"
 
 #include <cmath>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace ditscale::torch_ext {
 namespace {
@@ -263,25 +265,37 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
 }
 
 ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_index,
-                          int64_t shift_index, const at::Tensor& x) {
-  check_x(op, "x", x);
+                          int64_t shift_index, const at::Tensor& x,
+                          std::optional<int64_t> gate_index) {
+  // x (plain) / residual / h (gated): fully checked by prepare_adaln_*; here only its sizes.
+  TORCH_CHECK(x.defined() && x.dim() == 3, op, ": the activations must be [B, N, D], got ",
+              x.defined() ? x.sizes() : at::IntArrayRef{});
   TORCH_CHECK(
       mod.defined() && mod.dim() == 3 && mod.size(0) == x.size(0) && mod.size(2) == x.size(2), op,
       ": mod must be [B, K, D] with B = ", x.size(0), " and D = ", x.size(2), ", got ",
       mod.defined() ? mod.sizes() : at::IntArrayRef{});
   const int64_t K = mod.size(1);
-  for (const int64_t index : {scale_index, shift_index}) {
-    TORCH_CHECK(index >= 0 && index < K, op, ": ",
-                index == scale_index ? "scale_index" : "shift_index", " = ", index,
-                " is outside mod's K = ", K, " rows");
+  const bool gated = gate_index.has_value();
+  const std::pair<const char*, int64_t> rows[3] = {{"scale_index", scale_index},
+                                                   {"shift_index", shift_index},
+                                                   {"gate_index", gate_index.value_or(-1)}};
+  for (int k = 0; k < (gated ? 3 : 2); ++k) {
+    TORCH_CHECK(rows[k].second >= 0 && rows[k].second < K, op, ": ", rows[k].first, " = ",
+                rows[k].second, " is outside mod's K = ", K, " rows");
+    for (int q = 0; q < k; ++q) {
+      TORCH_CHECK(rows[q].second != rows[k].second, op, ": ", rows[q].first, " and ", rows[k].first,
+                  " are both ", rows[k].second,
+                  " (each modulation must be a different row of mod)");
+    }
   }
-  TORCH_CHECK(scale_index != shift_index, op, ": scale_index and shift_index are both ",
-              scale_index, " (scale and shift must be different rows of mod)");
-  return {mod.select(1, scale_index), mod.select(1, shift_index)};
+  ModRows m{mod.select(1, scale_index), mod.select(1, shift_index), at::Tensor()};
+  if (gated) m.gate = mod.select(1, *gate_index);
+  return m;
 }
 
 at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor& mod,
-                                         int64_t scale_index, int64_t shift_index) {
+                                         int64_t scale_index, int64_t shift_index,
+                                         std::optional<int64_t> gate_index) {
   const int64_t B = mod.size(0), K = mod.size(1), D = mod.size(2);
   at::Tensor dmod = at::zeros({B, K, D}, mod.options().memory_format(at::MemoryFormat::Contiguous));
   c.dscale = dmod.select(1, scale_index);
@@ -290,6 +304,11 @@ at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor&
   c.params.dshift = c.dshift.data_ptr();
   c.params.dscale_stride_b = K * D;
   c.params.dshift_stride_b = K * D;
+  if (gate_index) {
+    c.dgate = dmod.select(1, *gate_index);
+    c.params.dgate = c.dgate.data_ptr();
+    c.params.dgate_stride_b = K * D;
+  }
   return dmod;
 }
 

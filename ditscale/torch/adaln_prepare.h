@@ -73,19 +73,22 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
                                          const at::Tensor& mean, const at::Tensor& rstd,
                                          std::string_view norm, double eps);
 
-// Packed per-sample modulation (the adaln_mod_* ops): mod is [B, K, D] (x's dtype or fp32, any
-// strides), scale = mod[:, scale_index], shift = mod[:, shift_index] (distinct rows). Checks and
-// returns the two [B, D] views (read in place when mod's last dimension is contiguous).
+// Packed per-sample modulation (the adaln_mod_* and adaln_gated_mod_* ops): mod is [B, K, D]
+// (x's dtype or fp32, any strides), scale = mod[:, scale_index], shift = mod[:, shift_index] and,
+// when gate_index is given, gate = mod[:, gate_index] (distinct rows). Checks and returns the [B,
+// D] views (read in place when mod's last dimension is contiguous).
 struct ModRows {
-  at::Tensor scale, shift;
+  at::Tensor scale, shift, gate;
 };
 ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_index,
-                          int64_t shift_index, const at::Tensor& x);
+                          int64_t shift_index, const at::Tensor& x,
+                          std::optional<int64_t> gate_index = std::nullopt);
 
-// Points a prepared backward's dscale / dshift at rows scale_index / shift_index of a new zeroed
-// [B, K, D] gradient of mod (mod's dtype) and returns it: the gradient of mod, written by the
-// backward's reduction with no further copies.
+// Points a prepared backward's dscale / dshift (and dgate when gate_index is given) at those rows
+// of a new zeroed [B, K, D] gradient of mod (mod's dtype) and returns it: the gradient of mod,
+// written by the backward's reduction with no further copies.
 at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor& mod,
-                                         int64_t scale_index, int64_t shift_index);
+                                         int64_t scale_index, int64_t shift_index,
+                                         std::optional<int64_t> gate_index = std::nullopt);
 
 }  // namespace ditscale::torch_ext

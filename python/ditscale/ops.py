@@ -48,7 +48,7 @@ __all__ = [
 
 NORMS = ("layernorm", "rmsnorm")
 _OP_NAMES = ("adaln_fwd", "adaln_bwd", "adaln_mod_fwd", "adaln_mod_bwd", "adaln_gated_fwd",
-             "adaln_gated_bwd")
+             "adaln_gated_bwd", "adaln_gated_mod_fwd", "adaln_gated_mod_bwd")
 _load_error: Optional[str] = None
 
 
@@ -116,32 +116,35 @@ def _as_modulation(t: torch.Tensor, x: torch.Tensor, name: str) -> torch.Tensor:
     return t
 
 
-def _packed_rows(scale: torch.Tensor, shift: torch.Tensor):
-    """``(mod, scale_index, shift_index)`` when per-sample ``scale`` and ``shift`` ([B, D], after
-    _as_modulation) are two different rows of one tensor that requires grad, viewable as a
-    [B, K, D] ``mod`` (e.g. ``emb.chunk(6, dim=1)`` of a [B, 6 D] tensor, ``mod[:, 1]`` and
-    ``mod[:, 0]`` of a [B, 6, D] one); else None. The adaln_mod ops then take ``mod`` itself, so
-    autograd gets mod's gradient from the backward's reduction directly instead of two
-    select_backward zero-fills and copies and their sum (5 small kernels per call). Off while
-    torch.compile traces (views' bases are not tracked there)."""
+def _packed_rows(*views: torch.Tensor):
+    """``(mod, index, ...)`` when the per-sample modulation ``views`` ([B, D], after
+    _as_modulation) are different rows of one tensor that requires grad, viewable as a [B, K, D]
+    ``mod`` (e.g. ``emb.chunk(6, dim=1)`` of a [B, 6 D] tensor, ``mod[:, i]`` of a [B, 6, D]
+    one); else None. The adaln_mod / adaln_gated_mod ops then take ``mod`` itself, so autograd
+    gets mod's gradient from the backward's reduction directly instead of a select_backward
+    zero-fill and copy per view and their sum (5 small kernels for two views, 8 for three). Off
+    while torch.compile traces (views' bases are not tracked there)."""
     if torch.compiler.is_compiling():
         return None
-    base = scale._base
-    if base is None or shift._base is not base or not base.requires_grad:
+    first = views[0]
+    base = first._base
+    if base is None or not base.requires_grad or first.dim() != 2:
         return None
-    if scale.dim() != 2 or shift.shape != scale.shape or scale.dtype != base.dtype:
+    B, D = first.shape
+    if B == 0 or D == 0 or first.stride(1) != 1 or not base.is_contiguous():
         return None
-    B, D = scale.shape
-    if B == 0 or D == 0 or scale.stride() != shift.stride() or scale.stride(1) != 1:
+    sb = first.stride(0) if B > 1 else base.numel()
+    if sb <= 0 or sb % D != 0 or base.numel() != B * sb:
         return None
-    sb = scale.stride(0) if B > 1 else base.numel() // max(B, 1)
-    if sb <= 0 or sb % D != 0 or not base.is_contiguous() or base.numel() != B * sb:
-        return None
-    offsets = (scale.storage_offset() - base.storage_offset(),
-               shift.storage_offset() - base.storage_offset())
-    if any(o < 0 or o >= sb or o % D != 0 for o in offsets) or offsets[0] == offsets[1]:
-        return None
-    return base.view(B, sb // D, D), offsets[0] // D, offsets[1] // D
+    rows = []
+    for v in views:
+        if v._base is not base or v.shape != first.shape or v.stride() != first.stride():
+            return None
+        offset = v.storage_offset() - base.storage_offset()
+        if offset < 0 or offset >= sb or offset % D != 0 or offset // D in rows:
+            return None
+        rows.append(offset // D)
+    return (base.view(B, sb // D, D), *rows)
 
 
 def _check_norm(norm: str) -> None:
@@ -223,13 +226,23 @@ def adaln_gated(
 
     Returns:
       ``(h, y)``, both ``[B, N, D]`` in residual's dtype: the updated residual stream and the
-      modulated norm of it (the next sub-layer's input). Both are differentiable.
+      modulated norm of it (the next sub-layer's input). Both are differentiable. gate, scale
+      and shift that are rows of one per-sample tensor requiring grad take that tensor
+      (``adaln_gated_mod_fwd``), as in :func:`adaln`.
     """
     _require()
     _check_norm(norm)
     gate = _as_modulation(gate, residual, "gate")
     scale = _as_modulation(scale, residual, "scale")
     shift = _as_modulation(shift, residual, "shift")
+    packed = _packed_rows(gate, scale, shift) if torch.is_grad_enabled() else None
+    if packed is not None:
+        mod, gate_index, scale_index, shift_index = packed
+        h, y, _, _ = torch.ops.ditscale.adaln_gated_mod_fwd(
+            residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm,
+            float(eps),
+        )
+        return h, y
     h, y, _, _ = torch.ops.ditscale.adaln_gated_fwd(
         residual, gate, branch, scale, shift, weight, bias, norm, float(eps)
     )
@@ -335,6 +348,30 @@ def _register() -> None:
         dx = torch.empty_like(x, memory_format=torch.contiguous_format)
         dmod = mod.new_empty(mod.shape)
         return dx, dmod, _fake_grad_like(x, weight), _fake_grad_like(x, bias)
+
+    @torch.library.register_fake(lib + "adaln_gated_mod_fwd")
+    def _adaln_gated_mod_fwd_fake(
+        residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm, eps
+    ):
+        return _adaln_gated_fwd_fake(
+            residual, mod[:, gate_index], branch, mod[:, scale_index], mod[:, shift_index],
+            weight, bias, norm, eps,
+        )
+
+    @torch.library.register_fake(lib + "adaln_gated_mod_bwd")
+    def _adaln_gated_mod_bwd_fake(
+        dh, dy, h, branch, mod, gate_index, scale_index, shift_index, weight, bias, mean, rstd,
+        norm, eps,
+    ):
+        dres = torch.empty_like(h, memory_format=torch.contiguous_format)
+        dbranch = torch.empty_like(h, memory_format=torch.contiguous_format)
+        return (
+            dres,
+            dbranch,
+            mod.new_empty(mod.shape),
+            _fake_grad_like(h, weight),
+            _fake_grad_like(h, bias),
+        )
 
     @torch.library.register_fake(lib + "adaln_gated_fwd")
     def _adaln_gated_fwd_fake(residual, gate, branch, scale, shift, weight, bias, norm, eps):
@@ -451,6 +488,43 @@ def _register() -> None:
 
     torch.library.register_autograd(
         lib + "adaln_gated_fwd", _gated_backward, setup_context=_gated_setup
+    )
+
+    # ---- adaln_gated_mod_fwd autograd ----
+    def _gated_mod_setup(ctx, inputs, output):
+        (residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm,
+         eps) = inputs
+        h, _, mean, rstd = output
+        ctx.save_for_backward(h, branch, mod, weight, bias, mean, rstd)
+        ctx.rows = (gate_index, scale_index, shift_index)
+        ctx.norm, ctx.eps = norm, eps
+        ctx.mark_non_differentiable(mean, rstd)
+        ctx.set_materialize_grads(False)
+
+    def _gated_mod_backward(ctx, dh, dy, dmean, drstd):
+        h, branch, mod, weight, bias, mean, rstd = ctx.saved_tensors
+        if dh is None and dy is None:
+            return (None,) * 10
+        if dy is None:  # only h is used downstream: y's gradient is zero
+            dy = torch.zeros_like(h)
+        dres, dbranch, dmod, dweight, dbias = torch.ops.ditscale.adaln_gated_mod_bwd(
+            dh, dy, h, branch, mod, *ctx.rows, weight, bias, mean, rstd, ctx.norm, ctx.eps
+        )
+        return (
+            dres,
+            dbranch,
+            dmod,
+            None,
+            None,
+            None,
+            dweight if weight is not None else None,
+            dbias if bias is not None else None,
+            None,
+            None,
+        )
+
+    torch.library.register_autograd(
+        lib + "adaln_gated_mod_fwd", _gated_mod_backward, setup_context=_gated_mod_setup
     )
 
 

@@ -275,3 +275,36 @@ def test_packed_modulation_matches_separate_tensors_bitwise(D):
     assert not dmod[:, 2:].any()
     dmod2 = torch.autograd.grad(ops.adaln(xp, mp[:, 1], mp[:, 0]), mp, dy)[0]
     assert torch.equal(dmod, dmod2), "packed backward is not bitwise deterministic"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gated_packed_modulation_matches_separate_tensors_bitwise(dtype):
+    """gate / scale / shift as rows of one [B, 6D] tensor (Flux layout) that requires grad take
+    adaln_gated_mod_fwd: same kernels and bits as the gated op on separate tensors; dmod holds
+    dgate / dscale / dshift in those rows and zeros elsewhere."""
+    g = gen(10)
+    B, N, D = 2, 1031, 3072
+    res = randn(B, N, D, dtype=dtype, g=g, scale=2.0, offset=0.5)
+    branch = randn(B, N, D, dtype=dtype, g=g)
+    mod = randn(B, 6 * D, dtype=dtype, g=g, scale=0.5)
+    dh, dy = randn(B, N, D, dtype=dtype, g=g), randn(B, N, D, dtype=dtype, g=g)
+
+    def run(views):
+        r, b = res.clone().requires_grad_(), branch.clone().requires_grad_()
+        m = mod.clone().requires_grad_()
+        leaves = views(m)
+        shift, scale, gate = leaves
+        h, y = ops.adaln_gated(r, gate, b, scale, shift)
+        grads = torch.autograd.grad((h, y), (r, b, m, *leaves), (dh, dy), allow_unused=True)
+        return h, y, grads
+
+    hp, yp, (drp, dbp, dmod, *_) = run(lambda m: list(m.chunk(6, dim=1)[3:6]))
+    hs, ys, (drs, dbs, dm_unused, dshift, dscale, dgate) = run(
+        lambda m: [c.detach().clone().requires_grad_() for c in m.chunk(6, dim=1)[3:6]]
+    )
+    assert dm_unused is None
+    assert torch.equal(hp, hs) and torch.equal(yp, ys)
+    assert torch.equal(drp, drs) and torch.equal(dbp, dbs)
+    rows = dmod.view(B, 6, D)
+    assert torch.equal(rows[:, 3], dshift) and torch.equal(rows[:, 4], dscale)
+    assert torch.equal(rows[:, 5], dgate) and not rows[:, :3].any()

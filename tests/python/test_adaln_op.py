@@ -64,7 +64,7 @@ NORMS = ["layernorm", "rmsnorm"]
 def test_ops_registered():
     assert ops.is_available(), ops.load_error()
     names = ("adaln_fwd", "adaln_bwd", "adaln_mod_fwd", "adaln_mod_bwd", "adaln_gated_fwd",
-             "adaln_gated_bwd")
+             "adaln_gated_bwd", "adaln_gated_mod_fwd", "adaln_gated_mod_bwd")
     for name in names:
         op = getattr(torch.ops.ditscale, name)
         assert op.default._schema.name == f"ditscale::{name}"
@@ -364,6 +364,26 @@ def test_opcheck_packed_modulation_ops():
     )
 
 
+def test_opcheck_gated_packed_modulation_ops():
+    x, _, _, w = _opcheck_args()
+    branch = torch.randn_like(x)
+    mod = torch.randn(2, 6, 8, requires_grad=True)
+    torch.library.opcheck(
+        torch.ops.ditscale.adaln_gated_mod_fwd.default,
+        (x.requires_grad_(), branch, mod, 2, 1, 0, w, None, "layernorm", 1e-6),
+    )
+    x, mod = x.detach(), mod.detach()  # the backward op itself has no autograd formula
+    h, y, mean, rstd = torch.ops.ditscale.adaln_gated_mod_fwd(
+        x, branch, mod, 5, 4, 3, None, None, "rmsnorm", 1e-6
+    )
+    for dh in (None, torch.randn_like(h)):
+        torch.library.opcheck(
+            torch.ops.ditscale.adaln_gated_mod_bwd.default,
+            (dh, torch.randn_like(y), h, branch, mod, 5, 4, 3, None, None, mean, rstd, "rmsnorm",
+             1e-6),
+        )
+
+
 def test_opcheck_backward_ops():
     x, s, t, w = _opcheck_args()
     y, mean, rstd = torch.ops.ditscale.adaln_fwd(x, s, t, w, None, "layernorm", 1e-6)
@@ -582,3 +602,42 @@ def test_packed_modulation_op_errors_name_the_argument():
         torch.ops.ditscale.adaln_mod_fwd(x, mod, 2, 2, None, None, "layernorm", 1e-6)
     with pytest.raises(RuntimeError, match=r"mod must be \[B, K, D\]"):
         torch.ops.ditscale.adaln_mod_fwd(x, mod[:, :, :4], 1, 0, None, None, "layernorm", 1e-6)
+
+
+@pytest.mark.parametrize("outputs", ["both", "h", "y"])
+def test_gated_packed_modulation_routes_the_gradient_to_the_packed_tensor(outputs):
+    g = gen(14)
+    B, N, D = 2, 5, 16
+    res = randn(B, N, D, g=g, dtype=torch.float32).requires_grad_()
+    branch = randn(B, N, D, g=g, dtype=torch.float32).requires_grad_()
+    mod = randn(B, 6 * D, g=g, dtype=torch.float32, scale=0.3).requires_grad_()  # Flux layout
+    w = randn(D, g=g, dtype=torch.float32, offset=1.0).requires_grad_()
+    dh, dy = randn(B, N, D, g=g, dtype=torch.float32), randn(B, N, D, g=g, dtype=torch.float32)
+
+    def run(res, branch, mod, views):
+        shift, scale, gate = views(mod)
+        h, y = ops.adaln_gated(res, gate, branch, scale, shift, weight=w, norm="rmsnorm")
+        outs, grads = {"both": ((h, y), (dh, dy)), "h": ((h,), (dh,)), "y": ((y,), (dy,))}[
+            outputs
+        ]
+        return h, y, torch.autograd.grad(outs, (res, branch, mod, w), grads)
+
+    h, y, got = run(res, branch, mod, lambda m: m.chunk(6, dim=1)[3:6])
+    assert "AccumulateGrad" in _mod_edges(h) and not any("Split" in str(e) for e in _mod_edges(h))
+    h2, y2, want = run(res, branch, mod, lambda m: [c.clone() for c in m.chunk(6, dim=1)[3:6]])
+    torch.testing.assert_close(h, h2, rtol=0, atol=0)
+    torch.testing.assert_close(y, y2, rtol=0, atol=0)
+    for a, b, name in zip(got, want, ("dres", "dbranch", "dmod", "dweight")):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=0, msg=name)
+    rows = got[2].view(B, 6, D)
+    assert rows[:, :3].abs().max() == 0
+    assert rows[:, 5].abs().max() > 0  # dgate (row 5) reaches mod whichever output is used
+
+
+def test_gated_packed_modulation_op_errors_name_the_argument():
+    x = torch.randn(2, 3, 8)
+    mod = torch.randn(2, 6, 8)
+    with pytest.raises(RuntimeError, match="shift_index and gate_index are both 1"):
+        torch.ops.ditscale.adaln_gated_mod_fwd(x, x, mod, 1, 2, 1, None, None, "layernorm", 1e-6)
+    with pytest.raises(RuntimeError, match="gate_index = -1 is outside mod's K = 6 rows"):
+        torch.ops.ditscale.adaln_gated_mod_fwd(x, x, mod, -1, 2, 1, None, None, "layernorm", 1e-6)

@@ -182,6 +182,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// 16 bytes of T -> V floats.
+template <int V, typename T>
+__device__ __forceinline__ void unpack_vec(const uint4& raw, float (&out)[V]) {
+  static_assert(V * sizeof(T) == 16, "one 16-byte chunk per vector");
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_f(e[i]);
+}
+
 // 16 bytes of a 16-bit type -> 8 floats (exact). bf16 by bit operations (one per element: the
 // low half shifted up, the high half masked), fp16 by conversion.
 template <typename T>
@@ -195,21 +204,15 @@ __device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[8]) {
       out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
   } else {
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = to_f(e[i]);
+    unpack_vec<8, T>(raw, out);
   }
 }
 
 // V elements of E from shared memory (16-byte aligned) -> float.
 template <int V, typename E>
 __device__ __forceinline__ void load_smem_vec(const uint4* p, float (&out)[V]) {
-  constexpr int kChunks = V * static_cast<int>(sizeof(E)) / 16;
-  static_assert(kChunks == 1, "the ring holds one 16-byte chunk per vector");
-  const uint4 raw = *p;
-  const E* e = reinterpret_cast<const E*>(&raw);
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = to_f(e[i]);
+  const uint4 raw = *p;  // one 16-byte load, then registers
+  unpack_vec<V, E>(raw, out);
 }
 
 // A and C of feature vector starting at d (sample b, token n): A = w (1 + scale),

@@ -44,15 +44,6 @@ inline constexpr int kFwdWarpsPerBlock = 4;
 // Most vectors per lane it takes (256 vectors per row).
 inline constexpr int kFwdWarpMaxVecs = 8;
 
-// 16 bytes of T -> V floats.
-template <int V, typename T>
-__device__ __forceinline__ void unpack_vec(const uint4& raw, float (&out)[V]) {
-  static_assert(V * sizeof(T) == 16, "one 16-byte chunk per vector");
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = to_f(e[i]);
-}
-
 // Minimum resident blocks for __launch_bounds__ (registers <= 65536 / (128 x blocks)): ptxas
 // keeps ~6 registers per 16-byte vector a lane holds (the row data, then the coefficient loads it
 // hoists ahead of the stores) plus ~56; at a 64-register cap it spilled from 4 vectors, at 80 from

@@ -21,7 +21,8 @@
 //               cache hints on / off, .p / .n persistent grid with the next rows prefetched /
 //               one pass without prefetch, .a0 scale/shift loaded at use instead of packed
 //               ahead (the default where it applies; .p and .r2 select at use as well);
-//               `auto`: the defaults.
+//               `auto`: the defaults; `knob=value[+knob=value...]`: the defaults with
+//               AdaLNTuning fields set by name (e.g. `pdl=0+bwd_stages=3`).
 //               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
 //   --fwd-only  skip the backward timings (columns show 0)
 //   --shapes    B:N:D,... instead of the default shapes (e.g. one shape under Nsight Compute)
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -81,6 +83,17 @@ Variant parse_variant(const std::string& spec) {
     return v;
   }
   if (spec == "auto") return v;
+  if (spec.find('=') != std::string::npos) {  // knob=value[+knob=value...] on the defaults
+    std::string text = spec;
+    std::replace(text.begin(), text.end(), '+', ',');
+    try {
+      ditscale::kernels::internal::apply_adaln_tuning(v.tuning, text.c_str(), "--variants");
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::exit(2);
+    }
+    return v;
+  }
   if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e|.c][.p|.n][.a0]
     v.tuning.fwd_kernel = 3;
     for (std::size_t pos = 4; pos < spec.size();) {

@@ -94,6 +94,14 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("profile_adaln: no CUDA device, nothing to do")
         return 0
+    # With programmatic dependent launch a kernel starts early and waits for the one before it,
+    # so its span would include that wait; per-kernel times need it off (read at the first op).
+    pdl_note = "programmatic dependent launch on (DITSCALE_ADALN_TUNING set by the caller)"
+    if "DITSCALE_ADALN_TUNING" not in os.environ:
+        os.environ["DITSCALE_ADALN_TUNING"] = "pdl=0"
+        pdl_note = ("programmatic dependent launch off (DITSCALE_ADALN_TUNING=pdl=0: with it, a "
+                    "kernel's span would include its wait for the previous kernel); "
+                    "bench_adaln.py times the default, PDL on")
     timer = Timer(warmup=3, reps=args.reps, max_s=1.0)
     compiled = torch.compile(ops.adaln_reference, dynamic=False)
     lines = [f"## Kernels of one forward+backward (CUDA-graph replay, L2 flushed), "
@@ -101,7 +109,7 @@ def main(argv=None):
              "",
              f"torch {torch.__version__}, {datetime.date.today()}; "
              f"`python bench/adaln/profile_adaln.py`; microseconds per replay, mean of "
-             f"{args.reps} replays (torch.profiler).",
+             f"{args.reps} replays (torch.profiler); {pdl_note}.",
              ""]
     for B, N, D in args.shapes:
         print(f"[profile] B={B} N={N} D={D}", flush=True)

@@ -44,6 +44,7 @@ constexpr int fwd_max_threads(int elems_per_thread) {
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(fwd_max_threads(kVecs * 16 / sizeof(T)), 1)
     adaln_fwd_vec_kernel(const FwdArgs a) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
   constexpr int V = 16 / sizeof(T);
   __shared__ float red[2][32];
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -140,6 +141,7 @@ constexpr int kGeneralThreads = 256;
 
 template <typename T>
 __global__ void __launch_bounds__(kGeneralThreads) adaln_fwd_general_kernel(const FwdArgs a) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
   __shared__ float red[2][32];
   const std::int64_t row = blockIdx.x;
   const std::int64_t b = row / a.n;
@@ -210,9 +212,8 @@ void launch_fwd_pipe(const FwdArgs& a, const VecPlan& plan, int rows_per_group,
   const std::int64_t groups = (a.rows + rows_per_group - 1) / rows_per_group;
   const std::int64_t items = (groups + kRows - 1) / kRows;
   const std::int64_t grid = persistent_grid(kernel, threads, smem, items);
-  kernel<<<static_cast<unsigned>(grid), dim3(plan.threads, rows_per_group), smem, stream>>>(a,
-                                                                                            items);
-  DS_CHECK_CUDA(cudaGetLastError());
+  launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), dim3(plan.threads, rows_per_group), smem,
+                stream, a, items);
 }
 
 // Launches the bulk-copy kernel (kRows rows per block iteration, persistent grid). Returns false,
@@ -227,8 +228,7 @@ bool launch_fwd_tma(const FwdArgs& a, int tpr, cudaStream_t stream) {
       static_cast<std::size_t>(kStages) * kRows * static_cast<std::size_t>(a.d) * sizeof(T);
   const std::int64_t groups = (a.rows + kRows - 1) / kRows;
   const std::int64_t grid = persistent_grid(kernel, tpr * kRows, smem, groups);
-  kernel<<<static_cast<unsigned>(grid), dim3(tpr, kRows), smem, stream>>>(a);
-  DS_CHECK_CUDA(cudaGetLastError());
+  launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), dim3(tpr, kRows), smem, stream, a);
   return true;
 }
 
@@ -265,8 +265,8 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
         gx = std::max<std::int64_t>(1, std::min<std::int64_t>(gx, tune.max_resident_blocks / gy));
       }
       DS_CHECK(gx >= 1 && gx <= 0x7fffffff, "AdaLN: invalid grid size ", gx);
-      kernel<<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block, 0, stream>>>(a);
-      DS_CHECK_CUDA(cudaGetLastError());
+      launch_kernel(kernel, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), block, 0,
+                    stream, a);
       return;
     }
     if (prefetch) {
@@ -275,8 +275,7 @@ bool try_fwd_warp(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t stre
       grid = std::min<std::int64_t>(grid, tune.max_resident_blocks);
     }
     DS_CHECK(grid >= 1 && grid <= 0x7fffffff, "AdaLN: invalid grid size ", grid);
-    kernel<<<static_cast<unsigned>(grid), block, 0, stream>>>(a);
-    DS_CHECK_CUDA(cudaGetLastError());
+    launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), block, 0, stream, a);
   };
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -390,11 +389,6 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
 
 }  // namespace
 
-AdaLNTuning& adaln_tuning() {
-  static AdaLNTuning tuning;
-  return tuning;
-}
-
 }  // namespace internal
 
 void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
@@ -489,9 +483,8 @@ void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
     if (plan.vecs == 0) {
       DS_CHECK(a.rows <= 0x7fffffff, "AdaLNFwdParams: batch * seq_len = ", a.rows,
                " exceeds the grid limit");
-      adaln_fwd_general_kernel<T>
-          <<<static_cast<unsigned>(a.rows), kGeneralThreads, 0, cu_stream>>>(a);
-      DS_CHECK_CUDA(cudaGetLastError());
+      launch_kernel(adaln_fwd_general_kernel<T>, dim3(static_cast<unsigned>(a.rows)),
+                    dim3(kGeneralThreads), 0, cu_stream, a);
       return;
     }
     const int rows_per_block = std::max(1, 128 / plan.threads);
@@ -500,8 +493,8 @@ void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
     const dim3 block(plan.threads, rows_per_block);
     dispatch_int<1, 2, 3, 4, 5, 6, 8>(plan.vecs, [&](auto kv) {
       constexpr int kVecs = decltype(kv)::value;
-      adaln_fwd_vec_kernel<T, kVecs><<<static_cast<unsigned>(blocks), block, 0, cu_stream>>>(a);
-      DS_CHECK_CUDA(cudaGetLastError());
+      launch_kernel(adaln_fwd_vec_kernel<T, kVecs>, dim3(static_cast<unsigned>(blocks)), block, 0,
+                    cu_stream, a);
     });
   });
 }

@@ -40,6 +40,7 @@ constexpr int bwd_max_threads(int elems_per_thread) { return elems_per_thread <=
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(bwd_max_threads(kVecs * 16 / sizeof(T)), 1)
     adaln_bwd_vec_kernel(const BwdArgs a, const SmemSlots slots) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
   constexpr int V = 16 / sizeof(T);
   extern __shared__ float4 acc_smem4[];
   float* const acc_smem = reinterpret_cast<float*>(acc_smem4);
@@ -144,6 +145,7 @@ constexpr int kGeneralThreads = 256;
 // itself (each (b, tile, d) slot is owned by one thread of one block: no race, no atomics).
 template <typename T>
 __global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(const BwdArgs a) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
   __shared__ float red[2][64];
   const std::int64_t b = blockIdx.x / a.num_tiles;
   const std::int64_t tile = blockIdx.x - b * a.num_tiles;
@@ -238,6 +240,7 @@ template <typename T>
 __global__ void __launch_bounds__(kReduceCols* kReduceRows)
     adaln_reduce_partials_kernel(const ReduceArgs r) {
   __shared__ float part[kReduceRows][kReduceCols + 1];
+  pdl_enter();
   const ReduceJob job = r.jobs[blockIdx.y];
   const std::int64_t chunks = (r.d + kReduceCols - 1) / kReduceCols;
   const std::int64_t b = blockIdx.x / chunks;
@@ -287,8 +290,7 @@ void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int thre
   a.num_tiles = (a.n + a.rows_per_tile - 1) / a.rows_per_tile;
   const std::int64_t blocks = batch * a.num_tiles;
   DS_CHECK(blocks <= 0x7fffffff, "AdaLNBwdParams: too many sequence tiles: ", blocks);
-  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(a, slots);
-  DS_CHECK_CUDA(cudaGetLastError());
+  launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), smem, stream, a, slots);
 }
 
 }  // namespace
@@ -406,9 +408,8 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
         }
       });
     } else if (plan.vecs == 0) {
-      adaln_bwd_general_kernel<T>
-          <<<static_cast<unsigned>(blocks), kGeneralThreads, 0, cu_stream>>>(a);
-      DS_CHECK_CUDA(cudaGetLastError());
+      launch_kernel(adaln_bwd_general_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                    dim3(kGeneralThreads), 0, cu_stream, a);
     } else {
       dispatch_int<1, 2, 3, 4>(plan.vecs, [&](auto kv) {
         auto* kernel = adaln_bwd_vec_kernel<T, decltype(kv)::value>;
@@ -416,8 +417,8 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
           DS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem)));
         }
-        kernel<<<static_cast<unsigned>(blocks), plan.threads, smem, cu_stream>>>(a, slots);
-        DS_CHECK_CUDA(cudaGetLastError());
+        launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(plan.threads), smem,
+                      cu_stream, a, slots);
       });
     }
 
@@ -441,8 +442,8 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
     const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;
     DS_CHECK(chunks * B <= 0x7fffffff, "AdaLNBwdParams: batch * dim too large for one grid");
     const dim3 grid(static_cast<unsigned>(chunks * B), static_cast<unsigned>(jobs));
-    adaln_reduce_partials_kernel<T><<<grid, dim3(kReduceCols, kReduceRows), 0, cu_stream>>>(r);
-    DS_CHECK_CUDA(cudaGetLastError());
+    launch_kernel(adaln_reduce_partials_kernel<T>, grid, dim3(kReduceCols, kReduceRows), 0,
+                  cu_stream, r);
   });
 }
 

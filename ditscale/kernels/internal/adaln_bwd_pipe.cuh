@@ -88,6 +88,7 @@ constexpr int bwd_pipe_max_threads(int elems_per_thread) {
 template <typename T, int kVecs, int kStages, bool kLean>
 __global__ void __launch_bounds__(bwd_pipe_max_threads(kVecs * 16 / sizeof(T)), 1)
     adaln_bwd_pipe_kernel(const BwdArgs a, const SmemSlots slots) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
   // Lean 16-bit rows: the arithmetic folded (pass 1: xhat by one FMA, dscale accumulated by FMA;
   // pass 2: dx by three operations; see there) and bf16 unpacked by bit operations
   // (adaln-kernel-notes.md v9).
@@ -144,6 +145,10 @@ __global__ void __launch_bounds__(bwd_pipe_max_threads(kVecs * 16 / sizeof(T)), 
       for (int e = 0; e < V; ++e) g1[j][e] += 1.f;
     }
   };
+  // The ring's first rows are requested before anything else, so their DRAM latency overlaps
+  // the scale and statistics loads.
+#pragma unroll
+  for (int p = 0; p < P; ++p) issue(n0 + p, p);
   if (!scale_per_token) load_g1(0);
   float acc_sc[kVecs][V], acc_sh[kVecs][V];
 #pragma unroll
@@ -151,9 +156,6 @@ __global__ void __launch_bounds__(bwd_pipe_max_threads(kVecs * 16 / sizeof(T)), 
     fill(acc_sc[j], 0.f);
     fill(acc_sh[j], 0.f);
   }
-
-#pragma unroll
-  for (int p = 0; p < P; ++p) issue(n0 + p, p);
   float mean_next = n0 < n1 ? a.mean[b * a.n + n0] : 0.f;
   float rstd_next = n0 < n1 ? a.rstd[b * a.n + n0] : 0.f;
 

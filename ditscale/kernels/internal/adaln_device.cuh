@@ -163,6 +163,22 @@ __device__ __forceinline__ void store_any(void* base, bool f32, std::int64_t off
   }
 }
 
+// ---- Programmatic dependent launch (sm_90+; no-ops on older GPUs and without the attribute) ----
+// Every AdaLN kernel starts with this, before its first global memory access. Launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization (adaln_launch.h: launch_kernel), a kernel may
+// begin while the kernel before it in the stream is still finishing: `griddepcontrol.wait`
+// blocks until that grid has completed and its writes are visible, so no input is read early.
+// `griddepcontrol.launch_dependents` then lets the next PDL-launched kernel be scheduled as this
+// one's blocks retire (the next kernel waits the same way, for this one's completion): launch
+// latency and block ramp-up overlap the previous kernel's tail. Deadlock-free: the next grid
+// starts only once every block of this one has executed the trigger, i.e. is resident.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // ---- Per-thread asynchronous copy ring (cp.async, sm_80+) ----
 // The pipelined kernels stream their row inputs into shared memory with 16-byte cp.async copies
 // issued a few rows ahead. Every thread copies exactly the 16-byte chunks it later reads itself,

@@ -36,6 +36,7 @@ constexpr int fwd_pipe_max_threads(int elems, int rows) {
 template <typename T, int kVecs, int kStages, int kRows>
 __global__ void __launch_bounds__(fwd_pipe_max_threads(kVecs * 16 / sizeof(T), kRows), 1)
     adaln_fwd_pipe_kernel(const FwdArgs a, const std::int64_t num_items) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
   constexpr int V = 16 / sizeof(T);
   constexpr int P = kStages - 1;  // items in flight ahead of the current one
   extern __shared__ uint4 fwd_ring[];

@@ -133,6 +133,7 @@ __device__ __forceinline__ void store_smem_vec(uint4* p, const float (&in)[V]) {
 template <typename T, int kVecs, int kStages, bool kBulkStore, bool kCoefReload, int kRows = 1>
 __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kCoefReload), 1)
     adaln_fwd_tma_kernel(const FwdArgs a) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int V = 16 / sizeof(T);
   constexpr int P = kBulkStore ? kStages - 2 : kStages - 1;

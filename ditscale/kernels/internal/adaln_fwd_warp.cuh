@@ -227,6 +227,7 @@ __global__ void __launch_bounds__(32 * kFwdWarpsPerBlock,
                                   fwd_warp_min_blocks(kVecs* kRows*(kPrefetch ? 2 : 1) *
                                                       (kAhead > 2 ? 2 : 1)))
     adaln_fwd_warp_kernel(const FwdArgs a) {
+  pdl_enter();  // before any global access (adaln_device.cuh)
   const int lane = static_cast<int>(threadIdx.x);
   const int nvec = static_cast<int>(a.d / (16 / sizeof(T)));
   uint4 raw[kRows][kVecs];

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
@@ -91,6 +92,35 @@ std::int64_t resident_blocks(Kernel* kernel, int threads, std::size_t smem) {
     blocks = std::min<std::int64_t>(blocks, tune.max_resident_blocks);
   }
   return blocks;
+}
+
+// Launches `kernel` on `stream` and throws on a launch error. With AdaLNTuning::pdl on and an
+// sm_90+ device, as a programmatic dependent launch (cudaLaunchAttributeProgrammaticStream-
+// Serialization): every AdaLN kernel begins with pdl_enter() (adaln_device.cuh), so it may be
+// scheduled while the previous kernel of the stream retires its last blocks and then waits there
+// for that kernel's results; launch latency and block ramp-up overlap the previous tail. Also
+// valid inside CUDA-graph capture (a programmatic edge).
+template <typename... KernelArgs, typename... Args>
+void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, std::size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1]{};
+  if (adaln_tuning().pdl != 0) {
+    int device = 0, major = 0;
+    DS_CHECK_CUDA(cudaGetDevice(&device));
+    DS_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (major >= 9) {
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      config.attrs = attr;
+      config.numAttrs = 1;
+    }
+  }
+  DS_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // Grid of a persistent kernel over `work` independent items: one wave of resident blocks.

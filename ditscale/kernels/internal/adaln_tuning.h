@@ -71,6 +71,9 @@ struct AdaLNTuning {
   // D = 1024-1536 (bf16); with the folded arithmetic 128 against 64 +5 to +6 points at D = 3072
   // (3 vectors x 128 threads instead of 4 x 96); D = 5120 has one plan either way.
   int bwd_target_tpr = 0;
+  // Programmatic dependent launch of every AdaLN kernel on sm_90+ (1 on, 0 off): each kernel may
+  // be scheduled during the previous kernel's tail and waits for its results (adaln_launch.h).
+  int pdl = 1;
   // Upper bound on resident blocks per SM used to size the persistent grids (0 = the occupancy
   // calculator's value).
   int max_blocks_per_sm = 0;
@@ -79,7 +82,14 @@ struct AdaLNTuning {
   int max_resident_blocks = 0;
 };
 
-// The process-wide knobs (defined in adaln.cu).
+// The process-wide knobs (defined in adaln.cu). Their first use reads the environment variable
+// DITSCALE_ADALN_TUNING, e.g. "pdl=0,bwd_stages=3" (field names of AdaLNTuning, integer values;
+// `pipelined` takes 0 / 1), so that a Python benchmark can compare variants one process each;
+// an unknown name or a malformed value throws ditscale::Error naming the variable and the entry.
 AdaLNTuning& adaln_tuning();
+
+// Applies "name=value,name=value" to `t` (the parser behind DITSCALE_ADALN_TUNING; `source` names
+// the text's origin in errors).
+void apply_adaln_tuning(AdaLNTuning& t, const char* text, const char* source);
 
 }  // namespace ditscale::kernels::internal

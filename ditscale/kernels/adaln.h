@@ -118,6 +118,14 @@ struct AdaLNBwdParams : AdaLNConfig {
   std::int64_t dscale_stride_b = 0;
   std::int64_t dshift_stride_b = 0;
   std::int64_t dgate_stride_b = 0;
+  // Optional: the [B, dmod_rows, D] contiguous buffer (dtype dmod_dtype) that the per-sample
+  // dscale / dshift / dgate above are rows of (each points at the start of one of its rows in
+  // sample 0, with stride_b = dmod_rows * D), e.g. the gradient of a [B, 6, D] modulation tensor.
+  // The backward writes zeros into every other row, so the buffer needs no zero fill first.
+  // null: nothing outside the outputs is written.
+  void* dmod = nullptr;
+  std::int64_t dmod_rows = 0;
+  DType dmod_dtype = DType::kBFloat16;
 
   // Device scratch of at least adaln_backward_workspace_bytes(*this) bytes, 16-byte aligned;
   // no initialisation needed. May be null when that size is 0.

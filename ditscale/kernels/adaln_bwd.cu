@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <iterator>
 #include <type_traits>
+#include <vector>
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
@@ -213,7 +214,8 @@ __global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(cons
   }
 }
 
-// One reduction job: out[b, d] = sum_t ws[b, t, d] (per sample) or out[d] = sum_{b,t} ws[b, t, d].
+// One reduction job: out[b, d] = sum_t ws[b, t, d] (per sample) or out[d] = sum_{b,t} ws[b, t, d];
+// ws == nullptr: out[b, d] = 0 (a row of AdaLNBwdParams::dmod that no output fills).
 struct ReduceJob {
   const float* ws = nullptr;
   void* out = nullptr;
@@ -221,8 +223,9 @@ struct ReduceJob {
   bool out_f32 = false;
   bool over_batch = false;
 };
+constexpr int kMaxReduceJobs = 16;
 struct ReduceArgs {
-  ReduceJob jobs[5];
+  ReduceJob jobs[kMaxReduceJobs];
   std::int64_t batch = 0;
   std::int64_t num_tiles = 0;
   std::int64_t d = 0;
@@ -235,17 +238,25 @@ constexpr int kReduceUnroll = 8;  // loads a thread has in flight
 // grid: (ceil(D / 32) * B, jobs). Thread (tx, ty) sums partial rows ty, ty + 32, ... in order
 // (loads issued 8 at a time); the 32 column sums are then added in ty order: a fixed tree,
 // identical every run. 32 x 8 loads per column in flight: the ~10 MB of partials of a backward
-// with ~800 blocks at D = 1536 took 5.2 us with 16 x 4 (bench/adaln/profile_adaln.py).
+// with ~800 blocks at D = 1536 took 5.2 us with 16 x 4 (bench/adaln/profile_adaln.py). A zero
+// job (ws == nullptr) writes zeros: the rows of a modulation gradient that no output fills.
+// (Measured and not kept, adaln-kernel-notes.md v12: 16 features x 64 rows with 16-byte loads
+// and a tree combine, 4.5-5.5 us against 3.9-4.1.)
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols* kReduceRows)
     adaln_reduce_partials_kernel(const ReduceArgs r) {
   __shared__ float part[kReduceRows][kReduceCols + 1];
   pdl_enter();
-  const ReduceJob job = r.jobs[blockIdx.y];
+  const ReduceJob& job = r.jobs[blockIdx.y];
   const std::int64_t chunks = (r.d + kReduceCols - 1) / kReduceCols;
   const std::int64_t b = blockIdx.x / chunks;
   const std::int64_t d = (blockIdx.x - b * chunks) * kReduceCols + threadIdx.x;
   if (job.over_batch && b != 0) return;  // whole block: no barrier is skipped by a subset
+  const std::int64_t out = (job.over_batch ? 0 : b * job.out_sb) + d;
+  if (job.ws == nullptr) {  // a zero row: whole block, no barrier follows
+    if (threadIdx.y == 0 && d < r.d) store_any<T>(job.out, job.out_f32, out, 0.f);
+    return;
+  }
   const std::int64_t rows = job.over_batch ? r.batch * r.num_tiles : r.num_tiles;
   const float* src = job.ws + (job.over_batch ? 0 : b * r.num_tiles * r.d) + d;
   float s = 0.f;
@@ -266,7 +277,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   float total = 0.f;
 #pragma unroll
   for (int k = 0; k < kReduceRows; ++k) total += part[k][threadIdx.x];
-  store_any<T>(job.out, job.out_f32, (job.over_batch ? 0 : b * job.out_sb) + d, total);
+  store_any<T>(job.out, job.out_f32, out, total);
 }
 
 constexpr int kBwdVecCandidates[] = {1, 2, 3, 4};
@@ -336,6 +347,17 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
   a.ws_dweight = next_slot(layout.dweight);
   a.ws_dbias = next_slot(layout.dbias);
   auto* cu_stream = static_cast<cudaStream_t>(stream);
+  // Rows of p.dmod that no output fills (adaln.h): zeroed by the reduce kernel's spare job slots,
+  // or, when there are more than it has, by one memset ahead of everything else.
+  const std::vector<std::int64_t> zero_rows = dmod_zero_rows(p);
+  const bool zero_all =
+      static_cast<std::size_t>(layout.count()) + zero_rows.size() > kMaxReduceJobs;
+  if (zero_all) {
+    DS_CHECK_CUDA(cudaMemsetAsync(
+        p.dmod, 0,
+        static_cast<std::size_t>(p.batch * p.dmod_rows * p.dim) * dtype_size(p.dmod_dtype),
+        cu_stream));
+  }
 
   const std::int64_t vec = 16 / static_cast<std::int64_t>(dtype_size(p.dtype));
   const std::int64_t B = p.batch, N = p.seq_len;
@@ -433,11 +455,24 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
       r.jobs[jobs++] = ReduceJob{src, out, out_sb > 0 ? out_sb : p.dim,
                                  out_dtype == DType::kFloat32, over_batch};
     };
+    auto add_zero_job = [&](std::int64_t row) {
+      void* out = static_cast<char*>(p.dmod) + row * p.dim * dtype_size(p.dmod_dtype);
+      r.jobs[jobs++] =
+          ReduceJob{nullptr, out, p.dmod_rows * p.dim, p.dmod_dtype == DType::kFloat32, false};
+    };
     add_job(a.ws_dscale, p.dscale, p.dscale_stride_b, p.scale.dtype, false);
     add_job(a.ws_dshift, p.dshift, p.dshift_stride_b, p.shift.dtype, false);
     add_job(a.ws_dgate, p.dgate, p.dgate_stride_b, p.gate.dtype, false);
     add_job(a.ws_dweight, p.dweight, 0, p.affine_dtype, true);
     add_job(a.ws_dbias, p.dbias, 0, p.affine_dtype, true);
+    // Rows of the modulation gradient that no output fills: zero jobs of the same kernel, or
+    // (more rows than job slots) one memset before the backward kernel (launched above, ahead in
+    // the stream: `zero_all` was issued first).
+    if (!zero_all) {
+      for (const std::int64_t row : zero_rows) {
+        add_zero_job(row);
+      }
+    }
     if (jobs == 0) return;
     const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;
     DS_CHECK(chunks * B <= 0x7fffffff, "AdaLNBwdParams: batch * dim too large for one grid");

@@ -1,8 +1,10 @@
 // Parameter validation of the AdaLN functions and the backward workspace query (host only, built
 // with or without CUDA).
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
@@ -49,6 +51,57 @@ void check_view(const RowsView& v, const char* s, const char* field, DType dtype
 
 void check_absent(const RowsView& v, const char* s, const char* field, const char* why) {
   DS_CHECK(v.data == nullptr, s, ".", field, ".data must be null ", why);
+}
+
+// The per-sample outputs that may be rows of AdaLNBwdParams::dmod.
+struct ModOutput {
+  const char* name;
+  const void* data;
+  const RowsView* view;
+  std::int64_t stride_b;
+};
+
+std::array<ModOutput, 3> mod_outputs(const AdaLNBwdParams& p) {
+  return {
+      ModOutput{"dscale", p.dscale, &p.scale, p.dscale_stride_b},
+      ModOutput{"dshift", p.dshift, &p.shift, p.dshift_stride_b},
+      ModOutput{"dgate", p.gate.data != nullptr ? p.dgate : nullptr, &p.gate, p.dgate_stride_b}};
+}
+
+// Row of p.dmod that `out` points at the start of, or -1 when it is none.
+std::int64_t dmod_row_of(const AdaLNBwdParams& p, const void* out) {
+  const auto row_bytes = static_cast<std::intptr_t>(p.dim * dtype_size(p.dmod_dtype));
+  const std::intptr_t off =
+      reinterpret_cast<std::intptr_t>(out) - reinterpret_cast<std::intptr_t>(p.dmod);
+  if (off < 0 || off % row_bytes != 0 || off / row_bytes >= p.dmod_rows) return -1;
+  return static_cast<std::int64_t>(off / row_bytes);
+}
+
+void check_dmod(const AdaLNBwdParams& p, const char* s) {
+  if (p.dmod == nullptr) return;
+  DS_CHECK(p.dmod_rows >= 1, s, ".dmod_rows must be >= 1 with .dmod set, got ", p.dmod_rows);
+  DS_CHECK(valid_dtype(p.dmod_dtype), s, ".dmod_dtype: invalid value ",
+           static_cast<int>(p.dmod_dtype));
+  std::int64_t used[3] = {-1, -1, -1};
+  int k = 0;
+  for (const ModOutput& o : mod_outputs(p)) {
+    if (o.data == nullptr) continue;
+    DS_CHECK(!is_per_token(*o.view), s, ".", o.name,
+             " is a per-token gradient: it cannot be a row of .dmod");
+    DS_CHECK(o.view->dtype == p.dmod_dtype, s, ".", o.name, " has dtype ",
+             dtype_name(o.view->dtype), " but .dmod_dtype is ", dtype_name(p.dmod_dtype));
+    const std::int64_t stride = o.stride_b > 0 ? o.stride_b : p.dim;
+    DS_CHECK(p.batch == 1 || stride == p.dmod_rows * p.dim, s, ".", o.name, "_stride_b: ", stride,
+             " but the samples of .dmod are dmod_rows * dim = ", p.dmod_rows * p.dim, " apart");
+    const std::int64_t row = dmod_row_of(p, o.data);
+    DS_CHECK(row >= 0, s, ".", o.name, " does not point at the start of one of the ", p.dmod_rows,
+             " rows of .dmod");
+    for (int q = 0; q < k; ++q) {
+      DS_CHECK(used[q] != row, s, ".", o.name, " is row ", row,
+               " of .dmod, which another output already writes");
+    }
+    used[k++] = row;
+  }
 }
 
 }  // namespace
@@ -103,6 +156,7 @@ void adaln_check(const AdaLNBwdParams& p, bool for_gpu) {
              " is below dim = ", p.dim, " (samples would overlap)");
   }
   const bool gated = p.gate.data != nullptr;
+  check_dmod(p, s);
   if (gated) {
     check_view(p.gate, s, "gate", p.dtype, true, true);
     check_view(p.dh_out, s, "dh_out", p.dtype, false, false);
@@ -127,5 +181,24 @@ void adaln_check(const AdaLNBwdParams& p, bool for_gpu) {
 std::size_t adaln_backward_workspace_bytes(const AdaLNBwdParams& p) {
   return internal::bwd_workspace_layout(p).bytes();
 }
+
+namespace internal {
+
+std::vector<std::int64_t> dmod_zero_rows(const AdaLNBwdParams& p) {
+  std::vector<std::int64_t> rows;
+  if (p.dmod == nullptr) return rows;
+  std::vector<bool> written(static_cast<std::size_t>(p.dmod_rows), false);
+  for (const ModOutput& o : mod_outputs(p)) {
+    if (o.data == nullptr) continue;
+    const std::int64_t row = dmod_row_of(p, o.data);
+    if (row >= 0) written[static_cast<std::size_t>(row)] = true;
+  }
+  for (std::int64_t k = 0; k < p.dmod_rows; ++k) {
+    if (!written[static_cast<std::size_t>(k)]) rows.push_back(k);
+  }
+  return rows;
+}
+
+}  // namespace internal
 
 }  // namespace ditscale::kernels

@@ -6,6 +6,7 @@
 
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
+#include "ditscale/kernels/internal/adaln_plan.h"
 
 namespace ditscale::kernels {
 namespace {
@@ -184,6 +185,14 @@ void adaln_backward_ref(const AdaLNBwdParams& p) {
   for (std::int64_t d = 0; d < D; ++d) {
     if (p.dweight != nullptr) store_from_double(p.dweight, p.affine_dtype, d, acc_dweight[d]);
     if (p.dbias != nullptr) store_from_double(p.dbias, p.affine_dtype, d, acc_dbias[d]);
+  }
+  // The rows of the modulation gradient that no output filled.
+  for (const std::int64_t k : internal::dmod_zero_rows(p)) {
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t d = 0; d < D; ++d) {
+        store_from_double(p.dmod, p.dmod_dtype, (b * p.dmod_rows + k) * D + d, 0.0);
+      }
+    }
   }
 }
 

@@ -431,6 +431,98 @@ TEST(AdaLNRef, BackwardWritesStridedPerSampleGradients) {
   expect_throw(tp, "AdaLNBwdParams.dshift_stride_b");
 }
 
+// AdaLNBwdParams::dmod: the rows of the [B, K, D] modulation gradient that no output fills are
+// zeroed (the buffer starts as garbage), the filled rows hold the gradients; bad descriptions
+// are rejected naming the field.
+TEST(AdaLNRef, BackwardZeroesTheUnwrittenRowsOfDmod) {
+  std::mt19937_64 rng(11);
+  Problem pr(2, 5, 8, Variant{}, rng);
+  AdaLNFwdParams fp = pr.fwd();
+  adaln_forward_ref(fp);
+  const auto rows = static_cast<std::size_t>(pr.B * pr.N * pr.D);
+  const std::vector<double> dy = random_vec(rng, rows);
+  std::vector<double> dx(rows), dscale(pr.B * pr.D), dshift(pr.B * pr.D);
+  auto params = [&]() {
+    AdaLNBwdParams p;
+    pr.fill_config(p);
+    p.x = {pr.x.data(), DType::kFloat64, pr.N * pr.D, pr.D};
+    p.dy = {dy.data(), DType::kFloat64, pr.N * pr.D, pr.D};
+    p.dx = dx.data();
+    return p;
+  };
+  AdaLNBwdParams p = params();
+  p.dscale = dscale.data();
+  p.dshift = dshift.data();
+  adaln_backward_ref(p);
+
+  const std::int64_t K = 4, D = pr.D;
+  std::vector<double> dmod(pr.B * K * D, std::nan(""));
+  p = params();
+  p.dmod = dmod.data();
+  p.dmod_rows = K;
+  p.dmod_dtype = DType::kFloat64;
+  p.dshift = dmod.data() + 3 * D;  // row 3
+  p.dscale = dmod.data() + 1 * D;  // row 1
+  p.dscale_stride_b = K * D;
+  p.dshift_stride_b = K * D;
+  adaln_backward_ref(p);
+  for (std::int64_t b = 0; b < pr.B; ++b) {
+    for (std::int64_t d = 0; d < D; ++d) {
+      EXPECT_EQ(dmod[(b * K + 0) * D + d], 0.0);
+      EXPECT_EQ(dmod[(b * K + 1) * D + d], dscale[b * D + d]);
+      EXPECT_EQ(dmod[(b * K + 2) * D + d], 0.0);
+      EXPECT_EQ(dmod[(b * K + 3) * D + d], dshift[b * D + d]);
+    }
+  }
+  // No output in it: every row is zeroed.
+  AdaLNBwdParams none = params();
+  std::vector<double> zmod(pr.B * K * D, 1.0);
+  none.dmod = zmod.data();
+  none.dmod_rows = K;
+  none.dmod_dtype = DType::kFloat64;
+  adaln_backward_ref(none);
+  EXPECT_EQ(zmod, std::vector<double>(zmod.size(), 0.0));
+
+  auto expect_throw = [&](const AdaLNBwdParams& bad, const std::string& needle) {
+    try {
+      adaln_backward_ref(bad);
+      ADD_FAILURE() << "no throw, expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  AdaLNBwdParams bad = p;
+  bad.dmod_rows = 0;
+  expect_throw(bad, "AdaLNBwdParams.dmod_rows must be >= 1");
+  bad = p;
+  bad.dscale = dmod.data() + D + 1;  // inside row 1
+  expect_throw(bad, "AdaLNBwdParams.dscale does not point at the start of one of the 4 rows");
+  bad = p;
+  bad.dscale = dmod.data() + K * D;  // row 0 of sample 1: outside sample 0's rows
+  expect_throw(bad, "AdaLNBwdParams.dscale does not point");
+  bad = p;
+  bad.dshift = bad.dscale;
+  expect_throw(bad, "AdaLNBwdParams.dshift is row 1 of .dmod, which another output");
+  bad = p;
+  bad.dscale_stride_b = 0;
+  expect_throw(bad, "AdaLNBwdParams.dscale_stride_b: 8 but the samples of .dmod are");
+  bad = p;
+  bad.dmod_dtype = DType::kFloat32;
+  expect_throw(bad, "AdaLNBwdParams.dscale has dtype float64 but .dmod_dtype is float32");
+  Problem tok(2, 3, 8, Variant{NormType::kLayerNorm, /*per_token=*/true}, rng);
+  std::vector<double> tdx(2 * 3 * 8), tds(2 * 3 * 8), tmod(2 * 2 * 8);
+  AdaLNBwdParams tp;
+  tok.fill_config(tp);
+  tp.x = {tok.x.data(), DType::kFloat64, 3 * 8, 8};
+  tp.dy = {dy.data(), DType::kFloat64, 3 * 8, 8};
+  tp.dx = tdx.data();
+  tp.dshift = tmod.data();
+  tp.dmod = tmod.data();
+  tp.dmod_rows = 2;
+  tp.dmod_dtype = DType::kFloat64;
+  expect_throw(tp, "AdaLNBwdParams.dshift is a per-token gradient");
+}
+
 // ---- validation and workspace ----
 
 TEST(AdaLNRef, RejectsBadParamsNamingTheField) {

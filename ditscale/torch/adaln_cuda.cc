@@ -91,7 +91,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_mod_bwd_cuda(
   const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x);
   AdaLNBackwardCall c =
       prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt, std::nullopt, m.scale,
-                             m.shift, weight, bias, mean, rstd, norm, eps);
+                             m.shift, weight, bias, mean, rstd, norm, eps,
+                             /*modulation_grads=*/false);
   Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index);
   if (!c.empty) launch_backward(c, x);
   return {c.dx, dmod, c.dweight, c.dbias};
@@ -148,7 +149,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_bwd_cuda(
   c10::cuda::CUDAGuard guard(h.device());
   const ModRows m = packed_modulation(op, mod, scale_index, shift_index, h, gate_index);
   AdaLNBackwardCall c = prepare_adaln_backward(op, true, dh, dy, h, m.gate, branch, m.scale,
-                                               m.shift, weight, bias, mean, rstd, norm, eps);
+                                               m.shift, weight, bias, mean, rstd, norm, eps,
+                                               /*modulation_grads=*/false);
   Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index, gate_index);
   if (!c.empty) launch_backward(c, h);
   return {c.dx, c.dbranch, dmod, c.dweight, c.dbias};

@@ -193,7 +193,7 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
                                          const at::Tensor& scale_in, const at::Tensor& shift_in,
                                          const OptTensor& weight_in, const OptTensor& bias_in,
                                          const at::Tensor& mean_in, const at::Tensor& rstd_in,
-                                         std::string_view norm, double eps) {
+                                         std::string_view norm, double eps, bool modulation_grads) {
   const char* xname = gated ? "h" : "x";
   check_x(op, xname, x_in);
   AdaLNBackwardCall c;
@@ -226,13 +226,15 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
   p.mean = mean.data_ptr<float>();
   p.rstd = rstd.data_ptr<float>();
   c.dx = at::empty({B, N, D}, x.options());
-  c.dscale = at::empty(scale.sizes(), scale.options());
-  c.dshift = at::empty(shift.sizes(), shift.options());
+  if (modulation_grads) {
+    c.dscale = at::empty(scale.sizes(), scale.options());
+    c.dshift = at::empty(shift.sizes(), shift.options());
+    p.dscale = c.dscale.data_ptr();
+    p.dshift = c.dshift.data_ptr();
+  }
   c.dweight = affine_grad(weight, x);
   c.dbias = affine_grad(bias, x);
   p.dx = c.dx.data_ptr();
-  p.dscale = c.dscale.data_ptr();
-  p.dshift = c.dshift.data_ptr();
   p.dweight = weight ? c.dweight.data_ptr() : nullptr;
   p.dbias = bias ? c.dbias.data_ptr() : nullptr;
   c.keep = {x, dy, scale, shift, mean, rstd};
@@ -250,9 +252,11 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
       c.keep.push_back(dh);
     }
     c.dbranch = at::empty({B, N, D}, x.options());
-    c.dgate = at::empty(gate.sizes(), gate.options());
     p.dbranch = c.dbranch.data_ptr();
-    p.dgate = c.dgate.data_ptr();
+    if (modulation_grads) {
+      c.dgate = at::empty(gate.sizes(), gate.options());
+      p.dgate = c.dgate.data_ptr();
+    }
     c.keep.insert(c.keep.end(), {gate, branch});
   }
   c.empty = B * N == 0;
@@ -297,17 +301,25 @@ at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor&
                                          int64_t scale_index, int64_t shift_index,
                                          std::optional<int64_t> gate_index) {
   const int64_t B = mod.size(0), K = mod.size(1), D = mod.size(2);
-  at::Tensor dmod = at::zeros({B, K, D}, mod.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor dmod = at::empty({B, K, D}, mod.options().memory_format(at::MemoryFormat::Contiguous));
+  auto& p = c.params;
   c.dscale = dmod.select(1, scale_index);
   c.dshift = dmod.select(1, shift_index);
-  c.params.dscale = c.dscale.data_ptr();
-  c.params.dshift = c.dshift.data_ptr();
-  c.params.dscale_stride_b = K * D;
-  c.params.dshift_stride_b = K * D;
+  p.dscale = c.dscale.data_ptr();
+  p.dshift = c.dshift.data_ptr();
+  p.dscale_stride_b = K * D;
+  p.dshift_stride_b = K * D;
   if (gate_index) {
     c.dgate = dmod.select(1, *gate_index);
-    c.params.dgate = c.dgate.data_ptr();
-    c.params.dgate_stride_b = K * D;
+    p.dgate = c.dgate.data_ptr();
+    p.dgate_stride_b = K * D;
+  }
+  if (c.empty) {  // nothing launches: sums over no rows
+    dmod.zero_();
+  } else {  // the backward zeroes the rows it does not fill
+    p.dmod = dmod.data_ptr();
+    p.dmod_rows = K;
+    p.dmod_dtype = p.scale.dtype;
   }
   return dmod;
 }

@@ -83,13 +83,17 @@ struct Case {
   std::int64_t B = 2, N = 77, D = 1000;
   std::int64_t x_pad = 0;  // x / residual / branch / dy rows are D + x_pad apart (strided)
   std::int64_t b_pad = 0;  // ... and samples N * (D + x_pad) + b_pad elements apart
+  // > 0 (per sample only): the GPU backward writes dshift / dscale / dgate into rows 0 / 1 / 2 of
+  // a [B, dmod_rows, D] modulation gradient (AdaLNBwdParams::dmod) that starts as NaN; its other
+  // rows must come back zero.
+  std::int64_t dmod_rows = 0;
   std::string name() const {
     return std::string(dtype_name(dtype)) + (mod_f32 ? " mod=f32" : "") +
            (norm == NormType::kRMSNorm ? " RMS" : " LN") +
            (per_token ? " per-token" : " per-sample") + (gated ? " gated" : "") +
            (affine ? " affine" : "") + " B=" + std::to_string(B) + " N=" + std::to_string(N) +
            " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad) + "/" +
-           std::to_string(b_pad);
+           std::to_string(b_pad) + (dmod_rows > 0 ? " dmod=" + std::to_string(dmod_rows) : "");
   }
 };
 
@@ -234,6 +238,18 @@ void run_case(const Case& c) {
     }
     p.mean = static_cast<const float*>(mean.ptr);
     p.rstd = static_cast<const float*>(rstd.ptr);
+    const std::int64_t K = c.dmod_rows;
+    DevBuf dmod(static_cast<std::size_t>(B * K * D) * msz);  // NaN bytes
+    if (K > 0) {
+      auto row = [&](int k) { return static_cast<std::uint8_t*>(dmod.ptr) + k * D * msz; };
+      p.dshift = row(0);
+      p.dscale = row(1);
+      if (c.gated) p.dgate = row(2);
+      p.dshift_stride_b = p.dscale_stride_b = p.dgate_stride_b = K * D;
+      p.dmod = dmod.ptr;
+      p.dmod_rows = K;
+      p.dmod_dtype = mt;
+    }
     DevBuf ws(adaln_backward_workspace_bytes(p));
     p.workspace = ws.ptr;
     p.workspace_bytes = ws.bytes;
@@ -241,6 +257,23 @@ void run_case(const Case& c) {
     ASSERT_CUDA(cudaDeviceSynchronize());
     g = Grads{dx.download(), dbr.download(), dsc.download(), dsh.download(),
               dg.download(), dw.download(),  db.download()};
+    if (K > 0) {  // rows 0-2 -> the contiguous gradients; the others must be zero bytes
+      const std::vector<std::uint8_t> all = dmod.download();
+      const std::size_t row_bytes = static_cast<std::size_t>(D) * msz;
+      std::vector<std::uint8_t>* outs[3] = {&g.dshift, &g.dscale, &g.dgate};
+      std::size_t nonzero = 0;
+      for (std::int64_t b = 0; b < B; ++b) {
+        for (std::int64_t k = 0; k < K; ++k) {
+          const std::uint8_t* src = all.data() + (b * K + k) * row_bytes;
+          if (k < (c.gated ? 3 : 2)) {
+            std::memcpy(outs[k]->data() + b * row_bytes, src, row_bytes);
+          } else {
+            for (std::size_t i = 0; i < row_bytes; ++i) nonzero += src[i] != 0;
+          }
+        }
+      }
+      EXPECT_EQ(nonzero, 0u) << "bytes of the unwritten dmod rows that are not zero";
+    }
   }
   auto check = [&](const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want,
                    DType dt, std::size_t n, const char* what) {
@@ -330,6 +363,29 @@ TEST(AdaLNGpu, StridedAndUnalignedInputsTakeCorrectPaths) {
     odd.gated = true;
     odd.per_token = true;
     run_case(odd);
+  }
+}
+
+// The modulation gradient as rows of a [B, K, D] buffer (AdaLNBwdParams::dmod): the rows the
+// backward fills match the reference, the others are zeroed by the reduction kernel (K = 6) or
+// by the memset it falls back to when they outnumber its job slots (K = 24). D = 1001 takes the
+// scalar reduction, 1000 / 3072 the 16-byte one; plain and gated (dgate in row 2), with affine.
+TEST(AdaLNGpu, ModulationGradientRowsAndZeroedRest) {
+  SKIP_WITHOUT_GPU();
+  for (DType t : kDtypes) {
+    for (std::int64_t d : {1000, 1001, 3072}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        Case c;
+        c.dtype = t;
+        c.D = d;
+        c.N = 37;
+        c.gated = variant == 1;
+        c.affine = variant == 2;
+        c.mod_f32 = variant == 2;
+        c.dmod_rows = d == 3072 && variant == 0 ? 24 : 6;
+        run_case(c);
+      }
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "ditscale/kernels/adaln.h"
 
@@ -63,5 +64,10 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AdaLNBwdParams& p) {
   l.block_floats = p.batch * l.num_tiles * p.dim;
   return l;
 }
+
+// Rows of AdaLNBwdParams::dmod that the backward zeroes (those no per-sample dscale / dshift /
+// dgate points at), ascending; empty without dmod. Expects params that passed adaln_check
+// (adaln_check.cc).
+std::vector<std::int64_t> dmod_zero_rows(const AdaLNBwdParams& p);
 
 }  // namespace ditscale::kernels::internal

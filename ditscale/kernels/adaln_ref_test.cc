@@ -149,6 +149,15 @@ struct Problem {
     p.rstd = rstd.data();
     return p;
   }
+  // Backward of the plain variant with dense dy -> dx, no gradient outputs set yet.
+  AdaLNBwdParams plain_bwd(const std::vector<double>& dy, std::vector<double>& dx) const {
+    AdaLNBwdParams p;
+    fill_config(p);
+    p.x = {x.data(), DType::kFloat64, N * D, D};
+    p.dy = {dy.data(), DType::kFloat64, N * D, D};
+    p.dx = dx.data();
+    return p;
+  }
 };
 
 TEST(AdaLNRef, ForwardMatchesIndependentFormulas) {
@@ -333,6 +342,16 @@ TEST(AdaLNRef, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// adaln_backward_ref(bad) throws ditscale::Error whose message contains `needle`.
+void expect_bwd_throws(const AdaLNBwdParams& bad, const std::string& needle) {
+  try {
+    adaln_backward_ref(bad);
+    ADD_FAILURE() << "no throw, expected " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 // Per-sample dscale / dshift written with a sample stride into rows of a [B, K, D] buffer (the
 // modulation gradient of the packed ops): the same values as contiguous outputs, other rows
 // untouched; per-token outputs with a stride and strides below D are rejected, naming the field.
@@ -343,14 +362,7 @@ TEST(AdaLNRef, BackwardWritesStridedPerSampleGradients) {
   adaln_forward_ref(fp);
   const auto rows = static_cast<std::size_t>(pr.B * pr.N * pr.D);
   const std::vector<double> dy = random_vec(rng, rows);
-  auto params = [&](std::vector<double>& dx) {
-    AdaLNBwdParams p;
-    pr.fill_config(p);
-    p.x = {pr.x.data(), DType::kFloat64, pr.N * pr.D, pr.D};
-    p.dy = {dy.data(), DType::kFloat64, pr.N * pr.D, pr.D};
-    p.dx = dx.data();
-    return p;
-  };
+  auto params = [&](std::vector<double>& dx) { return pr.plain_bwd(dy, dx); };
   std::vector<double> dx0(rows), dx1(rows);
   std::vector<double> dscale(pr.B * pr.D), dshift(pr.B * pr.D);
   AdaLNBwdParams p = params(dx0);
@@ -374,17 +386,9 @@ TEST(AdaLNRef, BackwardWritesStridedPerSampleGradients) {
       EXPECT_EQ(dmod[(b * K + 2) * pr.D + d], dscale[b * pr.D + d]);
     }
   }
-  auto expect_throw = [&](const AdaLNBwdParams& bad, const std::string& needle) {
-    try {
-      adaln_backward_ref(bad);
-      ADD_FAILURE() << "no throw, expected " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
   AdaLNBwdParams bad = p;
   bad.dscale_stride_b = pr.D - 1;
-  expect_throw(bad, "AdaLNBwdParams.dscale_stride_b");
+  expect_bwd_throws(bad, "AdaLNBwdParams.dscale_stride_b");
   // Gated: dgate into row 1 of the same kind of buffer.
   Problem gp(2, 3, 8, Variant{NormType::kRMSNorm, false, false, /*gated=*/true}, rng);
   AdaLNFwdParams gfp = gp.fwd();
@@ -428,7 +432,7 @@ TEST(AdaLNRef, BackwardWritesStridedPerSampleGradients) {
   tp.dx = tdx.data();
   tp.dshift = tds.data();
   tp.dshift_stride_b = 3 * 8 * 2;
-  expect_throw(tp, "AdaLNBwdParams.dshift_stride_b");
+  expect_bwd_throws(tp, "AdaLNBwdParams.dshift_stride_b");
 }
 
 // AdaLNBwdParams::dmod: the rows of the [B, K, D] modulation gradient that no output fills are
@@ -442,14 +446,7 @@ TEST(AdaLNRef, BackwardZeroesTheUnwrittenRowsOfDmod) {
   const auto rows = static_cast<std::size_t>(pr.B * pr.N * pr.D);
   const std::vector<double> dy = random_vec(rng, rows);
   std::vector<double> dx(rows), dscale(pr.B * pr.D), dshift(pr.B * pr.D);
-  auto params = [&]() {
-    AdaLNBwdParams p;
-    pr.fill_config(p);
-    p.x = {pr.x.data(), DType::kFloat64, pr.N * pr.D, pr.D};
-    p.dy = {dy.data(), DType::kFloat64, pr.N * pr.D, pr.D};
-    p.dx = dx.data();
-    return p;
-  };
+  auto params = [&]() { return pr.plain_bwd(dy, dx); };
   AdaLNBwdParams p = params();
   p.dscale = dscale.data();
   p.dshift = dshift.data();
@@ -483,32 +480,24 @@ TEST(AdaLNRef, BackwardZeroesTheUnwrittenRowsOfDmod) {
   adaln_backward_ref(none);
   EXPECT_EQ(zmod, std::vector<double>(zmod.size(), 0.0));
 
-  auto expect_throw = [&](const AdaLNBwdParams& bad, const std::string& needle) {
-    try {
-      adaln_backward_ref(bad);
-      ADD_FAILURE() << "no throw, expected " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
   AdaLNBwdParams bad = p;
   bad.dmod_rows = 0;
-  expect_throw(bad, "AdaLNBwdParams.dmod_rows must be >= 1");
+  expect_bwd_throws(bad, "AdaLNBwdParams.dmod_rows must be >= 1");
   bad = p;
   bad.dscale = dmod.data() + D + 1;  // inside row 1
-  expect_throw(bad, "AdaLNBwdParams.dscale does not point at the start of one of the 4 rows");
+  expect_bwd_throws(bad, "AdaLNBwdParams.dscale does not point at the start of one of the 4 rows");
   bad = p;
   bad.dscale = dmod.data() + K * D;  // row 0 of sample 1: outside sample 0's rows
-  expect_throw(bad, "AdaLNBwdParams.dscale does not point");
+  expect_bwd_throws(bad, "AdaLNBwdParams.dscale does not point");
   bad = p;
   bad.dshift = bad.dscale;
-  expect_throw(bad, "AdaLNBwdParams.dshift is row 1 of .dmod, which another output");
+  expect_bwd_throws(bad, "AdaLNBwdParams.dshift is row 1 of .dmod, which another output");
   bad = p;
   bad.dscale_stride_b = 0;
-  expect_throw(bad, "AdaLNBwdParams.dscale_stride_b: 8 but the samples of .dmod are");
+  expect_bwd_throws(bad, "AdaLNBwdParams.dscale_stride_b: 8 but the samples of .dmod are");
   bad = p;
   bad.dmod_dtype = DType::kFloat32;
-  expect_throw(bad, "AdaLNBwdParams.dscale has dtype float64 but .dmod_dtype is float32");
+  expect_bwd_throws(bad, "AdaLNBwdParams.dscale has dtype float64 but .dmod_dtype is float32");
   Problem tok(2, 3, 8, Variant{NormType::kLayerNorm, /*per_token=*/true}, rng);
   std::vector<double> tdx(2 * 3 * 8), tds(2 * 3 * 8), tmod(2 * 2 * 8);
   AdaLNBwdParams tp;
@@ -520,7 +509,7 @@ TEST(AdaLNRef, BackwardZeroesTheUnwrittenRowsOfDmod) {
   tp.dmod = tmod.data();
   tp.dmod_rows = 2;
   tp.dmod_dtype = DType::kFloat64;
-  expect_throw(tp, "AdaLNBwdParams.dshift is a per-token gradient");
+  expect_bwd_throws(tp, "AdaLNBwdParams.dshift is a per-token gradient");
 }
 
 // ---- validation and workspace ----

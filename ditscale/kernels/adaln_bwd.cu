@@ -214,8 +214,7 @@ __global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(cons
   }
 }
 
-// One reduction job: out[b, d] = sum_t ws[b, t, d] (per sample) or out[d] = sum_{b,t} ws[b, t, d];
-// ws == nullptr: out[b, d] = 0 (a row of AdaLNBwdParams::dmod that no output fills).
+// One reduction job: out[b, d] = sum_t ws[b, t, d] (per sample) or out[d] = sum_{b,t} ws[b, t, d].
 struct ReduceJob {
   const float* ws = nullptr;
   void* out = nullptr;
@@ -223,9 +222,19 @@ struct ReduceJob {
   bool out_f32 = false;
   bool over_batch = false;
 };
-constexpr int kMaxReduceJobs = 16;
+// Rows of AdaLNBwdParams::dmod that no output fills, zeroed by the blocks of job 0 (per sample):
+// element (b, d) of zero row k is at dmod + b * sb + rows[k] + d.
+constexpr int kMaxZeroRows = 16;
+struct ZeroRows {
+  void* dmod = nullptr;
+  std::int64_t sb = 0;
+  bool f32 = false;
+  int count = 0;
+  std::int64_t rows[kMaxZeroRows] = {};
+};
 struct ReduceArgs {
-  ReduceJob jobs[kMaxReduceJobs];
+  ReduceJob jobs[5];
+  ZeroRows zero;
   std::int64_t batch = 0;
   std::int64_t num_tiles = 0;
   std::int64_t d = 0;
@@ -238,10 +247,11 @@ constexpr int kReduceUnroll = 8;  // loads a thread has in flight
 // grid: (ceil(D / 32) * B, jobs). Thread (tx, ty) sums partial rows ty, ty + 32, ... in order
 // (loads issued 8 at a time); the 32 column sums are then added in ty order: a fixed tree,
 // identical every run. 32 x 8 loads per column in flight: the ~10 MB of partials of a backward
-// with ~800 blocks at D = 1536 took 5.2 us with 16 x 4 (bench/adaln/profile_adaln.py). A zero
-// job (ws == nullptr) writes zeros: the rows of a modulation gradient that no output fills.
+// with ~800 blocks at D = 1536 took 5.2 us with 16 x 4 (bench/adaln/profile_adaln.py). The
+// blocks of job 0 also write the zero rows of the modulation gradient for their (b, features).
 // (Measured and not kept, adaln-kernel-notes.md v12: 16 features x 64 rows with 16-byte loads
-// and a tree combine, 4.5-5.5 us against 3.9-4.1.)
+// and a tree combine, 4.5-5.5 us against 3.9-4.1; the zero rows as jobs of their own, 1024-thread
+// blocks that store 32 values each: +0.8 us.)
 template <typename T>
 __global__ void __launch_bounds__(kReduceCols* kReduceRows)
     adaln_reduce_partials_kernel(const ReduceArgs r) {
@@ -252,10 +262,10 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   const std::int64_t b = blockIdx.x / chunks;
   const std::int64_t d = (blockIdx.x - b * chunks) * kReduceCols + threadIdx.x;
   if (job.over_batch && b != 0) return;  // whole block: no barrier is skipped by a subset
-  const std::int64_t out = (job.over_batch ? 0 : b * job.out_sb) + d;
-  if (job.ws == nullptr) {  // a zero row: whole block, no barrier follows
-    if (threadIdx.y == 0 && d < r.d) store_any<T>(job.out, job.out_f32, out, 0.f);
-    return;
+  if (blockIdx.y == 0 && threadIdx.y == 0 && d < r.d) {
+    for (int k = 0; k < r.zero.count; ++k) {
+      store_any<T>(r.zero.dmod, r.zero.f32, b * r.zero.sb + r.zero.rows[k] + d, 0.f);
+    }
   }
   const std::int64_t rows = job.over_batch ? r.batch * r.num_tiles : r.num_tiles;
   const float* src = job.ws + (job.over_batch ? 0 : b * r.num_tiles * r.d) + d;
@@ -277,7 +287,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   float total = 0.f;
 #pragma unroll
   for (int k = 0; k < kReduceRows; ++k) total += part[k][threadIdx.x];
-  store_any<T>(job.out, job.out_f32, out, total);
+  store_any<T>(job.out, job.out_f32, (job.over_batch ? 0 : b * job.out_sb) + d, total);
 }
 
 constexpr int kBwdVecCandidates[] = {1, 2, 3, 4};
@@ -347,11 +357,12 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
   a.ws_dweight = next_slot(layout.dweight);
   a.ws_dbias = next_slot(layout.dbias);
   auto* cu_stream = static_cast<cudaStream_t>(stream);
-  // Rows of p.dmod that no output fills (adaln.h): zeroed by the reduce kernel's spare job slots,
-  // or, when there are more than it has, by one memset ahead of everything else.
+  // Rows of p.dmod that no output fills (adaln.h): zeroed by the reduce kernel's first job (a
+  // per-sample one, first in job order), or, with more than kMaxZeroRows or no such job, by one
+  // memset ahead of everything else.
   const std::vector<std::int64_t> zero_rows = dmod_zero_rows(p);
-  const bool zero_all =
-      static_cast<std::size_t>(layout.count()) + zero_rows.size() > kMaxReduceJobs;
+  const bool zero_all = !zero_rows.empty() && (zero_rows.size() > kMaxZeroRows ||
+                                               !(layout.dscale || layout.dshift || layout.dgate));
   if (zero_all) {
     DS_CHECK_CUDA(cudaMemsetAsync(
         p.dmod, 0,
@@ -455,23 +466,17 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
       r.jobs[jobs++] = ReduceJob{src, out, out_sb > 0 ? out_sb : p.dim,
                                  out_dtype == DType::kFloat32, over_batch};
     };
-    auto add_zero_job = [&](std::int64_t row) {
-      void* out = static_cast<char*>(p.dmod) + row * p.dim * dtype_size(p.dmod_dtype);
-      r.jobs[jobs++] =
-          ReduceJob{nullptr, out, p.dmod_rows * p.dim, p.dmod_dtype == DType::kFloat32, false};
-    };
     add_job(a.ws_dscale, p.dscale, p.dscale_stride_b, p.scale.dtype, false);
     add_job(a.ws_dshift, p.dshift, p.dshift_stride_b, p.shift.dtype, false);
     add_job(a.ws_dgate, p.dgate, p.dgate_stride_b, p.gate.dtype, false);
     add_job(a.ws_dweight, p.dweight, 0, p.affine_dtype, true);
     add_job(a.ws_dbias, p.dbias, 0, p.affine_dtype, true);
-    // Rows of the modulation gradient that no output fills: zero jobs of the same kernel, or
-    // (more rows than job slots) one memset before the backward kernel (launched above, ahead in
-    // the stream: `zero_all` was issued first).
-    if (!zero_all) {
-      for (const std::int64_t row : zero_rows) {
-        add_zero_job(row);
-      }
+    if (!zero_all && !zero_rows.empty()) {  // job 0 is per sample here (see zero_all)
+      r.zero.dmod = p.dmod;
+      r.zero.sb = p.dmod_rows * p.dim;
+      r.zero.f32 = p.dmod_dtype == DType::kFloat32;
+      r.zero.count = static_cast<int>(zero_rows.size());
+      for (int k = 0; k < r.zero.count; ++k) r.zero.rows[k] = zero_rows[k] * p.dim;
     }
     if (jobs == 0) return;
     const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;

@@ -88,14 +88,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_mod_bwd_cuda(
   const char* op = "ditscale::adaln_mod_bwd";
   check_cuda(op, x);
   c10::cuda::CUDAGuard guard(x.device());
-  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x);
   AdaLNBackwardCall c =
-      prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt, std::nullopt, m.scale,
-                             m.shift, weight, bias, mean, rstd, norm, eps,
-                             /*modulation_grads=*/false);
-  Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index);
+      prepare_packed_adaln_backward(op, std::nullopt, dy, x, std::nullopt, mod, std::nullopt,
+                                    scale_index, shift_index, weight, bias, mean, rstd, norm, eps);
   if (!c.empty) launch_backward(c, x);
-  return {c.dx, dmod, c.dweight, c.dbias};
+  return {c.dx, c.dmod, c.dweight, c.dbias};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_fwd_cuda(
@@ -147,13 +144,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_bwd_cuda(
   const char* op = "ditscale::adaln_gated_mod_bwd";
   check_cuda(op, h);
   c10::cuda::CUDAGuard guard(h.device());
-  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, h, gate_index);
-  AdaLNBackwardCall c = prepare_adaln_backward(op, true, dh, dy, h, m.gate, branch, m.scale,
-                                               m.shift, weight, bias, mean, rstd, norm, eps,
-                                               /*modulation_grads=*/false);
-  Tensor dmod = attach_packed_modulation_grad(c, mod, scale_index, shift_index, gate_index);
+  AdaLNBackwardCall c =
+      prepare_packed_adaln_backward(op, dh, dy, h, branch, mod, gate_index, scale_index,
+                                    shift_index, weight, bias, mean, rstd, norm, eps);
   if (!c.empty) launch_backward(c, h);
-  return {c.dx, c.dbranch, dmod, c.dweight, c.dbias};
+  return {c.dx, c.dbranch, c.dmod, c.dweight, c.dbias};
 }
 
 }  // namespace

@@ -187,13 +187,17 @@ AdaLNForwardCall prepare_adaln_forward(const char* op, bool gated, const at::Ten
   return c;
 }
 
-AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTensor& dh_in,
-                                         const at::Tensor& dy_in, const at::Tensor& x_in,
-                                         const OptTensor& gate_in, const OptTensor& branch_in,
-                                         const at::Tensor& scale_in, const at::Tensor& shift_in,
-                                         const OptTensor& weight_in, const OptTensor& bias_in,
-                                         const at::Tensor& mean_in, const at::Tensor& rstd_in,
-                                         std::string_view norm, double eps, bool modulation_grads) {
+namespace {
+
+// prepare_adaln_backward; modulation_grads = false leaves dscale / dshift / dgate unallocated (the
+// packed ops point them into the modulation's gradient).
+AdaLNBackwardCall prepare_backward(const char* op, bool gated, const OptTensor& dh_in,
+                                   const at::Tensor& dy_in, const at::Tensor& x_in,
+                                   const OptTensor& gate_in, const OptTensor& branch_in,
+                                   const at::Tensor& scale_in, const at::Tensor& shift_in,
+                                   const OptTensor& weight_in, const OptTensor& bias_in,
+                                   const at::Tensor& mean_in, const at::Tensor& rstd_in,
+                                   std::string_view norm, double eps, bool modulation_grads) {
   const char* xname = gated ? "h" : "x";
   check_x(op, xname, x_in);
   AdaLNBackwardCall c;
@@ -268,6 +272,19 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
   return c;
 }
 
+}  // namespace
+
+AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTensor& dh,
+                                         const at::Tensor& dy, const at::Tensor& x,
+                                         const OptTensor& gate, const OptTensor& branch,
+                                         const at::Tensor& scale, const at::Tensor& shift,
+                                         const OptTensor& weight, const OptTensor& bias,
+                                         const at::Tensor& mean, const at::Tensor& rstd,
+                                         std::string_view norm, double eps) {
+  return prepare_backward(op, gated, dh, dy, x, gate, branch, scale, shift, weight, bias, mean,
+                          rstd, norm, eps, /*modulation_grads=*/true);
+}
+
 ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_index,
                           int64_t shift_index, const at::Tensor& x,
                           std::optional<int64_t> gate_index) {
@@ -297,31 +314,38 @@ ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_i
   return m;
 }
 
-at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor& mod,
-                                         int64_t scale_index, int64_t shift_index,
-                                         std::optional<int64_t> gate_index) {
+AdaLNBackwardCall prepare_packed_adaln_backward(
+    const char* op, const OptTensor& dh, const at::Tensor& dy, const at::Tensor& x,
+    const OptTensor& branch, const at::Tensor& mod, std::optional<int64_t> gate_index,
+    int64_t scale_index, int64_t shift_index, const OptTensor& weight, const OptTensor& bias,
+    const at::Tensor& mean, const at::Tensor& rstd, std::string_view norm, double eps) {
+  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x, gate_index);
+  const bool gated = gate_index.has_value();
+  AdaLNBackwardCall c = prepare_backward(
+      op, gated, dh, dy, x, gated ? OptTensor(m.gate) : OptTensor(), branch, m.scale, m.shift,
+      weight, bias, mean, rstd, norm, eps, /*modulation_grads=*/false);
   const int64_t B = mod.size(0), K = mod.size(1), D = mod.size(2);
-  at::Tensor dmod = at::empty({B, K, D}, mod.options().memory_format(at::MemoryFormat::Contiguous));
+  c.dmod = at::empty({B, K, D}, mod.options().memory_format(at::MemoryFormat::Contiguous));
   auto& p = c.params;
-  c.dscale = dmod.select(1, scale_index);
-  c.dshift = dmod.select(1, shift_index);
+  c.dscale = c.dmod.select(1, scale_index);
+  c.dshift = c.dmod.select(1, shift_index);
   p.dscale = c.dscale.data_ptr();
   p.dshift = c.dshift.data_ptr();
   p.dscale_stride_b = K * D;
   p.dshift_stride_b = K * D;
-  if (gate_index) {
-    c.dgate = dmod.select(1, *gate_index);
+  if (gated) {
+    c.dgate = c.dmod.select(1, *gate_index);
     p.dgate = c.dgate.data_ptr();
     p.dgate_stride_b = K * D;
   }
   if (c.empty) {  // nothing launches: sums over no rows
-    dmod.zero_();
+    c.dmod.zero_();
   } else {  // the backward zeroes the rows it does not fill
-    p.dmod = dmod.data_ptr();
+    p.dmod = c.dmod.data_ptr();
     p.dmod_rows = K;
     p.dmod_dtype = p.scale.dtype;
   }
-  return dmod;
+  return c;
 }
 
 }  // namespace ditscale::torch_ext

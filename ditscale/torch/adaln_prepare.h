@@ -50,6 +50,8 @@ struct AdaLNBackwardCall {
   at::Tensor dbranch;  // gated only
   at::Tensor dgate;    // gated only
   at::Tensor dscale, dshift, dweight, dbias;
+  at::Tensor dmod;  // packed ops only: the [B, K, D] gradient of mod that dscale / dshift / dgate
+                    // are rows of
   bool empty = false;
   std::vector<at::Tensor> keep;
 };
@@ -64,13 +66,14 @@ AdaLNForwardCall prepare_adaln_forward(const char* op, bool gated, const at::Ten
 
 // Checks and allocates the backward. `x` is the norm's input (plain: x; gated: the forward's
 // h). Gated only: dh (optional), gate, branch. `eps` is the forward's (the CPU reference
-// recomputes the statistics from x). modulation_grads = false leaves dscale / dshift / dgate
-// unallocated (attach_packed_modulation_grad points them into the modulation's gradient).
-AdaLNBackwardCall prepare_adaln_backward(
-    const char* op, bool gated, const OptTensor& dh, const at::Tensor& dy, const at::Tensor& x,
-    const OptTensor& gate, const OptTensor& branch, const at::Tensor& scale,
-    const at::Tensor& shift, const OptTensor& weight, const OptTensor& bias, const at::Tensor& mean,
-    const at::Tensor& rstd, std::string_view norm, double eps, bool modulation_grads = true);
+// recomputes the statistics from x).
+AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTensor& dh,
+                                         const at::Tensor& dy, const at::Tensor& x,
+                                         const OptTensor& gate, const OptTensor& branch,
+                                         const at::Tensor& scale, const at::Tensor& shift,
+                                         const OptTensor& weight, const OptTensor& bias,
+                                         const at::Tensor& mean, const at::Tensor& rstd,
+                                         std::string_view norm, double eps);
 
 // Packed per-sample modulation (the adaln_mod_* and adaln_gated_mod_* ops): mod is [B, K, D]
 // (x's dtype or fp32, any strides), scale = mod[:, scale_index], shift = mod[:, shift_index] and,
@@ -83,12 +86,15 @@ ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_i
                           int64_t shift_index, const at::Tensor& x,
                           std::optional<int64_t> gate_index = std::nullopt);
 
-// Points a prepared backward's dscale / dshift (and dgate when gate_index is given) at those rows
-// of a new [B, K, D] gradient of mod (mod's dtype, prepared with modulation_grads = false) and
-// returns it: the gradient of mod, written by the backward (its reduction fills those rows and
-// zeroes the others: AdaLNBwdParams::dmod) with no fill or copy.
-at::Tensor attach_packed_modulation_grad(AdaLNBackwardCall& c, const at::Tensor& mod,
-                                         int64_t scale_index, int64_t shift_index,
-                                         std::optional<int64_t> gate_index = std::nullopt);
+// The packed backward (adaln_mod_bwd; adaln_gated_mod_bwd when gate_index is given, with dh and
+// branch as in prepare_adaln_backward): scale, shift (and gate) are those rows of mod, checked by
+// packed_modulation. c.dmod is a new [B, K, D] gradient of mod (mod's dtype) whose rows dscale /
+// dshift / dgate point at; the backward fills them and zeroes the other rows
+// (AdaLNBwdParams::dmod): no fill kernel, no copy.
+AdaLNBackwardCall prepare_packed_adaln_backward(
+    const char* op, const OptTensor& dh, const at::Tensor& dy, const at::Tensor& x,
+    const OptTensor& branch, const at::Tensor& mod, std::optional<int64_t> gate_index,
+    int64_t scale_index, int64_t shift_index, const OptTensor& weight, const OptTensor& bias,
+    const at::Tensor& mean, const at::Tensor& rstd, std::string_view norm, double eps);
 
 }  // namespace ditscale::torch_ext

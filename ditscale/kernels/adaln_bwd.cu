@@ -296,15 +296,20 @@ constexpr std::size_t kMaxAccSmemBytes = 96 * 1024;
 // Ring + slots of the pipelined kernel above this take the first kernel.
 constexpr std::size_t kMaxPipeSmemBytes = 160 * 1024;
 
+// Dynamic shared memory of the pipelined backward (adaln_bwd_pipe.cuh): the ring, then the slots.
+std::size_t bwd_pipe_smem(int stages, int threads, int vecs, int num_slots, std::int64_t dim) {
+  return static_cast<std::size_t>(stages) * 2 * threads * vecs * 16 +
+         static_cast<std::size_t>(num_slots) * dim * sizeof(float);
+}
+
 // Launches the pipelined backward: picks the tiles per sample so that B x tiles blocks fill one
 // wave of resident blocks (at most max_tiles, the workspace's capacity) and writes the tiling
 // into `a` (the partial reduction reads it).
-template <typename T, int kVecs, int kStages, bool kLean>
+template <typename T, int kVecs, int kStages, bool kLean, int kRegCap = 0>
 void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int threads,
                      std::int64_t batch, std::int64_t max_tiles, cudaStream_t stream) {
-  auto* kernel = adaln_bwd_pipe_kernel<T, kVecs, kStages, kLean>;
-  const std::size_t smem = static_cast<std::size_t>(kStages) * 2 * threads * kVecs * 16 +
-                           static_cast<std::size_t>(num_slots) * a.d * sizeof(float);
+  auto* kernel = adaln_bwd_pipe_kernel<T, kVecs, kStages, kLean, kRegCap>;
+  const std::size_t smem = bwd_pipe_smem(kStages, threads, kVecs, num_slots, a.d);
   const std::int64_t resident = resident_blocks(kernel, threads, smem);
   const std::int64_t want = std::clamp<std::int64_t>(resident / batch, 1, max_tiles);
   a.rows_per_tile = (a.n + want - 1) / want;
@@ -312,6 +317,28 @@ void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int thre
   const std::int64_t blocks = batch * a.num_tiles;
   DS_CHECK(blocks <= 0x7fffffff, "AdaLNBwdParams: too many sequence tiles: ", blocks);
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), smem, stream, a, slots);
+}
+
+// Lean bf16 backward, two-row ring: the instantiation whose launch bound caps the registers at
+// kBwdRegCap per thread (a few bytes spilled at 4 vectors per thread) is taken when
+// AdaLNTuning::bwd_reg_cap says so (0 never, kBwdRegCap always) or, automatically (-1), at 4
+// vectors per thread where the uncapped kernel fits at most 2 blocks per SM and the capped one
+// more. Measured (kernel bench, backward % of the copy bandwidth, adaln-kernel-notes.md v13):
+// D = 5120 (160 threads, 2 -> 3 blocks) +2 to +6 points, D = 8192 (256 threads, 1 -> 2) +5 to +8;
+// D = 4096 (128 threads, 3 -> 4) 3 points slower, and at 3 vectors per thread (D = 1536 / 3072,
+// 6 -> 8 / 3 -> 4 blocks) 1-3 points slower.
+constexpr int kBwdRegCap = 128;
+
+template <int kVecs>
+bool bwd_reg_capped(const AdaLNTuning& tune, int threads, int num_slots, std::int64_t dim) {
+  if (tune.bwd_reg_cap >= 0) return tune.bwd_reg_cap > 0;
+  if (kVecs != 4) return false;
+  const std::size_t smem = bwd_pipe_smem(2, threads, kVecs, num_slots, dim);
+  const int uncapped =
+      blocks_per_sm(adaln_bwd_pipe_kernel<__nv_bfloat16, kVecs, 2, true>, threads, smem);
+  return uncapped <= 2 &&
+         blocks_per_sm(adaln_bwd_pipe_kernel<__nv_bfloat16, kVecs, 2, true, kBwdRegCap>, threads,
+                       smem) > uncapped;
 }
 
 }  // namespace
@@ -397,6 +424,8 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
 
   // Pipelined kernel: dscale/dshift partials in registers, the others in shared-memory slots.
   const AdaLNTuning& tune = adaln_tuning();
+  DS_CHECK(tune.bwd_reg_cap == -1 || tune.bwd_reg_cap == 0 || tune.bwd_reg_cap == kBwdRegCap,
+           "AdaLNTuning::bwd_reg_cap: ", tune.bwd_reg_cap, " is not -1, 0 or ", kBwdRegCap);
   const bool lean = !gated && p.weight == nullptr && p.bias == nullptr;
   VecPlan pipe_plan;
   SmemSlots pipe_slots;
@@ -410,12 +439,15 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
   if (aligned && tune.pipelined) {
     pipe_plan = choose_vec_plan(
         p.dim / vec, kBwdVecCandidates, static_cast<int>(std::size(kBwdVecCandidates)),
-        [&](int k) { return bwd_pipe_max_threads(static_cast<int>(k * vec)); },
+        [&](int k) {
+          const bool capped = lean && vec == 8 && tune.bwd_reg_cap > 0 && tune.bwd_stages == 2;
+          return capped ? bwd_pipe_bound(static_cast<int>(k * vec), kBwdRegCap)
+                        : bwd_pipe_max_threads(static_cast<int>(k * vec));
+        },
         tune.bwd_target_tpr > 0 ? tune.bwd_target_tpr : auto_tpr);
-    const std::size_t pipe_smem =
-        static_cast<std::size_t>(4) * 2 * pipe_plan.threads * pipe_plan.vecs * 16 +
-        static_cast<std::size_t>(pipe_used) * p.dim * sizeof(float);
-    if (pipe_smem > kMaxPipeSmemBytes) pipe_plan = VecPlan{};
+    if (bwd_pipe_smem(4, pipe_plan.threads, pipe_plan.vecs, pipe_used, p.dim) > kMaxPipeSmemBytes) {
+      pipe_plan = VecPlan{};
+    }
   }
 
   dispatch_dtype(p.dtype, [&](auto tag) {
@@ -428,10 +460,16 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
             launch_bwd_pipe<T, kVecs, 3, false>(a, pipe_slots, pipe_used, pipe_plan.threads, B,
                                                 layout.num_tiles, cu_stream);
           } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            dispatch_int<2, 3, 4>(tune.bwd_stages, [&](auto ks) {
-              launch_bwd_pipe<T, kVecs, decltype(ks)::value, true>(
+            if (tune.bwd_stages == 2 &&
+                bwd_reg_capped<kVecs>(tune, pipe_plan.threads, pipe_used, p.dim)) {
+              launch_bwd_pipe<T, kVecs, 2, true, kBwdRegCap>(
                   a, pipe_slots, pipe_used, pipe_plan.threads, B, layout.num_tiles, cu_stream);
-            });
+            } else {
+              dispatch_int<2, 3, 4>(tune.bwd_stages, [&](auto ks) {
+                launch_bwd_pipe<T, kVecs, decltype(ks)::value, true>(
+                    a, pipe_slots, pipe_used, pipe_plan.threads, B, layout.num_tiles, cu_stream);
+              });
+            }
           } else {
             launch_bwd_pipe<T, kVecs, 3, true>(a, pipe_slots, pipe_used, pipe_plan.threads, B,
                                                layout.num_tiles, cu_stream);

@@ -33,6 +33,7 @@ int* tuning_field(AdaLNTuning& t, std::string_view name) {
       {"fwd_coef_reload", &AdaLNTuning::fwd_coef_reload},
       {"fwd_tma_rows", &AdaLNTuning::fwd_tma_rows},
       {"bwd_target_tpr", &AdaLNTuning::bwd_target_tpr},
+      {"bwd_reg_cap", &AdaLNTuning::bwd_reg_cap},
       {"pdl", &AdaLNTuning::pdl},
       {"max_blocks_per_sm", &AdaLNTuning::max_blocks_per_sm},
       {"max_resident_blocks", &AdaLNTuning::max_resident_blocks},

@@ -12,11 +12,13 @@ namespace {
 
 TEST(AdaLNTuning, AppliesNamedIntegerKnobs) {
   AdaLNTuning t;
-  apply_adaln_tuning(t, "pdl=0,bwd_stages=3,,fwd_warp_prefetch=-1,pipelined=0", "TEST");
+  apply_adaln_tuning(t, "pdl=0,bwd_stages=3,,fwd_warp_prefetch=-1,pipelined=0,bwd_reg_cap=0",
+                     "TEST");
   EXPECT_EQ(t.pdl, 0);
   EXPECT_EQ(t.bwd_stages, 3);
   EXPECT_EQ(t.fwd_warp_prefetch, -1);
   EXPECT_FALSE(t.pipelined);
+  EXPECT_EQ(t.bwd_reg_cap, 0);
   EXPECT_EQ(t.fwd_stages, AdaLNTuning{}.fwd_stages);  // untouched
   AdaLNTuning u;
   apply_adaln_tuning(u, nullptr, "TEST");

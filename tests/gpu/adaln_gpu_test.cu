@@ -465,6 +465,14 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
     t.fwd_evict_first = c.evict;
     tunings.push_back(t);
   }
+  // The backward's register-capped instantiation forced everywhere, and never (the automatic
+  // choice takes it at 4 vectors per thread where it fits more blocks: D = 5120 below).
+  for (int cap : {128, 0}) {
+    AdaLNTuning t;
+    t.bwd_reg_cap = cap;
+    t.max_resident_blocks = cap > 0 ? 3 : 0;
+    tunings.push_back(t);
+  }
   AdaLNTuning base;
   base.pipelined = false;
   tunings.push_back(base);
@@ -475,7 +483,8 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
                  (t.pipelined ? "" : " base") + " kernel " + std::to_string(t.fwd_kernel) +
                  " tma stages " + std::to_string(t.fwd_tma_stages) + " bulk store " +
                  std::to_string(t.fwd_bulk_store) + " reload " + std::to_string(t.fwd_coef_reload) +
-                 " evict " + std::to_string(t.fwd_evict_first));
+                 " evict " + std::to_string(t.fwd_evict_first) + " reg cap " +
+                 std::to_string(t.bwd_reg_cap));
     for (DType dt : kDtypes) {
       Case plain;  // per sample, LN; D = 3072 takes several vectors per thread
       plain.dtype = dt;
@@ -499,6 +508,12 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
       tok2.N = 21;
       tok2.D = 2048;
       run_case(tok2);
+      Case lean;  // per sample, no affine: 4 vectors per bf16 backward thread (160 threads)
+      lean.dtype = dt;
+      lean.B = 2;
+      lean.N = 23;
+      lean.D = 5120;
+      run_case(lean);
       Case wide;  // per sample with affine, 5 vectors per bf16 thread
       wide.dtype = dt;
       wide.affine = true;

@@ -79,14 +79,20 @@ constexpr int bwd_pipe_max_threads(int elems_per_thread) {
   return elems_per_thread <= 8 ? 512 : (elems_per_thread <= 32 ? 256 : 0);
 }
 
+// Launch bound of an instantiation: the plan's thread cap, or with kRegCap > 0 the block size at
+// which one block may use kRegCap registers per thread (whole warps; AdaLNTuning::bwd_reg_cap).
+constexpr int bwd_pipe_bound(int elems_per_thread, int reg_cap) {
+  return reg_cap > 0 ? 65536 / reg_cap / 32 * 32 : bwd_pipe_max_threads(elems_per_thread);
+}
+
 // Dynamic shared memory: ring [kStages][2 (x, dy)][tpr * kVecs] 16-byte chunks, then the slots
 // [slots.{dgate,dweight,dbias}][D] fp32 (slots.dscale / slots.dshift are unused here: those
 // accumulate in registers).
 //
 // kLean: no affine and no gate (the usual DiT case): those code paths are compiled out, which
 // keeps the register count (and thus the resident blocks) in check.
-template <typename T, int kVecs, int kStages, bool kLean>
-__global__ void __launch_bounds__(bwd_pipe_max_threads(kVecs * 16 / sizeof(T)), 1)
+template <typename T, int kVecs, int kStages, bool kLean, int kRegCap = 0>
+__global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap), 1)
     adaln_bwd_pipe_kernel(const BwdArgs a, const SmemSlots slots) {
   pdl_enter();  // before any global access (adaln_device.cuh)
   // Lean 16-bit rows: the arithmetic folded (pass 1: xhat by one FMA, dscale accumulated by FMA;

@@ -71,20 +71,28 @@ VecPlan choose_vec_plan(std::int64_t nvec, const int* candidates, int num_candid
 }
 
 // Blocks of `kernel` (block of `threads`, `smem` bytes of dynamic shared memory) resident at once
-// on the current device: occupancy per SM x SMs, capped by AdaLNTuning's limits. Raises
-// the kernel's dynamic shared-memory limit first when smem > 48 KB. Throws when none fits.
+// on one SM of the current device (the occupancy calculator's value). Raises the kernel's dynamic
+// shared-memory limit first when smem > 48 KB. Throws when none fits.
 template <typename Kernel>
-std::int64_t resident_blocks(Kernel* kernel, int threads, std::size_t smem) {
+int blocks_per_sm(Kernel* kernel, int threads, std::size_t smem) {
   if (smem > 32 * 1024) {  // the static shared memory counts against the 48 KB default too
     DS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
   }
-  int device = 0, sms = 0, per_sm = 0;
-  DS_CHECK_CUDA(cudaGetDevice(&device));
-  DS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  int per_sm = 0;
   DS_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   DS_CHECK(per_sm > 0, "AdaLN: a block of ", threads, " threads with ", smem,
            " bytes of shared memory does not fit on an SM");
+  return per_sm;
+}
+
+// The same on the whole device (x SMs), capped by AdaLNTuning's limits.
+template <typename Kernel>
+std::int64_t resident_blocks(Kernel* kernel, int threads, std::size_t smem) {
+  int per_sm = blocks_per_sm(kernel, threads, smem);
+  int device = 0, sms = 0;
+  DS_CHECK_CUDA(cudaGetDevice(&device));
+  DS_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const AdaLNTuning& tune = adaln_tuning();
   if (tune.max_blocks_per_sm > 0) per_sm = std::min(per_sm, tune.max_blocks_per_sm);
   std::int64_t blocks = static_cast<std::int64_t>(per_sm) * sms;

@@ -71,6 +71,12 @@ struct AdaLNTuning {
   // D = 1024-1536 (bf16); with the folded arithmetic 128 against 64 +5 to +6 points at D = 3072
   // (3 vectors x 128 threads instead of 4 x 96); D = 5120 has one plan either way.
   int bwd_target_tpr = 0;
+  // Pipelined backward, lean bf16 with the two-row ring: 128 = the instantiation whose launch
+  // bound caps the registers at 128 per thread, so that more blocks fit per SM (its block may
+  // then have up to 512 threads in the vector plan); 0 = never; -1 = automatic: at 4 vectors per
+  // thread where the uncapped kernel fits at most 2 blocks per SM and the capped one more
+  // (D = 5120 / 8192 bf16; adaln_bwd.cu).
+  int bwd_reg_cap = -1;
   // Programmatic dependent launch of every AdaLN kernel on sm_90+ (1 on, 0 off): each kernel may
   // be scheduled during the previous kernel's tail and waits for its results (adaln_launch.h).
   int pdl = 1;

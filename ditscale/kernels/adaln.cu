@@ -313,8 +313,13 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
   };
   const VecPlan plan = choose_vec_plan(
       nvec, kFwdVecCandidates, static_cast<int>(std::size(kFwdVecCandidates)),
-      [&](int k) { return fwd_tma_max_threads(k * vec, reload_for(k * vec)); },
-      tune.fwd_target_tpr);
+      [&](int k) { return fwd_tma_max_threads(k * vec, reload_for(k * vec)); }, tune.fwd_target_tpr,
+      [&](int k, std::int64_t tpr) {
+        // AdaLNTuning::fwd_tma_prefer: among equally padded bf16 plans, 5 vectors per thread,
+        // then 3 in whole 4-warp groups (measured; see there).
+        if (tune.fwd_tma_prefer == 0 || p.dtype != DType::kBFloat16) return 0;
+        return k == 5 ? 2 : (k == 3 && tpr % 128 == 0 ? 1 : 0);
+      });
   if (plan.vecs == 0) return false;
   const bool reload = reload_for(plan.vecs * vec);
   // Rows per group: instantiated for <= 3 vectors per thread, coefficients in registers.

@@ -32,6 +32,7 @@ int* tuning_field(AdaLNTuning& t, std::string_view name) {
       {"fwd_bulk_store", &AdaLNTuning::fwd_bulk_store},
       {"fwd_coef_reload", &AdaLNTuning::fwd_coef_reload},
       {"fwd_tma_rows", &AdaLNTuning::fwd_tma_rows},
+      {"fwd_tma_prefer", &AdaLNTuning::fwd_tma_prefer},
       {"bwd_target_tpr", &AdaLNTuning::bwd_target_tpr},
       {"bwd_reg_cap", &AdaLNTuning::bwd_reg_cap},
       {"pdl", &AdaLNTuning::pdl},

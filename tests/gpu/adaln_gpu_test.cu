@@ -391,7 +391,7 @@ TEST(AdaLNGpu, ModulationGradientRowsAndZeroedRest) {
 
 TEST(AdaLNGpu, LargeRowsAndSequences) {
   SKIP_WITHOUT_GPU();
-  for (std::int64_t d : {3072, 5120}) {
+  for (std::int64_t d : {2560, 3072, 3840, 5120, 6144, 7680}) {  // the forward's vector plans
     Case c;
     c.B = 1;
     c.N = 4099;  // not a multiple of any tile

@@ -41,30 +41,38 @@ inline std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1
 
 // Elements-per-thread choice: for each candidate K (vectors per thread) the row takes
 // tpr = round_up(ceil(nvec / K), 32) threads; a candidate is valid when tpr <= max_threads(K).
-// Pick the least idle slots (tpr * K - nvec); ties go to tpr closest to `target_tpr`, then to the
-// smaller K. Returns K = 0 when no candidate fits (the caller takes the general kernel).
+// Pick the least idle slots (tpr * K - nvec); ties go to the higher rank(K, tpr) (default: all
+// equal), then to tpr closest to `target_tpr`, then to the smaller K. Returns K = 0 when no
+// candidate fits (the caller takes the general kernel).
 struct VecPlan {
   int vecs = 0;     // K
   int threads = 0;  // tpr, threads per row
 };
 
-template <typename MaxThreadsFn>
+struct EqualRank {
+  int operator()(int /*vecs*/, std::int64_t /*threads*/) const { return 0; }
+};
+
+template <typename MaxThreadsFn, typename RankFn = EqualRank>
 VecPlan choose_vec_plan(std::int64_t nvec, const int* candidates, int num_candidates,
-                        MaxThreadsFn max_threads, int target_tpr) {
+                        MaxThreadsFn max_threads, int target_tpr, RankFn rank = {}) {
   VecPlan best;
   std::int64_t best_waste = 0;
+  int best_rank = 0;
   for (int i = 0; i < num_candidates; ++i) {
     const int k = candidates[i];
     const std::int64_t tpr = round_up((nvec + k - 1) / k, 32);
     if (tpr > max_threads(k)) continue;
     const std::int64_t waste = tpr * k - nvec;
+    const int r = rank(k, tpr);
+    const bool closer = std::llabs(tpr - target_tpr) < std::llabs(best.threads - target_tpr);
     const bool better = best.vecs == 0 || waste < best_waste ||
-                        (waste == best_waste &&
-                         std::llabs(tpr - target_tpr) < std::llabs(best.threads - target_tpr));
+                        (waste == best_waste && (r != best_rank ? r > best_rank : closer));
     if (better) {
       best.vecs = k;
       best.threads = static_cast<int>(tpr);
       best_waste = waste;
+      best_rank = r;
     }
   }
   return best;

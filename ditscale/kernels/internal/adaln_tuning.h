@@ -64,6 +64,14 @@ struct AdaLNTuning {
   // vectors per thread with coefficients in registers and tpr >= 64; 0 = automatic = 1: groups
   // measured slower, see adaln-kernel-notes.md v4). Groups above 4 KB take bulk stores.
   int fwd_tma_rows = 0;
+  // Bulk-copy kernel, bf16: among the vector plans that pad a row least, 1 = prefer 5 vectors
+  // per thread, then 3 vectors where the row's threads are whole 4-warp groups; 0 = none (then
+  // fwd_target_tpr decides). Measured (kernel bench, [1, 65536, D], % of the copy bandwidth,
+  // adaln-kernel-notes.md v13), preferred / previous plan: D = 2560 5 x 64 threads 100 / 81
+  // (2 x 160), 3840 5 x 96 93 / 84 (3 x 160), 6144 3 x 256 89 / 62 (6 x 128, coefficients
+  // reloaded per row), 7680 5 x 192 87 / 78 (6 x 160); 3 x 192 at D = 4608 measured 72 against
+  // 81 for 6 x 96, and 3 x 320 at 7680 58: hence whole 4-warp groups. D = 3072 / 5120 unchanged.
+  int fwd_tma_prefer = 1;
   // Pipelined backward: threads per row the vector plan aims for (ties between equally padded
   // plans); 0 = automatic: 128 for lean 16-bit rows of more than 192 16-byte vectors (3 KB), 64
   // otherwise. Measured

@@ -311,8 +311,12 @@ bool try_fwd_tma(const AdaLNFwdParams& p, FwdArgs a, int vec, cudaStream_t strea
   auto reload_for = [&](int elems) {
     return tune.fwd_coef_reload < 0 ? elems > 40 : tune.fwd_coef_reload != 0;
   };
+  // AdaLNTuning::fwd_tma_vecs > 0: that many vectors per thread only (padding allowed).
+  const int forced[] = {tune.fwd_tma_vecs};
+  const bool force = tune.fwd_tma_vecs > 0;
   const VecPlan plan = choose_vec_plan(
-      nvec, kFwdVecCandidates, static_cast<int>(std::size(kFwdVecCandidates)),
+      nvec, force ? forced : kFwdVecCandidates,
+      force ? 1 : static_cast<int>(std::size(kFwdVecCandidates)),
       [&](int k) { return fwd_tma_max_threads(k * vec, reload_for(k * vec)); }, tune.fwd_target_tpr,
       [&](int k, std::int64_t tpr) {
         // AdaLNTuning::fwd_tma_prefer: among equally padded bf16 plans, 5 vectors per thread,

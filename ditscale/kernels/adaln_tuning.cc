@@ -33,6 +33,7 @@ int* tuning_field(AdaLNTuning& t, std::string_view name) {
       {"fwd_coef_reload", &AdaLNTuning::fwd_coef_reload},
       {"fwd_tma_rows", &AdaLNTuning::fwd_tma_rows},
       {"fwd_tma_prefer", &AdaLNTuning::fwd_tma_prefer},
+      {"fwd_tma_vecs", &AdaLNTuning::fwd_tma_vecs},
       {"bwd_target_tpr", &AdaLNTuning::bwd_target_tpr},
       {"bwd_reg_cap", &AdaLNTuning::bwd_reg_cap},
       {"pdl", &AdaLNTuning::pdl},

@@ -72,6 +72,9 @@ struct AdaLNTuning {
   // reloaded per row), 7680 5 x 192 87 / 78 (6 x 160); 3 x 192 at D = 4608 measured 72 against
   // 81 for 6 x 96, and 3 x 320 at 7680 58: hence whole 4-warp groups. D = 3072 / 5120 unchanged.
   int fwd_tma_prefer = 1;
+  // Bulk-copy kernel: vectors per thread forced (1-6 or 8; 0 = the plan choice above), for A/B
+  // runs; a row that does not fit that many takes the next kernel.
+  int fwd_tma_vecs = 0;
   // Pipelined backward: threads per row the vector plan aims for (ties between equally padded
   // plans); 0 = automatic: 128 for lean 16-bit rows of more than 192 16-byte vectors (3 KB), 64
   // otherwise. Measured

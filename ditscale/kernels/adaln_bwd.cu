@@ -440,7 +440,8 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
     pipe_plan = choose_vec_plan(
         p.dim / vec, kBwdVecCandidates, static_cast<int>(std::size(kBwdVecCandidates)),
         [&](int k) {
-          const bool capped = lean && vec == 8 && tune.bwd_reg_cap > 0 && tune.bwd_stages == 2;
+          const bool capped =
+              lean && p.dtype == DType::kBFloat16 && tune.bwd_reg_cap > 0 && tune.bwd_stages == 2;
           return capped ? bwd_pipe_bound(static_cast<int>(k * vec), kBwdRegCap)
                         : bwd_pipe_max_threads(static_cast<int>(k * vec));
         },

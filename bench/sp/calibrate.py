@@ -22,7 +22,9 @@ layer waits for its slowest rank):
 What is fitted (see fit_link / fit_attention):
   * link: latency = the time of the smallest messages; bandwidth = 1 / slope of time over bytes
     for messages >= 4 MiB (the protocol regime that the layers' 10-400 MB transfers run in).
-  * attention: t = launch + F / (attention_flops * Eff(q) * Eff(kv)), Eff(t) = t / (t + h):
+  * attention: t = launch + F * Wave(q) / (attention_flops * Eff(q) * Eff(kv)),
+    Eff(t) = t / (t + h), Wave = ceil(W) / W for W = heads * ceil(q / 128) / SMs (the partial
+    last wave of CTAs costs a full one; bench/results/sp-attn-split-h200/):
     attention_flops in closed form for each h, h by a log-grid search refined by golden section,
     minimising the squared RELATIVE error (times span four orders of magnitude).
 The NCCL small-message time on NVLink becomes two_sided_sync_us (+ the preset's 5 us intra
@@ -108,16 +110,34 @@ def block_efficiency(tokens: float, half_tokens: float) -> float:
     return tokens / (tokens + half_tokens) if tokens > 0 else 0.0
 
 
+# The wave model's tile (query rows per CTA of cuDNN's forward kernel; measured on the H200:
+# bench/results/sp-attn-split-h200/, steps every 11 tiles x 12 heads = 132 CTAs = the SM count).
+ATTENTION_TILE_TOKENS = 128
+
+
+def wave_factor(q: float, batch_heads: float, slots: int,
+                tile: int = ATTENTION_TILE_TOKENS) -> float:
+    """ceil(W) / W, W = batch_heads * ceil(q / tile) / slots (Topology::WaveFactor); 1 when
+    slots or batch_heads is 0."""
+    if slots <= 0 or batch_heads <= 0 or q <= 0:
+        return 1.0
+    waves = batch_heads * math.ceil(q / tile) / slots
+    return math.ceil(waves - 1e-9) / waves
+
+
 def attention_model_s(flops: float, q: float, kv: float, attention_flops: float,
-                      half_tokens: float, launch_s: float) -> float:
+                      half_tokens: float, launch_s: float, batch_heads: float = 0,
+                      slots: int = 0) -> float:
     """The simulator's attention time (Topology::AttentionSeconds)."""
     eff = block_efficiency(q, half_tokens) * block_efficiency(kv, half_tokens)
-    return launch_s + flops / (attention_flops * eff)
+    return launch_s + flops * wave_factor(q, batch_heads, slots) / (attention_flops * eff)
 
 
-def _attention_fit_at(samples: Sequence[dict], h: float, launch_s: float) -> tuple[float, float]:
+def _attention_fit_at(samples: Sequence[dict], h: float, launch_s: float,
+                      slots: int = 0) -> tuple[float, float]:
     """(attention_flops, sum of squared relative errors) for a fixed half_tokens h."""
-    xs = [s["flops"] / (block_efficiency(s["q_tokens"], h) * block_efficiency(s["kv_tokens"], h))
+    xs = [s["flops"] * wave_factor(s["q_tokens"], s.get("heads", 0), slots)
+          / (block_efficiency(s["q_tokens"], h) * block_efficiency(s["kv_tokens"], h))
           for s in samples]
     ts = [s["seconds"] for s in samples]
     # Minimise sum ((L + c x) / t - 1)^2 over c = 1 / attention_flops.
@@ -131,38 +151,40 @@ def _attention_fit_at(samples: Sequence[dict], h: float, launch_s: float) -> tup
 
 
 def fit_attention(samples: Sequence[dict], launch_s: float = 5e-6,
-                  h_range: tuple[float, float] = (1.0, 65536.0)) -> dict:
+                  h_range: tuple[float, float] = (1.0, 65536.0), slots: int = 0) -> dict:
     """Fits attention_flops and attention_half_tokens to measured attention blocks.
 
-    samples: dicts with q_tokens, kv_tokens, flops and seconds. Returns attention_flops (FLOP/s),
-    attention_half_tokens, rms_rel_err and max_rel_err."""
+    samples: dicts with q_tokens, kv_tokens, flops, seconds (and heads: batch 1, for the wave
+    model when slots > 0). Returns attention_flops (FLOP/s), attention_half_tokens,
+    attention_slots, rms_rel_err and max_rel_err."""
     samples = [s for s in samples if s.get("seconds", 0) > 0]
     if len(samples) < 2:
         raise ValueError("fit_attention: need >= 2 measured blocks")
     lo, hi = math.log(h_range[0]), math.log(h_range[1])
     grid = [lo + (hi - lo) * i / 400 for i in range(401)]
-    errs = [_attention_fit_at(samples, math.exp(g), launch_s)[1] for g in grid]
+    errs = [_attention_fit_at(samples, math.exp(g), launch_s, slots)[1] for g in grid]
     i = min(range(len(grid)), key=errs.__getitem__)
     a, b = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
     # Golden-section refinement in log h around the best grid point.
     phi = (math.sqrt(5) - 1) / 2
     c, d = b - phi * (b - a), a + phi * (b - a)
-    fc = _attention_fit_at(samples, math.exp(c), launch_s)[1]
-    fd = _attention_fit_at(samples, math.exp(d), launch_s)[1]
+    fc = _attention_fit_at(samples, math.exp(c), launch_s, slots)[1]
+    fd = _attention_fit_at(samples, math.exp(d), launch_s, slots)[1]
     for _ in range(60):
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - phi * (b - a)
-            fc = _attention_fit_at(samples, math.exp(c), launch_s)[1]
+            fc = _attention_fit_at(samples, math.exp(c), launch_s, slots)[1]
         else:
             a, c, fc = c, d, fd
             d = a + phi * (b - a)
-            fd = _attention_fit_at(samples, math.exp(d), launch_s)[1]
+            fd = _attention_fit_at(samples, math.exp(d), launch_s, slots)[1]
     h = math.exp((a + b) / 2)
-    flops, _ = _attention_fit_at(samples, h, launch_s)
-    rel = [attention_model_s(s["flops"], s["q_tokens"], s["kv_tokens"], flops, h, launch_s)
-           / s["seconds"] - 1 for s in samples]
+    flops, _ = _attention_fit_at(samples, h, launch_s, slots)
+    rel = [attention_model_s(s["flops"], s["q_tokens"], s["kv_tokens"], flops, h, launch_s,
+                             s.get("heads", 0), slots) / s["seconds"] - 1 for s in samples]
     return {"attention_flops": flops, "attention_half_tokens": h, "launch_s": launch_s,
+            "attention_slots": slots, "attention_tile_tokens": ATTENTION_TILE_TOKENS,
             "rms_rel_err": math.sqrt(sum(r * r for r in rel) / len(rel)),
             "max_rel_err": max(abs(r) for r in rel), "points": len(samples)}
 
@@ -202,6 +224,8 @@ def topology_from_fits(fits: dict, name: str, gpus_per_machine: int,
     if att:
         t["attention_tflops"] = round(att["attention_flops"] / 1e12, 2)
         t["attention_half_tokens"] = round(att["attention_half_tokens"], 1)
+        t["attention_slots"] = int(att.get("attention_slots", 0))
+        t["attention_tile_tokens"] = int(att.get("attention_tile_tokens", ATTENTION_TILE_TOKENS))
     if fits.get("linear_flops"):
         t["linear_tflops"] = round(fits["linear_flops"] / 1e12, 1)
     if fits.get("hbm_Bps"):
@@ -434,6 +458,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
            "link": "emulated" if emulated else "nvlink", "world_size": m.world,
            "emulate_machines": a.emulate_machines, "host": socket.gethostname(),
            "gpu": torch.cuda.get_device_name(m.dev), "torch": torch.__version__,
+           "sms": torch.cuda.get_device_properties(m.dev).multi_processor_count,
            "nccl": ".".join(str(x) for x in torch.cuda.nccl.version())}
     if not a.no_p2p:
         # Up to the sizes a layer moves (S = 65,536: ~100 MB per tensor and peer): on the socket
@@ -462,8 +487,10 @@ def cmd_measure(a: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def fits_from_raw(raws: Sequence[dict]) -> dict:
-    """The fits of `fit` from raw measurement documents (any subset of nvlink / emulated)."""
+def fits_from_raw(raws: Sequence[dict], attention_slots: Optional[int] = None) -> dict:
+    """The fits of `fit` from raw measurement documents (any subset of nvlink / emulated).
+    attention_slots: CTAs per wave of the attention model; None = the raw document's SM count
+    ("sms", recorded since the wave model; 0 = no wave model when absent)."""
     fits: dict = {}
     for raw in raws:
         link = raw.get("link")
@@ -482,7 +509,9 @@ def fits_from_raw(raws: Sequence[dict]) -> dict:
         if raw.get("launch_s"):
             fits["launch_s"] = raw["launch_s"]
         if raw.get("attention"):
-            fits["attention"] = fit_attention(raw["attention"], fits.get("launch_s", 5e-6))
+            slots = attention_slots if attention_slots is not None else int(raw.get("sms", 0))
+            fits["attention"] = fit_attention(raw["attention"], fits.get("launch_s", 5e-6),
+                                              slots=slots)
             fits["attention_points"] = raw["attention"]
         if raw.get("hbm"):
             fits["hbm_Bps"] = raw["hbm"]["bytes_moved"] / raw["hbm"]["s"]
@@ -512,7 +541,7 @@ def cmd_fit(a: argparse.Namespace) -> int:
         except (OSError, json.JSONDecodeError) as e:
             print(f"calibrate fit: {p}: {e}", file=sys.stderr)
             return 2
-    fits = fits_from_raw(raws)
+    fits = fits_from_raw(raws, a.attention_slots)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cli = find_cli(a.ditscale)
@@ -544,7 +573,8 @@ def cmd_fit(a: argparse.Namespace) -> int:
     if "attention" in fits:
         f = fits["attention"]
         print(f"cuDNN attention: {f['attention_flops'] / 1e12:.0f} TFLOP/s asymptotic, "
-              f"half-efficiency block {f['attention_half_tokens']:.0f} tokens, "
+              f"half-efficiency block {f['attention_half_tokens']:.0f} tokens, waves of "
+              f"{f['attention_slots']} CTAs x {f['attention_tile_tokens']} rows, "
               f"rms rel err {f['rms_rel_err']:.1%} (max {f['max_rel_err']:.1%})")
     if fits.get("hbm_Bps"):
         print(f"HBM copy: {fits['hbm_Bps'] / 1e9:.0f} GB/s; GEMM "
@@ -567,6 +597,10 @@ def main(argv=None) -> int:
     f.add_argument("--out-dir", required=True)
     f.add_argument("--gpus-per-machine", type=int, default=2)
     f.add_argument("--ditscale", default=None, help="path of the ditscale CLI")
+    f.add_argument("--attention-slots", type=int, default=None,
+                   help="CTAs per wave of the attention model (default: the raw file's SM count "
+                        "'sms'; 0 = no wave model). Raw files measured before 'sms' was recorded "
+                        "need it given (H200: 132)")
     a = p.parse_args(argv)
     return cmd_measure(a) if a.cmd == "measure" else cmd_fit(a)
 

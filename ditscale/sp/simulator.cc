@@ -189,7 +189,8 @@ void Sim::Post(int gid) {
       a.gid = gid;
       a.src = a.dst = o.rank;
       if (op.kind == OpKind::kAttention) {
-        a.remaining = t_.AttentionSeconds(op.flops, double(op.src.tokens), double(op.key.tokens));
+        a.remaining = t_.AttentionSeconds(op.flops, double(op.src.tokens), double(op.key.tokens),
+                                          double(s_.shape.batch) * double(op.src.heads));
       } else {
         a.remaining = t_.MemorySeconds((op.kind == OpKind::kMerge ? 3.0 : 2.0) * op.bytes);
       }

@@ -9,7 +9,8 @@
 // Cost model (a fluid model: every running activity has remaining work and a rate; the rates
 // are recomputed whenever the set of running activities changes):
 //   Attention   Topology::AttentionSeconds(op.flops, q tokens = op.src.tokens,
-//               kv tokens = op.key.tokens) of work at rate 1.
+//               kv tokens = op.key.tokens, batch x query heads = batch * op.src.heads: the wave
+//               model) of work at rate 1.
 //   Merge       memory-bound: reads the partial out and the accumulator, writes the
 //               accumulator: MemorySeconds(3 * op.bytes) (the float32 lse, d x smaller, ignored).
 //   Pack/Unpack/Copy  MemorySeconds(2 * op.bytes) (read + write).

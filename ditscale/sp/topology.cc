@@ -41,6 +41,7 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.nic_bandwidth_Bps = 320 * kGB;
     t.inter_latency_s = 15 * kUs;
     t.attention_flops = 600 * kTera;
+    t.attention_slots = 132;
     t.linear_flops = 700 * kTera;
     t.hbm_bandwidth_Bps = 2800 * kGB;
   } else if (name == "h200-local") {
@@ -51,6 +52,7 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.nics_per_machine = 0;  // emulated machines: each GPU pair has its own loopback sockets
     t.inter_latency_s = 50 * kUs;
     t.attention_flops = 650 * kTera;
+    t.attention_slots = 132;
     t.linear_flops = 750 * kTera;
     t.hbm_bandwidth_Bps = 4000 * kGB;
   } else {
@@ -82,11 +84,19 @@ double Topology::BlockEfficiency(double tokens) const {
   return tokens / (tokens + attention_half_tokens);
 }
 
-double Topology::AttentionSeconds(double flops, double q_tokens, double kv_tokens) const {
+double Topology::WaveFactor(double q_tokens, double batch_heads) const {
+  if (attention_slots <= 0 || batch_heads <= 0 || q_tokens <= 0) return 1.0;
+  const double tiles = batch_heads * std::ceil(q_tokens / attention_tile_tokens);
+  const double waves = tiles / attention_slots;
+  return std::ceil(waves - 1e-9) / waves;
+}
+
+double Topology::AttentionSeconds(double flops, double q_tokens, double kv_tokens,
+                                  double batch_heads) const {
   if (flops <= 0) return launch_overhead_s;
   double eff = BlockEfficiency(q_tokens) * BlockEfficiency(kv_tokens);
   DS_CHECK(eff > 0, "attention block with no tokens: q=", q_tokens, " kv=", kv_tokens);
-  return launch_overhead_s + flops / (attention_flops * eff);
+  return launch_overhead_s + flops * WaveFactor(q_tokens, batch_heads) / (attention_flops * eff);
 }
 
 double Topology::MemorySeconds(double bytes) const {
@@ -119,6 +129,8 @@ Result<bool> Topology::Validate() const {
     if (!(p.v > 0) || !std::isfinite(p.v)) return bad(p.field, "must be a finite number > 0");
   }
   if (!(attention_half_tokens >= 0)) return bad("attention_half_tokens", "must be >= 0");
+  if (attention_slots < 0) return bad("attention_slots", "must be >= 0 (0 = no wave model)");
+  if (attention_tile_tokens < 1) return bad("attention_tile_tokens", "must be >= 1");
   for (Positive p : {Positive{"intra_latency_us", intra_latency_s},
                      Positive{"inter_latency_us", inter_latency_s},
                      Positive{"launch_overhead_us", launch_overhead_s},
@@ -203,6 +215,17 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
     if (key == "nic_duplex_GBps") {
       if (!it->is_number()) return Fail(source, key, "must be a number");
       t.nic_duplex_Bps = it->get<double>() * kGB;
+      continue;
+    }
+    if (key == "attention_slots" || key == "attention_tile_tokens") {
+      const bool slots = key == "attention_slots";
+      if (!it->is_number_integer() || it->get<int64_t>() < (slots ? 0 : 1) ||
+          it->get<int64_t>() > (1 << 20)) {
+        return Fail(source, key,
+                    slots ? "must be an integer >= 0 (0 = no wave model)"
+                          : "must be an integer >= 1 (query rows per CTA)");
+      }
+      (slots ? t.attention_slots : t.attention_tile_tokens) = static_cast<int>(it->get<int64_t>());
       continue;
     }
     if (key == "nics_per_machine") {

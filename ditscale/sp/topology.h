@@ -27,7 +27,14 @@
 //     `attention_half_tokens` the block length at which one side's efficiency is 1/2. With the
 //     default 128 tokens, Eff(512)^2 = 0.64 and Eff(4096)^2 = 0.94, which follows the shape of
 //     flash-attention-2's published A100 forward curve (hd 128: ~60-65% of the long-sequence
-//     throughput at seqlen 512, >90% from 4k on). Block efficiency ignores head/batch occupancy.
+//     throughput at seqlen 512, >90% from 4k on).
+//     With `attention_slots` > 0 the kernel is modelled as running in waves: it launches one CTA
+//     per `attention_tile_tokens` query rows per (batch, head), `attention_slots` CTAs run at
+//     once, and a partial last wave takes as long as a full one, so the time above is
+//     multiplied by ceil(W) / W, W = batch * heads * ceil(q_tokens / tile) / slots. Measured on
+//     one H200 (bench/results/sp-attn-split-h200/): cuDNN's forward steps by one wave (~0.8 ms
+//     at kv 66,048, 12 heads) every 1408 query rows = 11 tiles of 128 x 12 heads = 132 CTAs, the
+//     SM count; splitting a call into equal query halves cost +3.1%, into whole waves +0.4-0.8%.
 //   * memory-bound ops (log-sum-exp merge, pack/unpack, local copies) of B bytes moved take
 //       launch_overhead_s + B / hbm_bandwidth_Bps.
 //   * linear layers (QKV/out projections, MLP) run at `linear_flops`.
@@ -50,6 +57,7 @@
 //       aws-ofi-nccl at large messages. inter latency 20 us (EFA SRD + NCCL proxy).
 //     attention 200 TFLOP/s: flash-attention 2 forward on A100 bf16 hd 128 reaches 190-230
 //       TFLOP/s (60-70% of the 312 TFLOP/s dense bf16 peak). linear 250 TFLOP/s (80% of 312).
+//       No wave model (attention_slots 0): not measured on an A100 here.
 //       HBM 1.6 TB/s achieved (A100 80GB: 2.04 TB/s datasheet).
 //   h100-8x (p5 / DGX H100), default 8 GPUs per machine:
 //     intra 360 GB/s per direction: NVSwitch gen 3, 18 NVLink4 links = 450 GB/s per direction
@@ -57,6 +65,7 @@
 //     NIC 320 GB/s per direction: 8 x 400 Gb/s = 400 GB/s line rate, 80% achieved. inter
 //       latency 15 us.
 //     attention 600 TFLOP/s (flash-attention 3 / cuDNN bf16 hd 128 forward, 600-700 TFLOP/s),
+//       waves of 132 CTAs x 128 rows (the same SM count and cuDNN kernel as the H200's),
 //       linear 700 TFLOP/s (71% of 989), HBM 2.8 TB/s achieved (3.35 TB/s datasheet).
 //   h200-local (the lent host; emulated machines share the host), default 4 GPUs per machine:
 //     intra 282.4 GB/s per direction: measured NCCL all-to-all busbw ~263 GiB/s at 256 MiB.
@@ -64,7 +73,8 @@
 //     NIC 1.93 GB/s per direction: measured NCCL socket transport between emulated machines
 //       (NCCL_HOSTID per machine), ~1.8 GiB/s per GPU pair, one "NIC" per GPU (each pair has its
 //       own loopback sockets). inter latency 50 us (TCP loopback + proxy).
-//     attention 650 TFLOP/s: measured cuDNN attention (ATen) at hd 128 on one H200.
+//     attention 650 TFLOP/s: measured cuDNN attention (ATen) at hd 128 on one H200. Waves of
+//       132 CTAs (the SM count) of 128 query rows: measured (sp-attn-split-h200).
 //       linear 750 TFLOP/s (76% of 989), HBM 4.0 TB/s achieved (4.8 TB/s datasheet).
 //   Common overheads (all presets unless noted): kernel launch 5 us; NCCL two-sided sync 15 us
 //   per send/recv pair (rendezvous + proxy hand-off); NCCL SM fraction 0.10 (NCCL's default
@@ -79,6 +89,7 @@
 //     "intra_bandwidth_GBps": 240, "intra_latency_us": 5,
 //     "nic_bandwidth_GBps": 42.5, "nics_per_machine": 1, "inter_latency_us": 20,
 //     "attention_tflops": 200, "attention_half_tokens": 128, "linear_tflops": 250,
+//     "attention_slots": 0, "attention_tile_tokens": 128,
 //     "hbm_bandwidth_GBps": 1600, "launch_overhead_us": 5, "two_sided_sync_us": 15,
 //     "two_sided_sm_fraction": 0.1, "one_sided_overhead_us": 2 }
 #pragma once
@@ -106,6 +117,8 @@ struct Topology {
 
   double attention_flops = 0;          // asymptotic achieved attention FLOP/s per GPU
   double attention_half_tokens = 128;  // Eff(t) = t / (t + attention_half_tokens)
+  int attention_slots = 0;             // CTAs of the attention kernel in flight; 0 = no waves
+  int attention_tile_tokens = 128;     // query rows per CTA (the wave model's tile)
   double linear_flops = 0;             // achieved GEMM FLOP/s per GPU
   double hbm_bandwidth_Bps = 0;        // achieved bytes/s for memory-bound ops
 
@@ -126,8 +139,13 @@ struct Topology {
 
   // Eff(t) = t / (t + attention_half_tokens), in (0, 1); 0 for t <= 0.
   double BlockEfficiency(double tokens) const;
-  // Seconds for an attention op: launch_overhead_s + flops / (attention_flops * Eff(q) * Eff(kv)).
-  double AttentionSeconds(double flops, double q_tokens, double kv_tokens) const;
+  // ceil(W) / W for a call over batch_heads (batch x query heads) and q_tokens rows (see the wave
+  // model above); 1 without it (attention_slots == 0 or batch_heads <= 0).
+  double WaveFactor(double q_tokens, double batch_heads) const;
+  // Seconds for an attention op: launch_overhead_s + flops * WaveFactor / (attention_flops *
+  // Eff(q) * Eff(kv)). batch_heads = 0: no wave model for this call.
+  double AttentionSeconds(double flops, double q_tokens, double kv_tokens,
+                          double batch_heads = 0) const;
   // Seconds for a memory-bound op moving `bytes`: launch_overhead_s + bytes / hbm_bandwidth_Bps.
   double MemorySeconds(double bytes) const;
   // Seconds for `flops` of GEMM work: flops / linear_flops (no launch overhead).

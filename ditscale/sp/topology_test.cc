@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -66,6 +67,58 @@ TEST(Topology, CostFormulas) {
   }
 }
 
+// The wave model: whole waves cost their work, a partial last wave a full one.
+TEST(Topology, AttentionWaves) {
+  Topology t = MakePresetTopology("h200-local", 1).value();
+  ASSERT_EQ(t.attention_slots, 132);
+  ASSERT_EQ(t.attention_tile_tokens, 128);
+  // 12 heads x 11 tiles = 132 CTAs: exactly one wave per 1408 rows.
+  EXPECT_DOUBLE_EQ(t.WaveFactor(1408, 12), 1.0);
+  EXPECT_DOUBLE_EQ(t.WaveFactor(24 * 1408, 12), 1.0);
+  // One row more starts a 25th wave of 12 CTAs.
+  const double w = (24 * 132 + 12) / 132.0;
+  EXPECT_NEAR(t.WaveFactor(24 * 1408 + 1, 12), 25 / w, 1e-12);
+  // The measured case: 66,048 rows in one call (46.9 waves -> 47) vs two equal halves (23.45
+  // waves each -> 24 + 24) vs whole-wave halves (24 + 23): the model orders them as measured.
+  const double flops_row = 4.0 * 12 * 66048 * 128;  // per query row, kv 66,048, 12 heads
+  auto call = [&](double rows) { return t.AttentionSeconds(flops_row * rows, rows, 66048, 12); };
+  const double one = call(66048), halves = 2 * call(33024), whole = call(33792) + call(32256);
+  EXPECT_GT(halves, whole * 1.015);
+  EXPECT_NEAR(whole / one, 1.0, 0.003);  // 47 waves either way
+  // Without batch x heads (or with no slots) there is no wave model.
+  EXPECT_DOUBLE_EQ(t.WaveFactor(33024, 0), 1.0);
+  t.attention_slots = 0;
+  EXPECT_DOUBLE_EQ(t.WaveFactor(33024, 12), 1.0);
+  // Random sizes: the factor is in [1, 2) once there is at least one full wave, and exactly the
+  // ceiling's ratio.
+  t.attention_slots = 132;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> rows(1, 200000), heads(1, 64);
+  for (int i = 0; i < 200; ++i) {
+    const int q = rows(rng), bh = heads(rng);
+    const double tiles = bh * std::ceil(q / 128.0), waves = tiles / 132;
+    const double f = t.WaveFactor(q, bh);
+    EXPECT_NEAR(f, std::ceil(waves - 1e-9) / waves, 1e-12) << q << " rows, " << bh << " heads";
+    EXPECT_GE(f, 1.0);
+    if (waves >= 1) EXPECT_LT(f, 2.0);
+  }
+  // JSON: both keys parse, and bad values name the field.
+  auto r = ParseTopologyJson(R"({"base": "p4de", "attention_slots": 108,
+                                 "attention_tile_tokens": 64})",
+                             "w.json", 1);
+  ASSERT_TRUE(r.ok()) << r.failure().ToString();
+  EXPECT_EQ(r->attention_slots, 108);
+  EXPECT_EQ(r->attention_tile_tokens, 64);
+  for (const char* bad : {R"({"base": "p4de", "attention_slots": -1})",
+                          R"({"base": "p4de", "attention_tile_tokens": 0})",
+                          R"({"base": "p4de", "attention_slots": 1.5})"}) {
+    auto e = ParseTopologyJson(bad, "w.json", 1);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.failure().ToString().find("attention_"), std::string::npos)
+        << e.failure().ToString();
+  }
+}
+
 TEST(Topology, JsonWithBaseOverridesFields) {
   auto r = ParseTopologyJson(R"({"base": "p4de", "name": "slow-efa", "nic_bandwidth_GBps": 10,
                                  "two_sided_sm_fraction": 0.2})",
@@ -127,10 +180,10 @@ TEST(Topology, NicsPerMachine) {
   ASSERT_TRUE(dj.ok()) << dj.failure().ToString();
   EXPECT_DOUBLE_EQ(dj.value().nic_duplex_Bps, 3.5e9);
   EXPECT_DOUBLE_EQ(MakePresetTopology("p4de", 2).value().nic_duplex_Bps, 0);  // full duplex
-  for (const char* bad : {R"({"base": "p4de", "nic_duplex_GBps": -1})",
-                          R"({"base": "p4de", "nics_per_machine": -1})",
-                          R"({"base": "p4de", "nics_per_machine": 1.5})",
-                          R"({"base": "p4de", "nics_per_machine": 12})"}) {
+  for (const char* bad :
+       {R"({"base": "p4de", "nic_duplex_GBps": -1})", R"({"base": "p4de", "nics_per_machine": -1})",
+        R"({"base": "p4de", "nics_per_machine": 1.5})",
+        R"({"base": "p4de", "nics_per_machine": 12})"}) {
     auto e = ParseTopologyJson(bad, "c.json", 2);
     ASSERT_FALSE(e.ok()) << bad;
     EXPECT_NE(e.failure().ToString().find("nic"), std::string::npos) << bad;

@@ -48,7 +48,7 @@ from ditscale.models.mmdit import (
     shard_tokens,
 )
 
-SP_STRATEGIES = ("ulysses", "ring", "usp", "swiftfusion-tas", "torus")
+SP_STRATEGIES = ("ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas", "torus")
 ALL_STRATEGIES = SP_STRATEGIES + ("auto", "allgather")
 
 

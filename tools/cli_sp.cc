@@ -226,7 +226,8 @@ void RegisterSpCommands(CLI::App& app) {
   auto cfg = std::make_shared<sp::SpConfig>();
   CLI::App* sim = sp->add_subcommand("simulate", "predict one configuration with its breakdown");
   AddCommon(sim, sim_args.get());
-  sim->add_option("--strategy", cfg->strategy, "ulysses | ring | usp | swiftfusion-tas | torus")
+  sim->add_option("--strategy", cfg->strategy,
+                  "ulysses | ulysses-overlap | ring | usp | swiftfusion-tas | torus")
       ->required();
   sim->add_option("--ulysses", cfg->ulysses_degree, "Ulysses degree U (0 = default)");
   sim->add_option("--ring", cfg->ring_degree, "Ring degree R (0 = default)");

@@ -119,7 +119,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     # diag (opt-in): where the time of Ulysses and Ring goes, NCCL vs NVSHMEM: kernel table
     # (torch.profiler) and every rank's per-unit GPU timeline (ditscale.sp.timeline).
     has diag && step sp-diag 200 $TRUN bench/sp/bench_sp_attention.py --seq 36864 --text 512 \
-         --strategies ulysses ring --transports nccl nvshmem --peers plain-ulysses --check-seq 0 \
+         --strategies ulysses ulysses-overlap ring --transports nccl nvshmem --peers plain-ulysses --check-seq 0 \
          --warmup 2 --iters 3 --repeats 1 --profile --timeline --json "$SPD/diag.json"
     # channels (opt-in): the emulated-machine run of the hybrids with more NCCL channels (sockets)
     # per peer on ditscale's inter-machine communicator; compare with sp-emulated.json.

@@ -48,7 +48,7 @@ for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "
                ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_k, _v)
 
-STRATEGIES = ("ulysses", "ring", "usp", "swiftfusion-tas", "torus")
+STRATEGIES = ("ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas", "torus")
 PEERS = ("single", "plain-ulysses", "torch-cp")
 TRANSPORTS = ("nccl", "nvshmem", "nvshmem-intra")  # as ditscale.sp.TRANSPORTS
 

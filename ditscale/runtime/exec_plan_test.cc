@@ -115,14 +115,24 @@ struct Case {
 
 TEST(ExecPlan, EveryStrategyMeshAndTransportIsExecutable) {
   const std::vector<Case> cases = {
-      {1, 2, "ulysses", 1}, {1, 2, "ring", 1},
-      {2, 1, "ring", 1},    {1, 4, "usp", 1},
-      {2, 2, "usp", 1},     {2, 2, "swiftfusion-tas", 1},
-      {2, 2, "torus", 1},   {2, 2, "torus", 2},
-      {2, 2, "torus", 3},   {2, 1, "swiftfusion-tas", 1},
-      {2, 1, "torus", 2},   {2, 4, "torus", 2},
-      {1, 4, "ring", 1},    {4, 1, "ring", 1},
-      {1, 3, "ring", 1},    {1, 4, "swiftfusion-tas", 1},
+      {1, 2, "ulysses", 1},
+      {1, 2, "ring", 1},
+      {2, 1, "ring", 1},
+      {1, 4, "usp", 1},
+      {2, 2, "usp", 1},
+      {2, 2, "swiftfusion-tas", 1},
+      {2, 2, "torus", 1},
+      {2, 2, "torus", 2},
+      {2, 2, "torus", 3},
+      {2, 1, "swiftfusion-tas", 1},
+      {2, 1, "torus", 2},
+      {2, 4, "torus", 2},
+      {1, 4, "ring", 1},
+      {4, 1, "ring", 1},
+      {1, 3, "ring", 1},
+      {1, 4, "swiftfusion-tas", 1},
+      {1, 2, "ulysses-overlap", 1},
+      {2, 2, "ulysses-overlap", 1},
   };
   for (const Case& c : cases) {
     for (bool one_sided : {false, true}) {
@@ -159,6 +169,7 @@ TEST(ExecPlan, IntraOneSidedInterTwoSidedIsExecutable) {
       {2, 4, "torus", 2},
       {2, 4, "ring", 1},
       {3, 2, "ulysses", 1},
+      {2, 2, "ulysses-overlap", 1},
       {3, 2, "swiftfusion-tas", 1},
       {3, 2, "torus", 3},
   };

@@ -63,7 +63,12 @@ Result<PlanCandidate> EvaluateConfig(const Topology& topology, const Workload& w
   mesh.machines = topology.machines;
   mesh.gpus_per_machine = topology.gpus_per_machine;
   AttentionShape shape = ToAttentionShape(workload);
-  Result<Schedule> schedule = BuildSchedule(mesh, config, shape);
+  SpConfig cfg = config;
+  if (cfg.attention_slots == 0) {  // the kernel's waves as the topology models them
+    cfg.attention_slots = topology.attention_slots;
+    cfg.attention_tile_tokens = topology.attention_tile_tokens;
+  }
+  Result<Schedule> schedule = BuildSchedule(mesh, cfg, shape);
   if (!schedule.ok()) return schedule.failure();
   Result<SimResult> sim = Simulate(*schedule, topology);
   if (!sim.ok()) return sim.failure();
@@ -113,7 +118,7 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
       if (n % u != 0) continue;
       int r = n / u;
       bool take = false;
-      if (s == "ulysses") take = r == 1;
+      if (s == "ulysses" || s == "ulysses-overlap") take = r == 1;
       if (s == "ring") take = u == 1;
       if (s == "usp" || s == "swiftfusion-tas") take = u > 1 && r > 1;
       if (s == "torus") take = u > 1;

@@ -14,9 +14,9 @@ Workload Flux(int side) { return MakeWorkload("flux", {side, side}).value(); }
 TEST(Planner, EnumeratesEveryConfigurationOnce) {
   Topology t = MakePresetTopology("p4de", 2, 4).value();  // N = 8
   PlanResult p = Plan(t, Flux(1024)).value();
-  // ulysses 1 + ring 1 + usp {2,4} + tas {2,4} + torus {2,4,8} x 4 chunks = 18 configs x 3
-  // transports (two machines: nccl, nvshmem, nvshmem-intra).
-  EXPECT_EQ(p.ranked.size() + p.skipped.size(), 54u);
+  // ulysses 1 + ulysses-overlap 1 + ring 1 + usp {2,4} + tas {2,4} + torus {2,4,8} x 4 chunks
+  // = 19 configs x 3 transports (two machines: nccl, nvshmem, nvshmem-intra).
+  EXPECT_EQ(p.ranked.size() + p.skipped.size(), 57u);
   std::set<std::string> names;
   for (const auto& c : p.ranked) EXPECT_TRUE(names.insert(c.Name()).second) << c.Name();
   for (size_t i = 1; i < p.ranked.size(); ++i) {

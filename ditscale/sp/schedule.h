@@ -64,7 +64,8 @@ enum class Placement {
 
 // Which strategy and degrees. ulysses_degree * ring_degree must equal the mesh's rank count.
 struct SpConfig {
-  // "ulysses" (U = N, R = 1), "ring" (U = 1, R = N), "usp", "swiftfusion-tas", "torus".
+  // "ulysses" (U = N, R = 1), "ulysses-overlap" (the same, all-to-alls under the attention),
+  // "ring" (U = 1, R = N), "usp", "swiftfusion-tas", "torus".
   // For "ulysses" / "ring" a degree left at 0 is filled in; for the hybrids both must be given
   // (or 0 for the default: U = gpus_per_machine for usp, U = machines for tas/torus).
   std::string strategy = "ulysses";
@@ -82,6 +83,12 @@ struct SpConfig {
   // where NVSHMEM would bypass the emulated network over NVLink).
   bool one_sided_inter = true;
   Placement placement = Placement::kStrategyDefault;
+  // The attention kernel's waves (Topology::attention_slots / attention_tile_tokens): CTAs in
+  // flight and query rows per CTA. ulysses-overlap cuts its query chunks on whole waves; 0 = no
+  // alignment. The planner (EvaluateConfig) fills a 0 from the topology; the GPU runtime sets
+  // them from the device (its SM count).
+  int attention_slots = 0;
+  int attention_tile_tokens = 128;
 };
 
 // One attention layer (non-causal, softmax scale 1/sqrt(head_dim)).

@@ -13,6 +13,12 @@
 //                   with its own all-to-all pipelined against the attention of the chunk before
 //                   (strategies/ulysses_heads.cc): only the first chunk's way in and the last
 //                   chunk's way back stay exposed; no merges (heads are independent).
+//  ulysses-overlap  ulysses whose all-to-alls run under the attention (strategies/
+//                   ulysses_overlap.cc): k, v arrive first; the attention is cut by query rows
+//                   into local rows, every remote row, local rows again, at whole waves of the
+//                   attention kernel (SpConfig::attention_slots), so that the remote queries
+//                   arrive under the first call and their out leaves under the last. Only the
+//                   k, v all-to-all stays exposed; no merges; same bytes and FLOPs as ulysses.
 //  ring             R = N. R steps; at step s a rank attends its queries against the kv block that
 //                   came from s hops back and LSE-merges it; kv blocks rotate to the next rank,
 //                   double buffered (own buffer + one extra, reused with flow control).
@@ -60,7 +66,7 @@
 
 namespace ditscale::sp {
 
-// "ulysses", "ring", "usp", "swiftfusion-tas", "torus".
+// "ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas", "torus".
 const std::vector<std::string>& StrategyNames();
 
 // Fills the defaults of `config` (degrees, placement) for `mesh` and checks it: known strategy,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -97,6 +98,106 @@ TEST(Strategies, RingMatchesDense) { SweepStrategy("ring", {1}); }
 TEST(Strategies, UspMatchesDense) { SweepStrategy("usp", {1}); }
 TEST(Strategies, TasMatchesDense) { SweepStrategy("swiftfusion-tas", {1}); }
 TEST(Strategies, TorusMatchesDense) { SweepStrategy("torus", {1, 2, 3, 4}); }
+
+TEST(Strategies, UlyssesOverlapMatchesDense) { SweepStrategy("ulysses-overlap", {1}); }
+
+// The three calls of ulysses-overlap on every rank: local rows x local kv before the first wait,
+// the rest x all kv, then local rows x remote kv (the one merge), the out back leaving before
+// that last call; the first call's rows are whole waves. Waves of 4 CTAs x 3 rows make the
+// alignment bite at test sizes (6 or 3 heads per rank -> 6 or 12 rows per whole wave, batch 2).
+TEST(Strategies, UlyssesOverlapCutsOnWholeWaves) {
+  uint64_t seed = 900;
+  for (const SpMesh& mesh : kMeshes) {
+    for (bool one_sided : {false, true}) {
+      for (int64_t text : {0, 8}) {
+        for (const auto& [heads, kv] : {std::pair<int64_t, int64_t>{12, 0}, {10, 0}, {12, 6}}) {
+          Case c{mesh, SpConfig{}, Shape(heads == 10 ? 101 : 96, text, heads, kv)};
+          c.config.strategy = "ulysses-overlap";
+          c.config.one_sided = one_sided;
+          c.config.attention_slots = 4;
+          c.config.attention_tile_tokens = 3;
+          Result<SpConfig> rc = ResolveConfig(mesh, c.config, c.shape);
+          if (!rc.ok()) {  // more Ulysses ranks than kv heads
+            EXPECT_EQ(rc.failure().column, "ulysses_degree") << Describe(c);
+            continue;
+          }
+          c.config = *rc;
+          RunCase(c, ++seed);
+          const Schedule s = BuildSchedule(c.mesh, c.config, c.shape).ValueOrThrow();
+          for (const RankProgram& p : s.ranks) {
+            SCOPED_TRACE(Describe(c) + " rank " + std::to_string(p.rank));
+            std::vector<int> calls;
+            int merges = 0, first_wait = -1, back = -1;
+            for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+              const Op& op = p.ops[i];
+              if (op.kind == OpKind::kAttention) calls.push_back(i);
+              merges += op.kind == OpKind::kMerge;
+              const bool in = op.label.find("a2a.in") != std::string::npos;
+              if ((op.kind == OpKind::kWait || op.kind == OpKind::kRecv) && in && first_wait < 0) {
+                first_wait = i;
+              }
+              if ((op.kind == OpKind::kSend || op.kind == OpKind::kPut) &&
+                  op.label.find("a2a.out") != std::string::npos && back < 0) {
+                back = i;
+              }
+            }
+            ASSERT_EQ(calls.size(), 3u);
+            EXPECT_EQ(merges, 1);
+            const Op& c1 = p.ops[calls[0]];
+            const Op& c2 = p.ops[calls[1]];
+            const Op& c3 = p.ops[calls[2]];
+            // Call 1 needs nothing remote: it comes before any wait for the all-to-all in (a
+            // Recv's group sits on the link stream; its consumer depends on it instead).
+            if (one_sided) EXPECT_LT(calls[0], first_wait);
+            const int64_t hq = c1.src.heads, wave = 3 * (4 / std::gcd<int64_t>(4, 2 * hq));
+            const int64_t local = (text > 0 ? text : 0) + p.image_token_count;
+            const int64_t whole = local / wave * wave;
+            EXPECT_EQ(c1.src.tokens, whole > 0 ? whole : local) << "wave " << wave;
+            EXPECT_EQ(c1.key.tokens, (text > 0 ? text : 0) + p.image_token_count);
+            EXPECT_EQ(c2.src.token_begin, c1.src.tokens);
+            EXPECT_EQ(c3.src.tokens, c1.src.tokens);
+            EXPECT_EQ(c1.key.tokens + c3.key.tokens, c2.key.tokens);
+            EXPECT_LT(back, calls[2]);
+            EXPECT_GT(back, calls[1]);
+          }
+        }
+      }
+    }
+  }
+  // Same bytes and FLOPs as plain Ulysses.
+  Case plain{SpMesh{1, 4}, SpConfig{}, Shape(96, 8, 12)};
+  plain.config.strategy = "ulysses";
+  Case overlap = plain;
+  overlap.config.strategy = "ulysses-overlap";
+  const std::vector<RankCommVolume> va =
+      CommVolumePerRank(BuildSchedule(plain.mesh, plain.config, plain.shape).ValueOrThrow());
+  const std::vector<RankCommVolume> vb =
+      CommVolumePerRank(BuildSchedule(overlap.mesh, overlap.config, overlap.shape).ValueOrThrow());
+  ASSERT_EQ(va.size(), vb.size());
+  for (size_t r = 0; r < va.size(); ++r) {
+    EXPECT_EQ(va[r].sent_bytes(), vb[r].sent_bytes()) << "rank " << r;
+    EXPECT_EQ(va[r].recv_bytes(), vb[r].recv_bytes()) << "rank " << r;
+    EXPECT_DOUBLE_EQ(va[r].attention_flops, vb[r].attention_flops) << "rank " << r;
+  }
+  // Flux at 4096^2 on 2 H200s (132 SMs, 128-row tiles, 12 heads per rank: 1408 rows per wave):
+  // 512 text + 32,768 own rows -> call 1 on 23 waves (32,384 rows), call 2 the other 33,664.
+  AttentionShape flux;
+  flux.seq_tokens = 65536;
+  flux.text_tokens = 512;
+  flux.heads = 24;
+  flux.head_dim = 128;
+  SpConfig fc;
+  fc.strategy = "ulysses-overlap";
+  fc.attention_slots = 132;
+  const Schedule fs = BuildSchedule(SpMesh{1, 2}, fc, flux).ValueOrThrow();
+  for (const RankProgram& p : fs.ranks) {
+    std::vector<int64_t> rows;
+    for (const Op& op : p.ops) {
+      if (op.kind == OpKind::kAttention) rows.push_back(op.src.tokens);
+    }
+    EXPECT_EQ(rows, (std::vector<int64_t>{32384, 33664, 32384})) << "rank " << p.rank;
+  }
+}
 
 // Head-chunked Ulysses: every mesh, 2-3 head chunks (uneven chunks and groups: 10 heads on 4
 // ranks -> groups 3, 3, 2, 2 -> chunks of 2 + 1 and 1 + 1), GQA, joint text, both transports;
@@ -494,6 +595,20 @@ TEST(Strategies, ResolveConfigNamesTheBadField) {
   EXPECT_EQ(column({2, 2}, heads, shape), "torus_chunks");
   heads.torus_chunks = 2;
   EXPECT_EQ(column({1, 1}, heads, shape), "torus_chunks");  // one rank: no all-to-all
+  SpConfig overlap;
+  overlap.strategy = "ulysses-overlap";
+  EXPECT_EQ(column({2, 2}, overlap, shape), "ok");
+  overlap.torus_chunks = 2;
+  EXPECT_EQ(column({2, 2}, overlap, shape), "torus_chunks");  // its cuts are not chunks
+  overlap.torus_chunks = 1;
+  overlap.ring_degree = 2;
+  EXPECT_EQ(column({2, 2}, overlap, shape), "ring_degree");
+  overlap.ring_degree = 0;
+  overlap.attention_slots = -1;
+  EXPECT_EQ(column({2, 2}, overlap, shape), "attention_slots");
+  overlap.attention_slots = 132;
+  overlap.attention_tile_tokens = 0;
+  EXPECT_EQ(column({2, 2}, overlap, shape), "attention_tile_tokens");
   cfg.strategy = "torus";
   cfg.torus_chunks = 0;
   EXPECT_EQ(column({2, 2}, cfg, shape), "torus_chunks");

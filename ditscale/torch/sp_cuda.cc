@@ -5,6 +5,7 @@
 // the executor's attention backend, and one GpuExecutor per (configuration, shape, dtype), created
 // on first use and reused. Compiled only when ditscale's CUDA kernels are built and torch has CUDA.
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/custom_class.h>
@@ -197,6 +198,7 @@ struct SpRuntime : torch::CustomClassHolder {
         world_(static_cast<int>(world)),
         device_(static_cast<int>(device)),
         mesh_{static_cast<int>(machines), static_cast<int>(gpus_per_machine)},
+        sm_count_(at::cuda::getDeviceProperties(static_cast<int>(device))->multiProcessorCount),
         attention_(static_cast<int>(device)) {
     TORCH_CHECK(machines >= 1 && gpus_per_machine >= 1 && machines * gpus_per_machine == world,
                 "ditscale.sp: mesh ", machines, " x ", gpus_per_machine, " does not have ", world,
@@ -410,6 +412,9 @@ struct SpRuntime : torch::CustomClassHolder {
     cfg.torus_chunks = static_cast<int>(chunks);
     cfg.one_sided = one_sided;
     cfg.one_sided_inter = inter;
+    // Waves of the attention kernel (cuDNN's forward: one 128-row CTA per SM at a time,
+    // bench/results/sp-attn-split-h200/), for strategies that cut the call on whole waves.
+    cfg.attention_slots = sm_count_;
     auto sched = sp::BuildSchedule(mesh_, cfg, s);
     TORCH_CHECK(sched.ok(), "ditscale.sp.attention: ", sched.failure().ToString());
     runtime::Transports t{intra_.get(), inter_.get(), shmem_.get()};
@@ -424,6 +429,9 @@ struct SpRuntime : torch::CustomClassHolder {
 
   int rank_, world_, device_;
   sp::SpMesh mesh_;
+  // Attention waves for the schedule builder. Every rank must build the same schedule, so a mesh
+  // mixes only GPUs of one SM count (the lent hosts do).
+  int sm_count_;
   AtenAttention attention_;
   std::unique_ptr<comm::NcclComm> intra_, inter_;
   std::shared_ptr<comm::Nvshmem> shmem_;

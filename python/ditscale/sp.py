@@ -14,7 +14,9 @@ Usage, one process per GPU under ``torchrun``::
 
 The result is dense, non-causal attention (scale 1/sqrt(D)) of the local queries over all
 tokens of all ranks, joint text tokens first; ``text_out`` (the joint queries' output) is the same
-on every rank. Strategies: ``ulysses``, ``ring``, ``usp`` (Ulysses within machines, Ring across),
+on every rank. Strategies: ``ulysses``, ``ulysses-overlap`` (Ulysses with its all-to-alls under
+three attention calls cut on whole waves of the attention kernel), ``ring``, ``usp`` (Ulysses
+within machines, Ring across),
 ``swiftfusion-tas`` (Ulysses across machines, Ring within), ``torus`` (TAS with the all-to-all
 cut into ``chunks`` token chunks pipelined with attention; with ``ulysses``, ``chunks`` > 1 cuts
 the head group into that many chunks, each chunk's all-to-all pipelined the same way), ``auto`` (the planner's choice for the mesh and a
@@ -51,7 +53,7 @@ import torch.distributed as dist
 
 from . import ops as _ops  # loads ditscale._C (the ops and the SpRuntime class)
 
-STRATEGIES = ("ulysses", "ring", "usp", "swiftfusion-tas", "torus")
+STRATEGIES = ("ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas", "torus")
 
 
 def default_topology() -> str:

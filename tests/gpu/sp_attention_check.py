@@ -2,8 +2,8 @@
 
     torchrun --nproc-per-node 2 tests/gpu/sp_attention_check.py [--emulate-machines 2] [--quick]
 
-Every strategy (ulysses plain and in 2 head chunks, ring, usp, swiftfusion-tas, torus with 1-3
-chunks), the transports
+Every strategy (ulysses plain and in 2 head chunks, ulysses-overlap, ring, usp, swiftfusion-tas,
+torus with 1-3 chunks), the transports
 (NCCL; NVSHMEM when built with it: "nvshmem" on real machines or one host, "nvshmem-intra" -- puts
 within machines, NCCL between them -- on meshes of several machines; emulated machines refuse
 "nvshmem", whose puts would bypass the emulated link), meshes 1 x N (NVLink) and N x 1 (the machine
@@ -58,11 +58,12 @@ def main():
     shapes = [(2, 1024, 77, 6, 6, 64, torch.bfloat16),
               (1, 1031, 0, 3, 3, 128, torch.bfloat16),
               (1, 512, 64, 4, 2, 128, torch.float16)]
-    strategies = [("ulysses", 1), ("ulysses", 2), ("ring", 1), ("usp", 1), ("swiftfusion-tas", 1),
-                  ("torus", 1), ("torus", 2), ("torus", 3)]
+    strategies = [("ulysses", 1), ("ulysses", 2), ("ulysses-overlap", 1), ("ring", 1), ("usp", 1),
+                  ("swiftfusion-tas", 1), ("torus", 1), ("torus", 2), ("torus", 3)]
     if args.quick:
         shapes = shapes[:1]
-        strategies = [("ulysses", 1), ("ulysses", 2), ("ring", 1), ("torus", 2)]
+        strategies = [("ulysses", 1), ("ulysses", 2), ("ulysses-overlap", 1), ("ring", 1),
+                      ("torus", 2)]
     if args.tiny:
         shapes = [(1, 256, 16, 2, 2, 64, torch.bfloat16)]
         strategies = [("ring", 1), ("torus", 2)]

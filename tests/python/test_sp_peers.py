@@ -95,6 +95,26 @@ def test_fit_attention_recovers_known_parameters():
     assert fit["attention_half_tokens"] == pytest.approx(h, rel=0.3)
 
 
+def test_fit_attention_with_waves():
+    """The wave model (ceil(W) / W, W = heads x ceil(q / 128) / slots): a fit with the right slot
+    count recovers the parameters; the factor itself matches the C++ topology's cases."""
+    assert calibrate.wave_factor(1408, 12, 132) == 1.0
+    assert calibrate.wave_factor(33024, 12, 132) == pytest.approx(24 / 23.4545, rel=1e-4)
+    assert calibrate.wave_factor(33024, 12, 0) == 1.0
+    A, h, L = 640e12, 150.0, 5e-6
+    samples = []
+    for q, kv, heads in calibrate.ATTENTION_BLOCKS:
+        flops = 4.0 * heads * q * kv * 128
+        samples.append({"q_tokens": q, "kv_tokens": kv, "heads": heads, "flops": flops,
+                        "seconds": calibrate.attention_model_s(flops, q, kv, A, h, L, heads, 132)})
+    fit = calibrate.fit_attention(samples, launch_s=L, slots=132)
+    assert fit["attention_flops"] == pytest.approx(A, rel=1e-3)
+    assert fit["attention_half_tokens"] == pytest.approx(h, rel=1e-2)
+    assert fit["attention_slots"] == 132 and fit["rms_rel_err"] < 1e-4
+    # The same data fitted without waves is worse: the model is what the fit needs.
+    assert calibrate.fit_attention(samples, launch_s=L)["rms_rel_err"] > 10 * fit["rms_rel_err"]
+
+
 def test_fit_link_recovers_latency_and_bandwidth():
     lat, bw = 20e-6, 150e9
     sizes = [4096 * 4**i for i in range(12)]
@@ -258,8 +278,9 @@ def test_bench_configurations():
     a = bench.parse_args(["--seq", "4096"])
     cfgs = bench.configs(a, have_sp=True)
     names = [c.name for c in cfgs]
-    # 3 baselines + 2 transports x (4 strategies + torus with 3 chunk counts).
-    assert len(cfgs) == 3 + 2 * 7 and len(set(names)) == len(names)
+    # 3 baselines + 2 transports x (5 strategies + torus with 3 chunk counts).
+    assert len(cfgs) == 3 + 2 * 8 and len(set(names)) == len(names)
+    assert "ditscale ulysses-overlap nvshmem" in names
     assert "ditscale torus c4 nvshmem" in names and names[0] == "1 GPU (SDPA)"
     h = bench.configs(bench.parse_args(["--seq", "4096", "--head-chunks", "1", "2"]), have_sp=True)
     assert "ditscale ulysses h2 nccl" in [c.name for c in h] and len(h) == len(cfgs) + 2

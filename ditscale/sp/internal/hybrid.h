@@ -86,6 +86,9 @@ struct RankLayout {
   // attention covers [text; image] queries and keys. 0 otherwise. U == 1 uses the same layout in
   // its own "ring.*" work buffers (the gathered chunk is the own shard).
   int64_t qoff = 0;
+  // Row of gathered.k/v where the image rows start: 0, or T for ulysses-overlap, which puts the
+  // text kv in front so that [text; own slice] is one contiguous local kv block.
+  int64_t kvoff = 0;
   std::vector<Slot> slots;
   std::vector<std::pair<int64_t, int64_t>> chunk_range;  // gathered [a, b) of torus chunk c
   std::vector<std::pair<int, int>> ring_loc;             // (k, v) buffer of ring block s
@@ -130,7 +133,8 @@ class HybridBuilder {
   // ulysses.cc
   // head_chunk < 0: the whole head group (torus chunk `chunk`); else head chunk head_chunk.
   HeadSel Heads(int r, int head_chunk) const;
-  Phase PlanForward(int chunk, int head_chunk = -1);
+  // with_q / with_kv: which tensors the phase moves (ulysses-overlap sends k, v before q).
+  Phase PlanForward(int chunk, int head_chunk = -1, bool with_q = true, bool with_kv = true);
   Phase PlanBack(int chunk, int head_chunk = -1);
   void CopyOwnIn(int r);
   void CopyOwnOut(int r);
@@ -153,6 +157,15 @@ class HybridBuilder {
   void PlanHeadBuffers(int r, int64_t q_rows, int64_t kv_rows);
   void EmitHeadPipeline(int r);
   Schedule BuildHeadPipeline();
+  // ulysses_overlap.cc: Ulysses (R == 1, U > 1) whose all-to-alls run under three attention
+  // calls cut on whole waves: local rows x local kv, the rest x all kv, local rows x remote kv.
+  bool overlap_pipeline() const { return cfg_.strategy == "ulysses-overlap" && U_ > 1; }
+  // Rows per whole wave of the attention kernel for a call over q_heads (1: no alignment).
+  int64_t WaveRows(int64_t q_heads) const;
+  // Query rows [0, a) of rank r attended against the local kv first: whole waves.
+  int64_t OverlapLocalRows(int r) const;
+  void EmitOverlap(int r);
+  Schedule BuildOverlap();
   // ring.cc
   void PlanRingLocations(int r);
   Phase PlanRingStep(int s);

@@ -118,6 +118,7 @@ void HybridBuilder::PlanLayouts() {
       // buffer), so that every kv block is one attention over all query rows + one merge.
       const std::string name = U_ > 1 ? "gathered" : "ring";
       l.qoff = joint_text() ? l.tq_tokens : 0;
+      l.kvoff = overlap_pipeline() ? T : 0;
       const int64_t q_rows = l.qoff + max_chunk;
       // Text kv after the image rows (torus: in front of kall, PlanTorusBuffers), so ring blocks
       // landing in gathered.k/v still start at row 0.
@@ -303,6 +304,7 @@ Schedule HybridBuilder::Build() {
   }
   PlanLayouts();
   if (head_pipeline()) return BuildHeadPipeline();
+  if (overlap_pipeline()) return BuildOverlap();
   const int n = U_ * R_;
   fwd_.clear();
   ring_.clear();

@@ -17,8 +17,8 @@ Failure Bad(const std::string& column, const std::string& message) {
 }  // namespace
 
 const std::vector<std::string>& StrategyNames() {
-  static const std::vector<std::string> names = {"ulysses", "ring", "usp", "swiftfusion-tas",
-                                                 "torus"};
+  static const std::vector<std::string> names = {"ulysses", "ulysses-overlap", "ring",
+                                                 "usp",     "swiftfusion-tas", "torus"};
   return names;
 }
 
@@ -47,15 +47,17 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
   const auto& names = StrategyNames();
   if (std::find(names.begin(), names.end(), c.strategy) == names.end()) {
     return Bad("strategy", "unknown strategy '" + c.strategy +
-                               "' (ulysses, ring, usp, swiftfusion-tas, torus)");
+                               "' (ulysses, ulysses-overlap, ring, usp, swiftfusion-tas, torus)");
   }
   if (mesh.machines < 1) return Bad("machines", "must be >= 1");
   if (mesh.gpus_per_machine < 1) return Bad("gpus_per_machine", "must be >= 1");
   const int n = mesh.ranks();
   if (c.ulysses_degree < 0) return Bad("ulysses_degree", "must be >= 0 (0 = default)");
   if (c.ring_degree < 0) return Bad("ring_degree", "must be >= 0 (0 = default)");
-  if (c.strategy == "ulysses") {
-    if (c.ring_degree > 1) return Bad("ring_degree", "strategy ulysses has ring_degree 1");
+  if (c.strategy == "ulysses" || c.strategy == "ulysses-overlap") {
+    if (c.ring_degree > 1) {
+      return Bad("ring_degree", "strategy " + c.strategy + " has ring_degree 1");
+    }
     c.ulysses_degree = c.ulysses_degree ? c.ulysses_degree : n;
     c.ring_degree = 1;
   } else if (c.strategy == "ring") {
@@ -81,6 +83,8 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
                "only strategies torus (token chunks) and ulysses (head chunks) split the "
                "all-to-all into chunks");
   }
+  if (c.attention_slots < 0) return Bad("attention_slots", "must be >= 0 (0 = no alignment)");
+  if (c.attention_tile_tokens < 1) return Bad("attention_tile_tokens", "must be >= 1");
   if (c.torus_chunks > 1 && c.strategy == "ulysses" && c.ulysses_degree < 2) {
     return Bad("torus_chunks", "head chunks need ulysses_degree >= 2 (one rank has no all-to-all)");
   }

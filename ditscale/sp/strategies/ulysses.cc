@@ -7,9 +7,11 @@
 namespace ditscale::sp::internal {
 namespace {
 
-// "<base>c<chunk>" (torus chunk of the whole head group) or "<base>h<head_chunk>".
-std::string PhaseName(const char* base, int chunk, int head_chunk) {
+// "<base>c<chunk>" (torus chunk of the whole head group) or "<base>h<head_chunk>"; `part`
+// ("q.", "kv." or "") names a phase that moves only some of the tensors.
+std::string PhaseName(const char* base, int chunk, int head_chunk, const char* part = "") {
   std::string s = base;
+  s += part;
   s += head_chunk < 0 ? 'c' : 'h';
   s += std::to_string(head_chunk < 0 ? chunk : head_chunk);
   return s;
@@ -32,9 +34,9 @@ HeadSel HybridBuilder::Heads(int r, int head_chunk) const {
 // Chunk `chunk` of the q/k/v all-to-all: every rank receives, from each Ulysses peer of its
 // ring chunk, sub-chunk `chunk` of the peer's shard for the receiver's head group (or, with
 // head_chunk >= 0, for that head chunk of it: head-chunked Ulysses, where chunk is 0).
-Phase HybridBuilder::PlanForward(int chunk, int head_chunk) {
+Phase HybridBuilder::PlanForward(int chunk, int head_chunk, bool with_q, bool with_kv) {
   Phase p;
-  p.name = PhaseName("a2a.in.", chunk, head_chunk);
+  p.name = PhaseName("a2a.in.", chunk, head_chunk, with_q && with_kv ? "" : with_q ? "q." : "kv.");
   const int n = U_ * R_;
   for (int r = 0; r < n; ++r) {
     const RankLayout& l = lay_[r];
@@ -44,15 +46,18 @@ Phase HybridBuilder::PlanForward(int chunk, int head_chunk) {
       if (sl.chunk != chunk) continue;
       const int src = RankOf(sl.src_u, l.i);
       const RankLayout& o = lay_[src];
+      if (with_q) {
+        p.transfers.push_back(
+            MakeTransfer(p.name, "q", src, Region{o.q, sl.src_offset, sl.tokens, qh, h.q_heads}, r,
+                         Region{h.gq, l.qoff + sl.offset, sl.tokens, 0, h.q_heads}));
+      }
+      if (!with_kv) continue;
       p.transfers.push_back(
-          MakeTransfer(p.name, "q", src, Region{o.q, sl.src_offset, sl.tokens, qh, h.q_heads}, r,
-                       Region{h.gq, l.qoff + sl.offset, sl.tokens, 0, h.q_heads}));
-      p.transfers.push_back(MakeTransfer(p.name, "k", src,
-                                         Region{o.k, sl.src_offset, sl.tokens, kh, h.kv_heads}, r,
-                                         Region{h.gk, sl.offset, sl.tokens, 0, h.kv_heads}));
-      p.transfers.push_back(MakeTransfer(p.name, "v", src,
-                                         Region{o.v, sl.src_offset, sl.tokens, kh, h.kv_heads}, r,
-                                         Region{h.gv, sl.offset, sl.tokens, 0, h.kv_heads}));
+          MakeTransfer(p.name, "k", src, Region{o.k, sl.src_offset, sl.tokens, kh, h.kv_heads}, r,
+                       Region{h.gk, l.kvoff + sl.offset, sl.tokens, 0, h.kv_heads}));
+      p.transfers.push_back(
+          MakeTransfer(p.name, "v", src, Region{o.v, sl.src_offset, sl.tokens, kh, h.kv_heads}, r,
+                       Region{h.gv, l.kvoff + sl.offset, sl.tokens, 0, h.kv_heads}));
     }
   }
   return p;
@@ -89,9 +94,9 @@ void HybridBuilder::CopyOwnIn(int r) {
   const std::string tag = U_ > 1 ? "a2a own " : "ring own ";
   // k, v before q: with U == 1 the ring forwards the own block from gk / gv once they are in.
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.k, 0, n),
-         Region{l.gk, 0, n, 0, kv_size_[l.u]}, tag + "k");
+         Region{l.gk, l.kvoff, n, 0, kv_size_[l.u]}, tag + "k");
   b.Copy(OpKind::kCopy, Stream::kCompute, KvHeads(r, l.v, 0, n),
-         Region{l.gv, 0, n, 0, kv_size_[l.u]}, tag + "v");
+         Region{l.gv, l.kvoff, n, 0, kv_size_[l.u]}, tag + "v");
   b.Copy(OpKind::kCopy, Stream::kCompute, QHeads(r, l.q, 0, n),
          Region{l.gq, l.qoff, n, 0, kv_size_[l.u] * group_}, tag + "q");
 }

@@ -169,6 +169,24 @@ def splits(timer, heads, n, d, dev, wave_rows):
 
     cases["torus c1 (3 calls + merge of half the rows)"] = torus_c1
 
+    # ulysses-overlap's calls on a rank of 2 (strategies/ulysses_overlap.cc): local rows = the
+    # first half (text + own slice), cut down to whole waves; kv = [local | remote].
+    a = max(wave_rows, half // wave_rows * wave_rows)
+
+    def overlap(merge=True):
+        o, l = attn(Q[rows(0, a)], K[rows(0, half)], V[rows(0, half)])
+        acc[rows(0, a)].copy_(o)
+        al = l.reshape(1, heads, a).clone()
+        o, l = attn(Q[rows(a, n)], K, V)
+        O[rows(a, n)].copy_(o)
+        o, l = attn(Q[rows(0, a)], K[rows(half, n)], V[rows(half, n)])
+        if merge:
+            merge_(acc[rows(0, a)], al, o, l.reshape(1, heads, a))
+        O[rows(0, a)].copy_(acc[rows(0, a)])
+
+    cases["ulysses-overlap (3 whole-wave calls + merge)"] = overlap
+    cases["ulysses-overlap calls without the merge"] = lambda: overlap(False)
+
     def head_chunks(c):
         hs = heads // c
         for j in range(c):

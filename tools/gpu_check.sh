@@ -86,9 +86,15 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   CLI=$BUILD/tools/ditscale
   # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
   # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag", "channels", "sockets" and
-  # "sanitize" are opt-in.
-  PARTS=" ${SP_PARTS:-test calib bench-nvlink bench-emulated report example} "
+  # "sanitize" are opt-in. "replay" and "split" need one GPU only: every strategy's compute on
+  # one rank with the transfers skipped, and what cutting one attention call costs.
+  PARTS=" ${SP_PARTS:-test replay calib bench-nvlink bench-emulated report example} "
   has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
+  if [ "$NGPU" -ge 1 ]; then
+    has test && step sp-replay-test 300 $PY -m pytest -q tests/gpu/test_sp_gpu.py -k replay
+    has replay && step sp-replay 300 $PY bench/sp/replay_compute.py --out "$SPD/replay"
+    has split && step sp-split 300 $PY bench/sp/attn_split_probe.py --out "$SPD/split"
+  fi
   if [ "$NGPU" -ge 2 ]; then
     if has test; then
       step sp-check-nvlink 300 $TRUN tests/gpu/sp_attention_check.py

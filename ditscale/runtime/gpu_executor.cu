@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -51,6 +53,31 @@ void FillNegInf(void* p, int64_t bytes, int element_bytes, kernels::DType dtype,
   DS_CUDA(cudaGetLastError());
 }
 
+// Compute-only replay: the arena's received rows never arrive, and zeros would run the tensor
+// cores below their power draw on real data (the H200 is power-capped: faster clocks, a wrong
+// measurement). Fills n 16-bit elements (fp16 or bf16) with hashed values of mean 0 and
+// variance 1 like the caller's randn inputs (a sum of four uniforms: Irwin-Hall, scaled).
+__global__ void FillNoise16(uint16_t* p, int64_t n, bool fp16) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9e3779b1u ^ static_cast<uint32_t>(i >> 32);
+    float sum = 0;
+    for (int k = 0; k < 4; ++k) {
+      h ^= h >> 15;
+      h *= 0x2c1b3c6du;
+      h ^= h >> 12;
+      h += 0x6a09e667u;
+      sum += static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
+    }
+    const float u = (sum - 2.0f) * 1.7320508f;
+    if (fp16) {
+      p[i] = __half_as_ushort(__float2half_rn(u));
+    } else {
+      p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(u));
+    }
+  }
+}
+
 kernels::DType DTypeOfBuffer(const sp::BufferDecl& d, kernels::DType layer) {
   if (d.element_bytes == 4) return kernels::DType::kFloat32;
   return layer;
@@ -92,6 +119,12 @@ char* UserPointer(UserBinding b, const LayerIo& io) {
 
 bool IsInput(UserBinding b) {
   return b != UserBinding::kNone && b != UserBinding::kOut && b != UserBinding::kTextOut;
+}
+
+// The ops a compute-only replay skips.
+bool IsTransfer(sp::OpKind k) {
+  return k == sp::OpKind::kSend || k == sp::OpKind::kRecv || k == sp::OpKind::kPut ||
+         k == sp::OpKind::kSignal || k == sp::OpKind::kWait;
 }
 
 }  // namespace
@@ -150,8 +183,9 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
   const ExecPlan& plan = ex->plans_[rank];
   const sp::RankProgram& prog = ex->schedule_.ranks[rank];
   const sp::SpMesh& mesh = ex->schedule_.mesh;
-  // Transports the program needs.
+  // Transports the program needs (none for a compute-only replay).
   for (const sp::Op& o : prog.ops) {
+    if (transports.compute_only) break;
     if (o.kind == sp::OpKind::kSend || o.kind == sp::OpKind::kRecv) {
       comm::NcclComm* c = o.stream == sp::Stream::kCommInter ? transports.inter : transports.intra;
       if (c == nullptr) {
@@ -167,7 +201,7 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
       }
     }
   }
-  ex->symmetric_ = plan.uses_nvshmem;
+  ex->symmetric_ = plan.uses_nvshmem && !transports.compute_only;
   if (ex->symmetric_) {
     if (transports.shmem == nullptr) {
       return fail(
@@ -212,6 +246,13 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
                     "memory");
       }
       ex->arena_ = static_cast<char*>(p);
+    }
+    if (transports.compute_only) {
+      const int64_t n = plan.arena_bytes / 2;
+      FillNoise16<<<static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)), 256>>>(
+          reinterpret_cast<uint16_t*>(ex->arena_), n, dtype == kernels::DType::kFloat16);
+      DS_CUDA(cudaGetLastError());
+      DS_CUDA(cudaDeviceSynchronize());
     }
   }
   return Result<std::unique_ptr<GpuExecutor>>(std::move(ex));
@@ -380,6 +421,7 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
   if (group && grouped_nccl) nccl->GroupStart();
   for (int i : unit.ops) {
     const sp::Op& o = prog.ops[i];
+    if (transports_.compute_only && IsTransfer(o.kind)) continue;
     switch (o.kind) {
       case sp::OpKind::kSend: {
         const sp::BufferDecl& d = prog.buffers[o.src.buffer];

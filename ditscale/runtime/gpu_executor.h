@@ -56,6 +56,12 @@ struct Transports {
   comm::NcclComm* intra = nullptr;  // Send/Recv on the intra-machine comm stream
   comm::NcclComm* inter = nullptr;  // Send/Recv on the inter-machine comm stream
   comm::Nvshmem* shmem = nullptr;   // one-sided schedules
+  // Replay one rank's compute alone on one GPU: Send/Recv/Put/Signal/Wait are skipped (no
+  // transport needed, the arena is plain device memory), everything else runs as scheduled.
+  // What the rank's attention calls, merges and copies cost if communication were free; the
+  // results are meaningless (remote data never arrives: the arena starts as noise, not zeros,
+  // which would draw less power and run faster). For measurements only.
+  bool compute_only = false;
 };
 
 // The caller's tensors of one layer: dense row-major [B, tokens, heads, head_dim] device memory

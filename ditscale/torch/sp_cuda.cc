@@ -6,6 +6,7 @@
 // on first use and reused. Compiled only when ditscale's CUDA kernels are built and torch has CUDA.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/custom_class.h>
@@ -440,7 +441,94 @@ struct SpRuntime : torch::CustomClassHolder {
   bool trace_ = false;
 };
 
+// One rank's compute of a strategy's schedule, replayed alone on the current GPU with every
+// transfer skipped (runtime::Transports::compute_only): its attention calls, merges and copies as
+// the executor issues them, as if communication were free. Random bf16 inputs; the output is
+// meaningless. Returns (ms of each of `iters` timed layers after `warmup`, the traced per-unit
+// timeline of one more layer). Measures, on one GPU, what a schedule's cuts cost in compute.
+std::tuple<Tensor, std::string> sp_replay_compute(std::string strategy, int64_t ulysses,
+                                                  int64_t ring, int64_t chunks, bool one_sided,
+                                                  int64_t machines, int64_t gpus_per_machine,
+                                                  int64_t rank, int64_t batch, int64_t seq,
+                                                  int64_t text, int64_t heads, int64_t kv_heads,
+                                                  int64_t head_dim, int64_t iters, int64_t warmup) {
+  TORCH_CHECK(at::cuda::is_available(), "ditscale.sp.replay_compute: no CUDA device");
+  TORCH_CHECK(iters >= 1 && warmup >= 0, "ditscale.sp.replay_compute: iters >= 1, warmup >= 0");
+  const int device = c10::cuda::current_device();
+  sp::SpMesh mesh{static_cast<int>(machines), static_cast<int>(gpus_per_machine)};
+  sp::SpConfig cfg;
+  cfg.strategy = strategy;
+  cfg.ulysses_degree = static_cast<int>(ulysses);
+  cfg.ring_degree = static_cast<int>(ring);
+  cfg.torus_chunks = static_cast<int>(chunks);
+  cfg.one_sided = one_sided;
+  cfg.attention_slots = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+  sp::AttentionShape shape;
+  shape.batch = batch;
+  shape.seq_tokens = seq;
+  shape.text_tokens = text;
+  shape.heads = heads;
+  shape.kv_heads = kv_heads;
+  shape.head_dim = head_dim;
+  shape.dtype_bytes = 2;
+  auto sched = sp::BuildSchedule(mesh, cfg, shape);
+  TORCH_CHECK(sched.ok(), "ditscale.sp.replay_compute: ", sched.failure().ToString());
+  TORCH_CHECK(rank >= 0 && rank < mesh.ranks(), "ditscale.sp.replay_compute: rank ", rank,
+              " not in [0, ", mesh.ranks(), ")");
+  const sp::RankProgram prog = sched->ranks[rank];
+  AtenAttention attention(device);
+  runtime::Transports t;
+  t.compute_only = true;
+  auto ex = runtime::GpuExecutor::Create(std::move(sched).value(), static_cast<int>(rank),
+                                         kernels::DType::kBFloat16, device, t, &attention);
+  TORCH_CHECK(ex.ok(), "ditscale.sp.replay_compute: ", ex.failure().ToString());
+  const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA, device);
+  const int64_t n = prog.image_token_count, hk = kv_heads > 0 ? kv_heads : heads;
+  Tensor q = at::randn({batch, n, heads, head_dim}, opts);
+  Tensor k = at::randn({batch, n, hk, head_dim}, opts), v = at::randn_like(k);
+  Tensor out = at::empty_like(q);
+  Tensor tq, tk, tv, tout;
+  runtime::LayerIo io;
+  io.q = q.data_ptr();
+  io.k = k.data_ptr();
+  io.v = v.data_ptr();
+  io.out = out.data_ptr();
+  if (text > 0) {
+    tq = at::randn({batch, text, heads, head_dim}, opts);
+    tk = at::randn({batch, text, hk, head_dim}, opts);
+    tv = at::randn_like(tk);
+    tout = at::empty_like(tq);
+    io.text_q = tq.data_ptr();
+    io.text_k = tk.data_ptr();
+    io.text_v = tv.data_ptr();
+    io.text_out = tout.data_ptr();
+  }
+  auto stream = c10::cuda::getCurrentCUDAStream(device);
+  for (int64_t i = 0; i < warmup; ++i) (*ex)->Run(io, stream.stream());
+  Tensor ms = at::empty({iters}, at::kDouble);
+  cudaEvent_t a = nullptr, b = nullptr;
+  C10_CUDA_CHECK(cudaEventCreate(&a));
+  C10_CUDA_CHECK(cudaEventCreate(&b));
+  for (int64_t i = 0; i < iters; ++i) {
+    C10_CUDA_CHECK(cudaEventRecord(a, stream.stream()));
+    (*ex)->Run(io, stream.stream());
+    C10_CUDA_CHECK(cudaEventRecord(b, stream.stream()));
+    C10_CUDA_CHECK(cudaEventSynchronize(b));
+    float e = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&e, a, b));
+    ms.data_ptr<double>()[i] = static_cast<double>(e);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  (*ex)->SetTrace(true);
+  (*ex)->Run(io, stream.stream());
+  auto tl = (*ex)->LastTimeline();
+  TORCH_CHECK(tl.ok(), "ditscale.sp.replay_compute: ", tl.failure().ToString());
+  return {ms, runtime::PrintTimeline((*ex)->schedule(), (*ex)->plan(), tl.value())};
+}
+
 TORCH_LIBRARY_FRAGMENT(ditscale, m) {
+  m.def("sp_replay_compute", &sp_replay_compute);
   m.def("sp_nccl_id", &sp_nccl_id);
   m.def("sp_nvshmem_id", &sp_nvshmem_id);
   m.def("sp_nvshmem_unavailable", &sp_nvshmem_unavailable);

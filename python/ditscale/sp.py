@@ -46,7 +46,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -390,3 +390,22 @@ def timeline(mesh: Mesh, strategy: str, *, ulysses_degree: int = 0, ring_degree:
     device = device or torch.device("cuda", torch.cuda.current_device())
     return _runtime(mesh, device).obj.timeline(strategy, ulysses_degree, ring_degree, chunks,
                                                one_sided, one_sided_inter)
+
+
+def replay_compute(strategy: str, *, machines: int, gpus_per_machine: int, rank: int = 0,
+                   batch: int = 1, seq: int, text: int = 0, heads: int, kv_heads: int = 0,
+                   head_dim: int = 128, chunks: int = 1, ulysses_degree: int = 0,
+                   ring_degree: int = 0, transport: str = "nccl", iters: int = 5,
+                   warmup: int = 1) -> Tuple[List[float], str]:
+    """One rank's compute of a strategy, replayed alone on the current GPU: the GPU executor runs
+    the rank's schedule with every transfer skipped, so its attention calls, merges and copies
+    run as they would if communication were free (random bf16 inputs; the output is
+    meaningless). No process group, one GPU: what a schedule's cuts cost in compute, measured.
+    Returns (ms of each timed layer, the per-unit timeline of one traced layer as text)."""
+    one_sided, _ = _transport_flags(transport, "ditscale.sp.replay_compute")
+    _require()
+    ms, text_tl = torch.ops.ditscale.sp_replay_compute(
+        strategy, int(ulysses_degree), int(ring_degree), int(chunks), one_sided, int(machines),
+        int(gpus_per_machine), int(rank), int(batch), int(seq), int(text), int(heads),
+        int(kv_heads), int(head_dim), int(iters), int(warmup))
+    return ms.tolist(), text_tl

@@ -31,3 +31,35 @@ def test_sp_attention_matches_dense(emulate):
     print(r.stdout[-20000:])
     print(r.stderr[-5000:])
     assert r.returncode == 0, "sp_attention_check failed (see the table above)"
+
+
+def _need_one_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import ditscale.ops as ops
+    if not ops.is_available() or not hasattr(torch.ops.ditscale, "sp_replay_compute"):
+        pytest.skip("ditscale._C without the CUDA sequence-parallel runtime")
+
+
+@pytest.mark.parametrize("strategy,chunks,mesh,rank", [
+    ("ulysses", 1, (1, 2), 1), ("ulysses-overlap", 1, (1, 2), 0), ("ulysses-overlap", 1, (2, 2), 3),
+    ("ulysses", 2, (1, 2), 0), ("ring", 1, (1, 4), 2), ("torus", 2, (2, 2), 1),
+    ("usp", 1, (2, 2), 0)])
+@pytest.mark.parametrize("transport", ["nccl", "nvshmem"])
+def test_replay_compute_runs_one_ranks_schedule(strategy, chunks, mesh, rank, transport):
+    """The compute-only replay (one GPU, transfers skipped) runs every kind of schedule, one-sided
+    ones without NVSHMEM, and its trace holds exactly the rank's attention calls."""
+    _need_one_gpu()
+    from ditscale import sp
+    ms, tl = sp.replay_compute(strategy, machines=mesh[0], gpus_per_machine=mesh[1], rank=rank,
+                               seq=3000, text=40, heads=8, kv_heads=4, head_dim=64,
+                               chunks=chunks, transport=transport, iters=2, warmup=1)
+    assert len(ms) == 2 and all(t > 0 for t in ms)
+    torch.cuda.synchronize()
+    calls = [ln for ln in tl.splitlines() if "] Attention '" in ln]
+    assert calls, tl
+    if strategy == "ulysses-overlap":
+        assert sum("overlap" in ln for ln in calls) == 3, tl
+    with pytest.raises(RuntimeError, match="rank"):
+        sp.replay_compute(strategy, machines=mesh[0], gpus_per_machine=mesh[1],
+                          rank=mesh[0] * mesh[1], seq=3000, heads=8, head_dim=64)

@@ -23,6 +23,7 @@
 #include "ditscale/comm/nvshmem_comm.h"
 #include "ditscale/runtime/gpu_executor.h"
 #include "ditscale/sp/strategies.h"
+#include "ditscale/torch/sp_args.h"
 
 namespace ditscale::torch_ext {
 namespace {
@@ -178,6 +179,24 @@ class AtenAttention final : public runtime::AttentionBackend {
   double lse_scale_ = 1.0;
 };
 
+// The executor's view of one layer's contiguous tensors (the text ones undefined without joint
+// tokens).
+runtime::LayerIo IoOf(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      const Tensor& tq, const Tensor& tk, const Tensor& tv, const Tensor& tout) {
+  runtime::LayerIo io;
+  io.q = q.data_ptr();
+  io.k = k.data_ptr();
+  io.v = v.data_ptr();
+  io.out = out.data_ptr();
+  if (tq.defined()) {
+    io.text_q = tq.data_ptr();
+    io.text_k = tk.data_ptr();
+    io.text_v = tv.data_ptr();
+    io.text_out = tout.data_ptr();
+  }
+  return io;
+}
+
 kernels::DType DTypeOf(at::ScalarType t) {
   switch (t) {
     case at::kBFloat16:
@@ -280,21 +299,13 @@ struct SpRuntime : torch::CustomClassHolder {
     Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
     Tensor out = at::empty_like(qc);
     Tensor tqc, tkc, tvc, tout;
-    runtime::LayerIo io;
-    io.q = qc.data_ptr();
-    io.k = kc.data_ptr();
-    io.v = vc.data_ptr();
-    io.out = out.data_ptr();
     if (joint) {
       tqc = tq->contiguous();
       tkc = tk->contiguous();
       tvc = tv->contiguous();
       tout = at::empty_like(tqc);
-      io.text_q = tqc.data_ptr();
-      io.text_k = tkc.data_ptr();
-      io.text_v = tvc.data_ptr();
-      io.text_out = tout.data_ptr();
     }
+    const runtime::LayerIo io = IoOf(qc, kc, vc, out, tqc, tkc, tvc, tout);
     auto stream = c10::cuda::getCurrentCUDAStream(device_);
     ex.Run(io, stream.stream());
     return {out, joint ? tout : at::empty({0}, q.options())};
@@ -406,13 +417,7 @@ struct SpRuntime : torch::CustomClassHolder {
                                                    : sp_nvshmem_unavailable(),
                   ")");
     }
-    sp::SpConfig cfg;
-    cfg.strategy = strategy;
-    cfg.ulysses_degree = static_cast<int>(u);
-    cfg.ring_degree = static_cast<int>(r);
-    cfg.torus_chunks = static_cast<int>(chunks);
-    cfg.one_sided = one_sided;
-    cfg.one_sided_inter = inter;
+    sp::SpConfig cfg = SpConfigOf(strategy, u, r, chunks, one_sided, inter);
     // Waves of the attention kernel (cuDNN's forward: one 128-row CTA per SM at a time,
     // bench/results/sp-attn-split-h200/), for strategies that cut the call on whole waves.
     cfg.attention_slots = sm_count_;
@@ -456,12 +461,7 @@ std::tuple<Tensor, std::string> sp_replay_compute(std::string strategy, int64_t 
   TORCH_CHECK(iters >= 1 && warmup >= 0, "ditscale.sp.replay_compute: iters >= 1, warmup >= 0");
   const int device = c10::cuda::current_device();
   sp::SpMesh mesh{static_cast<int>(machines), static_cast<int>(gpus_per_machine)};
-  sp::SpConfig cfg;
-  cfg.strategy = strategy;
-  cfg.ulysses_degree = static_cast<int>(ulysses);
-  cfg.ring_degree = static_cast<int>(ring);
-  cfg.torus_chunks = static_cast<int>(chunks);
-  cfg.one_sided = one_sided;
+  sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, one_sided, true);
   cfg.attention_slots = at::cuda::getDeviceProperties(device)->multiProcessorCount;
   sp::AttentionShape shape;
   shape.batch = batch;
@@ -488,21 +488,13 @@ std::tuple<Tensor, std::string> sp_replay_compute(std::string strategy, int64_t 
   Tensor k = at::randn({batch, n, hk, head_dim}, opts), v = at::randn_like(k);
   Tensor out = at::empty_like(q);
   Tensor tq, tk, tv, tout;
-  runtime::LayerIo io;
-  io.q = q.data_ptr();
-  io.k = k.data_ptr();
-  io.v = v.data_ptr();
-  io.out = out.data_ptr();
   if (text > 0) {
     tq = at::randn({batch, text, heads, head_dim}, opts);
     tk = at::randn({batch, text, hk, head_dim}, opts);
     tv = at::randn_like(tk);
     tout = at::empty_like(tq);
-    io.text_q = tq.data_ptr();
-    io.text_k = tk.data_ptr();
-    io.text_v = tv.data_ptr();
-    io.text_out = tout.data_ptr();
   }
+  const runtime::LayerIo io = IoOf(q, k, v, out, tq, tk, tv, tout);
   auto stream = c10::cuda::getCurrentCUDAStream(device);
   for (int64_t i = 0; i < warmup; ++i) (*ex)->Run(io, stream.stream());
   Tensor ms = at::empty({iters}, at::kDouble);

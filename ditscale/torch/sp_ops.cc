@@ -11,6 +11,7 @@
 #include "ditscale/sp/strategies.h"
 #include "ditscale/sp/topology.h"
 #include "ditscale/sp/workload.h"
+#include "ditscale/torch/sp_args.h"
 
 namespace ditscale::torch_ext {
 namespace {
@@ -67,13 +68,7 @@ std::string sp_predict(int64_t machines, int64_t gpus, int64_t batch, int64_t se
                        std::string topology, std::string strategy, int64_t ulysses, int64_t ring,
                        int64_t chunks, bool one_sided, bool one_sided_inter) {
   const sp::Topology topo = LoadTopo(topology, machines, gpus);
-  sp::SpConfig cfg;
-  cfg.strategy = strategy;
-  cfg.ulysses_degree = static_cast<int>(ulysses);
-  cfg.ring_degree = static_cast<int>(ring);
-  cfg.torus_chunks = static_cast<int>(chunks);
-  cfg.one_sided = one_sided;
-  cfg.one_sided_inter = one_sided_inter;
+  const sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, one_sided, one_sided_inter);
   auto c = sp::EvaluateConfig(
       topo, AttentionWorkload(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes), cfg);
   TORCH_CHECK(c.ok(), "ditscale.sp: ", c.failure().ToString());

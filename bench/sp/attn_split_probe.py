@@ -157,23 +157,10 @@ def splits(timer, heads, n, d, dev, wave_rows):
 
     cases["kv halves + merge (ring-like)"] = kv_halves
 
-    def torus_c1():  # stationary q x stationary kv, remote q x all kv, stationary q x remote kv
-        o, l = attn(Q[rows(0, half)], K[rows(0, half)], V[rows(0, half)])
-        acc[rows(0, half)].copy_(o)
-        al = l.reshape(1, heads, half).clone()
-        o, l = attn(Q[rows(half, n)], K, V)
-        O[rows(half, n)].copy_(o)
-        o, l = attn(Q[rows(0, half)], K[rows(half, n)], V[rows(half, n)])
-        merge_(acc[rows(0, half)], al, o, l.reshape(1, heads, half))
-        O[rows(0, half)].copy_(acc[rows(0, half)])
-
-    cases["torus c1 (3 calls + merge of half the rows)"] = torus_c1
-
-    # ulysses-overlap's calls on a rank of 2 (strategies/ulysses_overlap.cc): local rows = the
-    # first half (text + own slice), cut down to whole waves; kv = [local | remote].
-    a = max(wave_rows, half // wave_rows * wave_rows)
-
-    def overlap(merge=True):
+    def three_calls(a, merge=True):
+        """rows [0, a) x local kv [0, half), rows [a, n) x all kv, rows [0, a) x remote kv
+        [half, n) merged into the first: torus c1 (a = half, cut at the shard) and
+        ulysses-overlap (a on whole waves)."""
         o, l = attn(Q[rows(0, a)], K[rows(0, half)], V[rows(0, half)])
         acc[rows(0, a)].copy_(o)
         al = l.reshape(1, heads, a).clone()
@@ -184,6 +171,13 @@ def splits(timer, heads, n, d, dev, wave_rows):
             merge_(acc[rows(0, a)], al, o, l.reshape(1, heads, a))
         O[rows(0, a)].copy_(acc[rows(0, a)])
 
+    # torus c1: stationary q x stationary kv, remote q x all kv, stationary q x remote kv.
+    cases["torus c1 (3 calls + merge of half the rows)"] = lambda: three_calls(half)
+
+    # ulysses-overlap's calls on a rank of 2 (strategies/ulysses_overlap.cc): local rows = the
+    # first half (text + own slice), cut down to whole waves; kv = [local | remote].
+    a = max(wave_rows, half // wave_rows * wave_rows)
+    overlap = lambda merge=True: three_calls(a, merge)  # noqa: E731
     cases["ulysses-overlap (3 whole-wave calls + merge)"] = overlap
     cases["ulysses-overlap calls without the merge"] = lambda: overlap(False)
 

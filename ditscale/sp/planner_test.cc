@@ -135,6 +135,31 @@ TEST(Planner, UnevenHeadsAreEvaluatedNotRefused) {
   EXPECT_GT(r->sim.layer_s, 0);
 }
 
+// The wave model decides the 2-GPU ordering that was measured (bench/results/sp-h200x2.md,
+// sp-replay-h200/): Flux at 4096^2 on 2 H200s, torus with one chunk (cut at the shard: one wave
+// more) behind plain Ulysses, and ulysses-overlap (cut on whole waves, transfers hidden) ahead of
+// it with nothing exposed. Without the wave model the cuts would be free.
+TEST(Planner, WavesOrderUlyssesOverlapPlainAndTorus) {
+  const Topology t = MakePresetTopology("h200-local", 1, 2).value();
+  auto layer = [&](const std::string& strategy, int u, const Topology& topo) {
+    SpConfig c;
+    c.strategy = strategy;
+    c.ulysses_degree = u;
+    c.one_sided = true;
+    return EvaluateConfig(topo, Flux(4096), c).value();
+  };
+  const PlanCandidate plain = layer("ulysses", 0, t), overlap = layer("ulysses-overlap", 0, t);
+  const PlanCandidate torus = layer("torus", 2, t);
+  EXPECT_LT(overlap.sim.layer_s, plain.sim.layer_s * 0.985);
+  EXPECT_GT(torus.sim.layer_s, plain.sim.layer_s);
+  EXPECT_LT(overlap.sim.mean_exposed_comm_s(), 0.02e-3);
+  EXPECT_GT(plain.sim.mean_exposed_comm_s(), 0.5e-3);
+  // The torus' extra wave is the whole difference in compute: without waves it computes less.
+  Topology flat = t;
+  flat.attention_slots = 0;
+  EXPECT_LT(layer("torus", 2, flat).sim.mean_compute_s(), torus.sim.mean_compute_s() * 0.985);
+}
+
 TEST(Planner, SimulatedBytesMatchTheSchedulesVolumes) {
   Topology t = MakePresetTopology("p4de", 2, 2).value();
   AttentionShape shape;

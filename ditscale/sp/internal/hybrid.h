@@ -100,6 +100,9 @@ struct RankLayout {
   std::vector<HeadChunk> heads;  // head-chunked Ulysses only
 };
 
+// "[a, e)": a token range in op labels.
+std::string RowRange(int64_t a, int64_t e);
+
 // One input phase of the torus pipeline: torus chunk `chunk`'s q and/or k, v slots.
 struct TorusIn {
   Phase phase;
@@ -133,8 +136,7 @@ class HybridBuilder {
   // ulysses.cc
   // head_chunk < 0: the whole head group (torus chunk `chunk`); else head chunk head_chunk.
   HeadSel Heads(int r, int head_chunk) const;
-  // with_q / with_kv: which tensors the phase moves (ulysses-overlap sends k, v before q).
-  Phase PlanForward(int chunk, int head_chunk = -1, bool with_q = true, bool with_kv = true);
+  Phase PlanForward(int chunk, int head_chunk = -1);
   Phase PlanBack(int chunk, int head_chunk = -1);
   void CopyOwnIn(int r);
   void CopyOwnOut(int r);

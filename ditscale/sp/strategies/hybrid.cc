@@ -10,6 +10,10 @@
 
 namespace ditscale::sp::internal {
 
+std::string RowRange(int64_t a, int64_t e) {
+  return "[" + std::to_string(a) + ", " + std::to_string(e) + ")";
+}
+
 HybridBuilder::HybridBuilder(const SpMesh& mesh, const SpConfig& resolved,
                              const AttentionShape& shape)
     : mesh_(mesh), cfg_(resolved), shape_(shape) {

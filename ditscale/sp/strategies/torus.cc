@@ -50,15 +50,6 @@ struct Item {
   int phase = -1;  // index into tin_ of the phase that brings it (-1: local or ring)
 };
 
-std::string Range(int64_t a, int64_t b) {
-  std::string s(1, '[');
-  s += std::to_string(a);
-  s += ", ";
-  s += std::to_string(b);
-  s += ')';
-  return s;
-}
-
 }  // namespace
 
 void HybridBuilder::PlanTorusBuffers(int r) {
@@ -236,8 +227,8 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
   // Queries [qa, qp) x kv [0, kd); once all kv is in, each chunk is final: send its out back.
   auto attend_pending = [&]() {
     if (pending.empty()) return;
-    const std::string tag = "torus q " + Range(qa, qp);
-    AttendInto(r, Q(qa, qp), K(0, kd), V(0, kd), &l.acc, row(qa), tag + " x kv " + Range(0, kd));
+    const std::string tag = "torus q " + RowRange(qa, qp);
+    AttendInto(r, Q(qa, qp), K(0, kd), V(0, kd), &l.acc, row(qa), tag + " x kv " + RowRange(0, kd));
     qa = qp;
     for (int c : pending) {
       arrived.push_back(c);
@@ -272,10 +263,10 @@ void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
     const bool final = x == last_kv;
     // Within the last piece, one kv event at its end (the piece the stationary queries defer).
     if (!final && (kq - kd < min_kv || it.piece == C_)) continue;
-    const std::string kv_tag = " x kv " + Range(kd, kq);
+    const std::string kv_tag = " x kv " + RowRange(kd, kq);
     if (!final) {
       AttendInto(r, Q(0, qa), K(kd, kq), V(kd, kq), &l.acc, 0,
-                 (kd == 0 ? "torus stationary q" : "torus q " + Range(0, qa)) + kv_tag);
+                 (kd == 0 ? "torus stationary q" : "torus q " + RowRange(0, qa)) + kv_tag);
     } else {
       attend_pending();
       // Finish the queries one chunk at a time; each chunk's out leaves as soon as it is final.

@@ -7,11 +7,9 @@
 namespace ditscale::sp::internal {
 namespace {
 
-// "<base>c<chunk>" (torus chunk of the whole head group) or "<base>h<head_chunk>"; `part`
-// ("q.", "kv." or "") names a phase that moves only some of the tensors.
-std::string PhaseName(const char* base, int chunk, int head_chunk, const char* part = "") {
+// "<base>c<chunk>" (torus chunk of the whole head group) or "<base>h<head_chunk>".
+std::string PhaseName(const char* base, int chunk, int head_chunk) {
   std::string s = base;
-  s += part;
   s += head_chunk < 0 ? 'c' : 'h';
   s += std::to_string(head_chunk < 0 ? chunk : head_chunk);
   return s;
@@ -34,9 +32,9 @@ HeadSel HybridBuilder::Heads(int r, int head_chunk) const {
 // Chunk `chunk` of the q/k/v all-to-all: every rank receives, from each Ulysses peer of its
 // ring chunk, sub-chunk `chunk` of the peer's shard for the receiver's head group (or, with
 // head_chunk >= 0, for that head chunk of it: head-chunked Ulysses, where chunk is 0).
-Phase HybridBuilder::PlanForward(int chunk, int head_chunk, bool with_q, bool with_kv) {
+Phase HybridBuilder::PlanForward(int chunk, int head_chunk) {
   Phase p;
-  p.name = PhaseName("a2a.in.", chunk, head_chunk, with_q && with_kv ? "" : with_q ? "q." : "kv.");
+  p.name = PhaseName("a2a.in.", chunk, head_chunk);
   const int n = U_ * R_;
   for (int r = 0; r < n; ++r) {
     const RankLayout& l = lay_[r];
@@ -46,12 +44,9 @@ Phase HybridBuilder::PlanForward(int chunk, int head_chunk, bool with_q, bool wi
       if (sl.chunk != chunk) continue;
       const int src = RankOf(sl.src_u, l.i);
       const RankLayout& o = lay_[src];
-      if (with_q) {
-        p.transfers.push_back(
-            MakeTransfer(p.name, "q", src, Region{o.q, sl.src_offset, sl.tokens, qh, h.q_heads}, r,
-                         Region{h.gq, l.qoff + sl.offset, sl.tokens, 0, h.q_heads}));
-      }
-      if (!with_kv) continue;
+      p.transfers.push_back(
+          MakeTransfer(p.name, "q", src, Region{o.q, sl.src_offset, sl.tokens, qh, h.q_heads}, r,
+                       Region{h.gq, l.qoff + sl.offset, sl.tokens, 0, h.q_heads}));
       p.transfers.push_back(
           MakeTransfer(p.name, "k", src, Region{o.k, sl.src_offset, sl.tokens, kh, h.kv_heads}, r,
                        Region{h.gk, l.kvoff + sl.offset, sl.tokens, 0, h.kv_heads}));

@@ -31,13 +31,6 @@
 #include "ditscale/sp/internal/hybrid.h"
 
 namespace ditscale::sp::internal {
-namespace {
-
-std::string Rows(int64_t a, int64_t e) {
-  return "[" + std::to_string(a) + ", " + std::to_string(e) + ")";
-}
-
-}  // namespace
 
 int64_t HybridBuilder::WaveRows(int64_t q_heads) const {
   if (cfg_.attention_slots <= 0) return 1;
@@ -60,8 +53,9 @@ void HybridBuilder::EmitOverlap(int r) {
   const int64_t rows = l.qoff + L, local_kv = T + n, a = OverlapLocalRows(r);
   const auto Q = [&](int64_t b, int64_t e) { return QHeads(r, l.gq, b, e - b); };
   const auto attend = [&](int64_t b, int64_t e, int64_t kb, int64_t ke, const char* what) {
-    AttendInto(r, Q(b, e), KvHeads(r, l.gk, kb, ke - kb), KvHeads(r, l.gv, kb, ke - kb), &l.acc,
-               b, std::string("overlap ") + what + " q " + Rows(b, e) + " x kv " + Rows(kb, ke));
+    AttendInto(
+        r, Q(b, e), KvHeads(r, l.gk, kb, ke - kb), KvHeads(r, l.gv, kb, ke - kb), &l.acc, b,
+        std::string("overlap ") + what + " q " + RowRange(b, e) + " x kv " + RowRange(kb, ke));
   };
   if (joint_text()) CopyTextIn(r, l.gk, l.gv, 0);
   CopyOwnIn(r);

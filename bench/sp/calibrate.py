@@ -534,6 +534,10 @@ def check_with_cli(cli: Optional[str], path: Path, machines: int, gpm: int) -> s
 
 
 def cmd_fit(a: argparse.Namespace) -> int:
+    if a.attention_slots is not None and a.attention_slots < 0:
+        print(f"calibrate fit: --attention-slots must be >= 0 (0 = no wave model), got "
+              f"{a.attention_slots}", file=sys.stderr)
+        return 2
     raws = []
     for p in a.raw:
         try:

@@ -115,6 +115,15 @@ def test_fit_attention_with_waves():
     assert calibrate.fit_attention(samples, launch_s=L)["rms_rel_err"] > 10 * fit["rms_rel_err"]
 
 
+def test_calibrate_fit_refuses_negative_slots(tmp_path, capsys):
+    nv, _ = _synthetic_raws()
+    (tmp_path / "nv.json").write_text(json.dumps(nv))
+    rc = calibrate.main(["fit", str(tmp_path / "nv.json"), "--out-dir", str(tmp_path / "c"),
+                         "--attention-slots", "-1"])
+    assert rc == 2 and "--attention-slots" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
 def test_fit_link_recovers_latency_and_bandwidth():
     lat, bw = 20e-6, 150e9
     sizes = [4096 * 4**i for i in range(12)]

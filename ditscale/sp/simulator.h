@@ -17,6 +17,8 @@
 //   A compute-kind op on the COMPUTE stream runs at rate (1 - two_sided_sm_fraction) while any
 //   two-sided transfer of its rank is in flight (NCCL kernels occupy SMs), else at rate 1.
 //   Compute-kind ops on comm streams (e.g. a pack before a send) run at rate 1 beside compute.
+//   An inter-machine data flow runs at (1 - inter_compute_interference) of its max-min fair
+//   rate while either end's compute stream runs an op; the share it loses is not handed on.
 //   Send/Recv   both sides posted (rendezvous) -> a fixed delay of two_sided_sync_s + link
 //               latency, then `op.bytes` of data; both ops complete when the data has arrived.
 //   Put         posted -> delay one_sided_overhead_s + latency, then the data; completes (and

@@ -360,6 +360,34 @@ TEST(Simulator, NicsPerMachineShareOrSeparateInterMachineFlows) {
   EXPECT_NEAR(SimOk(b, t).layer_s, 0.2, 1e-9);
 }
 
+// inter_compute_interference: an inter-machine transfer runs at (1 - f) of its rate while either
+// end computes (sender or receiver), at full rate otherwise; intra-machine transfers never slow.
+TEST(Simulator, InterMachineTransfersSlowWhileEitherEndComputes) {
+  for (int computing_rank : {0, 1}) {
+    for (double f : {0.0, 0.5}) {
+      Topology t = Simple(2, 1);  // NIC 10 GB/s: 1 GB alone is 0.1 s
+      t.inter_compute_interference = f;
+      t.inter_latency_s = 0;
+      t.one_sided_overhead_s = 0;
+      Builder b(2, 1);
+      b.Add(0, Xfer(OpKind::kPut, 1, -1, 1'000'000'000, Stream::kCommInter));
+      b.Add(computing_rank, Attention(0.04));
+      SimResult r = SimOk(b, t);
+      // 0.04 s at (1 - f): 0.04 * (1 - f) of the 0.1 s of data, the rest at full rate.
+      EXPECT_NEAR(r.ranks[0].end_s, 0.04 + (0.1 - 0.04 * (1 - f)), 1e-9)
+          << "f " << f << " computing rank " << computing_rank;
+    }
+  }
+  Topology t = Simple(1, 2);  // intra-machine: unaffected
+  t.inter_compute_interference = 0.5;
+  t.one_sided_overhead_s = 0;
+  t.intra_latency_s = 0;
+  Builder b(1, 2);
+  b.Add(0, Xfer(OpKind::kPut, 1, -1, 10'000'000'000, Stream::kCommIntra));
+  b.Add(1, Attention(0.04));
+  EXPECT_NEAR(SimOk(b, t).layer_s, 0.1, 1e-9);
+}
+
 // A duplex limit (loopback sockets): one way runs at the NIC rate, two opposite flows share
 // nic_duplex between them; without the limit each direction is independent.
 TEST(Simulator, NicDuplexLimitsOppositeFlows) {

@@ -51,6 +51,7 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.nic_bandwidth_Bps = 1.8 * kGiB;
     t.nics_per_machine = 0;  // emulated machines: each GPU pair has its own loopback sockets
     t.inter_latency_s = 50 * kUs;
+    t.inter_compute_interference = 0.45;  // fit-runs: 0.575 (2 x 1), 0.325 (2 x 2 GPUs)
     t.attention_flops = 650 * kTera;
     t.attention_slots = 132;
     t.linear_flops = 750 * kTera;
@@ -148,6 +149,9 @@ Result<bool> Topology::Validate() const {
   if (!(two_sided_sm_fraction >= 0 && two_sided_sm_fraction < 1)) {
     return bad("two_sided_sm_fraction", "must be in [0, 1)");
   }
+  if (!(inter_compute_interference >= 0 && inter_compute_interference < 1)) {
+    return bad("inter_compute_interference", "must be in [0, 1)");
+  }
   return true;
 }
 
@@ -212,9 +216,13 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     if (key == "base") continue;
-    if (key == "nic_duplex_GBps") {
+    if (key == "nic_duplex_GBps" || key == "inter_compute_interference") {  // optional keys
       if (!it->is_number()) return Fail(source, key, "must be a number");
-      t.nic_duplex_Bps = it->get<double>() * kGB;
+      if (key == "nic_duplex_GBps") {
+        t.nic_duplex_Bps = it->get<double>() * kGB;
+      } else {
+        t.inter_compute_interference = it->get<double>();
+      }
       continue;
     }
     if (key == "attention_slots" || key == "attention_tile_tokens") {

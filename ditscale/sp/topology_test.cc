@@ -146,6 +146,12 @@ TEST(Topology, JsonErrorsNameFileAndField) {
   expect_fail(R"({"base": "nope"})", "'base'");
   expect_fail(R"({"base": "p4de", "gpus_per_machine": 2.5})", "'gpus_per_machine'");
   expect_fail(R"({"base": "p4de", "two_sided_sm_fraction": 1})", "'two_sided_sm_fraction'");
+  expect_fail(R"({"base": "p4de", "inter_compute_interference": 1})",
+              "'inter_compute_interference': must be in [0, 1)");
+  expect_fail(R"({"base": "p4de", "inter_compute_interference": -0.1})",
+              "'inter_compute_interference'");
+  expect_fail(R"({"base": "p4de", "inter_compute_interference": "half"})",
+              "'inter_compute_interference': must be a number");
   expect_fail(R"({"gpus_per_machine": 8})", "missing");
   expect_fail("[1, 2]", "object");
   auto r = ParseTopologyJson("{\n  \"base\": \"p4de\",\n  oops\n}", "my.json", 2);
@@ -180,6 +186,13 @@ TEST(Topology, NicsPerMachine) {
   ASSERT_TRUE(dj.ok()) << dj.failure().ToString();
   EXPECT_DOUBLE_EQ(dj.value().nic_duplex_Bps, 3.5e9);
   EXPECT_DOUBLE_EQ(MakePresetTopology("p4de", 2).value().nic_duplex_Bps, 0);  // full duplex
+  // inter_compute_interference: optional (0 without base), set in the emulated-machine preset.
+  auto ij =
+      ParseTopologyJson(R"({"base": "p4de", "inter_compute_interference": 0.3})", "c.json", 2);
+  ASSERT_TRUE(ij.ok()) << ij.failure().ToString();
+  EXPECT_DOUBLE_EQ(ij.value().inter_compute_interference, 0.3);
+  EXPECT_DOUBLE_EQ(MakePresetTopology("p4de", 2).value().inter_compute_interference, 0);
+  EXPECT_GT(MakePresetTopology("h200-local", 2).value().inter_compute_interference, 0);
   for (const char* bad :
        {R"({"base": "p4de", "nic_duplex_GBps": -1})", R"({"base": "p4de", "nics_per_machine": -1})",
         R"({"base": "p4de", "nics_per_machine": 1.5})",

@@ -140,6 +140,11 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
          --seq ${SP_SOCKET_SEQ:-65536} --text 512 --emulate-machines 2 \
          --strategies ring usp torus --transports nccl --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sockets.json"
+    # The simulator's compute rate anchored to each launch's one-GPU run and the emulated link
+    # fitted to its runs (with each S held out): calib/fit-runs.json, a section of the report.
+    FR=$(ls "$SPD"/sp-nvlink.json "$SPD"/sp-emulated.json 2>/dev/null || true)
+    has report && [ -n "$FR" ] && step sp-fit-runs 240 $PY bench/sp/fit_runs.py $FR \
+         --calib-dir "$SPD/calib" --ditscale "$CLI"
     has report && step sp-report 120 $PY bench/sp/report.py "$SPD"/sp-*.json \
          --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x$NP.md" \
          --summary "$OUT/sp-summary.txt"

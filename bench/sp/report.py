@@ -34,6 +34,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import calibrate  # noqa: E402  (no torch import at module level)
+import fit_runs  # noqa: E402
 
 GIB = 1024**3
 FLUX = {"text": 512, "heads": 24, "head_dim": 128}
@@ -86,6 +87,7 @@ class Predictor:
     def __init__(self, cli: Optional[str], calib_dir: Optional[Path]):
         self.cli = cli
         self.calib = None
+        self.fit_runs = None  # fit_runs.py's document, when the calibration folder has one
         self.topo = self.topo_machines = None
         if calib_dir is not None:
             t = calib_dir / "topology-h200.json"
@@ -95,6 +97,9 @@ class Predictor:
             c = calib_dir / "calibration.json"
             if c.exists():
                 self.calib = json.loads(c.read_text())
+            fr = calib_dir / "fit-runs.json"
+            if fr.exists():
+                self.fit_runs = json.loads(fr.read_text())
         self.cache: dict = {}
         self.errors: list[str] = []
 
@@ -327,6 +332,13 @@ class Report:
             for s in seqs:
                 out += self.table(link, s)
         out += self.transports()
+        if self.pred.fit_runs:
+            # Only the launches of this report (fit-runs.json may describe other files).
+            names = {Path(d["_path"]).name for d in self.docs}
+            launches = [x for x in self.pred.fit_runs.get("launches", [])
+                        if Path(x["source"]).name in names]
+            if launches:
+                out += fit_runs.markdown(dict(self.pred.fit_runs, launches=launches))
         out += ["## Reference (measured earlier on this host, S + T = 66,048)", "",
                 "| link | configuration | ms |", "|---|---|--:|"]
         for link, v in REFERENCE_66048.items():

@@ -1,0 +1,296 @@
+"""Fits the simulator's compute rate and emulated link to measured strategy runs, and says how
+well it then predicts runs it was not fitted on.
+
+  python bench/sp/fit_runs.py RESULTS.json [MORE.json ...] --calib-dir DIR [--ditscale CLI]
+
+RESULTS are files of bench_sp_attention.py (one per launch: NVLink, emulated machines); DIR is the
+output of `calibrate.py fit` (topology-h200.json, topology-h200-nvlink-machines.json). Writes
+DIR/fit-runs.json and, when an emulated launch is given, DIR/topology-h200-emulated-fitted.json.
+report.py renders fit-runs.json as its section "Simulator fitted to the runs".
+
+Why: `calibrate.py measure` times each part alone (a send/recv sweep, attention calls, in a call of
+their own), and the calibrated simulator then lands 1.04-1.16x under NVLink runs and 1.00-1.34x
+under emulated-machine runs. Two things differ in a strategy run:
+  1. the GPU's clock. The H200 is power-capped: the same cuDNN call took 81.6 ms predicted from
+     the calibration call and 86.3-87.8 ms in the benchmark launches. The one-GPU run of each
+     launch (the executor's exact call on the full sequence) anchors the compute rate: the
+     attention rate is scaled so that the simulator's one-GPU time equals the measured one
+     (geometric mean over the launch's sequence lengths). No multi-GPU run is used for it.
+  2. on emulated machines, the socket link while the GPUs compute. NCCL's socket transport copies
+     through host bounce buffers with GPU kernels and CPU proxy threads; the strategy runs show
+     the transfers going slower than the sweep's 2.33 GB/s and the overlapped forms (torus, ring)
+     hiding less than they should. Two parameters model it: the inter-machine bandwidth scale s
+     (nic_bandwidth and nic_duplex times s) and inter_compute_interference f (the share of a
+     transfer's rate lost while either end computes; topology.h). They are fitted to the
+     launch's ditscale runs on meshes with more than one machine by a grid search (coarse, then
+     refined) minimising the RMS of log(measured / predicted).
+Held out: for each sequence length S of the launch, s and f are fitted again on the other
+lengths only and the runs at S are predicted with them: that is the figure to trust, since the
+in-sample one fits 2 parameters to ~14 runs per length. Peers (plain Ulysses, PyTorch CP) are
+reported by report.py, not here: the simulator runs ditscale's schedules only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import calibrate  # noqa: E402  (no torch import at module level)
+
+FLUX = {"text": 512, "heads": 24, "head_dim": 128}
+F_GRID = [i / 10 for i in range(10)]  # 0 .. 0.9
+S_GRID = [0.6 + 0.05 * i for i in range(13)]  # 0.6 .. 1.2
+WITHIN = 0.15  # the issue's target: within 15% of every measured configuration
+
+
+def _log_stats(ratios: Sequence[float]) -> dict:
+    if not ratios:
+        return {"n": 0}
+    logs = [math.log(r) for r in ratios]
+    return {"n": len(ratios), "rms_log": math.sqrt(sum(x * x for x in logs) / len(logs)),
+            "min": min(ratios), "max": max(ratios),
+            "within": sum(1 for r in ratios if abs(r - 1) <= WITHIN)}
+
+
+class Sim:
+    """Simulator predictions of one launch's runs for topology overrides, cached."""
+
+    def __init__(self, cli: str, calib_dir: Path, link: str):
+        self.cli, self.link = cli, link
+        self.base = json.loads((calib_dir / "topology-h200.json").read_text())
+        tm = calib_dir / "topology-h200-nvlink-machines.json"
+        self.base_machines = json.loads(tm.read_text()) if tm.exists() else None
+        self.tmp = tempfile.TemporaryDirectory(prefix="ditscale-fit-runs-")
+        self.cache: dict = {}
+        self.files: dict = {}
+
+    def topology(self, mesh: Sequence[int], over: tuple) -> str:
+        """A topology file for `mesh` with overrides (attention scale, s, f)."""
+        machines_view = self.link == "nvlink" and mesh[0] > 1
+        key = (machines_view, over)
+        if key not in self.files:
+            base = self.base_machines if machines_view else self.base
+            if base is None:
+                raise FileNotFoundError("topology-h200-nvlink-machines.json missing in the "
+                                        "calibration folder (needed for a 2x1 mesh on NVLink)")
+            self.files[key] = str(Path(self.tmp.name) / f"t{len(self.files)}.json")
+            Path(self.files[key]).write_text(json.dumps(apply(base, *over)))
+        return self.files[key]
+
+    def ms(self, run: dict, over: tuple) -> float:
+        mesh = run.get("mesh") or [1, 1]
+        strategy = run["strategy"]
+        if run["impl"] == "single":
+            mesh, strategy = [1, 1], "ulysses"
+        key = (tuple(mesh), strategy, run["seq"], run.get("chunks", 1),
+               run.get("transport") or "nccl", over)
+        if key not in self.cache:
+            r = calibrate.simulate(self.cli, self.topology(mesh, over), mesh[0], mesh[1],
+                                   strategy, run["seq"], chunks=run.get("chunks", 1),
+                                   transport=run.get("transport") or "nccl")
+            self.cache[key] = r["predicted_layer_s"] * 1e3
+        return self.cache[key]
+
+    def many(self, runs: Sequence[dict], over: tuple) -> list[float]:
+        for r in runs:  # the topology files first, in this thread
+            self.topology([1, 1] if r["impl"] == "single" else (r.get("mesh") or [1, 1]), over)
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as ex:
+            return list(ex.map(lambda r: self.ms(r, over), runs))
+
+
+def apply(topo: dict, attention_scale: float, bandwidth_scale: float, interference: float) -> dict:
+    """`topo` with the attention rate, the inter-machine bandwidth scaled and f set."""
+    t = dict(topo)
+    t["attention_tflops"] = topo["attention_tflops"] * attention_scale
+    t["nic_bandwidth_GBps"] = topo["nic_bandwidth_GBps"] * bandwidth_scale
+    if topo.get("nic_duplex_GBps"):
+        t["nic_duplex_GBps"] = topo["nic_duplex_GBps"] * bandwidth_scale
+    t["inter_compute_interference"] = interference
+    return t
+
+
+def rms_log(meas: Sequence[float], pred: Sequence[float]) -> float:
+    return math.sqrt(sum(math.log(m / p) ** 2 for m, p in zip(meas, pred)) / len(meas))
+
+
+def fit_link(sim: Sim, runs: Sequence[dict], anchor: float) -> dict:
+    """(s, f) minimising the RMS log error over `runs`: the coarse grid, then a 9 x 9 grid of a
+    quarter of the coarse steps around the best point."""
+    meas = [r["ms"] for r in runs]
+
+    def err(s: float, f: float) -> float:
+        return rms_log(meas, sim.many(runs, (anchor, round(s, 4), round(f, 4))))
+
+    best = min((err(s, f), s, f) for s in S_GRID for f in F_GRID)
+    _, s0, f0 = best
+    fine = [(err(s, f), s, f)
+            for s in (s0 + 0.0125 * k for k in range(-4, 5)) if s > 0
+            for f in (f0 + 0.025 * k for k in range(-4, 5)) if 0 <= f < 0.95]
+    e, s, f = min(fine + [best])
+    return {"bandwidth_scale": round(s, 4), "interference": round(f, 4), "rms_log": e}
+
+
+def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> dict:
+    """Anchor, fit and held-out predictions of one bench_sp_attention.py launch."""
+    if doc.get("kind") != "ditscale-sp-attention-bench":
+        raise ValueError(f"{source}: field 'kind': not a bench_sp_attention.py result")
+    shape = doc.get("shape", {})
+    if any(shape.get(k) != v for k, v in FLUX.items()):
+        raise ValueError(f"{source}: field 'shape' is not the Flux attention layer ({FLUX}); "
+                         "the simulator's flux model has only that")
+    link = doc.get("link")
+    if link not in ("nvlink", "emulated"):
+        raise ValueError(f"{source}: field 'link' must be nvlink or emulated, got {link!r}")
+    runs = [r for r in doc.get("runs", []) if r.get("status") == "ok" and r.get("ms")]
+    single = [r for r in runs if r["impl"] == "single"]
+    ours = [r for r in runs if r["impl"] == "ditscale"]
+    if not single or not ours:
+        raise ValueError(f"{source}: needs a one-GPU run and ditscale runs with status ok")
+    sim = Sim(cli, calib_dir, link)
+    one = (1.0, 1.0, 0.0)
+    # The simulated one-GPU time is attention-bound: scaling the attention rate by a scales it
+    # by ~1/a, so a = predicted / measured (geometric mean over the sequence lengths).
+    per_seq = {r["seq"]: sim.ms(r, one) / r["ms"] for r in single}
+    anchor = round(math.exp(sum(math.log(v) for v in per_seq.values()) / len(per_seq)), 4)
+    log(f"{source}: {link}, one GPU predicted/measured "
+        + ", ".join(f"{s}: {v:.3f}" for s, v in sorted(per_seq.items()))
+        + f" -> attention rate x {anchor}")
+    out = {"source": source, "link": link,
+           "anchor": {"attention_scale": anchor, "pred_over_meas_one_gpu": per_seq}}
+    fitted = {id(r): None for r in ours}
+    held = {id(r): None for r in ours}
+    multi = [r for r in ours if (r.get("mesh") or [1, 1])[0] > 1]
+    if link == "emulated" and multi:
+        lf = fit_link(sim, multi, anchor)
+        log(f"  link fitted on {len(multi)} runs: bandwidth x {lf['bandwidth_scale']}, "
+            f"interference {lf['interference']} (rms log error {lf['rms_log']:.3f})")
+        lf["held_out"] = {}
+        seqs = sorted({r["seq"] for r in multi})
+        for seq in seqs if len(seqs) > 1 else []:
+            train = [r for r in multi if r["seq"] != seq]
+            test = [r for r in multi if r["seq"] == seq]
+            h = fit_link(sim, train, anchor)
+            lf["held_out"][str(seq)] = h
+            log(f"  held out S = {seq}: fitted on the other lengths: bandwidth x "
+                f"{h['bandwidth_scale']}, interference {h['interference']}")
+            for r, p in zip(test, sim.many(test, (anchor, h["bandwidth_scale"],
+                                                   h["interference"]))):
+                held[id(r)] = p
+        out["link_fit"] = lf
+        over = (anchor, lf["bandwidth_scale"], lf["interference"])
+        for r, p in zip(multi, sim.many(multi, over)):
+            fitted[id(r)] = p
+    calib = sim.many(ours, one)
+    anchored = sim.many(ours, (anchor, 1.0, 0.0))
+    rows = []
+    for r, pc, pa in zip(ours, calib, anchored):
+        rows.append({"config": r["config"], "seq": r["seq"], "mesh": r.get("mesh") or [1, 1],
+                     "ms": r["ms"], "pred_calibration_ms": pc, "pred_anchored_ms": pa,
+                     "pred_fitted_ms": fitted[id(r)], "pred_held_out_ms": held[id(r)]})
+    out["runs"] = rows
+    out["stats"] = {col: _log_stats([x["ms"] / x[f"pred_{col}_ms"] for x in rows
+                                     if x[f"pred_{col}_ms"]])
+                    for col in ("calibration", "anchored", "fitted", "held_out")}
+    out["fitted_topology"] = apply(sim.base, anchor, *(
+        (out["link_fit"]["bandwidth_scale"], out["link_fit"]["interference"])
+        if "link_fit" in out else (1.0, 0.0)))
+    return out
+
+
+def markdown(doc: dict) -> list[str]:
+    """The report's section for a fit-runs.json document."""
+    cols = (("calibration", "calibration only"), ("anchored", "compute anchored"),
+            ("fitted", "+ link fitted (in-sample)"), ("held_out", "+ link fitted, S held out"))
+    lines = ["## Simulator fitted to the runs", "",
+             "meas/pred of every ditscale run: from the calibration alone; with the attention "
+             "rate anchored to the launch's own one-GPU run; with the emulated link's bandwidth "
+             "scale and compute interference fitted to the launch's multi-machine runs "
+             "(in-sample); and fitted with that sequence length left out (held out: the figure "
+             "to trust). `python bench/sp/fit_runs.py` (its docstring says why each step). "
+             f"Within {WITHIN:.0%}: runs whose meas/pred is in [{1 - WITHIN:.2f}, "
+             f"{1 + WITHIN:.2f}].", ""]
+    for launch in doc["launches"]:
+        a = launch["anchor"]
+        lines.append(f"### {launch['link']} ({Path(launch['source']).name})")
+        lines.append("")
+        lines.append(f"- one GPU predicted/measured: " + ", ".join(
+            f"S = {s}: {v:.3f}" for s, v in sorted(a["pred_over_meas_one_gpu"].items(),
+                                                   key=lambda kv: int(kv[0])))
+                     + f"; attention rate x {a['attention_scale']}")
+        lf = launch.get("link_fit")
+        if lf:
+            lines.append(f"- link fitted on all lengths: bandwidth x {lf['bandwidth_scale']}, "
+                         f"interference {lf['interference']}; "
+                         + "; ".join(f"S = {s} held out: x {h['bandwidth_scale']}, "
+                                     f"{h['interference']}" for s, h in lf["held_out"].items()))
+        for col, label in cols:
+            st = launch["stats"][col]
+            if st["n"]:
+                lines.append(f"- {label}: meas/pred {st['min']:.2f}-{st['max']:.2f}x, "
+                             f"{st['within']}/{st['n']} within {WITHIN:.0%}, "
+                             f"RMS log error {st['rms_log']:.3f}")
+        lines += ["", "| configuration | S | mesh | ms | " + " | ".join(
+            label for _, label in cols) + " |", "|---|--:|---|--:|" + "--:|" * len(cols)]
+        for r in launch["runs"]:
+            cells = [f"{r['ms'] / r[f'pred_{c}_ms']:.2f}x" if r[f"pred_{c}_ms"] else "-"
+                     for c, _ in cols]
+            lines.append(f"| {r['config']} | {r['seq']:,} | {r['mesh'][0]}x{r['mesh'][1]} | "
+                         f"{r['ms']:.4g} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("results", nargs="+", help="JSON files of bench_sp_attention.py")
+    p.add_argument("--calib-dir", required=True, type=Path,
+                   help="output of `calibrate.py fit` (topology-h200.json, ...)")
+    p.add_argument("--ditscale", default=None, help="path of the ditscale CLI")
+    a = p.parse_args(argv)
+    cli = calibrate.find_cli(a.ditscale)
+    if cli is None:
+        print("fit_runs: the ditscale CLI was not found (build it, or give --ditscale)",
+              file=sys.stderr)
+        return 2
+    if not (a.calib_dir / "topology-h200.json").exists():
+        print(f"fit_runs: {a.calib_dir / 'topology-h200.json'}: missing (run calibrate.py fit)",
+              file=sys.stderr)
+        return 2
+    launches = []
+    for path in a.results:
+        try:
+            doc = json.loads(Path(path).read_text())
+            launches.append(fit_launch(doc, path, cli, a.calib_dir))
+        except (OSError, json.JSONDecodeError, ValueError, KeyError, RuntimeError) as e:
+            print(f"fit_runs: {path}: {e}", file=sys.stderr)
+            return 2
+    out = {"kind": "ditscale-sp-fit-runs", "version": 1, "within": WITHIN,
+           "launches": launches}
+    (a.calib_dir / "fit-runs.json").write_text(json.dumps(out, indent=1) + "\n")
+    wrote = [str(a.calib_dir / "fit-runs.json")]
+    for launch in launches:
+        if launch["link"] == "emulated" and "link_fit" in launch:
+            t = dict(launch["fitted_topology"], name="h200-emulated-fitted")
+            path = a.calib_dir / "topology-h200-emulated-fitted.json"
+            path.write_text(json.dumps(t, indent=1) + "\n")
+            err = calibrate.check_with_cli(cli, path, 2, 1)
+            if err:
+                print(f"fit_runs: {path} rejected by the CLI: {err}", file=sys.stderr)
+                return 1
+            wrote.append(str(path))
+    print("\n".join(markdown(out)))
+    print("wrote " + ", ".join(wrote))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

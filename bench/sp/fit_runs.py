@@ -136,7 +136,12 @@ def fit_link(sim: Sim, runs: Sequence[dict], anchor: float) -> dict:
             for s in (s0 + 0.0125 * k for k in range(-4, 5)) if s > 0
             for f in (f0 + 0.025 * k for k in range(-4, 5)) if 0 <= f < 0.95]
     e, s, f = min(fine + [best])
-    return {"bandwidth_scale": round(s, 4), "interference": round(f, 4), "rms_log": e}
+    # The same with f = 0 (the bandwidth scale alone): how much the interference term adds.
+    e0, s0 = min((err(x, 0.0), x) for x in S_GRID)
+    e0, s0 = min([(e0, s0)] + [(err(x, 0.0), x) for x in (s0 + 0.0125 * k for k in range(-4, 5))
+                               if x > 0])
+    return {"bandwidth_scale": round(s, 4), "interference": round(f, 4), "rms_log": e,
+            "bandwidth_only": {"bandwidth_scale": round(s0, 4), "rms_log": e0}}
 
 
 def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> dict:
@@ -173,6 +178,7 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
         lf = fit_link(sim, multi, anchor)
         log(f"  link fitted on {len(multi)} runs: bandwidth x {lf['bandwidth_scale']}, "
             f"interference {lf['interference']} (rms log error {lf['rms_log']:.3f})")
+        lf["measured_interference"] = sim.base.get("inter_compute_interference")
         lf["held_out"] = {}
         seqs = sorted({r["seq"] for r in multi})
         for seq in seqs if len(seqs) > 1 else []:
@@ -228,8 +234,14 @@ def markdown(doc: dict) -> list[str]:
                      + f"; attention rate x {a['attention_scale']}")
         lf = launch.get("link_fit")
         if lf:
+            measured = lf.get("measured_interference")
             lines.append(f"- link fitted on all lengths: bandwidth x {lf['bandwidth_scale']}, "
-                         f"interference {lf['interference']}; "
+                         f"interference {lf['interference']}"
+                         + (f" (calibrate.py measured {measured})" if measured is not None
+                            else "")
+                         + f", RMS log error {lf['rms_log']:.3f} (bandwidth alone, f = 0: x "
+                         f"{lf['bandwidth_only']['bandwidth_scale']}, "
+                         f"{lf['bandwidth_only']['rms_log']:.3f}); "
                          + "; ".join(f"S = {s} held out: x {h['bandwidth_scale']}, "
                                      f"{h['interference']}" for s, h in lf["held_out"].items()))
         for col, label in cols:

@@ -18,6 +18,9 @@ layer waits for its slowest rank):
     executor calls it), hd 128, bf16, non-causal, for q/kv block sizes 512 .. 66,048.
   * HBM: a 1 GiB device copy (bytes moved = read + write, as MemorySeconds counts them).
   * a bf16 GEMM (Flux MLP shape) for linear_tflops; back-to-back tiny kernels for the launch gap.
+  * a two-way send/recv (64 MiB emulated, 1 GiB NVLink) alone and beside a long attention call on
+    both ranks (--no-interference skips it): the share of its rate lost while the GPUs compute
+    (interference_from_times), inter_compute_interference of the emulated link's topology.
 
 What is fitted (see fit_link / fit_attention):
   * link: latency = the time of the smallest messages; bandwidth = 1 / slope of time over bytes
@@ -29,8 +32,9 @@ What is fitted (see fit_link / fit_attention):
     minimising the squared RELATIVE error (times span four orders of magnitude).
 The NCCL small-message time on NVLink becomes two_sided_sync_us (+ the preset's 5 us intra
 latency: NCCL alone cannot separate the two); the socket's extra small-message time over that is
-inter_latency_us. Keys not measured (two_sided_sm_fraction, one_sided_overhead_us) come from the
-"h200-local" base preset.
+inter_latency_us. Keys not measured (two_sided_sm_fraction, one_sided_overhead_us; and
+inter_compute_interference when the raw file predates its measurement) come from the "h200-local"
+base preset.
 
 Outputs of `fit` in --out-dir:
   topology-h200.json                  NVLink within a machine, the socket between emulated ones
@@ -78,6 +82,17 @@ def _lstsq2(rows: Sequence[tuple[float, float]], rhs: Sequence[float]) -> tuple[
     if abs(det) <= 1e-300 * max(1.0, s00 * s11):
         raise ValueError("degenerate fit: need at least two distinct message sizes")
     return (y0 * s11 - y1 * s01) / det, (s00 * y1 - s01 * y0) / det
+
+
+def interference_from_times(alone_s: float, beside_s: float, attention_s: float) -> float:
+    """The share f of a transfer's rate lost while compute runs, from its time alone (x), beside
+    compute that started with it (t) and that compute's time (a): the transfer runs at (1 - f)
+    for min(a, t), then at full rate, so t = x + f * min(a, t). Clamped to [0, 0.95] (the
+    simulator takes [0, 1))."""
+    if not (alone_s > 0 and beside_s > 0 and attention_s > 0):
+        raise ValueError(f"times must be > 0, got alone {alone_s}, beside {beside_s}, "
+                         f"attention {attention_s}")
+    return min(0.95, max(0.0, (beside_s - alone_s) / min(attention_s, beside_s)))
 
 
 def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float],
@@ -219,6 +234,8 @@ def topology_from_fits(fits: dict, name: str, gpus_per_machine: int,
             # both directions together are limited to twice the two-way rate.
             t["nic_bandwidth_GBps"] = round(uni["bandwidth_Bps"] / 1e9, 4)
             t["nic_duplex_GBps"] = round(2 * inter["bandwidth_Bps"] / 1e9, 4)
+        if "compute_interference" in inter:
+            t["inter_compute_interference"] = round(inter["compute_interference"], 3)
         base_sync = sync_us if sync_us is not None else 15.0
         t["inter_latency_us"] = round(max(0.0, inter["latency_s"] * 1e6 - base_sync), 2)
     if att:
@@ -315,7 +332,12 @@ class Measurer:
         torch.cuda.set_device(lr)
         self.dev = torch.device("cuda", lr)
         self.local_rank = lr
-        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=60), device_id=self.dev)
+        # NCCL's stream at high priority, as the executor's comm streams: what a transfer beside
+        # compute gets depends on it (p2p_under_compute); alone it makes no difference.
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = True
+        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=60), device_id=self.dev,
+                                pg_options=opts)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.world < 2 and not a.no_p2p:
             raise SystemExit("calibrate measure: run under torchrun with >= 2 processes "
@@ -375,6 +397,62 @@ class Measurer:
             self.log(f"p2p {n / MIB:9.3f} MiB: bidir {t2 * 1e6:10.1f} us "
                      f"({n / t2 / 1e9:7.2f} GB/s per direction), one-way {t1 * 1e6:10.1f} us")
         return out
+
+    def p2p_under_compute(self, nbytes: int, repeats: int = 3) -> dict:
+        """The two-way send/recv of `nbytes` timed alone and while both ranks run a long cuDNN
+        attention call on a compute stream of normal priority (NCCL's stream is high priority, as
+        in the executor): the share of the transfer's rate lost while the GPUs compute, the
+        simulator's inter_compute_interference. Times are medians over `repeats`, max over
+        ranks."""
+        torch, dist = self.torch, self.dist
+        sbuf = torch.empty(nbytes, dtype=torch.uint8, device=self.dev)
+        rbuf = torch.empty_like(sbuf)
+        h, n, d = 24, 66048, 128
+        q = torch.randn(1, h, n, d, device=self.dev, dtype=torch.bfloat16)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        side = torch.cuda.Stream(device=self.dev)
+
+        def attention():
+            torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)
+
+        def exchange():
+            ops = [dist.P2POp(dist.isend, sbuf, self.peer), dist.P2POp(dist.irecv, rbuf,
+                                                                      self.peer)]
+            for r in dist.batch_isend_irecv(ops):
+                r.wait()
+
+        def once(beside: bool) -> tuple[float, float]:
+            """(transfer s, attention s) of one round; attention s is 0 when not run."""
+            self.dist.barrier(device_ids=[self.local_rank])
+            torch.cuda.synchronize()
+            a0, a1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            x0, x1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if beside:
+                with torch.cuda.stream(side):
+                    a0.record(side)
+                    attention()
+                    a1.record(side)
+            x0.record()
+            exchange()
+            x1.record()
+            torch.cuda.synchronize()
+            return (self.max_over_ranks(x0.elapsed_time(x1) / 1e3),
+                    self.max_over_ranks(a0.elapsed_time(a1) / 1e3) if beside else 0.0)
+
+        exchange()
+        with torch.cuda.stream(side):
+            attention()
+        torch.cuda.synchronize()
+        alone = sorted(once(False)[0] for _ in range(repeats))[repeats // 2]
+        rounds = sorted(once(True) for _ in range(repeats))
+        beside, att = rounds[repeats // 2]
+        f = interference_from_times(alone, beside, att)
+        self.log(f"p2p {nbytes / MIB:.0f} MiB two-way: alone {alone * 1e3:.2f} ms, beside an "
+                 f"attention call of {att * 1e3:.1f} ms {beside * 1e3:.2f} ms -> interference "
+                 f"{f:.3f}")
+        del q, k, v
+        return {"bytes": nbytes, "alone_s": alone, "beside_s": beside, "attention_s": att,
+                "interference": f}
 
     def all_gather(self, chunk_bytes: int, iters: int) -> dict:
         """all_gather_into_tensor of `chunk_bytes` per rank: NCCL may drive a link with more
@@ -468,6 +546,8 @@ def cmd_measure(a: argparse.Namespace) -> int:
         sizes = [4 * KIB * 4**i for i in range(12) if 4 * KIB * 4**i <= top]
         doc["p2p"] = m.p2p(sizes, budget_bytes=(512 * MIB if emulated else GIB))
         doc["all_gather"] = m.all_gather(top, 3 if emulated else 10)
+        if not a.no_interference:
+            doc["p2p_under_compute"] = m.p2p_under_compute(64 * MIB if emulated else GIB)
     if not a.p2p_only:
         doc["attention"] = m.attention()
         doc["hbm"] = m.hbm()
@@ -505,6 +585,8 @@ def fits_from_raw(raws: Sequence[dict], attention_slots: Optional[int] = None) -
                 f["unidirectional"] = fit_link([p["bytes"] for p in uni], [p["s"] for p in uni])
             if raw.get("all_gather"):
                 f["all_gather_Bps"] = raw["all_gather"]["received_Bps"]
+            if raw.get("p2p_under_compute"):
+                f["compute_interference"] = raw["p2p_under_compute"]["interference"]
             fits["intra" if link == "nvlink" else "inter"] = f
         if raw.get("launch_s"):
             fits["launch_s"] = raw["launch_s"]
@@ -596,6 +678,8 @@ def main(argv=None) -> int:
     m.add_argument("--emulate-machines", type=int, default=0)
     m.add_argument("--p2p-only", action="store_true", help="only the send/recv sweep")
     m.add_argument("--no-p2p", action="store_true", help="skip the send/recv sweep")
+    m.add_argument("--no-interference", action="store_true",
+                   help="skip timing a send/recv beside an attention call")
     f = sub.add_parser("fit", help="fit the simulator's parameters, write topology JSON files")
     f.add_argument("raw", nargs="+", help="raw JSON files from `measure`")
     f.add_argument("--out-dir", required=True)

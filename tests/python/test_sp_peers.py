@@ -152,8 +152,21 @@ def _synthetic_raws():
           "hbm": {"bytes_moved": 2 << 30, "s": (2 << 30) / 4.2e12},
           "gemm": {"flops": 1e15, "s": 1e15 / 760e12}, "launch_s": 4e-6}
     emu = {"kind": "ditscale-sp-calibration-raw", "link": "emulated", "gpu": "H200",
-           "p2p": p2p(120e-6, 1.9e9, 64 << 20)}
+           "p2p": p2p(120e-6, 1.9e9, 64 << 20),
+           "p2p_under_compute": {"bytes": 64 << 20, "alone_s": 0.03, "beside_s": 0.045,
+                                 "attention_s": 0.09, "interference": 1 / 3}}
     return nv, emu
+
+
+def test_interference_from_times():
+    # Compute longer than the transfer: t = x / (1 - f).
+    assert calibrate.interference_from_times(0.03, 0.06, 0.09) == pytest.approx(0.5)
+    # Compute shorter: (1 - f) for a, then full rate: t = x + f * a.
+    assert calibrate.interference_from_times(0.03, 0.04, 0.02) == pytest.approx(0.5)
+    assert calibrate.interference_from_times(0.03, 0.029, 0.09) == 0  # noise: faster beside
+    assert calibrate.interference_from_times(0.03, 3.0, 9.0) == 0.95  # clamped below 1
+    with pytest.raises(ValueError):
+        calibrate.interference_from_times(0.03, 0.04, 0)
 
 
 def test_calibrate_fit_writes_topologies(tmp_path):
@@ -172,6 +185,7 @@ def test_calibrate_fit_writes_topologies(tmp_path):
     assert t["attention_half_tokens"] == pytest.approx(200, rel=2e-2)
     assert t["hbm_bandwidth_GBps"] == pytest.approx(4200, rel=1e-3)
     assert t["linear_tflops"] == pytest.approx(760, rel=1e-3)
+    assert t["inter_compute_interference"] == pytest.approx(0.333, abs=1e-3)
     m = json.loads((out / "topology-h200-nvlink-machines.json").read_text())
     assert m["nic_bandwidth_GBps"] == t["intra_bandwidth_GBps"] and m["gpus_per_machine"] == 1
     summary = json.loads((out / "calibration.json").read_text())

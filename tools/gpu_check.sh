@@ -86,14 +86,22 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   CLI=$BUILD/tools/ditscale
   # SP_PARTS picks the parts (two calls of one lease: "test calib bench-nvlink", then
   # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag", "channels", "sockets" and
-  # "sanitize" are opt-in. "replay" and "split" need one GPU only: every strategy's compute on
-  # one rank with the transfers skipped, and what cutting one attention call costs.
-  PARTS=" ${SP_PARTS:-test replay calib bench-nvlink bench-emulated report example} "
+  # "sanitize" are opt-in. "replay", "split" and "overlap" need one GPU only: every strategy's
+  # compute on one rank with the transfers skipped, what cutting one attention call costs, and
+  # which transfers run beside one (bench/results/sp-overlap-h200/).
+  PARTS=" ${SP_PARTS:-test replay overlap calib bench-nvlink bench-emulated report example} "
   has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
   if [ "$NGPU" -ge 1 ]; then
     has test && step sp-replay-test 300 $PY -m pytest -q tests/gpu/test_sp_gpu.py -k replay
     has replay && step sp-replay 300 $PY bench/sp/replay_compute.py --out "$SPD/replay"
     has split && step sp-split 300 $PY bench/sp/attn_split_probe.py --out "$SPD/split"
+    # What runs beside a cuDNN attention call (it holds every SM): SM kernels, copy engines,
+    # NCCL, and (the C++ probe) NVSHMEM on-stream puts / signals / waits and stream memory ops.
+    if has overlap; then
+      step sp-overlap 120 $PY bench/sp/attn_overlap_probe.py --out "$SPD/overlap"
+      [ -x "$BUILD"/bench/sp_overlap_probe ] && step sp-overlap-primitives 120 \
+           "$BUILD"/bench/sp_overlap_probe --json "$SPD/overlap/primitives.json"
+    fi
   fi
   if [ "$NGPU" -ge 2 ]; then
     if has test; then

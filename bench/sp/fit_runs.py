@@ -107,14 +107,16 @@ class Sim:
             return list(ex.map(lambda r: self.ms(r, over), runs))
 
 
-def apply(topo: dict, attention_scale: float, bandwidth_scale: float, interference: float) -> dict:
+def apply(topo: dict, attention_scale: float, bandwidth_scale: float,
+          interference: Optional[float]) -> dict:
     """`topo` with the attention rate, the inter-machine bandwidth scaled and f set."""
     t = dict(topo)
     t["attention_tflops"] = topo["attention_tflops"] * attention_scale
     t["nic_bandwidth_GBps"] = topo["nic_bandwidth_GBps"] * bandwidth_scale
     if topo.get("nic_duplex_GBps"):
         t["nic_duplex_GBps"] = topo["nic_duplex_GBps"] * bandwidth_scale
-    t["inter_compute_interference"] = interference
+    if interference is not None:  # None: the topology's own (measured, or the preset's)
+        t["inter_compute_interference"] = interference
     return t
 
 
@@ -161,7 +163,7 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
     if not single or not ours:
         raise ValueError(f"{source}: needs a one-GPU run and ditscale runs with status ok")
     sim = Sim(cli, calib_dir, link)
-    one = (1.0, 1.0, 0.0)
+    one = (1.0, 1.0, None)
     # The simulated one-GPU time is attention-bound: scaling the attention rate by a scales it
     # by ~1/a, so a = predicted / measured (geometric mean over the sequence lengths).
     per_seq = {r["seq"]: sim.ms(r, one) / r["ms"] for r in single}
@@ -196,7 +198,7 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
         for r, p in zip(multi, sim.many(multi, over)):
             fitted[id(r)] = p
     calib = sim.many(ours, one)
-    anchored = sim.many(ours, (anchor, 1.0, 0.0))
+    anchored = sim.many(ours, (anchor, 1.0, None))
     rows = []
     for r, pc, pa in zip(ours, calib, anchored):
         rows.append({"config": r["config"], "seq": r["seq"], "mesh": r.get("mesh") or [1, 1],
@@ -208,7 +210,7 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
                     for col in ("calibration", "anchored", "fitted", "held_out")}
     out["fitted_topology"] = apply(sim.base, anchor, *(
         (out["link_fit"]["bandwidth_scale"], out["link_fit"]["interference"])
-        if "link_fit" in out else (1.0, 0.0)))
+        if "link_fit" in out else (1.0, None)))
     return out
 
 

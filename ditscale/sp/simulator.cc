@@ -44,6 +44,7 @@ struct Activity {
   int64_t bytes = 0;  // data still to move after a delay phase
   bool two_sided = false;
   bool compute_stream = false;  // a compute-kind op on the compute stream (SM slow-down)
+  double t0 = 0;                // when it started (a transfer: when its first phase started)
 };
 
 class Sim {
@@ -75,7 +76,7 @@ class Sim {
   std::vector<Activity> acts_;
   std::deque<std::pair<int, int>> complete_queue_;  // (gid, releaser)
   std::deque<int> post_queue_;
-  std::vector<int> compute_running_, comm_pending_, two_sided_active_;
+  std::vector<int> compute_running_, comm_pending_;
   int inter_flows_ = 0;
   double now_ = 0;
   int done_count_ = 0;
@@ -138,7 +139,6 @@ void Sim::Build() {
   }
   compute_running_.assign(n_, 0);
   comm_pending_.assign(n_, 0);
-  two_sided_active_.assign(n_, 0);
   res_.ranks.assign(n_, {});
 }
 
@@ -159,6 +159,7 @@ void Sim::StartTransfer(int gid, int src, int dst, int64_t bytes, double delay, 
   a.src = src;
   a.dst = dst;
   a.two_sided = two_sided;
+  a.t0 = now_;
   if (src == dst) {
     a.phase = Phase::kWork;
     a.remaining = t_.MemorySeconds(2.0 * bytes);
@@ -166,10 +167,6 @@ void Sim::StartTransfer(int gid, int src, int dst, int64_t bytes, double delay, 
     a.phase = Phase::kDelay;
     a.remaining = delay + (t_.SameMachine(src, dst) ? t_.intra_latency_s : t_.inter_latency_s);
     a.bytes = bytes;
-  }
-  if (two_sided) {
-    ++two_sided_active_[src];
-    if (dst != src) ++two_sided_active_[dst];
   }
   acts_.push_back(a);
 }
@@ -195,6 +192,7 @@ void Sim::Post(int gid) {
         a.remaining = t_.MemorySeconds((op.kind == OpKind::kMerge ? 3.0 : 2.0) * op.bytes);
       }
       a.compute_stream = op.stream == Stream::kCompute;
+      a.t0 = now_;
       if (a.compute_stream) ++compute_running_[o.rank];
       o.started = true;
       o.start_t = now_;
@@ -322,11 +320,39 @@ void Sim::Recompute() {
   if (duplex) {
     for (int i = 0; i < m; ++i) cap[2 * n_ + 2 * m + i] = t_.nic_duplex_Bps;
   }
+  // attention_holds_sms: an attention call holds every SM until it ends, so a two-sided transfer
+  // (an NCCL kernel) that became ready after an attention op started on either end waits for it;
+  // one that was running when the attention op started keeps its SMs and runs beside it.
+  const double kNever = std::numeric_limits<double>::infinity();
+  std::vector<double> attention_since(n_, kNever);
+  if (t_.attention_holds_sms) {
+    for (const Activity& a : acts_) {
+      if (a.phase == Phase::kWork && a.compute_stream &&
+          ops_[a.gid].op->kind == OpKind::kAttention) {
+        attention_since[a.src] = std::min(attention_since[a.src], a.t0);
+      }
+    }
+  }
+  auto stalled = [&](const Activity& a) {
+    return a.two_sided && a.phase != Phase::kWork &&
+           (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);
+  };
+  std::vector<int> sm_taking(n_, 0);  // two-sided transfers running (not stalled) per rank
+  for (const Activity& a : acts_) {
+    if (a.two_sided && !stalled(a)) {
+      ++sm_taking[a.src];
+      if (a.dst != a.src) ++sm_taking[a.dst];
+    }
+  }
   std::vector<internal::FlowResources> flows;
   std::vector<int> idx;
   inter_flows_ = 0;
   for (int i = 0; i < int(acts_.size()); ++i) {
     Activity& a = acts_[i];
+    if (stalled(a)) {
+      a.rate = 0;
+      continue;
+    }
     if (a.phase == Phase::kData) {
       if (t_.SameMachine(a.src, a.dst)) {
         flows.push_back({a.src, n_ + a.dst, -1, -1});
@@ -338,7 +364,8 @@ void Sim::Recompute() {
       }
       idx.push_back(i);
     } else if (a.phase == Phase::kWork && a.compute_stream) {
-      a.rate = two_sided_active_[a.src] > 0 ? 1.0 - t_.two_sided_sm_fraction : 1.0;
+      // Running NCCL kernels take SMs from concurrent compute (stalled ones take none).
+      a.rate = sm_taking[a.src] > 0 ? 1.0 - t_.two_sided_sm_fraction : 1.0;
     } else {
       a.rate = 1.0;
     }
@@ -414,10 +441,6 @@ Result<SimResult> Sim::Run() {
         continue;
       }
       if (a.phase == Phase::kWork && a.compute_stream) --compute_running_[a.src];
-      if (a.two_sided) {
-        --two_sided_active_[a.src];
-        if (a.dst != a.src) --two_sided_active_[a.dst];
-      }
       OpState& o = ops_[a.gid];
       if (o.op->kind == OpKind::kSend || o.op->kind == OpKind::kPut) {
         bool inter = !t_.SameMachine(a.src, a.dst);

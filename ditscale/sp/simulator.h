@@ -19,6 +19,9 @@
 //   Compute-kind ops on comm streams (e.g. a pack before a send) run at rate 1 beside compute.
 //   An inter-machine data flow runs at (1 - inter_compute_interference) of its max-min fair
 //   rate while either end's compute stream runs an op; the share it loses is not handed on.
+//   With attention_holds_sms, a two-sided transfer (sync delay and data) makes no progress while
+//   either end's compute stream runs an attention op, and that attention op is not slowed by
+//   two_sided_sm_fraction (the NCCL kernel is not running beside it).
 //   Send/Recv   both sides posted (rendezvous) -> a fixed delay of two_sided_sync_s + link
 //               latency, then `op.bytes` of data; both ops complete when the data has arrived.
 //   Put         posted -> delay one_sided_overhead_s + latency, then the data; completes (and

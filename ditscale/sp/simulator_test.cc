@@ -388,6 +388,77 @@ TEST(Simulator, InterMachineTransfersSlowWhileEitherEndComputes) {
   EXPECT_NEAR(SimOk(b, t).layer_s, 0.1, 1e-9);
 }
 
+// attention_holds_sms: a send/recv that becomes ready while either end runs an attention op
+// makes no progress until the op ends (its NCCL kernel finds no SM), on any link; one that was
+// running when the attention op started runs beside it (slowing it by the SM fraction); a put
+// (copy engine) is never stalled; other compute does not stall a send/recv.
+Op Pack(double seconds, Stream st) {  // Simple(): HBM 1000 GB/s, read + write
+  Op op;
+  op.kind = OpKind::kPack;
+  op.stream = st;
+  op.bytes = static_cast<int64_t>(seconds * 1000e9 / 2);
+  op.label = "pack";
+  return op;
+}
+
+TEST(Simulator, AttentionHoldingEverySmStallsLaterTwoSidedTransfers) {
+  for (bool holds : {false, true}) {
+    for (int attending_rank : {0, 1}) {
+      for (int machines : {1, 2}) {
+        Topology t = Simple(machines, 2 / machines);  // 1 GB: 0.01 s intra, 0.1 s inter
+        t.attention_holds_sms = holds;
+        t.two_sided_sm_fraction = 0.5;
+        t.two_sided_sync_s = t.one_sided_overhead_s = 0;
+        t.intra_latency_s = t.inter_latency_s = 0;
+        const double xfer = machines == 1 ? 0.01 : 0.1;
+        const Stream cs = machines == 1 ? Stream::kCommIntra : Stream::kCommInter;
+        const std::string what = "holds " + std::to_string(holds) + " rank " +
+                                 std::to_string(attending_rank) + " machines " +
+                                 std::to_string(machines);
+        // The transfer becomes ready 1 ms after the attention op started.
+        Builder later(machines, 2 / machines);
+        int pk = later.Add(0, Pack(0.001, cs));
+        later.Add(0, Xfer(OpKind::kSend, 1, 1, 1'000'000'000, cs, {pk}));
+        later.Add(1, Xfer(OpKind::kRecv, 0, 1, 1'000'000'000, cs));
+        later.Add(attending_rank, Attention(0.2));
+        SimResult r = SimOk(later, t);
+        // Held: the attention alone at full speed, then the transfer. Not held: both at once,
+        // the attention at half speed while the transfer runs.
+        EXPECT_NEAR(r.layer_s, holds ? 0.2 + xfer : 0.2 + 0.5 * xfer, 1e-9) << what;
+        // The transfer ready 1 ms before the attention op: it runs beside it either way.
+        Builder first(machines, 2 / machines);
+        first.Add(0, Xfer(OpKind::kSend, 1, 1, 1'000'000'000, cs));
+        first.Add(1, Xfer(OpKind::kRecv, 0, 1, 1'000'000'000, cs));
+        int ap = first.Add(attending_rank, Pack(0.001, Stream::kCompute));
+        first.Add(attending_rank, Attention(0.2, {ap}));
+        // The pack runs at half speed beside the transfer (0.002 s), then the attention at half
+        // speed until the transfer ends, then at full speed.
+        EXPECT_NEAR(SimOk(first, t).layer_s, 0.002 + 0.2 + 0.5 * (xfer - 0.002), 1e-9) << what;
+      }
+    }
+  }
+  Topology t = Simple(2, 1);
+  t.attention_holds_sms = true;
+  t.two_sided_sm_fraction = 0;
+  t.two_sided_sync_s = t.one_sided_overhead_s = t.inter_latency_s = 0;
+  Builder put(2, 1);
+  int pk = put.Add(0, Pack(0.001, Stream::kCommInter));
+  put.Add(0, Xfer(OpKind::kPut, 1, -1, 1'000'000'000, Stream::kCommInter, {pk}));
+  put.Add(0, Attention(0.2));
+  EXPECT_NEAR(SimOk(put, t).layer_s, 0.2, 1e-9);
+  Builder merge(2, 1);
+  int mp = merge.Add(0, Pack(0.001, Stream::kCommInter));
+  merge.Add(0, Xfer(OpKind::kSend, 1, 1, 1'000'000'000, Stream::kCommInter, {mp}));
+  merge.Add(1, Xfer(OpKind::kRecv, 0, 1, 1'000'000'000, Stream::kCommInter));
+  Op m;
+  m.kind = OpKind::kMerge;
+  m.stream = Stream::kCompute;
+  m.bytes = 50'000'000'000;  // 3 x 50 GB at 1000 GB/s: 0.15 s
+  m.label = "merge";
+  merge.Add(0, m);
+  EXPECT_NEAR(SimOk(merge, t).layer_s, 0.15, 1e-9);
+}
+
 // A duplex limit (loopback sockets): one way runs at the NIC rate, two opposite flows share
 // nic_duplex between them; without the limit each direction is independent.
 TEST(Simulator, NicDuplexLimitsOppositeFlows) {

@@ -42,6 +42,7 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.inter_latency_s = 15 * kUs;
     t.attention_flops = 600 * kTera;
     t.attention_slots = 132;
+    t.attention_holds_sms = true;
     t.linear_flops = 700 * kTera;
     t.hbm_bandwidth_Bps = 2800 * kGB;
   } else if (name == "h200-local") {
@@ -51,9 +52,10 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.nic_bandwidth_Bps = 1.8 * kGiB;
     t.nics_per_machine = 0;  // emulated machines: each GPU pair has its own loopback sockets
     t.inter_latency_s = 50 * kUs;
-    t.inter_compute_interference = 0.45;  // fit-runs: 0.575 (2 x 1), 0.325 (2 x 2 GPUs)
+    t.inter_compute_interference = 0.3;  // fit_runs.py: 0.45 (2 x 1), 0.15 (2 x 2 GPUs)
     t.attention_flops = 650 * kTera;
     t.attention_slots = 132;
+    t.attention_holds_sms = true;
     t.linear_flops = 750 * kTera;
     t.hbm_bandwidth_Bps = 4000 * kGB;
   } else {
@@ -223,6 +225,11 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
       } else {
         t.inter_compute_interference = it->get<double>();
       }
+      continue;
+    }
+    if (key == "attention_holds_sms") {
+      if (!it->is_boolean()) return Fail(source, key, "must be true or false");
+      t.attention_holds_sms = it->get<bool>();
       continue;
     }
     if (key == "attention_slots" || key == "attention_tile_tokens") {

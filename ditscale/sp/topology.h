@@ -49,6 +49,8 @@
 //   * an inter-machine transfer runs at (1 - inter_compute_interference) of its share of the link
 //     while the compute stream of either end is busy (0 in the presets but h200-local: see
 //     there).
+//   * attention_holds_sms (h200-local and h100-8x: cuDNN's Hopper attention; not p4de): a
+//     two-sided transfer waits while either end runs an attention op (and takes no SMs from it).
 //
 // Presets (every constant and its source; "achieved" = what a well-tuned kernel or collective
 // reaches, not the datasheet):
@@ -76,8 +78,9 @@
 //     NIC 1.93 GB/s per direction: measured NCCL socket transport between emulated machines
 //       (NCCL_HOSTID per machine), ~1.8 GiB/s per GPU pair, one "NIC" per GPU (each pair has its
 //       own loopback sockets). inter latency 50 us (TCP loopback + proxy). Compute
-//       interference 0.45: bench/sp/fit_runs.py on the measured strategy runs fitted 0.575 (2
-//       machines x 1 GPU) and 0.325 (2 x 2), 0.3-0.5 with a sequence length held out.
+//       interference 0.3 (beside the attention_holds_sms rule): bench/sp/fit_runs.py on the
+//       measured strategy runs fitted 0.45 (2 machines x 1 GPU) and 0.15 (2 x 2), 0.1-0.6 with a
+//       sequence length held out.
 //     attention 650 TFLOP/s: measured cuDNN attention (ATen) at hd 128 on one H200. Waves of
 //       132 CTAs (the SM count) of 128 query rows: measured (sp-attn-split-h200).
 //       linear 750 TFLOP/s (76% of 989), HBM 4.0 TB/s achieved (4.8 TB/s datasheet).
@@ -89,8 +92,8 @@
 // Custom clusters: a JSON object with the keys below (bandwidths in GB/s = 1e9 B/s, times in
 // microseconds). "base" names a preset whose values fill the keys not given; without "base",
 // every key is required except "nics_per_machine" (default 1; 0 = one NIC per GPU),
-// "nic_duplex_GBps" (default 0: full duplex) and "inter_compute_interference" (default 0).
-// Unknown keys are errors.
+// "nic_duplex_GBps" (default 0: full duplex), "inter_compute_interference" (default 0) and
+// "attention_holds_sms" (true / false, default false). Unknown keys are errors.
 //   { "base": "p4de", "name": "my-cluster", "gpus_per_machine": 8,
 //     "intra_bandwidth_GBps": 240, "intra_latency_us": 5,
 //     "nic_bandwidth_GBps": 42.5, "nics_per_machine": 1, "inter_latency_us": 20,
@@ -135,8 +138,12 @@ struct Topology {
   // Fraction of an inter-machine transfer's rate lost while the compute stream of either end
   // runs (in [0, 1)). 0 for RDMA NICs; NCCL's socket transport (emulated machines) copies
   // through host bounce buffers with GPU kernels and CPU proxy threads, and the strategy runs
-  // put the loss at 0.3-0.6 (bench/sp/fit_runs.py).
+  // put the loss, beyond attention_holds_sms, at 0.15-0.45 (bench/sp/fit_runs.py).
   double inter_compute_interference = 0;
+  // The attention kernel holds every SM for a whole call (cuDNN's on Hopper: a persistent grid;
+  // bench/results/sp-overlap-h200/), so a two-sided (NCCL, kernel-driven) transfer makes no
+  // progress while either end runs an attention op. One-sided puts are taken to need no SM.
+  bool attention_holds_sms = false;
 
   int world_size() const { return machines * gpus_per_machine; }
   int MachineOf(int rank) const { return rank / gpus_per_machine; }

@@ -193,6 +193,19 @@ TEST(Topology, NicsPerMachine) {
   EXPECT_DOUBLE_EQ(ij.value().inter_compute_interference, 0.3);
   EXPECT_DOUBLE_EQ(MakePresetTopology("p4de", 2).value().inter_compute_interference, 0);
   EXPECT_GT(MakePresetTopology("h200-local", 2).value().inter_compute_interference, 0);
+  // attention_holds_sms: a JSON bool; on in the Hopper presets.
+  EXPECT_TRUE(MakePresetTopology("h200-local", 2).value().attention_holds_sms);
+  EXPECT_TRUE(MakePresetTopology("h100-8x", 2).value().attention_holds_sms);
+  EXPECT_FALSE(MakePresetTopology("p4de", 2).value().attention_holds_sms);
+  auto hj =
+      ParseTopologyJson(R"({"base": "h200-local", "attention_holds_sms": false})", "c.json", 2);
+  ASSERT_TRUE(hj.ok()) << hj.failure().ToString();
+  EXPECT_FALSE(hj.value().attention_holds_sms);
+  auto hb = ParseTopologyJson(R"({"base": "p4de", "attention_holds_sms": 1})", "c.json", 2);
+  ASSERT_FALSE(hb.ok());
+  EXPECT_NE(hb.failure().ToString().find("'attention_holds_sms': must be true or false"),
+            std::string::npos)
+      << hb.failure().ToString();
   for (const char* bad :
        {R"({"base": "p4de", "nic_duplex_GBps": -1})", R"({"base": "p4de", "nics_per_machine": -1})",
         R"({"base": "p4de", "nics_per_machine": 1.5})",

@@ -222,6 +222,8 @@ def topology_from_fits(fits: dict, name: str, gpus_per_machine: int,
     # calibration measures one pair).
     t["nics_per_machine"] = 0
     if nvlink_as_machines:
+        # The "NIC" is NVLink: none of the socket link's loss while the GPUs compute.
+        t["inter_compute_interference"] = 0.0
         if intra:
             t["nic_bandwidth_GBps"] = t["intra_bandwidth_GBps"]
             t["inter_latency_us"] = t["intra_latency_us"]

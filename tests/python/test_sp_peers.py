@@ -188,6 +188,7 @@ def test_calibrate_fit_writes_topologies(tmp_path):
     assert t["inter_compute_interference"] == pytest.approx(0.333, abs=1e-3)
     m = json.loads((out / "topology-h200-nvlink-machines.json").read_text())
     assert m["nic_bandwidth_GBps"] == t["intra_bandwidth_GBps"] and m["gpus_per_machine"] == 1
+    assert m["inter_compute_interference"] == 0  # not the socket link's
     summary = json.loads((out / "calibration.json").read_text())
     assert summary["fits"]["intra"]["all_gather_Bps"] == pytest.approx(320e9)
     if calibrate.find_cli() is not None:  # the simulator accepted both files

@@ -9,7 +9,10 @@ contrast) on a compute stream of normal priority and, right after it, one probe 
 (high priority, as the executor's comm streams, or normal): a small SM kernel, a copy-engine copy
 to pinned host memory, an NCCL send/recv (to this rank itself: one process, one GPU). The probe's
 time from enqueue to completion, alone and beside the attention call, tells whether it ran beside
-it or waited for it. Medians of 3 rounds. Writes DIR/overlap.json and DIR/overlap.md.
+it or waited for it (NCCL runs on its own stream, at high priority whatever the probe stream,
+which only brackets it); with the probe enqueued first, the attention call's time tells what a kernel
+that got its SMs first costs the call. Medians of 3 rounds. Writes DIR/overlap.json and
+DIR/overlap.md.
 """
 
 from __future__ import annotations
@@ -72,49 +75,72 @@ def main(argv=None) -> int:
         "NCCL send/recv to self 64 MiB": nccl_self,
     }
 
-    def round_(attn, probe, stream) -> tuple[float, float]:
+    def round_(attn, probe, stream, probe_first: bool) -> tuple[float, float]:
+        """(probe ms, attention ms) of one round: the probe enqueued right after the attention
+        call, or (probe_first) right before it; either may be None (not run, 0 ms)."""
         torch.cuda.synchronize()
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-        if attn is not None:
+
+        def run_attn():
             with torch.cuda.stream(compute):
                 ev[0].record()
                 attn()
                 ev[1].record()
-        with torch.cuda.stream(stream):
-            ev[2].record()
-            probe()
-            ev[3].record()
+
+        def run_probe():
+            with torch.cuda.stream(stream):
+                ev[2].record()
+                probe()
+                ev[3].record()
+
+        order = [run_probe, run_attn] if probe_first else [run_attn, run_probe]
+        for step, used in zip(order, ([probe, attn] if probe_first else [attn, probe])):
+            if used is not None:
+                step()
         torch.cuda.synchronize()
-        return ev[2].elapsed_time(ev[3]), (ev[0].elapsed_time(ev[1]) if attn else 0.0)
+        return (ev[2].elapsed_time(ev[3]) if probe else 0.0,
+                ev[0].elapsed_time(ev[1]) if attn else 0.0)
+
+    def median(fn) -> tuple[float, float]:
+        return sorted(fn() for _ in range(a.rounds))[a.rounds // 2]
 
     for f in list(attentions.values()) + list(probes.values()):
         f()
     torch.cuda.synchronize()
+    attention_alone = {name: median(lambda: round_(f, None, compute, False))[1]
+                       for name, f in attentions.items()}
+    for name, ms in attention_alone.items():
+        print(f"attention {name:5s} alone: {ms:7.2f} ms", flush=True)
     rows = []
     for pname, probe in probes.items():
         for sname, st in streams.items():
-            for aname, attn in [("none", None)] + list(attentions.items()):
-                r = sorted(round_(attn, probe, st) for _ in range(a.rounds))[a.rounds // 2]
+            cases = [("none", None, False)] + [(f"{n} ({w})", f, w == "probe first")
+                                               for n, f in attentions.items()
+                                               for w in ("probe after", "probe first")]
+            for aname, attn, first in cases:
+                r = median(lambda: round_(attn, probe, st, first))
                 rows.append({"probe": pname, "stream": sname, "attention": aname,
                              "probe_ms": r[0], "attention_ms": r[1]})
-                print(f"{pname:30s} {sname:6s} stream, beside {aname:5s}: probe {r[0]:8.3f} ms"
+                print(f"{pname:30s} {sname:6s} stream, {aname:20s}: probe {r[0]:8.3f} ms"
                       f"  (attention {r[1]:7.2f} ms)", flush=True)
     dist.destroy_process_group()
     os.unlink(init.name)
     doc = {"kind": "ditscale-sp-attn-overlap-probe", "version": 1,
            "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "shape": {"heads": h, "tokens": n,
-                                                              "head_dim": d}, "rows": rows}
+                                                              "head_dim": d},
+           "attention_alone_ms": attention_alone, "rows": rows}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "overlap.json").write_text(json.dumps(doc, indent=1) + "\n")
     alone = {(r["probe"], r["stream"]): r["probe_ms"] for r in rows if r["attention"] == "none"}
     md = [f"# Work beside an attention call ({doc['gpu']}, torch {doc['torch']}, cuDNN "
           f"{doc['cudnn']})", "",
           "`python bench/sp/attn_overlap_probe.py`: probe time from enqueue to completion, "
-          "launched right after an attention call (q = kv = 66,048 tokens, 24 x 128, bf16) on "
-          "another stream; 'waited' = the probe took longer than half the attention call more "
-          "than alone.", "",
-          "| probe | probe stream | beside | probe ms | alone ms | attention ms | verdict |",
+          "enqueued on another stream right after (or right before) an attention call (q = kv = "
+          "66,048 tokens, 24 x 128, bf16); 'waited' = the probe took longer than half the "
+          "attention call more than alone. Attention alone: " + ", ".join(
+              f"{k} {v:.2f} ms" for k, v in attention_alone.items()) + ".", "",
+          "| probe | probe stream | attention call | probe ms | alone ms | attention ms | verdict |",
           "|---|---|---|--:|--:|--:|---|"]
     for r in rows:
         if r["attention"] == "none":

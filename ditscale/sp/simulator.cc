@@ -374,8 +374,8 @@ void Sim::Recompute() {
   for (size_t k = 0; k < idx.size(); ++k) {
     Activity& a = acts_[idx[k]];
     a.rate = rates[k];
-    // An inter-machine transfer slows while either end computes (the share it would have left
-    // is not handed to other flows: the loss is the copy engine's stall, not the link's).
+    // An inter-machine transfer slows while either end computes (the share it loses is not
+    // handed to other flows: the loss is at the ends, not on the link).
     if (t_.inter_compute_interference > 0 && !t_.SameMachine(a.src, a.dst) &&
         (compute_running_[a.src] > 0 || compute_running_[a.dst] > 0)) {
       a.rate *= 1.0 - t_.inter_compute_interference;

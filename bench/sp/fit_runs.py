@@ -124,24 +124,28 @@ def rms_log(meas: Sequence[float], pred: Sequence[float]) -> float:
     return math.sqrt(sum(math.log(m / p) ** 2 for m, p in zip(meas, pred)) / len(meas))
 
 
+def _grid_search(err, f_grid: Sequence[float]) -> tuple[float, float, float]:
+    """(error, s, f) minimising err(s, f): S_GRID x f_grid, then a 9 x 9 grid (9 x 1 when f_grid
+    has one value) of a quarter of the coarse steps around the best point."""
+    best = min((err(s, f), s, f) for s in S_GRID for f in f_grid)
+    _, s0, f0 = best
+    fine_f = [f0 + 0.025 * k for k in range(-4, 5)] if len(f_grid) > 1 else [f0]
+    fine = [(err(s, f), s, f)
+            for s in (s0 + 0.0125 * k for k in range(-4, 5)) if s > 0
+            for f in fine_f if 0 <= f < 0.95]
+    return min(fine + [best])
+
+
 def fit_link(sim: Sim, runs: Sequence[dict], anchor: float) -> dict:
-    """(s, f) minimising the RMS log error over `runs`: the coarse grid, then a 9 x 9 grid of a
-    quarter of the coarse steps around the best point."""
+    """(s, f) minimising the RMS log error over `runs` (_grid_search), and s alone with f = 0:
+    how much the interference term adds."""
     meas = [r["ms"] for r in runs]
 
     def err(s: float, f: float) -> float:
         return rms_log(meas, sim.many(runs, (anchor, round(s, 4), round(f, 4))))
 
-    best = min((err(s, f), s, f) for s in S_GRID for f in F_GRID)
-    _, s0, f0 = best
-    fine = [(err(s, f), s, f)
-            for s in (s0 + 0.0125 * k for k in range(-4, 5)) if s > 0
-            for f in (f0 + 0.025 * k for k in range(-4, 5)) if 0 <= f < 0.95]
-    e, s, f = min(fine + [best])
-    # The same with f = 0 (the bandwidth scale alone): how much the interference term adds.
-    e0, s0 = min((err(x, 0.0), x) for x in S_GRID)
-    e0, s0 = min([(e0, s0)] + [(err(x, 0.0), x) for x in (s0 + 0.0125 * k for k in range(-4, 5))
-                               if x > 0])
+    e, s, f = _grid_search(err, F_GRID)
+    e0, s0, _ = _grid_search(err, [0.0])
     return {"bandwidth_scale": round(s, 4), "interference": round(f, 4), "rms_log": e,
             "bandwidth_only": {"bandwidth_scale": round(s0, 4), "rms_log": e0}}
 

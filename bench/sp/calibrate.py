@@ -370,6 +370,13 @@ class Measurer:
         e.synchronize()
         return self.max_over_ranks(s.elapsed_time(e) / 1e3 / iters)
 
+    def exchange(self, sbuf, rbuf) -> None:
+        """One two-way send/recv with the peer (both directions at once), waited for."""
+        dist = self.dist
+        ops = [dist.P2POp(dist.isend, sbuf, self.peer), dist.P2POp(dist.irecv, rbuf, self.peer)]
+        for r in dist.batch_isend_irecv(ops):
+            r.wait()
+
     def p2p(self, sizes: list[int], budget_bytes: int) -> dict:
         torch, dist = self.torch, self.dist
         out = {"bidirectional": [], "unidirectional": []}
@@ -380,19 +387,13 @@ class Measurer:
             sbuf, rbuf = big[:n], rbig[:n]
             iters = max(3, min(50, budget_bytes // n))
 
-            def both():
-                ops = [dist.P2POp(dist.isend, sbuf, self.peer), dist.P2POp(dist.irecv, rbuf,
-                                                                          self.peer)]
-                for r in dist.batch_isend_irecv(ops):
-                    r.wait()
-
             def one_way():
                 if sender:
                     dist.send(sbuf, self.peer)
                 else:
                     dist.recv(rbuf, self.peer)
 
-            t2 = self.timed(both, iters)
+            t2 = self.timed(lambda: self.exchange(sbuf, rbuf), iters)
             t1 = self.timed(one_way, iters)
             out["bidirectional"].append({"bytes": n, "s": t2})
             out["unidirectional"].append({"bytes": n, "s": t1})
@@ -406,7 +407,7 @@ class Measurer:
         in the executor): the share of the transfer's rate lost while the GPUs compute, the
         simulator's inter_compute_interference. Times are medians over `repeats`, max over
         ranks."""
-        torch, dist = self.torch, self.dist
+        torch = self.torch
         sbuf = torch.empty(nbytes, dtype=torch.uint8, device=self.dev)
         rbuf = torch.empty_like(sbuf)
         h, n, d = 24, 66048, 128
@@ -416,12 +417,6 @@ class Measurer:
 
         def attention():
             torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)
-
-        def exchange():
-            ops = [dist.P2POp(dist.isend, sbuf, self.peer), dist.P2POp(dist.irecv, rbuf,
-                                                                      self.peer)]
-            for r in dist.batch_isend_irecv(ops):
-                r.wait()
 
         def once(beside: bool) -> tuple[float, float]:
             """(transfer s, attention s) of one round; attention s is 0 when not run."""
@@ -435,13 +430,13 @@ class Measurer:
                     attention()
                     a1.record(side)
             x0.record()
-            exchange()
+            self.exchange(sbuf, rbuf)
             x1.record()
             torch.cuda.synchronize()
             return (self.max_over_ranks(x0.elapsed_time(x1) / 1e3),
                     self.max_over_ranks(a0.elapsed_time(a1) / 1e3) if beside else 0.0)
 
-        exchange()
+        self.exchange(sbuf, rbuf)
         with torch.cuda.stream(side):
             attention()
         torch.cuda.synchronize()

@@ -333,13 +333,14 @@ void Sim::Recompute() {
       }
     }
   }
-  auto stalled = [&](const Activity& a) {
-    return a.two_sided && a.phase != Phase::kWork &&
-           (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);
-  };
+  std::vector<char> stalled(acts_.size(), 0);
   std::vector<int> sm_taking(n_, 0);  // two-sided transfers running (not stalled) per rank
-  for (const Activity& a : acts_) {
-    if (a.two_sided && !stalled(a)) {
+  for (size_t i = 0; i < acts_.size(); ++i) {
+    const Activity& a = acts_[i];
+    if (!a.two_sided) continue;
+    stalled[i] =
+        a.phase != Phase::kWork && (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);
+    if (!stalled[i]) {
       ++sm_taking[a.src];
       if (a.dst != a.src) ++sm_taking[a.dst];
     }
@@ -349,7 +350,7 @@ void Sim::Recompute() {
   inter_flows_ = 0;
   for (int i = 0; i < int(acts_.size()); ++i) {
     Activity& a = acts_[i];
-    if (stalled(a)) {
+    if (stalled[i]) {
       a.rate = 0;
       continue;
     }

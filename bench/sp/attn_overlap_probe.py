@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +31,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--from-log", type=Path, default=None,
+                   help="write overlap.json / overlap.md from the printed lines of an earlier run "
+                        "(its stdout), without measuring")
+    p.add_argument("--gpu", default="NVIDIA H200", help="with --from-log: the GPU it ran on")
     a = p.parse_args(argv)
+    if a.from_log is not None:
+        doc = parse_log(a.from_log.read_text(), a.gpu)
+        doc["source"] = f"rebuilt from the printed lines of {a.from_log.name}"
+        write_report(doc, a.out)
+        return 0
     import torch
     import torch.distributed as dist
 
@@ -124,14 +134,46 @@ def main(argv=None) -> int:
                 print(f"{pname:30s} {sname:6s} stream, {aname:20s}: probe {r[0]:8.3f} ms"
                       f"  (attention {r[1]:7.2f} ms)", flush=True)
     dist.destroy_process_group()
-    os.unlink(init.name)
+    Path(init.name).unlink(missing_ok=True)  # the FileStore may have removed it
     doc = {"kind": "ditscale-sp-attn-overlap-probe", "version": 1,
            "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "shape": {"heads": h, "tokens": n,
                                                               "head_dim": d},
            "attention_alone_ms": attention_alone, "rows": rows}
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "overlap.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_report(doc, a.out)
+    return 0
+
+
+_ALONE = re.compile(r"^attention (\w+)\s+alone:\s+([\d.]+) ms")
+_ROW = re.compile(r"^(.+?)\s+(high|normal)\s+stream, (.+?)\s*: probe\s+([\d.]+) ms"
+                  r"\s+\(attention\s+([\d.]+) ms\)")
+
+
+def parse_log(text: str, gpu: str) -> dict:
+    """The measurements of a run from its printed lines."""
+    alone, rows = {}, []
+    for line in text.splitlines():
+        m = _ALONE.match(line)
+        if m:
+            alone[m.group(1)] = float(m.group(2))
+            continue
+        m = _ROW.match(line)
+        if m:
+            rows.append({"probe": m.group(1).strip(), "stream": m.group(2),
+                         "attention": m.group(3).strip(), "probe_ms": float(m.group(4)),
+                         "attention_ms": float(m.group(5))})
+    if not alone or not rows:
+        raise SystemExit("attn_overlap_probe --from-log: no measurement lines in the log")
+    return {"kind": "ditscale-sp-attn-overlap-probe", "version": 1, "gpu": gpu,
+            "torch": "?", "cudnn": "?", "shape": {"heads": 24, "tokens": 66048, "head_dim": 128},
+            "attention_alone_ms": alone, "rows": rows}
+
+
+def write_report(doc: dict, out: Path) -> None:
+    a_out = out
+    rows, attention_alone = doc["rows"], doc["attention_alone_ms"]
+    a_out.mkdir(parents=True, exist_ok=True)
+    (a_out / "overlap.json").write_text(json.dumps(doc, indent=1) + "\n")
     alone = {(r["probe"], r["stream"]): r["probe_ms"] for r in rows if r["attention"] == "none"}
     md = [f"# Work beside an attention call ({doc['gpu']}, torch {doc['torch']}, cuDNN "
           f"{doc['cudnn']})", "",
@@ -150,9 +192,8 @@ def main(argv=None) -> int:
         md.append(f"| {r['probe']} | {r['stream']} | {r['attention']} | {r['probe_ms']:.3f} | "
                   f"{base:.3f} | {r['attention_ms']:.2f} | "
                   f"{'waited for the call' if waited else 'ran beside it'} |")
-    (a.out / "overlap.md").write_text("\n".join(md) + "\n")
-    print(f"wrote {a.out}/overlap.json, overlap.md")
-    return 0
+    (a_out / "overlap.md").write_text("\n".join(md) + "\n")
+    print(f"wrote {a_out}/overlap.json, overlap.md")
 
 
 if __name__ == "__main__":

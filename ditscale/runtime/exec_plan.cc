@@ -197,6 +197,79 @@ CounterTable BuildCounterTable(const sp::Schedule& s) {
   return t;
 }
 
+Result<SlotSignals> BuildSlotSignals(const sp::Schedule& s) {
+  const int n = static_cast<int>(s.ranks.size());
+  const CounterTable t = BuildCounterTable(s);
+  const int64_t nc = static_cast<int64_t>(t.names.size());
+  SlotSignals out;
+  out.words = nc * n;
+  out.writes.resize(n);
+  out.waits.resize(n);
+  // Per-layer growth of every slot on every receiver: [receiver][slot].
+  std::vector<std::vector<int64_t>> growth(n, std::vector<int64_t>(out.words, 0));
+  auto signals = [](const sp::Op& o) {
+    return o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
+  };
+  for (int r = 0; r < n; ++r) {
+    for (const sp::Op& o : s.ranks[r].ops) {
+      if (signals(o)) growth[o.peer][t.index(o.counter) * n + r] += o.count;
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const sp::RankProgram& p = s.ranks[r];
+    out.writes[r].assign(p.ops.size(), SlotWrite{});
+    out.waits[r].assign(p.ops.size(), {});
+    // (peer, slot) -> running total and the stream that signals it.
+    std::map<std::pair<int, int64_t>, std::pair<int64_t, sp::Stream>> running;
+    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+      const sp::Op& o = p.ops[i];
+      if (signals(o)) {
+        const int64_t slot = t.index(o.counter) * n + r;
+        auto [it, fresh] = running.try_emplace({o.peer, slot}, 0, o.stream);
+        if (!fresh && it->second.second != o.stream) {
+          return Fail(OpName(s, r, i) + " signals counter '" + o.counter + "' on rank " +
+                          std::to_string(o.peer) + " from the " + sp::ToString(o.stream) +
+                          " stream, an earlier op of this rank from the " +
+                          sp::ToString(it->second.second) +
+                          " stream: the copy-engine signals need one stream per sender and "
+                          "counter (a set word is only monotone in stream order)",
+                      "stream");
+        }
+        it->second.first += o.count;
+        out.writes[r][i] = SlotWrite{slot, it->second.first, growth[o.peer][slot]};
+      } else if (o.kind == sp::OpKind::kWait) {
+        const int c = t.index(o.counter);
+        std::vector<SlotWait> w;
+        int64_t total = 0;
+        for (int src = 0; src < n; ++src) {
+          const int64_t slot = c * static_cast<int64_t>(n) + src;
+          if (c >= 0 && growth[r][slot] > 0) {
+            w.push_back(SlotWait{slot, growth[r][slot], growth[r][slot]});
+            total += growth[r][slot];
+          }
+        }
+        if (w.empty()) {
+          return Fail(OpName(s, r, i) + " waits for counter '" + o.counter +
+                          "', which no rank signals",
+                      "counter");
+        }
+        if (w.size() == 1) {
+          w[0].value = o.count;
+        } else if (o.count != total) {
+          return Fail(OpName(s, r, i) + " waits for " + std::to_string(o.count) + " of counter '" +
+                          o.counter + "', which " + std::to_string(w.size()) +
+                          " ranks signal (" + std::to_string(total) +
+                          " per layer): the copy-engine signals need a Wait to count one "
+                          "sender's signals or all of them",
+                      "count");
+        }
+        out.waits[r][i] = std::move(w);
+      }
+    }
+  }
+  return out;
+}
+
 int64_t RegionByteOffset(const sp::Region& r, const sp::BufferDecl& d) {
   return (r.token_begin * d.heads + r.head_begin) * d.width * d.element_bytes;
 }
@@ -297,8 +370,9 @@ Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOp
     int64_t arena = 0;
     for (const ExecPlan& p : plans) arena = std::max(arena, p.buffers_bytes);
     const CounterTable counters = BuildCounterTable(s);
-    // One word per counter, plus one scratch word that puts without a counter signal (add 0).
-    const int64_t words = static_cast<int64_t>(counters.names.size()) + 1;
+    // One word per counter (NVSHMEM) or per (counter, sender) (SlotSignals), plus one scratch
+    // word that NVSHMEM puts without a counter signal (add 0).
+    const int64_t words = static_cast<int64_t>(counters.names.size()) * n + 1;
     for (ExecPlan& p : plans) {
       p.signal_offset = arena;
       p.arena_bytes = AlignUp(arena + words * 8);

@@ -22,7 +22,9 @@
 //    issue order equal the tags of the receiver's Recvs in its issue order.
 //  - counters: NVSHMEM signal words are never reset (a reset would need a barrier); they grow
 //    by the same amount every layer, so a Wait for `count` in the L-th call waits for
-//    L * per_layer_total + count.
+//    L * per_layer_total + count. The signal area holds counters * ranks + 1 words: one per
+//    counter (NVSHMEM's atomic adds) or one per (counter, sender) (SlotSignals below), and a
+//    scratch word.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +87,35 @@ struct CounterTable {
   int index(const std::string& name) const;           // -1 if absent
 };
 CounterTable BuildCounterTable(const sp::Schedule& schedule);
+
+// Signalling without SMs (the GPU executor's copy-engine engine). A stream memory operation
+// (cuStreamWriteValue64) can set a word on a peer but not add to it, so a counter that several
+// ranks signal cannot be one word. Each (counter, sender) pair gets its own word on the receiver,
+// slot = counter * ranks + sender; the sender SETS it to its running total of the adds it has
+// sent to that counter there (a signal of a later layer L: L * per_layer + running total, as for
+// the counters above). A Wait becomes one stream wait per sender (>= its threshold): for a
+// counter with one sender the Wait's count; for several, the Wait must count all of them (its
+// count = the counter's per-layer total: every phase and sync-round Wait of our strategies), and
+// each sender's threshold is its whole per-layer total. Setting a word is only monotone when one
+// stream issues every signal of a (sender, counter, receiver): checked.
+struct SlotWrite {
+  int64_t slot = -1;       // word on the peer; -1 = no signal (a put without a counter)
+  int64_t value = 0;       // running total within the layer after this op
+  int64_t per_layer = 0;   // growth of the word per layer
+};
+struct SlotWait {
+  int64_t slot = 0;        // own word
+  int64_t value = 0;       // threshold within the layer
+  int64_t per_layer = 0;
+};
+struct SlotSignals {
+  int64_t words = 0;                                  // counters * ranks
+  std::vector<std::vector<SlotWrite>> writes;         // [rank][op]: Put / Signal
+  std::vector<std::vector<std::vector<SlotWait>>> waits;  // [rank][op]: Wait
+};
+// Fails, naming the rank, op and counter, when a multi-sender Wait counts part of its senders'
+// signals or a sender signals one counter from two streams.
+Result<SlotSignals> BuildSlotSignals(const sp::Schedule& schedule);
 
 struct PlanOptions {
   int64_t element_bytes = 2;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iomanip>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -354,6 +355,124 @@ TEST(ExecPlan, SendOnTheComputeStreamIsRejected) {
   auto plans = BuildExecPlans(s, {});
   ASSERT_FALSE(plans.ok());
   EXPECT_EQ(plans.failure().column, "stream");
+}
+
+
+// Copy-engine signalling: every one-sided schedule of every strategy splits into per-sender
+// words. Replaying a layer's signals in any order (here: all senders' ops in program order, then
+// each word at its final value) satisfies every Wait exactly when all the signals it counts have
+// been set, and the last value a sender sets is the word's per-layer growth.
+TEST(ExecPlan, SlotSignalsSplitEveryOneSidedScheduleBySender) {
+  const std::vector<Case> cases = {
+      {1, 2, "ulysses", 1},         {1, 4, "ulysses", 1},  {1, 2, "ring", 1},
+      {1, 4, "ring", 1},            {2, 1, "ring", 1},     {1, 4, "usp", 1},
+      {2, 2, "usp", 1},             {2, 2, "swiftfusion-tas", 1}, {2, 2, "torus", 2},
+      {2, 4, "torus", 2},           {1, 2, "ulysses-overlap", 1}, {2, 2, "ulysses-overlap", 1},
+      {1, 2, "ulysses", 2},         {1, 4, "ulysses", 3},
+  };
+  for (const Case& c : cases) {
+    for (bool inter : {true, false}) {
+      if (!inter && c.machines == 1) continue;
+      SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
+                   " chunks " + std::to_string(c.chunks) + (inter ? "" : " intra"));
+      sp::SpConfig cfg;
+      cfg.strategy = c.strategy;
+      cfg.torus_chunks = c.chunks;
+      cfg.one_sided = true;
+      cfg.one_sided_inter = inter;
+      sp::AttentionShape shape;
+      shape.batch = 2;
+      shape.seq_tokens = 96;
+      shape.text_tokens = 16;
+      shape.heads = 12;
+      shape.head_dim = 8;
+      const sp::Schedule s = sp::BuildSchedule({c.machines, c.gpus}, cfg, shape).ValueOrThrow();
+      auto slots = BuildSlotSignals(s);
+      ASSERT_TRUE(slots.ok()) << slots.failure().ToString();
+      const SlotSignals& t = slots.value();
+      const int n = static_cast<int>(s.ranks.size());
+      EXPECT_EQ(t.words, static_cast<int64_t>(BuildCounterTable(s).names.size()) * n);
+      auto plans = BuildExecPlans(s, {});
+      ASSERT_TRUE(plans.ok());
+      // The signal area holds every slot.
+      EXPECT_GE(plans.value()[0].arena_bytes - plans.value()[0].signal_offset, t.words * 8);
+      // Final value of every word after one layer; each write stays within its word's growth.
+      std::vector<std::vector<int64_t>> word(n, std::vector<int64_t>(t.words, 0));
+      std::vector<std::vector<int64_t>> growth(n, std::vector<int64_t>(t.words, -1));
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
+          const sp::Op& o = s.ranks[r].ops[i];
+          const SlotWrite& w = t.writes[r][i];
+          const bool signals = o.kind == sp::OpKind::kSignal ||
+                               (o.kind == sp::OpKind::kPut && !o.counter.empty());
+          ASSERT_EQ(w.slot >= 0, signals) << o.label;
+          if (!signals) continue;
+          EXPECT_EQ(w.slot % n, r) << "a sender writes only its own words";
+          EXPECT_GT(w.value, word[o.peer][w.slot]) << "monotone: " << o.label;
+          EXPECT_LE(w.value, w.per_layer);
+          word[o.peer][w.slot] = w.value;
+          growth[o.peer][w.slot] = w.per_layer;
+        }
+      }
+      for (int r = 0; r < n; ++r) {
+        for (int64_t k = 0; k < t.words; ++k) {
+          if (growth[r][k] >= 0) EXPECT_EQ(word[r][k], growth[r][k]);
+        }
+        for (size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
+          const sp::Op& o = s.ranks[r].ops[i];
+          if (o.kind != sp::OpKind::kWait) {
+            EXPECT_TRUE(t.waits[r][i].empty());
+            continue;
+          }
+          ASSERT_FALSE(t.waits[r][i].empty()) << o.label;
+          int64_t sum = 0;
+          for (const SlotWait& w : t.waits[r][i]) {
+            EXPECT_EQ(w.per_layer, growth[r][w.slot]);
+            EXPECT_LE(w.value, w.per_layer);
+            sum += w.value;
+          }
+          EXPECT_EQ(sum, o.count) << o.label;  // the Wait counts exactly its signals
+        }
+      }
+    }
+  }
+}
+
+TEST(ExecPlan, SlotSignalsRejectPartialMultiSenderWaitsAndMixedStreams) {
+  sp::Schedule s = Build(1, 4, "ulysses", 1, true);
+  const CounterTable t = BuildCounterTable(s);
+  // A Wait for part of a counter that three ranks signal: which sender's signals it means is
+  // not defined, so it cannot become per-sender waits.
+  sp::Schedule partial = s;
+  bool changed = false;
+  for (sp::Op& o : partial.ranks[0].ops) {
+    if (o.kind == sp::OpKind::kWait && t.per_layer_total[0][t.index(o.counter)] > 1 && !changed) {
+      o.count -= 1;
+      changed = true;
+    }
+  }
+  ASSERT_TRUE(changed);
+  auto a = BuildSlotSignals(partial);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.failure().column, "count");
+  EXPECT_NE(a.failure().message.find("ranks signal"), std::string::npos) << a.failure().message;
+  // Two signals of one (sender, counter, receiver) from different streams.
+  sp::Schedule mixed = Build(1, 2, "ring", 1, true);
+  std::map<std::pair<int, std::string>, int> seen;
+  changed = false;
+  for (sp::Op& o : mixed.ranks[0].ops) {
+    const bool sig = o.kind == sp::OpKind::kSignal ||
+                     (o.kind == sp::OpKind::kPut && !o.counter.empty());
+    if (!sig || changed) continue;
+    if (seen[{o.peer, o.counter}]++ > 0) {
+      o.stream = o.stream == sp::Stream::kCompute ? sp::Stream::kCommIntra : sp::Stream::kCompute;
+      changed = true;
+    }
+  }
+  ASSERT_TRUE(changed);
+  auto b = BuildSlotSignals(mixed);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.failure().column, "stream");
 }
 
 }  // namespace

@@ -93,6 +93,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
   if [ "$NGPU" -ge 1 ]; then
     has test && step sp-replay-test 300 $PY -m pytest -q tests/gpu/test_sp_gpu.py -k replay
+    # Every one-sided strategy through the copy-engine engine, all ranks in this process.
+    has test && step sp-local-check 600 env CUDA_DEVICE_MAX_CONNECTIONS=32 \
+         $PY tests/gpu/sp_local_check.py ${SP_LOCAL_ARGS:-}
     has replay && step sp-replay 300 $PY bench/sp/replay_compute.py --out "$SPD/replay"
     has split && step sp-split 300 $PY bench/sp/attn_split_probe.py --out "$SPD/split"
     # What runs beside a cuDNN attention call (it holds every SM): SM kernels, copy engines,
@@ -106,6 +109,10 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   if [ "$NGPU" -ge 2 ]; then
     if has test; then
       step sp-check-nvlink 300 $TRUN tests/gpu/sp_attention_check.py
+      # The one-sided cases above ran on the default engine (copy engines on one host); these on
+      # NVSHMEM's on-stream kernels.
+      step sp-check-nvlink-nvshmem-engine 240 env DITSCALE_SP_ONE_SIDED_ENGINE=nvshmem \
+           $TRUN tests/gpu/sp_attention_check.py --quick
       step sp-check-emulated 240 $TRUN tests/gpu/sp_attention_check.py --emulate-machines 2 --quick
     fi
     # memcheck of the sp path. API errors are not reported: NCCL's communicator init probes

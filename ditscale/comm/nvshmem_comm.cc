@@ -149,6 +149,12 @@ void Nvshmem::Free(void* p) {
   nvshmem_free(p);
 }
 
+void* Nvshmem::PeerAddress(void* local, int pe) const {
+  internal::ThrowIf(internal::CheckPeer("Nvshmem::PeerAddress", rank_, size_, pe));
+  CheckSymmetric(local, "Nvshmem::PeerAddress", "local");
+  return nvshmem_ptr(local, pe);
+}
+
 void Nvshmem::PutSignal(void* dst, const void* src, std::size_t bytes, std::uint64_t* sig,
                         std::uint64_t add, int pe, void* stream) {
   internal::ThrowIf(internal::CheckPeer("Nvshmem::PutSignal", rank_, size_, pe));
@@ -226,6 +232,7 @@ Nvshmem::~Nvshmem() = default;
 void Nvshmem::CheckSymmetric(const void*, const char*, const char*) const { DS_FAIL(kNoNvshmem); }
 void* Nvshmem::Malloc(std::size_t) { DS_FAIL(kNoNvshmem); }
 void Nvshmem::Free(void*) { DS_FAIL(kNoNvshmem); }
+void* Nvshmem::PeerAddress(void*, int) const { DS_FAIL(kNoNvshmem); }
 void Nvshmem::PutSignal(void*, const void*, std::size_t, std::uint64_t*, std::uint64_t, int,
                         void*) {
   DS_FAIL(kNoNvshmem);

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "ditscale/comm/comm_common.h"
+#include "ditscale/comm/peer_arena.h"
 #include "ditscale/core/result.h"
 
 namespace ditscale::comm {
@@ -40,7 +41,9 @@ std::string NvshmemUnavailableReason();
 // nvshmemx_get_uniqueid; one process (rank 0 by convention) calls it and sends the bytes on.
 Result<NvshmemId> NvshmemNewId();
 
-class Nvshmem {
+// Also a PeerArena (Allocate = Malloc, Release = Free, PeerAddress = nvshmem_ptr): the GPU
+// executor's copy-engine engine moves data between NVLink peers through the symmetric heap.
+class Nvshmem final : public PeerArena {
  public:
   // cudaSetDevice(device); nvshmemx_set_attr_uniqueid_args(rank, nranks, &id, &attr);
   // nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr), a collective of all `nranks`
@@ -48,12 +51,12 @@ class Nvshmem {
   static Result<std::unique_ptr<Nvshmem>> Init(const NvshmemId& id, int nranks, int rank,
                                                int device);
   // nvshmemx_hostlib_finalize (collective: every PE destroys its object). Never throws.
-  ~Nvshmem();
+  ~Nvshmem() override;
   Nvshmem(const Nvshmem&) = delete;
   Nvshmem& operator=(const Nvshmem&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   int device() const { return device_; }
 
   // nvshmem_malloc of `bytes` (> 0) from the symmetric heap (NVSHMEM_SYMMETRIC_SIZE, default
@@ -64,6 +67,11 @@ class Nvshmem {
   void* Malloc(std::size_t bytes);
   // nvshmem_free; collective. Work enqueued on `p` must have completed.
   void Free(void* p);
+  void* Allocate(std::size_t bytes) override { return Malloc(bytes); }
+  void Release(void* p) override { Free(p); }
+  // nvshmem_ptr(local, pe): non-null for this PE and for peers the heap is mapped from (NVLink /
+  // PCIe peer-to-peer); throws unless `local` is a symmetric address.
+  void* PeerAddress(void* local, int pe) const override;
 
   // Enqueued on `stream`: copies `bytes` bytes from local device memory `src` to the symmetric
   // address `dst` on PE `pe` (dst is the LOCAL symmetric address; NVSHMEM maps it to pe's copy),

@@ -249,16 +249,16 @@ Result<SlotSignals> BuildSlotSignals(const sp::Schedule& s) {
           }
         }
         if (w.empty()) {
-          return Fail(OpName(s, r, i) + " waits for counter '" + o.counter +
-                          "', which no rank signals",
-                      "counter");
+          return Fail(
+              OpName(s, r, i) + " waits for counter '" + o.counter + "', which no rank signals",
+              "counter");
         }
         if (w.size() == 1) {
           w[0].value = o.count;
         } else if (o.count != total) {
           return Fail(OpName(s, r, i) + " waits for " + std::to_string(o.count) + " of counter '" +
-                          o.counter + "', which " + std::to_string(w.size()) +
-                          " ranks signal (" + std::to_string(total) +
+                          o.counter + "', which " + std::to_string(w.size()) + " ranks signal (" +
+                          std::to_string(total) +
                           " per layer): the copy-engine signals need a Wait to count one "
                           "sender's signals or all of them",
                       "count");

@@ -99,18 +99,18 @@ CounterTable BuildCounterTable(const sp::Schedule& schedule);
 // each sender's threshold is its whole per-layer total. Setting a word is only monotone when one
 // stream issues every signal of a (sender, counter, receiver): checked.
 struct SlotWrite {
-  int64_t slot = -1;       // word on the peer; -1 = no signal (a put without a counter)
-  int64_t value = 0;       // running total within the layer after this op
-  int64_t per_layer = 0;   // growth of the word per layer
+  int64_t slot = -1;      // word on the peer; -1 = no signal (a put without a counter)
+  int64_t value = 0;      // running total within the layer after this op
+  int64_t per_layer = 0;  // growth of the word per layer
 };
 struct SlotWait {
-  int64_t slot = 0;        // own word
-  int64_t value = 0;       // threshold within the layer
+  int64_t slot = 0;   // own word
+  int64_t value = 0;  // threshold within the layer
   int64_t per_layer = 0;
 };
 struct SlotSignals {
-  int64_t words = 0;                                  // counters * ranks
-  std::vector<std::vector<SlotWrite>> writes;         // [rank][op]: Put / Signal
+  int64_t words = 0;                                      // counters * ranks
+  std::vector<std::vector<SlotWrite>> writes;             // [rank][op]: Put / Signal
   std::vector<std::vector<std::vector<SlotWait>>> waits;  // [rank][op]: Wait
 };
 // Fails, naming the rank, op and counter, when a multi-sender Wait counts part of its senders'

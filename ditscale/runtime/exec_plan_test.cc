@@ -357,18 +357,26 @@ TEST(ExecPlan, SendOnTheComputeStreamIsRejected) {
   EXPECT_EQ(plans.failure().column, "stream");
 }
 
-
 // Copy-engine signalling: every one-sided schedule of every strategy splits into per-sender
 // words. Replaying a layer's signals in any order (here: all senders' ops in program order, then
 // each word at its final value) satisfies every Wait exactly when all the signals it counts have
 // been set, and the last value a sender sets is the word's per-layer growth.
 TEST(ExecPlan, SlotSignalsSplitEveryOneSidedScheduleBySender) {
   const std::vector<Case> cases = {
-      {1, 2, "ulysses", 1},         {1, 4, "ulysses", 1},  {1, 2, "ring", 1},
-      {1, 4, "ring", 1},            {2, 1, "ring", 1},     {1, 4, "usp", 1},
-      {2, 2, "usp", 1},             {2, 2, "swiftfusion-tas", 1}, {2, 2, "torus", 2},
-      {2, 4, "torus", 2},           {1, 2, "ulysses-overlap", 1}, {2, 2, "ulysses-overlap", 1},
-      {1, 2, "ulysses", 2},         {1, 4, "ulysses", 3},
+      {1, 2, "ulysses", 1},
+      {1, 4, "ulysses", 1},
+      {1, 2, "ring", 1},
+      {1, 4, "ring", 1},
+      {2, 1, "ring", 1},
+      {1, 4, "usp", 1},
+      {2, 2, "usp", 1},
+      {2, 2, "swiftfusion-tas", 1},
+      {2, 2, "torus", 2},
+      {2, 4, "torus", 2},
+      {1, 2, "ulysses-overlap", 1},
+      {2, 2, "ulysses-overlap", 1},
+      {1, 2, "ulysses", 2},
+      {1, 4, "ulysses", 3},
   };
   for (const Case& c : cases) {
     for (bool inter : {true, false}) {
@@ -403,8 +411,8 @@ TEST(ExecPlan, SlotSignalsSplitEveryOneSidedScheduleBySender) {
         for (size_t i = 0; i < s.ranks[r].ops.size(); ++i) {
           const sp::Op& o = s.ranks[r].ops[i];
           const SlotWrite& w = t.writes[r][i];
-          const bool signals = o.kind == sp::OpKind::kSignal ||
-                               (o.kind == sp::OpKind::kPut && !o.counter.empty());
+          const bool signals =
+              o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
           ASSERT_EQ(w.slot >= 0, signals) << o.label;
           if (!signals) continue;
           EXPECT_EQ(w.slot % n, r) << "a sender writes only its own words";
@@ -461,8 +469,8 @@ TEST(ExecPlan, SlotSignalsRejectPartialMultiSenderWaitsAndMixedStreams) {
   std::map<std::pair<int, std::string>, int> seen;
   changed = false;
   for (sp::Op& o : mixed.ranks[0].ops) {
-    const bool sig = o.kind == sp::OpKind::kSignal ||
-                     (o.kind == sp::OpKind::kPut && !o.counter.empty());
+    const bool sig =
+        o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
     if (!sig || changed) continue;
     if (seen[{o.peer, o.counter}]++ > 0) {
       o.stream = o.stream == sp::Stream::kCompute ? sp::Stream::kCommIntra : sp::Stream::kCompute;

@@ -1,3 +1,5 @@
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,6 +10,7 @@
 
 #include "ditscale/comm/nccl_comm.h"
 #include "ditscale/comm/nvshmem_comm.h"
+#include "ditscale/comm/peer_arena.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/attn_merge.h"
 #include "ditscale/kernels/layout.h"
@@ -127,9 +130,51 @@ bool IsTransfer(sp::OpKind k) {
          k == sp::OpKind::kSignal || k == sp::OpKind::kWait;
 }
 
+// cuStreamWriteValue64 / cuStreamWaitValue64 through the runtime's driver entry points (linking
+// libcuda would keep the CPU-only test binaries from loading on machines without a driver).
+struct StreamMemOps {
+  PFN_cuStreamWriteValue64_v11070 write = nullptr;
+  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
+};
+const StreamMemOps& MemOps() {
+  static const StreamMemOps ops = [] {
+    StreamMemOps o;
+    auto load = [](const char* name) {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+      const cudaError_t e =
+          cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
+      DS_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr,
+               "sp executor: the driver entry point ", name, " is unavailable (",
+               cudaGetErrorString(e), ")");
+      return fn;
+    };
+    o.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(load("cuStreamWriteValue64"));
+    o.wait = reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(load("cuStreamWaitValue64"));
+    return o;
+  }();
+  return ops;
+}
+
+void CheckCu(CUresult r, const char* what) {
+  DS_CHECK(r == CUDA_SUCCESS, "sp executor: ", what, " failed with CUresult ", static_cast<int>(r));
+}
+
 }  // namespace
 
 bool GpuExecutorAvailable() { return true; }
+
+const char* ToString(OneSidedEngine e) {
+  switch (e) {
+    case OneSidedEngine::kAuto:
+      return "auto";
+    case OneSidedEngine::kNvshmem:
+      return "nvshmem";
+    case OneSidedEngine::kCopyEngine:
+      return "copy-engine";
+  }
+  return "?";
+}
 
 struct GpuExecutor::Impl {
   cudaStream_t streams[sp::kNumStreams] = {nullptr, nullptr, nullptr};
@@ -202,18 +247,47 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
     }
   }
   ex->symmetric_ = plan.uses_nvshmem && !transports.compute_only;
+  OneSidedEngine engine = transports.engine;
   if (ex->symmetric_) {
-    if (transports.shmem == nullptr) {
+    comm::PeerArena* heap = transports.peers;
+    if (heap == nullptr) heap = transports.shmem;
+    if (heap == nullptr) {
       return fail(
           "one-sided schedule but no NVSHMEM transport: " + comm::NvshmemUnavailableReason(),
           "transports");
     }
-    if (transports.shmem->size() != mesh.ranks() || transports.shmem->rank() != rank) {
-      return fail("NVSHMEM PE " + std::to_string(transports.shmem->rank()) + " of " +
-                      std::to_string(transports.shmem->size()) + " does not match rank " +
-                      std::to_string(rank) + " of " + std::to_string(mesh.ranks()),
+    if (heap->size() != mesh.ranks() || heap->rank() != rank) {
+      return fail(std::string(transports.peers ? "peer arena" : "NVSHMEM PE") + " rank " +
+                      std::to_string(heap->rank()) + " of " + std::to_string(heap->size()) +
+                      " does not match rank " + std::to_string(rank) + " of " +
+                      std::to_string(mesh.ranks()),
                   "transports");
     }
+    if (transports.peers != nullptr) {
+      if (engine == OneSidedEngine::kNvshmem) {
+        return fail(
+            "the NVSHMEM engine needs the symmetric heap (Transports::shmem), not a peer "
+            "arena (Transports::peers)",
+            "engine");
+      }
+      engine = OneSidedEngine::kCopyEngine;
+    }
+    if (engine == OneSidedEngine::kNvshmem && transports.shmem == nullptr) {
+      return fail("the NVSHMEM engine needs Transports::shmem", "engine");
+    }
+    if (engine != OneSidedEngine::kNvshmem) {
+      auto slots = BuildSlotSignals(ex->schedule_);
+      if (slots.ok()) {
+        ex->slots_ = std::move(slots).value();
+      } else if (engine == OneSidedEngine::kCopyEngine) {
+        return fail(
+            "the copy-engine engine cannot signal this schedule: " + slots.failure().ToString(),
+            "engine");
+      } else {
+        engine = OneSidedEngine::kNvshmem;  // the same decision on every rank (schedule-wide)
+      }
+    }
+    ex->peer_arena_ = heap;
   }
   DS_CUDA(cudaSetDevice(device));
   ex->impl_ = std::make_unique<Impl>();
@@ -235,7 +309,7 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
   }
   if (plan.arena_bytes > 0) {
     if (ex->symmetric_) {
-      ex->arena_ = static_cast<char*>(transports.shmem->Malloc(plan.arena_bytes));  // zeroed
+      ex->arena_ = static_cast<char*>(ex->peer_arena_->Allocate(plan.arena_bytes));  // zeroed
     } else {
       void* p = nullptr;
       const cudaError_t e = cudaMalloc(&p, plan.arena_bytes);
@@ -247,6 +321,26 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
       }
       ex->arena_ = static_cast<char*>(p);
     }
+    if (ex->symmetric_ && engine == OneSidedEngine::kAuto) {
+      // The symmetric heap (allocated collectively by now): copy engines when it reaches every
+      // rank by load/store, as it does on one host with NVLink.
+      bool all = true;
+      for (int pe = 0; pe < mesh.ranks(); ++pe) {
+        all = all && ex->peer_arena_->PeerAddress(ex->arena_, pe) != nullptr;
+      }
+      engine = all ? OneSidedEngine::kCopyEngine : OneSidedEngine::kNvshmem;
+    }
+    if (ex->symmetric_ && engine == OneSidedEngine::kCopyEngine && transports.peers == nullptr) {
+      for (const sp::Op& o : prog.ops) {
+        const bool remote = o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSignal;
+        if (remote && ex->peer_arena_->PeerAddress(ex->arena_, o.peer) == nullptr) {
+          return fail("the copy-engine engine puts into rank " + std::to_string(o.peer) +
+                          ", which this GPU cannot reach by load/store (another machine?); use "
+                          "the NVSHMEM engine",
+                      "engine");
+        }
+      }
+    }
     if (transports.compute_only) {
       const int64_t n = plan.arena_bytes / 2;
       FillNoise16<<<static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)), 256>>>(
@@ -254,6 +348,10 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
       DS_CUDA(cudaGetLastError());
       DS_CUDA(cudaDeviceSynchronize());
     }
+  }
+  if (ex->symmetric_) {
+    ex->engine_ = engine;
+    if (engine == OneSidedEngine::kCopyEngine) (void)MemOps();  // fail here, not in Run
   }
   return Result<std::unique_ptr<GpuExecutor>>(std::move(ex));
 }
@@ -265,8 +363,8 @@ GpuExecutor::~GpuExecutor() {
     if (s) cudaStreamSynchronize(s);
   }
   if (arena_) {
-    if (symmetric_ && transports_.shmem) {
-      transports_.shmem->Free(arena_);
+    if (symmetric_ && peer_arena_) {
+      peer_arena_->Release(arena_);
     } else {
       cudaFree(arena_);
     }
@@ -354,6 +452,12 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
              "sp executor: LayerIo.", ToString(bind), " is null");
   }
   DS_CUDA(cudaSetDevice(device_));
+  if (engine_ == OneSidedEngine::kCopyEngine && peer_base_.empty()) {
+    // Every rank's arena has been allocated by the first layer (LocalPeers allocates per rank).
+    for (int pe = 0; pe < schedule_.mesh.ranks(); ++pe) {
+      peer_base_.push_back(static_cast<char*>(peer_arena_->PeerAddress(arena_, pe)));
+    }
+  }
   Impl& im = *impl_;
   cudaStream_t user = static_cast<cudaStream_t>(stream);
   cudaStream_t compute = im.streams[0];
@@ -435,34 +539,15 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
                    sp::RegionBytes(o.dst, d, batch), o.peer, st);
         break;
       }
-      case sp::OpKind::kPut: {
-        const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
-        const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
-        char* dst = arena_ + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd);
-        const int c = o.counter.empty() ? static_cast<int>(counters_.names.size())
-                                        : counters_.index(o.counter);
-        auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + c;
-        transports_.shmem->PutSignal(
-            dst, BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
-            sp::RegionBytes(o.src, sd, batch), sig,
-            o.counter.empty() ? 0 : static_cast<uint64_t>(o.count), o.peer, st);
+      case sp::OpKind::kPut:
+      case sp::OpKind::kSignal:
+      case sp::OpKind::kWait:
+        if (engine_ == OneSidedEngine::kCopyEngine) {
+          IssueCopyEngine(i, io, st);
+          break;
+        }
+        IssueNvshmem(i, io, st);
         break;
-      }
-      case sp::OpKind::kSignal: {
-        auto* sig =
-            reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + counters_.index(o.counter);
-        transports_.shmem->Signal(sig, static_cast<uint64_t>(o.count), o.peer, st);
-        break;
-      }
-      case sp::OpKind::kWait: {
-        const int c = counters_.index(o.counter);
-        auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + c;
-        // Signal words are never reset: layer L waits for L * (per-layer growth) + count.
-        const uint64_t target =
-            static_cast<uint64_t>(layers_) * counters_.per_layer_total[rank_][c] + o.count;
-        transports_.shmem->WaitGE(sig, target, st);
-        break;
-      }
       case sp::OpKind::kAttention: {
         AttentionArgs a;
         a.q = View(o.src, io);
@@ -494,8 +579,22 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
       case sp::OpKind::kCopy: {
         const StridedView s = View(o.src, io), d = View(o.dst, io);
         if (s.tokens == 0 || s.heads == 0) break;
+        const kernels::DType dt = DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_);
+        if (unit.stream != sp::Stream::kCompute) {
+          // On a comm stream: a copy engine, which needs no SM (an attention call may hold them
+          // all). Within a batch, token rows of heads * width elements are contiguous in both
+          // views (stride_h == width): one 2D copy per batch.
+          const size_t e = kernels::dtype_size(dt);
+          for (int64_t b = 0; b < batch; ++b) {
+            DS_CUDA(cudaMemcpy2DAsync(
+                static_cast<char*>(d.data) + b * d.stride_b * e, d.stride_t * e,
+                static_cast<const char*>(s.data) + b * s.stride_b * e, s.stride_t * e,
+                s.heads * s.width * e, s.tokens, cudaMemcpyDeviceToDevice, st));
+          }
+          break;
+        }
         kernels::LayoutCopyParams p;
-        p.dtype = DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_);
+        p.dtype = dt;
         p.batch = batch;
         p.head_dim = s.width;
         p.num_copies = 1;
@@ -507,6 +606,85 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
     }
   }
   if (group && grouped_nccl) nccl->GroupEnd();
+}
+
+void GpuExecutor::IssueNvshmem(int op, const LayerIo& io, void* stream) {
+  const ExecPlan& plan = plans_[rank_];
+  const sp::Op& o = schedule_.ranks[rank_].ops[op];
+  const sp::RankProgram& prog = schedule_.ranks[rank_];
+  const int64_t batch = schedule_.shape.batch;
+  auto* words = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset);
+  switch (o.kind) {
+    case sp::OpKind::kPut: {
+      const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
+      const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
+      char* dst = arena_ + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd);
+      const int c =
+          o.counter.empty() ? static_cast<int>(counters_.names.size()) : counters_.index(o.counter);
+      transports_.shmem->PutSignal(dst, BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
+                                   sp::RegionBytes(o.src, sd, batch), words + c,
+                                   o.counter.empty() ? 0 : static_cast<uint64_t>(o.count), o.peer,
+                                   stream);
+      break;
+    }
+    case sp::OpKind::kSignal:
+      transports_.shmem->Signal(words + counters_.index(o.counter), static_cast<uint64_t>(o.count),
+                                o.peer, stream);
+      break;
+    case sp::OpKind::kWait: {
+      const int c = counters_.index(o.counter);
+      // Signal words are never reset: layer L waits for L * (per-layer growth) + count.
+      const uint64_t target =
+          static_cast<uint64_t>(layers_) * counters_.per_layer_total[rank_][c] + o.count;
+      transports_.shmem->WaitGE(words + c, target, stream);
+      break;
+    }
+    default:
+      DS_FAIL("sp executor: op ", op, " is not one-sided");
+  }
+}
+
+void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
+  const ExecPlan& plan = plans_[rank_];
+  const sp::Op& o = schedule_.ranks[rank_].ops[op];
+  const sp::RankProgram& prog = schedule_.ranks[rank_];
+  auto st = static_cast<cudaStream_t>(stream);
+  const StreamMemOps& mem = MemOps();
+  auto word_value = [&](int64_t value, int64_t per_layer) {
+    return static_cast<cuuint64_t>(layers_ * per_layer + value);  // never reset, as NVSHMEM's
+  };
+  if (o.kind == sp::OpKind::kWait) {
+    for (const SlotWait& w : slots_.waits[rank_][op]) {
+      const auto addr =
+          reinterpret_cast<CUdeviceptr>(arena_ + plan.signal_offset + w.slot * sizeof(uint64_t));
+      CheckCu(mem.wait(st, addr, word_value(w.value, w.per_layer), CU_STREAM_WAIT_VALUE_GEQ),
+              "cuStreamWaitValue64");
+    }
+    return;
+  }
+  DS_CHECK(o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSignal, "sp executor: op ", op,
+           " is not one-sided");
+  char* peer = peer_base_[o.peer];
+  DS_CHECK(peer != nullptr, "sp executor: rank ", rank_, " cannot reach rank ", o.peer,
+           "'s arena by load/store (copy-engine engine)");
+  if (o.kind == sp::OpKind::kPut) {
+    const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
+    const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
+    const int64_t bytes = sp::RegionBytes(o.src, sd, schedule_.shape.batch);
+    if (bytes > 0) {
+      DS_CUDA(
+          cudaMemcpyAsync(peer + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd),
+                          BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd), bytes,
+                          cudaMemcpyDefault, st));
+    }
+  }
+  const SlotWrite& w = slots_.writes[rank_][op];
+  if (w.slot < 0) return;
+  // The default flags fence the stream's earlier writes (the copy above) before the word.
+  const auto addr =
+      reinterpret_cast<CUdeviceptr>(peer + plan.signal_offset + w.slot * sizeof(uint64_t));
+  CheckCu(mem.write(st, addr, word_value(w.value, w.per_layer), CU_STREAM_WRITE_VALUE_DEFAULT),
+          "cuStreamWriteValue64");
 }
 
 }  // namespace ditscale::runtime

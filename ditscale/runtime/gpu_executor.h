@@ -9,10 +9,13 @@
 // so the executor behaves like one asynchronous op on the caller's stream.
 //
 // Ops: Send/Recv -> NCCL on the communicator of the op's comm stream (groups -> ncclGroupStart /
-// End); Put/Signal/Wait -> NVSHMEM put-with-signal / signal / wait-until on the stream; Attention
+// End); Put/Signal/Wait -> NVSHMEM put-with-signal / signal / wait-until on the stream, or copy
+// engines and stream memory operations (OneSidedEngine below); Attention
 // -> the AttentionBackend (the torch layer passes cuDNN attention through ATen); Merge -> our
 // log-sum-exp merge kernel (fp32 accumulation); Pack/Unpack/Copy -> our strided region copy
-// kernel. Buffers with an initial value (zero, -inf) are filled at the start of every layer.
+// kernel on the compute stream, a copy engine (one cudaMemcpy2DAsync per batch) on the comm
+// streams, so that packs for a transfer do not wait for SMs held by an attention call. Buffers
+// with an initial value (zero, -inf) are filled at the start of every layer.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,7 @@
 namespace ditscale::comm {
 class NcclComm;
 class Nvshmem;
+class PeerArena;
 }  // namespace ditscale::comm
 
 namespace ditscale::runtime {
@@ -52,10 +56,24 @@ class AttentionBackend {
   virtual void Attention(const AttentionArgs& args, void* stream) = 0;
 };
 
+// How Put/Signal/Wait run. kNvshmem: NVSHMEM's on-stream put-with-signal, signal and wait (each
+// launches a kernel: it waits for SMs, e.g. for the end of a cuDNN attention call that holds
+// them all). kCopyEngine: cudaMemcpyAsync into the peer's buffer (a copy engine), then
+// cuStreamWriteValue64 on the peer's per-sender signal word (SlotSignals, exec_plan.h); Wait =
+// cuStreamWaitValue64 per sender. No SM is used, so transfers run beside the attention calls;
+// every peer the schedule puts into must be load/store reachable (NVLink / PCIe P2P).
+// kAuto: kCopyEngine when the peer arena reaches every rank of the mesh, else kNvshmem (every
+// rank decides alike on one host with peer access, or on several hosts).
+enum class OneSidedEngine { kAuto = 0, kNvshmem, kCopyEngine };
+const char* ToString(OneSidedEngine e);
+
 struct Transports {
   comm::NcclComm* intra = nullptr;  // Send/Recv on the intra-machine comm stream
   comm::NcclComm* inter = nullptr;  // Send/Recv on the inter-machine comm stream
-  comm::Nvshmem* shmem = nullptr;   // one-sided schedules
+  comm::Nvshmem* shmem = nullptr;   // one-sided schedules (kNvshmem, and the arena of kCopyEngine)
+  // The copy-engine engine's memory; null = `shmem` (the symmetric heap and nvshmem_ptr).
+  comm::PeerArena* peers = nullptr;
+  OneSidedEngine engine = OneSidedEngine::kAuto;
   // Replay one rank's compute alone on one GPU: Send/Recv/Put/Signal/Wait are skipped (no
   // transport needed, the arena is plain device memory), everything else runs as scheduled.
   // What the rank's attention calls, merges and copies cost if communication were free; the
@@ -107,12 +125,16 @@ class GpuExecutor {
   const sp::Schedule& schedule() const { return schedule_; }
   const ExecPlan& plan() const { return plans_[rank_]; }
   int64_t arena_bytes() const { return plans_[rank_].arena_bytes; }
+  // The engine of the one-sided ops (kAuto resolved; kAuto when the schedule has none).
+  OneSidedEngine engine() const { return engine_; }
   int64_t layers_run() const { return layers_; }
 
  private:
   GpuExecutor() = default;
   struct Impl;
   void Issue(int unit, const LayerIo& io);
+  void IssueNvshmem(int op, const LayerIo& io, void* stream);
+  void IssueCopyEngine(int op, const LayerIo& io, void* stream);
   char* BufferBase(int buffer, const LayerIo& io) const;
   StridedView View(const sp::Region& r, const LayerIo& io) const;
 
@@ -126,6 +148,10 @@ class GpuExecutor {
   AttentionBackend* attention_ = nullptr;
   char* arena_ = nullptr;
   bool symmetric_ = false;
+  OneSidedEngine engine_ = OneSidedEngine::kAuto;
+  comm::PeerArena* peer_arena_ = nullptr;  // kCopyEngine: owns arena_
+  std::vector<char*> peer_base_;           // kCopyEngine: each rank's arena, resolved at first Run
+  SlotSignals slots_;                      // kCopyEngine
   int64_t layers_ = 0;
   std::unique_ptr<Impl> impl_;
 };

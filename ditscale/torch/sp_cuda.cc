@@ -12,16 +12,19 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "ditscale/comm/nccl_comm.h"
 #include "ditscale/comm/nvshmem_comm.h"
 #include "ditscale/runtime/gpu_executor.h"
+#include "ditscale/runtime/local_peers.h"
 #include "ditscale/sp/strategies.h"
 #include "ditscale/torch/sp_args.h"
 
@@ -197,6 +200,20 @@ runtime::LayerIo IoOf(const Tensor& q, const Tensor& k, const Tensor& v, const T
   return io;
 }
 
+// $DITSCALE_SP_ONE_SIDED_ENGINE: auto (default), copy-engine or nvshmem
+// (runtime::OneSidedEngine).
+runtime::OneSidedEngine EngineFromEnv() {
+  const char* env = std::getenv("DITSCALE_SP_ONE_SIDED_ENGINE");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "auto") return runtime::OneSidedEngine::kAuto;
+  if (v == "copy-engine") return runtime::OneSidedEngine::kCopyEngine;
+  if (v == "nvshmem") return runtime::OneSidedEngine::kNvshmem;
+  TORCH_CHECK(false,
+              "ditscale.sp: $DITSCALE_SP_ONE_SIDED_ENGINE must be auto, copy-engine or "
+              "nvshmem, got '",
+              v, "'");
+}
+
 kernels::DType DTypeOf(at::ScalarType t) {
   switch (t) {
     case at::kBFloat16:
@@ -336,7 +353,9 @@ struct SpRuntime : torch::CustomClassHolder {
       if (std::get<0>(key) == strategy && std::get<1>(key) == ulysses && std::get<2>(key) == ring &&
           std::get<3>(key) == chunks && std::get<4>(key) == one_sided &&
           std::get<5>(key) == inter) {
-        os << "transport " << sp::TransportDescription(ex->schedule().config) << "\n";
+        os << "transport " << sp::TransportDescription(ex->schedule().config);
+        if (ex->plan().uses_nvshmem) os << ", one-sided engine " << runtime::ToString(ex->engine());
+        os << "\n";
         os << runtime::PrintPlan(ex->schedule(), ex->plan());
         os << "arena bytes " << ex->arena_bytes() << ", attention " << attention_.backend() << "\n";
       }
@@ -424,6 +443,7 @@ struct SpRuntime : torch::CustomClassHolder {
     auto sched = sp::BuildSchedule(mesh_, cfg, s);
     TORCH_CHECK(sched.ok(), "ditscale.sp.attention: ", sched.failure().ToString());
     runtime::Transports t{intra_.get(), inter_.get(), shmem_.get()};
+    t.engine = EngineFromEnv();
     auto ex =
         runtime::GpuExecutor::Create(std::move(sched).value(), rank_, dt, device_, t, &attention_);
     TORCH_CHECK(ex.ok(), "ditscale.sp.attention: ", ex.failure().ToString());
@@ -519,8 +539,167 @@ std::tuple<Tensor, std::string> sp_replay_compute(std::string strategy, int64_t 
   return {ms, runtime::PrintTimeline((*ex)->schedule(), (*ex)->plan(), tl.value())};
 }
 
+// Every rank of a one-sided schedule in this process on the current GPU: the real executors
+// (one per rank, each on its own stream), their puts, signals and waits through the copy-engine
+// engine over runtime::LocalPeers. q, k, v: the FULL [B, S, H, D] inputs (text_*: [B, T, H, D]),
+// split into the ranks' shards as the schedule says. Runs `layers` layers (the signal words grow
+// across them) and returns (out of the first layer, out of the last, each rank's text out of the
+// last stacked [ranks, B, T, H, D] (empty without text), a description: engine, arena bytes).
+// Fails after timeout_s when the ranks do not finish (a Wait whose signal never came; the streams
+// stay blocked: exit the process). Checks the executor and the strategies on one GPU.
+std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
+    std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks, int64_t machines,
+    int64_t gpus_per_machine, Tensor q, Tensor k, Tensor v, std::optional<Tensor> tq,
+    std::optional<Tensor> tk, std::optional<Tensor> tv, int64_t layers, double timeout_s) {
+  const char* who = "ditscale.sp.run_local";
+  TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), who, ": q, k, v must be CUDA tensors");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() && k.size(1) == q.size(1), who,
+              ": q [B, S, H, D], k and v [B, S, H_kv, D]");
+  TORCH_CHECK(layers >= 1, who, ": layers >= 1");
+  const bool joint = tq.has_value() && tq->defined();
+  const int device = q.device().index();
+  c10::cuda::CUDAGuard guard(q.device());
+  const kernels::DType dt = DTypeOf(q.scalar_type());
+  sp::SpMesh mesh{static_cast<int>(machines), static_cast<int>(gpus_per_machine)};
+  sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, true, true);
+  cfg.attention_slots = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+  sp::AttentionShape shape;
+  shape.batch = q.size(0);
+  shape.seq_tokens = q.size(1);
+  shape.text_tokens = joint ? tq->size(1) : 0;
+  shape.heads = q.size(2);
+  shape.kv_heads = k.size(2);
+  shape.head_dim = q.size(3);
+  shape.dtype_bytes = static_cast<int>(kernels::dtype_size(dt));
+  auto sched = sp::BuildSchedule(mesh, cfg, shape);
+  TORCH_CHECK(sched.ok(), who, ": ", sched.failure().ToString());
+  const sp::Schedule schedule = std::move(sched).value();
+  const int n = mesh.ranks();
+  auto peers = runtime::MakeLocalPeers(std::vector<int>(n, device));
+  AtenAttention attention(device);
+  {
+    // Warm-up, every rank's compute alone (no transfers, so no waits): the attention backend's
+    // one-time calibration (it reads a result back: a stream synchronization) and cuDNN's plan
+    // building for every call shape happen here. In the real layers one host thread issues all
+    // ranks, so a synchronizing call while rank 0's streams wait for rank 1's signals, which
+    // are not issued yet, would never return.
+    runtime::Transports replay;
+    replay.compute_only = true;
+    auto warm_stream = c10::cuda::getStreamFromPool(false, device);
+    for (int r = 0; r < n; ++r) {
+      auto e = runtime::GpuExecutor::Create(schedule, r, dt, device, replay, &attention);
+      TORCH_CHECK(e.ok(), who, ": rank ", r, ": ", e.failure().ToString());
+      const sp::RankProgram& p = schedule.ranks[r];
+      Tensor wq =
+          at::zeros({shape.batch, p.image_token_count, shape.heads, shape.head_dim}, q.options());
+      Tensor wk = at::zeros({shape.batch, p.image_token_count, shape.kv_heads, shape.head_dim},
+                            q.options());
+      Tensor wo = at::empty_like(wq), wt, wtk, wto;
+      if (joint) {
+        wt = at::zeros({shape.batch, shape.text_tokens, shape.heads, shape.head_dim}, q.options());
+        wtk = at::zeros({shape.batch, shape.text_tokens, shape.kv_heads, shape.head_dim},
+                        q.options());
+        wto = at::empty_like(wt);
+      }
+      (*e)->Run(IoOf(wq, wk, wk, wo, wt, wtk, wtk, wto), warm_stream.stream());
+      C10_CUDA_CHECK(cudaStreamSynchronize(warm_stream.stream()));
+    }
+  }
+  std::vector<std::unique_ptr<runtime::GpuExecutor>> ex;
+  for (int r = 0; r < n; ++r) {
+    runtime::Transports t;
+    t.peers = peers[r].get();
+    t.engine = runtime::OneSidedEngine::kCopyEngine;
+    auto e = runtime::GpuExecutor::Create(schedule, r, dt, device, t, &attention);
+    TORCH_CHECK(e.ok(), who, ": rank ", r, ": ", e.failure().ToString());
+    TORCH_CHECK(!(*e)->plan().uses_nccl, who, ": strategy '", strategy,
+                "' has two-sided transfers on this mesh (they need NCCL: one process per GPU)");
+    ex.push_back(std::move(e).value());
+  }
+  Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  Tensor tqc, tkc, tvc;
+  if (joint) {
+    tqc = tq->contiguous();
+    tkc = tk->contiguous();
+    tvc = tv->contiguous();
+  }
+  std::vector<Tensor> qs, ks, vs, outs, touts;
+  for (int r = 0; r < n; ++r) {
+    const sp::RankProgram& p = schedule.ranks[r];
+    qs.push_back(qc.narrow(1, p.image_token_begin, p.image_token_count).contiguous());
+    ks.push_back(kc.narrow(1, p.image_token_begin, p.image_token_count).contiguous());
+    vs.push_back(vc.narrow(1, p.image_token_begin, p.image_token_count).contiguous());
+    outs.push_back(at::empty_like(qs.back()));
+    touts.push_back(joint ? at::empty_like(tqc) : Tensor());
+  }
+  auto current = c10::cuda::getCurrentCUDAStream(device);
+  std::vector<c10::cuda::CUDAStream> streams;
+  for (int r = 0; r < n; ++r) streams.push_back(c10::cuda::getStreamFromPool(false, device));
+  cudaEvent_t inputs_ready = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cudaEventRecord(inputs_ready, current.stream()));
+  for (auto& st : streams) C10_CUDA_CHECK(cudaStreamWaitEvent(st.stream(), inputs_ready, 0));
+  cudaEventDestroy(inputs_ready);
+  // The full output: each rank's shard at its image tokens (the schedule's placement: TAS and
+  // torus put a machine's ranks on non-adjacent shards).
+  auto gather = [&] {
+    Tensor full = at::empty_like(qc);
+    for (int r = 0; r < n; ++r) {
+      const sp::RankProgram& p = schedule.ranks[r];
+      full.narrow(1, p.image_token_begin, p.image_token_count).copy_(outs[r]);
+    }
+    return full;
+  };
+  Tensor first;
+  for (int64_t l = 0; l < layers; ++l) {
+    // Each rank's layer on its own stream: a rank's Waits block only its streams.
+    for (int r = 0; r < n; ++r) {
+      ex[r]->Run(IoOf(qs[r], ks[r], vs[r], outs[r], tqc, tkc, tvc, touts[r]), streams[r].stream());
+    }
+    if (l == 0 && layers > 1) {
+      for (int r = 0; r < n; ++r) {
+        cudaEvent_t done = nullptr;
+        C10_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        C10_CUDA_CHECK(cudaEventRecord(done, streams[r].stream()));
+        C10_CUDA_CHECK(cudaStreamWaitEvent(current.stream(), done, 0));
+        cudaEventDestroy(done);
+      }
+      c10::cuda::CUDAStreamGuard sg(current);
+      first = gather();  // on the caller's stream, after every rank's first layer
+      for (int r = 0; r < n; ++r) {
+        cudaEvent_t copied = nullptr;
+        C10_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+        C10_CUDA_CHECK(cudaEventRecord(copied, current.stream()));
+        C10_CUDA_CHECK(cudaStreamWaitEvent(streams[r].stream(), copied, 0));
+        cudaEventDestroy(copied);
+      }
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (int r = 0; r < n; ++r) {
+    while (true) {
+      const cudaError_t e = cudaStreamQuery(streams[r].stream());
+      if (e == cudaSuccess) break;
+      TORCH_CHECK(e == cudaErrorNotReady, who, ": rank ", r, ": ", cudaGetErrorString(e));
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, who, ": rank ", r,
+                  " did not finish within ", timeout_s,
+                  " s (a Wait whose signal never came?); its streams stay blocked: exit the "
+                  "process");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  C10_CUDA_CHECK(cudaDeviceSynchronize());
+  Tensor last = gather();
+  if (!first.defined()) first = last;
+  std::ostringstream info;
+  info << "engine " << runtime::ToString(ex[0]->engine()) << ", arena " << ex[0]->arena_bytes()
+       << " bytes per rank, " << n << " ranks on device " << device;
+  return {first, last, joint ? at::stack(touts) : at::empty({0}, q.options()), info.str()};
+}
+
 TORCH_LIBRARY_FRAGMENT(ditscale, m) {
   m.def("sp_replay_compute", &sp_replay_compute);
+  m.def("sp_run_local", &sp_run_local);
   m.def("sp_nccl_id", &sp_nccl_id);
   m.def("sp_nvshmem_id", &sp_nvshmem_id);
   m.def("sp_nvshmem_unavailable", &sp_nvshmem_unavailable);

@@ -25,7 +25,12 @@ measures on this cluster), else the ``h200-local`` preset).
 ``transport="nvshmem"`` runs the one-sided form (puts with signals, NVSHMEM symmetric memory);
 it needs ditscale built with NVSHMEM (``nvidia-nvshmem-cu13``). ``transport="nvshmem-intra"``
 puts within machines and uses NCCL send/recv between them: for clusters whose NVSHMEM has no
-remote transport, and for emulated machines.
+remote transport, and for emulated machines. How the one-sided ops run is
+``$DITSCALE_SP_ONE_SIDED_ENGINE``: ``copy-engine`` (cudaMemcpyAsync into the peer's symmetric
+buffer and cuStreamWriteValue64 / WaitValue64 signals: no SM, so transfers run beside cuDNN's
+attention calls, which hold every SM; needs every peer reachable by NVLink / PCIe P2P),
+``nvshmem`` (NVSHMEM's on-stream put-with-signal, signal and wait: kernels, which wait for the
+SMs) or ``auto`` (the default: copy-engine when every rank is reachable, as on one host).
 
 Emulated machines: ``emulate_machines(m)`` gives the processes of each group of
 ``LOCAL_WORLD_SIZE / m`` consecutive local ranks their own ``NCCL_HOSTID``, so NCCL (ours and
@@ -390,6 +395,31 @@ def timeline(mesh: Mesh, strategy: str, *, ulysses_degree: int = 0, ring_degree:
     device = device or torch.device("cuda", torch.cuda.current_device())
     return _runtime(mesh, device).obj.timeline(strategy, ulysses_degree, ring_degree, chunks,
                                                one_sided, one_sided_inter)
+
+
+def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: str,
+              machines: int = 1, gpus_per_machine: int, chunks: int = 1, ulysses_degree: int = 0,
+              ring_degree: int = 0, joint_q: Optional[torch.Tensor] = None,
+              joint_k: Optional[torch.Tensor] = None, joint_v: Optional[torch.Tensor] = None,
+              layers: int = 1, timeout_s: float = 60.0):
+    """Every rank of a strategy's one-sided schedule in this process, on q's GPU: the real GPU
+    executor per rank (own streams), its puts and signals by copy engines and stream memory
+    operations between the ranks' buffers. ``q, k, v``: the FULL ``[B, S, H, D]`` inputs
+    (``joint_*``: ``[B, T, H, D]``). No process group: checks strategies and the copy-engine
+    engine on one GPU against dense attention (not a speed measurement: the ranks share the GPU).
+    Runs ``layers`` layers; returns ``(out_first, out_last, text_out, info)``: the full ``[B, S, H,
+    D]`` outputs of the first and last layer, each rank's text output stacked ``[ranks, B, T, H,
+    D]`` (None without text) and a description (engine, arena bytes). A rank's stream waits
+    block a CUDA hardware queue: with more than two ranks set ``CUDA_DEVICE_MAX_CONNECTIONS=32``
+    before CUDA starts, or the ranks' queues may be shared and block each other."""
+    _require()
+    joint = [joint_q, joint_k, joint_v]
+    if any(t is not None for t in joint) and any(t is None for t in joint):
+        raise ValueError("ditscale.sp.run_local: joint_q, joint_k and joint_v go together")
+    first, last, text_out, info = torch.ops.ditscale.sp_run_local(
+        strategy, int(ulysses_degree), int(ring_degree), int(chunks), int(machines),
+        int(gpus_per_machine), q, k, v, joint_q, joint_k, joint_v, int(layers), float(timeout_s))
+    return first, last, (text_out if joint_q is not None else None), info
 
 
 def replay_compute(strategy: str, *, machines: int, gpus_per_machine: int, rank: int = 0,

@@ -167,7 +167,8 @@ def main():
         print(f"\n{len(rows) - failures}/{len(rows)} cases passed "
               f"(transports: {', '.join(transports)}; meshes: "
               f"{', '.join(f'{m.machines}x{m.gpus_per_machine}' for m in meshes)}"
-              f"{'; emulated machines over sockets' if args.emulate_machines else ''})")
+              f"{'; emulated machines over sockets' if args.emulate_machines else ''}; one-sided "
+              f"engine {os.environ.get('DITSCALE_SP_ONE_SIDED_ENGINE') or 'auto'})")
     dist.barrier()
     dist.destroy_process_group()
     sys.exit(1 if failures else 0)

@@ -63,3 +63,17 @@ def test_replay_compute_runs_one_ranks_schedule(strategy, chunks, mesh, rank, tr
     with pytest.raises(RuntimeError, match="rank"):
         sp.replay_compute(strategy, machines=mesh[0], gpus_per_machine=mesh[1],
                           rank=mesh[0] * mesh[1], seq=3000, heads=8, head_dim=64)
+
+
+def test_copy_engine_ranks_in_one_process_match_dense():
+    """Every one-sided strategy through the copy-engine engine (puts by cudaMemcpyAsync, signals
+    by stream memory operations), all ranks in one process on one GPU (sp_local_check.py)."""
+    _need_one_gpu()
+    if not hasattr(torch.ops.ditscale, "sp_run_local"):
+        pytest.skip("ditscale._C without sp_run_local")
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="32", PYTHONUNBUFFERED="1")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "sp_local_check.py")], env=env,
+                       capture_output=True, text=True, timeout=900)
+    print(r.stdout[-20000:])
+    print(r.stderr[-5000:])
+    assert r.returncode == 0, "sp_local_check failed (see the table above)"

@@ -1,0 +1,35 @@
+// Peer-addressable device memory: what the GPU executor's copy-engine engine needs of a
+// one-sided transport. Its puts are cudaMemcpyAsync into the peer's buffer and its signals
+// cuStreamWriteValue64 on the peer's words, so it needs, for every rank it puts into, an address
+// in this process that the copy engines and the stream's front end can write: NVLink or PCIe
+// peer-to-peer mappings. Neither takes an SM, so both run beside a kernel that holds every SM
+// (cuDNN's attention; bench/results/sp-overlap-h200/primitives.json), where NVSHMEM's on-stream
+// puts, signals and waits launch kernels and wait for it.
+//
+// Implementations: comm::Nvshmem (the symmetric heap; nvshmem_ptr gives a peer's address, null
+// for a peer reached only through a network transport) and runtime::LocalPeers (ranks of one
+// process, for tests on one GPU).
+#pragma once
+
+#include <cstddef>
+
+namespace ditscale::comm {
+
+class PeerArena {
+ public:
+  virtual ~PeerArena() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // `bytes` (> 0) of device memory, zeroed on every rank before any rank returns. COLLECTIVE:
+  // every rank allocates the same sizes in the same order; the k-th allocations of all ranks
+  // are peers of each other. Throws ditscale::Error when out of memory.
+  virtual void* Allocate(std::size_t bytes) = 0;
+  // Collective; work using `p` must have completed.
+  virtual void Release(void* p) = 0;
+  // The address in this process of rank `pe`'s copy of the local allocation address `local`
+  // (anywhere inside an allocation), which this GPU's copy engines and streams can write; null
+  // when `pe` is not reachable by load/store (another machine). `pe` == rank() gives `local`.
+  virtual void* PeerAddress(void* local, int pe) const = 0;
+};
+
+}  // namespace ditscale::comm

@@ -156,23 +156,25 @@ void* Nvshmem::PeerAddress(void* local, int pe) const {
 }
 
 void Nvshmem::PutSignal(void* dst, const void* src, std::size_t bytes, std::uint64_t* sig,
-                        std::uint64_t add, int pe, void* stream) {
+                        std::uint64_t add, int pe, void* stream, bool set) {
   internal::ThrowIf(internal::CheckPeer("Nvshmem::PutSignal", rank_, size_, pe));
   internal::ThrowIf(internal::CheckBytes("Nvshmem::PutSignal", rank_, pe, bytes, src, "src"));
   CheckSymmetric(sig, "Nvshmem::PutSignal", "sig");
   auto s = static_cast<cudaStream_t>(stream);
+  const int op = set ? NVSHMEM_SIGNAL_SET : NVSHMEM_SIGNAL_ADD;
   if (bytes == 0) {
-    nvshmemx_signal_op_on_stream(sig, add, NVSHMEM_SIGNAL_ADD, pe, s);
+    nvshmemx_signal_op_on_stream(sig, add, op, pe, s);
     return;
   }
   CheckSymmetric(dst, "Nvshmem::PutSignal", "dst");
-  nvshmemx_putmem_signal_on_stream(dst, src, bytes, sig, add, NVSHMEM_SIGNAL_ADD, pe, s);
+  nvshmemx_putmem_signal_on_stream(dst, src, bytes, sig, add, op, pe, s);
 }
 
-void Nvshmem::Signal(std::uint64_t* sig, std::uint64_t add, int pe, void* stream) {
+void Nvshmem::Signal(std::uint64_t* sig, std::uint64_t add, int pe, void* stream, bool set) {
   internal::ThrowIf(internal::CheckPeer("Nvshmem::Signal", rank_, size_, pe));
   CheckSymmetric(sig, "Nvshmem::Signal", "sig");
-  nvshmemx_signal_op_on_stream(sig, add, NVSHMEM_SIGNAL_ADD, pe, static_cast<cudaStream_t>(stream));
+  nvshmemx_signal_op_on_stream(sig, add, set ? NVSHMEM_SIGNAL_SET : NVSHMEM_SIGNAL_ADD, pe,
+                               static_cast<cudaStream_t>(stream));
 }
 
 void Nvshmem::WaitGE(std::uint64_t* sig, std::uint64_t value, void* stream) {
@@ -233,11 +235,11 @@ void Nvshmem::CheckSymmetric(const void*, const char*, const char*) const { DS_F
 void* Nvshmem::Malloc(std::size_t) { DS_FAIL(kNoNvshmem); }
 void Nvshmem::Free(void*) { DS_FAIL(kNoNvshmem); }
 void* Nvshmem::PeerAddress(void*, int) const { DS_FAIL(kNoNvshmem); }
-void Nvshmem::PutSignal(void*, const void*, std::size_t, std::uint64_t*, std::uint64_t, int,
-                        void*) {
+void Nvshmem::PutSignal(void*, const void*, std::size_t, std::uint64_t*, std::uint64_t, int, void*,
+                        bool) {
   DS_FAIL(kNoNvshmem);
 }
-void Nvshmem::Signal(std::uint64_t*, std::uint64_t, int, void*) { DS_FAIL(kNoNvshmem); }
+void Nvshmem::Signal(std::uint64_t*, std::uint64_t, int, void*, bool) { DS_FAIL(kNoNvshmem); }
 void Nvshmem::WaitGE(std::uint64_t*, std::uint64_t, void*) { DS_FAIL(kNoNvshmem); }
 void Nvshmem::Quiet(void*) { DS_FAIL(kNoNvshmem); }
 void Nvshmem::BarrierAll(void*) { DS_FAIL(kNoNvshmem); }

@@ -76,14 +76,15 @@ class Nvshmem final : public PeerArena {
   // Enqueued on `stream`: copies `bytes` bytes from local device memory `src` to the symmetric
   // address `dst` on PE `pe` (dst is the LOCAL symmetric address; NVSHMEM maps it to pe's copy),
   // then atomically adds `add` to the uint64 symmetric signal `sig` on `pe` once the data is
-  // visible there (nvshmemx_putmem_signal_on_stream with NVSHMEM_SIGNAL_ADD). bytes == 0 sends
-  // only the signal. pe == rank() is allowed.
+  // visible there (nvshmemx_putmem_signal_on_stream with NVSHMEM_SIGNAL_ADD; with `set`, SETS the
+  // signal to `add` instead: NVSHMEM_SIGNAL_SET). bytes == 0 sends only the signal. pe == rank()
+  // is allowed.
   void PutSignal(void* dst, const void* src, std::size_t bytes, std::uint64_t* sig,
-                 std::uint64_t add, int pe, void* stream);
+                 std::uint64_t add, int pe, void* stream, bool set = false);
   // Enqueued on `stream`: atomically adds `add` to `sig` on `pe`, no data
   // (nvshmemx_signal_op_on_stream with NVSHMEM_SIGNAL_ADD). Ordered after earlier puts to `pe`
   // only through Quiet (or use PutSignal, whose signal is ordered after its own data).
-  void Signal(std::uint64_t* sig, std::uint64_t add, int pe, void* stream);
+  void Signal(std::uint64_t* sig, std::uint64_t add, int pe, void* stream, bool set = false);
   // Blocks `stream` until the local symmetric signal `*sig` >= `value`
   // (nvshmemx_signal_wait_until_on_stream with NVSHMEM_CMP_GE).
   void WaitGE(std::uint64_t* sig, std::uint64_t value, void* stream);

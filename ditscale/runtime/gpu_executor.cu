@@ -279,6 +279,7 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
       auto slots = BuildSlotSignals(ex->schedule_);
       if (slots.ok()) {
         ex->slots_ = std::move(slots).value();
+        engine = OneSidedEngine::kCopyEngine;
       } else if (engine == OneSidedEngine::kCopyEngine) {
         return fail(
             "the copy-engine engine cannot signal this schedule: " + slots.failure().ToString(),
@@ -320,26 +321,6 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
                     "memory");
       }
       ex->arena_ = static_cast<char*>(p);
-    }
-    if (ex->symmetric_ && engine == OneSidedEngine::kAuto) {
-      // The symmetric heap (allocated collectively by now): copy engines when it reaches every
-      // rank by load/store, as it does on one host with NVLink.
-      bool all = true;
-      for (int pe = 0; pe < mesh.ranks(); ++pe) {
-        all = all && ex->peer_arena_->PeerAddress(ex->arena_, pe) != nullptr;
-      }
-      engine = all ? OneSidedEngine::kCopyEngine : OneSidedEngine::kNvshmem;
-    }
-    if (ex->symmetric_ && engine == OneSidedEngine::kCopyEngine && transports.peers == nullptr) {
-      for (const sp::Op& o : prog.ops) {
-        const bool remote = o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSignal;
-        if (remote && ex->peer_arena_->PeerAddress(ex->arena_, o.peer) == nullptr) {
-          return fail("the copy-engine engine puts into rank " + std::to_string(o.peer) +
-                          ", which this GPU cannot reach by load/store (another machine?); use "
-                          "the NVSHMEM engine",
-                      "engine");
-        }
-      }
     }
     if (transports.compute_only) {
       const int64_t n = plan.arena_bytes / 2;
@@ -665,8 +646,29 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
   DS_CHECK(o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSignal, "sp executor: op ", op,
            " is not one-sided");
   char* peer = peer_base_[o.peer];
-  DS_CHECK(peer != nullptr, "sp executor: rank ", rank_, " cannot reach rank ", o.peer,
-           "'s arena by load/store (copy-engine engine)");
+  const SlotWrite& w = slots_.writes[rank_][op];
+  if (peer == nullptr) {
+    // Not reachable by load/store (another host): NVSHMEM's put-with-signal, SETTING the same
+    // per-sender word (a kernel: it waits for the SMs, as NVSHMEM's transfers always do).
+    DS_CHECK(transports_.shmem != nullptr, "sp executor: rank ", rank_, " cannot reach rank ",
+             o.peer,
+             "'s arena by load/store and has no NVSHMEM transport for it (ranks of one process on "
+             "devices without peer access?)");
+    const int64_t word = w.slot >= 0 ? w.slot : slots_.words;  // the scratch word: no signal
+    auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + word;
+    const uint64_t value = w.slot >= 0 ? word_value(w.value, w.per_layer) : 0;
+    if (o.kind == sp::OpKind::kPut) {
+      const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
+      const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
+      transports_.shmem->PutSignal(
+          arena_ + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd),
+          BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
+          sp::RegionBytes(o.src, sd, schedule_.shape.batch), sig, value, o.peer, stream, true);
+    } else {
+      transports_.shmem->Signal(sig, value, o.peer, stream, true);
+    }
+    return;
+  }
   if (o.kind == sp::OpKind::kPut) {
     const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
     const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
@@ -678,7 +680,6 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
                           cudaMemcpyDefault, st));
     }
   }
-  const SlotWrite& w = slots_.writes[rank_][op];
   if (w.slot < 0) return;
   // The default flags fence the stream's earlier writes (the copy above) before the word.
   const auto addr =

@@ -58,12 +58,14 @@ class AttentionBackend {
 
 // How Put/Signal/Wait run. kNvshmem: NVSHMEM's on-stream put-with-signal, signal and wait (each
 // launches a kernel: it waits for SMs, e.g. for the end of a cuDNN attention call that holds
-// them all). kCopyEngine: cudaMemcpyAsync into the peer's buffer (a copy engine), then
-// cuStreamWriteValue64 on the peer's per-sender signal word (SlotSignals, exec_plan.h); Wait =
-// cuStreamWaitValue64 per sender. No SM is used, so transfers run beside the attention calls;
-// every peer the schedule puts into must be load/store reachable (NVLink / PCIe P2P).
-// kAuto: kCopyEngine when the peer arena reaches every rank of the mesh, else kNvshmem (every
-// rank decides alike on one host with peer access, or on several hosts).
+// them all), on one word per counter that signals add to. kCopyEngine: one word per (counter,
+// sender) that signals set (SlotSignals, exec_plan.h); a put to a peer this GPU reaches by
+// load/store (NVLink / PCIe P2P: comm::PeerArena::PeerAddress) is cudaMemcpyAsync into the peer's
+// buffer (a copy engine), its signal cuStreamWriteValue64 on the peer's word; a put to another
+// host is NVSHMEM's put-with-signal setting that word (a kernel); every Wait is one
+// cuStreamWaitValue64 per sender. On one host nothing of it needs an SM, so transfers run beside
+// the attention calls. kAuto: kCopyEngine unless the schedule's waits cannot be split by sender
+// (then kNvshmem); a schedule-wide decision, the same on every rank.
 enum class OneSidedEngine { kAuto = 0, kNvshmem, kCopyEngine };
 const char* ToString(OneSidedEngine e);
 

@@ -43,6 +43,10 @@ struct Activity {
   int src = -1, dst = -1;
   int64_t bytes = 0;  // data still to move after a delay phase
   bool two_sided = false;
+  // Launched as a kernel: waits for an attention call that holds every SM (two-sided transfers;
+  // one-sided ones between machines, NVSHMEM's put-with-signal). One-sided ones within a machine
+  // are the executor's copy engines and stream memory operations: no SM.
+  bool needs_sm = false;
   bool compute_stream = false;  // a compute-kind op on the compute stream (SM slow-down)
   double t0 = 0;                // when it started (a transfer: when its first phase started)
 };
@@ -159,6 +163,7 @@ void Sim::StartTransfer(int gid, int src, int dst, int64_t bytes, double delay, 
   a.src = src;
   a.dst = dst;
   a.two_sided = two_sided;
+  a.needs_sm = two_sided || !t_.SameMachine(src, dst);
   a.t0 = now_;
   if (src == dst) {
     a.phase = Phase::kWork;
@@ -320,9 +325,11 @@ void Sim::Recompute() {
   if (duplex) {
     for (int i = 0; i < m; ++i) cap[2 * n_ + 2 * m + i] = t_.nic_duplex_Bps;
   }
-  // attention_holds_sms: an attention call holds every SM until it ends, so a two-sided transfer
-  // (an NCCL kernel) that became ready after an attention op started on either end waits for it;
-  // one that was running when the attention op started keeps its SMs and runs beside it.
+  // attention_holds_sms: an attention call holds every SM until it ends, so a transfer launched
+  // as a kernel (NCCL's; NVSHMEM's between machines) that became ready after an attention op
+  // started on either end waits for it; one that was running when the attention op started keeps
+  // its SMs and runs beside it. Only NCCL's kernels run for the whole transfer and take SMs from
+  // compute (sm_taking).
   const double kNever = std::numeric_limits<double>::infinity();
   std::vector<double> attention_since(n_, kNever);
   if (t_.attention_holds_sms) {
@@ -337,10 +344,10 @@ void Sim::Recompute() {
   std::vector<int> sm_taking(n_, 0);  // two-sided transfers running (not stalled) per rank
   for (size_t i = 0; i < acts_.size(); ++i) {
     const Activity& a = acts_[i];
-    if (!a.two_sided) continue;
+    if (!a.needs_sm) continue;
     stalled[i] =
         a.phase != Phase::kWork && (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);
-    if (!stalled[i]) {
+    if (!stalled[i] && a.two_sided) {
       ++sm_taking[a.src];
       if (a.dst != a.src) ++sm_taking[a.dst];
     }

@@ -391,7 +391,8 @@ TEST(Simulator, InterMachineTransfersSlowWhileEitherEndComputes) {
 // attention_holds_sms: a send/recv that becomes ready while either end runs an attention op
 // makes no progress until the op ends (its NCCL kernel finds no SM), on any link; one that was
 // running when the attention op started runs beside it (slowing it by the SM fraction); a put
-// (copy engine) is never stalled; other compute does not stall a send/recv.
+// within a machine (copy engine) is never stalled, one between machines (NVSHMEM, a kernel) is;
+// other compute does not stall a send/recv.
 Op Pack(double seconds, Stream st) {  // Simple(): HBM 1000 GB/s, read + write
   Op op;
   op.kind = OpKind::kPack;
@@ -437,15 +438,24 @@ TEST(Simulator, AttentionHoldingEverySmStallsLaterTwoSidedTransfers) {
       }
     }
   }
+  // A put within a machine (copy engine, stream memory operations) runs beside the attention
+  // op; one between machines (NVSHMEM's put-with-signal, a kernel) waits for its end.
+  for (int machines : {1, 2}) {
+    Topology t = Simple(machines, 2 / machines);
+    t.attention_holds_sms = true;
+    t.two_sided_sm_fraction = 0;
+    t.two_sided_sync_s = t.one_sided_overhead_s = t.inter_latency_s = t.intra_latency_s = 0;
+    const Stream cs = machines == 1 ? Stream::kCommIntra : Stream::kCommInter;
+    Builder put(machines, 2 / machines);
+    int pk = put.Add(0, Pack(0.001, cs));
+    put.Add(0, Xfer(OpKind::kPut, 1, -1, 1'000'000'000, cs, {pk}));
+    put.Add(0, Attention(0.2));
+    EXPECT_NEAR(SimOk(put, t).layer_s, machines == 1 ? 0.2 : 0.2 + 0.1, 1e-9) << machines;
+  }
   Topology t = Simple(2, 1);
   t.attention_holds_sms = true;
   t.two_sided_sm_fraction = 0;
   t.two_sided_sync_s = t.one_sided_overhead_s = t.inter_latency_s = 0;
-  Builder put(2, 1);
-  int pk = put.Add(0, Pack(0.001, Stream::kCommInter));
-  put.Add(0, Xfer(OpKind::kPut, 1, -1, 1'000'000'000, Stream::kCommInter, {pk}));
-  put.Add(0, Attention(0.2));
-  EXPECT_NEAR(SimOk(put, t).layer_s, 0.2, 1e-9);
   Builder merge(2, 1);
   int mp = merge.Add(0, Pack(0.001, Stream::kCommInter));
   merge.Add(0, Xfer(OpKind::kSend, 1, 1, 1'000'000'000, Stream::kCommInter, {mp}));

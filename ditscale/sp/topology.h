@@ -51,10 +51,10 @@
 //     there).
 //   * attention_holds_sms (h200-local and h100-8x: cuDNN's Hopper attention; not p4de): a
 //     two-sided transfer waits while either end runs an attention op (and takes no SMs from it).
-//     One-sided transfers are modelled as the GPU executor's copy-engine engine runs them
-//     (cudaMemcpyAsync + stream memory operations: no SM, measured beside a kernel holding every
-//     SM, bench/results/sp-overlap-h200/primitives.json), so this rule does not stall them; its
-//     NVSHMEM engine (on-stream kernels, which do wait) is the one a multi-host mesh uses.
+//     One-sided transfers are modelled as the GPU executor's copy-engine engine runs them: within
+//     a machine cudaMemcpyAsync + stream memory operations (no SM, measured beside a kernel
+//     holding every SM, bench/results/sp-overlap-h200/primitives.json), which this rule does not
+//     stall; between machines NVSHMEM's put-with-signal, a kernel, which it stalls like NCCL's.
 //
 // Presets (every constant and its source; "achieved" = what a well-tuned kernel or collective
 // reaches, not the datasheet):

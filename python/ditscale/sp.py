@@ -26,11 +26,11 @@ measures on this cluster), else the ``h200-local`` preset).
 it needs ditscale built with NVSHMEM (``nvidia-nvshmem-cu13``). ``transport="nvshmem-intra"``
 puts within machines and uses NCCL send/recv between them: for clusters whose NVSHMEM has no
 remote transport, and for emulated machines. How the one-sided ops run is
-``$DITSCALE_SP_ONE_SIDED_ENGINE``: ``copy-engine`` (cudaMemcpyAsync into the peer's symmetric
-buffer and cuStreamWriteValue64 / WaitValue64 signals: no SM, so transfers run beside cuDNN's
-attention calls, which hold every SM; needs every peer reachable by NVLink / PCIe P2P),
-``nvshmem`` (NVSHMEM's on-stream put-with-signal, signal and wait: kernels, which wait for the
-SMs) or ``auto`` (the default: copy-engine when every rank is reachable, as on one host).
+``$DITSCALE_SP_ONE_SIDED_ENGINE``: ``copy-engine`` (the default, ``auto``: cudaMemcpyAsync into
+the peer's symmetric buffer and cuStreamWriteValue64 / WaitValue64 signals on per-sender words: no
+SM, so transfers run beside cuDNN's attention calls, which hold every SM; a peer on another host
+gets NVSHMEM's put-with-signal on the same words) or ``nvshmem`` (NVSHMEM's on-stream
+put-with-signal, signal and wait for every peer: kernels, which wait for the SMs).
 
 Emulated machines: ``emulate_machines(m)`` gives the processes of each group of
 ``LOCAL_WORLD_SIZE / m`` consecutive local ranks their own ``NCCL_HOSTID``, so NCCL (ours and

@@ -102,6 +102,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     # NCCL, and (the C++ probe) NVSHMEM on-stream puts / signals / waits and stream memory ops.
     if has overlap; then
       step sp-overlap 120 $PY bench/sp/attn_overlap_probe.py --out "$SPD/overlap"
+      step sp-pack-copy 120 $PY bench/sp/pack_copy_probe.py --out "$SPD/overlap"
       [ -x "$BUILD"/bench/sp_overlap_probe ] && step sp-overlap-primitives 120 \
            "$BUILD"/bench/sp_overlap_probe --json "$SPD/overlap/primitives.json"
     fi

@@ -561,19 +561,6 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
         const StridedView s = View(o.src, io), d = View(o.dst, io);
         if (s.tokens == 0 || s.heads == 0) break;
         const kernels::DType dt = DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_);
-        if (unit.stream != sp::Stream::kCompute) {
-          // On a comm stream: a copy engine, which needs no SM (an attention call may hold them
-          // all). Within a batch, token rows of heads * width elements are contiguous in both
-          // views (stride_h == width): one 2D copy per batch.
-          const size_t e = kernels::dtype_size(dt);
-          for (int64_t b = 0; b < batch; ++b) {
-            DS_CUDA(cudaMemcpy2DAsync(
-                static_cast<char*>(d.data) + b * d.stride_b * e, d.stride_t * e,
-                static_cast<const char*>(s.data) + b * s.stride_b * e, s.stride_t * e,
-                s.heads * s.width * e, s.tokens, cudaMemcpyDeviceToDevice, st));
-          }
-          break;
-        }
         kernels::LayoutCopyParams p;
         p.dtype = dt;
         p.batch = batch;

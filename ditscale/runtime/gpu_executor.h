@@ -13,9 +13,9 @@
 // engines and stream memory operations (OneSidedEngine below); Attention
 // -> the AttentionBackend (the torch layer passes cuDNN attention through ATen); Merge -> our
 // log-sum-exp merge kernel (fp32 accumulation); Pack/Unpack/Copy -> our strided region copy
-// kernel on the compute stream, a copy engine (one cudaMemcpy2DAsync per batch) on the comm
-// streams, so that packs for a transfer do not wait for SMs held by an attention call. Buffers
-// with an initial value (zero, -inf) are filled at the start of every layer.
+// kernel (a strided cudaMemcpy2DAsync within one GPU is a kernel too: it waits for an attention
+// call like ours, bench/results/sp-overlap-h200/pack-copy.md). Buffers with an initial value
+// (zero, -inf) are filled at the start of every layer.
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <random>
@@ -159,6 +160,26 @@ TEST(Strategies, UlyssesOverlapCutsOnWholeWaves) {
             EXPECT_EQ(c1.key.tokens + c3.key.tokens, c2.key.tokens);
             EXPECT_LT(back, calls[2]);
             EXPECT_GT(back, calls[1]);
+            // One-sided: the q, k, v packs (the all-to-all's only SM work) come first on their
+            // stream, before any signal or wait, and the first call waits for them (an attention
+            // call holds every SM until it ends). Two-sided: the call does not wait for them.
+            std::vector<int> packs;
+            for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+              if (p.ops[i].kind == OpKind::kPack &&
+                  p.ops[i].label.find("a2a.in") != std::string::npos) {
+                packs.push_back(i);
+              }
+            }
+            for (int k : packs) {
+              const bool waits = std::count(c1.deps.begin(), c1.deps.end(), k) > 0;
+              EXPECT_EQ(waits, one_sided) << p.ops[k].label;
+              if (!one_sided) continue;
+              for (int i = 0; i < k; ++i) {
+                if (p.ops[i].stream != p.ops[k].stream) continue;
+                EXPECT_NE(p.ops[i].kind, OpKind::kWait) << p.ops[i].label;
+                EXPECT_NE(p.ops[i].kind, OpKind::kSignal) << p.ops[i].label;
+              }
+            }
           }
         }
       }

@@ -131,7 +131,10 @@ class HybridBuilder {
   // transfers.cc
   Transfer MakeTransfer(const std::string& phase, const std::string& tensor, int src_rank,
                         const Region& src, int dst_rank, const Region& dst);
-  void Issue(const Phase& phase, int r);
+  // The sender's side of a phase: its packs, then its transfers; `packs` / `transfers` false
+  // leaves that part out (ulysses-overlap packs before the one-sided "ready" round). Returns the
+  // pack ops.
+  std::vector<int> Issue(const Phase& phase, int r, bool packs = true, bool transfers = true);
   void Consume(const Phase& phase, int r, bool on_link_stream);
   // ulysses.cc
   // head_chunk < 0: the whole head group (torus chunk `chunk`); else head chunk head_chunk.

@@ -98,6 +98,17 @@ int ProgramBuilder::Copy(OpKind kind, Stream stream, const Region& src, const Re
   return Add(std::move(op), {src}, {dst});
 }
 
+void ProgramBuilder::AddDeps(int op, const std::vector<int>& deps) {
+  DS_CHECK(op >= 0 && op < static_cast<int>(prog_->ops.size()), "AddDeps: no op ", op);
+  std::vector<int>& d = prog_->ops[op].deps;
+  for (int x : deps) {
+    DS_CHECK(x >= 0 && x < op, "AddDeps: op ", op, " cannot depend on op ", x);
+    d.push_back(x);
+  }
+  std::sort(d.begin(), d.end());
+  d.erase(std::unique(d.begin(), d.end()), d.end());
+}
+
 int ProgramBuilder::Attention(const Region& q, const Region& k, const Region& v, const Region& out,
                               const Region& lse, const std::string& label) {
   Op op;

@@ -50,6 +50,9 @@ class ProgramBuilder {
   int Wait(Stream stream, const std::string& counter, int64_t value,
            const std::vector<Region>& makes_valid, const std::string& label);
 
+  // Adds dependencies (earlier ops of this rank) to op `op`.
+  void AddDeps(int op, const std::vector<int>& deps);
+
   int NewGroup() { return next_group_++; }
   int last_op() const { return static_cast<int>(prog_->ops.size()) - 1; }
   int LastOnStream(Stream s) const;

@@ -44,20 +44,22 @@ Transfer HybridBuilder::MakeTransfer(const std::string& phase, const std::string
   return t;
 }
 
-void HybridBuilder::Issue(const Phase& phase, int r) {
+std::vector<int> HybridBuilder::Issue(const Phase& phase, int r, bool packs, bool transfers) {
   ProgramBuilder& b = b_[r];
   std::vector<const Transfer*> out, in;
   for (const Transfer& t : phase.transfers) {
     if (t.src_rank == r) out.push_back(&t);
     if (t.dst_rank == r) in.push_back(&t);
   }
-  if (out.empty() && in.empty()) return;
+  std::vector<int> pack_ops;
+  if (out.empty() && in.empty()) return pack_ops;
   for (const Transfer* t : out) {
-    if (t->send_from.buffer != t->src.buffer) {
-      b.Copy(OpKind::kPack, StreamOf(LinkOf(r, t->dst_rank)), t->src, t->send_from,
-             "pack " + t->label);
+    if (packs && t->send_from.buffer != t->src.buffer) {
+      pack_ops.push_back(b.Copy(OpKind::kPack, StreamOf(LinkOf(r, t->dst_rank)), t->src,
+                                t->send_from, "pack " + t->label));
     }
   }
+  if (!transfers) return pack_ops;
   for (LinkKind link : {LinkKind::kIntraMachine, LinkKind::kInterMachine}) {
     const Stream st = StreamOf(link);
     if (OneSidedOn(cfg_, link)) {
@@ -87,6 +89,7 @@ void HybridBuilder::Issue(const Phase& phase, int r) {
       }
     }
   }
+  return pack_ops;
 }
 
 void HybridBuilder::Consume(const Phase& phase, int r, bool on_link_stream) {

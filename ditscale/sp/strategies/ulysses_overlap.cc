@@ -79,9 +79,28 @@ Schedule HybridBuilder::BuildOverlap() {
   s_.notes.push_back(
       "ulysses-overlap: local rows x local kv while q, k, v arrive; the remote rows' out leaves "
       "under the local rows x remote kv; query chunks on whole waves of the attention kernel");
-  if (cfg_.one_sided) SyncRound(all, "ready", false);
-  for (int r = 0; r < n; ++r) Issue(fwd_[0], r);
-  for (int r = 0; r < n; ++r) EmitOverlap(r);
+  // One-sided: the packs of q, k, v are the only SM work of the all-to-all (the puts and signals
+  // are copy engines and stream memory operations), and cuDNN's attention call holds every SM
+  // until it ends: packs issued after it would wait for it, and the all-to-all with them. So the
+  // packs come first on the link stream, before the "ready" round (they write only the sender's
+  // staging buffers), and the first attention call waits for them. Two-sided: NCCL's kernels need
+  // SMs for the whole transfer; making the call wait for them would serialize it.
+  std::vector<std::vector<int>> packs(n);
+  if (cfg_.one_sided) {
+    for (int r = 0; r < n; ++r) packs[r] = Issue(fwd_[0], r, true, false);
+    SyncRound(all, "ready", false);
+  }
+  for (int r = 0; r < n; ++r) Issue(fwd_[0], r, !cfg_.one_sided, true);
+  for (int r = 0; r < n; ++r) {
+    const int first = static_cast<int>(s_.ranks[r].ops.size());
+    EmitOverlap(r);
+    for (int i = first; i < static_cast<int>(s_.ranks[r].ops.size()); ++i) {
+      if (s_.ranks[r].ops[i].kind == OpKind::kAttention) {
+        b_[r].AddDeps(i, packs[r]);
+        break;
+      }
+    }
+  }
   for (int r = 0; r < n; ++r) {
     Consume(back_[0], r, false);
     Consume(text_, r, false);

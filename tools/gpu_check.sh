@@ -135,6 +135,12 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     has bench-nvlink && step sp-bench-nvlink 300 $TRUN bench/sp/bench_sp_attention.py \
          --seq 36864 65536 --text 512 --meshes auto 2x$((NP / 2)) --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-nvlink.json"
+    # The one-sided strategies again on NVSHMEM's on-stream kernels (the default above is the
+    # copy-engine engine): the A/B of the engines, kept out of the report's sp-*.json.
+    has bench-nvlink && step sp-bench-nvlink-kernels 240 env DITSCALE_SP_ONE_SIDED_ENGINE=nvshmem \
+         $TRUN bench/sp/bench_sp_attention.py --seq 36864 65536 --text 512 --transports nvshmem \
+         --strategies ulysses ulysses-overlap ring torus --chunks 2 --peers --check-seq 0 \
+         --time-budget-s ${SP_BENCH_KERNELS_S:-120} --json "$SPD/engine-nvshmem-kernels.json"
     has bench-emulated && step sp-bench-emulated 300 $TRUN bench/sp/bench_sp_attention.py \
          --seq 36864 65536 --text 512 --emulate-machines 2 --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-emulated.json"

@@ -412,10 +412,16 @@ def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
     D]`` (None without text) and a description (engine, arena bytes). A rank's stream waits
     block a CUDA hardware queue: with more than two ranks set ``CUDA_DEVICE_MAX_CONNECTIONS=32``
     before CUDA starts, or the ranks' queues may be shared and block each other."""
-    _require()
     joint = [joint_q, joint_k, joint_v]
     if any(t is not None for t in joint) and any(t is None for t in joint):
         raise ValueError("ditscale.sp.run_local: joint_q, joint_k and joint_v go together")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"ditscale.sp.run_local: strategy {strategy!r} is not one of "
+                         f"{STRATEGIES}")
+    _require()
+    if not hasattr(torch.ops.ditscale, "sp_run_local"):
+        raise RuntimeError("ditscale.sp.run_local: the extension was built without the CUDA "
+                           "sequence-parallel runtime")
     first, last, text_out, info = torch.ops.ditscale.sp_run_local(
         strategy, int(ulysses_degree), int(ring_degree), int(chunks), int(machines),
         int(gpus_per_machine), q, k, v, joint_q, joint_k, joint_v, int(layers), float(timeout_s))

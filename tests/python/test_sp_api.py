@@ -209,3 +209,11 @@ def test_timeline_and_describe_validate_the_transport():
         with pytest.raises(ValueError, match="transport 'udp'"):
             fn(sp.Mesh(2, 1), "ring", transport="udp", device=torch.device("cpu"))
     assert callable(sp.set_trace)
+
+
+def test_run_local_validates_its_arguments_before_the_gpu():
+    q = torch.zeros(1, 8, 2, 4)
+    with pytest.raises(ValueError, match="go together"):
+        sp.run_local(q, q, q, strategy="ring", gpus_per_machine=2, joint_q=q)
+    with pytest.raises(ValueError, match="strategy 'auto'"):
+        sp.run_local(q, q, q, strategy="auto", gpus_per_machine=2)

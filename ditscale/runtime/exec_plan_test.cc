@@ -14,12 +14,14 @@ namespace ditscale::runtime {
 namespace {
 
 sp::Schedule Build(int machines, int gpus, const std::string& strategy, int chunks, bool one_sided,
-                   int64_t text = 16, int64_t heads = 6, int64_t batch = 2) {
+                   int64_t text = 16, int64_t heads = 6, int64_t batch = 2,
+                   bool one_sided_inter = true) {
   sp::SpMesh mesh{machines, gpus};
   sp::SpConfig cfg;
   cfg.strategy = strategy;
   cfg.torus_chunks = chunks;
   cfg.one_sided = one_sided;
+  cfg.one_sided_inter = one_sided_inter;
   sp::AttentionShape shape;
   shape.batch = batch;
   shape.seq_tokens = 96;
@@ -177,18 +179,7 @@ TEST(ExecPlan, IntraOneSidedInterTwoSidedIsExecutable) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
                  " chunks " + std::to_string(c.chunks) + " nvshmem-intra");
-    sp::SpConfig cfg;
-    cfg.strategy = c.strategy;
-    cfg.torus_chunks = c.chunks;
-    cfg.one_sided = true;
-    cfg.one_sided_inter = false;
-    sp::AttentionShape shape;
-    shape.batch = 2;
-    shape.seq_tokens = 96;
-    shape.text_tokens = 16;
-    shape.heads = 6;
-    shape.head_dim = 8;
-    const sp::Schedule s = sp::BuildSchedule({c.machines, c.gpus}, cfg, shape).ValueOrThrow();
+    const sp::Schedule s = Build(c.machines, c.gpus, c.strategy, c.chunks, true, 16, 6, 2, false);
     auto plans = BuildExecPlans(s, {});
     ASSERT_TRUE(plans.ok()) << plans.failure().ToString();
     CheckPlans(s, plans.value());
@@ -383,18 +374,8 @@ TEST(ExecPlan, SlotSignalsSplitEveryOneSidedScheduleBySender) {
       if (!inter && c.machines == 1) continue;
       SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
                    " chunks " + std::to_string(c.chunks) + (inter ? "" : " intra"));
-      sp::SpConfig cfg;
-      cfg.strategy = c.strategy;
-      cfg.torus_chunks = c.chunks;
-      cfg.one_sided = true;
-      cfg.one_sided_inter = inter;
-      sp::AttentionShape shape;
-      shape.batch = 2;
-      shape.seq_tokens = 96;
-      shape.text_tokens = 16;
-      shape.heads = 12;
-      shape.head_dim = 8;
-      const sp::Schedule s = sp::BuildSchedule({c.machines, c.gpus}, cfg, shape).ValueOrThrow();
+      const sp::Schedule s =
+          Build(c.machines, c.gpus, c.strategy, c.chunks, true, 16, 12, 2, inter);
       auto slots = BuildSlotSignals(s);
       ASSERT_TRUE(slots.ok()) << slots.failure().ToString();
       const SlotSignals& t = slots.value();

@@ -96,6 +96,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     # Every one-sided strategy through the copy-engine engine, all ranks in this process.
     has test && step sp-local-check 600 env CUDA_DEVICE_MAX_CONNECTIONS=32 \
          $PY tests/gpu/sp_local_check.py ${SP_LOCAL_ARGS:-}
+    has test && step sp-local-check-signal-copy 300 env CUDA_DEVICE_MAX_CONNECTIONS=32 \
+         DITSCALE_SP_CE_SIGNAL=copy $PY tests/gpu/sp_local_check.py --quick
     has replay && step sp-replay 300 $PY bench/sp/replay_compute.py --out "$SPD/replay"
     has split && step sp-split 300 $PY bench/sp/attn_split_probe.py --out "$SPD/split"
     # What runs beside a cuDNN attention call (it holds every SM): SM kernels, copy engines,
@@ -113,6 +115,10 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
       # The one-sided cases above ran on the default engine (copy engines on one host); these on
       # NVSHMEM's on-stream kernels.
       step sp-check-nvlink-nvshmem-engine 240 env DITSCALE_SP_ONE_SIDED_ENGINE=nvshmem \
+           $TRUN tests/gpu/sp_attention_check.py --quick
+      # The copy-engine engine's signals as 8-byte copies (if a stream write to a peer's memory
+      # fails above, this is the form to use: DITSCALE_SP_CE_SIGNAL=copy).
+      step sp-check-nvlink-signal-copy 240 env DITSCALE_SP_CE_SIGNAL=copy \
            $TRUN tests/gpu/sp_attention_check.py --quick
       step sp-check-emulated 240 $TRUN tests/gpu/sp_attention_check.py --emulate-machines 2 --quick
     fi

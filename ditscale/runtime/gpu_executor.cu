@@ -333,6 +333,11 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
   if (ex->symmetric_) {
     ex->engine_ = engine;
     if (engine == OneSidedEngine::kCopyEngine) (void)MemOps();  // fail here, not in Run
+    if (engine == OneSidedEngine::kCopyEngine && transports.signal_by_copy) {
+      const size_t bytes = std::max<size_t>(prog.ops.size(), 1) * sizeof(uint64_t);
+      DS_CUDA(cudaMalloc(&ex->signal_src_, bytes));
+      DS_CUDA(cudaMemset(ex->signal_src_, 0, bytes));
+    }
   }
   return Result<std::unique_ptr<GpuExecutor>>(std::move(ex));
 }
@@ -343,6 +348,7 @@ GpuExecutor::~GpuExecutor() {
   for (cudaStream_t s : impl_->streams) {
     if (s) cudaStreamSynchronize(s);
   }
+  if (signal_src_) cudaFree(signal_src_);
   if (arena_) {
     if (symmetric_ && peer_arena_) {
       peer_arena_->Release(arena_);
@@ -668,10 +674,18 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
     }
   }
   if (w.slot < 0) return;
+  char* word = peer + plan.signal_offset + w.slot * sizeof(uint64_t);
+  if (signal_src_ != nullptr) {
+    // The value into our own word, then 8 bytes by the copy engine after the put's copy.
+    CheckCu(mem.write(st, reinterpret_cast<CUdeviceptr>(signal_src_ + op),
+                      word_value(w.value, w.per_layer), CU_STREAM_WRITE_VALUE_DEFAULT),
+            "cuStreamWriteValue64");
+    DS_CUDA(cudaMemcpyAsync(word, signal_src_ + op, sizeof(uint64_t), cudaMemcpyDefault, st));
+    return;
+  }
   // The default flags fence the stream's earlier writes (the copy above) before the word.
-  const auto addr =
-      reinterpret_cast<CUdeviceptr>(peer + plan.signal_offset + w.slot * sizeof(uint64_t));
-  CheckCu(mem.write(st, addr, word_value(w.value, w.per_layer), CU_STREAM_WRITE_VALUE_DEFAULT),
+  CheckCu(mem.write(st, reinterpret_cast<CUdeviceptr>(word), word_value(w.value, w.per_layer),
+                    CU_STREAM_WRITE_VALUE_DEFAULT),
           "cuStreamWriteValue64");
 }
 

@@ -76,6 +76,11 @@ struct Transports {
   // The copy-engine engine's memory; null = `shmem` (the symmetric heap and nvshmem_ptr).
   comm::PeerArena* peers = nullptr;
   OneSidedEngine engine = OneSidedEngine::kAuto;
+  // kCopyEngine: a signal to a load/store peer as an 8-byte cudaMemcpyAsync of a word written
+  // locally (cuStreamWriteValue64 on own memory) instead of cuStreamWriteValue64 on the peer's
+  // memory: the same order (the copy engine starts it after the put's copy), for drivers or
+  // mappings where a stream memory operation cannot write a peer's memory.
+  bool signal_by_copy = false;
   // Replay one rank's compute alone on one GPU: Send/Recv/Put/Signal/Wait are skipped (no
   // transport needed, the arena is plain device memory), everything else runs as scheduled.
   // What the rank's attention calls, merges and copies cost if communication were free; the
@@ -154,6 +159,7 @@ class GpuExecutor {
   comm::PeerArena* peer_arena_ = nullptr;  // kCopyEngine: owns arena_
   std::vector<char*> peer_base_;           // kCopyEngine: each rank's arena, resolved at first Run
   SlotSignals slots_;                      // kCopyEngine
+  uint64_t* signal_src_ = nullptr;         // kCopyEngine + signal_by_copy: one word per op
   int64_t layers_ = 0;
   std::unique_ptr<Impl> impl_;
 };

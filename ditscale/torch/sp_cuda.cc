@@ -214,6 +214,16 @@ runtime::OneSidedEngine EngineFromEnv() {
               v, "'");
 }
 
+// $DITSCALE_SP_CE_SIGNAL: write (default: cuStreamWriteValue64 on the peer's word) or copy
+// (runtime::Transports::signal_by_copy).
+bool SignalByCopyFromEnv() {
+  const char* env = std::getenv("DITSCALE_SP_CE_SIGNAL");
+  const std::string v = env ? env : "";
+  TORCH_CHECK(v.empty() || v == "write" || v == "copy",
+              "ditscale.sp: $DITSCALE_SP_CE_SIGNAL must be write or copy, got '", v, "'");
+  return v == "copy";
+}
+
 kernels::DType DTypeOf(at::ScalarType t) {
   switch (t) {
     case at::kBFloat16:
@@ -444,6 +454,7 @@ struct SpRuntime : torch::CustomClassHolder {
     TORCH_CHECK(sched.ok(), "ditscale.sp.attention: ", sched.failure().ToString());
     runtime::Transports t{intra_.get(), inter_.get(), shmem_.get()};
     t.engine = EngineFromEnv();
+    t.signal_by_copy = SignalByCopyFromEnv();
     auto ex =
         runtime::GpuExecutor::Create(std::move(sched).value(), rank_, dt, device_, t, &attention_);
     TORCH_CHECK(ex.ok(), "ditscale.sp.attention: ", ex.failure().ToString());
@@ -610,6 +621,7 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
     runtime::Transports t;
     t.peers = peers[r].get();
     t.engine = runtime::OneSidedEngine::kCopyEngine;
+    t.signal_by_copy = SignalByCopyFromEnv();
     auto e = runtime::GpuExecutor::Create(schedule, r, dt, device, t, &attention);
     TORCH_CHECK(e.ok(), who, ": rank ", r, ": ", e.failure().ToString());
     TORCH_CHECK(!(*e)->plan().uses_nccl, who, ": strategy '", strategy,
@@ -692,7 +704,8 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
   Tensor last = gather();
   if (!first.defined()) first = last;
   std::ostringstream info;
-  info << "engine " << runtime::ToString(ex[0]->engine()) << ", arena " << ex[0]->arena_bytes()
+  info << "engine " << runtime::ToString(ex[0]->engine())
+       << (SignalByCopyFromEnv() ? " (signals by copy)" : "") << ", arena " << ex[0]->arena_bytes()
        << " bytes per rank, " << n << " ranks on device " << device;
   return {first, last, joint ? at::stack(touts) : at::empty({0}, q.options()), info.str()};
 }

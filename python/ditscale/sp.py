@@ -31,6 +31,8 @@ the peer's symmetric buffer and cuStreamWriteValue64 / WaitValue64 signals on pe
 SM, so transfers run beside cuDNN's attention calls, which hold every SM; a peer on another host
 gets NVSHMEM's put-with-signal on the same words) or ``nvshmem`` (NVSHMEM's on-stream
 put-with-signal, signal and wait for every peer: kernels, which wait for the SMs).
+``$DITSCALE_SP_CE_SIGNAL=copy`` makes the copy-engine engine's signals 8-byte copies of a word
+written locally instead of stream writes into the peer's memory.
 
 Emulated machines: ``emulate_machines(m)`` gives the processes of each group of
 ``LOCAL_WORLD_SIZE / m`` consecutive local ranks their own ``NCCL_HOSTID``, so NCCL (ours and

@@ -1,7 +1,7 @@
 """The one-sided strategies through the GPU executor's copy-engine engine, every rank in one
 process on one GPU (ditscale.sp.run_local), against fp32 attention over the full sequence.
 
-    CUDA_DEVICE_MAX_CONNECTIONS=32 python tests/gpu/sp_local_check.py [--quick]
+    CUDA_DEVICE_MAX_CONNECTIONS=32 [DITSCALE_SP_CE_SIGNAL=copy] python tests/gpu/sp_local_check.py [--quick]
 
 Each case builds the strategy's one-sided schedule for a mesh (1x2, 1x4, 2x1, 2x2), runs every
 rank's executor on its own streams (puts = cudaMemcpyAsync into the peer rank's buffer, signals =
@@ -15,6 +15,7 @@ table; exits 1 on any failure.
 
 import argparse
 import faulthandler
+import os
 import sys
 import time
 
@@ -100,8 +101,9 @@ def main(argv=None):
     print("\n| case | rel err | result |\n|---|---|---|")
     for name, rel, status in rows:
         print(f"| {name} | {rel:.2e} | {status.splitlines()[0][:120]} |")
-    print(f"\n{len(rows) - failures}/{len(rows)} cases passed (copy-engine engine, every rank "
-          f"in one process on {torch.cuda.get_device_name(dev)})")
+    print(f"\n{len(rows) - failures}/{len(rows)} cases passed (copy-engine engine, signals by "
+          f"{os.environ.get('DITSCALE_SP_CE_SIGNAL') or 'write'}, every rank in one process on "
+          f"{torch.cuda.get_device_name(dev)})")
     return 1 if failures else 0
 
 

@@ -582,21 +582,28 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
   if (group && grouped_nccl) nccl->GroupEnd();
 }
 
+char* GpuExecutor::PutTarget(const sp::Op& o, char* peer_arena) const {
+  const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
+  return peer_arena + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd);
+}
+
+char* GpuExecutor::PutSource(const sp::Op& o, const LayerIo& io, int64_t* bytes) const {
+  const sp::BufferDecl& sd = schedule_.ranks[rank_].buffers[o.src.buffer];
+  *bytes = sp::RegionBytes(o.src, sd, schedule_.shape.batch);
+  return BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd);
+}
+
 void GpuExecutor::IssueNvshmem(int op, const LayerIo& io, void* stream) {
   const ExecPlan& plan = plans_[rank_];
   const sp::Op& o = schedule_.ranks[rank_].ops[op];
-  const sp::RankProgram& prog = schedule_.ranks[rank_];
-  const int64_t batch = schedule_.shape.batch;
   auto* words = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset);
   switch (o.kind) {
     case sp::OpKind::kPut: {
-      const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
-      const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
-      char* dst = arena_ + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd);
       const int c =
           o.counter.empty() ? static_cast<int>(counters_.names.size()) : counters_.index(o.counter);
-      transports_.shmem->PutSignal(dst, BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
-                                   sp::RegionBytes(o.src, sd, batch), words + c,
+      int64_t bytes = 0;
+      const char* src = PutSource(o, io, &bytes);
+      transports_.shmem->PutSignal(PutTarget(o, arena_), src, bytes, words + c,
                                    o.counter.empty() ? 0 : static_cast<uint64_t>(o.count), o.peer,
                                    stream);
       break;
@@ -621,7 +628,6 @@ void GpuExecutor::IssueNvshmem(int op, const LayerIo& io, void* stream) {
 void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
   const ExecPlan& plan = plans_[rank_];
   const sp::Op& o = schedule_.ranks[rank_].ops[op];
-  const sp::RankProgram& prog = schedule_.ranks[rank_];
   auto st = static_cast<cudaStream_t>(stream);
   const StreamMemOps& mem = MemOps();
   auto word_value = [&](int64_t value, int64_t per_layer) {
@@ -650,27 +656,23 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
     const int64_t word = w.slot >= 0 ? w.slot : slots_.words;  // the scratch word: no signal
     auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + word;
     const uint64_t value = w.slot >= 0 ? word_value(w.value, w.per_layer) : 0;
+    // Untested across hosts (no multi-host lease yet): the words stay monotone as long as
+    // NVSHMEM delivers one PE's signals to a peer in issue order.
     if (o.kind == sp::OpKind::kPut) {
-      const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
-      const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
-      transports_.shmem->PutSignal(
-          arena_ + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd),
-          BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd),
-          sp::RegionBytes(o.src, sd, schedule_.shape.batch), sig, value, o.peer, stream, true);
+      int64_t bytes = 0;
+      const char* src = PutSource(o, io, &bytes);
+      transports_.shmem->PutSignal(PutTarget(o, arena_), src, bytes, sig, value, o.peer, stream,
+                                   true);
     } else {
       transports_.shmem->Signal(sig, value, o.peer, stream, true);
     }
     return;
   }
   if (o.kind == sp::OpKind::kPut) {
-    const sp::BufferDecl& sd = prog.buffers[o.src.buffer];
-    const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
-    const int64_t bytes = sp::RegionBytes(o.src, sd, schedule_.shape.batch);
+    int64_t bytes = 0;
+    const char* src = PutSource(o, io, &bytes);
     if (bytes > 0) {
-      DS_CUDA(
-          cudaMemcpyAsync(peer + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd),
-                          BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd), bytes,
-                          cudaMemcpyDefault, st));
+      DS_CUDA(cudaMemcpyAsync(PutTarget(o, peer), src, bytes, cudaMemcpyDefault, st));
     }
   }
   if (w.slot < 0) return;

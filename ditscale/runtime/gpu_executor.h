@@ -140,6 +140,10 @@ class GpuExecutor {
   GpuExecutor() = default;
   struct Impl;
   void Issue(int unit, const LayerIo& io);
+  // A put's target in `peer_arena` (the peer's arena as this process addresses it, or the local
+  // symmetric arena for NVSHMEM), and its source and size.
+  char* PutTarget(const sp::Op& o, char* peer_arena) const;
+  char* PutSource(const sp::Op& o, const LayerIo& io, int64_t* bytes) const;
   void IssueNvshmem(int op, const LayerIo& io, void* stream);
   void IssueCopyEngine(int op, const LayerIo& io, void* stream);
   char* BufferBase(int buffer, const LayerIo& io) const;

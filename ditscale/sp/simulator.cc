@@ -47,6 +47,10 @@ struct Activity {
   // one-sided ones between machines, NVSHMEM's put-with-signal). One-sided ones within a machine
   // are the executor's copy engines and stream memory operations: no SM.
   bool needs_sm = false;
+  // A kernel (pack, unpack, copy, merge) on a comm stream: under attention_holds_sms it waits for
+  // an attention call of its rank that started before it became ready, like any kernel
+  // (bench/results/sp-overlap-h200/pack-copy.md).
+  bool comm_kernel = false;
   bool compute_stream = false;  // a compute-kind op on the compute stream (SM slow-down)
   double t0 = 0;                // when it started (a transfer: when its first phase started)
 };
@@ -197,6 +201,7 @@ void Sim::Post(int gid) {
         a.remaining = t_.MemorySeconds((op.kind == OpKind::kMerge ? 3.0 : 2.0) * op.bytes);
       }
       a.compute_stream = op.stream == Stream::kCompute;
+      a.comm_kernel = !a.compute_stream;
       a.t0 = now_;
       if (a.compute_stream) ++compute_running_[o.rank];
       o.started = true;
@@ -344,6 +349,10 @@ void Sim::Recompute() {
   std::vector<int> sm_taking(n_, 0);  // two-sided transfers running (not stalled) per rank
   for (size_t i = 0; i < acts_.size(); ++i) {
     const Activity& a = acts_[i];
+    if (a.comm_kernel) {
+      stalled[i] = attention_since[a.src] < a.t0;
+      continue;
+    }
     if (!a.needs_sm) continue;
     stalled[i] =
         a.phase != Phase::kWork && (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);

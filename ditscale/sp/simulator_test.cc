@@ -469,6 +469,26 @@ TEST(Simulator, AttentionHoldingEverySmStallsLaterTwoSidedTransfers) {
   EXPECT_NEAR(SimOk(merge, t).layer_s, 0.15, 1e-9);
 }
 
+// A kernel on a comm stream (a pack) that becomes ready while its rank runs an attention call
+// waits for the call's end under attention_holds_sms; one that started before runs beside it.
+TEST(Simulator, CommStreamKernelsWaitForAnAttentionCallThatStartedFirst) {
+  for (bool holds : {false, true}) {
+    Topology t = Simple(1, 2);
+    t.attention_holds_sms = holds;
+    Builder later(1, 2);
+    later.Add(0, Pack(0.001, Stream::kCommIntra));  // starts with the call: runs beside it
+    later.Add(0, Pack(0.01, Stream::kCommIntra));   // ready 1 ms after the call started
+    later.Add(0, Attention(0.2));
+    // Held: the pack after the call (0.2 + 0.01); else beside it.
+    EXPECT_NEAR(SimOk(later, t).layer_s, holds ? 0.21 : 0.2, 1e-9) << holds;
+    Builder first(1, 2);
+    first.Add(0, Pack(0.01, Stream::kCommIntra));
+    int own = first.Add(0, Pack(0.001, Stream::kCompute));  // the call starts 1 ms later
+    first.Add(0, Attention(0.2, {own}));
+    EXPECT_NEAR(SimOk(first, t).layer_s, 0.201, 1e-9) << holds;
+  }
+}
+
 // A duplex limit (loopback sockets): one way runs at the NIC rate, two opposite flows share
 // nic_duplex between them; without the limit each direction is independent.
 TEST(Simulator, NicDuplexLimitsOppositeFlows) {

@@ -50,7 +50,8 @@
 //     while the compute stream of either end is busy (0 in the presets but h200-local: see
 //     there).
 //   * attention_holds_sms (h200-local and h100-8x: cuDNN's Hopper attention; not p4de): a
-//     two-sided transfer waits while either end runs an attention op (and takes no SMs from it).
+//     two-sided transfer waits while either end runs an attention op (and takes no SMs from it);
+//     so does a kernel on a comm stream (a pack, an unpack) while its rank runs one.
 //     One-sided transfers are modelled as the GPU executor's copy-engine engine runs them: within
 //     a machine cudaMemcpyAsync + stream memory operations (no SM, measured beside a kernel
 //     holding every SM, bench/results/sp-overlap-h200/primitives.json), which this rule does not

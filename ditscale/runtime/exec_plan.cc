@@ -11,6 +11,11 @@
 namespace ditscale::runtime {
 namespace {
 
+// A Signal, or a put with a signal: it adds `count` to `counter` on `peer`.
+bool SignalsCounter(const sp::Op& o) {
+  return o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
+}
+
 Failure Fail(const std::string& message, const std::string& field = "") {
   Failure f;
   f.message = message;
@@ -189,9 +194,7 @@ CounterTable BuildCounterTable(const sp::Schedule& s) {
   t.per_layer_total.assign(s.ranks.size(), std::vector<int64_t>(t.names.size(), 0));
   for (const sp::RankProgram& p : s.ranks) {
     for (const sp::Op& o : p.ops) {
-      const bool signals =
-          o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
-      if (signals) t.per_layer_total[o.peer][t.index(o.counter)] += o.count;
+      if (SignalsCounter(o)) t.per_layer_total[o.peer][t.index(o.counter)] += o.count;
     }
   }
   return t;
@@ -207,12 +210,9 @@ Result<SlotSignals> BuildSlotSignals(const sp::Schedule& s) {
   out.waits.resize(n);
   // Per-layer growth of every slot on every receiver: [receiver][slot].
   std::vector<std::vector<int64_t>> growth(n, std::vector<int64_t>(out.words, 0));
-  auto signals = [](const sp::Op& o) {
-    return o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
-  };
   for (int r = 0; r < n; ++r) {
     for (const sp::Op& o : s.ranks[r].ops) {
-      if (signals(o)) growth[o.peer][t.index(o.counter) * n + r] += o.count;
+      if (SignalsCounter(o)) growth[o.peer][t.index(o.counter) * n + r] += o.count;
     }
   }
   for (int r = 0; r < n; ++r) {
@@ -223,7 +223,7 @@ Result<SlotSignals> BuildSlotSignals(const sp::Schedule& s) {
     std::map<std::pair<int, int64_t>, std::pair<int64_t, sp::Stream>> running;
     for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
       const sp::Op& o = p.ops[i];
-      if (signals(o)) {
+      if (SignalsCounter(o)) {
         const int64_t slot = t.index(o.counter) * n + r;
         auto [it, fresh] = running.try_emplace({o.peer, slot}, 0, o.stream);
         if (!fresh && it->second.second != o.stream) {

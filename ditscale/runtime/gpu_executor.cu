@@ -566,9 +566,8 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
       case sp::OpKind::kCopy: {
         const StridedView s = View(o.src, io), d = View(o.dst, io);
         if (s.tokens == 0 || s.heads == 0) break;
-        const kernels::DType dt = DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_);
         kernels::LayoutCopyParams p;
-        p.dtype = dt;
+        p.dtype = DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_);
         p.batch = batch;
         p.head_dim = s.width;
         p.num_copies = 1;

@@ -4,16 +4,11 @@
 #include <mutex>
 
 #include "ditscale/core/error.h"
+#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/runtime/local_peers.h"
 
 namespace ditscale::runtime {
 namespace {
-
-#define DS_LP_CUDA(call)                                                                     \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    DS_CHECK(e_ == cudaSuccess, "LocalPeers: ", #call, " failed: ", cudaGetErrorString(e_)); \
-  } while (0)
 
 struct Allocation {
   char* base = nullptr;
@@ -35,7 +30,7 @@ class LocalPeer final : public comm::PeerArena {
 
   void* Allocate(std::size_t bytes) override {
     DS_CHECK(bytes > 0, "LocalPeers::Allocate on rank ", rank_, ": bytes must be > 0");
-    DS_LP_CUDA(cudaSetDevice(g_->devices[rank_]));
+    DS_CHECK_CUDA(cudaSetDevice(g_->devices[rank_]));
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
@@ -43,8 +38,8 @@ class LocalPeer final : public comm::PeerArena {
       DS_FAIL("LocalPeers::Allocate on rank ", rank_, ": cudaMalloc of ", bytes,
               " bytes failed: ", cudaGetErrorString(e));
     }
-    DS_LP_CUDA(cudaMemset(p, 0, bytes));
-    DS_LP_CUDA(cudaDeviceSynchronize());
+    DS_CHECK_CUDA(cudaMemset(p, 0, bytes));
+    DS_CHECK_CUDA(cudaDeviceSynchronize());
     std::lock_guard<std::mutex> lock(g_->mu);
     g_->allocs[rank_].push_back(Allocation{static_cast<char*>(p), bytes});
     return p;
@@ -103,12 +98,12 @@ std::vector<std::unique_ptr<comm::PeerArena>> MakeLocalPeers(const std::vector<i
     for (int p = 0; p < n; ++p) {
       if (devices[r] == devices[p]) continue;
       int can = 0;
-      DS_LP_CUDA(cudaDeviceCanAccessPeer(&can, devices[r], devices[p]));
+      DS_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, devices[r], devices[p]));
       if (!can) {
         g->reachable[r][p] = false;
         continue;
       }
-      DS_LP_CUDA(cudaSetDevice(devices[r]));
+      DS_CHECK_CUDA(cudaSetDevice(devices[r]));
       const cudaError_t e = cudaDeviceEnablePeerAccess(devices[p], 0);
       if (e == cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();

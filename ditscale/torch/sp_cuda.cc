@@ -6,6 +6,7 @@
 // on first use and reused. Compiled only when ditscale's CUDA kernels are built and torch has CUDA.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -236,6 +237,42 @@ kernels::DType DTypeOf(at::ScalarType t) {
   }
 }
 
+// The layer's shape from q [B, S, H, D], k and v [B, S, H_kv, D] (one dtype; `s_name` names S in
+// the messages) and the optional
+// joint text tensors ([B, T, H, D]; [B, T, H_kv, D] for k and v), with `seq_total` image tokens
+// over all ranks; fails naming `who` when the tensors do not fit together.
+sp::AttentionShape CheckedShape(const char* who, const char* s_name, const Tensor& q,
+                                const Tensor& k, const Tensor& v, const std::optional<Tensor>& tq,
+                                const std::optional<Tensor>& tk, const std::optional<Tensor>& tv,
+                                int64_t seq_total) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, who, ": q, k, v must be [B, ", s_name,
+              ", H, D]");
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                  k.size(3) == q.size(3),
+              who, ": k and v must be [B, ", s_name, ", H_kv, D] like q");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), who,
+              ": q, k, v must share a dtype");
+  const bool joint = tq.has_value() && tq->defined();
+  const int64_t T = joint ? tq->size(1) : 0;
+  if (joint) {
+    TORCH_CHECK(tk.has_value() && tv.has_value() && tk->defined() && tv->defined(), who,
+                ": joint_q, joint_k and joint_v go together");
+    TORCH_CHECK(tq->dim() == 4 && tq->size(0) == q.size(0) && tq->size(2) == q.size(2) &&
+                    tq->size(3) == q.size(3) && tk->sizes() == tv->sizes() && tk->size(1) == T &&
+                    tk->size(2) == k.size(2),
+                who, ": joint tensors must be [B, T, H, D] (H_kv for k, v)");
+  }
+  sp::AttentionShape shape;
+  shape.batch = q.size(0);
+  shape.seq_tokens = seq_total;
+  shape.text_tokens = T;
+  shape.heads = q.size(2);
+  shape.kv_heads = k.size(2);
+  shape.head_dim = q.size(3);
+  shape.dtype_bytes = static_cast<int>(kernels::dtype_size(DTypeOf(q.scalar_type())));
+  return shape;
+}
+
 }  // namespace
 
 struct SpRuntime : torch::CustomClassHolder {
@@ -289,33 +326,11 @@ struct SpRuntime : torch::CustomClassHolder {
                                 std::optional<Tensor> tk, std::optional<Tensor> tv) {
     TORCH_CHECK(q.is_cuda() && q.device().index() == device_,
                 "ditscale.sp.attention: q must be on cuda:", device_);
-    TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-                "ditscale.sp.attention: q, k, v must be [B, S_local, H, D]");
-    TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
-                    k.size(3) == q.size(3),
-                "ditscale.sp.attention: k and v must be [B, S_local, H_kv, D] like q");
-    TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-                "ditscale.sp.attention: q, k, v must share a dtype");
+    const sp::AttentionShape shape =
+        CheckedShape("ditscale.sp.attention", "S_local", q, k, v, tq, tk, tv, seq_total);
     const bool joint = tq.has_value() && tq->defined();
-    const int64_t T = joint ? tq->size(1) : 0;
-    if (joint) {
-      TORCH_CHECK(tk.has_value() && tv.has_value() && tk->defined() && tv->defined(),
-                  "ditscale.sp.attention: joint_q, joint_k and joint_v go together");
-      TORCH_CHECK(tq->dim() == 4 && tq->size(0) == q.size(0) && tq->size(2) == q.size(2) &&
-                      tq->size(3) == q.size(3) && tk->sizes() == tv->sizes() && tk->size(1) == T &&
-                      tk->size(2) == k.size(2),
-                  "ditscale.sp.attention: joint tensors must be [B, T, H, D] (H_kv for k, v)");
-    }
     c10::cuda::CUDAGuard guard(q.device());
     const kernels::DType dt = DTypeOf(q.scalar_type());
-    sp::AttentionShape shape;
-    shape.batch = q.size(0);
-    shape.seq_tokens = seq_total;
-    shape.text_tokens = T;
-    shape.heads = q.size(2);
-    shape.kv_heads = k.size(2);
-    shape.head_dim = q.size(3);
-    shape.dtype_bytes = static_cast<int>(kernels::dtype_size(dt));
     runtime::GpuExecutor& ex =
         Executor(strategy, ulysses, ring, chunks, one_sided, one_sided_inter, shape, dt);
     const sp::RankProgram& p = ex.schedule().ranks[rank_];
@@ -564,9 +579,8 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
     std::optional<Tensor> tk, std::optional<Tensor> tv, int64_t layers, double timeout_s) {
   const char* who = "ditscale.sp.run_local";
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), who, ": q, k, v must be CUDA tensors");
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k.sizes() == v.sizes() && k.size(1) == q.size(1), who,
-              ": q [B, S, H, D], k and v [B, S, H_kv, D]");
   TORCH_CHECK(layers >= 1, who, ": layers >= 1");
+  const sp::AttentionShape shape = CheckedShape(who, "S", q, k, v, tq, tk, tv, q.size(1));
   const bool joint = tq.has_value() && tq->defined();
   const int device = q.device().index();
   c10::cuda::CUDAGuard guard(q.device());
@@ -574,14 +588,6 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
   sp::SpMesh mesh{static_cast<int>(machines), static_cast<int>(gpus_per_machine)};
   sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, true, true);
   cfg.attention_slots = at::cuda::getDeviceProperties(device)->multiProcessorCount;
-  sp::AttentionShape shape;
-  shape.batch = q.size(0);
-  shape.seq_tokens = q.size(1);
-  shape.text_tokens = joint ? tq->size(1) : 0;
-  shape.heads = q.size(2);
-  shape.kv_heads = k.size(2);
-  shape.head_dim = q.size(3);
-  shape.dtype_bytes = static_cast<int>(kernels::dtype_size(dt));
   auto sched = sp::BuildSchedule(mesh, cfg, shape);
   TORCH_CHECK(sched.ok(), who, ": ", sched.failure().ToString());
   const sp::Schedule schedule = std::move(sched).value();
@@ -647,11 +653,9 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
   auto current = c10::cuda::getCurrentCUDAStream(device);
   std::vector<c10::cuda::CUDAStream> streams;
   for (int r = 0; r < n; ++r) streams.push_back(c10::cuda::getStreamFromPool(false, device));
-  cudaEvent_t inputs_ready = nullptr;
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready, cudaEventDisableTiming));
-  C10_CUDA_CHECK(cudaEventRecord(inputs_ready, current.stream()));
-  for (auto& st : streams) C10_CUDA_CHECK(cudaStreamWaitEvent(st.stream(), inputs_ready, 0));
-  cudaEventDestroy(inputs_ready);
+  at::cuda::CUDAEvent inputs_ready;
+  inputs_ready.record(current);
+  for (auto& st : streams) inputs_ready.block(st);
   // The full output: each rank's shard at its image tokens (the schedule's placement: TAS and
   // torus put a machine's ranks on non-adjacent shards).
   auto gather = [&] {
@@ -669,22 +673,16 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
       ex[r]->Run(IoOf(qs[r], ks[r], vs[r], outs[r], tqc, tkc, tvc, touts[r]), streams[r].stream());
     }
     if (l == 0 && layers > 1) {
-      for (int r = 0; r < n; ++r) {
-        cudaEvent_t done = nullptr;
-        C10_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-        C10_CUDA_CHECK(cudaEventRecord(done, streams[r].stream()));
-        C10_CUDA_CHECK(cudaStreamWaitEvent(current.stream(), done, 0));
-        cudaEventDestroy(done);
+      for (auto& st : streams) {
+        at::cuda::CUDAEvent done;
+        done.record(st);
+        done.block(current);
       }
       c10::cuda::CUDAStreamGuard sg(current);
       first = gather();  // on the caller's stream, after every rank's first layer
-      for (int r = 0; r < n; ++r) {
-        cudaEvent_t copied = nullptr;
-        C10_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
-        C10_CUDA_CHECK(cudaEventRecord(copied, current.stream()));
-        C10_CUDA_CHECK(cudaStreamWaitEvent(streams[r].stream(), copied, 0));
-        cudaEventDestroy(copied);
-      }
+      at::cuda::CUDAEvent copied;
+      copied.record(current);
+      for (auto& st : streams) copied.block(st);
     }
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);

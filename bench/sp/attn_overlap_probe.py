@@ -26,6 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
+                       flux_call_inputs)
+
+FLUX_CALL_SHAPE = {"heads": FLUX_CALL_HEADS, "tokens": FLUX_CALL_TOKENS,
+                   "head_dim": FLUX_CALL_HEAD_DIM}
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -50,9 +57,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     torch.manual_seed(0)
-    h, n, d = 24, 66048, 128
-    q = torch.randn(1, h, n, d, device=dev, dtype=torch.bfloat16)
-    k, v = torch.randn_like(q), torch.randn_like(q)
+    q, k, v = flux_call_inputs(torch, dev)
     x = torch.randn(32 << 20, device=dev)  # 128 MiB
     host = torch.empty(64 << 20, dtype=torch.float32, pin_memory=True)
     src = torch.randn(64 << 20, device=dev)  # 256 MiB
@@ -137,8 +142,7 @@ def main(argv=None) -> int:
     Path(init.name).unlink(missing_ok=True)  # the FileStore may have removed it
     doc = {"kind": "ditscale-sp-attn-overlap-probe", "version": 1,
            "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-           "cudnn": torch.backends.cudnn.version(), "shape": {"heads": h, "tokens": n,
-                                                              "head_dim": d},
+           "cudnn": torch.backends.cudnn.version(), "shape": FLUX_CALL_SHAPE,
            "attention_alone_ms": attention_alone, "rows": rows}
     write_report(doc, a.out)
     return 0
@@ -165,7 +169,7 @@ def parse_log(text: str, gpu: str) -> dict:
     if not alone or not rows:
         raise SystemExit("attn_overlap_probe --from-log: no measurement lines in the log")
     return {"kind": "ditscale-sp-attn-overlap-probe", "version": 1, "gpu": gpu,
-            "torch": "?", "cudnn": "?", "shape": {"heads": 24, "tokens": 66048, "head_dim": 128},
+            "torch": "?", "cudnn": "?", "shape": FLUX_CALL_SHAPE,
             "attention_alone_ms": alone, "rows": rows}
 
 

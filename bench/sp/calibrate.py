@@ -304,6 +304,18 @@ def simulate(cli: str, cluster: str, machines: int, gpus_per_machine: int, strat
 # Measuring (GPU, torchrun)
 # ---------------------------------------------------------------------------------------------
 
+# Flux's attention call on one GPU: S + T = 65,536 + 512 tokens, 24 heads x 128.
+FLUX_CALL_HEADS, FLUX_CALL_TOKENS, FLUX_CALL_HEAD_DIM = 24, 66048, 128
+
+
+def flux_call_inputs(torch, dev):
+    """Random q, k, v [1, 24, 66048, 128] bf16 on `dev`: the probes' and p2p_under_compute's
+    attention call (aten's cuDNN attention takes [B, H, S, D])."""
+    q = torch.randn(1, FLUX_CALL_HEADS, FLUX_CALL_TOKENS, FLUX_CALL_HEAD_DIM, device=dev,
+                    dtype=torch.bfloat16)
+    return q, torch.randn_like(q), torch.randn_like(q)
+
+
 ATTENTION_BLOCKS = [  # (q tokens, kv tokens, heads)
     (512, 512, 24), (1024, 1024, 24), (2048, 2048, 24), (4096, 4096, 24), (8192, 8192, 24),
     (16384, 16384, 24), (33024, 33024, 24), (66048, 66048, 24), (33024, 66048, 24),
@@ -410,9 +422,7 @@ class Measurer:
         torch = self.torch
         sbuf = torch.empty(nbytes, dtype=torch.uint8, device=self.dev)
         rbuf = torch.empty_like(sbuf)
-        h, n, d = 24, 66048, 128
-        q = torch.randn(1, h, n, d, device=self.dev, dtype=torch.bfloat16)
-        k, v = torch.randn_like(q), torch.randn_like(q)
+        q, k, v = flux_call_inputs(torch, self.dev)
         side = torch.cuda.Stream(device=self.dev)
 
         def attention():

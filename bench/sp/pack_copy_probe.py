@@ -22,6 +22,10 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
+                       flux_call_inputs)
 
 def _cudart():
     """The CUDA runtime torch loaded (its cudaMemcpy2DAsync)."""
@@ -55,9 +59,8 @@ def main(argv=None) -> int:
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     torch.manual_seed(0)
-    H, D, total = 24, 128, 66048
-    q = torch.randn(1, H, total, D, device=dev, dtype=torch.bfloat16)
-    k, v = torch.randn_like(q), torch.randn_like(q)
+    H, D, total = FLUX_CALL_HEADS, FLUX_CALL_HEAD_DIM, FLUX_CALL_TOKENS
+    q, k, v = flux_call_inputs(torch, dev)
     lo, hi = torch.cuda.Stream.priority_range()
     compute, comm = torch.cuda.Stream(priority=lo), torch.cuda.Stream(priority=hi)
 

@@ -24,6 +24,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from sp_check_common import dense_case, refused
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -88,17 +90,7 @@ def main():
     rows, failures = [], 0
     for mesh in meshes:
         for (B, S, T, H, HK, D, dt) in shapes:
-            g = torch.Generator(device=dev).manual_seed(1000 + S + T)
-            full_q = torch.randn(B, T + S, H, D, device=dev, generator=g, dtype=torch.float32)
-            full_k = torch.randn(B, T + S, HK, D, device=dev, generator=g, dtype=torch.float32)
-            full_v = torch.randn(B, T + S, HK, D, device=dev, generator=g, dtype=torch.float32)
-            full_q, full_k, full_v = (x.to(dt) for x in (full_q, full_k, full_v))
-            rk, rv = full_k.float(), full_v.float()
-            if HK != H:
-                rk, rv = rk.repeat_interleave(H // HK, 2), rv.repeat_interleave(H // HK, 2)
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                full_q.float().transpose(1, 2), rk.transpose(1, 2), rv.transpose(1, 2),
-                ).transpose(1, 2)
+            full_q, full_k, full_v, ref = dense_case(dev, B, S, T, H, HK, D, dt, 1000 + S + T)
             begin, count = sp.shard_range(S, world, rank)
             sl = slice(T + begin, T + begin + count)
             q, k, v = full_q[:, sl], full_k[:, sl], full_v[:, sl]
@@ -111,12 +103,9 @@ def main():
                         f"{'/' + str(chunks) if strategy == 'torus' or chunks > 1 else ''} {transport} "
                         f"B{B} S{S} T{T} H{H}/{HK} D{D} {str(dt)[6:]}")
                 t0 = time.time()
-                # The Ulysses degree of the strategy on this mesh: more ranks than kv heads is
-                # refused by design (each Ulysses rank needs a kv head), and so are more Ulysses
+                # More Ulysses ranks than kv heads is refused by design, and so are more Ulysses
                 # head chunks than kv heads per rank; the check expects those refusals.
-                U = {"ulysses": mesh.size, "ring": 1, "usp": mesh.gpus_per_machine}.get(
-                    strategy, mesh.machines)
-                refusal = U > HK or (strategy == "ulysses" and chunks > HK // U)
+                refusal = refused(strategy, chunks, mesh.machines, mesh.gpus_per_machine, HK)
                 inputs = [x.clone() for x in (q, k, v) + ((jq, jk, jv) if T else ())]
                 try:
                     def run():

@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from sp_check_common import dense_case, refused
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
@@ -47,24 +49,14 @@ def main(argv=None):
     for machines, gpus in meshes:
         n = machines * gpus
         for (B, S, T, H, HK, D, dt) in shapes:
-            g = torch.Generator(device=dev).manual_seed(2000 + S + T + n)
-            fq = torch.randn(B, T + S, H, D, device=dev, generator=g).to(dt)
-            fk = torch.randn(B, T + S, HK, D, device=dev, generator=g).to(dt)
-            fv = torch.randn(B, T + S, HK, D, device=dev, generator=g).to(dt)
-            rk, rv = fk.float(), fv.float()
-            if HK != H:
-                rk, rv = rk.repeat_interleave(H // HK, 2), rv.repeat_interleave(H // HK, 2)
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                fq.float().transpose(1, 2), rk.transpose(1, 2), rv.transpose(1, 2)).transpose(1, 2)
+            fq, fk, fv, ref = dense_case(dev, B, S, T, H, HK, D, dt, 2000 + S + T + n)
             scale = ref.abs().max().item()
             q, k, v = fq[:, T:], fk[:, T:], fv[:, T:]
             joint = dict(joint_q=fq[:, :T], joint_k=fk[:, :T], joint_v=fv[:, :T]) if T else {}
             for strategy, chunks in strategies:
-                U = {"ulysses": n, "ulysses-overlap": n, "ring": 1, "usp": gpus}.get(strategy,
-                                                                                    machines)
                 name = (f"{machines}x{gpus} {strategy}{'/' + str(chunks) if chunks > 1 or strategy == 'torus' else ''} "
                         f"B{B} S{S} T{T} H{H}/{HK} D{D} {str(dt)[6:]}")
-                refusal = U > HK or (strategy == "ulysses" and chunks > HK // U)
+                refusal = refused(strategy, chunks, machines, gpus, HK)
                 t0 = time.time()
                 info = ""
                 # A stream wait whose signal never comes can block a host call for good: dump

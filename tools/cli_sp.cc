@@ -98,11 +98,12 @@ std::string Header(const char* ref, int name_width) {
 
 void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strategies,
              const std::vector<int>& chunks, double mem_limit_gib,
-             const std::vector<std::string>& transports) {
+             const std::vector<std::string>& transports, bool no_sm_partitions) {
   sp::Topology topo = LoadCluster(a);
   sp::Workload wl = LoadWorkload(a);
   sp::PlanOptions opt;
   opt.strategies = strategies;
+  opt.sm_partitions = !no_sm_partitions;
   if (!transports.empty()) {
     // Validated by the option's check: nccl, nvshmem, nvshmem-intra.
     auto has = [&](const char* t) {
@@ -220,7 +221,12 @@ void RegisterSpCommands(CLI::App& app) {
                    "within machines, NCCL between them); default all")
       ->delimiter(',')
       ->check(CLI::IsMember({"nccl", "nvshmem", "nvshmem-intra"}));
-  plan->callback([=] { RunPlan(*plan_args, *top, *strategies, *chunks, *mem_limit, *transports); });
+  auto no_partitions = std::make_shared<bool>(false);
+  plan->add_flag("--no-sm-partitions", *no_partitions,
+                 "leave out the configurations that keep SMs free for communication (comm_sms)");
+  plan->callback([=] {
+    RunPlan(*plan_args, *top, *strategies, *chunks, *mem_limit, *transports, *no_partitions);
+  });
 
   auto sim_args = std::make_shared<CommonArgs>();
   auto cfg = std::make_shared<sp::SpConfig>();
@@ -233,6 +239,11 @@ void RegisterSpCommands(CLI::App& app) {
   sim->add_option("--ring", cfg->ring_degree, "Ring degree R (0 = default)");
   sim->add_option("--chunks", cfg->torus_chunks, "torus chunks")->capture_default_str();
   sim->add_flag("--one-sided", cfg->one_sided, "one-sided (NVSHMEM put/signal) transport");
+  sim->add_option("--comm-sms", cfg->comm_sms,
+                  "SMs kept free of the compute stream for communication kernels (a CUDA green "
+                  "context; 0 = the whole GPU computes)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   auto transport = std::make_shared<std::string>();
   sim->add_option("--transport", *transport,
                   "nccl | nvshmem | nvshmem-intra (puts within machines, NCCL between them); "

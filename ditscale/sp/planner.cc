@@ -48,6 +48,7 @@ std::string PlanCandidate::Name() const {
   os << config.strategy << " U=" << config.ulysses_degree << " R=" << config.ring_degree;
   if (config.strategy == "torus") os << " chunks=" << config.torus_chunks;
   os << " " << TransportDescription(config);
+  if (config.comm_sms > 0) os << " comm_sms=" << config.comm_sms;
   return os.str();
 }
 
@@ -142,6 +143,16 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
     }
   }
 
+  const int comm_sms = topology.SmallestCommSms();
+  if (options.sm_partitions && comm_sms > 0 && topology.attention_holds_sms) {
+    const size_t whole = configs.size();
+    for (size_t i = 0; i < whole; ++i) {
+      SpConfig cfg = configs[i];
+      cfg.comm_sms = comm_sms;
+      configs.push_back(cfg);
+    }
+  }
+
   PlanResult out;
   for (const SpConfig& cfg : configs) {
     Result<PlanCandidate> c = EvaluateConfig(topology, workload, cfg);
@@ -231,6 +242,7 @@ nlohmann::json PlanCandidateJson(const PlanCandidate& c) {
   j["one_sided"] = c.config.one_sided;
   j["one_sided_inter"] = c.config.one_sided_inter;
   j["transport"] = TransportName(c.config);
+  j["comm_sms"] = c.config.comm_sms;
   j["predicted_layer_s"] = c.sim.layer_s;
   j["predicted_step_s"] = c.step.step_s;
   j["linear_layer_s"] = c.step.linear_layer_s;

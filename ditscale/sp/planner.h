@@ -40,6 +40,11 @@ struct PlanOptions {
   // Skip configurations whose work memory (WorkBytesPerRank) exceeds this on some rank; 0 = no
   // limit. Skipped ones are listed in PlanResult::skipped with their memory.
   int64_t max_work_bytes_per_rank = 0;
+  // Also every configuration with an SM partition (SpConfig::comm_sms =
+  // Topology::SmallestCommSms()), where the topology describes partitions and its attention
+  // holds every SM (attention_holds_sms): the partition costs compute a few % and lets the comm
+  // streams' kernels run beside attention.
+  bool sm_partitions = true;
 };
 
 struct PlanCandidate {

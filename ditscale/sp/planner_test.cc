@@ -265,6 +265,35 @@ TEST(Planner, WorkMemoryIsReportedAndLimitsTheSearch) {
   EXPECT_TRUE(named);
 }
 
+// SM partitions double the candidates where the topology has them and its attention holds every
+// SM; the partition wins where kernel-driven transfers would wait for attention calls (emulated
+// machines: NCCL sockets) and loses its few % of compute where nothing waits (NVLink, one-sided
+// on copy engines). Without partitions in the topology, or with the option off, none is listed.
+TEST(Planner, SmPartitionsWinOnlyWhereTransfersWouldWait) {
+  const Workload w = Flux(4096);
+  Topology emulated = MakePresetTopology("h200-local", 2, 1).value();
+  PlanResult e = Plan(emulated, w).value();
+  int partitioned = 0;
+  for (const PlanCandidate& c : e.ranked) {
+    partitioned += c.config.comm_sms > 0;
+    EXPECT_EQ(PlanCandidateJson(c)["comm_sms"], c.config.comm_sms);
+  }
+  EXPECT_EQ(2 * partitioned, int(e.ranked.size() + e.skipped.size()));
+  EXPECT_EQ(e.ranked[0].config.comm_sms, 4) << e.ranked[0].Name();
+  EXPECT_NE(e.ranked[0].Name().find("comm_sms=4"), std::string::npos);
+  Topology nvlink = MakePresetTopology("h200-local", 1, 2).value();
+  PlanResult n = Plan(nvlink, w).value();
+  EXPECT_EQ(n.ranked[0].config.comm_sms, 0) << n.ranked[0].Name();
+  PlanOptions off;
+  off.sm_partitions = false;
+  for (const PlanCandidate& c : Plan(emulated, w, off).value().ranked) {
+    EXPECT_EQ(c.config.comm_sms, 0);
+  }
+  for (const PlanCandidate& c : Plan(MakePresetTopology("p4de", 2, 1).value(), w).value().ranked) {
+    EXPECT_EQ(c.config.comm_sms, 0);
+  }
+}
+
 TEST(Schedule, WorkBytesCountEveryBufferButTheLayersOwnTensors) {
   SpConfig cfg;
   cfg.strategy = "torus";

@@ -213,7 +213,9 @@ std::string PrintSchedule(const Schedule& s) {
   const SpConfig& c = s.config;
   os << "schedule " << s.strategy << ": mesh " << s.mesh.machines << "x" << s.mesh.gpus_per_machine
      << ", ulysses " << c.ulysses_degree << ", ring " << c.ring_degree << ", torus_chunks "
-     << c.torus_chunks << ", " << TransportDescription(c) << "\n";
+     << c.torus_chunks << ", " << TransportDescription(c);
+  if (c.comm_sms > 0) os << ", " << c.comm_sms << " SMs kept for communication";
+  os << "\n";
   os << "shape: batch " << s.shape.batch << ", seq " << s.shape.seq_tokens << ", text "
      << s.shape.text_tokens << ", heads " << s.shape.heads << " (kv " << s.shape.kv_heads_or_heads()
      << "), head_dim " << s.shape.head_dim << ", dtype_bytes " << s.shape.dtype_bytes << "\n";
@@ -275,6 +277,7 @@ std::string ScheduleToJson(const Schedule& s, int indent) {
                  {"one_sided", s.config.one_sided},
                  {"one_sided_inter", s.config.one_sided_inter},
                  {"transport", TransportName(s.config)},
+                 {"comm_sms", s.config.comm_sms},
                  {"placement", s.config.placement == Placement::kUlyssesOuter ? "ulysses-outer"
                                                                               : "ulysses-inner"}};
   j["shape"] = {{"batch", s.shape.batch},

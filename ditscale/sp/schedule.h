@@ -89,6 +89,11 @@ struct SpConfig {
   // them from the device (its SM count).
   int attention_slots = 0;
   int attention_tile_tokens = 128;
+  // SMs kept out of the compute stream's reach for the comm streams' kernels (NCCL's, packs):
+  // the compute stream runs in a CUDA green context of the largest partition that leaves at
+  // least this many SMs (Topology::ComputeSms). 0 = the whole GPU. Schedules do not depend on it;
+  // the simulator and the GPU executor do. attention_slots is the whole GPU's either way.
+  int comm_sms = 0;
 };
 
 // One attention layer (non-causal, softmax scale 1/sqrt(head_dim)).

@@ -86,6 +86,8 @@ class Sim {
   std::deque<int> post_queue_;
   std::vector<int> compute_running_, comm_pending_;
   int inter_flows_ = 0;
+  int compute_sms_ = 0;     // SpConfig::comm_sms > 0: the compute partition's SMs, else 0
+  double free_sm_Bps_ = 0;  // the copy rate of the SMs outside it
   double now_ = 0;
   int done_count_ = 0;
   SimResult res_;
@@ -196,7 +198,8 @@ void Sim::Post(int gid) {
       a.src = a.dst = o.rank;
       if (op.kind == OpKind::kAttention) {
         a.remaining = t_.AttentionSeconds(op.flops, double(op.src.tokens), double(op.key.tokens),
-                                          double(s_.shape.batch) * double(op.src.heads));
+                                          double(s_.shape.batch) * double(op.src.heads),
+                                          op.stream == Stream::kCompute ? compute_sms_ : 0);
       } else {
         a.remaining = t_.MemorySeconds((op.kind == OpKind::kMerge ? 3.0 : 2.0) * op.bytes);
       }
@@ -345,18 +348,25 @@ void Sim::Recompute() {
       }
     }
   }
+  // With an SM partition nothing stalls: a kernel that would wait runs on the SMs outside the
+  // partition instead, at their copy rate (resources 2n + (duplex ? 3 : 2)m + rank); one that
+  // started before the call has its SMs, as without a partition.
+  const bool partitioned = compute_sms_ > 0;
+  const int free_sms_base = int(cap.size());
+  if (partitioned) cap.resize(cap.size() + n_, free_sm_Bps_);
+  auto late = [&](const Activity& a, int rank) { return attention_since[rank] < a.t0; };
   std::vector<char> stalled(acts_.size(), 0);
   std::vector<int> sm_taking(n_, 0);  // two-sided transfers running (not stalled) per rank
   for (size_t i = 0; i < acts_.size(); ++i) {
     const Activity& a = acts_[i];
     if (a.comm_kernel) {
-      stalled[i] = attention_since[a.src] < a.t0;
+      stalled[i] = !partitioned && late(a, a.src);
       continue;
     }
     if (!a.needs_sm) continue;
-    stalled[i] =
-        a.phase != Phase::kWork && (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);
-    if (!stalled[i] && a.two_sided) {
+    stalled[i] = !partitioned && a.phase != Phase::kWork &&
+                 (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);
+    if (!stalled[i] && a.two_sided && !partitioned) {
       ++sm_taking[a.src];
       if (a.dst != a.src) ++sm_taking[a.dst];
     }
@@ -371,18 +381,31 @@ void Sim::Recompute() {
       continue;
     }
     if (a.phase == Phase::kData) {
+      internal::FlowResources f = {-1, -1, -1, -1, -1, -1};
       if (t_.SameMachine(a.src, a.dst)) {
-        flows.push_back({a.src, n_ + a.dst, -1, -1});
+        f[0] = a.src;
+        f[1] = n_ + a.dst;
       } else {
         const int from = t_.NicOf(a.src), to = t_.NicOf(a.dst);
-        flows.push_back({2 * n_ + from, 2 * n_ + m + to, duplex ? 2 * n_ + 2 * m + from : -1,
-                         duplex ? 2 * n_ + 2 * m + to : -1});
+        f[0] = 2 * n_ + from;
+        f[1] = 2 * n_ + m + to;
+        if (duplex) {
+          f[2] = 2 * n_ + 2 * m + from;
+          f[3] = 2 * n_ + 2 * m + to;
+        }
         ++inter_flows_;
       }
+      if (partitioned && a.needs_sm) {
+        if (late(a, a.src)) f[4] = free_sms_base + a.src;
+        if (late(a, a.dst)) f[5] = free_sms_base + a.dst;
+      }
+      flows.push_back(f);
       idx.push_back(i);
     } else if (a.phase == Phase::kWork && a.compute_stream) {
       // Running NCCL kernels take SMs from concurrent compute (stalled ones take none).
       a.rate = sm_taking[a.src] > 0 ? 1.0 - t_.two_sided_sm_fraction : 1.0;
+    } else if (a.phase == Phase::kWork && a.comm_kernel && partitioned && late(a, a.src)) {
+      a.rate = std::min(1.0, free_sm_Bps_ / t_.hbm_bandwidth_Bps);
     } else {
       a.rate = 1.0;
     }
@@ -411,6 +434,12 @@ Result<SimResult> Sim::Run() {
     return Failure{"schedule has " + std::to_string(s_.ranks.size()) + " rank programs for " +
                        std::to_string(s_.mesh.ranks()) + " ranks",
                    "", 0, "ranks"};
+  }
+  if (s_.config.comm_sms > 0) {
+    Result<int> sms = t_.ComputeSms(s_.config.comm_sms);
+    if (!sms.ok()) return sms.failure();
+    compute_sms_ = *sms;
+    free_sm_Bps_ = (t_.gpu_sms - compute_sms_) * t_.comm_sm_Bps;
   }
   Build();
   for (int r = 0; r < n_; ++r) {

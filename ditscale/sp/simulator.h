@@ -22,6 +22,9 @@
 //   With attention_holds_sms, a two-sided transfer (sync delay and data) makes no progress while
 //   either end's compute stream runs an attention op, and that attention op is not slowed by
 //   two_sided_sm_fraction (the NCCL kernel is not running beside it).
+//   SM partitions (SpConfig::comm_sms > 0, topology.h): attention ops on ComputeSms SMs; nothing
+//   stalls under attention_holds_sms; comm kernels and SM-driven transfers share the free SMs'
+//   copy rate while their rank runs an attention op; no two_sided_sm_fraction slow-down.
 //   Send/Recv   both sides posted (rendezvous) -> a fixed delay of two_sided_sync_s + link
 //               latency, then `op.bytes` of data; both ops complete when the data has arrived.
 //   Put         posted -> delay one_sided_overhead_s + latency, then the data; completes (and

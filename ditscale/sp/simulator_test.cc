@@ -489,6 +489,51 @@ TEST(Simulator, CommStreamKernelsWaitForAnAttentionCallThatStartedFirst) {
   }
 }
 
+// An SM partition (SpConfig::comm_sms): the attention op runs on the partition (longer by
+// gpu_sms / compute SMs without a wave model), and what attention_holds_sms stalls runs beside it
+// on the free SMs, at their copy rate: a transfer shares it, a comm kernel runs at its share of
+// HBM bandwidth. A topology without partitions refuses comm_sms.
+TEST(Simulator, SmPartitionRunsStalledKernelsBesideAttentionOnTheFreeSms) {
+  Topology t = Simple(2, 1);  // NIC 10 GB/s, HBM 1000 GB/s
+  t.attention_holds_sms = true;
+  t.two_sided_sm_fraction = 0.5;
+  t.two_sided_sync_s = t.one_sided_overhead_s = t.inter_latency_s = 0;
+  t.gpu_sms = 100;
+  t.sm_partition_step = 10;
+  t.comm_sm_Bps = 0.5e9;  // comm_sms 5 -> 90 SMs for compute, 10 free: 5 GB/s
+  const double attn = 0.2 * 100 / 90;
+  for (int comm_sms : {0, 5}) {
+    Builder x(2, 1);
+    x.s.config.comm_sms = comm_sms;
+    int pk = x.Add(0, Pack(0.001, Stream::kCommInter));
+    x.Add(0, Xfer(OpKind::kSend, 1, 1, 2'000'000'000, Stream::kCommInter, {pk}));
+    x.Add(1, Xfer(OpKind::kRecv, 0, 1, 2'000'000'000, Stream::kCommInter));
+    x.Add(0, Attention(0.2));
+    // Whole GPU: held until the call ends, then 0.2 s at the NIC rate. Partition: 5 GB/s beside
+    // the (longer) call, the rest at 10 GB/s; no SM-fraction slow-down of the call.
+    const double moved = (attn - 0.001) * 5e9;
+    EXPECT_NEAR(SimOk(x, t).layer_s, comm_sms ? attn + (2e9 - moved) / 10e9 : 0.2 + 0.2, 1e-9)
+        << comm_sms;
+    Builder k(1, 2);
+    Topology t1 = t;
+    t1.machines = 1;
+    t1.gpus_per_machine = 2;
+    k.s.config.comm_sms = comm_sms;
+    k.Add(0, Pack(0.001, Stream::kCommIntra));
+    k.Add(0, Pack(0.01, Stream::kCommIntra));  // ready 1 ms after the call started
+    k.Add(0, Attention(0.2));
+    // Partition: 5 GB/s of 1000 GB/s HBM beside the call, the rest after it.
+    const double done = (attn - 0.001) * 0.005;
+    EXPECT_NEAR(SimOk(k, t1).layer_s, comm_sms ? attn + (0.01 - done) : 0.21, 1e-9) << comm_sms;
+  }
+  Builder bad(2, 1);
+  bad.s.config.comm_sms = 4;
+  bad.Add(0, Attention(0.2));
+  auto r = Simulate(bad.s, Simple(2, 1));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.failure().ToString().find("comm_sms"), std::string::npos) << r.failure().ToString();
+}
+
 // A duplex limit (loopback sockets): one way runs at the NIC rate, two opposite flows share
 // nic_duplex between them; without the limit each direction is independent.
 TEST(Simulator, NicDuplexLimitsOppositeFlows) {

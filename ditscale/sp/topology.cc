@@ -34,6 +34,8 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.attention_flops = 200 * kTera;
     t.linear_flops = 250 * kTera;
     t.hbm_bandwidth_Bps = 1600 * kGB;
+    t.gpu_sms = 108;
+    t.sm_partition_step = 2;  // no comm_sm_Bps measured: no partitions offered
   } else if (name == "h100-8x") {
     t.gpus_per_machine = 8;
     t.intra_bandwidth_Bps = 360 * kGB;
@@ -43,6 +45,9 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.attention_flops = 600 * kTera;
     t.attention_slots = 132;
     t.attention_holds_sms = true;
+    t.gpu_sms = 132;
+    t.sm_partition_step = 8;
+    t.comm_sm_Bps = 11 * kGB;  // the H200's measurement (same SMs)
     t.linear_flops = 700 * kTera;
     t.hbm_bandwidth_Bps = 2800 * kGB;
   } else if (name == "h200-local") {
@@ -56,6 +61,9 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.attention_flops = 650 * kTera;
     t.attention_slots = 132;
     t.attention_holds_sms = true;
+    t.gpu_sms = 132;
+    t.sm_partition_step = 8;
+    t.comm_sm_Bps = 11 * kGB;  // bench/results/sp-smpart-h200/: a strided pack on 4 / 12 free SMs
     t.linear_flops = 750 * kTera;
     t.hbm_bandwidth_Bps = 4000 * kGB;
   } else {
@@ -95,11 +103,51 @@ double Topology::WaveFactor(double q_tokens, double batch_heads) const {
 }
 
 double Topology::AttentionSeconds(double flops, double q_tokens, double kv_tokens,
-                                  double batch_heads) const {
+                                  double batch_heads, int sms) const {
   if (flops <= 0) return launch_overhead_s;
   double eff = BlockEfficiency(q_tokens) * BlockEfficiency(kv_tokens);
   DS_CHECK(eff > 0, "attention block with no tokens: q=", q_tokens, " kv=", kv_tokens);
-  return launch_overhead_s + flops * WaveFactor(q_tokens, batch_heads) / (attention_flops * eff);
+  if (sms <= 0 || gpu_sms <= 0 || sms >= gpu_sms) {
+    return launch_overhead_s + flops * WaveFactor(q_tokens, batch_heads) / (attention_flops * eff);
+  }
+  // A partition: the kernel's waves shrink with the SMs (one CTA per SM), its rate with them.
+  const double share = double(sms) / gpu_sms;
+  if (attention_slots <= 0) return launch_overhead_s + flops / (attention_flops * share * eff);
+  Topology part = *this;
+  part.attention_slots = std::max(1, static_cast<int>(std::lround(attention_slots * share)));
+  return launch_overhead_s +
+         flops * part.WaveFactor(q_tokens, batch_heads) / (attention_flops * share * eff);
+}
+
+Result<int> Topology::ComputeSms(int comm_sms) const {
+  if (comm_sms == 0) return gpu_sms;
+  auto fail = [&](const std::string& why) -> Result<int> {
+    return Failure{why, name, 0, "comm_sms"};
+  };
+  if (comm_sms < 0) return fail("must be >= 0 (SMs kept free for communication)");
+  if (!SmPartitions()) {
+    return fail("topology '" + name +
+                "' describes no SM partitions (gpu_sms, sm_partition_step, comm_sm_GBps)");
+  }
+  const int sms = PartitionSms(gpu_sms, sm_partition_step, comm_sms);
+  if (sms == 0) {
+    return fail(std::to_string(comm_sms) + " of " + std::to_string(gpu_sms) +
+                " SMs leave no partition of a multiple of " + std::to_string(sm_partition_step) +
+                " SMs for compute");
+  }
+  return sms;
+}
+
+int PartitionSms(int gpu_sms, int step, int comm_sms) {
+  if (comm_sms == 0) return gpu_sms;
+  if (comm_sms < 0 || comm_sms >= gpu_sms || step <= 0) return 0;
+  const int sms = (gpu_sms - comm_sms) / step * step;
+  return sms >= step ? sms : 0;
+}
+
+int Topology::SmallestCommSms() const {
+  if (!SmPartitions() || gpu_sms <= sm_partition_step) return 0;
+  return gpu_sms - (gpu_sms - 1) / sm_partition_step * sm_partition_step;
 }
 
 double Topology::MemorySeconds(double bytes) const {
@@ -134,6 +182,11 @@ Result<bool> Topology::Validate() const {
   if (!(attention_half_tokens >= 0)) return bad("attention_half_tokens", "must be >= 0");
   if (attention_slots < 0) return bad("attention_slots", "must be >= 0 (0 = no wave model)");
   if (attention_tile_tokens < 1) return bad("attention_tile_tokens", "must be >= 1");
+  if (gpu_sms < 0) return bad("gpu_sms", "must be >= 0 (0 = unknown: no SM partitions)");
+  if (sm_partition_step < 0) return bad("sm_partition_step", "must be >= 0");
+  if (!(comm_sm_Bps >= 0) || !std::isfinite(comm_sm_Bps)) {
+    return bad("comm_sm_GBps", "must be a finite number >= 0");
+  }
   for (Positive p : {Positive{"intra_latency_us", intra_latency_s},
                      Positive{"inter_latency_us", inter_latency_s},
                      Positive{"launch_overhead_us", launch_overhead_s},
@@ -218,13 +271,23 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     if (key == "base") continue;
-    if (key == "nic_duplex_GBps" || key == "inter_compute_interference") {  // optional keys
+    if (key == "nic_duplex_GBps" || key == "inter_compute_interference" ||
+        key == "comm_sm_GBps") {  // optional keys
       if (!it->is_number()) return Fail(source, key, "must be a number");
       if (key == "nic_duplex_GBps") {
         t.nic_duplex_Bps = it->get<double>() * kGB;
+      } else if (key == "comm_sm_GBps") {
+        t.comm_sm_Bps = it->get<double>() * kGB;
       } else {
         t.inter_compute_interference = it->get<double>();
       }
+      continue;
+    }
+    if (key == "gpu_sms" || key == "sm_partition_step") {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 65536) {
+        return Fail(source, key, "must be an integer >= 0 (0 = no SM partitions)");
+      }
+      (key == "gpu_sms" ? t.gpu_sms : t.sm_partition_step) = static_cast<int>(it->get<int64_t>());
       continue;
     }
     if (key == "attention_holds_sms") {

@@ -88,7 +88,12 @@
 //       sequence length held out.
 //     attention 650 TFLOP/s: measured cuDNN attention (ATen) at hd 128 on one H200. Waves of
 //       132 CTAs (the SM count) of 128 query rows: measured (sp-attn-split-h200).
+//     132 SMs, partitions in steps of 8 (the driver's green-context granularity on compute
+//       capability 9.0, as h100-8x), 11 GB/s of copying per SM outside a partition (measured:
+//       a strided pack on 4 and on 12 free SMs, sp-smpart-h200).
 //       linear 750 TFLOP/s (76% of 989), HBM 4.0 TB/s achieved (4.8 TB/s datasheet).
+//   p4de: 108 SMs, partitions in steps of 2 (compute capability 8.0), no copy rate measured
+//     (comm_sm_Bps 0: partitions are not offered).
 //   Common overheads (all presets unless noted): kernel launch 5 us; NCCL two-sided sync 15 us
 //   per send/recv pair (rendezvous + proxy hand-off); NCCL SM fraction 0.10 (NCCL's default
 //   ~8-16 channels of 108-132 SMs); one-sided put 2 us (NVSHMEM host-initiated put on a stream).
@@ -98,7 +103,8 @@
 // microseconds). "base" names a preset whose values fill the keys not given; without "base",
 // every key is required except "nics_per_machine" (default 1; 0 = one NIC per GPU),
 // "nic_duplex_GBps" (default 0: full duplex), "inter_compute_interference" (default 0) and
-// "attention_holds_sms" (true / false, default false). Unknown keys are errors.
+// "attention_holds_sms" (true / false, default false), "gpu_sms", "sm_partition_step" (integers,
+// default 0: no SM partitions) and "comm_sm_GBps" (default 0). Unknown keys are errors.
 //   { "base": "p4de", "name": "my-cluster", "gpus_per_machine": 8,
 //     "intra_bandwidth_GBps": 240, "intra_latency_us": 5,
 //     "nic_bandwidth_GBps": 42.5, "nics_per_machine": 1, "inter_latency_us": 20,
@@ -149,6 +155,12 @@ struct Topology {
   // bench/results/sp-overlap-h200/), so a two-sided (NCCL, kernel-driven) transfer makes no
   // progress while either end runs an attention op. One-sided puts are taken to need no SM.
   bool attention_holds_sms = false;
+  // SM partitions (see above): the GPU's SMs, the granularity of a green context's SM count, and
+  // the bytes/s (read + written) one SM outside the compute partition moves for a comm kernel.
+  // Partitions are offered when all three are > 0.
+  int gpu_sms = 0;
+  int sm_partition_step = 0;
+  double comm_sm_Bps = 0;
 
   int world_size() const { return machines * gpus_per_machine; }
   int MachineOf(int rank) const { return rank / gpus_per_machine; }
@@ -166,9 +178,19 @@ struct Topology {
   // model above); 1 without it (attention_slots == 0 or batch_heads <= 0).
   double WaveFactor(double q_tokens, double batch_heads) const;
   // Seconds for an attention op: launch_overhead_s + flops * WaveFactor / (attention_flops *
-  // Eff(q) * Eff(kv)). batch_heads = 0: no wave model for this call.
-  double AttentionSeconds(double flops, double q_tokens, double kv_tokens,
-                          double batch_heads = 0) const;
+  // Eff(q) * Eff(kv)). batch_heads = 0: no wave model for this call. sms > 0: the call runs on
+  // that many of the gpu_sms SMs (a partition; see above).
+  double AttentionSeconds(double flops, double q_tokens, double kv_tokens, double batch_heads = 0,
+                          int sms = 0) const;
+  // True when the topology describes SM partitions (gpu_sms, sm_partition_step, comm_sm_Bps).
+  bool SmPartitions() const { return gpu_sms > 0 && sm_partition_step > 0 && comm_sm_Bps > 0; }
+  // The compute partition that leaves at least `comm_sms` SMs outside it: the largest multiple
+  // of sm_partition_step <= gpu_sms - comm_sms; gpu_sms for comm_sms == 0; a failure naming
+  // "comm_sms" when no partition fits or the topology has none.
+  Result<int> ComputeSms(int comm_sms) const;
+  // The smallest comm_sms > 0 whose partition exists (gpu_sms minus the largest partition below
+  // it: 4 on a 132-SM H200); 0 without SM partitions.
+  int SmallestCommSms() const;
   // Seconds for a memory-bound op moving `bytes`: launch_overhead_s + bytes / hbm_bandwidth_Bps.
   double MemorySeconds(double bytes) const;
   // Seconds for `flops` of GEMM work: flops / linear_flops (no launch overhead).
@@ -181,6 +203,11 @@ struct Topology {
   // Returns a failure naming the field.
   Result<bool> Validate() const;
 };
+
+// The SM partition rule (Topology::ComputeSms, and the GPU executor with the device's numbers):
+// the largest multiple of `step` that is <= gpu_sms - comm_sms; gpu_sms for comm_sms == 0; 0 when
+// none fits (comm_sms < 0 or >= gpu_sms, step <= 0, or the multiple would be < step).
+int PartitionSms(int gpu_sms, int step, int comm_sms);
 
 // Names of the built-in presets: {"p4de", "h100-8x", "h200-local"}.
 std::vector<std::string> PresetNames();

@@ -239,5 +239,45 @@ TEST(Topology, LoadFromFileAndPreset) {
   EXPECT_NE(missing.failure().ToString().find("/nonexistent/x.json"), std::string::npos);
 }
 
+// SM partitions: the compute partition is the largest multiple of the step that leaves at least
+// comm_sms SMs; the presets measured on Hopper describe them, p4de (no copy rate) does not; the
+// JSON keys parse and bad values name their field.
+TEST(Topology, SmPartitions) {
+  Topology h = MakePresetTopology("h200-local", 2).value();
+  EXPECT_TRUE(h.SmPartitions());
+  EXPECT_EQ(h.ComputeSms(0).value(), 132);
+  EXPECT_EQ(h.ComputeSms(4).value(), 128);
+  EXPECT_EQ(h.ComputeSms(5).value(), 120);
+  EXPECT_EQ(h.ComputeSms(12).value(), 120);
+  EXPECT_EQ(h.SmallestCommSms(), 4);
+  EXPECT_FALSE(h.ComputeSms(127).ok());  // 5 SMs: no partition of 8
+  EXPECT_EQ(h.ComputeSms(-1).failure().column, "comm_sms");
+  Topology p = MakePresetTopology("p4de", 2).value();
+  EXPECT_FALSE(p.SmPartitions());
+  EXPECT_EQ(p.SmallestCommSms(), 0);
+  EXPECT_NE(p.ComputeSms(4).failure().ToString().find("no SM partitions"), std::string::npos);
+  // The call on 128 of 132 SMs: waves of 128 CTAs (12 heads x 516 tiles: 48.4 -> 49 waves, from
+  // 46.9 -> 47 on 132), at 128/132 of the rate.
+  const double whole = h.AttentionSeconds(1e12, 66048, 66048, 12);
+  const double part = h.AttentionSeconds(1e12, 66048, 66048, 12, 128);
+  const double waves132 = 12.0 * 516 / 132, waves128 = 12.0 * 516 / 128;
+  EXPECT_NEAR((part - h.launch_overhead_s) / (whole - h.launch_overhead_s),
+              (std::ceil(waves128) / waves128) / (std::ceil(waves132) / waves132) * 132 / 128,
+              1e-9);
+  auto j = ParseTopologyJson(
+      R"({"base": "p4de", "gpu_sms": 108, "sm_partition_step": 2, "comm_sm_GBps": 10})", "c.json",
+      2);
+  ASSERT_TRUE(j.ok()) << j.failure().ToString();
+  EXPECT_EQ(j.value().SmallestCommSms(), 2);
+  EXPECT_DOUBLE_EQ(j.value().comm_sm_Bps, 10e9);
+  auto bad = ParseTopologyJson(R"({"base": "p4de", "sm_partition_step": -2})", "c.json", 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.failure().ToString().find("'sm_partition_step'"), std::string::npos)
+      << bad.failure().ToString();
+  auto neg = ParseTopologyJson(R"({"base": "p4de", "comm_sm_GBps": -1})", "c.json", 2);
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.failure().ToString().find("comm_sm_GBps"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ditscale::sp

@@ -61,7 +61,7 @@ std::vector<double> MaxMinFairRates(const std::vector<double>& capacity,
                                     const std::vector<std::array<int, 2>>& flows) {
   std::vector<FlowResources> wide;
   wide.reserve(flows.size());
-  for (const auto& f : flows) wide.push_back({f[0], f[1], -1, -1});
+  for (const auto& f : flows) wide.push_back({f[0], f[1], -1, -1, -1, -1});
   return MaxMinFairRatesWide(capacity, wide);
 }
 

@@ -8,7 +8,7 @@ namespace ditscale::sp::internal {
 
 // The resources one flow crosses (up to four: e.g. a NIC's egress, the peer NIC's ingress and
 // both NICs' duplex limits); -1 = unused slot.
-using FlowResources = std::array<int, 4>;
+using FlowResources = std::array<int, 6>;
 
 // capacity[r] > 0: capacity of resource r (bytes/s). flows[f]: the resources flow f crosses.
 // Returns the max-min fair rate of every flow: rates are raised together until some resource is

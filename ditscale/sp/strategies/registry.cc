@@ -85,6 +85,7 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
   }
   if (c.attention_slots < 0) return Bad("attention_slots", "must be >= 0 (0 = no alignment)");
   if (c.attention_tile_tokens < 1) return Bad("attention_tile_tokens", "must be >= 1");
+  if (c.comm_sms < 0) return Bad("comm_sms", "must be >= 0 (0 = the whole GPU for compute)");
   if (c.torus_chunks > 1 && c.strategy == "ulysses" && c.ulysses_degree < 2) {
     return Bad("torus_chunks", "head chunks need ulysses_degree >= 2 (one rank has no all-to-all)");
   }

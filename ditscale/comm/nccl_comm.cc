@@ -126,6 +126,11 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks,
   std::memcpy(&uid, id.bytes.data(), sizeof(uid));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once, so that a missing peer cannot hang us
+  // Kernels of single CTAs, not NCCL's clusters of 4 on Hopper: a cluster must fit in one GPU
+  // processing cluster, and the few SMs the GPU executor leaves outside a compute partition
+  // (SpConfig::comm_sms) held none (the send/recv then waited for the attention call;
+  // bench/results/sp-smpart-h200/).
+  config.cgaClusterSize = 1;
   if (channels_per_net_peer > 0) {
 #if NCCL_VERSION_CODE >= 22800
     config.nChannelsPerNetPeer = channels_per_net_peer;

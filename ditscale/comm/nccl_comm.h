@@ -46,7 +46,8 @@ class NcclComm {
   // number of ranks and what it waited for.
   // channels_per_net_peer > 0 sets ncclConfig_t::nChannelsPerNetPeer (NCCL >= 2.28): how many
   // channels, hence sockets / network flows, a send/recv to one peer over the network transport
-  // uses (0 = NCCL's default; must be in [0, 64]).
+  // uses (0 = NCCL's default; must be in [0, 64]). Kernels launch as single CTAs
+  // (ncclConfig_t::cgaClusterSize 1), so that they fit beside a partitioned compute stream.
   static Result<std::unique_ptr<NcclComm>> Create(const NcclId& id, int nranks, int rank,
                                                   int device, double timeout_s = 60,
                                                   int channels_per_net_peer = 0);

@@ -15,6 +15,7 @@
 #include "ditscale/kernels/attn_merge.h"
 #include "ditscale/kernels/layout.h"
 #include "ditscale/runtime/gpu_executor.h"
+#include "ditscale/runtime/sm_partition.h"
 
 namespace ditscale::runtime {
 namespace {
@@ -295,10 +296,21 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
   Impl& im = *ex->impl_;
   int lo = 0, hi = 0;
   DS_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  const int comm_sms = ex->schedule_.config.comm_sms;
   for (int s = 0; s < sp::kNumStreams; ++s) {
+    DS_CUDA(cudaEventCreateWithFlags(&im.end[s], cudaEventDisableTiming));
+    if (s == 0 && comm_sms > 0) {
+      // The compute stream in an SM partition (sm_partition.h), the rest for the comm streams.
+      auto sms = ComputeSmsForDevice(device, comm_sms);
+      if (!sms.ok()) return sms.failure();
+      auto st = CreatePartitionStream(device, *sms, lo);
+      if (!st.ok()) return st.failure();
+      im.streams[0] = static_cast<cudaStream_t>(*st);
+      ex->compute_sms_ = *sms;
+      continue;
+    }
     // Comm streams at the highest priority: their kernels are short and gate other ranks.
     DS_CUDA(cudaStreamCreateWithPriority(&im.streams[s], cudaStreamNonBlocking, s == 0 ? lo : hi));
-    DS_CUDA(cudaEventCreateWithFlags(&im.end[s], cudaEventDisableTiming));
   }
   DS_CUDA(cudaEventCreateWithFlags(&im.start, cudaEventDisableTiming));
   DS_CUDA(cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming));

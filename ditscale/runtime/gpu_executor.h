@@ -8,6 +8,10 @@
 // order); the caller's stream is joined at the start and waits for all three streams at the end,
 // so the executor behaves like one asynchronous op on the caller's stream.
 //
+// With SpConfig::comm_sms > 0 the compute stream is a stream of a CUDA green context holding
+// all but (at least) comm_sms of the GPU's SMs, so that the comm streams' kernels (NCCL's, packs,
+// NVSHMEM's) run beside cuDNN's attention calls instead of after them (sm_partition.h).
+//
 // Ops: Send/Recv -> NCCL on the communicator of the op's comm stream (groups -> ncclGroupStart /
 // End); Put/Signal/Wait -> NVSHMEM put-with-signal / signal / wait-until on the stream, or copy
 // engines and stream memory operations (OneSidedEngine below); Attention
@@ -134,6 +138,9 @@ class GpuExecutor {
   int64_t arena_bytes() const { return plans_[rank_].arena_bytes; }
   // The engine of the one-sided ops (kAuto resolved; kAuto when the schedule has none).
   OneSidedEngine engine() const { return engine_; }
+  // The SMs the compute stream runs on when the schedule keeps some for communication
+  // (SpConfig::comm_sms > 0: a CUDA green context, sm_partition.h); 0 = the whole GPU.
+  int compute_sms() const { return compute_sms_; }
   int64_t layers_run() const { return layers_; }
 
  private:
@@ -160,6 +167,7 @@ class GpuExecutor {
   char* arena_ = nullptr;
   bool symmetric_ = false;
   OneSidedEngine engine_ = OneSidedEngine::kAuto;
+  int compute_sms_ = 0;
   comm::PeerArena* peer_arena_ = nullptr;  // kCopyEngine: owns arena_
   std::vector<char*> peer_base_;           // kCopyEngine: each rank's arena, resolved at first Run
   SlotSignals slots_;                      // kCopyEngine

@@ -320,10 +320,12 @@ struct SpRuntime : torch::CustomClassHolder {
   // tokens). q, k, v: [B, S_local, H, D] CUDA tensors of this rank's shard; seq_total: S of all
   // ranks; text_*: [B, T, H, D] or undefined. one_sided_inter (with one_sided): puts also between
   // machines; false = puts within machines, NCCL between them (SpConfig::one_sided_inter).
+  // comm_sms > 0: the compute stream in an SM partition leaving that many SMs (SpConfig::comm_sms).
   std::vector<Tensor> attention(std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks,
-                                bool one_sided, bool one_sided_inter, int64_t seq_total, Tensor q,
-                                Tensor k, Tensor v, std::optional<Tensor> tq,
-                                std::optional<Tensor> tk, std::optional<Tensor> tv) {
+                                bool one_sided, bool one_sided_inter, int64_t comm_sms,
+                                int64_t seq_total, Tensor q, Tensor k, Tensor v,
+                                std::optional<Tensor> tq, std::optional<Tensor> tk,
+                                std::optional<Tensor> tv) {
     TORCH_CHECK(q.is_cuda() && q.device().index() == device_,
                 "ditscale.sp.attention: q must be on cuda:", device_);
     const sp::AttentionShape shape =
@@ -332,7 +334,7 @@ struct SpRuntime : torch::CustomClassHolder {
     c10::cuda::CUDAGuard guard(q.device());
     const kernels::DType dt = DTypeOf(q.scalar_type());
     runtime::GpuExecutor& ex =
-        Executor(strategy, ulysses, ring, chunks, one_sided, one_sided_inter, shape, dt);
+        Executor(strategy, ulysses, ring, chunks, one_sided, one_sided_inter, comm_sms, shape, dt);
     const sp::RankProgram& p = ex.schedule().ranks[rank_];
     TORCH_CHECK(p.image_token_count == q.size(1), "ditscale.sp.attention: rank ", rank_, " holds ",
                 q.size(1), " image tokens, but strategy '", strategy, "' on this mesh ",
@@ -380,6 +382,9 @@ struct SpRuntime : torch::CustomClassHolder {
           std::get<5>(key) == inter) {
         os << "transport " << sp::TransportDescription(ex->schedule().config);
         if (ex->plan().uses_nvshmem) os << ", one-sided engine " << runtime::ToString(ex->engine());
+        if (ex->compute_sms() > 0) {
+          os << ", compute stream on " << ex->compute_sms() << " of " << sm_count_ << " SMs";
+        }
         os << "\n";
         os << runtime::PrintPlan(ex->schedule(), ex->plan());
         os << "arena bytes " << ex->arena_bytes() << ", attention " << attention_.backend() << "\n";
@@ -420,9 +425,9 @@ struct SpRuntime : torch::CustomClassHolder {
   void clear() { executors_.clear(); }
 
  private:
-  // (strategy, U, R, chunks, one_sided, one_sided_inter, shape..., dtype).
+  // (strategy, U, R, chunks, one_sided, one_sided_inter, comm_sms, shape..., dtype).
   using Key = std::tuple<std::string, int64_t, int64_t, int64_t, bool, bool, int64_t, int64_t,
-                         int64_t, int64_t, int64_t, int64_t, int>;
+                         int64_t, int64_t, int64_t, int64_t, int64_t, int>;
 
   std::unique_ptr<comm::NcclComm> MakeComm(const Tensor& id, const char* what, double timeout_s) {
     // $DITSCALE_SP_NET_CHANNELS_PER_PEER: NCCL channels per peer over the network transport of
@@ -446,12 +451,12 @@ struct SpRuntime : torch::CustomClassHolder {
   }
 
   runtime::GpuExecutor& Executor(const std::string& strategy, int64_t u, int64_t r, int64_t chunks,
-                                 bool one_sided, bool one_sided_inter, const sp::AttentionShape& s,
-                                 kernels::DType dt) {
+                                 bool one_sided, bool one_sided_inter, int64_t comm_sms,
+                                 const sp::AttentionShape& s, kernels::DType dt) {
     // The scope means nothing without one_sided: one key for the two-sided executor.
     const bool inter = !one_sided || one_sided_inter;
     const Key key =
-        std::make_tuple(strategy, u, r, chunks, one_sided, inter, s.batch, s.seq_tokens,
+        std::make_tuple(strategy, u, r, chunks, one_sided, inter, comm_sms, s.batch, s.seq_tokens,
                         s.text_tokens, s.heads, s.kv_heads, s.head_dim, static_cast<int>(dt));
     auto it = executors_.find(key);
     if (it != executors_.end()) return *it->second;
@@ -461,7 +466,7 @@ struct SpRuntime : torch::CustomClassHolder {
                                                    : sp_nvshmem_unavailable(),
                   ")");
     }
-    sp::SpConfig cfg = SpConfigOf(strategy, u, r, chunks, one_sided, inter);
+    sp::SpConfig cfg = SpConfigOf(strategy, u, r, chunks, one_sided, inter, comm_sms);
     // Waves of the attention kernel (cuDNN's forward: one 128-row CTA per SM at a time,
     // bench/results/sp-attn-split-h200/), for strategies that cut the call on whole waves.
     cfg.attention_slots = sm_count_;
@@ -502,12 +507,13 @@ std::tuple<Tensor, std::string> sp_replay_compute(std::string strategy, int64_t 
                                                   int64_t machines, int64_t gpus_per_machine,
                                                   int64_t rank, int64_t batch, int64_t seq,
                                                   int64_t text, int64_t heads, int64_t kv_heads,
-                                                  int64_t head_dim, int64_t iters, int64_t warmup) {
+                                                  int64_t head_dim, int64_t iters, int64_t warmup,
+                                                  int64_t comm_sms) {
   TORCH_CHECK(at::cuda::is_available(), "ditscale.sp.replay_compute: no CUDA device");
   TORCH_CHECK(iters >= 1 && warmup >= 0, "ditscale.sp.replay_compute: iters >= 1, warmup >= 0");
   const int device = c10::cuda::current_device();
   sp::SpMesh mesh{static_cast<int>(machines), static_cast<int>(gpus_per_machine)};
-  sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, one_sided, true);
+  sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, one_sided, true, comm_sms);
   cfg.attention_slots = at::cuda::getDeviceProperties(device)->multiProcessorCount;
   sp::AttentionShape shape;
   shape.batch = batch;
@@ -576,7 +582,8 @@ std::tuple<Tensor, std::string> sp_replay_compute(std::string strategy, int64_t 
 std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
     std::string strategy, int64_t ulysses, int64_t ring, int64_t chunks, int64_t machines,
     int64_t gpus_per_machine, Tensor q, Tensor k, Tensor v, std::optional<Tensor> tq,
-    std::optional<Tensor> tk, std::optional<Tensor> tv, int64_t layers, double timeout_s) {
+    std::optional<Tensor> tk, std::optional<Tensor> tv, int64_t layers, double timeout_s,
+    int64_t comm_sms) {
   const char* who = "ditscale.sp.run_local";
   TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), who, ": q, k, v must be CUDA tensors");
   TORCH_CHECK(layers >= 1, who, ": layers >= 1");
@@ -586,7 +593,7 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
   c10::cuda::CUDAGuard guard(q.device());
   const kernels::DType dt = DTypeOf(q.scalar_type());
   sp::SpMesh mesh{static_cast<int>(machines), static_cast<int>(gpus_per_machine)};
-  sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, true, true);
+  sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, true, true, comm_sms);
   cfg.attention_slots = at::cuda::getDeviceProperties(device)->multiProcessorCount;
   auto sched = sp::BuildSchedule(mesh, cfg, shape);
   TORCH_CHECK(sched.ok(), who, ": ", sched.failure().ToString());
@@ -705,6 +712,7 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
   info << "engine " << runtime::ToString(ex[0]->engine())
        << (SignalByCopyFromEnv() ? " (signals by copy)" : "") << ", arena " << ex[0]->arena_bytes()
        << " bytes per rank, " << n << " ranks on device " << device;
+  if (ex[0]->compute_sms() > 0) info << ", compute streams on " << ex[0]->compute_sms() << " SMs";
   return {first, last, joint ? at::stack(touts) : at::empty({0}, q.options()), info.str()};
 }
 

@@ -43,10 +43,11 @@ sp::Topology LoadTopo(const std::string& topology, int64_t machines, int64_t gpu
 std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, int64_t text,
                     int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
                     std::string topology, std::vector<std::string> strategies, bool one_sided,
-                    bool one_sided_intra) {
+                    bool one_sided_intra, bool sm_partitions) {
   const sp::Topology topo = LoadTopo(topology, machines, gpus);
   sp::PlanOptions po;
   po.strategies = strategies;
+  po.sm_partitions = sm_partitions;
   po.one_sided = one_sided;
   // The intra-only variant ("nvshmem-intra") is a one-sided transport too: off with one_sided.
   po.one_sided_intra_only = one_sided && one_sided_intra;
@@ -66,9 +67,10 @@ std::string sp_plan(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, 
 std::string sp_predict(int64_t machines, int64_t gpus, int64_t batch, int64_t seq, int64_t text,
                        int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
                        std::string topology, std::string strategy, int64_t ulysses, int64_t ring,
-                       int64_t chunks, bool one_sided, bool one_sided_inter) {
+                       int64_t chunks, bool one_sided, bool one_sided_inter, int64_t comm_sms) {
   const sp::Topology topo = LoadTopo(topology, machines, gpus);
-  const sp::SpConfig cfg = SpConfigOf(strategy, ulysses, ring, chunks, one_sided, one_sided_inter);
+  const sp::SpConfig cfg =
+      SpConfigOf(strategy, ulysses, ring, chunks, one_sided, one_sided_inter, comm_sms);
   auto c = sp::EvaluateConfig(
       topo, AttentionWorkload(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes), cfg);
   TORCH_CHECK(c.ok(), "ditscale.sp: ", c.failure().ToString());
@@ -78,17 +80,18 @@ std::string sp_predict(int64_t machines, int64_t gpus, int64_t batch, int64_t se
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ditscale, m) {
-  // The trailing transport-scope arguments default so that calls written before they existed
-  // keep their meaning (one-sided = puts on every link, plus the intra-only variant in plans).
+  // The trailing transport-scope and SM-partition arguments default so that calls written before
+  // they existed keep their meaning (one-sided = puts on every link, plus the intra-only variant
+  // in plans; plans list the partitioned candidates, a prediction is for the whole GPU).
   m.def(
       "sp_plan(int machines, int gpus, int batch, int seq, int text, int heads, int kv_heads, "
       "int head_dim, int dtype_bytes, str topology, str[] strategies, bool one_sided, "
-      "bool one_sided_intra=True) -> str",
+      "bool one_sided_intra=True, bool sm_partitions=True) -> str",
       &sp_plan);
   m.def(
       "sp_predict(int machines, int gpus, int batch, int seq, int text, int heads, int kv_heads, "
       "int head_dim, int dtype_bytes, str topology, str strategy, int ulysses, int ring, "
-      "int chunks, bool one_sided, bool one_sided_inter=True) -> str",
+      "int chunks, bool one_sided, bool one_sided_inter=True, int comm_sms=0) -> str",
       &sp_predict);
 }
 

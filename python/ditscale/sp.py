@@ -34,6 +34,14 @@ put-with-signal, signal and wait for every peer: kernels, which wait for the SMs
 ``$DITSCALE_SP_CE_SIGNAL=copy`` makes the copy-engine engine's signals 8-byte copies of a word
 written locally instead of stream writes into the peer's memory.
 
+``comm_sms=k`` keeps at least k SMs out of the compute stream's reach: the executor runs its
+compute stream in a CUDA green context of the largest SM partition that leaves k (on an H200,
+k = 4 -> 128 of 132 SMs), so that kernels of the comm streams (NCCL's send/recv, packs, NVSHMEM's
+puts) run beside cuDNN's attention calls instead of after them, for a few % of compute
+(bench/results/sp-smpart-h200/). ``strategy="auto"`` lets the planner choose it (it pays where
+transfers are kernels on a slow link: emulated machines); an explicit strategy uses
+``$DITSCALE_SP_COMM_SMS`` (default 0: the whole GPU computes).
+
 Emulated machines: ``emulate_machines(m)`` gives the processes of each group of
 ``LOCAL_WORLD_SIZE / m`` consecutive local ranks their own ``NCCL_HOSTID``, so NCCL (ours and
 torch.distributed's) treats the groups as different hosts: its socket transport between them,
@@ -255,12 +263,13 @@ def _runtime(mesh: Mesh, device: torch.device, timeout_s: float = 120.0) -> _Run
 
 def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: int,
          kv_heads: int = 0, dtype_bytes: int = 2, topology: Optional[str] = None,
-         strategies=(), one_sided: Optional[bool] = None) -> dict:
+         strategies=(), one_sided: Optional[bool] = None, sm_partitions: bool = True) -> dict:
     """The planner's ranking for one attention layer on ``mesh`` (simulated with
     ``topology``): {"ranked": [{"name", "strategy", "ulysses_degree", "ring_degree", "torus_chunks",
-    "one_sided", "one_sided_inter", "transport", "predicted_layer_s", ...}], "explanation": ...}.
-    ``one_sided`` (default: when NVSHMEM is available) adds the one-sided candidates: "nvshmem"
-    and, on more than one machine, "nvshmem-intra"."""
+    "one_sided", "one_sided_inter", "transport", "comm_sms", "predicted_layer_s", ...}],
+    "explanation": ...}. ``one_sided`` (default: when NVSHMEM is available) adds the one-sided
+    candidates: "nvshmem" and, on more than one machine, "nvshmem-intra". ``sm_partitions`` adds
+    each candidate with SMs kept for communication (``comm_sms``), where the topology has them."""
     if not _ops.is_available():
         raise RuntimeError(f"ditscale.sp.plan: {_ops.load_error()}")
     topology = topology or default_topology()
@@ -268,15 +277,16 @@ def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: i
         one_sided = not torch.ops.ditscale.sp_nvshmem_unavailable()
     return json.loads(torch.ops.ditscale.sp_plan(
         mesh.machines, mesh.gpus_per_machine, batch, seq, text, heads, kv_heads, head_dim,
-        dtype_bytes, topology, list(strategies), bool(one_sided), bool(one_sided)))
+        dtype_bytes, topology, list(strategies), bool(one_sided), bool(one_sided),
+        bool(sm_partitions)))
 
 
 def predict(mesh: Mesh, *, strategy: str, batch: int, seq: int, text: int, heads: int,
             head_dim: int, kv_heads: int = 0, dtype_bytes: int = 2, chunks: int = 1,
             transport: str = "nccl", ulysses_degree: int = 0, ring_degree: int = 0,
-            topology: Optional[str] = None) -> float:
+            topology: Optional[str] = None, comm_sms: int = 0) -> float:
     """The simulator's time of one attention layer (seconds) for a configuration
-    (``transport``: one of TRANSPORTS)."""
+    (``transport``: one of TRANSPORTS; ``comm_sms``: SMs kept for communication)."""
     one_sided, one_sided_inter = _transport_flags(transport, "ditscale.sp.predict")
     if not _ops.is_available():
         raise RuntimeError(f"ditscale.sp.predict: {_ops.load_error()}")
@@ -284,7 +294,7 @@ def predict(mesh: Mesh, *, strategy: str, batch: int, seq: int, text: int, heads
     j = json.loads(torch.ops.ditscale.sp_predict(
         mesh.machines, mesh.gpus_per_machine, batch, seq, text, heads, kv_heads, head_dim,
         dtype_bytes, topology, strategy, ulysses_degree, ring_degree, chunks, one_sided,
-        one_sided_inter))
+        one_sided_inter, int(comm_sms)))
     return float(j["predicted_layer_s"])
 
 
@@ -317,9 +327,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
               strategy: str = "auto", joint_q: Optional[torch.Tensor] = None,
               joint_k: Optional[torch.Tensor] = None, joint_v: Optional[torch.Tensor] = None,
               chunks: Optional[int] = None, transport: str = "nccl",
-              ulysses_degree: int = 0, ring_degree: int = 0, topology: Optional[str] = None):
+              ulysses_degree: int = 0, ring_degree: int = 0, topology: Optional[str] = None,
+              comm_sms: Optional[int] = None):
     """Sequence-parallel attention of this rank's image-token shard (see the module docstring).
-    Returns ``out`` [B, S_local, H, D], or ``(out, joint_out)`` when ``joint_q`` is given."""
+    Returns ``out`` [B, S_local, H, D], or ``(out, joint_out)`` when ``joint_q`` is given.
+    ``comm_sms``: SMs kept out of the compute stream for communication kernels (None: the
+    planner's choice with strategy="auto", else ``$DITSCALE_SP_COMM_SMS`` or 0)."""
     joint = joint_q is not None
     if (joint_k is None) != (joint_q is None) or (joint_v is None) != (joint_q is None):
         raise ValueError("ditscale.sp.attention: joint_q, joint_k and joint_v go together")
@@ -347,6 +360,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
         strategy = best["strategy"]
         ulysses_degree, ring_degree = best["ulysses_degree"], best["ring_degree"]
         chunks = best["torus_chunks"]
+        if comm_sms is None:
+            comm_sms = int(best.get("comm_sms", 0))
+    if comm_sms is None:
+        comm_sms = _env_comm_sms()
+    if comm_sms < 0:
+        raise ValueError(f"ditscale.sp.attention: comm_sms must be >= 0, got {comm_sms}")
     if strategy not in STRATEGIES:
         raise ValueError(f"ditscale.sp.attention: unknown strategy {strategy!r}; one of "
                          f"{STRATEGIES + ('auto',)}")
@@ -355,9 +374,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     if one_sided:
         rt.ensure_nvshmem()
     out, jout = rt.obj.attention(strategy, int(ulysses_degree), int(ring_degree), int(chunks),
-                                 one_sided, one_sided_inter, seq_total, q, k, v, joint_q, joint_k,
-                                 joint_v)
+                                 one_sided, one_sided_inter, int(comm_sms), seq_total, q, k, v,
+                                 joint_q, joint_k, joint_v)
     return (out, jout) if joint else out
+
+
+def _env_comm_sms() -> int:
+    """$DITSCALE_SP_COMM_SMS as an integer >= 0 (0 when unset)."""
+    text = os.environ.get("DITSCALE_SP_COMM_SMS", "").strip()
+    if not text:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"ditscale.sp: $DITSCALE_SP_COMM_SMS must be an integer >= 0, got "
+                         f"{text!r}")
+    return value
 
 
 def synchronize(mesh: Mesh, device: Optional[torch.device] = None, timeout_s: float = 60.0):
@@ -403,7 +437,7 @@ def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
               machines: int = 1, gpus_per_machine: int, chunks: int = 1, ulysses_degree: int = 0,
               ring_degree: int = 0, joint_q: Optional[torch.Tensor] = None,
               joint_k: Optional[torch.Tensor] = None, joint_v: Optional[torch.Tensor] = None,
-              layers: int = 1, timeout_s: float = 60.0):
+              layers: int = 1, timeout_s: float = 60.0, comm_sms: int = 0):
     """Every rank of a strategy's one-sided schedule in this process, on q's GPU: the real GPU
     executor per rank (own streams), its puts and signals by copy engines and stream memory
     operations between the ranks' buffers. ``q, k, v``: the FULL ``[B, S, H, D]`` inputs
@@ -411,7 +445,8 @@ def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
     engine on one GPU against dense attention (not a speed measurement: the ranks share the GPU).
     Runs ``layers`` layers; returns ``(out_first, out_last, text_out, info)``: the full ``[B, S, H,
     D]`` outputs of the first and last layer, each rank's text output stacked ``[ranks, B, T, H,
-    D]`` (None without text) and a description (engine, arena bytes). A rank's stream waits
+    D]`` (None without text) and a description (engine, arena bytes). ``comm_sms`` > 0 runs
+    every rank's compute stream in an SM partition (see the module docstring). A rank's stream waits
     block a CUDA hardware queue: with more than two ranks set ``CUDA_DEVICE_MAX_CONNECTIONS=32``
     before CUDA starts, or the ranks' queues may be shared and block each other."""
     joint = [joint_q, joint_k, joint_v]
@@ -426,7 +461,8 @@ def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, strategy: st
                            "sequence-parallel runtime")
     first, last, text_out, info = torch.ops.ditscale.sp_run_local(
         strategy, int(ulysses_degree), int(ring_degree), int(chunks), int(machines),
-        int(gpus_per_machine), q, k, v, joint_q, joint_k, joint_v, int(layers), float(timeout_s))
+        int(gpus_per_machine), q, k, v, joint_q, joint_k, joint_v, int(layers), float(timeout_s),
+        int(comm_sms))
     return first, last, (text_out if joint_q is not None else None), info
 
 
@@ -434,16 +470,17 @@ def replay_compute(strategy: str, *, machines: int, gpus_per_machine: int, rank:
                    batch: int = 1, seq: int, text: int = 0, heads: int, kv_heads: int = 0,
                    head_dim: int = 128, chunks: int = 1, ulysses_degree: int = 0,
                    ring_degree: int = 0, transport: str = "nccl", iters: int = 5,
-                   warmup: int = 1) -> Tuple[List[float], str]:
+                   warmup: int = 1, comm_sms: int = 0) -> Tuple[List[float], str]:
     """One rank's compute of a strategy, replayed alone on the current GPU: the GPU executor runs
     the rank's schedule with every transfer skipped, so its attention calls, merges and copies
     run as they would if communication were free (random bf16 inputs; the output is
-    meaningless). No process group, one GPU: what a schedule's cuts cost in compute, measured.
+    meaningless). No process group, one GPU: what a schedule's cuts cost in compute, measured
+    (``comm_sms`` > 0: on the SM partition that leaves that many SMs).
     Returns (ms of each timed layer, the per-unit timeline of one traced layer as text)."""
     one_sided, _ = _transport_flags(transport, "ditscale.sp.replay_compute")
     _require()
     ms, text_tl = torch.ops.ditscale.sp_replay_compute(
         strategy, int(ulysses_degree), int(ring_degree), int(chunks), one_sided, int(machines),
         int(gpus_per_machine), int(rank), int(batch), int(seq), int(text), int(heads),
-        int(kv_heads), int(head_dim), int(iters), int(warmup))
+        int(kv_heads), int(head_dim), int(iters), int(warmup), int(comm_sms))
     return ms.tolist(), text_tl

@@ -1,7 +1,7 @@
 """The one-sided strategies through the GPU executor's copy-engine engine, every rank in one
 process on one GPU (ditscale.sp.run_local), against fp32 attention over the full sequence.
 
-    CUDA_DEVICE_MAX_CONNECTIONS=32 [DITSCALE_SP_CE_SIGNAL=copy] python tests/gpu/sp_local_check.py [--quick]
+    CUDA_DEVICE_MAX_CONNECTIONS=32 [DITSCALE_SP_CE_SIGNAL=copy] python tests/gpu/sp_local_check.py [--quick] [--comm-sms 4]
 
 Each case builds the strategy's one-sided schedule for a mesh (1x2, 1x4, 2x1, 2x2), runs every
 rank's executor on its own streams (puts = cudaMemcpyAsync into the peer rank's buffer, signals =
@@ -10,7 +10,8 @@ checks the output of the first layer against the reference (bf16/fp16 tolerance:
 max |ref| <= 2e-2), every rank's joint-text output likewise, and that the third layer (signal
 words grown by two layers) gives the first layer's bits. Shapes: joint text tokens, batch 2, an
 uneven sequence split, uneven heads, grouped kv heads, fp16. Prints one line per case and a
-table; exits 1 on any failure.
+table; exits 1 on any failure. With --comm-sms k every rank's compute stream runs in the SM
+partition that leaves k SMs (a CUDA green context) and each case also checks that it did.
 """
 
 import argparse
@@ -28,6 +29,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases")
     ap.add_argument("--tol", type=float, default=2e-2)
+    ap.add_argument("--comm-sms", type=int, default=0,
+                    help="SMs kept out of the compute streams (SM partition); 0 = whole GPU")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("sp_local_check: no CUDA device", file=sys.stderr)
@@ -66,16 +69,19 @@ def main(argv=None):
                 try:
                     first, last, tout, info = sp.run_local(
                         q, k, v, strategy=strategy, machines=machines, gpus_per_machine=gpus,
-                        chunks=chunks, layers=3, timeout_s=60, **joint)
+                        chunks=chunks, layers=3, timeout_s=60, comm_sms=args.comm_sms, **joint)
                     rel = (first.float() - ref[:, T:]).abs().max().item() / scale
                     if T:
                         rel = max(rel, (tout.float() - ref[:, :T].unsqueeze(0)).abs().max().item()
                                   / scale)
                     same = torch.equal(first, last)
-                    ok = rel <= args.tol and same and not refusal and "copy-engine" in info
+                    partitioned = args.comm_sms == 0 or "compute streams on" in info
+                    ok = (rel <= args.tol and same and not refusal and "copy-engine" in info
+                          and partitioned)
                     status = ("ok" if ok else "NOT REFUSED" if refusal else
                               "LAYERS DIFFER" if not same else
-                              "NOT COPY-ENGINE" if "copy-engine" not in info else "WRONG")
+                              "NOT COPY-ENGINE" if "copy-engine" not in info else
+                              "NOT PARTITIONED" if not partitioned else "WRONG")
                 except Exception as e:  # noqa: BLE001 - reported, then the next case
                     msg = str(e)
                     if "did not finish" in msg:  # a blocked stream stays blocked: stop here

@@ -94,8 +94,14 @@ def test_plan_and_predict_use_the_simulator():
     best = ranked[0]
     t = sp.predict(mesh, strategy=best["strategy"], batch=1, seq=65536, text=512, heads=24,
                    head_dim=128, chunks=best["torus_chunks"], ulysses_degree=best["ulysses_degree"],
-                   ring_degree=best["ring_degree"])
+                   ring_degree=best["ring_degree"], comm_sms=best["comm_sms"])
     assert t == pytest.approx(best["predicted_layer_s"], rel=1e-9)
+    # Emulated machines: the planner keeps 4 of the H200's SMs for NCCL's socket kernels; without
+    # SM partitions no candidate does.
+    assert best["comm_sms"] == 4
+    whole = sp.plan(mesh, batch=1, seq=65536, text=512, heads=24, head_dim=128, one_sided=False,
+                    sm_partitions=False)["ranked"]
+    assert all(c["comm_sms"] == 0 for c in whole) and len(whole) * 2 == len(ranked)
     # On one machine Ulysses moves 4x (S/N)*H*d per rank; over a socket link it is much slower.
     fast = sp.predict(sp.Mesh(1, 2), strategy="ulysses", batch=1, seq=65536, text=512, heads=24,
                       head_dim=128)
@@ -193,7 +199,7 @@ def test_plan_lists_intra_one_sided_across_machines_only():
     assert "one-sided intra / two-sided inter" in best["name"]
     t = sp.predict(sp.Mesh(2, 2), strategy=best["strategy"], chunks=best["torus_chunks"],
                    ulysses_degree=best["ulysses_degree"], ring_degree=best["ring_degree"],
-                   transport="nvshmem-intra", **kw)
+                   transport="nvshmem-intra", comm_sms=best["comm_sms"], **kw)
     assert t == pytest.approx(best["predicted_layer_s"], rel=1e-9)
     one = sp.plan(sp.Mesh(1, 4), one_sided=True, **kw)["ranked"]
     assert {c["transport"] for c in one} == {"nccl", "nvshmem"}
@@ -217,3 +223,14 @@ def test_run_local_validates_its_arguments_before_the_gpu():
         sp.run_local(q, q, q, strategy="ring", gpus_per_machine=2, joint_q=q)
     with pytest.raises(ValueError, match="strategy 'auto'"):
         sp.run_local(q, q, q, strategy="auto", gpus_per_machine=2)
+
+
+def test_comm_sms_from_the_environment(monkeypatch):
+    monkeypatch.delenv("DITSCALE_SP_COMM_SMS", raising=False)
+    assert sp._env_comm_sms() == 0
+    monkeypatch.setenv("DITSCALE_SP_COMM_SMS", "4")
+    assert sp._env_comm_sms() == 4
+    for bad in ("-4", "four"):
+        monkeypatch.setenv("DITSCALE_SP_COMM_SMS", bad)
+        with pytest.raises(ValueError, match="DITSCALE_SP_COMM_SMS"):
+            sp._env_comm_sms()

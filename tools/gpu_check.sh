@@ -98,6 +98,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
          $PY tests/gpu/sp_local_check.py ${SP_LOCAL_ARGS:-}
     has test && step sp-local-check-signal-copy 300 env CUDA_DEVICE_MAX_CONNECTIONS=32 \
          DITSCALE_SP_CE_SIGNAL=copy $PY tests/gpu/sp_local_check.py --quick
+    # The same with every rank's compute stream in an SM partition (a CUDA green context).
+    has test && step sp-local-check-partition 300 env CUDA_DEVICE_MAX_CONNECTIONS=32 \
+         $PY tests/gpu/sp_local_check.py --quick --comm-sms 4
     has replay && step sp-replay 300 $PY bench/sp/replay_compute.py --out "$SPD/replay"
     has split && step sp-split 300 $PY bench/sp/attn_split_probe.py --out "$SPD/split"
     # What runs beside a cuDNN attention call (it holds every SM): SM kernels, copy engines,
@@ -105,6 +108,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     if has overlap; then
       step sp-overlap 120 $PY bench/sp/attn_overlap_probe.py --out "$SPD/overlap"
       step sp-pack-copy 120 $PY bench/sp/pack_copy_probe.py --out "$SPD/overlap"
+      # The attention call on an SM partition, and what runs beside it on the SMs left over.
+      step sp-sm-partition 120 $PY bench/sp/sm_partition_probe.py --out "$SPD/overlap"
       [ -x "$BUILD"/bench/sp_overlap_probe ] && step sp-overlap-primitives 120 \
            "$BUILD"/bench/sp_overlap_probe --json "$SPD/overlap/primitives.json"
     fi
@@ -121,6 +126,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
       step sp-check-nvlink-signal-copy 240 env DITSCALE_SP_CE_SIGNAL=copy \
            $TRUN tests/gpu/sp_attention_check.py --quick
       step sp-check-emulated 240 $TRUN tests/gpu/sp_attention_check.py --emulate-machines 2 --quick
+      # Compute streams in an SM partition (4 SMs kept for NCCL's kernels and the packs).
+      step sp-check-emulated-partition 240 env DITSCALE_SP_COMM_SMS=4 \
+           $TRUN tests/gpu/sp_attention_check.py --emulate-machines 2 --quick
     fi
     # memcheck of the sp path. API errors are not reported: NCCL's communicator init probes
     # kernels built for other architectures (cudaFuncGetAttributes -> "no kernel image", handled
@@ -150,6 +158,12 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     has bench-emulated && step sp-bench-emulated 300 $TRUN bench/sp/bench_sp_attention.py \
          --seq 36864 65536 --text 512 --emulate-machines 2 --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-emulated.json"
+    # The overlapped strategies again with their compute streams in an SM partition (NCCL's
+    # socket kernels then run beside the attention calls): rows "... comm_sms=4" of the report.
+    has bench-emulated && step sp-bench-emulated-partition 240 $TRUN \
+         bench/sp/bench_sp_attention.py --seq 36864 65536 --text 512 --emulate-machines 2 \
+         --strategies ring ulysses-overlap torus --chunks 2 4 --comm-sms 4 --peers --check-seq 0 \
+         --time-budget-s ${SP_BENCH_PART_S:-120} --json "$SPD/sp-emulated-partition.json"
     # diag (opt-in): where the time of Ulysses and Ring goes, NCCL vs NVSHMEM: kernel table
     # (torch.profiler) and every rank's per-unit GPU timeline (ditscale.sp.timeline).
     has diag && step sp-diag 200 $TRUN bench/sp/bench_sp_attention.py --seq 36864 --text 512 \

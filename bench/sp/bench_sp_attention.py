@@ -60,6 +60,7 @@ class Config:
     chunks: int = 1
     transport: str = "nccl"
     mesh: str = "auto"  # "auto" or "MxG" (ditscale only)
+    comm_sms: int = 0  # SMs kept out of the compute stream (ditscale only; SM partition)
 
     @property
     def name(self) -> str:
@@ -75,6 +76,8 @@ class Config:
         s += f" {self.transport}"
         if self.mesh != "auto":
             s += f" mesh {self.mesh}"
+        if self.comm_sms:
+            s += f" comm_sms={self.comm_sms}"
         return s
 
 
@@ -89,6 +92,7 @@ class Run:
     transport: str
     mesh: list
     link: str
+    comm_sms: int = 0
     status: str = "ok"  # "ok" | "skipped" | "error"
     ms: Optional[float] = None
     ms_repeats: list = field(default_factory=list)
@@ -122,6 +126,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--meshes", nargs="+", default=["auto"],
                    help="ditscale meshes: 'auto' (from the process group) and/or MxG, e.g. 2x1 "
                    "to run the 2 NVLink GPUs as two logical machines")
+    p.add_argument("--comm-sms", type=int, nargs="+", default=[0],
+                   help="ditscale rows with these SMs kept out of the compute stream (0 = whole "
+                        "GPU; k > 0: an SM partition, see ditscale.sp)")
     p.add_argument("--peers", nargs="*", default=list(PEERS), help=f"from {PEERS}")
     p.add_argument("--backend", default="cudnn", help="SDPA backend: cudnn|flash|efficient|auto")
     p.add_argument("--cp-rotate", default="allgather", help="PyTorch CP rotate method")
@@ -192,7 +199,8 @@ def configs(a: argparse.Namespace, have_sp: bool) -> list[Config]:
             for s in a.strategies:
                 for c in (a.chunks if s == "torus" else
                           a.head_chunks if s == "ulysses" else [1]):
-                    out.append(Config("ditscale", s, c, transport, mesh))
+                    for k in a.comm_sms:
+                        out.append(Config("ditscale", s, c, transport, mesh, k))
     return out
 
 
@@ -357,7 +365,8 @@ class Bench:
         else:
             q, k, v = (rand(b, cnt, h, d) for _ in range(3))
             jq, jk, jv = (rand(b, t, h, d) for _ in range(3))
-        kw = dict(mesh=mesh, strategy=cfg.strategy, transport=cfg.transport)
+        kw = dict(mesh=mesh, strategy=cfg.strategy, transport=cfg.transport,
+                  comm_sms=cfg.comm_sms)
         if cfg.strategy == "torus":
             kw["chunks"] = cfg.chunks
         if t > 0:
@@ -477,7 +486,7 @@ class Bench:
     def one(self, cfg: Config, seq: int, last_ms: dict) -> None:
         a, torch = self.a, self.torch
         run = Run(seq, a.text, cfg.name, cfg.impl, cfg.strategy, cfg.chunks, cfg.transport,
-                  [], self.link)
+                  [], self.link, cfg.comm_sms)
         try:
             run.mesh = self.mesh_dims(cfg)
         except Exception as e:

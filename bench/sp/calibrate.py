@@ -280,10 +280,11 @@ def flux_height_width(image_tokens: int) -> tuple[int, int]:
 
 def simulate(cli: str, cluster: str, machines: int, gpus_per_machine: int, strategy: str,
              image_tokens: int, chunks: int = 1, one_sided: bool = False,
-             batch: int = 1, transport: str = "") -> dict:
+             batch: int = 1, transport: str = "", comm_sms: int = 0) -> dict:
     """`ditscale sp simulate ... --json` for the Flux attention layer with `image_tokens`
     (512 text tokens, 24 x 128 heads). `transport` (nccl | nvshmem | nvshmem-intra), when given,
-    overrides `one_sided`. Raises RuntimeError with the CLI's message on failure."""
+    overrides `one_sided`; `comm_sms` > 0: SMs kept for communication (an SM partition). Raises
+    RuntimeError with the CLI's message on failure."""
     h, w = flux_height_width(image_tokens)
     cmd = [cli, "sp", "simulate", "--cluster", str(cluster), "--machines", str(machines),
            "--gpus-per-machine", str(gpus_per_machine), "--model", "flux", "--height", str(h),
@@ -294,6 +295,8 @@ def simulate(cli: str, cluster: str, machines: int, gpus_per_machine: int, strat
         cmd += ["--transport", transport]
     elif one_sided:
         cmd.append("--one-sided")
+    if comm_sms:
+        cmd += ["--comm-sms", str(comm_sms)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip() or r.stdout.strip()}")

@@ -91,12 +91,13 @@ class Sim:
         strategy = run["strategy"]
         if run["impl"] == "single":
             mesh, strategy = [1, 1], "ulysses"
+        comm_sms = run.get("comm_sms", 0) if run["impl"] == "ditscale" else 0
         key = (tuple(mesh), strategy, run["seq"], run.get("chunks", 1),
-               run.get("transport") or "nccl", over)
+               run.get("transport") or "nccl", over, comm_sms)
         if key not in self.cache:
             r = calibrate.simulate(self.cli, self.topology(mesh, over), mesh[0], mesh[1],
                                    strategy, run["seq"], chunks=run.get("chunks", 1),
-                                   transport=run.get("transport") or "nccl")
+                                   transport=run.get("transport") or "nccl", comm_sms=comm_sms)
             self.cache[key] = r["predicted_layer_s"] * 1e3
         return self.cache[key]
 

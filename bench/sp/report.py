@@ -132,13 +132,15 @@ class Predictor:
         if cluster is None:
             return None
         transport = (run.get("transport") or "nccl") if impl == "ditscale" else "nccl"
+        comm_sms = run.get("comm_sms", 0) if impl == "ditscale" else 0
         key = (cluster, tuple(mesh), strategy, run["seq"], run.get("chunks", 1), transport,
-               shape.get("batch", 1))
+               shape.get("batch", 1), comm_sms)
         if key not in self.cache:
             try:
                 self.cache[key] = calibrate.simulate(
                     self.cli, cluster, mesh[0], mesh[1], strategy, run["seq"],
-                    chunks=run.get("chunks", 1), batch=key[6], transport=transport)
+                    chunks=run.get("chunks", 1), batch=key[6], transport=transport,
+                    comm_sms=comm_sms)
             except Exception as e:  # a missing prediction must not lose the measured table
                 self.errors.append(str(e))
                 self.cache[key] = None
@@ -250,7 +252,8 @@ class Report:
         for (link, seq), items in self.groups.items():
             for r, _ in items:
                 if r["impl"] == "ditscale" and r["status"] == "ok":
-                    k = (link, seq, r["strategy"], r.get("chunks", 1), tuple(r.get("mesh") or []))
+                    k = (link, seq, r["strategy"], r.get("chunks", 1), tuple(r.get("mesh") or []),
+                         r.get("comm_sms", 0))
                     pairs[k][r.get("transport", "nccl")] = r["ms"]
         # One-sided columns that some row pairs with an NCCL run: "nvshmem" (puts on every link),
         # "nvshmem-intra" (puts within machines, NCCL between them; emulated machines).
@@ -264,9 +267,10 @@ class Report:
                  "NVSHMEM-intra: puts within machines, NCCL send/recv between them.", "",
                  f"| link | S | strategy | mesh | NCCL ms |{head}",
                  "|---|--:|---|---|--:|" + "--:|--:|" * len(cols)]
-        for (link, seq, strat, chunks, mesh), v in rows:
+        for (link, seq, strat, chunks, mesh, comm_sms), v in rows:
             name = strat + (f" c{chunks}" if strat == "torus" else
                             f" h{chunks}" if chunks > 1 else "")
+            name += f" comm_sms={comm_sms}" if comm_sms else ""
             cells = "".join(f" {fmt_ms(v.get(t))} | {fmt_x(v['nccl'] / v[t] if t in v else None)} |"
                             for t in cols)
             lines.append(f"| {link} | {seq:,} | {name} | {'x'.join(map(str, mesh))} "

@@ -14,17 +14,12 @@
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/attn_merge.h"
 #include "ditscale/kernels/layout.h"
+#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/runtime/gpu_executor.h"
 #include "ditscale/runtime/sm_partition.h"
 
 namespace ditscale::runtime {
 namespace {
-
-#define DS_CUDA(call)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    DS_CHECK(e_ == cudaSuccess, "sp executor: ", #call, " failed: ", cudaGetErrorString(e_)); \
-  } while (0)
 
 // Fills `n` 32-bit words (or 16-bit halves) with `pattern`.
 __global__ void Fill32(uint32_t* p, int64_t n, uint32_t pattern) {
@@ -54,7 +49,7 @@ void FillNegInf(void* p, int64_t bytes, int element_bytes, kernels::DType dtype,
     const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 4096));
     if (n > 0) Fill16<<<blocks, threads, 0, stream>>>(static_cast<uint16_t*>(p), n, pattern);
   }
-  DS_CUDA(cudaGetLastError());
+  DS_CHECK_CUDA(cudaGetLastError());
 }
 
 // Compute-only replay: the arena's received rows never arrive, and zeros would run the tensor
@@ -291,14 +286,14 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
     }
     ex->peer_arena_ = heap;
   }
-  DS_CUDA(cudaSetDevice(device));
+  DS_CHECK_CUDA(cudaSetDevice(device));
   ex->impl_ = std::make_unique<Impl>();
   Impl& im = *ex->impl_;
   int lo = 0, hi = 0;
-  DS_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  DS_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
   const int comm_sms = ex->schedule_.config.comm_sms;
   for (int s = 0; s < sp::kNumStreams; ++s) {
-    DS_CUDA(cudaEventCreateWithFlags(&im.end[s], cudaEventDisableTiming));
+    DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.end[s], cudaEventDisableTiming));
     if (s == 0 && comm_sms > 0) {
       // The compute stream in an SM partition (sm_partition.h), the rest for the comm streams.
       auto sms = ComputeSmsForDevice(device, comm_sms);
@@ -310,14 +305,14 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
       continue;
     }
     // Comm streams at the highest priority: their kernels are short and gate other ranks.
-    DS_CUDA(cudaStreamCreateWithPriority(&im.streams[s], cudaStreamNonBlocking, s == 0 ? lo : hi));
+    DS_CHECK_CUDA(cudaStreamCreateWithPriority(&im.streams[s], cudaStreamNonBlocking, s == 0 ? lo : hi));
   }
-  DS_CUDA(cudaEventCreateWithFlags(&im.start, cudaEventDisableTiming));
-  DS_CUDA(cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming));
+  DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.start, cudaEventDisableTiming));
+  DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming));
   im.unit_events.assign(plan.units.size(), nullptr);
   for (size_t u = 0; u < plan.units.size(); ++u) {
     if (plan.units[u].record_event) {
-      DS_CUDA(cudaEventCreateWithFlags(&im.unit_events[u], cudaEventDisableTiming));
+      DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.unit_events[u], cudaEventDisableTiming));
     }
   }
   if (plan.arena_bytes > 0) {
@@ -338,8 +333,8 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
       const int64_t n = plan.arena_bytes / 2;
       FillNoise16<<<static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)), 256>>>(
           reinterpret_cast<uint16_t*>(ex->arena_), n, dtype == kernels::DType::kFloat16);
-      DS_CUDA(cudaGetLastError());
-      DS_CUDA(cudaDeviceSynchronize());
+      DS_CHECK_CUDA(cudaGetLastError());
+      DS_CHECK_CUDA(cudaDeviceSynchronize());
     }
   }
   if (ex->symmetric_) {
@@ -347,8 +342,8 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
     if (engine == OneSidedEngine::kCopyEngine) (void)MemOps();  // fail here, not in Run
     if (engine == OneSidedEngine::kCopyEngine && transports.signal_by_copy) {
       const size_t bytes = std::max<size_t>(prog.ops.size(), 1) * sizeof(uint64_t);
-      DS_CUDA(cudaMalloc(&ex->signal_src_, bytes));
-      DS_CUDA(cudaMemset(ex->signal_src_, 0, bytes));
+      DS_CHECK_CUDA(cudaMalloc(&ex->signal_src_, bytes));
+      DS_CHECK_CUDA(cudaMemset(ex->signal_src_, 0, bytes));
     }
   }
   return Result<std::unique_ptr<GpuExecutor>>(std::move(ex));
@@ -385,14 +380,14 @@ GpuExecutor::~GpuExecutor() {
 void GpuExecutor::SetTrace(bool on) {
   Impl& im = *impl_;
   if (on && !im.trace_start) {
-    DS_CUDA(cudaSetDevice(device_));
+    DS_CHECK_CUDA(cudaSetDevice(device_));
     const size_t n = plans_[rank_].units.size();
-    DS_CUDA(cudaEventCreate(&im.trace_start));
+    DS_CHECK_CUDA(cudaEventCreate(&im.trace_start));
     im.trace_begin.assign(n, nullptr);
     im.trace_end.assign(n, nullptr);
     for (size_t u = 0; u < n; ++u) {
-      DS_CUDA(cudaEventCreate(&im.trace_begin[u]));
-      DS_CUDA(cudaEventCreate(&im.trace_end[u]));
+      DS_CHECK_CUDA(cudaEventCreate(&im.trace_begin[u]));
+      DS_CHECK_CUDA(cudaEventCreate(&im.trace_end[u]));
     }
   }
   im.trace = on;
@@ -408,13 +403,13 @@ Result<std::vector<UnitTiming>> GpuExecutor::LastTimeline() const {
     f.column = "trace";
     return f;
   }
-  DS_CUDA(cudaSetDevice(device_));
+  DS_CHECK_CUDA(cudaSetDevice(device_));
   std::vector<UnitTiming> out;
   for (size_t u = 0; u < im.trace_end.size(); ++u) {
-    DS_CUDA(cudaEventSynchronize(im.trace_end[u]));
+    DS_CHECK_CUDA(cudaEventSynchronize(im.trace_end[u]));
     float b = 0, e = 0;
-    DS_CUDA(cudaEventElapsedTime(&b, im.trace_start, im.trace_begin[u]));
-    DS_CUDA(cudaEventElapsedTime(&e, im.trace_start, im.trace_end[u]));
+    DS_CHECK_CUDA(cudaEventElapsedTime(&b, im.trace_start, im.trace_begin[u]));
+    DS_CHECK_CUDA(cudaEventElapsedTime(&e, im.trace_start, im.trace_end[u]));
     out.push_back(UnitTiming{static_cast<int>(u), b, e});
   }
   return out;
@@ -450,7 +445,7 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
     DS_CHECK(bind == UserBinding::kNone || UserPointer(bind, io) != nullptr,
              "sp executor: LayerIo.", ToString(bind), " is null");
   }
-  DS_CUDA(cudaSetDevice(device_));
+  DS_CHECK_CUDA(cudaSetDevice(device_));
   if (engine_ == OneSidedEngine::kCopyEngine && peer_base_.empty()) {
     // Every rank's arena has been allocated by the first layer (LocalPeers allocates per rank).
     for (int pe = 0; pe < schedule_.mesh.ranks(); ++pe) {
@@ -460,10 +455,10 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
   Impl& im = *impl_;
   cudaStream_t user = static_cast<cudaStream_t>(stream);
   cudaStream_t compute = im.streams[0];
-  DS_CUDA(cudaEventRecord(im.start, user));
-  DS_CUDA(cudaStreamWaitEvent(compute, im.start, 0));
+  DS_CHECK_CUDA(cudaEventRecord(im.start, user));
+  DS_CHECK_CUDA(cudaStreamWaitEvent(compute, im.start, 0));
   const bool trace = im.trace;
-  if (trace) DS_CUDA(cudaEventRecord(im.trace_start, compute));
+  if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_start, compute));
   // Inputs that live in the arena (one-sided put targets): copy in. Buffers with an initial
   // value (in the arena, or the caller's out if the schedule accumulates in it): fill.
   for (size_t b = 0; b < prog.buffers.size(); ++b) {
@@ -471,36 +466,36 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
     const UserBinding bind = plan.binding[b];
     char* base = BufferBase(static_cast<int>(b), io);
     if (plan.offset[b] >= 0 && IsInput(bind)) {
-      DS_CUDA(cudaMemcpyAsync(base, UserPointer(bind, io), plan.bytes[b], cudaMemcpyDeviceToDevice,
+      DS_CHECK_CUDA(cudaMemcpyAsync(base, UserPointer(bind, io), plan.bytes[b], cudaMemcpyDeviceToDevice,
                               compute));
     } else if (d.init == sp::BufferInit::kZero) {
-      DS_CUDA(cudaMemsetAsync(base, 0, plan.bytes[b], compute));
+      DS_CHECK_CUDA(cudaMemsetAsync(base, 0, plan.bytes[b], compute));
     } else if (d.init == sp::BufferInit::kNegInf) {
       FillNegInf(base, plan.bytes[b], d.element_bytes, dtype_, compute);
     }
   }
-  DS_CUDA(cudaEventRecord(im.ready, compute));
+  DS_CHECK_CUDA(cudaEventRecord(im.ready, compute));
   for (int s = 1; s < sp::kNumStreams; ++s)
-    DS_CUDA(cudaStreamWaitEvent(im.streams[s], im.ready, 0));
+    DS_CHECK_CUDA(cudaStreamWaitEvent(im.streams[s], im.ready, 0));
 
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const IssueUnit& unit = plan.units[u];
     cudaStream_t st = im.streams[static_cast<int>(unit.stream)];
-    for (int w : unit.wait_units) DS_CUDA(cudaStreamWaitEvent(st, im.unit_events[w], 0));
-    if (trace) DS_CUDA(cudaEventRecord(im.trace_begin[u], st));
+    for (int w : unit.wait_units) DS_CHECK_CUDA(cudaStreamWaitEvent(st, im.unit_events[w], 0));
+    if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_begin[u], st));
     Issue(static_cast<int>(u), io);
-    if (trace) DS_CUDA(cudaEventRecord(im.trace_end[u], st));
-    if (unit.record_event) DS_CUDA(cudaEventRecord(im.unit_events[u], st));
+    if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_end[u], st));
+    if (unit.record_event) DS_CHECK_CUDA(cudaEventRecord(im.unit_events[u], st));
   }
   for (int s = 0; s < sp::kNumStreams; ++s) {
-    DS_CUDA(cudaEventRecord(im.end[s], im.streams[s]));
-    DS_CUDA(cudaStreamWaitEvent(user, im.end[s], 0));
+    DS_CHECK_CUDA(cudaEventRecord(im.end[s], im.streams[s]));
+    DS_CHECK_CUDA(cudaStreamWaitEvent(user, im.end[s], 0));
   }
   // Outputs that live in the arena: copy out on the caller's stream.
   for (size_t b = 0; b < prog.buffers.size(); ++b) {
     const UserBinding bind = plan.binding[b];
     if (plan.offset[b] < 0 || bind == UserBinding::kNone || IsInput(bind)) continue;
-    DS_CUDA(cudaMemcpyAsync(UserPointer(bind, io), arena_ + plan.offset[b], plan.bytes[b],
+    DS_CHECK_CUDA(cudaMemcpyAsync(UserPointer(bind, io), arena_ + plan.offset[b], plan.bytes[b],
                             cudaMemcpyDeviceToDevice, user));
   }
   im.traced_run = trace;
@@ -683,7 +678,7 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
     int64_t bytes = 0;
     const char* src = PutSource(o, io, &bytes);
     if (bytes > 0) {
-      DS_CUDA(cudaMemcpyAsync(PutTarget(o, peer), src, bytes, cudaMemcpyDefault, st));
+      DS_CHECK_CUDA(cudaMemcpyAsync(PutTarget(o, peer), src, bytes, cudaMemcpyDefault, st));
     }
   }
   if (w.slot < 0) return;
@@ -693,7 +688,7 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
     CheckCu(mem.write(st, reinterpret_cast<CUdeviceptr>(signal_src_ + op),
                       word_value(w.value, w.per_layer), CU_STREAM_WRITE_VALUE_DEFAULT),
             "cuStreamWriteValue64");
-    DS_CUDA(cudaMemcpyAsync(word, signal_src_ + op, sizeof(uint64_t), cudaMemcpyDefault, st));
+    DS_CHECK_CUDA(cudaMemcpyAsync(word, signal_src_ + op, sizeof(uint64_t), cudaMemcpyDefault, st));
     return;
   }
   // The default flags fence the stream's earlier writes (the copy above) before the word.

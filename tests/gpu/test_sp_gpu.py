@@ -77,3 +77,26 @@ def test_copy_engine_ranks_in_one_process_match_dense():
     print(r.stdout[-20000:])
     print(r.stderr[-5000:])
     assert r.returncode == 0, "sp_local_check failed (see the table above)"
+
+
+def test_sm_partition_runs_the_compute_stream_on_fewer_sms():
+    """comm_sms > 0: the executor's compute stream is a green-context stream of an SM partition
+    (replay: the schedule's compute is not faster than on the whole GPU, and a partition that
+    leaves no SM for compute is refused naming comm_sms); every rank of a one-process run on
+    partitions matches dense attention."""
+    _need_one_gpu()
+    from ditscale import sp
+    kw = dict(machines=1, gpus_per_machine=2, seq=8192, text=64, heads=8, head_dim=128,
+              iters=3, warmup=1)
+    whole, _ = sp.replay_compute("ulysses", **kw)
+    part, _ = sp.replay_compute("ulysses", comm_sms=4, **kw)
+    assert min(part) >= 0.9 * min(whole), (part, whole)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    with pytest.raises(RuntimeError, match="comm_sms"):
+        sp.replay_compute("ulysses", comm_sms=sms, **kw)
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="32", PYTHONUNBUFFERED="1")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "sp_local_check.py"), "--quick",
+                        "--comm-sms", "4"], env=env, capture_output=True, text=True, timeout=600)
+    print(r.stdout[-20000:])
+    print(r.stderr[-5000:])
+    assert r.returncode == 0, "sp_local_check --comm-sms 4 failed (see the table above)"

@@ -18,18 +18,15 @@ DIR/overlap.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
-                       flux_call_inputs)
+                       flux_call_inputs, probe_device, self_process_group)
 
 FLUX_CALL_SHAPE = {"heads": FLUX_CALL_HEADS, "tokens": FLUX_CALL_TOKENS,
                    "head_dim": FLUX_CALL_HEAD_DIM}
@@ -51,25 +48,16 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
 
-    if not torch.cuda.is_available():
-        print("attn_overlap_probe: no CUDA device", file=sys.stderr)
+    dev = probe_device(torch, "attn_overlap_probe")
+    if dev is None:
         return 2
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    torch.manual_seed(0)
     q, k, v = flux_call_inputs(torch, dev)
     x = torch.randn(32 << 20, device=dev)  # 128 MiB
     host = torch.empty(64 << 20, dtype=torch.float32, pin_memory=True)
     src = torch.randn(64 << 20, device=dev)  # 256 MiB
     sbuf = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
     rbuf = torch.empty_like(sbuf)
-    init = tempfile.NamedTemporaryFile(prefix="ditscale-overlap-", delete=False)
-    init.close()
-    opts = dist.ProcessGroupNCCL.Options()
-    opts.is_high_priority_stream = True
-    dist.init_process_group("nccl", init_method=f"file://{init.name}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60), device_id=dev,
-                            pg_options=opts)
+    close_group = self_process_group(dist, dev, "ditscale-overlap-")
     lo_pri, hi_pri = torch.cuda.Stream.priority_range()  # (0, -N): lower value = higher
     streams = {"high": torch.cuda.Stream(priority=hi_pri), "normal": torch.cuda.Stream(priority=0)}
     compute = torch.cuda.Stream(priority=lo_pri)
@@ -138,8 +126,7 @@ def main(argv=None) -> int:
                              "probe_ms": r[0], "attention_ms": r[1]})
                 print(f"{pname:30s} {sname:6s} stream, {aname:20s}: probe {r[0]:8.3f} ms"
                       f"  (attention {r[1]:7.2f} ms)", flush=True)
-    dist.destroy_process_group()
-    Path(init.name).unlink(missing_ok=True)  # the FileStore may have removed it
+    close_group()
     doc = {"kind": "ditscale-sp-attn-overlap-probe", "version": 1,
            "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "shape": FLUX_CALL_SHAPE,

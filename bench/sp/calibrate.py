@@ -56,6 +56,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -309,6 +310,37 @@ def simulate(cli: str, cluster: str, machines: int, gpus_per_machine: int, strat
 
 # Flux's attention call on one GPU: S + T = 65,536 + 512 tokens, 24 heads x 128.
 FLUX_CALL_HEADS, FLUX_CALL_TOKENS, FLUX_CALL_HEAD_DIM = 24, 66048, 128
+
+
+def probe_device(torch, who: str):
+    """cuda:0, made current, with torch seeded 0: the one-GPU probes' device; None (after saying
+    so on stderr) without a CUDA device."""
+    if not torch.cuda.is_available():
+        print(f"{who}: no CUDA device", file=sys.stderr)
+        return None
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    torch.manual_seed(0)
+    return dev
+
+
+def self_process_group(dist, dev, prefix: str):
+    """A one-rank NCCL process group on `dev` (file store; NCCL's stream at high priority, as the
+    executor's comm streams), for a probe's send/recv to this rank itself. Returns the function
+    that destroys it."""
+    init = tempfile.NamedTemporaryFile(prefix=prefix, delete=False)
+    init.close()
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.is_high_priority_stream = True
+    dist.init_process_group("nccl", init_method=f"file://{init.name}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60), device_id=dev,
+                            pg_options=opts)
+
+    def close():
+        dist.destroy_process_group()
+        Path(init.name).unlink(missing_ok=True)  # the FileStore may have removed it
+
+    return close
 
 
 def flux_call_inputs(torch, dev):

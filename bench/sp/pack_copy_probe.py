@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
-                       flux_call_inputs)
+                       flux_call_inputs, probe_device)
 
 def _cudart():
     """The CUDA runtime torch loaded (its cudaMemcpy2DAsync)."""
@@ -52,13 +52,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
-        print("pack_copy_probe: no CUDA device", file=sys.stderr)
+    dev = probe_device(torch, "pack_copy_probe")
+    if dev is None:
         return 2
     rt = _cudart()
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    torch.manual_seed(0)
     H, D, total = FLUX_CALL_HEADS, FLUX_CALL_HEAD_DIM, FLUX_CALL_TOKENS
     q, k, v = flux_call_inputs(torch, dev)
     lo, hi = torch.cuda.Stream.priority_range()

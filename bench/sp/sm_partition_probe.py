@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
-                       flux_call_inputs)
+                       flux_call_inputs, probe_device, self_process_group)
 
 CU_DEV_RESOURCE_TYPE_SM = 1
 CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING = 1
@@ -98,12 +96,9 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
 
-    if not torch.cuda.is_available():
-        print("sm_partition_probe: no CUDA device", file=sys.stderr)
+    dev = probe_device(torch, "sm_partition_probe")
+    if dev is None:
         return 2
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    torch.manual_seed(0)
     q, k, v = flux_call_inputs(torch, dev)
     x = torch.randn(32 << 20, device=dev)  # 128 MiB
     half = FLUX_CALL_TOKENS // 2  # a rank's tokens on 2 ranks
@@ -113,13 +108,7 @@ def main(argv=None) -> int:
                          dtype=torch.bfloat16)
     sbuf = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
     rbuf = torch.empty_like(sbuf)
-    init = tempfile.NamedTemporaryFile(prefix="ditscale-smpart-", delete=False)
-    init.close()
-    opts = dist.ProcessGroupNCCL.Options()
-    opts.is_high_priority_stream = True
-    dist.init_process_group("nccl", init_method=f"file://{init.name}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60), device_id=dev,
-                            pg_options=opts)
+    close_group = self_process_group(dist, dev, "ditscale-smpart-")
     gc = GreenContexts(0)
     print(f"device: {gc.sms} SMs, minimum partition {gc.min_partition}, alignment "
           f"{gc.alignment}", flush=True)
@@ -200,8 +189,7 @@ def main(argv=None) -> int:
                          "probe_ms": r[0], "attention_ms": r[1]})
             print(f"{pname:32s} beside attention on {name:22s}: probe {r[0]:8.3f} ms "
                   f"(attention {r[1]:7.2f} ms)", flush=True)
-    dist.destroy_process_group()
-    Path(init.name).unlink(missing_ok=True)
+    close_group()
     doc = {"kind": "ditscale-sp-sm-partition-probe", "version": 1,
            "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(),

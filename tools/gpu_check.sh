@@ -101,6 +101,12 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     # The same with every rank's compute stream in an SM partition (a CUDA green context).
     has test && step sp-local-check-partition 300 env CUDA_DEVICE_MAX_CONNECTIONS=32 \
          $PY tests/gpu/sp_local_check.py --quick --comm-sms 4
+    # memcheck of the copy-engine engine and of compute streams on SM partitions (opt-in).
+    if has sanitize && command -v compute-sanitizer >/dev/null; then
+      step sp-local-sanitizer 300 env CUDA_DEVICE_MAX_CONNECTIONS=32 compute-sanitizer \
+           --tool memcheck --report-api-errors no --error-exitcode 1 \
+           $PY tests/gpu/sp_local_check.py --tiny --comm-sms 4
+    fi
     has replay && step sp-replay 300 $PY bench/sp/replay_compute.py --out "$SPD/replay"
     has split && step sp-split 300 $PY bench/sp/attn_split_probe.py --out "$SPD/split"
     # What runs beside a cuDNN attention call (it holds every SM): SM kernels, copy engines,

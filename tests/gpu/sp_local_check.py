@@ -28,6 +28,8 @@ from sp_check_common import dense_case, refused
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer cases")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a few small cases (for compute-sanitizer, which is slow)")
     ap.add_argument("--tol", type=float, default=2e-2)
     ap.add_argument("--comm-sms", type=int, default=0,
                     help="SMs kept out of the compute streams (SM partition); 0 = whole GPU")
@@ -48,6 +50,12 @@ def main(argv=None):
     if args.quick:
         meshes, shapes = [(1, 2), (2, 2)], shapes[:1]
         strategies = [("ulysses", 1), ("ulysses-overlap", 1), ("ring", 1), ("torus", 2)]
+    if args.tiny:
+        # Under compute-sanitizer the 2 x 2 torus case did not finish (120 s; < 1 s without it),
+        # likely an instrumented launch waiting for a rank whose signal the one host thread has
+        # not issued yet (bench/results/sp-smpart-h200/). So 2 x 2 runs ring only.
+        meshes, shapes = [(1, 2), (2, 2)], [(1, 256, 16, 4, 2, 64, torch.bfloat16)]
+        strategies = [("ulysses-overlap", 1), ("ring", 1), ("torus", 2)]
     rows, failures = [], 0
     for machines, gpus in meshes:
         n = machines * gpus
@@ -57,6 +65,8 @@ def main(argv=None):
             q, k, v = fq[:, T:], fk[:, T:], fv[:, T:]
             joint = dict(joint_q=fq[:, :T], joint_k=fk[:, :T], joint_v=fv[:, :T]) if T else {}
             for strategy, chunks in strategies:
+                if args.tiny and n > 2 and strategy != "ring":
+                    continue
                 name = (f"{machines}x{gpus} {strategy}{'/' + str(chunks) if chunks > 1 or strategy == 'torus' else ''} "
                         f"B{B} S{S} T{T} H{H}/{HK} D{D} {str(dt)[6:]}")
                 refusal = refused(strategy, chunks, machines, gpus, HK)

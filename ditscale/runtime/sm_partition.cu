@@ -59,15 +59,19 @@ Failure Fail(const std::string& what, const char* field = "comm_sms") {
 
 std::string Cu(CUresult r) { return "CUresult " + std::to_string(static_cast<int>(r)); }
 
-// The device's whole SM resource (the primary context initialised first, as the driver advises).
+// The device's whole SM resource (its primary context initialised first, as the driver advises).
 Result<std::pair<CUdevice, CUdevResource>> WholeDevice(int device) {
   const GreenApi& api = Api();
   if (!api.missing.empty()) {
     return Fail("the driver has no green contexts: entry point " + api.missing +
                 " unavailable (needs a CUDA 12.5+ driver)");
   }
-  cudaError_t e = cudaSetDevice(device);
+  // Initialise the device's primary context; the caller's current device stays current.
+  int current = 0;
+  cudaError_t e = cudaGetDevice(&current);
+  if (e == cudaSuccess) e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaFree(nullptr);
+  if (e == cudaSuccess && current != device) e = cudaSetDevice(current);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return Fail("device " + std::to_string(device) + ": " + cudaGetErrorString(e));

@@ -13,8 +13,8 @@
 #include "ditscale/comm/peer_arena.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/attn_merge.h"
-#include "ditscale/kernels/layout.h"
 #include "ditscale/kernels/internal/cuda_check.h"
+#include "ditscale/kernels/layout.h"
 #include "ditscale/runtime/gpu_executor.h"
 #include "ditscale/runtime/sm_partition.h"
 
@@ -305,7 +305,8 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
       continue;
     }
     // Comm streams at the highest priority: their kernels are short and gate other ranks.
-    DS_CHECK_CUDA(cudaStreamCreateWithPriority(&im.streams[s], cudaStreamNonBlocking, s == 0 ? lo : hi));
+    DS_CHECK_CUDA(
+        cudaStreamCreateWithPriority(&im.streams[s], cudaStreamNonBlocking, s == 0 ? lo : hi));
   }
   DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.start, cudaEventDisableTiming));
   DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming));
@@ -466,8 +467,8 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
     const UserBinding bind = plan.binding[b];
     char* base = BufferBase(static_cast<int>(b), io);
     if (plan.offset[b] >= 0 && IsInput(bind)) {
-      DS_CHECK_CUDA(cudaMemcpyAsync(base, UserPointer(bind, io), plan.bytes[b], cudaMemcpyDeviceToDevice,
-                              compute));
+      DS_CHECK_CUDA(cudaMemcpyAsync(base, UserPointer(bind, io), plan.bytes[b],
+                                    cudaMemcpyDeviceToDevice, compute));
     } else if (d.init == sp::BufferInit::kZero) {
       DS_CHECK_CUDA(cudaMemsetAsync(base, 0, plan.bytes[b], compute));
     } else if (d.init == sp::BufferInit::kNegInf) {
@@ -496,7 +497,7 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
     const UserBinding bind = plan.binding[b];
     if (plan.offset[b] < 0 || bind == UserBinding::kNone || IsInput(bind)) continue;
     DS_CHECK_CUDA(cudaMemcpyAsync(UserPointer(bind, io), arena_ + plan.offset[b], plan.bytes[b],
-                            cudaMemcpyDeviceToDevice, user));
+                                  cudaMemcpyDeviceToDevice, user));
   }
   im.traced_run = trace;
   ++layers_;

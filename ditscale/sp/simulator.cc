@@ -364,8 +364,7 @@ void Sim::Recompute() {
       continue;
     }
     if (!a.needs_sm) continue;
-    stalled[i] = !partitioned && a.phase != Phase::kWork &&
-                 (attention_since[a.src] < a.t0 || attention_since[a.dst] < a.t0);
+    stalled[i] = !partitioned && a.phase != Phase::kWork && (late(a, a.src) || late(a, a.dst));
     if (!stalled[i] && a.two_sided && !partitioned) {
       ++sm_taking[a.src];
       if (a.dst != a.src) ++sm_taking[a.dst];

@@ -95,11 +95,19 @@ double Topology::BlockEfficiency(double tokens) const {
   return tokens / (tokens + attention_half_tokens);
 }
 
-double Topology::WaveFactor(double q_tokens, double batch_heads) const {
-  if (attention_slots <= 0 || batch_heads <= 0 || q_tokens <= 0) return 1.0;
-  const double tiles = batch_heads * std::ceil(q_tokens / attention_tile_tokens);
-  const double waves = tiles / attention_slots;
+namespace {
+
+// ceil(W) / W, W = batch_heads * ceil(q_tokens / tile) / slots; 1 without waves (slots <= 0).
+double WaveFactorOf(int slots, int tile, double q_tokens, double batch_heads) {
+  if (slots <= 0 || batch_heads <= 0 || q_tokens <= 0) return 1.0;
+  const double waves = batch_heads * std::ceil(q_tokens / tile) / slots;
   return std::ceil(waves - 1e-9) / waves;
+}
+
+}  // namespace
+
+double Topology::WaveFactor(double q_tokens, double batch_heads) const {
+  return WaveFactorOf(attention_slots, attention_tile_tokens, q_tokens, batch_heads);
 }
 
 double Topology::AttentionSeconds(double flops, double q_tokens, double kv_tokens,
@@ -107,16 +115,16 @@ double Topology::AttentionSeconds(double flops, double q_tokens, double kv_token
   if (flops <= 0) return launch_overhead_s;
   double eff = BlockEfficiency(q_tokens) * BlockEfficiency(kv_tokens);
   DS_CHECK(eff > 0, "attention block with no tokens: q=", q_tokens, " kv=", kv_tokens);
-  if (sms <= 0 || gpu_sms <= 0 || sms >= gpu_sms) {
-    return launch_overhead_s + flops * WaveFactor(q_tokens, batch_heads) / (attention_flops * eff);
+  // On a partition the kernel's waves shrink with the SMs (one CTA per SM), its rate with them.
+  double share = 1;
+  int slots = attention_slots;
+  if (sms > 0 && gpu_sms > 0 && sms < gpu_sms) {
+    share = double(sms) / gpu_sms;
+    if (slots > 0) slots = std::max(1, static_cast<int>(std::lround(slots * share)));
   }
-  // A partition: the kernel's waves shrink with the SMs (one CTA per SM), its rate with them.
-  const double share = double(sms) / gpu_sms;
-  if (attention_slots <= 0) return launch_overhead_s + flops / (attention_flops * share * eff);
-  Topology part = *this;
-  part.attention_slots = std::max(1, static_cast<int>(std::lround(attention_slots * share)));
-  return launch_overhead_s +
-         flops * part.WaveFactor(q_tokens, batch_heads) / (attention_flops * share * eff);
+  return launch_overhead_s + flops *
+                                 WaveFactorOf(slots, attention_tile_tokens, q_tokens, batch_heads) /
+                                 (attention_flops * share * eff);
 }
 
 Result<int> Topology::ComputeSms(int comm_sms) const {

@@ -15,11 +15,38 @@
 
 namespace ditscale {
 
+// Build failures through the named factories below (one per kind of failure, as leveldb's
+// Status::InvalidArgument); they only fill the fields, so ToString() is the same either way.
 struct Failure {
   std::string message;
   std::string file;    // empty when not about a file
   long long line = 0;  // 1-based; 0 when unknown
   std::string column;  // field name; empty when unknown
+
+  // A bad argument or option of an API call; `field` names it ("rank", "comm_sms"), if any.
+  static Failure InvalidArgument(std::string message, std::string field = {}) {
+    return Failure{std::move(message), {}, 0, std::move(field)};
+  }
+  // Bad content of an input file: `file`, 1-based `line` (0 = the whole file, e.g. it cannot be
+  // opened) and `column` (the field; empty when not about one field).
+  static Failure InFile(std::string file, long long line, std::string column, std::string message) {
+    return Failure{std::move(message), std::move(file), line, std::move(column)};
+  }
+  // Valid input for which no result exists (no plan fits, no feasible configuration); `field`
+  // names the constraint that cannot be met, if any.
+  static Failure Infeasible(std::string message, std::string field = {}) {
+    return Failure{std::move(message), {}, 0, std::move(field)};
+  }
+  // Something the call needs is missing: a library ditscale was built without, a device, a
+  // driver feature, device memory.
+  static Failure Unavailable(std::string message, std::string field = {}) {
+    return Failure{std::move(message), {}, 0, std::move(field)};
+  }
+  // A CUDA, NCCL or NVSHMEM operation failed or timed out at run time (the message names the
+  // call, the rank and the library's error text).
+  static Failure BackendError(std::string message) {
+    return Failure{std::move(message), {}, 0, {}};
+  }
 
   std::string ToString() const {
     std::ostringstream os;

@@ -20,6 +20,7 @@
 #include <iterator>
 #include <type_traits>
 
+#include "ditscale/core/cuda_check.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_device.cuh"
@@ -28,7 +29,6 @@
 #include "ditscale/kernels/internal/adaln_fwd_warp.cuh"
 #include "ditscale/kernels/internal/adaln_launch.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
-#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/kernels/internal/dispatch.h"
 
 namespace ditscale::kernels {

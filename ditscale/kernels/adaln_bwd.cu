@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ditscale/core/cuda_check.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_bwd_pipe.cuh"
@@ -27,7 +28,6 @@
 #include "ditscale/kernels/internal/adaln_launch.h"
 #include "ditscale/kernels/internal/adaln_plan.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
-#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/kernels/internal/dispatch.h"
 
 namespace ditscale::kernels {

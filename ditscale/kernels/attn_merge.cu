@@ -16,10 +16,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ditscale/core/cuda_check.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/attn_merge.h"
 #include "ditscale/kernels/internal/adaln_device.cuh"
-#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/kernels/internal/dispatch.h"
 #include "ditscale/kernels/internal/fast_div.h"
 

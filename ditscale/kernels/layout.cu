@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ditscale/core/cuda_check.h"
 #include "ditscale/core/error.h"
-#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/kernels/layout.h"
 
 namespace ditscale::kernels {

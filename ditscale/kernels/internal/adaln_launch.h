@@ -8,11 +8,11 @@
 #include <cstdlib>
 #include <utility>
 
+#include "ditscale/core/cuda_check.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_device.cuh"
 #include "ditscale/kernels/internal/adaln_tuning.h"
-#include "ditscale/kernels/internal/cuda_check.h"
 
 namespace ditscale::kernels::internal {
 

@@ -1,13 +1,17 @@
 #include "ditscale/balance/manifest.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 
 namespace ditscale::balance {
 namespace {
@@ -90,22 +94,30 @@ TEST(Manifest, EachBadRowKindNamesLineAndColumn) {
       {"v.mp4,abc,480,832,16,x", "num_frames", "not a number"},
       {"v.mp4,12abc,480,832,16,x", "num_frames", "not a number"},
       {"v.mp4,81,480x,832,16,x", "height", "not a number"},
-      {"v.mp4,0,480,832,16,x", "num_frames", "must be > 0"},
-      {"v.mp4,81,-480,832,16,x", "height", "must be > 0"},
-      {"v.mp4,81,480,0,16,x", "width", "must be > 0"},
+      {"v.mp4,0,480,832,16,x", "num_frames", "'0' is out of range [1, 2147483647]"},
+      {"v.mp4,81,-480,832,16,x", "height", "'-480' is out of range [1, 2147483647]"},
+      {"v.mp4,81,480,0,16,x", "width", "'0' is out of range [1, 2147483647]"},
       {"v.mp4,81.5,480,832,16,x", "num_frames", "not an integer"},
-      {"v.mp4,81,480,nan,16,x", "width", "not a finite number"},
-      {"v.mp4,81,480,832,inf,x", "fps", "not a finite number"},
+      {"v.mp4,81,480,nan,16,x", "width", "'nan' is out of range [1, 2147483647]"},
+      {"v.mp4,81,480,832,inf,x", "fps", "'inf' is out of range [0.001, 1e+06] for a video"},
       {"v.mp4,81,480,832,,x", "fps", "missing fps for a video"},
-      {"v.mp4,81,480,832,0,x", "fps", "fps must be > 0"},
-      {"v.mp4,81,480,832,-5,x", "fps", "fps must be > 0"},
-      {"v.mp4,81,480,832,16fps,x", "fps", "not a number"},
+      {"v.mp4,81,480,832,0,x", "fps", "'0' is out of range [0.001, 1e+06] for a video"},
+      {"v.mp4,81,480,832,-5,x", "fps", "'-5' is out of range [0.001, 1e+06]"},
+      {"v.mp4,81,480,832,16fps,x", "fps", "not a number: '16fps'"},
       {"i.jpg,1,480,832,abc,x", "fps", "not a number"},
       {"v.mp4,81,480,832,16", "caption", "wrong field count"},
       {"v.mp4,81,480,832,16,x,extra", "", "wrong field count"},
       {"v.mp4,81,480,832,16,\"unterminated caption", "caption", "unterminated quoted field"},
       {"v.mp4,81,480,832,16,\"q\"x", "caption", "after a closing quote"},
-      {"v.mp4,99999999999,480,832,16,x", "num_frames", "too large"},
+      {"v.mp4,99999999999,480,832,16,x", "num_frames", "'99999999999' is out of range"},
+      {"v.mp4,81,480,832,1e39,x", "fps", "'1e39' is out of range [0.001, 1e+06]"},
+      {"v.mp4,81,480,832,1e-50,x", "fps", "'1e-50' is out of range [0.001, 1e+06]"},
+      {"i.jpg,1,480,832,-5,x", "fps", "'-5' is out of range [0, 1e+06]"},
+      {"v.mp4,81,480,832,1e400,x", "fps", "'1e400' is out of range"},
+      {"v.mp4,2147483648,480,832,16,x", "num_frames", "'2147483648' is out of range"},
+      {"v.mp4,81,9223372036854775808,832,16,x", "height", "'9223372036854775808' is out of range"},
+      {"v.mp4,81,480,1e400,16,x", "width", "'1e400' is out of range"},
+      {"v.mp4,81,480,8\x01\x7f,16,x", "width", "not a number: '8\\x01\\x7f'"},
   };
   for (const auto& c : cases) {
     auto f = MustFail(header + good + c.row + "\n" + good, "bad.csv");
@@ -164,7 +176,7 @@ TEST(Manifest, Jsonl) {
       " \"text\": \"with \\\"escapes\\\", commas\", \"meta\": {\"k\": [1, {\"x\": \"}\"}]}}\n"
       "\n"
       "{\"path\":\"i.jpg\",\"num_frames\":1,\"height\":1024,\"width\":768,\"fps\":null}\r\n"
-      "{\"fps\": \"30\", \"width\": 1280, \"height\": 720, \"num_frames\": 300, \"path\": \"v\"}\n";
+      "{\"fps\": 30, \"width\": 1280, \"height\": 720, \"num_frames\": 300, \"path\": \"v\"}\n";
   auto m = MustParse(text, "m.jsonl");
   ASSERT_EQ(m.samples.size(), 3u);
   EXPECT_EQ(m.samples[0].num_frames, 81);
@@ -186,7 +198,8 @@ TEST(Manifest, Jsonl) {
   EXPECT_EQ(f.line, 3);
   f = MustFail("{\"path\":\"a\",\"num_frames\":2,\"height\":8,\"width\":8,\"fps\":9} x\n",
                "m.jsonl");
-  EXPECT_NE(f.message.find("trailing"), std::string::npos);
+  EXPECT_EQ(f.line, 1);
+  EXPECT_NE(f.message.find("JSON syntax error"), std::string::npos) << f.ToString();
   f = MustFail("{\"path\":\"a\",\"num_frames\":true,\"height\":8,\"width\":8}\n", "m.jsonl");
   EXPECT_EQ(f.column, "num_frames");
   ManifestOptions o;
@@ -281,6 +294,245 @@ TEST(ManifestExamples, Mixed2kExample) {
   for (const auto& s : m->samples) images += s.num_frames == 1;
   EXPECT_GT(images, 700);
   EXPECT_LT(images, 900);
+}
+
+}  // namespace
+}  // namespace ditscale::balance
+
+namespace ditscale::balance {
+namespace {
+
+// One bad value written in both formats: the CSV row and the JSONL row give the same line,
+// column and message.
+struct SameRuleCase {
+  std::string frames, height, width, fps;  // JSON value text; "" = empty CSV field / JSON null
+  std::string column, message;
+};
+
+std::string CsvOf(const SameRuleCase& c) {
+  return "path,num_frames,height,width,fps\nok.mp4,81,480,832,16\nv.mp4," + c.frames + "," +
+         c.height + "," + c.width + "," + c.fps + "\n";
+}
+
+std::string JsonlOf(const SameRuleCase& c) {
+  auto v = [](const std::string& s) { return s.empty() ? std::string("null") : s; };
+  return "{\"path\":\"ok.mp4\",\"num_frames\":81,\"height\":480,\"width\":832,\"fps\":16}\n"
+         "{\"path\":\"v.mp4\",\"num_frames\":" +
+         v(c.frames) + ",\"height\":" + v(c.height) + ",\"width\":" + v(c.width) +
+         ",\"fps\":" + v(c.fps) + "}\n";
+}
+
+TEST(ManifestRules, CsvAndJsonlApplyTheSameFieldRules) {
+  const std::string dim = " is out of range [1, 2147483647]";
+  const std::string video = " is out of range [0.001, 1e+06] for a video (num_frames > 1)";
+  const std::vector<SameRuleCase> cases = {
+      {"81", "480", "832", "1e39", "fps", "'1e39'" + video},
+      {"81", "480", "832", "1e-50", "fps", "'1e-50'" + video},
+      {"81", "480", "832", "0", "fps", "'0'" + video},
+      {"81", "480", "832", "-1", "fps", "'-1'" + video},
+      {"81", "480", "832", "1000001", "fps", "'1000001'" + video},
+      {"1", "480", "832", "-5", "fps", "'-5' is out of range [0, 1e+06]"},
+      {"1", "480", "832", "1e39", "fps", "'1e39' is out of range [0, 1e+06]"},
+      {"81", "480", "832", "", "fps", "missing fps for a video (num_frames > 1)"},
+      {"0", "480", "832", "16", "num_frames", "'0'" + dim},
+      {"-1", "480", "832", "16", "num_frames", "'-1'" + dim},
+      {"2147483648", "480", "832", "16", "num_frames", "'2147483648'" + dim},
+      {"81", "9223372036854775808", "832", "16", "height", "'9223372036854775808'" + dim},
+      {"81", "480", "18446744073709551616", "16", "width", "'18446744073709551616'" + dim},
+      {"81.5", "480", "832", "16", "num_frames", "not an integer: '81.5'"},
+      {"81", "", "832", "16", "height", "missing value"},
+  };
+  for (const auto& c : cases) {
+    auto csv = MustFail(CsvOf(c), "m.csv");
+    auto jsonl = MustFail(JsonlOf(c), "m.jsonl");
+    EXPECT_EQ(csv.line, 3) << csv.ToString();
+    EXPECT_EQ(jsonl.line, 2) << jsonl.ToString();
+    for (const Failure& f : {csv, jsonl}) {
+      EXPECT_EQ(f.column, c.column) << f.ToString();
+      EXPECT_EQ(f.message, c.message) << f.ToString();
+    }
+  }
+  // Integral reals are integers in both: 81.0 and 8.1e1 are 81 frames.
+  for (const std::string frames : {"81.0", "8.1e1"}) {
+    SameRuleCase c{frames, "480", "832", "16", "", ""};
+    EXPECT_EQ(MustParse(CsvOf(c)).samples.at(1).num_frames, 81);
+    EXPECT_EQ(MustParse(JsonlOf(c), "m.jsonl").samples.at(1).num_frames, 81);
+  }
+}
+
+TEST(ManifestRules, JsonlTypesDuplicatesAndHugeNumbersNameTheLine) {
+  const std::string ok = "{\"path\":\"a\",\"num_frames\":1,\"height\":8,\"width\":8}\n";
+  struct Case {
+    std::string row, column, message;
+  };
+  const std::vector<Case> cases = {
+      {"{\"path\":\"a\",\"num_frames\":\"1\",\"height\":8,\"width\":8}", "num_frames",
+       "expected a number, got the string '1'"},
+      {"{\"path\":\"a\",\"num_frames\":2,\"height\":8,\"width\":8,\"fps\":\"30\"}", "fps",
+       "expected a number, got the string '30'"},
+      {"{\"path\":\"a\",\"num_frames\":1,\"height\":[8],\"width\":8}", "height",
+       "expected a number, got '[8]'"},
+      {"{\"path\":7,\"num_frames\":1,\"height\":8,\"width\":8}", "path",
+       "expected a string, got '7'"},
+      {"{\"path\":\"a\",\"num_frames\":1,\"height\":8,\"width\":8,\"height\":9}", "",
+       "duplicate key 'height'"},
+      {"[1, 2]", "", "expected a JSON object, got '[1,2]'"},
+  };
+  for (const auto& c : cases) {
+    auto f = MustFail(ok + c.row + "\n", "m.jsonl");
+    EXPECT_EQ(f.file, "m.jsonl");
+    EXPECT_EQ(f.line, 2) << f.ToString();
+    EXPECT_EQ(f.column, c.column) << f.ToString();
+    EXPECT_EQ(f.message, c.message) << f.ToString();
+  }
+  // 1e400: a Failure with file and line (no raw json.exception), naming the number.
+  auto f = MustFail(
+      ok + ok + "{\"path\":\"a\",\"num_frames\":2,\"height\":8,\"width\":8,\"fps\":1e400}\n",
+      "m.jsonl");
+  EXPECT_EQ(f.line, 3) << f.ToString();
+  EXPECT_NE(f.message.find("1e400"), std::string::npos) << f.ToString();
+  EXPECT_EQ(f.message.find("json.exception"), std::string::npos) << f.ToString();
+}
+
+TEST(ManifestRules, SkipBadRowsIsTheSameForBothFormats) {
+  const std::vector<SameRuleCase> rows = {
+      {"81", "480", "832", "16", "", ""},   {"81", "480", "832", "1e39", "", ""},
+      {"1", "480", "832", "", "", ""},      {"0", "480", "832", "16", "", ""},
+      {"1", "480", "832", "-5", "", ""},    {"150", "720", "1280", "30", "", ""},
+      {"81.5", "480", "832", "16", "", ""},
+  };
+  std::string csv = "path,num_frames,height,width,fps\n", jsonl;
+  for (const auto& r : rows) {
+    csv += "v.mp4," + r.frames + "," + r.height + "," + r.width + "," + r.fps + "\n";
+    jsonl += JsonlOf(r).substr(JsonlOf(r).find('\n') + 1);
+  }
+  ManifestOptions o;
+  o.skip_bad_rows = true;
+  const Manifest a = MustParse(csv, "m.csv", o);
+  const Manifest b = MustParse(jsonl, "m.jsonl", o);
+  EXPECT_EQ(a.ids, (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.rows_total, 7);
+  EXPECT_EQ(b.rows_total, 7);
+  EXPECT_EQ(a.rows_skipped, 4);
+  EXPECT_EQ(b.rows_skipped, 4);
+  ASSERT_EQ(a.skipped_examples.size(), b.skipped_examples.size());
+  for (size_t i = 0; i < a.skipped_examples.size(); ++i) {
+    // Same reason; the CSV line is one more (the header).
+    const std::string& x = a.skipped_examples[i];
+    const std::string& y = b.skipped_examples[i];
+    EXPECT_EQ(x.substr(x.find(": ")), y.substr(y.find(": "))) << x << " vs " << y;
+  }
+  for (size_t i = 0; i < a.samples.size(); ++i) {
+    EXPECT_EQ(a.samples[i].num_frames, b.samples[i].num_frames);
+    EXPECT_EQ(a.samples[i].fps, b.samples[i].fps);
+  }
+}
+
+TEST(ManifestRules, ErrorMessagesQuoteAtMost40BytesAndEscapeControlBytes) {
+  const std::string header = "path,num_frames,height,width,fps\n";
+  auto f = MustFail(header + "v," + std::string(100, '7') + "x,8,8,16\n");
+  EXPECT_EQ(f.message, "not a number: '" + std::string(40, '7') + "...'");
+  f = MustFail(header + "v,8" + std::string("\0\r", 1) + "1,8,8,16\n");
+  EXPECT_EQ(f.message, "not a number: '8\\x001'") << f.ToString();
+  f = MustFail(header + "v,8,8,\"8\x1b\",16\n");
+  EXPECT_EQ(f.column, "width");
+  EXPECT_EQ(f.message, "not a number: '8\\x1b'");
+}
+
+// ----- limits -----
+
+TEST(ManifestLimits, LineLongerThanTheLimitIsAnErrorEvenWhenSkipping) {
+  ManifestOptions skip;
+  skip.skip_bad_rows = true;
+  const std::string header = "path,text,num_frames,height,width,fps\n";
+  const std::string ok = "v.mp4,cap,81,480,832,16\n";
+  const std::string long_caption(kMaxLineBytes, 'c');
+  // A row of kMaxLineBytes bytes is fine; one more byte is not.
+  const std::string fits = "v.mp4," + long_caption.substr(0, kMaxLineBytes - 20) + ",81,480,832,16";
+  ASSERT_LE(fits.size(), kMaxLineBytes);
+  EXPECT_EQ(MustParse(header + ok + fits + "\n", "m.csv", skip).samples.size(), 2u);
+  for (const auto& o : {ManifestOptions{}, skip}) {
+    auto r = ParseManifest(header + ok + ok + "v.mp4," + long_caption + ",81,480,832,16\n" + ok,
+                           "m.csv", o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.failure().ToString(), "m.csv:4: line longer than the 1048576-byte limit");
+    // Inside a quoted caption that spans lines: the long physical line is named.
+    r = ParseManifest(header + ok + "v.mp4,\"a\nb\n" + long_caption + "\",81,480,832,16\n", "m.csv",
+                      o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.failure().ToString(), "m.csv:5: line longer than the 1048576-byte limit");
+    const std::string row = "{\"path\":\"a\",\"num_frames\":1,\"height\":8,\"width\":8}\n";
+    r = ParseManifest(row + "\n" + long_caption + "c\n" + row, "m.jsonl", o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.failure().ToString(), "m.jsonl:3: line longer than the 1048576-byte limit");
+  }
+  // A header line over the limit.
+  auto f = MustFail("path,num_frames,height,width,fps," + long_caption + "\n");
+  EXPECT_EQ(f.ToString(), "m.csv:1: line longer than the 1048576-byte limit");
+}
+
+TEST(ManifestLimits, HeaderColumns) {
+  std::string header = "path,num_frames,height,width,fps";
+  for (size_t i = 5; i < kMaxColumns; ++i) header += ",c";
+  EXPECT_EQ(MustParse(header + "\n").rows_total, 0);
+  auto f = MustFail(header + ",c\n");
+  EXPECT_EQ(f.line, 1);
+  EXPECT_EQ(f.message, "header has more than 1024 columns (the limit)");
+}
+
+TEST(ManifestLimits, DevZeroFailsAtLineOneInBothFormats) {
+  for (const std::string format : {"csv", "jsonl"}) {
+    for (bool skip : {false, true}) {
+      ManifestOptions o;
+      o.format = format;
+      o.skip_bad_rows = skip;
+      auto r = ReadManifest("/dev/zero", o);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.failure().ToString(), "/dev/zero:1: line longer than the 1048576-byte limit");
+    }
+  }
+}
+
+TEST(ManifestLimits, DirectoryIsRefused) {
+  auto r = ReadManifest("/");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure().ToString(), "/: is a directory, not a manifest file");
+}
+
+// A FIFO is read as a stream: the same rows as the file, and its long lines fail while reading.
+TEST(ManifestLimits, FifoIsStreamedWithTheSameRulesAndLimits) {
+  const std::string dir = ::testing::TempDir() + "manifest_fifo_" + std::to_string(getpid());
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string fifo = dir + "/m.csv";
+  // The reader stops at the long line; the writer then gets EPIPE instead of SIGPIPE.
+  signal(SIGPIPE, SIG_IGN);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto feed = [&](std::string text) {
+    return std::thread([fifo, text] {
+      std::ofstream out(fifo, std::ios::binary);
+      out << text;
+    });
+  };
+  std::thread w = feed("path,num_frames,height,width,fps\na,1,8,8,\nb,9,8,8,0\n");
+  auto r = ReadManifest(fifo);
+  w.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(
+      r.failure().ToString(),
+      fifo + ":3: column 'fps': '0' is out of range [0.001, 1e+06] for a video (num_frames > 1)");
+  w = feed("path,num_frames,height,width,fps\na,1,8,8,\n" + std::string(3 << 20, 'x'));
+  r = ReadManifest(fifo);
+  w.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure().ToString(), fifo + ":3: line longer than the 1048576-byte limit");
+  w = feed("path,num_frames,height,width,fps\na,1,8,8,\nb,9,8,8,30\n");
+  r = ReadManifest(fifo);
+  w.join();
+  ASSERT_TRUE(r.ok()) << r.failure().ToString();
+  EXPECT_EQ(r->samples.size(), 2u);
+  unlink(fifo.c_str());
+  rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -201,27 +202,40 @@ struct Header {
   std::vector<int8_t> slot_of;  // per column: required slot or -1
 };
 
+// The 0-based index of the first physical line of [p, end) longer than kMaxLineBytes (bytes
+// before its '\n'), or -1.
+int64_t FirstLongLine(const char* p, const char* end) {
+  for (int64_t k = 0;; ++k) {
+    const char* nl = static_cast<const char*>(std::memchr(p, '\n', end - p));
+    const char* le = nl ? nl : end;
+    if (static_cast<size_t>(le - p) > kMaxLineBytes) return k;
+    if (!nl) return -1;
+    p = nl + 1;
+  }
+}
+
 // Parses the data rows from the scanner's position into *sink until the text ends or a record
-// ends past `stop`. Returns false when a strict parse stopped at a bad row.
+// ends past `stop`. Returns false when the parse stopped (strict mode and a bad row, or a limit).
 bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
                PageReleaser* rel) {
   const size_t ncols = h.columns.size();
   std::array<FieldRef, kNumRequired> fields;
   std::string why;
+  RowError broken;
   while (sc.pos() <= stop && sc.SkipBlankLines()) {
     rel->Upto(sc.pos());
+    const char* record = sc.pos();
     const int64_t row_line = sc.line();
     for (auto& f : fields) f.present = false;
     size_t n = 0;
     bool last = false;
-    bool broken = false;
+    bool ok = true;
     while (!last) {
       const int64_t field_line = sc.line();
       std::string_view f;
       if (!sc.Field(&f, &last, &why)) {
-        const std::string col = n < ncols ? h.columns[n] : "";
-        if (!sink->BadRow({field_line, col, why})) return false;
-        broken = true;
+        broken = RowError{field_line, n < ncols ? h.columns[n] : "", why};
+        ok = false;
         break;
       }
       if (n < ncols && h.slot_of[n] >= 0) {
@@ -229,7 +243,16 @@ bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
       }
       ++n;
     }
-    if (broken) continue;
+    if (static_cast<size_t>(sc.pos() - record) > kMaxLineBytes) {
+      if (const int64_t k = FirstLongLine(record, sc.pos()); k >= 0) {
+        sink->BadRow({row_line + k, "", LineTooLong(), true});
+        return false;
+      }
+    }
+    if (!ok) {
+      if (!sink->BadRow(std::move(broken))) return false;
+      continue;
+    }
     if (n != ncols) {
       RowError err{row_line, n < ncols ? h.columns[n] : "",
                    "wrong field count: the row has " + std::to_string(n) +
@@ -240,6 +263,13 @@ bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
     if (!sink->Row(fields, row_line)) return false;
   }
   return true;
+}
+
+// Bytes per line of the first 64 KiB of [p, end) (for the reservation); 0 when unknown.
+double BytesPerLine(const char* p, const char* end) {
+  const size_t n = std::min<size_t>(static_cast<size_t>(end - p), 1 << 16);
+  const auto lines = std::count(p, p + n, '\n');
+  return lines > 0 ? static_cast<double>(n) / static_cast<double>(lines) : 0;
 }
 
 // The first line end outside quotes at or after `from`, given whether `from` is inside a quoted
@@ -271,13 +301,21 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
   }
   // Header.
   const int64_t header_line = sc.line();
+  const char* header_start = sc.pos();
   Header h;
   std::array<int, kNumRequired> column_of;
   column_of.fill(-1);
   std::string why;
   for (bool last = false; !last;) {
     std::string_view f;
-    if (!sc.Field(&f, &last, &why)) return Failure{"header: " + why, name, header_line, ""};
+    if (h.columns.size() >= kMaxColumns) {
+      return Failure{"header has more than " + std::to_string(kMaxColumns) + " columns (the limit)",
+                     name, header_line, ""};
+    }
+    if (!sc.Field(&f, &last, &why)) {
+      if (FirstLongLine(header_start, sc.pos()) >= 0) break;
+      return Failure{"header: " + why, name, header_line, ""};
+    }
     f = Trim(f);
     h.columns.emplace_back(f);
     int8_t slot = -1;
@@ -292,6 +330,9 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
     }
     h.slot_of.push_back(slot);
   }
+  if (const int64_t k = FirstLongLine(header_start, sc.pos()); k >= 0) {
+    return Failure{LineTooLong(), name, header_line + k, ""};
+  }
   for (int r = 0; r < kNumRequired; ++r) {
     if (column_of[r] < 0) {
       return Failure{"header lacks required column (need path, num_frames, height, width, fps)",
@@ -303,8 +344,9 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
   const size_t data_bytes = static_cast<size_t>(end - data);
   const bool parallel = csv.force_parallel || (data_bytes >= csv.min_parallel_bytes &&
                                                std::thread::hardware_concurrency() >= 2);
+  const double bytes_per_line = BytesPerLine(data, end);
   std::vector<RowSink> parts;
-  parts.emplace_back(options.skip_bad_rows, text.size() / 96 + 16);
+  parts.emplace_back(options.skip_bad_rows, RowsToReserve(data_bytes, bytes_per_line));
   PageReleaser rel(begin, data, csv.release_pages);
   if (!parallel || data_bytes < 2) {
     ParseRows(sc, h, end, &parts[0], &rel);
@@ -312,20 +354,28 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
   }
 
   // Two parts: [data, b2) here, [b2, end) on a second thread, b2 being the first record start
-  // after the middle as far as quote parity tells.
+  // after the middle as far as quote parity tells. std::jthread joins on every way out; an
+  // exception of the worker (std::bad_alloc) is rethrown here after the join.
   const char* split = data + data_bytes / 2;
   const char* b2 = end;
-  RowSink second(options.skip_bad_rows, static_cast<size_t>(end - split) / 96 + 16);
-  std::thread worker([&] {
-    PageReleaser count_rel(begin, data, csv.release_pages);
-    const bool in_quotes = OddCount(data, split, '"', &count_rel);
-    b2 = NextRecordStart(split, end, in_quotes);
-    CsvScanner sc2(b2, end, 0);
-    PageReleaser rel2(begin, b2, csv.release_pages);
-    ParseRows(sc2, h, end, &second, &rel2);
+  RowSink second(options.skip_bad_rows,
+                 RowsToReserve(static_cast<size_t>(end - split), bytes_per_line));
+  std::exception_ptr worker_error;
+  std::jthread worker([&] {
+    try {
+      PageReleaser count_rel(begin, data, csv.release_pages);
+      const bool in_quotes = OddCount(data, split, '"', &count_rel);
+      b2 = NextRecordStart(split, end, in_quotes);
+      CsvScanner sc2(b2, end, 0);
+      PageReleaser rel2(begin, b2, csv.release_pages);
+      ParseRows(sc2, h, end, &second, &rel2);
+    } catch (...) {
+      worker_error = std::current_exception();
+    }
   });
   const bool ok = ParseRows(sc, h, split, &parts[0], &rel);
   worker.join();
+  if (worker_error) std::rethrow_exception(worker_error);
   if (ok && sc.pos() != b2) {
     // The guess was wrong (malformed quoting near the middle): continue sequentially.
     ParseRows(sc, h, end, &parts[0], &rel);

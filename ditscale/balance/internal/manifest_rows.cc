@@ -1,27 +1,27 @@
-// Row validation and the joining of parsed parts; see manifest_rows.h.
+// The field rules of manifest.h and the joining of parsed parts; see manifest_rows.h.
 #include "ditscale/balance/internal/manifest_rows.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
 
+#include "ditscale/core/range.h"
+
 namespace ditscale::balance::internal {
 namespace {
 
-// Parses a whole (trimmed) field as a finite double; nullopt names why not.
-std::optional<double> ParseDouble(std::string_view s, std::string* why) {
-  s = Trim(s);
-  double v = 0;
-  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || ptr != s.data() + s.size()) {
-    *why = "not a number: '" + std::string(s.substr(0, 40)) + "'";
-    return std::nullopt;
-  }
-  if (!std::isfinite(v)) {
-    *why = "not a finite number: '" + std::string(s) + "'";
-    return std::nullopt;
-  }
-  return v;
+// How a field's text parsed as a number.
+enum class Num { kOk, kNotNumber, kOutOfRange };
+
+// Parses a whole (trimmed) field as a double: kOutOfRange for NaN, inf and numbers beyond a
+// double (1e400, 1e-400), kNotNumber for anything else that is not exactly one number.
+Num ParseDouble(std::string_view s, double* v) {
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  if (ptr != s.data() + s.size() || s.empty()) return Num::kNotNumber;
+  if (ec == std::errc::result_out_of_range) return Num::kOutOfRange;
+  if (ec != std::errc()) return Num::kNotNumber;
+  return std::isfinite(*v) ? Num::kOk : Num::kOutOfRange;
 }
 
 // Fast path for the common "24" / "23.976": digits, optionally '.' and digits, at most 15
@@ -52,8 +52,7 @@ std::optional<double> FastDecimal(std::string_view s) {
   return static_cast<double>(m) / kPow10[frac];
 }
 
-// Parses a positive integer that fits int32 ("81" or "81.0"; not "12abc", "0", "-3", "1e99").
-// Fast path of ParsePositiveInt: 1..9 plain digits (< 2^31), not zero; nullopt otherwise.
+// Fast path of ParseDimension: 1..9 plain digits (< 2^31), not zero; nullopt otherwise.
 inline std::optional<int32_t> FastPositiveInt(std::string_view s) {
   if (s.empty() || s.size() > 9) return std::nullopt;
   int32_t v = 0;
@@ -65,38 +64,101 @@ inline std::optional<int32_t> FastPositiveInt(std::string_view s) {
   return v;
 }
 
-std::optional<int32_t> ParsePositiveInt(std::string_view s, std::string* why) {
+std::string OutOfRange(std::string_view s, double lo, double hi) {
+  return Shown(s) + " is out of range [" + FormatNumber(lo) + ", " + FormatNumber(hi) + "]";
+}
+std::string OutOfRange(std::string_view s, long long lo, long long hi) {
+  return Shown(s) + " is out of range [" + FormatNumber(lo) + ", " + FormatNumber(hi) + "]";
+}
+
+// num_frames / height / width: an integer in [1, kMaxDimension] ("81", " 81 ", "81.0", "8.1e1").
+std::optional<int32_t> ParseDimension(std::string_view s, std::string* why) {
   s = Trim(s);
   if (s.empty()) {
     *why = "missing value";
     return std::nullopt;
   }
   int64_t iv = 0;
+  double v = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), iv);
-  double v;
   if (ec == std::errc() && ptr == s.data() + s.size()) {
     v = static_cast<double>(iv);
   } else {
-    auto d = ParseDouble(s, why);
-    if (!d) return std::nullopt;
-    if (*d != std::floor(*d)) {
-      *why = "not an integer: '" + std::string(s) + "'";
+    const Num r = ParseDouble(s, &v);
+    if (r == Num::kNotNumber) {
+      *why = "not a number: " + Shown(s);
       return std::nullopt;
     }
-    v = *d;
+    if (r == Num::kOk && v != std::floor(v)) {
+      *why = "not an integer: " + Shown(s);
+      return std::nullopt;
+    }
+    if (r == Num::kOutOfRange) v = std::numeric_limits<double>::quiet_NaN();
   }
-  if (v <= 0) {
-    *why = "must be > 0, got '" + std::string(s) + "'";
-    return std::nullopt;
-  }
-  if (v > std::numeric_limits<int32_t>::max()) {
-    *why = "too large: '" + std::string(s) + "'";
+  if (!(v >= 1 && v <= kMaxDimension)) {
+    *why = OutOfRange(s, 1LL, static_cast<long long>(kMaxDimension));
     return std::nullopt;
   }
   return static_cast<int32_t>(v);
 }
 
+// fps: a number in [lo, kMaxFps].
+std::optional<double> ParseFps(std::string_view s, double lo, std::string* why) {
+  s = Trim(s);
+  double v = 0;
+  if (auto f = FastDecimal(s)) {
+    v = *f;
+  } else {
+    const Num r = ParseDouble(s, &v);
+    if (r == Num::kNotNumber) {
+      *why = "not a number: " + Shown(s);
+      return std::nullopt;
+    }
+    if (r == Num::kOutOfRange) v = std::numeric_limits<double>::quiet_NaN();
+  }
+  if (!(v >= lo && v <= kMaxFps)) {
+    *why = OutOfRange(s, lo, kMaxFps) + (lo > 0 ? " for a video (num_frames > 1)" : "");
+    return std::nullopt;
+  }
+  return v;
+}
+
+// The type rules of JSONL: a string where a number belongs, or true/false/an object/an array.
+std::optional<std::string> TypeError(const FieldRef& f, bool want_string) {
+  if (f.type == FieldType::kText) return std::nullopt;
+  if (want_string) {
+    if (f.type == FieldType::kString) return std::nullopt;
+    return "expected a string, got " + Shown(f.text);
+  }
+  if (f.type == FieldType::kNumber) return std::nullopt;
+  if (f.type == FieldType::kString) return "expected a number, got the string " + Shown(f.text);
+  return "expected a number, got " + Shown(f.text);
+}
+
 }  // namespace
+
+std::string LineTooLong() {
+  return "line longer than the " + std::to_string(kMaxLineBytes) + "-byte limit";
+}
+
+std::string Shown(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  const size_t n = std::min(s.size(), kMaxShownBytes);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > n) out += "...";
+  out += "'";
+  return out;
+}
 
 std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f, int64_t row_line,
                                      RowError* err) {
@@ -105,39 +167,55 @@ std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f
                     std::move(msg)};
     return std::nullopt;
   };
-  if (!f[kPath].present || f[kPath].is_null || Trim(f[kPath].text).empty()) {
-    return fail(kPath, "missing value");
-  }
+  const FieldRef& path = f[kPath];
+  if (!path.present || path.is_null) return fail(kPath, "missing value");
+  if (auto e = TypeError(path, true)) return fail(kPath, *e);
+  if (Trim(path.text).empty()) return fail(kPath, "missing value");
   RawSample s;
   std::string why;
   for (int slot : {kFrames, kHeight, kWidth}) {
     if (!f[slot].present || f[slot].is_null) return fail(slot, "missing value");
+    if (auto e = TypeError(f[slot], false)) return fail(slot, *e);
     auto v = FastPositiveInt(f[slot].text);
-    if (!v) v = ParsePositiveInt(f[slot].text, &why);
+    if (!v) v = ParseDimension(f[slot].text, &why);
     if (!v) return fail(slot, why);
     (slot == kFrames ? s.num_frames : slot == kHeight ? s.height : s.width) = *v;
   }
   const FieldRef& fps = f[kFps];
-  const bool fps_empty = !fps.present || fps.is_null || Trim(fps.text).empty();
+  const bool fps_empty =
+      !fps.present || fps.is_null || (fps.type == FieldType::kText && Trim(fps.text).empty());
+  if (!fps_empty) {
+    if (auto e = TypeError(fps, false)) return fail(kFps, *e);
+  }
   if (s.num_frames == 1) {
-    // An image: fps is ignored, but if written it must still be a number.
-    if (!fps_empty && !FastDecimal(fps.text) && !ParseDouble(fps.text, &why)) {
-      return fail(kFps, why);
-    }
+    // An image: fps is ignored, but if written it must still be a number in [0, kMaxFps].
+    if (!fps_empty && !ParseFps(fps.text, 0, &why)) return fail(kFps, why);
     s.fps = 0;
     return s;
   }
   if (fps_empty) return fail(kFps, "missing fps for a video (num_frames > 1)");
-  if (auto v = FastDecimal(fps.text); v && *v > 0) {
-    s.fps = static_cast<float>(*v);
-    return s;
-  }
-  auto v = ParseDouble(fps.text, &why);
+  auto v = ParseFps(fps.text, kMinVideoFps, &why);
   if (!v) return fail(kFps, why);
-  if (*v <= 0)
-    return fail(kFps, "fps must be > 0 for a video, got '" + std::string(Trim(fps.text)) + "'");
   s.fps = static_cast<float>(*v);
   return s;
+}
+
+RowSink::RowSink(bool skip_bad_rows, size_t reserve) : skip_bad_rows_(skip_bad_rows) {
+  samples.reserve(reserve);
+  ids.reserve(reserve);
+}
+
+bool RowSink::TooManyRows(int64_t line) {
+  return Fatal(
+      RowError{line, "", "more than " + std::to_string(kMaxRows) + " data rows (the limit)", true});
+}
+
+size_t RowsToReserve(size_t bytes, double bytes_per_row) {
+  constexpr size_t kCap = size_t{64} << 20;
+  if (!(bytes_per_row > 0)) bytes_per_row = 96;
+  const double want = static_cast<double>(bytes) / bytes_per_row * 1.05 + 16;
+  return static_cast<size_t>(
+      std::min({want, static_cast<double>(kCap), static_cast<double>(kMaxRows)}));
 }
 
 Result<Manifest> Finish(std::vector<RowSink>* parts, const std::string& name,
@@ -147,10 +225,16 @@ Result<Manifest> Finish(std::vector<RowSink>* parts, const std::string& name,
   };
   Manifest m;
   m.source = name;
-  if (!options.skip_bad_rows) {
-    for (const RowSink& p : *parts) {
-      if (p.failed()) return failure(p, p.errors.front());
-    }
+  int64_t rows = 0;
+  for (const RowSink& p : *parts) {
+    if (!options.skip_bad_rows && !p.errors.empty()) return failure(p, p.errors.front());
+    if (p.fatal) return failure(p, *p.fatal);
+    rows += p.rows;
+  }
+  if (rows > kMaxRows) {
+    const RowSink& last = parts->back();
+    return Failure{"more than " + std::to_string(kMaxRows) + " data rows (the limit)", name,
+                   last.line_offset + 1, ""};
   }
   if (parts->empty()) return m;
   size_t n = 0;

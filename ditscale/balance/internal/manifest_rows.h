@@ -1,7 +1,8 @@
-// Row-level pieces shared by the CSV and JSONL manifest readers (manifest.cc,
-// internal/csv_manifest.cc): the required columns, one row's field views, validation of a row
-// into a RawSample, and RowSink, which collects the rows of one contiguous part of a file so
-// that parts parsed on different threads can be joined in file order (Finish).
+// Row-level pieces shared by the CSV and JSONL manifest readers (internal/csv_manifest.cc,
+// internal/jsonl_manifest.cc): the required columns, one row's field views, the field rules of
+// manifest.h applied to a row (ValidateRow), and RowSink, which collects the rows of one
+// contiguous part of a file so that parts parsed on different threads can be joined in file
+// order (Finish).
 #pragma once
 
 #include <array>
@@ -21,6 +22,15 @@ constexpr std::array<std::string_view, kNumRequired> kRequired = {"path", "num_f
                                                                   "width", "fps"};
 enum Slot { kPath = 0, kFrames = 1, kHeight = 2, kWidth = 3, kFps = 4 };
 constexpr size_t kMaxSkippedExamples = 10;
+constexpr size_t kMaxShownBytes = 40;  // bytes of a field quoted in an error message
+
+// What a field's text is: CSV text (any field), or a JSON value's kind.
+enum class FieldType : uint8_t {
+  kText,    // CSV field text
+  kNumber,  // JSON number, text as written back by the JSON library (round-trips exactly)
+  kString,  // JSON string, its decoded value
+  kOther,   // JSON true/false/object/array, text as dumped
+};
 
 // A required field as found in one row.
 struct FieldRef {
@@ -28,13 +38,16 @@ struct FieldRef {
   int64_t line = 0;      // physical line where the field starts
   bool present = false;  // false: the row ended before this column (CSV) / key absent (JSONL)
   bool is_null = false;  // JSONL null
+  FieldType type = FieldType::kText;
 };
 
-// A row-level problem: which column, on which line, and why.
+// A row-level problem: which column, on which line, and why. `fatal`: a broken limit, which
+// ends the parse even with skip_bad_rows.
 struct RowError {
   int64_t line = 0;
   std::string column;
   std::string message;
+  bool fatal = false;
 };
 
 // Strips leading and trailing spaces and tabs.
@@ -44,22 +57,29 @@ inline std::string_view Trim(std::string_view s) {
   return s;
 }
 
-// Validates the five required fields of one row (row_line: the record's first line, used for
-// absent fields) into a RawSample; nullopt with *err naming line, column and reason.
+// The message of a physical line longer than kMaxLineBytes (the same for CSV, JSONL and a
+// stream read).
+std::string LineTooLong();
+
+// A field for an error message: quoted, at most kMaxShownBytes bytes ("..." after a cut),
+// bytes below 0x20 and 0x7f written \xNN: 'ab\x00c'.
+std::string Shown(std::string_view s);
+
+// Applies the field rules of manifest.h to the five required fields of one row (row_line: the
+// record's first line, used for absent fields); nullopt with *err naming line, column, reason.
 std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f, int64_t row_line,
                                      RowError* err);
 
 // The rows of one contiguous part of a manifest, in file order. Ids and lines are relative to
-// the part; Finish adds each part's offsets.
+// the part; Finish adds each part's offsets. At most kMaxRows rows per part.
 class RowSink {
  public:
-  // skip_bad_rows: see ManifestOptions. reserve: expected number of rows.
-  RowSink(bool skip_bad_rows, size_t reserve) : skip_bad_rows_(skip_bad_rows) {
-    samples.reserve(reserve);
-    ids.reserve(reserve);
-  }
-  // Validates and stores one row; false when parsing must stop (strict mode, a bad row).
+  // skip_bad_rows: see ManifestOptions. reserve: expected number of rows (capped).
+  RowSink(bool skip_bad_rows, size_t reserve);
+  // Validates and stores one row; false when parsing must stop (strict mode and a bad row, or a
+  // limit broken).
   bool Row(const std::array<FieldRef, kNumRequired>& fields, int64_t row_line) {
+    if (rows >= kMaxRows) return TooManyRows(row_line);
     const int64_t id = rows++;
     RowError err;
     if (auto s = ValidateRow(fields, row_line, &err)) {
@@ -69,19 +89,23 @@ class RowSink {
     }
     return Bad(std::move(err));
   }
-  // A row that could not even be split into fields (counts as a data row).
+  // A row that could not even be split into fields (counts as a data row), or (err.fatal) a
+  // broken limit.
   bool BadRow(RowError err) {
+    if (err.fatal) return Fatal(std::move(err));
+    if (rows >= kMaxRows) return TooManyRows(err.line);
     ++rows;
     return Bad(std::move(err));
   }
-  // True when a bad row stopped a strict parse (errors.front() is it).
-  bool failed() const { return !skip_bad_rows_ && !errors.empty(); }
+  // True when this part's parse was stopped by a bad row (strict) or a broken limit.
+  bool failed() const { return fatal.has_value() || (!skip_bad_rows_ && !errors.empty()); }
 
   std::vector<RawSample> samples;  // good rows
   std::vector<int64_t> ids;        // their row numbers within the part (0-based)
   int64_t rows = 0;                // rows seen (good + bad)
   int64_t skipped = 0;             // bad rows (skip mode)
   std::vector<RowError> errors;    // the first kMaxSkippedExamples bad rows (strict: the one)
+  std::optional<RowError> fatal;   // the broken limit that stopped the parse
   int64_t line_offset = 0;         // added to every line of the part (set by the caller)
 
  private:
@@ -94,12 +118,23 @@ class RowSink {
     if (errors.size() < kMaxSkippedExamples) errors.push_back(std::move(err));
     return true;
   }
+  bool Fatal(RowError err) {
+    fatal = std::move(err);
+    fatal->fatal = true;
+    return false;
+  }
+  bool TooManyRows(int64_t line);
   bool skip_bad_rows_;
 };
 
+// The number of rows to reserve for a text of `bytes` bytes whose first rows average
+// `bytes_per_row` bytes (<= 0: unknown, 96 assumed): ~5% over the estimate, capped at 64M rows
+// (the vectors grow past that when needed) and at kMaxRows.
+size_t RowsToReserve(size_t bytes, double bytes_per_row);
+
 // Joins the parts (in file order) into a Manifest of file `name`: ids offset by the rows of the
-// earlier parts, lines by each part's line_offset; in strict mode the first part's failure, if
-// any, is the result. Moves the data out of the parts.
+// earlier parts, lines by each part's line_offset. The first part (in file order) that failed
+// gives the result: its strict-mode bad row or its broken limit. Moves the data out of the parts.
 Result<Manifest> Finish(std::vector<RowSink>* parts, const std::string& name,
                         const ManifestOptions& options);
 

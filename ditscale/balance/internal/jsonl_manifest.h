@@ -1,0 +1,21 @@
+// The JSONL manifest reader (see manifest.h for the format, the field rules and the limits).
+//
+// Each non-blank line (at most kMaxLineBytes) is parsed by ParseJson (ditscale/core/json_text.h)
+// with its line number, so syntax errors, repeated keys and numbers beyond a double are bad rows
+// naming file:line; the line must hold one JSON object. The required keys' values become
+// FieldRefs typed by their JSON kind and go through the same ValidateRow as CSV fields.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "ditscale/balance/manifest.h"
+#include "ditscale/core/result.h"
+
+namespace ditscale::balance::internal {
+
+// Parses JSONL manifest text; `name` is used in error messages.
+Result<Manifest> ParseJsonlManifest(std::string_view text, const std::string& name,
+                                    const ManifestOptions& options);
+
+}  // namespace ditscale::balance::internal

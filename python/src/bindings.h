@@ -5,4 +5,6 @@
 namespace ditscale::python {
 // Sampler, manifest and planner bindings (python/src/balance_bindings.cc).
 void BindBalance(pybind11::module_& m);
+// The simulator's attention model for bench/sp/calibrate.py (python/src/sp_sim_bindings.cc).
+void BindSpSimulator(pybind11::module_& m);
 }  // namespace ditscale::python

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "ditscale CPU core";
   pybind11::register_exception<ditscale::Error>(m, "Error", PyExc_RuntimeError);
   ditscale::python::BindBalance(m);
+  ditscale::python::BindSpSimulator(m);
 }

@@ -29,10 +29,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "ditscale/core/json_text.h"
+#include "ditscale/core/range.h"
 
 namespace ditscale::balance {
 
@@ -80,7 +81,7 @@ double CostModel::Exponent(int64_t seq_len) const {
 
 int64_t MemoryModel::MaxTokens(double gpu_mem_bytes, double safety) const {
   const double room = gpu_mem_bytes * (1 - safety) - m0;
-  if (room <= 0) return 0;
+  if (!(room > 0)) return 0;  // also NaN inputs: no room, never a wrapped count
   if (m1 <= 0) return std::numeric_limits<int64_t>::max();
   const double t = std::floor(room / m1);
   if (t >= static_cast<double>(std::numeric_limits<int64_t>::max())) {
@@ -130,9 +131,10 @@ Failure JsonFailure(const std::string& file, const std::string& field, std::stri
   return Failure{std::move(msg), file, 0, field};
 }
 
-// Reads a finite, non-negative number; `required` fields must be present.
+// Reads a number in [lo, hi]; `required` fields must be present.
 bool GetNumber(const nlohmann::json& j, const std::string& key, const std::string& path,
-               const std::string& field, bool required, double* out, Failure* f) {
+               const std::string& field, bool required, double lo, double hi, double* out,
+               Failure* f) {
   auto it = j.find(key);
   if (it == j.end()) {
     if (required) *f = JsonFailure(path, field, "missing required field");
@@ -143,30 +145,18 @@ bool GetNumber(const nlohmann::json& j, const std::string& key, const std::strin
     return false;
   }
   const double v = it->get<double>();
-  if (!std::isfinite(v) || v < 0) {
-    *f = JsonFailure(path, field, "must be a finite number >= 0, got " + it->dump());
+  if (!(v >= lo && v <= hi)) {
+    *f = JsonFailure(path, field,
+                     field + ": " + it->dump() + " is out of range [" + FormatNumber(lo) + ", " +
+                         FormatNumber(hi) + "]");
     return false;
   }
   *out = v;
   return true;
 }
 
-}  // namespace
-
-Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out) {
-  std::ifstream in(path);
-  if (!in) return Failure{"cannot open cost model file", path, 0, ""};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    const size_t upto = std::min(static_cast<size_t>(e.byte), text.size());
-    const long long line = 1 + std::count(text.begin(), text.begin() + upto, '\n');
-    return Failure{std::string("invalid JSON: ") + e.what(), path, line, ""};
-  }
+Result<CostModel> CostFromJson(const nlohmann::json& j, const std::string& path,
+                               MemoryModel* memory_out) {
   if (!j.is_object()) return Failure{"expected a JSON object", path, 1, ""};
   static const char* kKnown[] = {"kind", "a", "a_mb", "b", "p", "c1", "c2", "source", "memory"};
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -175,6 +165,9 @@ Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out
                          "unknown field (known: kind, a, a_mb, b, p, c1, c2, source, "
                          "memory)");
     }
+  }
+  if (auto it = j.find("source"); it != j.end() && !it->is_string()) {
+    return JsonFailure(path, "source", "expected a string, got " + it->dump());
   }
   CostModel c;
   auto kind = j.find("kind");
@@ -185,16 +178,13 @@ Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out
   c.kind = *kind == "power" ? CostModel::Kind::kPower : CostModel::Kind::kQuadratic;
   const bool power = c.kind == CostModel::Kind::kPower;
   Failure f;
-  if (!GetNumber(j, "a", path, "a", true, &c.a, &f) ||
-      !GetNumber(j, "a_mb", path, "a_mb", false, &c.a_mb, &f) ||
-      !GetNumber(j, "b", path, "b", power, &c.b, &f) ||
-      !GetNumber(j, "p", path, "p", power, &c.p, &f) ||
-      !GetNumber(j, "c1", path, "c1", !power, &c.c1, &f) ||
-      !GetNumber(j, "c2", path, "c2", !power, &c.c2, &f)) {
+  if (!GetNumber(j, "a", path, "a", true, 0, kMaxOverheadS, &c.a, &f) ||
+      !GetNumber(j, "a_mb", path, "a_mb", false, 0, kMaxOverheadS, &c.a_mb, &f) ||
+      !GetNumber(j, "b", path, "b", power, 0, kMaxCoefficient, &c.b, &f) ||
+      !GetNumber(j, "p", path, "p", power, kMinExponent, kMaxExponent, &c.p, &f) ||
+      !GetNumber(j, "c1", path, "c1", !power, 0, kMaxCoefficient, &c.c1, &f) ||
+      !GetNumber(j, "c2", path, "c2", !power, 0, kMaxCoefficient, &c.c2, &f)) {
     return f;
-  }
-  if (power && (c.p < 0.5 || c.p > 4)) {
-    return JsonFailure(path, "p", "exponent out of the plausible range [0.5, 4]: " + j["p"].dump());
   }
   if (power ? c.b <= 0 : c.c1 + c.c2 <= 0) {
     return JsonFailure(path, power ? "b" : "c1", "the per-sample work term must be > 0");
@@ -202,15 +192,35 @@ Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out
   c.source = "json:" + path;
   if (auto it = j.find("memory"); it != j.end()) {
     if (!it->is_object()) return JsonFailure(path, "memory", "expected {\"m0\": .., \"m1\": ..}");
+    for (auto k = it->begin(); k != it->end(); ++k) {
+      if (k.key() != "m0" && k.key() != "m1") {
+        return JsonFailure(path, "memory." + k.key(), "unknown field (known: m0, m1)");
+      }
+    }
     MemoryModel m;
-    if (!GetNumber(*it, "m0", path, "memory.m0", true, &m.m0, &f) ||
-        !GetNumber(*it, "m1", path, "memory.m1", true, &m.m1, &f)) {
+    if (!GetNumber(*it, "m0", path, "memory.m0", true, 0, kMaxMemoryBytes, &m.m0, &f) ||
+        !GetNumber(*it, "m1", path, "memory.m1", true, 0, kMaxMemoryBytes, &m.m1, &f)) {
       return f;
     }
     if (m.m1 <= 0) return JsonFailure(path, "memory.m1", "bytes per token must be > 0");
     if (memory_out != nullptr) *memory_out = m;
   }
   return c;
+}
+
+}  // namespace
+
+Result<CostModel> ParseCostModel(std::string_view text, const std::string& file,
+                                 MemoryModel* memory_out) {
+  auto j = ParseJson(text, file);
+  if (!j.ok()) return j.failure();
+  return CostFromJson(*j, file, memory_out);
+}
+
+Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out) {
+  auto j = ReadJsonFile(path);
+  if (!j.ok()) return j.failure();
+  return CostFromJson(*j, path, memory_out);
 }
 
 std::string CostModelToJson(const CostModel& cost, const MemoryModel* memory) {

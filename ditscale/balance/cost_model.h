@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "ditscale/balance/shapes.h"
 #include "ditscale/core/result.h"
@@ -59,7 +60,9 @@ CostModel OverheadPerMicroBatch(const CostModel& cost);
 struct MemoryModel {
   double m0 = 0;  // bytes independent of the batch (weights, optimizer state, workspace)
   double m1 = 0;  // bytes per token in the batch (activations)
-  // Largest tokens per batch that fit: floor((gpu_mem_bytes * (1 - safety) - m0) / m1).
+  // Largest tokens per batch that fit: floor((gpu_mem_bytes * (1 - safety) - m0) / m1); 0 when
+  // nothing fits or an input is NaN; INT64_MAX when m1 <= 0 (MakePlan refuses M_mem above
+  // kMaxMMemTokens, planner.h).
   int64_t MaxTokens(double gpu_mem_bytes, double safety) const;
 };
 
@@ -82,8 +85,22 @@ MemoryModel AnalyticalMemory(const ModelPreset& model, const MemoryAssumptions& 
 // JSON round trip: {"kind": "power", "a": ..., "a_mb": ..., "b": ..., "p": ..., "c1":...,
 //  "c2":..., "memory": {"m0": ..., "m1": ...}}. "a_mb" is optional on read (default 0: files
 //  written before it existed read as before) and always written. Failures name the file and
-//  the field.
+//  the field ("a: -1 is out of range [0, 1e+06]"). Ranges on read:
+//    a, a_mb          [0, kMaxOverheadS] s
+//    b, c1, c2        [0, kMaxCoefficient], and the work term b (power) or c1 + c2 must be > 0
+//    p                [kMinExponent, kMaxExponent]
+//    memory.m0        [0, kMaxMemoryBytes];  memory.m1 (0, kMaxMemoryBytes]
+//  The file is read through ReadJsonFile (ditscale/core/json_text.h): duplicate keys, numbers
+//  beyond double and syntax errors are refused with the file (and line).
+inline constexpr double kMaxOverheadS = 1e6;
+inline constexpr double kMaxCoefficient = 1e6;
+inline constexpr double kMinExponent = 0.5;
+inline constexpr double kMaxExponent = 4;
+inline constexpr double kMaxMemoryBytes = 1e18;
 Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out = nullptr);
+// The same from text already in memory; `file` names it in Failures.
+Result<CostModel> ParseCostModel(std::string_view text, const std::string& file,
+                                 MemoryModel* memory_out = nullptr);
 std::string CostModelToJson(const CostModel& cost, const MemoryModel* memory = nullptr);
 
 }  // namespace ditscale::balance

@@ -173,5 +173,49 @@ TEST_F(CostJsonTest, ErrorsNameTheField) {
   EXPECT_FALSE(LoadCostModel("/nonexistent/cost.json").ok());
 }
 
+// Every number has a range named in the error; the strict JSON reader refuses duplicate keys
+// and numbers beyond double.
+TEST_F(CostJsonTest, RangesAndStrictJson) {
+  struct Case {
+    std::string json, field, expect;
+  };
+  for (
+      const Case& c : std::vector<Case>{
+          {R"({"kind": "power", "a": 1e300, "b": 1e-9, "p": 1.5})", "a",
+           "a: 1e+300 is out of range [0, 1e+06]"},
+          {R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 0.2})", "p",
+           "p: 0.2 is out of range [0.5, 4]"},
+          {R"({"kind": "quadratic", "a": 0.1, "c1": 1e-5, "c2": 1e12})", "c2",
+           "c2: 1000000000000.0 is out of range [0, 1e+06]"},
+          {R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 1.5, "memory": {"m0": -5, "m1": 1}})",
+           "memory.m0", "memory.m0: -5 is out of range [0, 1e+18]"},
+          {R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 1.5, "memory": {"m0": 0, "m1": 1, "x": 1}})",
+           "memory.x", "unknown field"},
+          {R"({"kind": "power", "a": 0.1, "b": 1e-9, "p": 1.5, "source": 5})", "source",
+           "expected a string"},
+      }) {
+    auto p = Write(c.json);
+    auto r = LoadCostModel(p);
+    ASSERT_FALSE(r.ok()) << c.json;
+    EXPECT_EQ(r.failure().column, c.field) << r.failure().ToString();
+    EXPECT_NE(r.failure().message.find(c.expect), std::string::npos) << r.failure().ToString();
+  }
+  for (const std::string json : {R"({"kind": "power", "a": 0.1, "a": 0.2, "b": 1e-9, "p": 1.5})",
+                                 R"({"kind": "power", "a": 0.1, "b": 1e400, "p": 1.5})"}) {
+    auto p = Write(json);
+    auto r = LoadCostModel(p);
+    ASSERT_FALSE(r.ok()) << json;
+    EXPECT_NE(r.failure().ToString().find(p), std::string::npos) << r.failure().ToString();
+  }
+  auto r = LoadCostModel(std::filesystem::temp_directory_path().string());
+  EXPECT_FALSE(r.ok());
+}
+
+TEST(CostModel, MaxTokensOfNaNIsZero) {
+  MemoryModel m{20e9, 1e5};
+  EXPECT_EQ(m.MaxTokens(std::nan(""), 0.1), 0);
+  EXPECT_EQ(m.MaxTokens(140e9, std::nan("")), 0);
+}
+
 }  // namespace
 }  // namespace ditscale::balance

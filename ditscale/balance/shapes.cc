@@ -21,16 +21,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <tuple>
+
+#include "ditscale/core/checked_math.h"
+#include "ditscale/core/json_text.h"
+#include "ditscale/core/range.h"
 
 namespace ditscale::balance {
 namespace {
 
 constexpr double kAspectTolerance = 0.05;
+constexpr double kMaxStride = 64;  // vae strides and patch sizes (shapes.h)
 
 std::vector<Resolution> WanBuckets() {
   // ~256^2 tier (image pre-training), 480p tier, 720p tier; 9:16, 3:4, 1:1, 4:3, 16:9.
@@ -125,10 +129,25 @@ Failure FieldFailure(const std::string& file, const std::string& field, std::str
   return Failure{std::move(msg), file, 0, field};
 }
 
-// Reads an optional field of type T; returns false (with *f set) on a type or range error.
+// A range bound: integers exactly ("1048576", not "1.04858e+06").
+std::string BoundText(double v) {
+  return v == std::floor(v) && std::abs(v) < 9e15 ? FormatNumber(static_cast<long long>(v))
+                                                  : FormatNumber(v);
+}
+
+// "<field>: <value> is out of range [lo, hi]", the value as written in the file.
+Failure RangeFailure(const std::string& file, const std::string& field, const nlohmann::json& v,
+                     double lo, double hi) {
+  return FieldFailure(
+      file, field,
+      field + ": " + v.dump() + " is out of range [" + BoundText(lo) + ", " + BoundText(hi) + "]");
+}
+
+// Reads an optional field of type T in [lo, hi]; returns false (with *f set) on a type or range
+// error.
 template <typename T>
 bool ReadField(const nlohmann::json& j, const char* key, T* out, const std::string& file,
-               Failure* f, double min_value) {
+               Failure* f, double lo = 0, double hi = 0) {
   auto it = j.find(key);
   if (it == j.end()) return true;
   const bool want_bool = std::is_same_v<T, bool>;
@@ -144,11 +163,8 @@ bool ReadField(const nlohmann::json& j, const char* key, T* out, const std::stri
   }
   if constexpr (!std::is_same_v<T, bool>) {
     const double v = it->get<double>();
-    if (!(v >= min_value) || !std::isfinite(v) ||
-        v > static_cast<double>(std::numeric_limits<T>::max())) {
-      *f = FieldFailure(
-          file, key,
-          "out of range: " + it->dump() + " (must be >= " + std::to_string(min_value) + ")");
+    if (!(v >= lo && v <= hi)) {
+      *f = RangeFailure(file, key, *it, lo, hi);
       return false;
     }
   }
@@ -173,20 +189,9 @@ Result<ModelPreset> GetModelPreset(const std::string& name) {
   return Failure{"unknown model preset '" + name + "' (valid: " + NamesList() + ")", "", 0, ""};
 }
 
-Result<ModelPreset> LoadModelFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Failure{"cannot open model file", path, 0, ""};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    const std::string text = ss.str();
-    const size_t upto = std::min(static_cast<size_t>(e.byte), text.size());
-    const long long line = 1 + std::count(text.begin(), text.begin() + upto, '\n');
-    return Failure{std::string("invalid JSON: ") + e.what(), path, line, ""};
-  }
+namespace {
+
+Result<ModelPreset> ModelFromJson(const nlohmann::json& j, const std::string& path) {
   if (!j.is_object()) return Failure{"expected a JSON object", path, 1, ""};
   static const std::vector<std::string> kKnown = {
       "base",        "name",       "hidden",     "layers",       "heads",         "ffn_hidden",
@@ -211,21 +216,22 @@ Result<ModelPreset> LoadModelFile(const std::string& path) {
     m.name = (m.name.empty() ? std::string("custom") : m.name) + "@" + path;
   }
   Failure f;
-  bool ok = ReadField(j, "hidden", &m.hidden, path, &f, 1) &&
-            ReadField(j, "layers", &m.layers, path, &f, 1) &&
-            ReadField(j, "heads", &m.heads, path, &f, 1) &&
-            ReadField(j, "ffn_hidden", &m.ffn_hidden, path, &f, 1) &&
-            ReadField(j, "text_tokens", &m.text_tokens, path, &f, 0) &&
-            ReadField(j, "joint_text", &m.joint_text, path, &f, 0) &&
-            ReadField(j, "params_b", &m.params_b, path, &f, 0) &&
-            ReadField(j, "vae_stride_t", &m.vae_stride_t, path, &f, 1) &&
-            ReadField(j, "vae_stride_hw", &m.vae_stride_hw, path, &f, 1) &&
-            ReadField(j, "patch_t", &m.patch_t, path, &f, 1) &&
-            ReadField(j, "patch_h", &m.patch_h, path, &f, 1) &&
-            ReadField(j, "patch_w", &m.patch_w, path, &f, 1) &&
-            ReadField(j, "target_fps", &m.target_fps, path, &f, 0) &&
-            ReadField(j, "max_frames", &m.max_frames, path, &f, 1) &&
-            ReadField(j, "images_only", &m.images_only, path, &f, 0);
+  constexpr double k20 = 1 << 20;
+  bool ok = ReadField(j, "hidden", &m.hidden, path, &f, 1, 65536) &&
+            ReadField(j, "layers", &m.layers, path, &f, 1, 1024) &&
+            ReadField(j, "heads", &m.heads, path, &f, 1, 65536) &&
+            ReadField(j, "ffn_hidden", &m.ffn_hidden, path, &f, 1, k20) &&
+            ReadField(j, "text_tokens", &m.text_tokens, path, &f, 0, k20) &&
+            ReadField(j, "joint_text", &m.joint_text, path, &f) &&
+            ReadField(j, "params_b", &m.params_b, path, &f, 0, 1e5) &&
+            ReadField(j, "vae_stride_t", &m.vae_stride_t, path, &f, 1, kMaxStride) &&
+            ReadField(j, "vae_stride_hw", &m.vae_stride_hw, path, &f, 1, kMaxStride) &&
+            ReadField(j, "patch_t", &m.patch_t, path, &f, 1, kMaxStride) &&
+            ReadField(j, "patch_h", &m.patch_h, path, &f, 1, kMaxStride) &&
+            ReadField(j, "patch_w", &m.patch_w, path, &f, 1, kMaxStride) &&
+            ReadField(j, "target_fps", &m.target_fps, path, &f, 0, 1000) &&
+            ReadField(j, "max_frames", &m.max_frames, path, &f, 1, k20) &&
+            ReadField(j, "images_only", &m.images_only, path, &f);
   if (!ok) return f;
   if (auto it = j.find("buckets"); it != j.end()) {
     if (!it->is_array()) return FieldFailure(path, "buckets", "expected [[height, width], ...]");
@@ -234,10 +240,12 @@ Result<ModelPreset> LoadModelFile(const std::string& path) {
       const auto& b = (*it)[i];
       const std::string field = "buckets[" + std::to_string(i) + "]";
       if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-          !b[1].is_number_integer() || b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0 ||
-          b[0].get<int64_t>() > 1 << 20 || b[1].get<int64_t>() > 1 << 20) {
-        return FieldFailure(path, field,
-                            "expected [height, width] in positive pixels, got " + b.dump());
+          !b[1].is_number_integer()) {
+        return FieldFailure(path, field, "expected [height, width] in pixels, got " + b.dump());
+      }
+      for (int k = 0; k < 2; ++k) {
+        const double v = b[k].get<double>();
+        if (!(v >= 1 && v <= k20)) return RangeFailure(path, field, b, 1, k20);
       }
       m.buckets.push_back({b[0].get<int32_t>(), b[1].get<int32_t>()});
     }
@@ -257,10 +265,25 @@ Result<ModelPreset> LoadModelFile(const std::string& path) {
   return m;
 }
 
+}  // namespace
+
+Result<ModelPreset> ParseModelFile(std::string_view text, const std::string& file) {
+  auto j = ParseJson(text, file);
+  if (!j.ok()) return j.failure();
+  return ModelFromJson(*j, file);
+}
+
+Result<ModelPreset> LoadModelFile(const std::string& path) {
+  auto j = ReadJsonFile(path);
+  if (!j.ok()) return j.failure();
+  return ModelFromJson(*j, path);
+}
+
 Result<ModelPreset> ResolveModel(const std::string& name_or_path) {
   auto preset = GetModelPreset(name_or_path);
   if (preset.ok()) return preset;
-  if (std::ifstream(name_or_path).good()) return LoadModelFile(name_or_path);
+  std::error_code ec;
+  if (std::filesystem::exists(name_or_path, ec)) return LoadModelFile(name_or_path);
   return Failure{"'" + name_or_path + "' is neither a model preset (" + NamesList() +
                      ") nor a readable JSON model file",
                  "", 0, ""};
@@ -323,18 +346,41 @@ int32_t TrainFrames(const RawSample& s, const ModelPreset& model) {
 
 namespace {
 
+std::string RawText(const RawSample& s) {
+  return ditscale::internal::StrCat("(num_frames ", s.num_frames, ", height ", s.height, ", width ",
+                                    s.width, ", fps ", FormatNumber(static_cast<double>(s.fps)),
+                                    ")");
+}
+
 TrainShape MapSample(const RawSample& s, const ModelPreset& model, const BucketChooser& chooser) {
+  if (s.num_frames < 1 || s.height < 1 || s.width < 1 || !(s.fps >= 0) || !std::isfinite(s.fps)) {
+    throw Error("sample " + RawText(s) +
+                ": num_frames, height and width must be >= 1 and fps finite and >= 0");
+  }
+  if (model.vae_stride_t < 1 || model.vae_stride_hw < 1 || model.patch_t < 1 || model.patch_h < 1 ||
+      model.patch_w < 1) {
+    throw Error("model " + model.name + ": VAE strides and patch sizes must be >= 1");
+  }
   TrainShape t;
   t.frames = TrainFrames(s, model);
   const Resolution r = chooser.Choose(s.height, s.width);
   t.height = r.height;
   t.width = r.width;
-  const int64_t latent_frames = 1 + (t.frames - 1) / std::max(1, model.vae_stride_t);
-  const int64_t pt = std::max(1, model.patch_t);
+  const int64_t latent_frames = 1 + (t.frames - 1) / model.vae_stride_t;
+  const int64_t pt = model.patch_t;
   const int64_t tokens_t = (latent_frames + pt - 1) / pt;  // padded to a whole temporal patch
-  const int64_t tokens_h = t.height / (int64_t{model.vae_stride_hw} * model.patch_h);
-  const int64_t tokens_w = t.width / (int64_t{model.vae_stride_hw} * model.patch_w);
-  t.seq_len = tokens_t * tokens_h * tokens_w + (model.joint_text ? model.text_tokens : 0);
+  const int64_t tokens_h =
+      t.height / CheckedMul(model.vae_stride_hw, model.patch_h, "vae_stride_hw * patch_h");
+  const int64_t tokens_w =
+      t.width / CheckedMul(model.vae_stride_hw, model.patch_w, "vae_stride_hw * patch_w");
+  const std::string what = "tokens of sample " + RawText(s) + " for model " + model.name;
+  int64_t seq = CheckedMul(CheckedMul(tokens_t, tokens_h, what), tokens_w, what);
+  seq = CheckedAdd(seq, model.joint_text ? model.text_tokens : 0, what);
+  if (seq < 1 || seq > kMaxSeqLen) {
+    throw Error(
+        ditscale::internal::StrCat(what, ": ", seq, " is out of range [1, ", kMaxSeqLen, "]"));
+  }
+  t.seq_len = seq;
   return t;
 }
 
@@ -448,7 +494,12 @@ ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model)
   RawShapeMemo memo;
   auto make = [&](const RawSample& s) { return table.Find(MapSample(s, model, chooser), &shapes); };
   for (size_t i = 0; i < manifest.samples.size(); ++i) {
-    out.shape_of[i] = memo.Get(manifest.samples[i], make);
+    try {
+      out.shape_of[i] = memo.Get(manifest.samples[i], make);
+    } catch (const Error& e) {
+      const std::string id = i < manifest.ids.size() ? std::to_string(manifest.ids[i]) : "?";
+      throw Error(manifest.source + ": sample id " + id + ": " + e.what());
+    }
   }
   // Deterministic order: sort by (seq_len, frames, height, width) and remap.
   std::vector<int32_t> order(shapes.size());

@@ -8,16 +8,32 @@
 // Wan 2.1: strides (4, 8, 8), patch (1, 2, 2): S = (1 + (F-1)/4) * (H/16) * (W/16).
 // Text tokens (text_tokens) are added when the model attends jointly over text (MMDiT:
 // Flux, HunyuanVideo, CogVideoX); cross-attention models (Wan) keep them out of S.
+//
+// Model-file fields and their ranges (LoadModelFile refuses anything outside, naming the field,
+// the value and the range; the bounds keep every product of the shape arithmetic far inside
+// int64, and the arithmetic is overflow-checked all the same):
+//   hidden [1, 65536]      layers [1, 1024]         heads [1, 65536]      ffn_hidden [1, 2^20]
+//   text_tokens [0, 2^20]  params_b [0, 1e5]        target_fps [0, 1000]  max_frames [1, 2^20]
+//   vae_stride_t, vae_stride_hw, patch_t, patch_h, patch_w [1, 64]
+//   buckets[i] = [height, width], each in [1, 2^20] pixels, multiples of vae_stride_hw * patch
+// A training shape's token count S is at most kMaxSeqLen; a sample that would map to more (or
+// a raw sample with a non-positive size) is an error (ditscale::Error naming the sample), never
+// a wrapped count.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ditscale/balance/manifest.h"
 #include "ditscale/core/result.h"
 
 namespace ditscale::balance {
+
+// Largest token count S of one training sample: 2^30 (a thousand times today's longest DiT
+// sequences), so that sums of tokens over a manifest stay within int64.
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 30;
 
 // A training resolution bucket (pixels).
 struct Resolution {
@@ -53,7 +69,11 @@ std::vector<std::string> ModelPresetNames();
 // A preset named by "base" (or a built-in name) with any field overridden by a JSON file:
 // {"base": "wan2.1-14b", "max_frames": 121, "buckets": [[480, 832], [720, 1280]], ...}.
 // Failures name the file and the field.
+// Files are read through ReadJsonFile (ditscale/core/json_text.h): syntax errors carry the
+// line, duplicate keys and numbers beyond double are refused.
 Result<ModelPreset> LoadModelFile(const std::string& path);
+// The same from text already in memory; `file` names it in Failures.
+Result<ModelPreset> ParseModelFile(std::string_view text, const std::string& file);
 // Resolves --model: a preset name, or a path to a JSON model file.
 Result<ModelPreset> ResolveModel(const std::string& name_or_path);
 
@@ -76,7 +96,10 @@ struct TrainShape {
 //     larger than every bucket goes to the largest bucket of its aspect ratio (never upscaled
 //     beyond it). Without buckets: H, W rounded down to multiples of vae_stride_hw * patch.
 //   seq_len: ceil(latent_frames / patch_t) * (H / (vae_stride_hw * patch_h)) *
-//     (W / (vae_stride_hw * patch_w)) + (joint_text ? text_tokens : 0).
+//     (W / (vae_stride_hw * patch_w)) + (joint_text ? text_tokens : 0), in overflow-checked
+//     int64 arithmetic.
+// Throws ditscale::Error when the sample has num_frames, height or width < 1, or a negative or
+// non-finite fps, or when S would exceed kMaxSeqLen (or int64).
 TrainShape ToTrainShape(const RawSample& s, const ModelPreset& model);
 
 // The manifest grouped by training shape: samples of one shape can share a batch.
@@ -86,6 +109,7 @@ struct ShapedManifest {
   std::vector<int64_t> ids;        // per entry: sample id (copied from Manifest::ids)
   std::vector<int64_t> count;      // per shape: number of samples
 };
+// Throws ditscale::Error as ToTrainShape does, naming the sample id.
 ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model);
 
 }  // namespace ditscale::balance

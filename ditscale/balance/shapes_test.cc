@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
+
+#include "ditscale/core/error.h"
 
 namespace ditscale::balance {
 namespace {
@@ -213,6 +216,95 @@ TEST_F(ModelFileTest, ErrorsNameFileAndField) {
   auto m = LoadModelFile(p);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.failure().line, 3);
+}
+
+// Issue 20: fields that each passed validation multiplied to 0 (vae_stride_hw * patch_h wraps
+// int32) and killed the process with SIGFPE; now every field has a range.
+TEST_F(ModelFileTest, FieldRangesNameFieldValueAndRange) {
+  struct Case {
+    std::string json, field, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"base":"wan2.1-1.3b","vae_stride_hw":65536,"patch_h":65536})", "vae_stride_hw",
+            "vae_stride_hw: 65536 is out of range [1, 64]"},
+           {R"({"base":"wan2.1-1.3b","max_frames":2147483647})", "max_frames",
+            "max_frames: 2147483647 is out of range [1, 1048576]"},
+           {R"({"base":"wan2.1-1.3b","patch_w":0})", "patch_w", "patch_w: 0 is out of range"},
+           {R"({"base":"wan2.1-1.3b","hidden":9223372036854775807})", "hidden",
+            "hidden: 9223372036854775807 is out of range [1, 65536]"},
+           {R"({"base":"wan2.1-1.3b","text_tokens":-1})", "text_tokens",
+            "text_tokens: -1 is out of range [0, 1048576]"},
+           {R"({"base":"wan2.1-1.3b","target_fps":1e300})", "target_fps",
+            "is out of range [0, 1000]"},
+           {R"({"base":"wan2.1-1.3b","buckets":[[0, 512]]})", "buckets[0]",
+            "is out of range [1, 1048576]"},
+           {R"({"base":"wan2.1-1.3b","buckets":[[4294967296, 512]]})", "buckets[0]",
+            "is out of range [1, 1048576]"},
+       }) {
+    auto p = Write(c.json);
+    auto m = LoadModelFile(p);
+    ASSERT_FALSE(m.ok()) << c.json;
+    EXPECT_EQ(m.failure().column, c.field) << m.failure().ToString();
+    EXPECT_NE(m.failure().message.find(c.expect), std::string::npos) << m.failure().ToString();
+  }
+}
+
+// The model file goes through the one JSON reader: duplicate keys, 1e400 and directories are
+// refused with the file's name.
+TEST_F(ModelFileTest, StrictJsonReader) {
+  for (const std::string json :
+       {R"({"base":"flux","hidden":1024,"hidden":2048})", R"({"base":"flux","params_b":1e400})"}) {
+    auto p = Write(json);
+    auto m = LoadModelFile(p);
+    ASSERT_FALSE(m.ok()) << json;
+    EXPECT_NE(m.failure().ToString().find(p), std::string::npos) << m.failure().ToString();
+  }
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  auto m = ResolveModel(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.failure().ToString().find(dir), std::string::npos) << m.failure().ToString();
+}
+
+// Token counts are checked 64-bit arithmetic bounded by kMaxSeqLen: the largest fields on the
+// largest raw samples end in an error naming the sample, never a negative count.
+TEST(Shapes, TokenCountsNeverWrap) {
+  auto m = ParseModelFile(
+      R"({"base":"wan2.1-1.3b","vae_stride_t":1,"vae_stride_hw":1,"patch_t":1,"patch_h":1,
+          "patch_w":1,"max_frames":1048576,"target_fps":0,"buckets":[]})",
+      "m.json");
+  ASSERT_TRUE(m.ok()) << m.failure().ToString();
+  const int32_t big = std::numeric_limits<int32_t>::max();
+  try {
+    ToTrainShape(RawSample{big, big, big, 16}, *m);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("num_frames 2147483647"), std::string::npos) << what;
+    EXPECT_NE(what.find("overflows int64"), std::string::npos) << what;
+  }
+  try {
+    ToTrainShape(RawSample{1025, 1024, 2048, 16}, *m);  // 1025 * 1024 * 2048 tokens
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("2149580800 is out of range [1, 1073741824]"), std::string::npos) << what;
+  }
+  EXPECT_EQ(ToTrainShape(RawSample{5, 64, 32, 16}, *m).seq_len, 5 * 64 * 32);
+  // Non-positive raw sizes are refused, not mapped to one patch.
+  EXPECT_THROW(ToTrainShape(RawSample{1, 0, 512, 0}, *m), Error);
+  EXPECT_THROW(ToTrainShape(RawSample{1, 512, -4, 0}, *m), Error);
+  EXPECT_THROW(ToTrainShape(RawSample{9, 512, 512, -1}, *m), Error);
+  // ShapeManifest names the sample id.
+  Manifest man;
+  man.source = "x.csv";
+  man.samples = {RawSample{1, 64, 64, 0}, RawSample{big, big, big, 16}};
+  man.ids = {0, 7};
+  try {
+    ShapeManifest(man, *m);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x.csv: sample id 7"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

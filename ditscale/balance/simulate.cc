@@ -5,6 +5,7 @@
 
 #include "ditscale/balance/internal/buckets.h"
 #include "ditscale/balance/internal/prng.h"
+#include "ditscale/core/checked_math.h"
 #include "ditscale/core/error.h"
 
 namespace ditscale::balance {
@@ -53,7 +54,9 @@ SimResult Simulate(const Plan& plan, const ShapedManifest& shaped, const CostMod
         if (!seen[m]) {
           seen[m] = 1;
           out.samples += n;
-          out.tokens += n * shaped.shapes[mb.shape].seq_len;
+          out.tokens = CheckedAdd(
+              out.tokens, CheckedMul(n, shaped.shapes[mb.shape].seq_len, "tokens of a micro-batch"),
+              "tokens of the plan");
         }
       }
       if (e > b) cost_r += cost.a;

@@ -7,6 +7,7 @@
 #include "ditscale/balance/internal/buckets.h"
 #include "ditscale/balance/internal/partition.h"
 #include "ditscale/balance/internal/prng.h"
+#include "ditscale/core/range.h"
 
 namespace ditscale::balance {
 namespace {
@@ -82,7 +83,17 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
   std::vector<Chunk> win;
   std::vector<Chunk> sel;
   std::vector<int32_t> order;
-  std::vector<int64_t> counts, pos;
+  // The step's LPT assignment, sparse: (rank, slice, samples) for every pair with samples (about
+  // slices + ranks entries, never slices x ranks); slot_of[r] is rank r's entry for the slice
+  // being assigned (valid while mark[r] == that slice).
+  struct Assign {
+    int32_t rank;
+    int32_t slice;
+    int64_t count;
+  };
+  std::vector<Assign> assign;
+  std::vector<int32_t> mark(w, -1);
+  std::vector<int64_t> slot_of(w, 0), pos;
   std::vector<double> load(w), weights, base(w, ctx.step_overhead), wunit;
   std::vector<size_t> cand;
   auto push = [&](const Chunk& c) {
@@ -152,7 +163,8 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
     std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
       return ctx.work_of_shape[sel[x].shape] > ctx.work_of_shape[sel[y].shape];
     });
-    counts.assign(m * w, 0);
+    assign.clear();
+    std::fill(mark.begin(), mark.end(), -1);
     load.assign(w, 0.0);
     // Min-heap of (load, slot); slot j is rank (j + step) % w, so ties rotate between steps.
     heap.clear();
@@ -175,7 +187,12 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
         std::pop_heap(heap.begin(), heap.end(), cmp);
         auto& [l, j] = heap.back();
         const int32_t r = static_cast<int32_t>((j + step) % w);
-        int64_t& c = counts[i * w + r];
+        if (mark[r] != i) {
+          mark[r] = i;
+          slot_of[r] = static_cast<int64_t>(assign.size());
+          assign.push_back(Assign{r, i, 0});
+        }
+        int64_t& c = assign[slot_of[r]].count;
         const double ovh = c == 0 ? ctx.mb_overhead : 0;
         const double cap = mean - l - ovh;
         int64_t take = 1;
@@ -197,18 +214,21 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
     pos.resize(m);
     for (int64_t i = 0; i < m; ++i) pos[i] = sel[i].begin;
     step_mbs.clear();
-    for (int32_t r = 0; r < w; ++r) {
-      lists[r].clear();
-      for (int64_t i = 0; i < m; ++i) {
-        const int64_t c = counts[i * w + r];
-        if (c == 0) continue;
-        const int64_t idx = static_cast<int64_t>(plan.micro_batches.size());
-        plan.micro_batches.push_back(MicroBatch{
-            pos[i], pos[i] + c, sel[i].shape, ctx.cost->StepTime(c, shapes[sel[i].shape].seq_len)});
-        pos[i] += c;
-        lists[r].push_back(idx);
-        step_mbs.push_back(idx);
-      }
+    for (int32_t r = 0; r < w; ++r) lists[r].clear();
+    // Rank-major, then slice order: the order of the dense (slice x rank) loop it replaces.
+    std::sort(assign.begin(), assign.end(), [](const Assign& x, const Assign& y) {
+      return x.rank != y.rank ? x.rank < y.rank : x.slice < y.slice;
+    });
+    for (const Assign& as : assign) {
+      const int64_t c = as.count;
+      const int32_t i = as.slice;
+      if (c == 0) continue;
+      const int64_t idx = static_cast<int64_t>(plan.micro_batches.size());
+      plan.micro_batches.push_back(MicroBatch{pos[i], pos[i] + c, sel[i].shape,
+                                              ctx.cost->StepTime(c, shapes[sel[i].shape].seq_len)});
+      pos[i] += c;
+      lists[as.rank].push_back(idx);
+      step_mbs.push_back(idx);
     }
     for (int32_t r = 0; r < w; ++r) {
       load[r] = lists[r].empty() ? 0 : ctx.step_overhead;
@@ -422,23 +442,39 @@ double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, do
   return cost.a + cost.a_mb + m_comp * cost.Work(s) / std::pow(static_cast<double>(s), p);
 }
 
+double MinRankBudget(const ShapedManifest& shaped, const CostModel& cost) {
+  const std::vector<int64_t> count = ShapeCounts(shaped);
+  double max_unit = 0;
+  for (size_t s = 0; s < shaped.shapes.size(); ++s) {
+    if (count[s] > 0) {
+      max_unit = std::max(max_unit, cost.a + cost.a_mb + cost.Work(shaped.shapes[s].seq_len));
+    }
+  }
+  return max_unit;
+}
+
 Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
                       const PlanOptions& options) {
   const CostModel cost =
       options.overhead_per_micro_batch ? OverheadPerMicroBatch(cost_in) : cost_in;
-  if (options.world_size < 1) {
-    return Fail("world size must be >= 1, got " + std::to_string(options.world_size));
+  if (auto e =
+          RangeError("world size", static_cast<long long>(options.world_size), 1, kMaxWorldSize)) {
+    return Fail(*e);
   }
-  if (options.m_mem_tokens < 1) {
-    return Fail("M_mem (tokens per batch) must be >= 1, got " +
-                std::to_string(options.m_mem_tokens));
+  if (auto e = RangeError("M_mem (tokens per batch)", static_cast<long long>(options.m_mem_tokens),
+                          1, kMaxMMemTokens)) {
+    return Fail(*e);
   }
-  if (!(options.m_comp >= 0) || !std::isfinite(options.m_comp)) {
-    return Fail("M_comp must be >= 0 (0: automatic), got " + std::to_string(options.m_comp));
+  if (auto e = RangeError("M_comp (0: automatic)", options.m_comp, 0.0, kMaxMComp)) {
+    return Fail(*e);
   }
-  if (!(options.rank_budget_s >= 0) || !std::isfinite(options.rank_budget_s)) {
-    return Fail("rank budget must be >= 0 s (0: default), got " +
-                std::to_string(options.rank_budget_s));
+  if (auto e =
+          RangeError("rank budget (s, 0: default)", options.rank_budget_s, 0.0, kMaxRankBudgetS)) {
+    return Fail(*e);
+  }
+  if (auto e = RangeError("epoch", static_cast<long long>(options.epoch), 0,
+                          std::numeric_limits<int64_t>::max())) {
+    return Fail(*e);
   }
   if (shaped.shape_of.size() != shaped.ids.size()) {
     return Fail("shaped manifest: shape_of has " + std::to_string(shaped.shape_of.size()) +
@@ -457,6 +493,14 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
   if (!(cost.a_mb >= 0) || !std::isfinite(cost.a_mb)) {
     return Fail("cost model: per-micro-batch overhead a_mb must be finite and >= 0, got " +
                 std::to_string(cost.a_mb));
+  }
+  const int64_t num_samples = static_cast<int64_t>(shaped.shape_of.size());
+  if (num_samples == 0) return Fail("the manifest has no samples: there is nothing to plan");
+  if (options.tail == TailPolicy::kDrop && options.world_size > num_samples) {
+    return Fail("world size " + std::to_string(options.world_size) + " exceeds the " +
+                std::to_string(num_samples) +
+                " samples: under tail policy 'drop' no step can give every rank a micro-batch "
+                "(use fewer ranks, or tail policy 'pad' or 'keep')");
   }
   const std::vector<int64_t> count = ShapeCounts(shaped);
   std::vector<double> work_of_shape(num_shapes, 0.0);
@@ -520,14 +564,19 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
     ctx.work_of_shape = work_of_shape;
     ctx.step_overhead = cost.a;
     ctx.mb_overhead = cost.a_mb;
+    const double max_unit = MinRankBudget(shaped, cost);
+    if (options.rank_budget_s > 0 && options.rank_budget_s < max_unit) {
+      return Fail(
+          "rank budget " + FormatNumber(options.rank_budget_s) +
+          " s is below the cost of the most expensive sample, " + FormatNumber(max_unit) +
+          " s (a + a_mb + Work(S)): every sample must fit one rank's step; give a budget >= " +
+          FormatNumber(max_unit) + " s, or 0 for the default");
+    }
     const double requested = options.rank_budget_s > 0
                                  ? options.rank_budget_s
                                  : DefaultRankBudget(shaped, cost, plan.m_comp, plan.p);
-    double max_unit = 0;
-    for (int32_t s = 0; s < num_shapes; ++s) {
-      if (count[s] > 0) max_unit = std::max(max_unit, cost.a + cost.a_mb + work_of_shape[s]);
-    }
     ctx.budget = std::max(requested, max_unit);
+    plan.rank_budget_raised = requested < max_unit;
     ctx.lookahead = 8 * static_cast<int64_t>(options.world_size) + 32;
     plan.rank_budget_s = ctx.budget;
     BuildBalanced(chunks, ctx, plan);
@@ -539,7 +588,17 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
     }
     BuildOnePerRank(plan);
   }
+  const int64_t micro_batches = static_cast<int64_t>(plan.micro_batches.size());
   ApplyTail(options.tail, plan);
+  if (plan.num_steps() == 0) {
+    return Fail("the plan has no step: " + std::to_string(num_samples) + " samples make " +
+                std::to_string(micro_batches) + " micro-batches under policy '" +
+                PolicyName(options.policy) + "', fewer than world size " +
+                std::to_string(options.world_size) + " needs for one step, and tail policy '" +
+                TailPolicyName(options.tail) +
+                "' drops a last step in which some rank has none (use fewer ranks, or tail policy "
+                "'pad' or 'keep')");
+  }
   return plan;
 }
 

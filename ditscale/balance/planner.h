@@ -22,6 +22,24 @@
 
 namespace ditscale::balance {
 
+// Limits of PlanOptions, checked by MakePlan before anything is allocated (the CLI and the
+// Python sampler check the same ranges at their edge):
+//   world_size    [1, kMaxWorldSize]; under TailPolicy::kDrop also at most the number of samples
+//   m_mem_tokens  [1, kMaxMMemTokens]
+//   m_comp        [0, kMaxMComp] (0: automatic)
+//   rank_budget_s [0, kMaxRankBudgetS] s (0: default); a budget > 0 below MinRankBudget is an
+//                 error (it used to be raised silently)
+//   epoch         [0, INT64_MAX]; seed: any uint64
+// Memory of a plan is O(samples + steps * world_size) (rank offsets per step and rank); ranks
+// beyond the micro-batch count get nothing in a step.
+inline constexpr int kMaxWorldSize = 1 << 20;
+inline constexpr int64_t kMaxMMemTokens = int64_t{1} << 50;
+inline constexpr double kMaxMComp = 1e300;
+inline constexpr double kMaxRankBudgetS = 1e9;
+// A plan that drops more than this fraction of the epoch's samples (Plan::dropped_fraction) is
+// reported with a warning by the CLI (`ditscale plan`); a plan without any step is an error.
+inline constexpr double kDroppedWarnFraction = 0.10;
+
 enum class Policy { kEqualToken, kAdaptive, kBalanced };
 const char* PolicyName(Policy p);
 Result<Policy> ParsePolicy(const std::string& name);
@@ -84,13 +102,22 @@ struct Plan {
   int64_t samples_over_m_mem = 0;  // samples whose single-sample S exceeds M_mem (run at B = 1)
   bool overhead_per_micro_batch = false;
 
+  bool rank_budget_raised = false;  // balanced, default budget: raised to MinRankBudget
+
+  // Dropped samples / all samples of the epoch (0 for an empty plan).
+  double dropped_fraction() const {
+    return ids.empty() ? 0.0
+                       : static_cast<double>(dropped_samples) / static_cast<double>(ids.size());
+  }
   int64_t num_steps() const {
     return world_size > 0 ? (static_cast<int64_t>(rank_offsets.size()) - 1) / world_size : 0;
   }
 };
 
-// Builds the plan. Failures: world_size < 1, m_mem_tokens < 1, negative m_comp or budget,
-// a manifest whose shape_of/ids disagree, a cost model that predicts no positive work.
+// Builds the plan. Failures: an option outside its range (above), an empty manifest, a
+// manifest whose shape_of/ids disagree, a cost model that predicts no positive work, and a plan
+// without any step (more ranks than micro-batches under the tail policy 'drop': the message
+// names the world size, the samples, the micro-batches and the tail policy).
 //
 // Order of work, all seeded by (seed, epoch) with splitmix64 (internal/prng.h):
 //  1. samples are counting-sorted by shape and shuffled within each shape bucket;
@@ -113,9 +140,9 @@ struct Plan {
 //     for a_mb plus at least one sample, so with a_mb > 0 steps are made of fewer micro-batches;
 //     with a_mb = 0 the plan is the same as before a_mb existed.
 //  5. a last step in which some rank has no micro-batch is the tail: dropped / padded / kept.
-// Balanced budget: rank_budget_s if > 0, else DefaultRankBudget; raised to at least the cost
-// of the most expensive single sample so every sample fits a rank (Plan::rank_budget_s is the
-// value used).
+// Balanced budget: rank_budget_s if > 0 (an error when below MinRankBudget), else
+// DefaultRankBudget raised to at least MinRankBudget so every sample fits a rank
+// (Plan::rank_budget_s is the value used, Plan::rank_budget_raised says it was raised).
 Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost,
                       const PlanOptions& options);
 
@@ -137,6 +164,10 @@ double PlanExponent(const ShapedManifest& shaped, const CostModel& cost);
 // m_comp for the power model).
 double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, double m_comp,
                          double p);
+
+// The smallest per-rank budget of a balanced step: the cost of the most expensive single
+// sample, a + a_mb + max_S Work(S) over the shapes with samples (0 for an empty manifest).
+double MinRankBudget(const ShapedManifest& shaped, const CostModel& cost);
 
 // M_comp minimising the simulated epoch time of the adaptive policy (steps of one micro-batch
 // per rank, step time = max over ranks). Candidates: 40 log-spaced values between min_S S^p

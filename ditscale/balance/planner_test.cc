@@ -133,17 +133,115 @@ TEST(Planner, RejectsBadOptions) {
   EXPECT_TRUE(MakePlan(m, cost, o).ok());
 }
 
-TEST(Planner, EmptyManifestGivesEmptyPlan) {
+TEST(Planner, EmptyManifestIsAnError) {
   ShapedManifest m;
   PlanOptions o;
   o.m_mem_tokens = 1000;
   o.world_size = 4;
   for (Policy p : {Policy::kEqualToken, Policy::kAdaptive, Policy::kBalanced}) {
     o.policy = p;
-    Plan plan = MakePlan(m, PowerCost(0.01, 1e-9, 2), o).value();
-    EXPECT_EQ(plan.num_steps(), 0);
-    EXPECT_TRUE(plan.work.empty());
+    auto r = MakePlan(m, PowerCost(0.01, 1e-9, 2), o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.failure().message.find("no samples"), std::string::npos) << r.failure().message;
   }
+}
+
+// Each option outside its documented range is refused with its name, value and range.
+TEST(Planner, OptionsOutOfRangeNameValueAndRange) {
+  std::mt19937_64 g(3);
+  const ShapedManifest m = RandomShaped(g, 5, 100);
+  const CostModel cost = PowerCost(0.01, 1e-9, 2);
+  struct Case {
+    std::string expect;
+    void (*set)(PlanOptions&);
+  };
+  for (const Case& c : std::vector<Case>{
+           {"world size: 0 is out of range [1, 1048576]", [](PlanOptions& o) { o.world_size = 0; }},
+           {"world size: 1048577 is out of range [1, 1048576]",
+            [](PlanOptions& o) { o.world_size = kMaxWorldSize + 1; }},
+           {"M_mem (tokens per batch): -1 is out of range [1, 1125899906842624]",
+            [](PlanOptions& o) { o.m_mem_tokens = -1; }},
+           {"M_comp (0: automatic): nan is out of range",
+            [](PlanOptions& o) { o.m_comp = std::nan(""); }},
+           {"rank budget (s, 0: default): inf is out of range",
+            [](PlanOptions& o) { o.rank_budget_s = INFINITY; }},
+           {"epoch: -1 is out of range [0, 9223372036854775807]",
+            [](PlanOptions& o) { o.epoch = -1; }},
+       }) {
+    PlanOptions o;
+    o.world_size = 2;
+    o.m_mem_tokens = 100000;
+    c.set(o);
+    auto r = MakePlan(m, cost, o);
+    ASSERT_FALSE(r.ok()) << c.expect;
+    EXPECT_NE(r.failure().message.find(c.expect), std::string::npos) << r.failure().message;
+  }
+}
+
+// A plan without any step is an error naming the cause; a world size above the samples is
+// refused before anything is allocated under 'drop', and costs O(world size) under 'keep'.
+TEST(Planner, NoStepIsAnErrorAndHugeWorldSizesAreBounded) {
+  std::mt19937_64 g(4);
+  const ShapedManifest m = RandomShaped(g, 8, 2000);
+  const CostModel cost = PowerCost(0.01, 1e-9, 2);
+  PlanOptions o;
+  o.m_mem_tokens = 200000;
+  o.policy = Policy::kBalanced;
+  o.world_size = 1999;  // fewer balanced micro-batches than ranks: the only step is the tail
+  auto r = MakePlan(m, cost, o);
+  ASSERT_FALSE(r.ok());
+  const std::string& msg = r.failure().message;
+  EXPECT_NE(msg.find("no step"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("world size 1999"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'drop'"), std::string::npos) << msg;
+  o.world_size = 2001;
+  r = MakePlan(m, cost, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.failure().message.find("world size 2001 exceeds the 2000 samples"), std::string::npos)
+      << r.failure().message;
+  // The most ranks there can be, under 'keep': one step, most ranks empty.
+  o.world_size = kMaxWorldSize;
+  o.tail = TailPolicy::kKeep;
+  for (Policy p : {Policy::kEqualToken, Policy::kBalanced}) {
+    o.policy = p;
+    Plan plan = MakePlan(m, cost, o).value();
+    EXPECT_EQ(plan.num_steps(), 1);
+    EXPECT_EQ(plan.rank_offsets.size(), static_cast<size_t>(kMaxWorldSize) + 1);
+    EXPECT_EQ(plan.dropped_samples, 0);
+  }
+  // Under 'drop' with a few ranks too many for the last step: dropped samples are counted.
+  o.tail = TailPolicy::kDrop;
+  o.policy = Policy::kEqualToken;
+  o.world_size = 7;
+  Plan plan = MakePlan(m, cost, o).value();
+  EXPECT_NEAR(plan.dropped_fraction(),
+              static_cast<double>(plan.dropped_samples) / static_cast<double>(m.ids.size()), 1e-15);
+}
+
+// An explicit balanced budget below one sample's cost is an error (it used to be raised
+// silently); the default is raised and says so.
+TEST(Planner, BudgetBelowTheLargestSampleIsAnError) {
+  std::mt19937_64 g(5);
+  const ShapedManifest m = RandomShaped(g, 8, 500);
+  const CostModel cost = PowerCost(0.01, 1e-9, 2);
+  PlanOptions o;
+  o.world_size = 4;
+  o.m_mem_tokens = 200000;
+  const double floor = MinRankBudget(m, cost);
+  EXPECT_GT(floor, cost.a);
+  o.rank_budget_s = floor * 0.5;
+  auto r = MakePlan(m, cost, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.failure().message.find("below the cost of the most expensive sample"),
+            std::string::npos)
+      << r.failure().message;
+  o.rank_budget_s = floor;
+  EXPECT_TRUE(MakePlan(m, cost, o).ok());
+  o.rank_budget_s = 0;
+  o.m_comp = 1;  // a tiny M_comp: the default budget is below one sample, and raised
+  Plan plan = MakePlan(m, cost, o).value();
+  EXPECT_TRUE(plan.rank_budget_raised);
+  EXPECT_EQ(plan.rank_budget_s, floor);
 }
 
 TEST(Planner, EverySampleExactlyOnceForEveryPolicyAndTail) {
@@ -252,6 +350,10 @@ TEST(Planner, BalancedStepsMeetTheBudget) {
       o.rank_budget_s = budget;
       o.overhead_per_micro_batch = per_mb;
       o.seed = g();
+      if (budget > 0 && budget < MinRankBudget(m, cost)) {
+        EXPECT_FALSE(MakePlan(m, cost, o).ok());  // refused, no longer raised silently
+        continue;
+      }
       Plan plan = MakePlan(m, cost, o).value();
       if (budget > 0) EXPECT_GE(plan.rank_budget_s, budget);
       EXPECT_GE(plan.rank_budget_s, cost.a + max_sample);

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -384,6 +385,19 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
 }
 
 Result<BenchTable> ReadBenchCsv(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st)) {
+    return Failure{"cannot open benchmark file: no such file", path, 0, ""};
+  }
+  if (!std::filesystem::is_regular_file(st)) {
+    return Failure{"not a regular file (a benchmark CSV is expected)", path, 0, ""};
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size > kMaxBenchBytes) {
+    return Failure{"benchmark file larger than " + std::to_string(kMaxBenchBytes >> 20) + " MiB",
+                   path, 0, ""};
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return Failure{"cannot open benchmark file", path, 0, ""};
   std::stringstream ss;
@@ -395,7 +409,7 @@ Result<ModelFit> FitPowerModel(const BenchTable& t) {
   if (auto ok = CheckEnough(t); !ok.ok()) return ok.failure();
   const bool fit_amb = FitsAmb(t);
   // Profile p on a grid, refine by golden section inside the best cell.
-  constexpr double kLo = 0.5, kHi = 3.5, kStep = 0.01;
+  constexpr double kLo = kPowerExponentLo, kHi = kPowerExponentHi, kStep = 0.01;
   const int steps = static_cast<int>(std::lround((kHi - kLo) / kStep));
   int best_i = 0;
   double best_sse = std::numeric_limits<double>::infinity();
@@ -555,6 +569,48 @@ Result<FitResult> FitBench(const BenchTable& t) {
     res.memory = std::move(mem).value();
   }
   return res;
+}
+
+std::optional<std::string> FitProblem(const FitResult& fit) {
+  const ModelFit& best = fit.best();
+  const CostModel& m = best.model;
+  char buf[400];
+  if (m.kind == CostModel::Kind::kPower) {
+    if (!(m.b > 0)) {
+      return "the power fit has b = 0: step times do not grow with B*S^p (constant or decreasing "
+             "times); benchmark shapes whose cost differs";
+    }
+    if (std::abs(m.p - kPowerExponentLo) < 1e-6 || std::abs(m.p - kPowerExponentHi) < 1e-6) {
+      std::snprintf(buf, sizeof(buf),
+                    "the power fit's exponent p = %.6g is at a bound of its search range [%g, %g] "
+                    "(R^2 = %.4f): the data are not explained by a plausible b*S^p",
+                    m.p, kPowerExponentLo, kPowerExponentHi, best.quality.r2);
+      return std::string(buf);
+    }
+  } else if (!(m.c1 + m.c2 > 0)) {
+    return "the quadratic fit has c1 = c2 = 0: step times do not grow with B*S (constant or "
+           "decreasing times)";
+  }
+  if (!(best.quality.r2 >= kMinFitR2)) {
+    std::snprintf(buf, sizeof(buf),
+                  "the chosen %s fit explains too little of the data: R^2 = %.4f is below %g",
+                  m.kind == CostModel::Kind::kPower ? "power" : "quadratic", best.quality.r2,
+                  kMinFitR2);
+    return std::string(buf);
+  }
+  if (fit.memory && !(fit.memory->model.m1 > 0)) {
+    return "the memory fit has slope m1 = 0 bytes per token: peak memory does not grow with "
+           "B*S, so M_mem is unbounded; benchmark batches of different sizes (or drop "
+           "peak_mem_bytes)";
+  }
+  if (fit.memory && !(fit.memory->r2 >= kMinFitR2)) {
+    std::snprintf(buf, sizeof(buf),
+                  "the memory fit explains too little of the peak memory: R^2 = %.4f is below %g "
+                  "(m1 = %.4g bytes per token; does peak memory grow with B*S?)",
+                  fit.memory->r2, kMinFitR2, fit.memory->model.m1);
+    return std::string(buf);
+  }
+  return std::nullopt;
 }
 
 }  // namespace ditscale::balance

@@ -58,7 +58,9 @@ struct BenchTable {
   bool has_memory = false;  // the header has peak_mem_bytes and at least one row gives it
 };
 
-// Reads / parses a benchmark CSV (see above).
+// Reads / parses a benchmark CSV (see above). Only regular files of at most kMaxBenchBytes are
+// read ("not a regular file" for a directory or a device).
+inline constexpr std::size_t kMaxBenchBytes = std::size_t{256} << 20;
 Result<BenchTable> ReadBenchCsv(const std::string& path);
 Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name);
 
@@ -103,5 +105,19 @@ Result<ModelFit> FitQuadraticModel(const BenchTable& table);
 Result<MemoryFit> FitMemoryModel(const BenchTable& table);
 // Both step-time fits, the choice, and the memory fit when the table has peak memory.
 Result<FitResult> FitBench(const BenchTable& table);
+
+// The range the power fit's exponent p is searched in, and the least R^2 (unweighted, the
+// "R^2" that `ditscale fit` prints) of a fit that explains the data.
+inline constexpr double kPowerExponentLo = 0.5;
+inline constexpr double kPowerExponentHi = 3.5;
+inline constexpr double kMinFitR2 = 0.9;
+
+// Why the chosen fit cannot be used as a cost model, or nullopt when it can. A fit is refused
+// when its work term is not positive (power b <= 0, quadratic c1 + c2 <= 0: times that do not
+// grow with B*S), when the power exponent sits at a bound of its search range (within 1e-6:
+// the data asked for a steeper or flatter curve than any plausible one), when R^2 < kMinFitR2,
+// or when the memory fit's slope m1 <= 0 or its R^2 < kMinFitR2 (peak memory that does not grow
+// with B*S would make M_mem unbounded). `ditscale fit` and `ditscale plan --bench` fail with this message.
+std::optional<std::string> FitProblem(const FitResult& fit);
 
 }  // namespace ditscale::balance

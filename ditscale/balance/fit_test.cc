@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
 
@@ -292,6 +293,75 @@ TEST(Fit, TooFewRowsOrOneSeqLen) {
   EXPECT_FALSE(ReadBenchCsv("/nonexistent/bench.csv").ok());
 }
 
+// Issue 20: fits that do not explain the data used to give a usable-looking cost model (b = 0,
+// p at its bound with R^2 < 0, M_mem = INT64_MAX) and exit 0; FitProblem says why.
+TEST(Fit, DegenerateDataIsRefusedWithTheReason) {
+  std::mt19937_64 rng(7);
+  struct Case {
+    std::string name, expect;
+    double (*time)(int64_t, int64_t);
+  };
+  for (const Case& c : std::vector<Case>{
+           {"constant", "do not grow", [](int64_t, int64_t) { return 0.5; }},
+           {"decreasing", "do not grow",
+            [](int64_t B, int64_t S) { return 10.0 / static_cast<double>(B * S); }},
+       }) {
+    auto fit = FitBench(ParseBenchCsv(MakeBench(c.time, rng, 0.0, false), c.name).value());
+    ASSERT_TRUE(fit.ok()) << fit.failure().ToString();
+    auto why = FitProblem(*fit);
+    ASSERT_TRUE(why.has_value()) << c.name;
+    EXPECT_NE(why->find(c.expect), std::string::npos) << c.name << ": " << *why;
+  }
+  // Pure noise around a constant: no curve explains it (R^2 below the threshold or p at its
+  // bound, whichever the fit hits first).
+  std::uniform_real_distribution<double> u(0.5, 1.5);
+  std::string csv = "batch_size,seq_len,step_time_s\n";
+  for (int64_t s : {1024, 2048, 4096, 8192}) {
+    for (int64_t b : {1, 2, 4, 8}) {
+      csv += std::to_string(b) + "," + std::to_string(s) + "," + std::to_string(u(rng)) + "\n";
+    }
+  }
+  auto noise = FitBench(ParseBenchCsv(csv, "noise.csv").value());
+  ASSERT_TRUE(noise.ok());
+  auto why = FitProblem(*noise);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_TRUE(why->find("R^2") != std::string::npos ||
+              why->find("do not grow") != std::string::npos)
+      << *why;
+  // Flat memory: slope 0, M_mem unbounded.
+  auto flat = FitBench(
+      ParseBenchCsv(
+          MakeBench([](int64_t B, int64_t S) { return 0.05 + 1e-9 * B * std::pow(S, 1.5); }, rng,
+                    0.0, true, 2e10, 0.0),
+          "flat.csv")
+          .value());
+  ASSERT_TRUE(flat.ok());
+  why = FitProblem(*flat);
+  ASSERT_TRUE(why.has_value());
+  // Noise around a constant gives m1 = 0 or a tiny slope that explains nothing.
+  EXPECT_TRUE(why->find("slope m1 = 0") != std::string::npos ||
+              why->find("memory fit explains too little") != std::string::npos)
+      << *why;
+  // A good fit has no problem.
+  auto good = FitBench(
+      ParseBenchCsv(
+          MakeBench([](int64_t B, int64_t S) { return 0.05 + 1e-9 * B * std::pow(S, 1.5); }, rng,
+                    0.01, true, 2e10, 1e5),
+          "good.csv")
+          .value());
+  ASSERT_TRUE(good.ok());
+  EXPECT_FALSE(FitProblem(*good).has_value()) << *FitProblem(*good);
+}
+
+TEST(Fit, DirectoryIsNotARegularFile) {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  auto t = ReadBenchCsv(dir);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.failure().file, dir);
+  EXPECT_NE(t.failure().message.find("not a regular file"), std::string::npos)
+      << t.failure().ToString();
+}
+
 }  // namespace
 }  // namespace ditscale::balance
 
@@ -321,6 +391,7 @@ TEST(FitExample, BenchExampleRecoversItsModel) {
   EXPECT_DOUBLE_EQ(fit->quadratic.model.a, 0.06585474442926698);
   EXPECT_DOUBLE_EQ(fit->quadratic.model.c1, 1.4405653396253983e-05);
   EXPECT_DOUBLE_EQ(fit->quadratic.model.c2, 7.244448331587472e-10);
+  EXPECT_FALSE(FitProblem(*fit).has_value()) << *FitProblem(*fit);
 }
 
 }  // namespace

@@ -117,7 +117,8 @@ inline constexpr double kMinFitR2 = 0.9;
 // grow with B*S), when the power exponent sits at a bound of its search range (within 1e-6:
 // the data asked for a steeper or flatter curve than any plausible one), when R^2 < kMinFitR2,
 // or when the memory fit's slope m1 <= 0 or its R^2 < kMinFitR2 (peak memory that does not grow
-// with B*S would make M_mem unbounded). `ditscale fit` and `ditscale plan --bench` fail with this message.
+// with B*S would make M_mem unbounded). `ditscale fit` and `ditscale plan --bench` fail with this
+// message.
 std::optional<std::string> FitProblem(const FitResult& fit);
 
 }  // namespace ditscale::balance

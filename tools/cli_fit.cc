@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,6 +10,8 @@
 #include "ditscale/balance/fit.h"
 #include "ditscale/core/error.h"
 #include "tools/cli.h"
+#include "tools/cli_options.h"
+#include "tools/write_file.h"
 
 namespace ditscale::cli {
 namespace {
@@ -23,6 +24,7 @@ struct FitOptions {
   double mem_safety = 0.1;
   std::string out;
   bool json = false;
+  bool accept_poor_fit = false;
 };
 
 nlohmann::ordered_json QualityJson(const balance::FitQuality& q) {
@@ -53,9 +55,23 @@ std::string QualityLine(const balance::FitQuality& q) {
 void RunFit(const FitOptions& o) {
   balance::BenchTable table = balance::ReadBenchCsv(o.bench).ValueOrThrow();
   balance::FitResult fit = balance::FitBench(table).ValueOrThrow();
+  // A fit that does not explain the data is not written and not exit 0.
+  if (auto why = balance::FitProblem(fit)) {
+    if (!o.accept_poor_fit) throw Error(o.bench + ": unusable fit: " + *why);
+    fmt::print(stderr, "warning: {}: unusable fit accepted (--accept-poor-fit): {}\n", o.bench,
+               *why);
+  }
   const double gpu_bytes = o.gpu_mem_gib * double(1ull << 30);
   int64_t m_mem = -1;
-  if (fit.memory) m_mem = fit.memory->model.MaxTokens(gpu_bytes, o.mem_safety);
+  if (fit.memory) {
+    m_mem = fit.memory->model.MaxTokens(gpu_bytes, o.mem_safety);
+    if (m_mem < 1) {
+      throw Error(fmt::format(
+          "{}: the memory fit (m0 = {:.4g} GiB) leaves no room for activations on a {:g} GiB GPU "
+          "with safety {:g}",
+          o.bench, fit.memory->model.m0 / double(1ull << 30), o.gpu_mem_gib, o.mem_safety));
+    }
+  }
   const CostModel& best = fit.best().model;
   const char* chosen = best.kind == CostModel::Kind::kPower ? "power" : "quadratic";
   // Rows timed with gradient accumulation (k >= 2 micro-batches) make a_mb identifiable.
@@ -64,10 +80,8 @@ void RunFit(const FitOptions& o) {
   const bool fits_amb = accum_rows > 0;
 
   if (!o.out.empty()) {
-    std::ofstream out(o.out);
-    if (!out) throw Error("cannot write " + o.out);
-    out << balance::CostModelToJson(best, fit.memory ? &fit.memory->model : nullptr) << "\n";
-    if (!out) throw Error("failed writing " + o.out);
+    WriteFileChecked(
+        o.out, balance::CostModelToJson(best, fit.memory ? &fit.memory->model : nullptr) + "\n");
   }
 
   if (o.json) {
@@ -150,13 +164,15 @@ void RegisterFitCommand(CLI::App& app) {
       "Fit the step-time (power and quadratic) and memory models to a shape benchmark CSV "
       "(batch_size,seq_len,step_time_s[,peak_mem_bytes][,micro_batches])");
   sub->add_option("bench", opts->bench, "benchmark CSV")->required();
-  sub->add_option("--gpu-mem-gib", opts->gpu_mem_gib, "GPU memory for M_mem, GiB (default 140)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--mem-safety", opts->mem_safety,
-                  "fraction of GPU memory kept free when deriving M_mem (default 0.1)")
-      ->check(CLI::Range(0.0, 0.99));
+  AddNumber(sub, "--gpu-mem-gib", &opts->gpu_mem_gib, 0.001, 1048576.0,
+            "GPU memory for M_mem, GiB (default 140)");
+  AddNumber(sub, "--mem-safety", &opts->mem_safety, 0.0, 0.99,
+            "fraction of GPU memory kept free when deriving M_mem (default 0.1)");
   sub->add_option("--out", opts->out, "write the chosen model (+ memory) as cost-model JSON");
   sub->add_flag("--json", opts->json, "print one JSON object instead of text");
+  sub->add_flag("--accept-poor-fit", opts->accept_poor_fit,
+                "report a fit that does not explain the data (b <= 0, p at its bound, R^2 below "
+                "0.9, memory slope <= 0) as a warning instead of failing (exploratory sweeps)");
   sub->callback([opts] { RunFit(*opts); });
 }
 

@@ -1,9 +1,11 @@
 // `ditscale plan`: manifest -> shapes -> policy -> plan -> simulated metrics (and files).
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,7 +21,10 @@
 #include "ditscale/balance/simulate.h"
 #include "ditscale/core/error.h"
 #include "ditscale/core/progress.h"
+#include "ditscale/core/range.h"
 #include "tools/cli.h"
+#include "tools/cli_options.h"
+#include "tools/write_file.h"
 
 namespace ditscale::cli {
 namespace {
@@ -69,6 +74,12 @@ double MicroBatchesPerRankStep(const SimResult& s) {
   return cells > 0 ? static_cast<double>(s.micro_batches) / cells : 0;
 }
 
+// Dropped samples / samples of the epoch (trained + dropped).
+double DroppedFraction(const SimResult& s) {
+  const double all = static_cast<double>(s.samples + s.dropped_samples);
+  return all > 0 ? static_cast<double>(s.dropped_samples) / all : 0;
+}
+
 nlohmann::json PolicyJson(const PolicyRun& r) {
   const SimResult& s = r.sim;
   return {{"compute_cv", s.compute_cv},
@@ -80,6 +91,8 @@ nlohmann::json PolicyJson(const PolicyRun& r) {
           {"step_time_cv", s.step_time_cv},
           {"num_steps", s.num_steps},
           {"dropped_samples", s.dropped_samples},
+          {"dropped_fraction", DroppedFraction(s)},
+          {"rank_budget_raised", r.plan.rank_budget_raised},
           {"padded_micro_batches", s.padded_micro_batches},
           {"micro_batches", s.micro_batches},
           {"micro_batches_per_rank_step", MicroBatchesPerRankStep(s)},
@@ -99,7 +112,7 @@ nlohmann::json PolicyJson(const PolicyRun& r) {
 // One JSON line per (step, rank), written through a large buffer.
 void EmitBatches(const std::string& path, const Plan& plan, const SimResult& sim) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw Error(path + ": cannot open for writing");
+  if (f == nullptr) throw Error("cannot open " + path + " for writing: " + std::strerror(errno));
   std::vector<char> buf(1 << 20);
   std::setvbuf(f, buf.data(), _IOFBF, buf.size());
   const int64_t w = plan.world_size;
@@ -118,8 +131,7 @@ void EmitBatches(const std::string& path, const Plan& plan, const SimResult& sim
       std::fprintf(f, "],\"predicted_cost_s\":%.9g}\n", sim.rank_cost_s[k * w + r]);
     }
   }
-  const bool ok = std::ferror(f) == 0;
-  if (std::fclose(f) != 0 || !ok) throw Error(path + ": write failed");
+  CloseChecked(f, path);
 }
 
 void PrintTable(const std::vector<Policy>& policies, const std::vector<PolicyRun>& runs) {
@@ -137,13 +149,9 @@ void PrintTable(const std::vector<Policy>& policies, const std::vector<PolicyRun
 
 void RunPlan(const PlanArgs& a) {
   const auto t_start = std::chrono::steady_clock::now();
-  if (a.world_size < 1) {
-    throw Error("--world-size must be >= 1, got " + std::to_string(a.world_size));
-  }
   if (!a.cost_file.empty() && !a.bench_file.empty()) {
     throw Error("give at most one of --cost and --bench");
   }
-  if (!(a.noise >= 0)) throw Error("--noise must be >= 0, got " + std::to_string(a.noise));
   const Policy main_policy = Unwrap(ParsePolicy(a.policy));
   const TailPolicy tail = Unwrap(ParseTailPolicy(a.tail));
   const bool progress = !a.quiet && Progress::DefaultEnabled();
@@ -160,6 +168,7 @@ void RunPlan(const PlanArgs& a) {
   } else if (!a.bench_file.empty()) {
     const BenchTable table = Unwrap(ReadBenchCsv(a.bench_file));
     const FitResult fit = Unwrap(FitBench(table));
+    if (auto why = FitProblem(fit)) throw Error(a.bench_file + ": unusable fit: " + *why);
     cost = fit.best().model;
     if (fit.memory) memory = fit.memory->model;
     fit_json = {{"chosen", cost.kind == CostModel::Kind::kPower ? "power" : "quadratic"},
@@ -179,8 +188,15 @@ void RunPlan(const PlanArgs& a) {
     m_mem = memory.MaxTokens(a.gpu_mem_gib * 1024.0 * 1024.0 * 1024.0, a.mem_safety);
     if (m_mem < 1) {
       throw Error("the memory model leaves no room for activations on a " +
-                  std::to_string(a.gpu_mem_gib) + " GiB GPU (m0 = " + std::to_string(memory.m0) +
+                  FormatNumber(a.gpu_mem_gib) + " GiB GPU (m0 = " + FormatNumber(memory.m0) +
                   " bytes); raise --gpu-mem-gib or give --m-mem");
+    }
+    if (m_mem > kMaxMMemTokens) {
+      throw Error("the memory model (m1 = " + FormatNumber(memory.m1) +
+                  " bytes per token) gives M_mem = " + FormatNumber(static_cast<long long>(m_mem)) +
+                  " tokens, above the limit " +
+                  FormatNumber(static_cast<long long>(kMaxMMemTokens)) +
+                  "; check the memory model or give --m-mem");
     }
   }
 
@@ -263,6 +279,7 @@ void RunPlan(const PlanArgs& a) {
       light.m_mem_tokens = runs[i].plan.m_mem_tokens;
       light.rank_budget_s = runs[i].plan.rank_budget_s;
       light.samples_over_m_mem = runs[i].plan.samples_over_m_mem;
+      light.rank_budget_raised = runs[i].plan.rank_budget_raised;
       light.batch_size_of_shape = runs[i].plan.batch_size_of_shape;
       runs[i].plan = std::move(light);
     }
@@ -297,12 +314,32 @@ void RunPlan(const PlanArgs& a) {
     if (worker_error) std::rethrow_exception(worker_error);
     bar.Update(static_cast<int64_t>(policies.size()));
   }
+  for (size_t i = 0; i < policies.size(); ++i) {
+    const SimResult& s = runs[i].sim;
+    if (DroppedFraction(s) > kDroppedWarnFraction) {
+      std::fprintf(stderr,
+                   "warning: policy %s drops %lld of %lld samples (%.1f%%, more than %g%%): the "
+                   "last step of tail policy '%s' with %d ranks; use --tail pad or keep, or "
+                   "fewer ranks\n",
+                   PolicyName(policies[i]), static_cast<long long>(s.dropped_samples),
+                   static_cast<long long>(s.samples + s.dropped_samples), 100 * DroppedFraction(s),
+                   100 * kDroppedWarnFraction, TailPolicyName(tail), a.world_size);
+    }
+    if (runs[i].plan.rank_budget_raised && !a.quiet) {
+      std::fprintf(stderr,
+                   "note: policy %s: the default per-rank budget was raised to %.4g s, the cost "
+                   "of the most expensive sample\n",
+                   PolicyName(policies[i]), runs[i].plan.rank_budget_s);
+    }
+  }
   std::vector<BudgetSweepRow> sweep;
   if (a.budget_sweep) {
     PlanOptions bo = po;
     bo.policy = Policy::kBalanced;
     bo.rank_budget_s = 0;
     const double base = DefaultRankBudget(shaped, cost, bo.m_comp, PlanExponent(shaped, cost));
+    // Budgets below one most expensive sample are refused by MakePlan: the sweep starts there.
+    const double floor_budget = MinRankBudget(shaped, cost);
     // The default budget is already at least one most expensive sample (smaller budgets are
     // raised to it), so the sweep starts there; budgets that end up equal are shown once.
     const double mult[] = {1, 1.5, 2, 3, 4, 6, 8, 16};
@@ -310,7 +347,7 @@ void RunPlan(const PlanArgs& a) {
     quick.keep_rank_costs = false;
     Progress bar("budget sweep", 8, progress);
     for (int i = 0; i < 8; ++i) {
-      bo.rank_budget_s = base * mult[i];
+      bo.rank_budget_s = std::max(base * mult[i], floor_budget);
       const Plan plan = Unwrap(MakePlan(shaped, cost, bo));
       if (!sweep.empty() && plan.rank_budget_s == sweep.back().budget_s) continue;
       const SimResult s = Simulate(plan, shaped, cost, quick);
@@ -381,10 +418,7 @@ void RunPlan(const PlanArgs& a) {
                               {"count", sh < shaped.count.size() ? shaped.count[sh] : 0},
                               {"batch_size", p.batch_size_of_shape[sh]}});
     }
-    std::ofstream f(a.out);
-    if (!f) throw Error(a.out + ": cannot open for writing");
-    f << s.dump(2) << "\n";
-    if (!f) throw Error(a.out + ": write failed");
+    WriteFileChecked(a.out, s.dump(2) + "\n");
   }
   if (!a.report.empty()) {
     ReportInput in;
@@ -449,25 +483,31 @@ void RegisterPlanCommand(CLI::App& app) {
       "plan", "Plan what every data-parallel rank trains on at every step, and simulate it");
   sub->add_option("--manifest", a->manifest, "Manifest (CSV or JSONL)")->required();
   sub->add_option("--model", a->model, "Model preset name or JSON model file")->required();
-  sub->add_option("--world-size", a->world_size, "Data-parallel ranks")->required();
+  AddNumber(sub, "--world-size", &a->world_size, 1, kMaxWorldSize, "Data-parallel ranks")
+      ->required();
   sub->add_option("--cost", a->cost_file, "Cost model JSON (default: analytical H200 cost)");
   sub->add_option("--bench", a->bench_file, "Shape benchmark CSV to fit the cost model from");
-  sub->add_option("--gpu-mem-gib", a->gpu_mem_gib, "GPU memory for M_mem (GiB)")
-      ->capture_default_str();
-  sub->add_option("--mem-safety", a->mem_safety, "Memory safety margin (fraction)")
-      ->capture_default_str();
-  sub->add_option("--m-mem", a->m_mem, "M_mem, tokens per batch (default: memory model)");
-  sub->add_option("--m-comp", a->m_comp, "M_comp (default 0: minimise simulated epoch time)");
+  AddNumber(sub, "--gpu-mem-gib", &a->gpu_mem_gib, 0.001, 1048576.0, "GPU memory for M_mem (GiB)");
+  AddNumber(sub, "--mem-safety", &a->mem_safety, 0.0, 0.99,
+            "Memory safety margin (fraction of GPU memory kept free)");
+  AddNumber<int64_t>(sub, "--m-mem", &a->m_mem, 0, kMaxMMemTokens,
+                     "M_mem, tokens per batch (0: from the memory model)");
+  AddNumber(sub, "--m-comp", &a->m_comp, 0.0, kMaxMComp,
+            "M_comp (0: minimise simulated epoch time)");
   sub->add_option("--policy", a->policy, "equal-token | adaptive | balanced")
       ->capture_default_str();
   sub->add_option("--tail", a->tail, "Last-step tail policy: drop | pad | keep")
       ->capture_default_str();
-  sub->add_option("--seed", a->seed, "Shuffle seed")->capture_default_str();
-  sub->add_option("--epoch", a->epoch, "Epoch")->capture_default_str();
-  sub->add_option("--budget", a->budget, "Balanced per-rank budget per step, s (0: default)");
+  AddNumber<uint64_t>(sub, "--seed", &a->seed, 0, std::numeric_limits<uint64_t>::max(),
+                      "Shuffle seed");
+  AddNumber<int64_t>(sub, "--epoch", &a->epoch, 0, std::numeric_limits<int64_t>::max(), "Epoch");
+  AddNumber(sub, "--budget", &a->budget, 0.0, kMaxRankBudgetS,
+            "Balanced per-rank budget per step, s (0: default; below the most expensive "
+            "sample's cost: an error)");
   sub->add_flag("--budget-sweep", a->budget_sweep,
                 "Sweep the balanced per-rank budget (1x..16x the default)");
-  sub->add_option("--noise", a->noise, "Lognormal sigma of simulated per-micro-batch noise");
+  AddNumber(sub, "--noise", &a->noise, 0.0, 10.0,
+            "Lognormal sigma of simulated per-micro-batch noise");
   sub->add_flag("--overhead-per-micro-batch", a->overhead_per_mb,
                 "Charge the whole fixed overhead per micro-batch: a_mb := a + a_mb, a := 0 "
                 "(conservative; a fitted a_mb is the accurate way)");

@@ -1,9 +1,10 @@
 #include "ditscale/balance/report.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <sstream>
 
 namespace ditscale::balance {
@@ -275,11 +276,20 @@ std::string RenderReportHtml(const ReportInput& in) {
 }
 
 Result<bool> WriteReportHtml(const std::string& path, const ReportInput& input) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) return Failure{"cannot open report file for writing", path, 0, ""};
-  out << RenderReportHtml(input);
-  out.close();
-  if (!out) return Failure{"failed writing report", path, 0, ""};
+  const std::string html = RenderReportHtml(input);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return Failure{std::string("cannot open for writing: ") + std::strerror(errno), path, 0, ""};
+  }
+  const bool wrote = std::fwrite(html.data(), 1, html.size(), f) == html.size();
+  int err = errno;
+  const bool flushed = wrote && std::fflush(f) == 0 && std::ferror(f) == 0;
+  if (wrote && !flushed) err = errno;
+  const bool closed = std::fclose(f) == 0;
+  if (flushed && !closed) err = errno;
+  if (!flushed || !closed) {
+    return Failure{"error writing " + path + ": " + std::strerror(err != 0 ? err : EIO), "", 0, ""};
+  }
   return true;
 }
 

@@ -48,7 +48,8 @@ struct ReportInput {
 
 // The page as a string.
 std::string RenderReportHtml(const ReportInput& input);
-// Writes the page; Failure names the file when it cannot be written.
+// Writes the page; Failure "error writing <file>: <strerror>" (or "cannot open for writing")
+// when it cannot be written.
 Result<bool> WriteReportHtml(const std::string& path, const ReportInput& input);
 
 }  // namespace ditscale::balance

@@ -8,9 +8,6 @@
 
 #include <cstddef>
 #include <string>
-#include <utility>
-
-#include "ditscale/core/result.h"
 
 namespace ditscale::comm {
 
@@ -35,13 +32,6 @@ std::string CheckBytes(const char* what, int rank, int peer, std::size_t bytes, 
 // Throws ditscale::Error with `msg` when it is not empty (the argument checks above, in calls
 // that report errors by throwing).
 void ThrowIf(const std::string& msg);
-
-// A Failure with only a message (transport failures are about no input file).
-inline Failure CommFailure(std::string message) {
-  Failure f;
-  f.message = std::move(message);
-  return f;
-}
 
 }  // namespace internal
 }  // namespace ditscale::comm

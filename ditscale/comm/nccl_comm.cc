@@ -12,6 +12,9 @@
 #if DITSCALE_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "ditscale/core/cuda_check.h"
+#include "ditscale/core/cuda_resources.h"
 #endif
 
 namespace ditscale::comm {
@@ -47,21 +50,6 @@ class Backoff {
   int us_ = 20;
 };
 
-// Makes `device` current for a scope and restores the caller's device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = -1;
-};
-
 }  // namespace
 
 bool NcclAvailable() { return true; }
@@ -70,7 +58,7 @@ Result<NcclId> NcclNewId() {
   ncclUniqueId uid;
   ncclResult_t r = ncclGetUniqueId(&uid);
   if (r != ncclSuccess) {
-    return internal::CommFailure(StrCat("ncclGetUniqueId failed: ", NcclText(r, nullptr)));
+    return Failure::BackendError(StrCat("ncclGetUniqueId failed: ", NcclText(r, nullptr)));
   }
   NcclId id;
   std::memcpy(id.bytes.data(), &uid, sizeof(uid));
@@ -84,39 +72,41 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks,
                                                    int device, double timeout_s,
                                                    int channels_per_net_peer) {
   std::string bad = internal::CheckRankArgs("NcclComm::Create", nranks, rank, device);
-  if (!bad.empty()) return internal::CommFailure(bad);
+  if (!bad.empty()) return Failure::InvalidArgument(bad);
   if (!(timeout_s > 0)) {
-    return internal::CommFailure(
+    return Failure::InvalidArgument(
         StrCat("NcclComm::Create: rank ", rank, ": timeout_s must be > 0, got ", timeout_s));
   }
   if (channels_per_net_peer < 0 || channels_per_net_peer > 64) {
-    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank,
-                                        ": channels_per_net_peer must be in [0, 64], got ",
-                                        channels_per_net_peer));
+    return Failure::InvalidArgument(StrCat("NcclComm::Create: rank ", rank,
+                                           ": channels_per_net_peer must be in [0, 64], got ",
+                                           channels_per_net_peer));
   }
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
   if (ce != cudaSuccess) {
-    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
-                                        ": cudaGetDeviceCount failed: ", cudaGetErrorString(ce),
-                                        " (no usable GPU?)"));
+    (void)cudaGetLastError();
+    return Failure::Unavailable(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
+                                       ": cudaGetDeviceCount failed: ", CudaErrorText(ce),
+                                       " (no usable GPU?)"));
   }
   if (device >= ndev) {
-    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
-                                        ": device ", device, " does not exist (", ndev,
-                                        " CUDA devices)"));
+    return Failure::InvalidArgument(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
+                                           ": device ", device, " does not exist (", ndev,
+                                           " CUDA devices)"));
   }
   ce = cudaSetDevice(device);
   if (ce != cudaSuccess) {
-    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
+    (void)cudaGetLastError();
+    return Failure::BackendError(StrCat("NcclComm::Create: rank ", rank, " of ", nranks,
                                         ": cudaSetDevice(", device,
-                                        ") failed: ", cudaGetErrorString(ce)));
+                                        ") failed: ", CudaErrorText(ce)));
   }
   // One process has one libnccl.so.2 (often torch's, loaded first). Structs such as
   // ncclConfig_t change between versions, so headers and the loaded library must agree.
   int loaded = 0;
   if (ncclGetVersion(&loaded) == ncclSuccess && loaded / 100 != NCCL_VERSION_CODE / 100) {
-    return internal::CommFailure(
+    return Failure::Unavailable(
         StrCat("NCCL rank ", rank, ": ditscale was compiled against NCCL ", NCCL_VERSION_CODE,
                " but this process runs NCCL ", loaded,
                " (the libnccl.so.2 loaded first, e.g. torch's); rebuild ditscale against it "
@@ -135,9 +125,9 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks,
 #if NCCL_VERSION_CODE >= 22800
     config.nChannelsPerNetPeer = channels_per_net_peer;
 #else
-    return internal::CommFailure(StrCat("NcclComm::Create: rank ", rank,
-                                        ": channels_per_net_peer needs NCCL >= 2.28 (built with ",
-                                        NCCL_VERSION_CODE, ")"));
+    return Failure::Unavailable(StrCat("NcclComm::Create: rank ", rank,
+                                       ": channels_per_net_peer needs NCCL >= 2.28 (built with ",
+                                       NCCL_VERSION_CODE, ")"));
 #endif
   }
   ncclComm_t comm = nullptr;
@@ -149,20 +139,20 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks,
   if (r != ncclSuccess && r != ncclInProgress) {
     if (comm == nullptr) {
       c->failed_ = true;
-      return internal::CommFailure(
+      return Failure::BackendError(
           StrCat("NCCL rank ", rank, " of ", nranks, " (device ", device,
                  "): ncclCommInitRankConfig failed: ", NcclText(r, nullptr)));
     }
     return c->Fail(StrCat(what, " failed: ", NcclText(r, comm)));
   }
-  if (!c->WaitReady(what)) return internal::CommFailure(c->failure_);
+  if (!c->WaitReady(what)) return Failure::BackendError(c->failure_);
   return c;
 }
 
 NcclComm::~NcclComm() {
   if (comm_ == nullptr) return;
   auto comm = static_cast<ncclComm_t>(comm_);
-  DeviceGuard guard(device_);
+  cuda::DeviceGuard guard(device_, std::nothrow);
   if (failed_) {
     ncclCommAbort(comm);
     return;
@@ -210,13 +200,13 @@ Failure NcclComm::Fail(const std::string& what) {
                       "]; the communicator was aborted (create a new one)");
     failed_ = true;
     if (comm_ != nullptr) {
-      DeviceGuard guard(device_);
+      cuda::DeviceGuard guard(device_, std::nothrow);
       ncclResult_t r = ncclCommAbort(static_cast<ncclComm_t>(comm_));
       if (r != ncclSuccess) failure_ += StrCat("; ncclCommAbort: ", ncclGetErrorString(r));
       comm_ = nullptr;
     }
   }
-  return internal::CommFailure(failure_);
+  return Failure::BackendError(failure_);
 }
 
 bool NcclComm::WaitReady(const std::string& what) {
@@ -315,15 +305,15 @@ void NcclComm::AllToAll(const void* send, void* recv, std::size_t block_bytes, v
 }
 
 Result<bool> NcclComm::Synchronize(void* stream) {
-  if (failed_) return internal::CommFailure(failure_);
+  if (failed_) return Failure::BackendError(failure_);
   if (group_depth_ != 0) {
-    return internal::CommFailure(
+    return Failure::InvalidArgument(
         StrCat("NCCL rank ", rank_, " of ", size_,
                ": Synchronize inside GroupStart/GroupEnd (the group is not launched yet)"));
   }
   auto comm = static_cast<ncclComm_t>(comm_);
   auto s = static_cast<cudaStream_t>(stream);
-  DeviceGuard guard(device_);
+  cuda::DeviceGuard guard(device_, std::nothrow);
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
   Backoff backoff;
   while (true) {
@@ -340,7 +330,8 @@ Result<bool> NcclComm::Synchronize(void* stream) {
       return true;
     }
     if (ce != cudaErrorNotReady) {
-      return Fail(StrCat("cudaStreamQuery failed: ", cudaGetErrorString(ce)));
+      (void)cudaGetLastError();
+      return Fail(StrCat("cudaStreamQuery failed: ", CudaErrorText(ce)));
     }
     if (Clock::now() >= deadline) {
       return Fail(StrCat("Synchronize timed out after ", timeout_s_,
@@ -360,7 +351,7 @@ const char* kNoNccl =
 }  // namespace
 
 bool NcclAvailable() { return false; }
-Result<NcclId> NcclNewId() { return internal::CommFailure(kNoNccl); }
+Result<NcclId> NcclNewId() { return Failure::Unavailable(kNoNccl); }
 
 NcclComm::NcclComm(int rank, int size, int device, double timeout_s)
     : rank_(rank), size_(size), device_(device), timeout_s_(timeout_s) {}
@@ -368,8 +359,8 @@ NcclComm::NcclComm(int rank, int size, int device, double timeout_s)
 Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId&, int nranks, int rank, int device,
                                                    double, int) {
   std::string bad = internal::CheckRankArgs("NcclComm::Create", nranks, rank, device);
-  if (!bad.empty()) return internal::CommFailure(bad);
-  return internal::CommFailure(kNoNccl);
+  if (!bad.empty()) return Failure::InvalidArgument(bad);
+  return Failure::Unavailable(kNoNccl);
 }
 NcclComm::~NcclComm() = default;
 void NcclComm::set_timeout_s(double timeout_s) { timeout_s_ = timeout_s; }
@@ -378,10 +369,10 @@ void NcclComm::GroupEnd() { DS_FAIL(kNoNccl); }
 void NcclComm::Send(const void*, std::size_t, int, void*) { DS_FAIL(kNoNccl); }
 void NcclComm::Recv(void*, std::size_t, int, void*) { DS_FAIL(kNoNccl); }
 void NcclComm::AllToAll(const void*, void*, std::size_t, void*) { DS_FAIL(kNoNccl); }
-Result<bool> NcclComm::Synchronize(void*) { return internal::CommFailure(kNoNccl); }
+Result<bool> NcclComm::Synchronize(void*) { return Failure::Unavailable(kNoNccl); }
 void NcclComm::AfterCall(int, const std::string&) {}
 bool NcclComm::WaitReady(const std::string&) { return false; }
-Failure NcclComm::Fail(const std::string& what) { return internal::CommFailure(what); }
+Failure NcclComm::Fail(const std::string& what) { return Failure::BackendError(what); }
 void NcclComm::NotePending(std::string) {}
 
 #endif  // DITSCALE_HAVE_NCCL

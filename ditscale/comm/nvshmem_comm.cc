@@ -12,6 +12,8 @@
 #if DITSCALE_HAVE_NVSHMEM
 #include <cuda_runtime.h>
 #include <nvshmem_host.h>
+
+#include "ditscale/core/cuda_check.h"
 #endif
 
 namespace ditscale::comm {
@@ -38,7 +40,7 @@ Result<NvshmemId> NvshmemNewId() {
   std::memset(&uid, 0, sizeof(uid));
   int rc = nvshmemx_get_uniqueid(&uid);
   if (rc != 0) {
-    return internal::CommFailure(
+    return Failure::BackendError(
         StrCat("nvshmemx_get_uniqueid failed with status ", rc,
                " (is nvshmem_bootstrap_uid.so.3 next to libnvshmem_host.so.3, or "
                "NVSHMEM_BOOTSTRAP_UID_PLUGIN set? NVSHMEM_DEBUG=WARN tells more)"));
@@ -51,52 +53,54 @@ Result<NvshmemId> NvshmemNewId() {
 Result<std::unique_ptr<Nvshmem>> Nvshmem::Init(const NvshmemId& id, int nranks, int rank,
                                                int device) {
   std::string bad = internal::CheckRankArgs("Nvshmem::Init", nranks, rank, device);
-  if (!bad.empty()) return internal::CommFailure(bad);
+  if (!bad.empty()) return Failure::InvalidArgument(bad);
   std::lock_guard<std::mutex> lock(g_mu);
   const std::string who = StrCat("Nvshmem::Init: rank ", rank, " of ", nranks);
   if (g_live) {
-    return internal::CommFailure(
+    return Failure::InvalidArgument(
         StrCat(who,
                ": NVSHMEM is already initialized in this process (one Nvshmem "
                "per process; destroy the first one before Init again)"));
   }
   if (nvshmemx_init_status() != NVSHMEM_STATUS_NOT_INITIALIZED) {
-    return internal::CommFailure(
+    return Failure::Unavailable(
         StrCat(who, ": NVSHMEM was already initialized in this process by other code"));
   }
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
   if (ce != cudaSuccess) {
-    return internal::CommFailure(
-        StrCat(who, ": cudaGetDeviceCount failed: ", cudaGetErrorString(ce), " (no usable GPU?)"));
+    (void)cudaGetLastError();
+    return Failure::Unavailable(
+        StrCat(who, ": cudaGetDeviceCount failed: ", CudaErrorText(ce), " (no usable GPU?)"));
   }
   if (device >= ndev) {
-    return internal::CommFailure(
+    return Failure::InvalidArgument(
         StrCat(who, ": device ", device, " does not exist (", ndev, " CUDA devices)"));
   }
   ce = cudaSetDevice(device);
   if (ce != cudaSuccess) {
-    return internal::CommFailure(
-        StrCat(who, ": cudaSetDevice(", device, ") failed: ", cudaGetErrorString(ce)));
+    (void)cudaGetLastError();
+    return Failure::BackendError(
+        StrCat(who, ": cudaSetDevice(", device, ") failed: ", CudaErrorText(ce)));
   }
   // NVSHMEM (with its own, statically linked CUDA runtime) binds to the context current in this
   // thread: make sure the primary context of `device` exists and is current.
   ce = cudaFree(nullptr);
   if (ce != cudaSuccess) {
-    return internal::CommFailure(StrCat(who, ": creating the CUDA context on device ", device,
-                                        " failed: ", cudaGetErrorString(ce)));
+    return Failure::BackendError(StrCat(who, ": creating the CUDA context on device ", device,
+                                        " failed: ", CudaErrorText(ce)));
   }
   nvshmemx_uniqueid_t uid;
   std::memcpy(&uid, id.bytes.data(), sizeof(uid));
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
   int rc = nvshmemx_set_attr_uniqueid_args(rank, nranks, &uid, &attr);
   if (rc != 0) {
-    return internal::CommFailure(
+    return Failure::BackendError(
         StrCat(who, ": nvshmemx_set_attr_uniqueid_args failed with status ", rc));
   }
   rc = nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr);
   if (rc != 0) {
-    return internal::CommFailure(
+    return Failure::BackendError(
         StrCat(who, " (device ", device,
                "): nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID) failed with "
                "status ",
@@ -108,7 +112,7 @@ Result<std::unique_ptr<Nvshmem>> Nvshmem::Init(const NvshmemId& id, int nranks, 
   const int n_pes = nvshmem_n_pes();
   if (my_pe != rank || n_pes != nranks) {
     nvshmemx_hostlib_finalize();
-    return internal::CommFailure(StrCat(who, ": NVSHMEM reports PE ", my_pe, " of ", n_pes,
+    return Failure::BackendError(StrCat(who, ": NVSHMEM reports PE ", my_pe, " of ", n_pes,
                                         " after init; expected PE ", rank, " of ", nranks));
   }
   g_live = true;
@@ -137,7 +141,7 @@ void* Nvshmem::Malloc(std::size_t bytes) {
   cudaError_t ce = cudaMemset(p, 0, bytes);
   if (ce == cudaSuccess) ce = cudaDeviceSynchronize();
   DS_CHECK(ce == cudaSuccess, "Nvshmem::Malloc on PE ", rank_, ": zeroing ", bytes,
-           " bytes failed: ", cudaGetErrorString(ce));
+           " bytes failed: ", CudaErrorText(ce));
   // Every PE has zeroed its copy before any PE can put into it.
   nvshmem_barrier_all();
   return p;
@@ -198,11 +202,12 @@ Result<bool> Nvshmem::Synchronize(void* stream, double timeout_s) {
     cudaError_t ce = cudaStreamQuery(s);
     if (ce == cudaSuccess) return true;
     if (ce != cudaErrorNotReady) {
-      return internal::CommFailure(StrCat("NVSHMEM PE ", rank_, " of ", size_,
-                                          ": cudaStreamQuery failed: ", cudaGetErrorString(ce)));
+      (void)cudaGetLastError();
+      return Failure::BackendError(StrCat("NVSHMEM PE ", rank_, " of ", size_,
+                                          ": cudaStreamQuery failed: ", CudaErrorText(ce)));
     }
     if (Clock::now() >= deadline) {
-      return internal::CommFailure(
+      return Failure::BackendError(
           StrCat("NVSHMEM PE ", rank_, " of ", size_, " (device ", device_,
                  "): stream not idle after ", timeout_s,
                  " s (a WaitGE whose signal never came?); NVSHMEM cannot abort, so the "
@@ -223,12 +228,12 @@ const char* kNoNvshmem =
 
 bool NvshmemAvailable() { return false; }
 std::string NvshmemUnavailableReason() { return kNoNvshmem; }
-Result<NvshmemId> NvshmemNewId() { return internal::CommFailure(kNoNvshmem); }
+Result<NvshmemId> NvshmemNewId() { return Failure::Unavailable(kNoNvshmem); }
 
 Result<std::unique_ptr<Nvshmem>> Nvshmem::Init(const NvshmemId&, int nranks, int rank, int device) {
   std::string bad = internal::CheckRankArgs("Nvshmem::Init", nranks, rank, device);
-  if (!bad.empty()) return internal::CommFailure(bad);
-  return internal::CommFailure(kNoNvshmem);
+  if (!bad.empty()) return Failure::InvalidArgument(bad);
+  return Failure::Unavailable(kNoNvshmem);
 }
 Nvshmem::~Nvshmem() = default;
 void Nvshmem::CheckSymmetric(const void*, const char*, const char*) const { DS_FAIL(kNoNvshmem); }
@@ -243,7 +248,7 @@ void Nvshmem::Signal(std::uint64_t*, std::uint64_t, int, void*, bool) { DS_FAIL(
 void Nvshmem::WaitGE(std::uint64_t*, std::uint64_t, void*) { DS_FAIL(kNoNvshmem); }
 void Nvshmem::Quiet(void*) { DS_FAIL(kNoNvshmem); }
 void Nvshmem::BarrierAll(void*) { DS_FAIL(kNoNvshmem); }
-Result<bool> Nvshmem::Synchronize(void*, double) { return internal::CommFailure(kNoNvshmem); }
+Result<bool> Nvshmem::Synchronize(void*, double) { return Failure::Unavailable(kNoNvshmem); }
 
 #endif  // DITSCALE_HAVE_NVSHMEM
 

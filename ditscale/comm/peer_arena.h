@@ -9,9 +9,14 @@
 // Implementations: comm::Nvshmem (the symmetric heap; nvshmem_ptr gives a peer's address, null
 // for a peer reached only through a network transport) and runtime::LocalPeers (ranks of one
 // process, for tests on one GPU).
+//
+// PeerAllocation owns one allocation of a PeerArena (Release in its destructor).
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
+#include <exception>
+#include <utility>
 
 namespace ditscale::comm {
 
@@ -30,6 +35,49 @@ class PeerArena {
   // (anywhere inside an allocation), which this GPU's copy engines and streams can write; null
   // when `pe` is not reachable by load/store (another machine). `pe` == rank() gives `local`.
   virtual void* PeerAddress(void* local, int pe) const = 0;
+};
+
+// One allocation of a PeerArena, released in the destructor: move-only. Release is collective
+// like Allocate, so every rank destroys its owners of an arena in the same order. A Release that
+// throws (an arena already torn down) is reported on stderr: a destructor cannot throw.
+class PeerAllocation {
+ public:
+  PeerAllocation() = default;
+  // arena->Allocate(bytes) (throws ditscale::Error when out of memory).
+  static PeerAllocation Allocate(PeerArena* arena, std::size_t bytes) {
+    return PeerAllocation(arena, arena->Allocate(bytes));
+  }
+  ~PeerAllocation() { reset(); }
+  PeerAllocation(PeerAllocation&& o) noexcept
+      : arena_(std::exchange(o.arena_, nullptr)), p_(std::exchange(o.p_, nullptr)) {}
+  PeerAllocation& operator=(PeerAllocation&& o) noexcept {
+    if (this != &o) {
+      reset();
+      arena_ = std::exchange(o.arena_, nullptr);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  PeerAllocation(const PeerAllocation&) = delete;
+  PeerAllocation& operator=(const PeerAllocation&) = delete;
+
+  void* get() const { return p_; }
+  PeerArena* arena() const { return arena_; }
+  // Releases the allocation now.
+  void reset() noexcept {
+    if (p_ == nullptr) return;
+    try {
+      arena_->Release(p_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ditscale: releasing a peer allocation failed: %s\n", e.what());
+    }
+    p_ = nullptr;
+  }
+
+ private:
+  PeerAllocation(PeerArena* arena, void* p) : arena_(arena), p_(p) {}
+  PeerArena* arena_ = nullptr;
+  void* p_ = nullptr;
 };
 
 }  // namespace ditscale::comm

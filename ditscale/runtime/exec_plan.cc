@@ -16,13 +16,6 @@ bool SignalsCounter(const sp::Op& o) {
   return o.kind == sp::OpKind::kSignal || (o.kind == sp::OpKind::kPut && !o.counter.empty());
 }
 
-Failure Fail(const std::string& message, const std::string& field = "") {
-  Failure f;
-  f.message = message;
-  f.column = field;
-  return f;
-}
-
 int64_t AlignUp(int64_t x) { return (x + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
 
 bool IsTwoSided(sp::OpKind k) { return k == sp::OpKind::kSend || k == sp::OpKind::kRecv; }
@@ -89,15 +82,15 @@ Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
     for (int op : units[u].ops) {
       for (int d : p.ops[op].deps) {
         if (d < 0 || d >= n) {
-          return Fail(OpName(s, rank, op) + ": dependency " + std::to_string(d) +
-                          " is not an op of the rank",
-                      "deps");
+          return Failure::InvalidArgument(OpName(s, rank, op) + ": dependency " +
+                                              std::to_string(d) + " is not an op of the rank",
+                                          "deps");
         }
         const int du = (*unit_of_op)[d];
         if (du == u) {
-          return Fail(OpName(s, rank, op) + " depends on op #" + std::to_string(d) +
-                          " of its own NCCL group",
-                      "deps");
+          return Failure::InvalidArgument(OpName(s, rank, op) + " depends on op #" +
+                                              std::to_string(d) + " of its own NCCL group",
+                                          "deps");
         }
         preds[u].insert(du);
         if (units[du].stream != units[u].stream) {
@@ -134,10 +127,11 @@ Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
     }
   }
   if (static_cast<int>(order.size()) != nu) {
-    return Fail("rank " + std::to_string(rank) +
-                    ": the op groups and dependencies form a cycle; the schedule cannot be "
-                    "issued from one host thread",
-                "group");
+    return Failure::InvalidArgument(
+        "rank " + std::to_string(rank) +
+            ": the op groups and dependencies form a cycle; the schedule cannot be "
+            "issued from one host thread",
+        "group");
   }
   std::vector<int> new_index(nu);
   for (int k = 0; k < nu; ++k) new_index[order[k]] = k;
@@ -227,13 +221,14 @@ Result<SlotSignals> BuildSlotSignals(const sp::Schedule& s) {
         const int64_t slot = t.index(o.counter) * n + r;
         auto [it, fresh] = running.try_emplace({o.peer, slot}, 0, o.stream);
         if (!fresh && it->second.second != o.stream) {
-          return Fail(OpName(s, r, i) + " signals counter '" + o.counter + "' on rank " +
-                          std::to_string(o.peer) + " from the " + sp::ToString(o.stream) +
-                          " stream, an earlier op of this rank from the " +
-                          sp::ToString(it->second.second) +
-                          " stream: the copy-engine signals need one stream per sender and "
-                          "counter (a set word is only monotone in stream order)",
-                      "stream");
+          return Failure::InvalidArgument(
+              OpName(s, r, i) + " signals counter '" + o.counter + "' on rank " +
+                  std::to_string(o.peer) + " from the " + sp::ToString(o.stream) +
+                  " stream, an earlier op of this rank from the " +
+                  sp::ToString(it->second.second) +
+                  " stream: the copy-engine signals need one stream per sender and "
+                  "counter (a set word is only monotone in stream order)",
+              "stream");
         }
         it->second.first += o.count;
         out.writes[r][i] = SlotWrite{slot, it->second.first, growth[o.peer][slot]};
@@ -249,19 +244,20 @@ Result<SlotSignals> BuildSlotSignals(const sp::Schedule& s) {
           }
         }
         if (w.empty()) {
-          return Fail(
+          return Failure::InvalidArgument(
               OpName(s, r, i) + " waits for counter '" + o.counter + "', which no rank signals",
               "counter");
         }
         if (w.size() == 1) {
           w[0].value = o.count;
         } else if (o.count != total) {
-          return Fail(OpName(s, r, i) + " waits for " + std::to_string(o.count) + " of counter '" +
-                          o.counter + "', which " + std::to_string(w.size()) + " ranks signal (" +
-                          std::to_string(total) +
-                          " per layer): the copy-engine signals need a Wait to count one "
-                          "sender's signals or all of them",
-                      "count");
+          return Failure::InvalidArgument(
+              OpName(s, r, i) + " waits for " + std::to_string(o.count) + " of counter '" +
+                  o.counter + "', which " + std::to_string(w.size()) + " ranks signal (" +
+                  std::to_string(total) +
+                  " per layer): the copy-engine signals need a Wait to count one "
+                  "sender's signals or all of them",
+              "count");
         }
         out.waits[r][i] = std::move(w);
       }
@@ -333,19 +329,21 @@ Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOp
       const sp::Op& o = p.ops[i];
       // Each comm stream has its own NCCL communicator; Send/Recv elsewhere have none.
       if (IsTwoSided(o.kind) && o.stream == sp::Stream::kCompute) {
-        return Fail(OpName(s, r, i) +
-                        " runs on the compute stream: Send/Recv belong on a comm "
-                        "stream (each has its own NCCL communicator)",
-                    "stream");
+        return Failure::InvalidArgument(
+            OpName(s, r, i) +
+                " runs on the compute stream: Send/Recv belong on a comm "
+                "stream (each has its own NCCL communicator)",
+            "stream");
       }
       auto contiguous = [&](const sp::Region& reg, const sp::RankProgram& owner,
                             const char* field) -> Result<bool> {
         if (!reg.valid()) return true;
         if (!sp::RegionContiguous(reg, owner.buffers[reg.buffer], batch)) {
-          return Fail(OpName(s, r, i) + ": the " + field +
-                          " region is not contiguous (a Pack/Unpack to a staging buffer must "
-                          "come first)",
-                      field);
+          return Failure::InvalidArgument(
+              OpName(s, r, i) + ": the " + field +
+                  " region is not contiguous (a Pack/Unpack to a staging buffer must "
+                  "come first)",
+              field);
         }
         return true;
       };

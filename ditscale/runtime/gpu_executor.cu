@@ -11,9 +11,10 @@
 #include "ditscale/comm/nccl_comm.h"
 #include "ditscale/comm/nvshmem_comm.h"
 #include "ditscale/comm/peer_arena.h"
+#include "ditscale/core/cuda_check.h"
+#include "ditscale/core/cuda_resources.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/attn_merge.h"
-#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/kernels/layout.h"
 #include "ditscale/runtime/gpu_executor.h"
 #include "ditscale/runtime/sm_partition.h"
@@ -140,9 +141,10 @@ const StreamMemOps& MemOps() {
       cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
       const cudaError_t e =
           cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
+      if (e != cudaSuccess) (void)cudaGetLastError();
       DS_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr,
-               "sp executor: the driver entry point ", name, " is unavailable (",
-               cudaGetErrorString(e), ")");
+               "sp executor: the driver entry point ", name, " is unavailable (", CudaErrorText(e),
+               ")");
       return fn;
     };
     o.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(load("cuStreamWriteValue64"));
@@ -152,8 +154,32 @@ const StreamMemOps& MemOps() {
   return ops;
 }
 
-void CheckCu(CUresult r, const char* what) {
-  DS_CHECK(r == CUDA_SUCCESS, "sp executor: ", what, " failed with CUresult ", static_cast<int>(r));
+// The plans of a schedule that an executor of `rank` can run in `dtype`: the arguments, the
+// schedule's validity and the NCCL order checked.
+Result<std::vector<ExecPlan>> PlanSchedule(const sp::Schedule& schedule, int rank,
+                                           kernels::DType dtype,
+                                           const AttentionBackend* attention) {
+  if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) {
+    return Failure::InvalidArgument("rank " + std::to_string(rank) + " is not in the schedule's " +
+                                        std::to_string(schedule.ranks.size()) + " ranks",
+                                    "rank");
+  }
+  if (attention == nullptr) return Failure::InvalidArgument("no attention backend", "attention");
+  if (static_cast<int>(kernels::dtype_size(dtype)) != schedule.shape.dtype_bytes) {
+    return Failure::InvalidArgument("dtype " + std::string(kernels::dtype_name(dtype)) +
+                                        " does not match the schedule's dtype_bytes " +
+                                        std::to_string(schedule.shape.dtype_bytes),
+                                    "dtype");
+  }
+  const sp::ValidationReport rep = sp::ValidateSchedule(schedule);
+  if (!rep.ok()) return Failure::InvalidArgument("invalid schedule:\n" + rep.ToString());
+  auto plans = BuildExecPlans(schedule, {});
+  if (!plans) return plans.failure();
+  const std::string order = CheckNcclOrder(schedule, plans.value());
+  if (!order.empty()) {
+    return Failure::Infeasible("the schedule's Send/Recv order cannot match in NCCL:\n" + order);
+  }
+  return plans;
 }
 
 }  // namespace
@@ -172,48 +198,31 @@ const char* ToString(OneSidedEngine e) {
   return "?";
 }
 
+// Destroyed in reverse order: the memory first, then the events, then the streams (the
+// destructor has waited for the streams).
 struct GpuExecutor::Impl {
-  cudaStream_t streams[sp::kNumStreams] = {nullptr, nullptr, nullptr};
-  std::vector<cudaEvent_t> unit_events;  // per unit (null when no other stream waits)
-  cudaEvent_t start = nullptr, ready = nullptr;
-  cudaEvent_t end[sp::kNumStreams] = {nullptr, nullptr, nullptr};
+  cuda::Stream streams[sp::kNumStreams];
+  cuda::Event start, ready;
+  cuda::Event end[sp::kNumStreams];
+  std::vector<cuda::Event> unit_events;  // per unit (empty when no other stream waits)
   // Tracing: timing events, created on the first SetTrace(true).
   bool trace = false;
   bool traced_run = false;  // the last Run was traced
-  cudaEvent_t trace_start = nullptr;
-  std::vector<cudaEvent_t> trace_begin, trace_end;
+  cuda::Event trace_start;
+  std::vector<cuda::Event> trace_begin, trace_end;
+  cuda::DeviceBuffer arena;           // the arena of a two-sided (or compute-only) schedule
+  comm::PeerAllocation shared_arena;  // the arena of a one-sided schedule
+  cuda::DeviceBuffer signal_src;      // kCopyEngine + signal_by_copy
 };
 
 Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, int rank,
                                                          kernels::DType dtype, int device,
                                                          Transports transports,
                                                          AttentionBackend* attention) {
-  auto fail = [](const std::string& m, const std::string& field = "") {
-    Failure f;
-    f.message = m;
-    f.column = field;
-    return f;
-  };
-  if (rank < 0 || rank >= static_cast<int>(schedule.ranks.size())) {
-    return fail("rank " + std::to_string(rank) + " is not in the schedule's " +
-                    std::to_string(schedule.ranks.size()) + " ranks",
-                "rank");
-  }
-  if (attention == nullptr) return fail("no attention backend", "attention");
-  if (static_cast<int>(kernels::dtype_size(dtype)) != schedule.shape.dtype_bytes) {
-    return fail("dtype " + std::string(kernels::dtype_name(dtype)) + " does not match the " +
-                    "schedule's dtype_bytes " + std::to_string(schedule.shape.dtype_bytes),
-                "dtype");
-  }
-  const sp::ValidationReport rep = sp::ValidateSchedule(schedule);
-  if (!rep.ok()) return fail("invalid schedule:\n" + rep.ToString());
-  auto plans = BuildExecPlans(schedule, {});
-  if (!plans) return plans.failure();
-  const std::string order = CheckNcclOrder(schedule, plans.value());
-  if (!order.empty()) return fail("the schedule's Send/Recv order cannot match in NCCL:\n" + order);
-
+  auto plans = PlanSchedule(schedule, rank, dtype, attention);
+  if (!plans.ok()) return plans.failure();
   std::unique_ptr<GpuExecutor> ex(new GpuExecutor());
-  ex->plans_ = std::move(plans.value());
+  ex->plans_ = std::move(plans).value();
   ex->counters_ = BuildCounterTable(schedule);
   ex->schedule_ = std::move(schedule);
   ex->rank_ = rank;
@@ -221,174 +230,163 @@ Result<std::unique_ptr<GpuExecutor>> GpuExecutor::Create(sp::Schedule schedule, 
   ex->dtype_ = dtype;
   ex->transports_ = transports;
   ex->attention_ = attention;
-  const ExecPlan& plan = ex->plans_[rank];
-  const sp::RankProgram& prog = ex->schedule_.ranks[rank];
-  const sp::SpMesh& mesh = ex->schedule_.mesh;
+  if (auto f = ex->BindTransports()) return *std::move(f);
+  cuda::DeviceGuard guard(device);
+  ex->impl_ = std::make_unique<Impl>();
+  if (auto f = ex->MakeStreamsAndEvents()) return *std::move(f);
+  if (auto f = ex->AllocateMemory()) return *std::move(f);
+  return Result<std::unique_ptr<GpuExecutor>>(std::move(ex));
+}
+
+std::optional<Failure> GpuExecutor::BindTransports() {
+  const Transports& t = transports_;
+  const sp::RankProgram& prog = schedule_.ranks[rank_];
+  const int ranks = schedule_.mesh.ranks();
+  const std::string want = std::to_string(rank_) + " of " + std::to_string(ranks);
   // Transports the program needs (none for a compute-only replay).
   for (const sp::Op& o : prog.ops) {
-    if (transports.compute_only) break;
-    if (o.kind == sp::OpKind::kSend || o.kind == sp::OpKind::kRecv) {
-      comm::NcclComm* c = o.stream == sp::Stream::kCommInter ? transports.inter : transports.intra;
-      if (c == nullptr) {
-        return fail(std::string("the schedule sends on the ") + sp::ToString(o.stream) +
-                        " stream but no NCCL communicator was given for it",
-                    "transports");
-      }
-      if (c->size() != mesh.ranks() || c->rank() != rank) {
-        return fail("NCCL communicator is rank " + std::to_string(c->rank()) + " of " +
-                        std::to_string(c->size()) + ", the schedule wants rank " +
-                        std::to_string(rank) + " of " + std::to_string(mesh.ranks()),
-                    "transports");
-      }
+    if (t.compute_only) break;
+    if (o.kind != sp::OpKind::kSend && o.kind != sp::OpKind::kRecv) continue;
+    comm::NcclComm* c = o.stream == sp::Stream::kCommInter ? t.inter : t.intra;
+    if (c == nullptr) {
+      return Failure::InvalidArgument(std::string("the schedule sends on the ") +
+                                          sp::ToString(o.stream) +
+                                          " stream but no NCCL communicator was given for it",
+                                      "transports");
+    }
+    if (c->size() != ranks || c->rank() != rank_) {
+      return Failure::InvalidArgument("NCCL communicator is rank " + std::to_string(c->rank()) +
+                                          " of " + std::to_string(c->size()) +
+                                          ", the schedule wants rank " + want,
+                                      "transports");
     }
   }
-  ex->symmetric_ = plan.uses_nvshmem && !transports.compute_only;
-  OneSidedEngine engine = transports.engine;
-  if (ex->symmetric_) {
-    comm::PeerArena* heap = transports.peers;
-    if (heap == nullptr) heap = transports.shmem;
-    if (heap == nullptr) {
-      return fail(
-          "one-sided schedule but no NVSHMEM transport: " + comm::NvshmemUnavailableReason(),
-          "transports");
+  symmetric_ = plans_[rank_].uses_nvshmem && !t.compute_only;
+  if (!symmetric_) return std::nullopt;
+  comm::PeerArena* heap = t.peers != nullptr ? t.peers : t.shmem;
+  if (heap == nullptr) {
+    return Failure::Unavailable(
+        "one-sided schedule but no NVSHMEM transport: " + comm::NvshmemUnavailableReason(),
+        "transports");
+  }
+  if (heap->size() != ranks || heap->rank() != rank_) {
+    return Failure::InvalidArgument(std::string(t.peers ? "peer arena" : "NVSHMEM PE") + " rank " +
+                                        std::to_string(heap->rank()) + " of " +
+                                        std::to_string(heap->size()) + " does not match rank " +
+                                        want,
+                                    "transports");
+  }
+  peer_arena_ = heap;
+  OneSidedEngine engine = t.engine;
+  if (t.peers != nullptr) {
+    if (engine == OneSidedEngine::kNvshmem) {
+      return Failure::InvalidArgument(
+          "the NVSHMEM engine needs the symmetric heap (Transports::shmem), not a peer "
+          "arena (Transports::peers)",
+          "engine");
     }
-    if (heap->size() != mesh.ranks() || heap->rank() != rank) {
-      return fail(std::string(transports.peers ? "peer arena" : "NVSHMEM PE") + " rank " +
-                      std::to_string(heap->rank()) + " of " + std::to_string(heap->size()) +
-                      " does not match rank " + std::to_string(rank) + " of " +
-                      std::to_string(mesh.ranks()),
-                  "transports");
-    }
-    if (transports.peers != nullptr) {
-      if (engine == OneSidedEngine::kNvshmem) {
-        return fail(
-            "the NVSHMEM engine needs the symmetric heap (Transports::shmem), not a peer "
-            "arena (Transports::peers)",
-            "engine");
-      }
+    engine = OneSidedEngine::kCopyEngine;
+  }
+  if (engine == OneSidedEngine::kNvshmem && t.shmem == nullptr) {
+    return Failure::InvalidArgument("the NVSHMEM engine needs Transports::shmem", "engine");
+  }
+  if (engine != OneSidedEngine::kNvshmem) {
+    auto slots = BuildSlotSignals(schedule_);
+    if (slots.ok()) {
+      slots_ = std::move(slots).value();
       engine = OneSidedEngine::kCopyEngine;
+    } else if (engine == OneSidedEngine::kCopyEngine) {
+      return Failure::Infeasible(
+          "the copy-engine engine cannot signal this schedule: " + slots.failure().ToString(),
+          "engine");
+    } else {
+      engine = OneSidedEngine::kNvshmem;  // the same decision on every rank (schedule-wide)
     }
-    if (engine == OneSidedEngine::kNvshmem && transports.shmem == nullptr) {
-      return fail("the NVSHMEM engine needs Transports::shmem", "engine");
-    }
-    if (engine != OneSidedEngine::kNvshmem) {
-      auto slots = BuildSlotSignals(ex->schedule_);
-      if (slots.ok()) {
-        ex->slots_ = std::move(slots).value();
-        engine = OneSidedEngine::kCopyEngine;
-      } else if (engine == OneSidedEngine::kCopyEngine) {
-        return fail(
-            "the copy-engine engine cannot signal this schedule: " + slots.failure().ToString(),
-            "engine");
-      } else {
-        engine = OneSidedEngine::kNvshmem;  // the same decision on every rank (schedule-wide)
-      }
-    }
-    ex->peer_arena_ = heap;
   }
-  DS_CHECK_CUDA(cudaSetDevice(device));
-  ex->impl_ = std::make_unique<Impl>();
-  Impl& im = *ex->impl_;
+  engine_ = engine;
+  return std::nullopt;
+}
+
+std::optional<Failure> GpuExecutor::MakeStreamsAndEvents() {
+  Impl& im = *impl_;
   int lo = 0, hi = 0;
   DS_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-  const int comm_sms = ex->schedule_.config.comm_sms;
-  for (int s = 0; s < sp::kNumStreams; ++s) {
-    DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.end[s], cudaEventDisableTiming));
-    if (s == 0 && comm_sms > 0) {
-      // The compute stream in an SM partition (sm_partition.h), the rest for the comm streams.
-      auto sms = ComputeSmsForDevice(device, comm_sms);
-      if (!sms.ok()) return sms.failure();
-      auto st = CreatePartitionStream(device, *sms, lo);
-      if (!st.ok()) return st.failure();
-      im.streams[0] = static_cast<cudaStream_t>(*st);
-      ex->compute_sms_ = *sms;
-      continue;
-    }
-    // Comm streams at the highest priority: their kernels are short and gate other ranks.
-    DS_CHECK_CUDA(
-        cudaStreamCreateWithPriority(&im.streams[s], cudaStreamNonBlocking, s == 0 ? lo : hi));
+  const int comm_sms = schedule_.config.comm_sms;
+  if (comm_sms > 0) {
+    // The compute stream in an SM partition (sm_partition.h), the rest for the comm streams.
+    auto sms = ComputeSmsForDevice(device_, comm_sms);
+    if (!sms.ok()) return sms.failure();
+    auto st = CreatePartitionStream(device_, *sms, lo);
+    if (!st.ok()) return st.failure();
+    im.streams[0] = cuda::Stream::Adopt(static_cast<cudaStream_t>(*st));
+    compute_sms_ = *sms;
+  } else {
+    im.streams[0] = cuda::Stream::Create(lo);
   }
-  DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.start, cudaEventDisableTiming));
-  DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.ready, cudaEventDisableTiming));
-  im.unit_events.assign(plan.units.size(), nullptr);
+  // Comm streams at the highest priority: their kernels are short and gate other ranks.
+  for (int s = 1; s < sp::kNumStreams; ++s) im.streams[s] = cuda::Stream::Create(hi);
+  for (cuda::Event& e : im.end) e = cuda::Event::Create();
+  im.start = cuda::Event::Create();
+  im.ready = cuda::Event::Create();
+  const ExecPlan& plan = plans_[rank_];
+  im.unit_events.resize(plan.units.size());
   for (size_t u = 0; u < plan.units.size(); ++u) {
-    if (plan.units[u].record_event) {
-      DS_CHECK_CUDA(cudaEventCreateWithFlags(&im.unit_events[u], cudaEventDisableTiming));
-    }
+    if (plan.units[u].record_event) im.unit_events[u] = cuda::Event::Create();
   }
-  if (plan.arena_bytes > 0) {
-    if (ex->symmetric_) {
-      ex->arena_ = static_cast<char*>(ex->peer_arena_->Allocate(plan.arena_bytes));  // zeroed
-    } else {
-      void* p = nullptr;
-      const cudaError_t e = cudaMalloc(&p, plan.arena_bytes);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return fail("cudaMalloc of the " + std::to_string(plan.arena_bytes) +
-                        "-byte executor arena failed: " + cudaGetErrorString(e),
-                    "memory");
-      }
-      ex->arena_ = static_cast<char*>(p);
-    }
-    if (transports.compute_only) {
-      const int64_t n = plan.arena_bytes / 2;
-      FillNoise16<<<static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)), 256>>>(
-          reinterpret_cast<uint16_t*>(ex->arena_), n, dtype == kernels::DType::kFloat16);
-      DS_CHECK_CUDA(cudaGetLastError());
-      DS_CHECK_CUDA(cudaDeviceSynchronize());
-    }
+  return std::nullopt;
+}
+
+std::optional<Failure> GpuExecutor::AllocateMemory() {
+  Impl& im = *impl_;
+  const ExecPlan& plan = plans_[rank_];
+  if (plan.arena_bytes > 0 && symmetric_) {
+    im.shared_arena = comm::PeerAllocation::Allocate(peer_arena_, plan.arena_bytes);  // zeroed
+    arena_ = static_cast<char*>(im.shared_arena.get());
+  } else if (plan.arena_bytes > 0) {
+    auto a = cuda::DeviceBuffer::Allocate(plan.arena_bytes);
+    if (!a.ok()) return Failure::Unavailable("executor arena: " + a.failure().message, "memory");
+    im.arena = std::move(a).value();
+    arena_ = im.arena.data();
   }
-  if (ex->symmetric_) {
-    ex->engine_ = engine;
-    if (engine == OneSidedEngine::kCopyEngine) (void)MemOps();  // fail here, not in Run
-    if (engine == OneSidedEngine::kCopyEngine && transports.signal_by_copy) {
-      const size_t bytes = std::max<size_t>(prog.ops.size(), 1) * sizeof(uint64_t);
-      DS_CHECK_CUDA(cudaMalloc(&ex->signal_src_, bytes));
-      DS_CHECK_CUDA(cudaMemset(ex->signal_src_, 0, bytes));
-    }
+  if (transports_.compute_only && plan.arena_bytes > 0) {
+    const int64_t n = plan.arena_bytes / 2;
+    FillNoise16<<<static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096)), 256>>>(
+        reinterpret_cast<uint16_t*>(arena_), n, dtype_ == kernels::DType::kFloat16);
+    DS_CHECK_CUDA(cudaGetLastError());
+    DS_CHECK_CUDA(cudaDeviceSynchronize());
   }
-  return Result<std::unique_ptr<GpuExecutor>>(std::move(ex));
+  if (engine_ == OneSidedEngine::kCopyEngine) (void)MemOps();  // fail here, not in Run
+  if (engine_ == OneSidedEngine::kCopyEngine && transports_.signal_by_copy) {
+    const size_t words = std::max<size_t>(schedule_.ranks[rank_].ops.size(), 1);
+    auto b = cuda::DeviceBuffer::Allocate(words * sizeof(uint64_t));
+    if (!b.ok()) return Failure::Unavailable("signal words: " + b.failure().message, "memory");
+    im.signal_src = std::move(b).value();
+    DS_CHECK_CUDA(cudaMemset(im.signal_src.data(), 0, im.signal_src.bytes()));
+    signal_src_ = reinterpret_cast<uint64_t*>(im.signal_src.data());
+  }
+  return std::nullopt;
 }
 
 GpuExecutor::~GpuExecutor() {
   if (!impl_) return;
-  cudaSetDevice(device_);
-  for (cudaStream_t s : impl_->streams) {
-    if (s) cudaStreamSynchronize(s);
+  cuda::DeviceGuard guard(device_, std::nothrow);
+  for (const cuda::Stream& s : impl_->streams) {
+    if (s && cudaStreamSynchronize(s.get()) != cudaSuccess) (void)cudaGetLastError();
   }
-  if (signal_src_) cudaFree(signal_src_);
-  if (arena_) {
-    if (symmetric_ && peer_arena_) {
-      peer_arena_->Release(arena_);
-    } else {
-      cudaFree(arena_);
-    }
-  }
-  for (cudaEvent_t e : impl_->unit_events) {
-    if (e) cudaEventDestroy(e);
-  }
-  for (int s = 0; s < sp::kNumStreams; ++s) {
-    if (impl_->end[s]) cudaEventDestroy(impl_->end[s]);
-    if (impl_->streams[s]) cudaStreamDestroy(impl_->streams[s]);
-  }
-  if (impl_->start) cudaEventDestroy(impl_->start);
-  if (impl_->ready) cudaEventDestroy(impl_->ready);
-  if (impl_->trace_start) cudaEventDestroy(impl_->trace_start);
-  for (cudaEvent_t e : impl_->trace_begin) cudaEventDestroy(e);
-  for (cudaEvent_t e : impl_->trace_end) cudaEventDestroy(e);
+  impl_.reset();
 }
 
 void GpuExecutor::SetTrace(bool on) {
   Impl& im = *impl_;
   if (on && !im.trace_start) {
-    DS_CHECK_CUDA(cudaSetDevice(device_));
+    cuda::DeviceGuard guard(device_);
     const size_t n = plans_[rank_].units.size();
-    DS_CHECK_CUDA(cudaEventCreate(&im.trace_start));
-    im.trace_begin.assign(n, nullptr);
-    im.trace_end.assign(n, nullptr);
+    im.trace_start = cuda::Event::Create(cudaEventDefault);
+    im.trace_begin.resize(n);
+    im.trace_end.resize(n);
     for (size_t u = 0; u < n; ++u) {
-      DS_CHECK_CUDA(cudaEventCreate(&im.trace_begin[u]));
-      DS_CHECK_CUDA(cudaEventCreate(&im.trace_end[u]));
+      im.trace_begin[u] = cuda::Event::Create(cudaEventDefault);
+      im.trace_end[u] = cuda::Event::Create(cudaEventDefault);
     }
   }
   im.trace = on;
@@ -399,18 +397,15 @@ bool GpuExecutor::trace() const { return impl_->trace; }
 Result<std::vector<UnitTiming>> GpuExecutor::LastTimeline() const {
   const Impl& im = *impl_;
   if (!im.traced_run) {
-    Failure f;
-    f.message = "no traced layer has run (SetTrace(true), then Run)";
-    f.column = "trace";
-    return f;
+    return Failure::InvalidArgument("no traced layer has run (SetTrace(true), then Run)", "trace");
   }
-  DS_CHECK_CUDA(cudaSetDevice(device_));
+  cuda::DeviceGuard guard(device_);
   std::vector<UnitTiming> out;
   for (size_t u = 0; u < im.trace_end.size(); ++u) {
-    DS_CHECK_CUDA(cudaEventSynchronize(im.trace_end[u]));
+    DS_CHECK_CUDA(cudaEventSynchronize(im.trace_end[u].get()));
     float b = 0, e = 0;
-    DS_CHECK_CUDA(cudaEventElapsedTime(&b, im.trace_start, im.trace_begin[u]));
-    DS_CHECK_CUDA(cudaEventElapsedTime(&e, im.trace_start, im.trace_end[u]));
+    DS_CHECK_CUDA(cudaEventElapsedTime(&b, im.trace_start.get(), im.trace_begin[u].get()));
+    DS_CHECK_CUDA(cudaEventElapsedTime(&e, im.trace_start.get(), im.trace_end[u].get()));
     out.push_back(UnitTiming{static_cast<int>(u), b, e});
   }
   return out;
@@ -446,7 +441,7 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
     DS_CHECK(bind == UserBinding::kNone || UserPointer(bind, io) != nullptr,
              "sp executor: LayerIo.", ToString(bind), " is null");
   }
-  DS_CHECK_CUDA(cudaSetDevice(device_));
+  cuda::DeviceGuard guard(device_);
   if (engine_ == OneSidedEngine::kCopyEngine && peer_base_.empty()) {
     // Every rank's arena has been allocated by the first layer (LocalPeers allocates per rank).
     for (int pe = 0; pe < schedule_.mesh.ranks(); ++pe) {
@@ -455,11 +450,11 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
   }
   Impl& im = *impl_;
   cudaStream_t user = static_cast<cudaStream_t>(stream);
-  cudaStream_t compute = im.streams[0];
-  DS_CHECK_CUDA(cudaEventRecord(im.start, user));
-  DS_CHECK_CUDA(cudaStreamWaitEvent(compute, im.start, 0));
+  cudaStream_t compute = im.streams[0].get();
+  DS_CHECK_CUDA(cudaEventRecord(im.start.get(), user));
+  DS_CHECK_CUDA(cudaStreamWaitEvent(compute, im.start.get(), 0));
   const bool trace = im.trace;
-  if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_start, compute));
+  if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_start.get(), compute));
   // Inputs that live in the arena (one-sided put targets): copy in. Buffers with an initial
   // value (in the arena, or the caller's out if the schedule accumulates in it): fill.
   for (size_t b = 0; b < prog.buffers.size(); ++b) {
@@ -475,22 +470,25 @@ void GpuExecutor::Run(const LayerIo& io, void* stream) {
       FillNegInf(base, plan.bytes[b], d.element_bytes, dtype_, compute);
     }
   }
-  DS_CHECK_CUDA(cudaEventRecord(im.ready, compute));
-  for (int s = 1; s < sp::kNumStreams; ++s)
-    DS_CHECK_CUDA(cudaStreamWaitEvent(im.streams[s], im.ready, 0));
+  DS_CHECK_CUDA(cudaEventRecord(im.ready.get(), compute));
+  for (int s = 1; s < sp::kNumStreams; ++s) {
+    DS_CHECK_CUDA(cudaStreamWaitEvent(im.streams[s].get(), im.ready.get(), 0));
+  }
 
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const IssueUnit& unit = plan.units[u];
-    cudaStream_t st = im.streams[static_cast<int>(unit.stream)];
-    for (int w : unit.wait_units) DS_CHECK_CUDA(cudaStreamWaitEvent(st, im.unit_events[w], 0));
-    if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_begin[u], st));
+    cudaStream_t st = im.streams[static_cast<int>(unit.stream)].get();
+    for (int w : unit.wait_units) {
+      DS_CHECK_CUDA(cudaStreamWaitEvent(st, im.unit_events[w].get(), 0));
+    }
+    if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_begin[u].get(), st));
     Issue(static_cast<int>(u), io);
-    if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_end[u], st));
-    if (unit.record_event) DS_CHECK_CUDA(cudaEventRecord(im.unit_events[u], st));
+    if (trace) DS_CHECK_CUDA(cudaEventRecord(im.trace_end[u].get(), st));
+    if (unit.record_event) DS_CHECK_CUDA(cudaEventRecord(im.unit_events[u].get(), st));
   }
   for (int s = 0; s < sp::kNumStreams; ++s) {
-    DS_CHECK_CUDA(cudaEventRecord(im.end[s], im.streams[s]));
-    DS_CHECK_CUDA(cudaStreamWaitEvent(user, im.end[s], 0));
+    DS_CHECK_CUDA(cudaEventRecord(im.end[s].get(), im.streams[s].get()));
+    DS_CHECK_CUDA(cudaStreamWaitEvent(user, im.end[s].get(), 0));
   }
   // Outputs that live in the arena: copy out on the caller's stream.
   for (size_t b = 0; b < prog.buffers.size(); ++b) {
@@ -507,7 +505,7 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
   const ExecPlan& plan = plans_[rank_];
   const IssueUnit& unit = plan.units[unit_index];
   const sp::RankProgram& prog = schedule_.ranks[rank_];
-  cudaStream_t st = impl_->streams[static_cast<int>(unit.stream)];
+  cudaStream_t st = impl_->streams[static_cast<int>(unit.stream)].get();
   const int64_t batch = schedule_.shape.batch;
   comm::NcclComm* nccl =
       unit.stream == sp::Stream::kCommInter ? transports_.inter : transports_.intra;
@@ -644,8 +642,7 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
     for (const SlotWait& w : slots_.waits[rank_][op]) {
       const auto addr =
           reinterpret_cast<CUdeviceptr>(arena_ + plan.signal_offset + w.slot * sizeof(uint64_t));
-      CheckCu(mem.wait(st, addr, word_value(w.value, w.per_layer), CU_STREAM_WAIT_VALUE_GEQ),
-              "cuStreamWaitValue64");
+      DS_CHECK_CU(mem.wait(st, addr, word_value(w.value, w.per_layer), CU_STREAM_WAIT_VALUE_GEQ));
     }
     return;
   }
@@ -686,16 +683,14 @@ void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
   char* word = peer + plan.signal_offset + w.slot * sizeof(uint64_t);
   if (signal_src_ != nullptr) {
     // The value into our own word, then 8 bytes by the copy engine after the put's copy.
-    CheckCu(mem.write(st, reinterpret_cast<CUdeviceptr>(signal_src_ + op),
-                      word_value(w.value, w.per_layer), CU_STREAM_WRITE_VALUE_DEFAULT),
-            "cuStreamWriteValue64");
+    DS_CHECK_CU(mem.write(st, reinterpret_cast<CUdeviceptr>(signal_src_ + op),
+                          word_value(w.value, w.per_layer), CU_STREAM_WRITE_VALUE_DEFAULT));
     DS_CHECK_CUDA(cudaMemcpyAsync(word, signal_src_ + op, sizeof(uint64_t), cudaMemcpyDefault, st));
     return;
   }
   // The default flags fence the stream's earlier writes (the copy above) before the word.
-  CheckCu(mem.write(st, reinterpret_cast<CUdeviceptr>(word), word_value(w.value, w.per_layer),
-                    CU_STREAM_WRITE_VALUE_DEFAULT),
-          "cuStreamWriteValue64");
+  DS_CHECK_CU(mem.write(st, reinterpret_cast<CUdeviceptr>(word), word_value(w.value, w.per_layer),
+                        CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
 }  // namespace ditscale::runtime

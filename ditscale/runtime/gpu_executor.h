@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ditscale/core/result.h"
@@ -112,11 +113,15 @@ class GpuExecutor {
  public:
   // Validates the schedule, plans it (exec_plan.h, NCCL order check included), allocates the
   // arena (collective for one-sided schedules: every rank creates its executor in the same
-  // order) and the streams/events on `device`. `attention` must outlive the executor.
+  // order) and the streams/events on `device`. `attention` must outlive the executor. Every
+  // call of the executor (Create, Run, SetTrace, LastTimeline, the destructor) works on `device`
+  // and leaves the caller's current device as it was.
   static Result<std::unique_ptr<GpuExecutor>> Create(sp::Schedule schedule, int rank,
                                                      kernels::DType dtype, int device,
                                                      Transports transports,
                                                      AttentionBackend* attention);
+  // Waits for the executor's streams, then frees its memory (collective for one-sided
+  // schedules), events and streams. Never throws.
   ~GpuExecutor();
   GpuExecutor(const GpuExecutor&) = delete;
   GpuExecutor& operator=(const GpuExecutor&) = delete;
@@ -145,7 +150,12 @@ class GpuExecutor {
 
  private:
   GpuExecutor() = default;
-  struct Impl;
+  struct Impl;  // the CUDA resources (gpu_executor.cu)
+  // Create's steps: the transports the program needs and the one-sided engine; the streams and
+  // events; the arena. Each returns the Failure that ends Create, if any.
+  std::optional<Failure> BindTransports();
+  std::optional<Failure> MakeStreamsAndEvents();
+  std::optional<Failure> AllocateMemory();
   void Issue(int unit, const LayerIo& io);
   // A put's target in `peer_arena` (the peer's arena as this process addresses it, or the local
   // symmetric arena for NVSHMEM), and its source and size.
@@ -164,14 +174,14 @@ class GpuExecutor {
   kernels::DType dtype_ = kernels::DType::kBFloat16;
   Transports transports_;
   AttentionBackend* attention_ = nullptr;
-  char* arena_ = nullptr;
+  char* arena_ = nullptr;  // owned by impl_ (device memory, or an allocation of peer_arena_)
   bool symmetric_ = false;
   OneSidedEngine engine_ = OneSidedEngine::kAuto;
   int compute_sms_ = 0;
-  comm::PeerArena* peer_arena_ = nullptr;  // kCopyEngine: owns arena_
+  comm::PeerArena* peer_arena_ = nullptr;  // one-sided schedules: where arena_ lives
   std::vector<char*> peer_base_;           // kCopyEngine: each rank's arena, resolved at first Run
   SlotSignals slots_;                      // kCopyEngine
-  uint64_t* signal_src_ = nullptr;         // kCopyEngine + signal_by_copy: one word per op
+  uint64_t* signal_src_ = nullptr;  // kCopyEngine + signal_by_copy: one word per op (in impl_)
   int64_t layers_ = 0;
   std::unique_ptr<Impl> impl_;
 };

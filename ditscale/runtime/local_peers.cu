@@ -3,16 +3,19 @@
 #include <cstdint>
 #include <mutex>
 
+#include "ditscale/core/cuda_check.h"
+#include "ditscale/core/cuda_resources.h"
 #include "ditscale/core/error.h"
-#include "ditscale/kernels/internal/cuda_check.h"
 #include "ditscale/runtime/local_peers.h"
 
 namespace ditscale::runtime {
 namespace {
 
+// One rank's allocation; freed when released, or with the group (the last LocalPeer destroyed).
 struct Allocation {
-  char* base = nullptr;
+  cuda::DeviceBuffer memory;  // empty once released (the index stays: allocations stay paired)
   std::size_t bytes = 0;
+  char* base() const { return memory.data(); }
 };
 
 struct Group {
@@ -20,6 +23,12 @@ struct Group {
   std::vector<std::vector<bool>> reachable;  // [rank][peer]
   std::mutex mu;
   std::vector<std::vector<Allocation>> allocs;  // [rank][k]
+  ~Group() {
+    for (std::size_t r = 0; r < allocs.size(); ++r) {
+      cuda::DeviceGuard guard(devices[r], std::nothrow);
+      allocs[r].clear();
+    }
+  }
 };
 
 class LocalPeer final : public comm::PeerArena {
@@ -30,18 +39,15 @@ class LocalPeer final : public comm::PeerArena {
 
   void* Allocate(std::size_t bytes) override {
     DS_CHECK(bytes > 0, "LocalPeers::Allocate on rank ", rank_, ": bytes must be > 0");
-    DS_CHECK_CUDA(cudaSetDevice(g_->devices[rank_]));
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      DS_FAIL("LocalPeers::Allocate on rank ", rank_, ": cudaMalloc of ", bytes,
-              " bytes failed: ", cudaGetErrorString(e));
-    }
+    cuda::DeviceGuard guard(g_->devices[rank_]);
+    auto memory = cuda::DeviceBuffer::Allocate(bytes);
+    if (!memory.ok())
+      DS_FAIL("LocalPeers::Allocate on rank ", rank_, ": ", memory.failure().message);
+    char* p = memory->data();
     DS_CHECK_CUDA(cudaMemset(p, 0, bytes));
     DS_CHECK_CUDA(cudaDeviceSynchronize());
     std::lock_guard<std::mutex> lock(g_->mu);
-    g_->allocs[rank_].push_back(Allocation{static_cast<char*>(p), bytes});
+    g_->allocs[rank_].push_back(Allocation{std::move(memory).value(), bytes});
     return p;
   }
 
@@ -49,10 +55,9 @@ class LocalPeer final : public comm::PeerArena {
     if (p == nullptr) return;
     std::lock_guard<std::mutex> lock(g_->mu);
     for (Allocation& a : g_->allocs[rank_]) {
-      if (a.base == p) {
-        cudaSetDevice(g_->devices[rank_]);
-        cudaFree(a.base);
-        a.base = nullptr;  // keeps the index: later allocations stay paired
+      if (a.base() != nullptr && a.base() == p) {
+        cuda::DeviceGuard guard(g_->devices[rank_], std::nothrow);
+        a.memory.reset();  // keeps the index: later allocations stay paired
         return;
       }
     }
@@ -67,14 +72,14 @@ class LocalPeer final : public comm::PeerArena {
     const std::vector<Allocation>& mine = g_->allocs[rank_];
     for (std::size_t k = 0; k < mine.size(); ++k) {
       const Allocation& a = mine[k];
-      if (a.base == nullptr || c < a.base || c >= a.base + a.bytes) continue;
+      if (a.base() == nullptr || c < a.base() || c >= a.base() + a.bytes) continue;
       if (!g_->reachable[rank_][pe]) return nullptr;
-      DS_CHECK(k < g_->allocs[pe].size() && g_->allocs[pe][k].base != nullptr,
+      DS_CHECK(k < g_->allocs[pe].size() && g_->allocs[pe][k].base() != nullptr,
                "LocalPeers::PeerAddress on rank ", rank_, ": rank ", pe, " has not made its ",
                k + 1, "-th allocation (every rank allocates the same sizes in the same order)");
       DS_CHECK(g_->allocs[pe][k].bytes == a.bytes, "LocalPeers: allocation ", k, " is ", a.bytes,
                " bytes on rank ", rank_, " but ", g_->allocs[pe][k].bytes, " on rank ", pe);
-      return g_->allocs[pe][k].base + (c - a.base);
+      return g_->allocs[pe][k].base() + (c - a.base());
     }
     DS_FAIL("LocalPeers::PeerAddress on rank ", rank_, ": ", local,
             " is not inside an allocation of this rank");
@@ -103,13 +108,13 @@ std::vector<std::unique_ptr<comm::PeerArena>> MakeLocalPeers(const std::vector<i
         g->reachable[r][p] = false;
         continue;
       }
-      DS_CHECK_CUDA(cudaSetDevice(devices[r]));
+      cuda::DeviceGuard guard(devices[r]);
       const cudaError_t e = cudaDeviceEnablePeerAccess(devices[p], 0);
       if (e == cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();
       } else {
         DS_CHECK(e == cudaSuccess, "MakeLocalPeers: cudaDeviceEnablePeerAccess(", devices[p],
-                 ") on device ", devices[r], " failed: ", cudaGetErrorString(e));
+                 ") on device ", devices[r], " failed: ", CudaErrorText(e));
       }
     }
   }

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "ditscale/core/cuda_check.h"
+#include "ditscale/core/cuda_resources.h"
 #include "ditscale/runtime/sm_partition.h"
 #include "ditscale/sp/topology.h"
 
@@ -34,7 +36,7 @@ const GreenApi& Api() {
       if ((e != cudaSuccess || q != cudaDriverEntryPointSuccess || fn == nullptr) &&
           a.missing.empty()) {
         (void)cudaGetLastError();
-        a.missing = std::string(name) + " (" + cudaGetErrorString(e) + ")";
+        a.missing = std::string(name) + " (" + CudaErrorText(e) + ")";
       }
       return fn;
     };
@@ -53,11 +55,14 @@ const GreenApi& Api() {
   return api;
 }
 
-Failure Fail(const std::string& what, const char* field = "comm_sms") {
-  return Failure{"SM partition: " + what, "", 0, field};
+// The driver cannot make the partition (no green contexts, a call failed).
+Failure Fail(const std::string& what) {
+  return Failure::Unavailable("SM partition: " + what, "comm_sms");
 }
-
-std::string Cu(CUresult r) { return "CUresult " + std::to_string(static_cast<int>(r)); }
+// The device has no partition of the requested size.
+Failure NoFit(const std::string& what) {
+  return Failure::Infeasible("SM partition: " + what, "comm_sms");
+}
 
 // The device's whole SM resource (its primary context initialised first, as the driver advises).
 Result<std::pair<CUdevice, CUdevResource>> WholeDevice(int device) {
@@ -66,22 +71,25 @@ Result<std::pair<CUdevice, CUdevResource>> WholeDevice(int device) {
     return Fail("the driver has no green contexts: entry point " + api.missing +
                 " unavailable (needs a CUDA 12.5+ driver)");
   }
-  // Initialise the device's primary context; the caller's current device stays current.
-  int current = 0;
-  cudaError_t e = cudaGetDevice(&current);
-  if (e == cudaSuccess) e = cudaSetDevice(device);
-  if (e == cudaSuccess) e = cudaFree(nullptr);
-  if (e == cudaSuccess && current != device) e = cudaSetDevice(current);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return Fail("device " + std::to_string(device) + ": " + cudaGetErrorString(e));
+  {
+    // Initialise the device's primary context; the caller's current device stays current.
+    cuda::DeviceGuard guard(device, std::nothrow);
+    int now = -1;
+    cudaError_t e = cudaGetDevice(&now);
+    if (e == cudaSuccess && now != device) e = cudaErrorInvalidDevice;
+    if (e == cudaSuccess) e = cudaFree(nullptr);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return Fail("device " + std::to_string(device) + ": " + CudaErrorText(e));
+    }
   }
   CUdevice dev = 0;
   CUresult r = api.device_get(&dev, device);
-  if (r != CUDA_SUCCESS) return Fail("cuDeviceGet(" + std::to_string(device) + "): " + Cu(r));
+  if (r != CUDA_SUCCESS)
+    return Fail("cuDeviceGet(" + std::to_string(device) + "): " + CuErrorText(r));
   CUdevResource whole{};
   r = api.get_resource(dev, &whole, CU_DEV_RESOURCE_TYPE_SM);
-  if (r != CUDA_SUCCESS) return Fail("cuDeviceGetDevResource: " + Cu(r));
+  if (r != CUDA_SUCCESS) return Fail("cuDeviceGetDevResource: " + CuErrorText(r));
   return std::make_pair(dev, whole);
 }
 
@@ -103,10 +111,10 @@ Result<int> ComputeSmsForDevice(int device, int comm_sms) {
   if (!info.ok()) return info.failure();
   const int sms = sp::PartitionSms(info->device_sms, info->step, comm_sms);
   if (sms == 0 || (comm_sms > 0 && sms < info->min_sms)) {
-    return Fail(std::to_string(comm_sms) + " SMs for communication leave no partition of the " +
-                std::to_string(info->device_sms) + " SMs of device " + std::to_string(device) +
-                " (partitions: multiples of " + std::to_string(info->step) + ", at least " +
-                std::to_string(info->min_sms) + ")");
+    return NoFit(std::to_string(comm_sms) + " SMs for communication leave no partition of the " +
+                 std::to_string(info->device_sms) + " SMs of device " + std::to_string(device) +
+                 " (partitions: multiples of " + std::to_string(info->step) + ", at least " +
+                 std::to_string(info->min_sms) + ")");
   }
   return sms;
 }
@@ -125,22 +133,22 @@ Result<void*> CreatePartitionStream(int device, int sms, int priority) {
     CUresult r = api.split(&group, &groups, &whole->second, nullptr, 0, sms);
     if (r != CUDA_SUCCESS || groups != 1 || static_cast<int>(group.sm.smCount) != sms) {
       contexts.erase({device, sms});
-      return Fail("cuDevSmResourceSplitByCount could not make one group of exactly " +
-                  std::to_string(sms) + " SMs on device " + std::to_string(device) + " (" + Cu(r) +
-                  ", " + std::to_string(groups) + " group(s) of " +
-                  std::to_string(group.sm.smCount) + ")");
+      return NoFit("cuDevSmResourceSplitByCount could not make one group of exactly " +
+                   std::to_string(sms) + " SMs on device " + std::to_string(device) + " (" +
+                   CuErrorText(r) + ", " + std::to_string(groups) + " group(s) of " +
+                   std::to_string(group.sm.smCount) + ")");
     }
     CUdevResourceDesc desc = nullptr;
     r = api.generate_desc(&desc, &group, 1);
     if (r == CUDA_SUCCESS) r = api.create(&ctx, desc, whole->first, CU_GREEN_CTX_DEFAULT_STREAM);
     if (r != CUDA_SUCCESS) {
       contexts.erase({device, sms});
-      return Fail("cuGreenCtxCreate (" + std::to_string(sms) + " SMs): " + Cu(r));
+      return Fail("cuGreenCtxCreate (" + std::to_string(sms) + " SMs): " + CuErrorText(r));
     }
   }
   CUstream stream = nullptr;
   const CUresult r = api.stream_create(&stream, ctx, CU_STREAM_NON_BLOCKING, priority);
-  if (r != CUDA_SUCCESS) return Fail("cuGreenCtxStreamCreate: " + Cu(r));
+  if (r != CUDA_SUCCESS) return Fail("cuGreenCtxStreamCreate: " + CuErrorText(r));
   return static_cast<void*>(stream);
 }
 

@@ -28,7 +28,8 @@ Result<int> ComputeSmsForDevice(int device, int comm_sms);
 
 // A new non-blocking stream on `device` at `priority` whose kernels run on `sms` SMs (a multiple of
 // the step, >= the minimum, < the device's SMs). The green context is made once per (device, sms)
-// and kept for the process; the stream is the caller's to destroy (cudaStreamDestroy).
+// and kept for the process; the stream is the caller's to destroy (cudaStreamDestroy, or
+// cuda::Stream::Adopt).
 Result<void*> CreatePartitionStream(int device, int sms, int priority);
 
 }  // namespace ditscale::runtime

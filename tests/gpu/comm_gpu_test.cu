@@ -28,6 +28,8 @@
 
 #include "ditscale/comm/nccl_comm.h"
 #include "ditscale/comm/nvshmem_comm.h"
+#include "ditscale/core/cuda_check.h"
+#include "ditscale/core/cuda_resources.h"
 #include "gpu_test_util.h"
 
 namespace ditscale::comm {
@@ -47,18 +49,8 @@ std::vector<std::uint8_t> Pattern(int src, int dst, std::size_t bytes, int salt)
   return v;
 }
 
-std::string Check(cudaError_t e, const char* what) {
-  return e == cudaSuccess ? "" : std::string(what) + ": " + cudaGetErrorString(e);
-}
-
-#define RETURN_IF_CUDA(call)                    \
-  do {                                          \
-    std::string _ds_err = Check((call), #call); \
-    if (!_ds_err.empty()) return _ds_err;       \
-  } while (0)
-
 // Runs `body(comm, stream)` on one thread per rank (rank r on GPU r) and returns each rank's
-// error ("" when fine). Exceptions become errors.
+// error ("" when fine). Exceptions (a failed DS_CHECK_CUDA, for one) become errors.
 using RankBody = std::function<std::string(NcclComm&, cudaStream_t)>;
 std::vector<std::string> RunRanks(int nranks, const RankBody& body) {
   std::vector<std::string> errors(nranks);
@@ -76,11 +68,8 @@ std::vector<std::string> RunRanks(int nranks, const RankBody& body) {
           errors[r] = comm.failure().message;
           return;
         }
-        cudaStream_t s = nullptr;
-        errors[r] = Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-        if (!errors[r].empty()) return;
-        errors[r] = body(**comm, s);
-        cudaStreamDestroy(s);
+        const cuda::Stream s = cuda::Stream::Create(0);  // on GPU r: Create made it current
+        errors[r] = body(**comm, s.get());
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -95,24 +84,18 @@ std::vector<std::string> RunRanks(int nranks, const RankBody& body) {
   if (GpuCount() < 2) GTEST_SKIP() << "needs >= 2 GPUs, found " << GpuCount(); \
   if (!NcclAvailable()) GTEST_SKIP() << "built without NCCL"
 
-// Device buffer of `bytes` (RAII) with upload/download.
+// `bytes` of device memory on the current device; throws when out of memory.
 struct DevBuf {
+  cuda::DeviceBuffer memory;
   void* p = nullptr;
-  std::size_t bytes = 0;
-  explicit DevBuf(std::size_t n) : bytes(n) {
-    if (cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
+  explicit DevBuf(std::size_t n)
+      : memory(cuda::DeviceBuffer::Allocate(n).ValueOrThrow()), p(memory.data()) {}
   unsigned char* at(std::size_t off) const { return static_cast<unsigned char*>(p) + off; }
 };
 
 std::string Compare(const void* dev, const std::vector<std::uint8_t>& want, const char* what) {
   std::vector<std::uint8_t> got(want.size());
-  RETURN_IF_CUDA(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost));
+  DS_CHECK_CUDA(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost));
   for (std::size_t i = 0; i < want.size(); ++i) {
     if (got[i] != want[i]) {
       return std::string(what) + ": first difference at byte " + std::to_string(i) + " of " +
@@ -132,9 +115,8 @@ TEST(CommNcclGpu, SendRecvBothDirectionsInOrderAndGrouped) {
         const int salt = grouped;
         auto out = Pattern(me, peer, bytes, salt);
         DevBuf send(bytes), recv(bytes);
-        if (send.p == nullptr || recv.p == nullptr) return "cudaMalloc failed";
-        RETURN_IF_CUDA(cudaMemcpy(send.p, out.data(), bytes, cudaMemcpyHostToDevice));
-        RETURN_IF_CUDA(cudaMemset(recv.p, 0, bytes));
+        DS_CHECK_CUDA(cudaMemcpy(send.p, out.data(), bytes, cudaMemcpyHostToDevice));
+        DS_CHECK_CUDA(cudaMemset(recv.p, 0, bytes));
         if (grouped) {
           c.GroupStart();
           c.Send(send.p, bytes, peer, s);
@@ -167,12 +149,11 @@ TEST(CommNcclGpu, AllToAllAllGpus) {
   auto errors = RunRanks(n, [&](NcclComm& c, cudaStream_t s) -> std::string {
     const int me = c.rank();
     DevBuf send(block * n), recv(block * n);
-    if (send.p == nullptr || recv.p == nullptr) return "cudaMalloc failed";
     for (int j = 0; j < n; ++j) {
       auto out = Pattern(me, j, block, 7);
-      RETURN_IF_CUDA(cudaMemcpy(send.at(j * block), out.data(), block, cudaMemcpyHostToDevice));
+      DS_CHECK_CUDA(cudaMemcpy(send.at(j * block), out.data(), block, cudaMemcpyHostToDevice));
     }
-    RETURN_IF_CUDA(cudaMemset(recv.p, 0, block * n));
+    DS_CHECK_CUDA(cudaMemset(recv.p, 0, block * n));
     c.AllToAll(send.p, recv.p, block, s);
     auto done = c.Synchronize(s);
     if (!done.ok()) return done.failure().message;
@@ -194,7 +175,6 @@ TEST(CommNcclGpu, RecvWithoutSendTimesOut) {
   std::vector<double> elapsed(2, 0);
   auto errors = RunRanks(2, [&](NcclComm& c, cudaStream_t s) -> std::string {
     DevBuf buf(4096);
-    if (buf.p == nullptr) return "cudaMalloc failed";
     c.set_timeout_s(timeout_s);
     const auto t0 = std::chrono::steady_clock::now();
     c.Recv(buf.p, 4096, 1 - c.rank(), s);
@@ -253,19 +233,18 @@ int NvshmemChild(int rank, int fd) {
   if (again.ok() || again.failure().message.find("already initialized") == std::string::npos) {
     return ChildFail(rank, "a second Init did not fail with 'already initialized'");
   }
-  cudaStream_t s = nullptr;
-  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-    return ChildFail(rank, "cudaStreamCreate failed");
-  }
+  // CUDA errors throw; main() reports them through ChildFail.
+  const cuda::Stream stream = cuda::Stream::Create(0);
+  cudaStream_t s = stream.get();
   const std::size_t bytes = (std::size_t(1) << 20) + 5;
   auto* buf = static_cast<unsigned char*>(sh.Malloc(bytes));
   auto* sig = static_cast<std::uint64_t*>(sh.Malloc(2 * sizeof(std::uint64_t)));
   std::uint64_t sig_host[2] = {1, 1};
-  cudaMemcpy(sig_host, sig, sizeof(sig_host), cudaMemcpyDeviceToHost);
+  DS_CHECK_CUDA(cudaMemcpy(sig_host, sig, sizeof(sig_host), cudaMemcpyDeviceToHost));
   if (sig_host[0] != 0 || sig_host[1] != 0) return ChildFail(rank, "Malloc did not zero");
   DevBuf src(bytes);
   auto out = Pattern(rank, peer, bytes, 11);
-  cudaMemcpy(src.p, out.data(), bytes, cudaMemcpyHostToDevice);
+  DS_CHECK_CUDA(cudaMemcpy(src.p, out.data(), bytes, cudaMemcpyHostToDevice));
 
   // A non-symmetric destination is refused before NVSHMEM sees it.
   try {
@@ -307,7 +286,7 @@ int NvshmemChild(int rank, int fd) {
   sh.BarrierAll(s);
   auto drained = sh.Synchronize(s, 20);
   if (!drained.ok()) return ChildFail(rank, drained.failure().message);
-  cudaMemcpy(sig_host, sig, sizeof(sig_host), cudaMemcpyDeviceToHost);
+  DS_CHECK_CUDA(cudaMemcpy(sig_host, sig, sizeof(sig_host), cudaMemcpyDeviceToHost));
   if (sig_host[0] != 1 || sig_host[1] != static_cast<std::uint64_t>(rounds)) {
     return ChildFail(rank, "signals are " + std::to_string(sig_host[0]) + ", " +
                                std::to_string(sig_host[1]) + "; expected 1, " +
@@ -315,7 +294,6 @@ int NvshmemChild(int rank, int fd) {
   }
   sh.Free(sig);
   sh.Free(buf);
-  cudaStreamDestroy(s);
   init.value().reset();  // nvshmem finalize (collective)
   std::printf("nvshmem child %d: ok\n", rank);
   return 0;

@@ -6,6 +6,8 @@
 
 #include <vector>
 
+#include "ditscale/core/cuda_check.h"
+#include "ditscale/core/cuda_resources.h"
 #include "ditscale/runtime/sm_partition.h"
 #include "ditscale/sp/topology.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -22,17 +24,21 @@ __global__ void MarkSms(int* used, long long spin_cycles) {
   }
 }
 
-// Distinct SMs a grid of many spinning blocks touched on `stream`.
+// 4096 ints of device memory (throws when out of memory).
+cuda::DeviceBuffer Ints() {
+  return cuda::DeviceBuffer::Allocate(4096 * sizeof(int)).ValueOrThrow();
+}
+
+// Distinct SMs a grid of many spinning blocks touched on `stream` (CUDA errors throw).
 int SmsUsed(cudaStream_t stream, int device_sms) {
-  int* used = nullptr;
-  EXPECT_EQ(cudaMalloc(&used, 4096 * sizeof(int)), cudaSuccess);
-  EXPECT_EQ(cudaMemset(used, 0, 4096 * sizeof(int)), cudaSuccess);
+  const cuda::DeviceBuffer buf = Ints();
+  int* used = reinterpret_cast<int*>(buf.data());
+  DS_CHECK_CUDA(cudaMemset(used, 0, buf.bytes()));
   MarkSms<<<device_sms * 16, 128, 0, stream>>>(used, 200000);
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  DS_CHECK_CUDA(cudaGetLastError());
+  DS_CHECK_CUDA(cudaStreamSynchronize(stream));
   std::vector<int> host(4096);
-  EXPECT_EQ(cudaMemcpy(host.data(), used, host.size() * sizeof(int), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  cudaFree(used);
+  DS_CHECK_CUDA(cudaMemcpy(host.data(), used, buf.bytes(), cudaMemcpyDeviceToHost));
   int n = 0;
   for (int u : host) n += u;
   return n;
@@ -52,9 +58,9 @@ TEST(SmPartitionGpu, KernelsStayInTheirPartition) {
   EXPECT_LE(*sms, device_sms - 4);
   auto st = CreatePartitionStream(0, *sms, 0);
   ASSERT_TRUE(st.ok()) << st.failure().ToString();
-  cudaStream_t part = static_cast<cudaStream_t>(*st);
-  cudaStream_t whole = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&whole, cudaStreamNonBlocking), cudaSuccess);
+  const cuda::Stream part_owner = cuda::Stream::Adopt(static_cast<cudaStream_t>(*st));
+  const cuda::Stream whole_owner = cuda::Stream::Create(0);
+  cudaStream_t part = part_owner.get(), whole = whole_owner.get();
   const int in_part = SmsUsed(part, device_sms);
   const int in_whole = SmsUsed(whole, device_sms);
   EXPECT_LE(in_part, *sms);
@@ -63,28 +69,24 @@ TEST(SmPartitionGpu, KernelsStayInTheirPartition) {
   // A second stream of the same partition reuses its context.
   auto st2 = CreatePartitionStream(0, *sms, 0);
   ASSERT_TRUE(st2.ok()) << st2.failure().ToString();
-  EXPECT_LE(SmsUsed(static_cast<cudaStream_t>(*st2), device_sms), *sms);
+  const cuda::Stream part2 = cuda::Stream::Adopt(static_cast<cudaStream_t>(*st2));
+  EXPECT_LE(SmsUsed(part2.get(), device_sms), *sms);
   // A short kernel issued after a long one that fills the partition runs beside it.
-  int* scratch = nullptr;
-  ASSERT_EQ(cudaMalloc(&scratch, 4096 * sizeof(int)), cudaSuccess);
-  cudaEvent_t e[4];
-  for (auto& x : e) ASSERT_EQ(cudaEventCreate(&x), cudaSuccess);
-  cudaEventRecord(e[0], part);
+  const cuda::DeviceBuffer scratch_buf = Ints();
+  int* scratch = reinterpret_cast<int*>(scratch_buf.data());
+  cuda::Event e[4];
+  for (auto& x : e) x = cuda::Event::Create(cudaEventDefault);
+  DS_CHECK_CUDA(cudaEventRecord(e[0].get(), part));
   MarkSms<<<*sms * 4, 128, 0, part>>>(scratch, 50'000'000);  // ~25 ms per wave of blocks
-  cudaEventRecord(e[1], part);
-  cudaEventRecord(e[2], whole);
+  DS_CHECK_CUDA(cudaEventRecord(e[1].get(), part));
+  DS_CHECK_CUDA(cudaEventRecord(e[2].get(), whole));
   MarkSms<<<1, 32, 0, whole>>>(scratch, 1000);
-  cudaEventRecord(e[3], whole);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  DS_CHECK_CUDA(cudaEventRecord(e[3].get(), whole));
+  DS_CHECK_CUDA(cudaDeviceSynchronize());
   float long_ms = 0, short_ms = 0;
-  cudaEventElapsedTime(&long_ms, e[0], e[1]);
-  cudaEventElapsedTime(&short_ms, e[2], e[3]);
+  DS_CHECK_CUDA(cudaEventElapsedTime(&long_ms, e[0].get(), e[1].get()));
+  DS_CHECK_CUDA(cudaEventElapsedTime(&short_ms, e[2].get(), e[3].get()));
   EXPECT_LT(short_ms * 20, long_ms) << "short " << short_ms << " ms, long " << long_ms << " ms";
-  for (auto& x : e) cudaEventDestroy(x);
-  cudaFree(scratch);
-  cudaStreamDestroy(part);
-  cudaStreamDestroy(static_cast<cudaStream_t>(*st2));
-  cudaStreamDestroy(whole);
 }
 
 TEST(SmPartitionGpu, RefusesPartitionsThatDoNotFit) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ditscale/core/error.h"
+#include "ditscale/core/range.h"
 
 namespace ditscale::balance {
 namespace {
@@ -19,7 +20,48 @@ uint64_t Mix(uint64_t h, uint64_t v) {
   return x;
 }
 
+// CheckRange for any integer type (int, int64_t) without overload ambiguity.
+void CheckInt(std::string_view name, long long v, long long lo, long long hi) {
+  CheckRange(name, v, lo, hi);
+}
+
+// User-input refusals (a state, an epoch): a plain message, no source location.
+template <typename... Args>
+[[noreturn]] void Refuse(const Args&... args) {
+  throw Error(internal::StrCat(args...));
+}
+template <typename... Args>
+void Check(bool ok, const Args&... args) {
+  if (!ok) Refuse(args...);
+}
+
+// "the plan of epoch e has no step: ..." with the counts that explain it.
+std::string NoStepMessage(const Plan& plan, int64_t epoch) {
+  std::string m = "the plan of epoch " + std::to_string(epoch) +
+                  " has no step: " + std::to_string(plan.ids.size()) + " samples for world_size " +
+                  std::to_string(plan.world_size);
+  if (plan.dropped_samples > 0) {
+    m += ", all " + std::to_string(plan.dropped_samples) +
+         " dropped by the tail policy (too few to fill one step on every rank): use fewer "
+         "ranks, tail 'keep' or 'pad', or more samples";
+  }
+  return m;
+}
+
 }  // namespace
+
+std::optional<std::string> SamplerConfigError(const SamplerConfig& c, int rank, int world_size) {
+  using LL = long long;
+  if (auto e = RangeError("world_size", LL{world_size}, 1, kMaxWorldSize)) return e;
+  if (auto e = RangeError("rank", LL{rank}, 0, LL{world_size} - 1)) return e;
+  if (auto e = RangeError("epoch", LL{c.plan.epoch}, 0, kMaxEpoch)) return e;
+  if (auto e = RangeError("m_mem_tokens", LL{c.plan.m_mem_tokens}, 0, kMaxMMemTokens)) return e;
+  if (auto e = RangeError("gpu_mem_gib", c.gpu_mem_gib, kMinGpuMemGib, kMaxGpuMemGib)) return e;
+  if (auto e = RangeError("mem_safety", c.mem_safety, 0, kMaxMemSafety)) return e;
+  if (auto e = RangeError("m_comp", c.plan.m_comp, 0, kMaxMComp)) return e;
+  if (auto e = RangeError("rank_budget_s", c.plan.rank_budget_s, 0, kMaxRankBudgetS)) return e;
+  return std::nullopt;
+}
 
 uint64_t PlanFingerprint(const Plan& plan) {
   uint64_t h = Mix(0x6469747363616c65ULL, static_cast<uint64_t>(plan.world_size));
@@ -72,13 +114,14 @@ BalancedBatchSampler::BalancedBatchSampler(EpochPlanner planner, int rank, int w
 
 Result<BalancedBatchSampler> BalancedBatchSampler::Create(EpochPlanner planner, int rank,
                                                           int world_size, int64_t epoch) {
-  DS_CHECK(world_size >= 1, "world_size must be >= 1, got ", world_size);
-  DS_CHECK(rank >= 0 && rank < world_size, "rank must be in [0, ", world_size, "), got ", rank);
+  CheckInt("world_size", world_size, 1, kMaxWorldSize);
+  CheckInt("rank", rank, 0, world_size - 1);
+  CheckInt("epoch", epoch, 0, kMaxEpoch);
   DS_CHECK(planner != nullptr, "planner is empty");
-  DS_CHECK(epoch >= 0, "epoch must be >= 0, got ", epoch);
   BalancedBatchSampler s(std::move(planner), rank, world_size);
-  Result<bool> r = s.Replan(epoch);
-  if (!r.ok()) return r.failure();
+  Result<Plan> plan = s.PlanEpoch(epoch);
+  if (!plan.ok()) return plan.failure();
+  s.Adopt(std::move(plan).value(), epoch);
   return s;
 }
 
@@ -102,6 +145,7 @@ Result<BalancedBatchSampler> BalancedBatchSampler::FromShaped(ShapedManifest sha
 
 Result<BalancedBatchSampler> BalancedBatchSampler::FromConfig(const SamplerConfig& config, int rank,
                                                               int world_size) {
+  if (auto e = SamplerConfigError(config, rank, world_size)) return Failure::InvalidArgument(*e);
   Result<Manifest> manifest = ReadManifest(config.manifest_path, config.manifest_options);
   if (!manifest.ok()) return manifest.failure();
   Result<ModelPreset> model = ResolveModel(config.model);
@@ -138,16 +182,11 @@ Result<BalancedBatchSampler> BalancedBatchSampler::FromConfig(const SamplerConfi
 
   PlanOptions options = config.plan;
   if (options.m_mem_tokens <= 0) {
-    if (!(config.gpu_mem_gib > 0) || !std::isfinite(config.gpu_mem_gib)) {
-      return Failure{
-          "gpu_mem_gib must be a positive number of GiB, got " + std::to_string(config.gpu_mem_gib),
-          "", 0, "gpu_mem_gib"};
-    }
     const double bytes = config.gpu_mem_gib * 1024.0 * 1024.0 * 1024.0;
     options.m_mem_tokens = memory.MaxTokens(bytes, config.mem_safety);
     if (options.m_mem_tokens <= 0) {
       return Failure{"model " + model->name + " does not fit in " +
-                         std::to_string(config.gpu_mem_gib) +
+                         FormatNumber(config.gpu_mem_gib) +
                          " GiB (memory model m0 = " + std::to_string(memory.m0) +
                          " bytes): give m_mem_tokens or a larger gpu_mem_gib",
                      "", 0, "gpu_mem_gib"};
@@ -165,24 +204,29 @@ Result<BalancedBatchSampler> BalancedBatchSampler::FromConfig(const SamplerConfi
   return s;
 }
 
-Result<bool> BalancedBatchSampler::Replan(int64_t epoch) {
+Result<Plan> BalancedBatchSampler::PlanEpoch(int64_t epoch) const {
   Result<Plan> plan = planner_(epoch);
   if (!plan.ok()) return plan.failure();
   CheckPlanStructure(*plan, world_size_);
-  plan_ = std::move(plan).value();
+  if (plan->num_steps() == 0) return Failure::Infeasible(NoStepMessage(*plan, epoch));
+  return plan;
+}
+
+void BalancedBatchSampler::Adopt(Plan plan, int64_t epoch) {
+  plan_ = std::move(plan);
   epoch_ = epoch;
   fingerprint_ = PlanFingerprint(plan_);
   rank_micro_batches_ = 0;
   for (int64_t k = 0; k < NumSteps(); ++k) rank_micro_batches_ += MicroBatchesInCell(k, rank_);
   Reset();
-  return true;
 }
 
 void BalancedBatchSampler::SetEpoch(int64_t e) {
-  DS_CHECK(e >= 0, "epoch must be >= 0, got ", e);
+  CheckInt("epoch", e, 0, kMaxEpoch);
   if (e == epoch_) return;  // keeps the cursor, e.g. one set by LoadState
-  Result<bool> r = Replan(e);
-  if (!r.ok()) DS_FAIL("planning epoch ", e, " failed: ", r.failure().ToString());
+  Result<Plan> plan = PlanEpoch(e);
+  if (!plan.ok()) Refuse("planning epoch ", e, " failed: ", plan.failure().ToString());
+  Adopt(std::move(plan).value(), e);
 }
 
 void BalancedBatchSampler::Reset() {
@@ -270,30 +314,54 @@ SamplerState BalancedBatchSampler::State() const {
   }
   s.seed = plan_.seed;
   s.world_size = world_size_;
+  s.rank = rank_;
   s.plan_fingerprint = fingerprint_;
   return s;
 }
 
 void BalancedBatchSampler::LoadState(const SamplerState& state) {
-  DS_CHECK(state.world_size == world_size_, "state is for world_size ", state.world_size,
-           ", this sampler has ", world_size_);
-  DS_CHECK(state.epoch >= 0, "state.epoch must be >= 0, got ", state.epoch);
+  CheckInt("state.epoch", state.epoch, 0, kMaxEpoch);
+  CheckInt("state.world_size", state.world_size, 1, kMaxWorldSize);
+  CheckInt("state.rank", state.rank, 0, state.world_size - 1);
+  Check(state.world_size == world_size_, "state.world_size: the state is for world_size ",
+        state.world_size, ", this sampler has world_size ", world_size_);
+  Check(state.plan_fingerprint != 0,
+        "state.plan_fingerprint: 0 is not a plan fingerprint (a state without one cannot be "
+        "checked against this sampler's plan)");
+  Check(state.rank == rank_ || state.micro_batch == 0, "state.rank: the state was saved on rank ",
+        state.rank, " in the middle of step ", state.step, " (micro_batch ", state.micro_batch,
+        ") and counts that rank's micro-batches; this sampler is rank ", rank_,
+        ": load each rank's own state, or one saved at a step boundary "
+        "(state_dict(consumed_steps=k))");
+  // Plan the state's epoch aside, so that a refused state leaves the sampler as it was.
+  std::optional<Plan> other;
+  const Plan* plan = &plan_;
+  uint64_t fingerprint = fingerprint_;
   if (state.epoch != epoch_) {
-    Result<bool> r = Replan(state.epoch);
-    if (!r.ok()) DS_FAIL("planning epoch ", state.epoch, " failed: ", r.failure().ToString());
+    Result<Plan> p = PlanEpoch(state.epoch);
+    if (!p.ok())
+      Refuse("state.epoch: planning epoch ", state.epoch, " failed: ", p.failure().ToString());
+    other = std::move(p).value();
+    plan = &*other;
+    fingerprint = PlanFingerprint(*plan);
   }
-  DS_CHECK(state.seed == plan_.seed, "state.seed ", state.seed, " differs from the sampler's ",
-           plan_.seed);
-  DS_CHECK(state.plan_fingerprint == 0 || state.plan_fingerprint == fingerprint_,
-           "state.plan_fingerprint ", state.plan_fingerprint, " differs from this sampler's plan (",
-           fingerprint_,
-           "): the state was saved on another manifest, model, cost model or "
-           "plan options");
-  DS_CHECK(state.step >= 0 && state.step <= NumSteps(), "state.step ", state.step, " out of [0, ",
-           NumSteps(), "]");
-  const int64_t cell = state.step < NumSteps() ? MicroBatchesInCell(state.step, rank_) : 0;
-  DS_CHECK(state.micro_batch >= 0 && state.micro_batch <= cell, "state.micro_batch ",
-           state.micro_batch, " out of [0, ", cell, "] for step ", state.step, " on rank ", rank_);
+  Check(state.seed == plan->seed, "state.seed: ", state.seed, " differs from the sampler's seed ",
+        plan->seed);
+  Check(state.plan_fingerprint == fingerprint, "state.plan_fingerprint: ", state.plan_fingerprint,
+        " differs from this sampler's plan of epoch ", state.epoch, " (", fingerprint,
+        "): the state was saved on another manifest, model, cost model or plan options");
+  const int64_t num_steps = plan->num_steps();
+  CheckInt("state.step", state.step, 0, num_steps);
+  auto cell_size = [&](int64_t k) {
+    const size_t c = static_cast<size_t>(k * world_size_ + rank_);
+    return plan->rank_offsets[c + 1] - plan->rank_offsets[c];
+  };
+  const int64_t cell = state.step < num_steps ? cell_size(state.step) : 0;
+  if (auto e = RangeError("state.micro_batch", static_cast<long long>(state.micro_batch), 0,
+                          static_cast<long long>(cell))) {
+    Refuse(*e, " (micro-batches of step ", state.step, " on rank ", rank_, ")");
+  }
+  if (other) Adopt(std::move(*other), state.epoch);
   step_ = state.step;
   micro_batch_ = state.micro_batch;
   consumed_ = micro_batch_;

@@ -21,9 +21,15 @@
 // Resume: the cursor is (epoch, step, micro_batch): the next micro-batch to yield is number
 //   `micro_batch` of cell (step, rank). State() / LoadState() save and restore it; a sampler
 //   built from the same inputs that loads a state yields exactly what the saved one would have
-//   yielded next. The state carries a fingerprint of the plan so a state saved on another
-//   manifest, seed or world size is refused. States are rank-independent at step boundaries
-//   (micro_batch == 0), so rank 0 may save one state for all ranks.
+//   yielded next. The state carries the rank, world size, seed and a fingerprint of the plan;
+//   LoadState refuses a state saved on another manifest, model, cost model, plan options, seed
+//   or world size, and a state without a fingerprint. A mid-step state (micro_batch > 0) is
+//   refused on any rank but its own (it counts that rank's micro-batches); a state at a step
+//   boundary (micro_batch == 0) means the same on every rank, so rank 0 may save one state for
+//   all ranks.
+// Empty epochs: a plan with no step (every sample dropped by the tail policy, or no sample) is
+//   a failure of Create / FromShaped / FromConfig and an Error of SetEpoch / LoadState, never a
+//   sampler that silently yields nothing.
 #pragma once
 
 #include <cstdint>
@@ -48,14 +54,31 @@ namespace ditscale::balance {
 // captured): every rank calls it independently and must get the same plan.
 using EpochPlanner = std::function<Result<Plan>(int64_t epoch)>;
 
-// The resumable position of a sampler.
+// Ranges of the sampler's numeric inputs (SamplerConfig, rank, world size, SamplerState),
+// checked by FromConfig / LoadState and, with the same numbers, by the Python binding; the
+// planner's limits are those of planner.h, the rest the same as `ditscale plan`'s options:
+//   world_size      [1, kMaxWorldSize]           rank          [0, world_size - 1]
+//   seed            [0, 2^64 - 1]                epoch         [0, kMaxEpoch]
+//   m_mem_tokens    [0, kMaxMMemTokens] (0: from the memory model)
+//   gpu_mem_gib     [kMinGpuMemGib, kMaxGpuMemGib]
+//   mem_safety      [0, kMaxMemSafety] (share of GPU memory kept free)
+//   m_comp          [0, kMaxMComp] (0: chosen by the planner)
+//   rank_budget_s   [0, kMaxRankBudgetS] (0: the planner's default)
+// Above kDroppedWarnFraction of an epoch's samples dropped the Python sampler warns.
+inline constexpr int64_t kMaxEpoch = INT64_MAX;
+inline constexpr double kMinGpuMemGib = 0.001;
+inline constexpr double kMaxGpuMemGib = 1048576;  // 1 PiB
+inline constexpr double kMaxMemSafety = 0.99;
+
+// The resumable position of a sampler. Every field is checked by LoadState.
 struct SamplerState {
-  int64_t epoch = 0;
-  int64_t step = 0;         // global step within the epoch, 0 .. num_steps (num_steps: done)
-  int64_t micro_batch = 0;  // next micro-batch of this rank within `step`, 0 .. c(step, rank)-1
-  uint64_t seed = 0;        // the plan's seed; must match on load
-  int world_size = 0;       // must match on load
-  uint64_t plan_fingerprint = 0;  // PlanFingerprint of the epoch's plan; 0: not checked on load
+  int64_t epoch = 0;              // [0, kMaxEpoch]; another epoch than the sampler's is re-planned
+  int64_t step = 0;               // global step within the epoch, 0 .. num_steps (num_steps: done)
+  int64_t micro_batch = 0;        // next micro-batch of `rank` within `step`, 0 .. c(step, rank)
+  uint64_t seed = 0;              // the plan's seed; must match on load
+  int world_size = 0;             // must match on load
+  int rank = 0;                   // the rank that saved it; must match on load when micro_batch > 0
+  uint64_t plan_fingerprint = 0;  // PlanFingerprint of the epoch's plan; must match (0: refused)
 };
 
 // One micro-batch of this rank, a view into the sampler's current plan (valid until the next
@@ -99,6 +122,12 @@ struct SamplerConfig {
   PlanOptions plan;         // policy, seed, epoch, m_mem_tokens, m_comp, tail, ...
 };
 
+// The first out-of-range number of (config, rank, world_size), as RangeError words it
+// ("mem_safety: -0.5 is out of range [0, 0.99]"), or nullopt. Names are the Python
+// argument names.
+std::optional<std::string> SamplerConfigError(const SamplerConfig& config, int rank,
+                                              int world_size);
+
 // A 64-bit hash of everything that defines what a plan yields (ids, micro-batch bounds, cells,
 // world size, seed, epoch). Equal plans have equal fingerprints; never 0.
 uint64_t PlanFingerprint(const Plan& plan);
@@ -118,8 +147,9 @@ class BalancedBatchSampler {
   // world_size, options.epoch is the first epoch.
   static Result<BalancedBatchSampler> FromShaped(ShapedManifest shaped, CostModel cost,
                                                  PlanOptions options, int rank, int world_size);
-  // Reads the manifest, resolves the model, cost and memory models and M_mem, then FromShaped.
-  // Failures name the file, line and column (bad manifest row, bad cost JSON, unknown model).
+  // Checks the config's numbers (SamplerConfigError), reads the manifest, resolves the model,
+  // cost and memory models and M_mem, then FromShaped. Failures name the file, line and column
+  // (bad manifest row, bad cost JSON, unknown model) or the out-of-range argument.
   static Result<BalancedBatchSampler> FromConfig(const SamplerConfig& config, int rank,
                                                  int world_size);
 
@@ -137,10 +167,10 @@ class BalancedBatchSampler {
   const std::shared_ptr<const ShapedManifest>& shaped() const { return shaped_; }
   const std::optional<CostModel>& cost() const { return cost_; }
 
-  // Re-plans for epoch e and rewinds to its first step. On the current epoch it does nothing,
-  // not even rewind (so SetEpoch may follow LoadState in a resumed training loop); Reset() rewinds.
-  // Throws Error with the planner's failure (a plan that worked for one epoch failing for
-  // another is a planner bug).
+  // Re-plans for epoch e in [0, kMaxEpoch] and rewinds to its first step. On the current epoch
+  // it does nothing, not even rewind (so SetEpoch may follow LoadState in a resumed training
+  // loop); Reset() rewinds. Throws Error with the planner's failure or for a plan with no step;
+  // the sampler is then unchanged.
   void SetEpoch(int64_t e);
   // Rewinds to the first step of the current epoch.
   void Reset();
@@ -175,14 +205,18 @@ class BalancedBatchSampler {
 
   // The cursor, normalised so that a finished step reads as (step + 1, 0).
   SamplerState State() const;
-  // Restores a cursor: re-plans state.epoch if needed, checks world size, seed and (when
-  // non-zero) the plan fingerprint, and that (step, micro_batch) lies in this rank's epoch.
-  // Throws Error naming the mismatching field.
+  // Restores a cursor: checks every field's range, the world size, the rank (when
+  // micro_batch > 0), re-plans state.epoch if needed, checks the seed and the plan fingerprint,
+  // and that (step, micro_batch) lies in this rank's epoch. Throws Error naming the field
+  // ("state.rank: ..."); the sampler is then unchanged.
   void LoadState(const SamplerState& state);
 
  private:
   BalancedBatchSampler(EpochPlanner planner, int rank, int world_size);
-  Result<bool> Replan(int64_t epoch);
+  // The checked plan of `epoch` (planner failure or no step: a Failure), not yet adopted.
+  Result<Plan> PlanEpoch(int64_t epoch) const;
+  // Makes `plan` the current one and rewinds.
+  void Adopt(Plan plan, int64_t epoch);
   MicroBatchRef MakeRef(int64_t step, int rank, int64_t index) const;
   int64_t CellBegin(int64_t step, int rank) const {
     return plan_.rank_offsets[static_cast<size_t>(step * world_size_ + rank)];

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -252,7 +254,8 @@ TEST(Sampler, LoadStateRejectsForeignStates) {
       FAIL() << "LoadState accepted a bad " << word;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("sampler.cc:"), std::string::npos) << e.what();
+      // A refused state is the user's input, not a bug: no source location in the message.
+      EXPECT_EQ(std::string(e.what()).find("sampler.cc:"), std::string::npos) << e.what();
     }
   };
   SamplerState st = good;
@@ -365,6 +368,119 @@ TEST(Sampler, BadRankAndMalformedPlansAreChecked) {
   if (bad.rank_offsets[1] != bad.rank_offsets[2]) {
     EXPECT_THROW(CheckPlanStructure(bad, 2), Error);
   }
+}
+
+// The message of the Error that f throws ("" when it does not throw).
+template <typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(SamplerState, OutOfRangeFieldsAreRefusedByName) {
+  BalancedBatchSampler s = MakeToy(200, 11, 2, 0);
+  const SamplerState good = s.State();
+  EXPECT_EQ(good.rank, 0);
+  EXPECT_EQ(good.world_size, 2);
+  SamplerState st = good;
+  st.epoch = -1;
+  EXPECT_TRUE(Has(ErrorOf([&] { s.LoadState(st); }),
+                  "state.epoch: -1 is out of range [0, 9223372036854775807]"));
+  st = good;
+  st.world_size = 0;
+  EXPECT_TRUE(Has(ErrorOf([&] { s.LoadState(st); }), "state.world_size: 0 is out of range [1, "));
+  st = good;
+  st.rank = 2;
+  EXPECT_TRUE(Has(ErrorOf([&] { s.LoadState(st); }), "state.rank: 2 is out of range [0, 1]"));
+  st = good;
+  st.step = -1;
+  EXPECT_TRUE(Has(ErrorOf([&] { s.LoadState(st); }), "state.step: -1 is out of range [0, "));
+  st = good;
+  st.micro_batch = -3;
+  EXPECT_TRUE(Has(ErrorOf([&] { s.LoadState(st); }), "state.micro_batch: -3 is out of range"));
+}
+
+TEST(SamplerState, MissingFingerprintIsRefused) {
+  BalancedBatchSampler s = MakeToy(200, 11, 2, 0);
+  SamplerState st = s.State();
+  st.plan_fingerprint = 0;
+  const std::string e = ErrorOf([&] { s.LoadState(st); });
+  EXPECT_TRUE(Has(e, "state.plan_fingerprint: 0 is not a plan fingerprint")) << e;
+}
+
+TEST(SamplerState, AnotherRanksMidStepStateIsRefusedItsStepBoundaryStateLoads) {
+  // A balanced-like toy: cells hold 1..3 micro-batches, so mid-step positions differ by rank.
+  BalancedBatchSampler r0 = MakeToy(300, 4, 2, 0);
+  BalancedBatchSampler r1 = MakeToy(300, 4, 2, 1);
+  int64_t k = 0;
+  while (r1.MicroBatchesInCell(k, 1) < 2) ++k;  // a step where rank 1 has >= 2 micro-batches
+  SamplerState mid = r1.State();
+  mid.step = k;
+  mid.micro_batch = 1;
+  r1.LoadState(mid);  // its own state loads
+  const std::string e = ErrorOf([&] { r0.LoadState(mid); });
+  EXPECT_TRUE(Has(e, "state.rank: the state was saved on rank 1 in the middle of step")) << e;
+  EXPECT_TRUE(Has(e, "this sampler is rank 0")) << e;
+  // At a step boundary a state means the same on every rank.
+  SamplerState boundary = mid;
+  boundary.micro_batch = 0;
+  r0.LoadState(boundary);
+  EXPECT_EQ(r0.State().step, k);
+  EXPECT_EQ(r0.State().rank, 0);
+}
+
+TEST(SamplerState, RefusedStateLeavesTheSamplerUnchanged) {
+  BalancedBatchSampler s = MakeToy(200, 11, 2, 0);
+  (void)s.NextMicroBatch();
+  const SamplerState before = s.State();
+  BalancedBatchSampler e1 = MakeToy(200, 11, 2, 0, TailPolicy::kDrop, 1);
+  SamplerState st = e1.State();  // epoch 1, but its fingerprint is broken
+  st.plan_fingerprint ^= 1;
+  EXPECT_TRUE(Has(ErrorOf([&] { s.LoadState(st); }), "state.plan_fingerprint"));
+  EXPECT_EQ(s.epoch(), 0);
+  EXPECT_EQ(s.State().plan_fingerprint, before.plan_fingerprint);
+  EXPECT_EQ(s.State().step, before.step);
+  EXPECT_EQ(s.State().micro_batch, before.micro_batch);
+  s.LoadState(e1.State());  // the good one re-plans epoch 1
+  EXPECT_EQ(s.epoch(), 1);
+}
+
+TEST(Sampler, PlanWithoutStepIsAFailureNotAnEmptyEpoch) {
+  // 3 ids for 8 ranks, tail drop: every sample is dropped.
+  Result<BalancedBatchSampler> s =
+      BalancedBatchSampler::Create(ToyPlanner(3, 0, 8, TailPolicy::kDrop), 0, 8);
+  ASSERT_FALSE(s.ok());
+  const std::string m = s.failure().ToString();
+  EXPECT_TRUE(Has(m, "the plan of epoch 0 has no step: 3 samples for world_size 8")) << m;
+  EXPECT_TRUE(Has(m, "all 3 dropped by the tail policy")) << m;
+  // Epoch 1 of a planner that empties later epochs: SetEpoch throws and keeps epoch 0.
+  auto planner = [](int64_t epoch) -> Result<Plan> {
+    return ToyPlan(epoch == 0 ? 50 : 1, 0, 2, epoch, TailPolicy::kDrop);
+  };
+  BalancedBatchSampler t = BalancedBatchSampler::Create(planner, 0, 2).ValueOrThrow();
+  const int64_t steps = t.NumSteps();
+  EXPECT_TRUE(Has(ErrorOf([&] { t.SetEpoch(1); }), "the plan of epoch 1 has no step"));
+  EXPECT_EQ(t.epoch(), 0);
+  EXPECT_EQ(t.NumSteps(), steps);
+  EXPECT_TRUE(Has(ErrorOf([&] { t.SetEpoch(-1); }), "epoch: -1 is out of range"));
+}
+
+TEST(Sampler, CreateChecksRankAndWorldSizeRanges) {
+  auto planner = ToyPlanner(10, 0, 2, TailPolicy::kDrop);
+  EXPECT_TRUE(Has(ErrorOf([&] { (void)BalancedBatchSampler::Create(planner, 2, 2); }),
+                  "rank: 2 is out of range [0, 1]"));
+  EXPECT_TRUE(Has(ErrorOf([&] { (void)BalancedBatchSampler::Create(planner, 0, 0); }),
+                  "world_size: 0 is out of range [1, "));
+  EXPECT_TRUE(Has(ErrorOf([&] { (void)BalancedBatchSampler::Create(planner, 0, 2, -1); }),
+                  "epoch: -1 is out of range"));
 }
 
 // ---- With the real pipeline: manifest text -> shapes -> MakePlan. ----
@@ -572,6 +688,39 @@ TEST(SamplerWithPlanner, FromConfigUsesCostJsonOrFittedBench) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.failure().ToString().find("sampler_bench_bad.csv:2"), std::string::npos)
       << bad.failure().ToString();
+}
+
+TEST(SamplerWithPlanner, FromConfigRefusesOutOfRangeNumbersByName) {
+  SamplerConfig config;
+  config.manifest_path =
+      WriteTemp("sampler_range.csv", "path,num_frames,height,width,fps\na,1,64,64,\n");
+  auto error = [&](SamplerConfig c, int rank = 0, int world = 1) {
+    Result<BalancedBatchSampler> r = BalancedBatchSampler::FromConfig(c, rank, world);
+    return r.ok() ? std::string() : r.failure().ToString();
+  };
+  SamplerConfig c = config;
+  c.mem_safety = -0.5;
+  EXPECT_EQ(error(c), "mem_safety: -0.5 is out of range [0, 0.99]");
+  c = config;
+  c.gpu_mem_gib = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(error(c), "gpu_mem_gib: inf is out of range [0.001, 1.04858e+06]");
+  c = config;
+  c.plan.m_mem_tokens = -1;
+  EXPECT_EQ(error(c), "m_mem_tokens: -1 is out of range [0, 1125899906842624]");
+  c = config;
+  c.plan.m_comp = std::nan("");
+  EXPECT_EQ(error(c), "m_comp: nan is out of range [0, 1e+300]");
+  c = config;
+  c.plan.rank_budget_s = -1;
+  EXPECT_EQ(error(c), "rank_budget_s: -1 is out of range [0, 1e+09]");
+  c = config;
+  c.plan.epoch = -1;
+  EXPECT_EQ(error(c), "epoch: -1 is out of range [0, 9223372036854775807]");
+  EXPECT_EQ(error(config, 0, 0), "world_size: 0 is out of range [1, 1048576]");
+  EXPECT_EQ(error(config, 1, 1), "rank: 1 is out of range [0, 0]");
+  // One sample for two ranks: the epoch would be empty (the planner's or the sampler's failure).
+  const std::string empty = error(config, 0, 2);
+  EXPECT_TRUE(Has(empty, "step")) << empty;
 }
 
 }  // namespace

@@ -67,8 +67,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = adaln ]; then
     step sanitizer-adaln 600 compute-sanitizer --tool memcheck --error-exitcode 1 \
          "$BUILD"/tests/gpu/adaln_gpu_test --gtest_filter='*PlainPerSample*:*Strided*'
   fi
-  step bench-adaln 600 $PY bench/adaln/bench_adaln.py --warm-cache 18 --out "$OUT/adaln-h200.md"
-  step profile-adaln 300 $PY bench/adaln/profile_adaln.py --out "$OUT/adaln-profile-h200.md"
+  step bench-adaln 600 $PY -m bench.adaln.bench_adaln --warm-cache 18 --out "$OUT/adaln-h200.md"
+  step profile-adaln 300 $PY -m bench.adaln.profile_adaln --out "$OUT/adaln-profile-h200.md"
   [ -x "$BUILD"/bench/adaln_kernel_bench ] && step bench-adaln-kernel 300 "$BUILD"/bench/adaln_kernel_bench
 fi
 
@@ -107,15 +107,15 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
            --tool memcheck --report-api-errors no --error-exitcode 1 \
            $PY tests/gpu/sp_local_check.py --tiny --comm-sms 4
     fi
-    has replay && step sp-replay 300 $PY bench/sp/replay_compute.py --out "$SPD/replay"
-    has split && step sp-split 300 $PY bench/sp/attn_split_probe.py --out "$SPD/split"
+    has replay && step sp-replay 300 $PY -m bench.sp.replay_compute --out "$SPD/replay"
+    has split && step sp-split 300 $PY -m bench.probes.attn_split_probe --out "$SPD/split"
     # What runs beside a cuDNN attention call (it holds every SM): SM kernels, copy engines,
     # NCCL, and (the C++ probe) NVSHMEM on-stream puts / signals / waits and stream memory ops.
     if has overlap; then
-      step sp-overlap 120 $PY bench/sp/attn_overlap_probe.py --out "$SPD/overlap"
-      step sp-pack-copy 120 $PY bench/sp/pack_copy_probe.py --out "$SPD/overlap"
+      step sp-overlap 120 $PY -m bench.probes.attn_overlap_probe --out "$SPD/overlap"
+      step sp-pack-copy 120 $PY -m bench.probes.pack_copy_probe --out "$SPD/overlap"
       # The attention call on an SM partition, and what runs beside it on the SMs left over.
-      step sp-sm-partition 120 $PY bench/sp/sm_partition_probe.py --out "$SPD/overlap"
+      step sp-sm-partition 120 $PY -m bench.probes.sm_partition_probe --out "$SPD/overlap"
       [ -x "$BUILD"/bench/sp_overlap_probe ] && step sp-overlap-primitives 120 \
            "$BUILD"/bench/sp_overlap_probe --json "$SPD/overlap/primitives.json"
     fi
@@ -145,55 +145,55 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
            $PY tests/gpu/sp_attention_check.py --tiny
     fi
     if has calib; then
-      step sp-calibrate-nvlink 150 $TRUN bench/sp/calibrate.py measure \
+      step sp-calibrate-nvlink 150 $TRUN -m bench.sp.calibrate measure \
            --out "$SPD/calib-raw-nvlink.json"
-      step sp-calibrate-emulated 150 $TRUN bench/sp/calibrate.py measure --emulate-machines 2 \
+      step sp-calibrate-emulated 150 $TRUN -m bench.sp.calibrate measure --emulate-machines 2 \
            --p2p-only --out "$SPD/calib-raw-emulated.json"
-      step sp-calibrate-fit 60 $PY bench/sp/calibrate.py fit "$SPD"/calib-raw-*.json \
+      step sp-calibrate-fit 60 $PY -m bench.sp.calibrate fit "$SPD"/calib-raw-*.json \
            --out-dir "$SPD/calib" --ditscale "$CLI"
     fi
-    has bench-nvlink && step sp-bench-nvlink 300 $TRUN bench/sp/bench_sp_attention.py \
+    has bench-nvlink && step sp-bench-nvlink 300 $TRUN -m bench.sp.bench_sp_attention \
          --seq 36864 65536 --text 512 --meshes auto 2x$((NP / 2)) --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-nvlink.json"
     # The one-sided strategies again on NVSHMEM's on-stream kernels (the default above is the
     # copy-engine engine): the A/B of the engines, kept out of the report's sp-*.json.
     has bench-nvlink && step sp-bench-nvlink-kernels 240 env DITSCALE_SP_ONE_SIDED_ENGINE=nvshmem \
-         $TRUN bench/sp/bench_sp_attention.py --seq 36864 65536 --text 512 --transports nvshmem \
+         $TRUN -m bench.sp.bench_sp_attention --seq 36864 65536 --text 512 --transports nvshmem \
          --strategies ulysses ulysses-overlap ring torus --chunks 2 --peers --check-seq 0 \
          --time-budget-s ${SP_BENCH_KERNELS_S:-120} --json "$SPD/engine-nvshmem-kernels.json"
-    has bench-emulated && step sp-bench-emulated 300 $TRUN bench/sp/bench_sp_attention.py \
+    has bench-emulated && step sp-bench-emulated 300 $TRUN -m bench.sp.bench_sp_attention \
          --seq 36864 65536 --text 512 --emulate-machines 2 --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sp-emulated.json"
     # The overlapped strategies again with their compute streams in an SM partition (NCCL's
     # socket kernels then run beside the attention calls): rows "... comm_sms=4" of the report.
     has bench-emulated && step sp-bench-emulated-partition 240 $TRUN \
-         bench/sp/bench_sp_attention.py --seq 36864 65536 --text 512 --emulate-machines 2 \
+         -m bench.sp.bench_sp_attention --seq 36864 65536 --text 512 --emulate-machines 2 \
          --strategies ring ulysses-overlap torus --chunks 2 4 --comm-sms 4 --peers --check-seq 0 \
          --time-budget-s ${SP_BENCH_PART_S:-120} --json "$SPD/sp-emulated-partition.json"
     # diag (opt-in): where the time of Ulysses and Ring goes, NCCL vs NVSHMEM: kernel table
     # (torch.profiler) and every rank's per-unit GPU timeline (ditscale.sp.timeline).
-    has diag && step sp-diag 200 $TRUN bench/sp/bench_sp_attention.py --seq 36864 --text 512 \
+    has diag && step sp-diag 200 $TRUN -m bench.sp.bench_sp_attention --seq 36864 --text 512 \
          --strategies ulysses ulysses-overlap ring --transports nccl nvshmem --peers plain-ulysses --check-seq 0 \
          --warmup 2 --iters 3 --repeats 1 --profile --timeline --json "$SPD/diag.json"
     # channels (opt-in): the emulated-machine run of the hybrids with more NCCL channels (sockets)
     # per peer on ditscale's inter-machine communicator; compare with sp-emulated.json.
-    has channels && step sp-bench-channels 300 $TRUN bench/sp/bench_sp_attention.py \
+    has channels && step sp-bench-channels 300 $TRUN -m bench.sp.bench_sp_attention \
          --seq 36864 65536 --text 512 --emulate-machines 2 --strategies usp swiftfusion-tas torus \
          --transports nccl --peers --net-channels-per-peer ${SP_NET_CHANNELS:-8} \
          --time-budget-s ${SP_BENCH_S:-150} --json "$SPD/channels.json"
     # sockets (opt-in): the emulated-machine run, peers included, with more socket threads per
     # NCCL connection (the loopback link is CPU-bound per socket); compare with sp-emulated.json.
     has sockets && step sp-bench-sockets 300 env NCCL_SOCKET_NTHREADS=${SP_SOCKET_NTHREADS:-4} \
-         NCCL_NSOCKS_PERTHREAD=${SP_NSOCKS_PERTHREAD:-2} $TRUN bench/sp/bench_sp_attention.py \
+         NCCL_NSOCKS_PERTHREAD=${SP_NSOCKS_PERTHREAD:-2} $TRUN -m bench.sp.bench_sp_attention \
          --seq ${SP_SOCKET_SEQ:-65536} --text 512 --emulate-machines 2 \
          --strategies ring usp torus --transports nccl --time-budget-s ${SP_BENCH_S:-150} \
          --json "$SPD/sockets.json"
     # The simulator's compute rate anchored to each launch's one-GPU run and the emulated link
     # fitted to its runs (with each S held out): calib/fit-runs.json, a section of the report.
     FR=$(ls "$SPD"/sp-nvlink.json "$SPD"/sp-emulated.json 2>/dev/null || true)
-    has report && [ -n "$FR" ] && step sp-fit-runs 240 $PY bench/sp/fit_runs.py $FR \
+    has report && [ -n "$FR" ] && step sp-fit-runs 240 $PY -m bench.sp.fit_runs $FR \
          --calib-dir "$SPD/calib" --ditscale "$CLI"
-    has report && step sp-report 120 $PY bench/sp/report.py "$SPD"/sp-*.json \
+    has report && step sp-report 120 $PY -m bench.sp.report "$SPD"/sp-*.json \
          --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x$NP.md" \
          --summary "$OUT/sp-summary.txt"
     has example && step sp-inference 420 $TRUN examples/sp_inference.py --resolution 3072 4096 \

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the fused AdaLN op on one GPU against eager PyTorch, torch.compile and a copy.
 
-    python bench/adaln/bench_adaln.py [--out bench/results/adaln-h200.md] [--quick]
+    python -m bench.adaln.bench_adaln [--out bench/results/adaln-h200.md] [--quick]
 
 Workload: x [B, N, D] bf16, per-sample modulation (scale/shift as strided [B, D] chunks of a
 [B, 6, D] tensor, as Wan 2.1 produces them), LayerNorm without affine, eps 1e-6;
@@ -336,7 +336,7 @@ def main(argv=None):
     header = (
         f"## Fused AdaLN, {dev}, bf16, per-sample modulation, LayerNorm\n\n"
         f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-        f"{datetime.date.today().isoformat()}; `python bench/adaln/bench_adaln.py`; "
+        f"{datetime.date.today().isoformat()}; `python -m bench.adaln.bench_adaln`; "
         "median CUDA-event times with L2 flushed; forward: the faster of a CUDA-graph replay and "
         "a direct call, forward+backward: CUDA-graph replays (launch overhead excluded); "
         "copy = `y.copy_(x)`."

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-kernel GPU times of one forward+backward of the fused AdaLN op and of torch.compile.
 
-    python bench/adaln/profile_adaln.py [--shapes 1:16384:1536 1:65536:1536 ...] [--out FILE]
+    python -m bench.adaln.profile_adaln [--shapes 1:16384:1536 1:65536:1536 ...] [--out FILE]
 
 Same workload as bench_adaln.py (x [B, N, D] bf16, scale/shift as chunks of a [B, 6, D] tensor,
 both requiring grad, LayerNorm, eps 1e-6). Each forward+backward is captured into a CUDA graph
@@ -19,10 +19,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_adaln import Timer, fwd_bwd_step, make_inputs  # noqa: E402
+from ditscale import ops
 
-from ditscale import ops  # noqa: E402
+from bench.adaln.bench_adaln import Timer, fwd_bwd_step, make_inputs
 
 
 def parse_shape(text):
@@ -108,7 +107,7 @@ def main(argv=None):
              f"{torch.cuda.get_device_name()}",
              "",
              f"torch {torch.__version__}, {datetime.date.today()}; "
-             f"`python bench/adaln/profile_adaln.py`; microseconds per replay, mean of "
+             f"`python -m bench.adaln.profile_adaln`; microseconds per replay, mean of "
              f"{args.reps} replays (torch.profiler); {pdl_note}.",
              ""]
     for B, N, D in args.shapes:

@@ -1,7 +1,7 @@
 """SwiftFusion attention-layer benchmark: ditscale's sequence-parallel strategies against one GPU,
 plain Ulysses and PyTorch's ring context parallelism, on the GPUs of one host.
 
-  torchrun --nproc-per-node 2 bench/sp/bench_sp_attention.py --seq 36864 65536 --text 512 \
+  torchrun --nproc-per-node 2 -m bench.sp.bench_sp_attention --seq 36864 65536 --text 512 \
       [--emulate-machines 2] --json OUT.json
 
 One launch is one process group, so one link type: NVLink, or (with --emulate-machines M) M
@@ -39,9 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import peers  # noqa: E402
+from bench.sp import peers
 
 # Multicast/NVLS paths are off on the lent machines (see ARCHITECTURE.md); set before any init.
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),

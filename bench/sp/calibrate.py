@@ -3,11 +3,11 @@
 Two steps:
 
   # measure (torchrun, one launch per link type: NCCL_HOSTID must be set before NCCL starts)
-  torchrun --nproc-per-node 2 bench/sp/calibrate.py measure --out raw-nvlink.json
-  torchrun --nproc-per-node 2 bench/sp/calibrate.py measure --emulate-machines 2 --p2p-only \
+  torchrun --nproc-per-node 2 -m bench.sp.calibrate measure --out raw-nvlink.json
+  torchrun --nproc-per-node 2 -m bench.sp.calibrate measure --emulate-machines 2 --p2p-only \
       --out raw-emulated.json
   # fit (one process, CPU is enough): topology JSON files for `ditscale sp simulate --cluster`
-  python bench/sp/calibrate.py fit raw-nvlink.json [raw-emulated.json] --out-dir DIR
+  python -m bench.sp.calibrate fit raw-nvlink.json [raw-emulated.json] --out-dir DIR
 
 What is measured (every rank at once, each on its own GPU; the max over ranks is kept, since a
 layer waits for its slowest rank):
@@ -49,19 +49,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import glob
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-REPO = Path(__file__).resolve().parents[2]
+from ditscale import _core
+
+from bench.common import find_cli, flux_call_inputs
+
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
 # Intra-machine latency the preset assumes (NCCL cannot split it from its per-op sync cost).
@@ -122,39 +122,37 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float],
             "points": len(pts)}
 
 
-def block_efficiency(tokens: float, half_tokens: float) -> float:
-    return tokens / (tokens + half_tokens) if tokens > 0 else 0.0
-
-
-# The wave model's tile (query rows per CTA of cuDNN's forward kernel; measured on the H200:
-# bench/results/sp-attn-split-h200/, steps every 11 tiles x 12 heads = 132 CTAs = the SM count).
+# The attention model is the simulator's own (Topology::WaveFactor / AttentionSeconds in
+# ditscale/sp/topology.cc, bound as ditscale._core.sp_wave_factor / sp_attention_seconds): one
+# formula for the fit and the prediction. The wave model's tile (query rows per CTA of cuDNN's
+# forward kernel; measured on the H200: bench/results/sp-attn-split-h200/, steps every 11 tiles x
+# 12 heads = 132 CTAs = the SM count) is Topology's default, passed explicitly.
 ATTENTION_TILE_TOKENS = 128
 
 
 def wave_factor(q: float, batch_heads: float, slots: int,
                 tile: int = ATTENTION_TILE_TOKENS) -> float:
     """ceil(W) / W, W = batch_heads * ceil(q / tile) / slots (Topology::WaveFactor); 1 when
-    slots or batch_heads is 0."""
-    if slots <= 0 or batch_heads <= 0 or q <= 0:
-        return 1.0
-    waves = batch_heads * math.ceil(q / tile) / slots
-    return math.ceil(waves - 1e-9) / waves
+    slots, batch_heads or q is 0."""
+    return _core.sp_wave_factor(q, batch_heads, slots, tile)
 
 
 def attention_model_s(flops: float, q: float, kv: float, attention_flops: float,
                       half_tokens: float, launch_s: float, batch_heads: float = 0,
                       slots: int = 0) -> float:
-    """The simulator's attention time (Topology::AttentionSeconds)."""
-    eff = block_efficiency(q, half_tokens) * block_efficiency(kv, half_tokens)
-    return launch_s + flops * wave_factor(q, batch_heads, slots) / (attention_flops * eff)
+    """The simulator's attention time in seconds (Topology::AttentionSeconds):
+    launch_s + flops * Wave(q) / (attention_flops * Eff(q) * Eff(kv)), Eff(t) = t / (t + h)."""
+    return _core.sp_attention_seconds(flops, q, kv, attention_flops, half_tokens, launch_s,
+                                      batch_heads, slots, ATTENTION_TILE_TOKENS)
 
 
 def _attention_fit_at(samples: Sequence[dict], h: float, launch_s: float,
                       slots: int = 0) -> tuple[float, float]:
     """(attention_flops, sum of squared relative errors) for a fixed half_tokens h."""
-    xs = [s["flops"] * wave_factor(s["q_tokens"], s.get("heads", 0), slots)
-          / (block_efficiency(s["q_tokens"], h) * block_efficiency(s["kv_tokens"], h))
-          for s in samples]
+    # x = F * Wave(q) / (Eff(q) * Eff(kv)): the model's time at 1 FLOP/s without launch, so that
+    # t = L + c x with c = 1 / attention_flops.
+    xs = [attention_model_s(s["flops"], s["q_tokens"], s["kv_tokens"], 1.0, h, 0.0,
+                            s.get("heads", 0), slots) for s in samples]
     ts = [s["seconds"] for s in samples]
     # Minimise sum ((L + c x) / t - 1)^2 over c = 1 / attention_flops.
     num = sum((x / t) * (1 - launch_s / t) for x, t in zip(xs, ts))
@@ -260,17 +258,6 @@ def topology_from_fits(fits: dict, name: str, gpus_per_machine: int,
 # ---------------------------------------------------------------------------------------------
 
 
-def find_cli(explicit: Optional[str] = None) -> Optional[str]:
-    """The ditscale CLI: `explicit`, $DITSCALE_CLI, `ditscale` on PATH, or the newest
-    build*/tools/ditscale of this checkout."""
-    for c in (explicit, os.environ.get("DITSCALE_CLI"), shutil.which("ditscale")):
-        if c and os.access(c, os.X_OK):
-            return c
-    found = [p for p in glob.glob(str(REPO / "build*" / "tools" / "ditscale"))
-             if os.access(p, os.X_OK)]
-    return max(found, key=os.path.getmtime) if found else None
-
-
 def flux_height_width(image_tokens: int) -> tuple[int, int]:
     """Pixels (H, W) of a Flux image of `image_tokens` = (H/16) * (W/16), as square as possible."""
     if image_tokens <= 0:
@@ -307,49 +294,6 @@ def simulate(cli: str, cluster: str, machines: int, gpus_per_machine: int, strat
 # ---------------------------------------------------------------------------------------------
 # Measuring (GPU, torchrun)
 # ---------------------------------------------------------------------------------------------
-
-# Flux's attention call on one GPU: S + T = 65,536 + 512 tokens, 24 heads x 128.
-FLUX_CALL_HEADS, FLUX_CALL_TOKENS, FLUX_CALL_HEAD_DIM = 24, 66048, 128
-
-
-def probe_device(torch, who: str):
-    """cuda:0, made current, with torch seeded 0: the one-GPU probes' device; None (after saying
-    so on stderr) without a CUDA device."""
-    if not torch.cuda.is_available():
-        print(f"{who}: no CUDA device", file=sys.stderr)
-        return None
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    torch.manual_seed(0)
-    return dev
-
-
-def self_process_group(dist, dev, prefix: str):
-    """A one-rank NCCL process group on `dev` (file store; NCCL's stream at high priority, as the
-    executor's comm streams), for a probe's send/recv to this rank itself. Returns the function
-    that destroys it."""
-    init = tempfile.NamedTemporaryFile(prefix=prefix, delete=False)
-    init.close()
-    opts = dist.ProcessGroupNCCL.Options()
-    opts.is_high_priority_stream = True
-    dist.init_process_group("nccl", init_method=f"file://{init.name}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60), device_id=dev,
-                            pg_options=opts)
-
-    def close():
-        dist.destroy_process_group()
-        Path(init.name).unlink(missing_ok=True)  # the FileStore may have removed it
-
-    return close
-
-
-def flux_call_inputs(torch, dev):
-    """Random q, k, v [1, 24, 66048, 128] bf16 on `dev`: the probes' and p2p_under_compute's
-    attention call (aten's cuDNN attention takes [B, H, S, D])."""
-    q = torch.randn(1, FLUX_CALL_HEADS, FLUX_CALL_TOKENS, FLUX_CALL_HEAD_DIM, device=dev,
-                    dtype=torch.bfloat16)
-    return q, torch.randn_like(q), torch.randn_like(q)
-
 
 ATTENTION_BLOCKS = [  # (q tokens, kv tokens, heads)
     (512, 512, 24), (1024, 1024, 24), (2048, 2048, 24), (4096, 4096, 24), (8192, 8192, 24),

@@ -1,7 +1,7 @@
 """Fits the simulator's compute rate and emulated link to measured strategy runs, and says how
 well it then predicts runs it was not fitted on.
 
-  python bench/sp/fit_runs.py RESULTS.json [MORE.json ...] --calib-dir DIR [--ditscale CLI]
+  python -m bench.sp.fit_runs RESULTS.json [MORE.json ...] --calib-dir DIR [--ditscale CLI]
 
 RESULTS are files of bench_sp_attention.py (one per launch: NVLink, emulated machines); DIR is the
 output of `calibrate.py fit` (topology-h200.json, topology-h200-nvlink-machines.json). Writes
@@ -42,9 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import calibrate  # noqa: E402  (no torch import at module level)
+from bench.common import find_cli
+from bench.sp import calibrate  # (no torch import at module level)
 
 FLUX = {"text": 512, "heads": 24, "head_dim": 128}
 F_GRID = [i / 10 for i in range(10)]  # 0 .. 0.9
@@ -228,7 +227,7 @@ def markdown(doc: dict) -> list[str]:
              "rate anchored to the launch's own one-GPU run; with the emulated link's bandwidth "
              "scale and compute interference fitted to the launch's multi-machine runs "
              "(in-sample); and fitted with that sequence length left out (held out: the figure "
-             "to trust). `python bench/sp/fit_runs.py` (its docstring says why each step). "
+             "to trust). `python -m bench.sp.fit_runs` (its docstring says why each step). "
              f"Within {WITHIN:.0%}: runs whose meas/pred is in [{1 - WITHIN:.2f}, "
              f"{1 + WITHIN:.2f}].", ""]
     for launch in doc["launches"]:
@@ -275,7 +274,7 @@ def main(argv=None) -> int:
                    help="output of `calibrate.py fit` (topology-h200.json, ...)")
     p.add_argument("--ditscale", default=None, help="path of the ditscale CLI")
     a = p.parse_args(argv)
-    cli = calibrate.find_cli(a.ditscale)
+    cli = find_cli(a.ditscale)
     if cli is None:
         print("fit_runs: the ditscale CLI was not found (build it, or give --ditscale)",
               file=sys.stderr)

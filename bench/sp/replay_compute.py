@@ -1,6 +1,6 @@
 """Every strategy's compute on one rank, replayed alone on one GPU (no communication).
 
-    python bench/sp/replay_compute.py --out DIR [--seq 65536 36864] [--mesh 1x2]
+    python -m bench.sp.replay_compute --out DIR [--seq 65536 36864] [--mesh 1x2]
 
 The GPU executor runs one rank's schedule with every transfer skipped (ditscale.sp.replay_compute):
 its attention calls, LSE merges and copies, exactly as issued on a real mesh, as if the links were

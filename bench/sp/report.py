@@ -1,6 +1,6 @@
 """Markdown report (and a PNG bar chart) of the SwiftFusion attention benchmark.
 
-  python bench/sp/report.py RESULTS.json [MORE.json ...] --out bench/results/sp-h200x2.md \
+  python -m bench.sp.report RESULTS.json [MORE.json ...] --out bench/results/sp-h200x2.md \
       [--calib-dir DIR] [--png FILE.png] [--ditscale PATH] [--summary]
 
 RESULTS are the files of bench_sp_attention.py (one per launch: NVLink, emulated machines).
@@ -31,10 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import calibrate  # noqa: E402  (no torch import at module level)
-import fit_runs  # noqa: E402
+from bench.common import find_cli
+from bench.sp import calibrate, fit_runs  # (no torch import at module level)
 
 GIB = 1024**3
 FLUX = {"text": 512, "heads": 24, "head_dim": 128}
@@ -428,7 +426,7 @@ def main(argv=None) -> int:
                    help="write a short plain-text table to FILE (stdout without FILE)")
     a = p.parse_args(argv)
     docs = load_results(a.results)
-    rep = Report(docs, Predictor(calibrate.find_cli(a.ditscale), a.calib_dir))
+    rep = Report(docs, Predictor(find_cli(a.ditscale), a.calib_dir))
     png = None
     if not a.no_png:
         png = a.png or a.out.with_suffix(".png")

@@ -1,21 +1,18 @@
-"""CPU tests of bench/sp/fit_runs.py: on "measurements" made by the simulator itself with a known
-compute-rate offset, bandwidth scale and compute interference, the fit recovers them, the held-out
-predictions match, report.py renders the section, and bad input is refused with the file named."""
+"""CPU tests of bench/sp/fit_runs.py (the package `bench` of the repository root, on the path
+through pyproject.toml's pytest `pythonpath`): on "measurements" made by the simulator itself
+with a known compute-rate offset, bandwidth scale and compute interference, the fit recovers
+them, the held-out predictions match, report.py renders the section, and bad input is refused
+with the file named."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench" / "sp"))
+from bench.common import find_cli
+from bench.sp import fit_runs, report
 
-import calibrate  # noqa: E402
-import fit_runs  # noqa: E402
-import report  # noqa: E402
-
-CLI = calibrate.find_cli()
+CLI = find_cli()
 pytestmark = pytest.mark.skipif(CLI is None, reason="the ditscale CLI is not built")
 
 TOPOLOGY = {"base": "h200-local", "name": "synthetic", "gpus_per_machine": 1,

@@ -5,20 +5,15 @@ topology JSON it writes, and report.py on a small synthetic result."""
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench" / "sp"))
-
-import bench_sp_attention as bench  # noqa: E402
-import calibrate  # noqa: E402
-import peers  # noqa: E402
-import report  # noqa: E402
+from bench.common import find_cli  # noqa: E402  (bench: the repository root's package)
+from bench.sp import bench_sp_attention as bench  # noqa: E402
+from bench.sp import calibrate, peers, report  # noqa: E402
 
 # ------------------------------------------------------------------------------ plain Ulysses
 
@@ -191,7 +186,7 @@ def test_calibrate_fit_writes_topologies(tmp_path):
     assert m["inter_compute_interference"] == 0  # not the socket link's
     summary = json.loads((out / "calibration.json").read_text())
     assert summary["fits"]["intra"]["all_gather_Bps"] == pytest.approx(320e9)
-    if calibrate.find_cli() is not None:  # the simulator accepted both files
+    if find_cli() is not None:  # the simulator accepted both files
         assert set(summary["topology_files"].values()) == {"ok"}
 
 
@@ -268,7 +263,7 @@ def test_report_on_synthetic_results(tmp_path, capsys):
     assert "| 88.30 | 100% |" in row
     summary = capsys.readouterr().out
     assert "emulated" in summary and "ditscale torus c4 nccl" in summary
-    if calibrate.find_cli() is not None:
+    if find_cli() is not None:
         # Predictions from the h200-local preset (no calibration given); none for the logical
         # 2x1 mesh on NVLink, which has no preset.
         row = next(l for l in md.splitlines() if l.startswith("| ditscale ulysses nccl |"))

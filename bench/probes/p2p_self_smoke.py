@@ -1,7 +1,7 @@
 # One-GPU smoke run of calibrate.Measurer.p2p_under_compute (the exchange is to itself).
-import argparse, json, os, sys
-sys.path.insert(0, "bench/sp")
-import calibrate
+# torchrun --nproc-per-node 1 -m bench.probes.p2p_self_smoke   (from the repository root)
+import argparse, json
+from bench.sp import calibrate
 a = argparse.Namespace(emulate_machines=0, no_p2p=True)
 m = calibrate.Measurer(a)
 m.peer = m.rank

@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/adaln_bench_util.cuh"
+#include "bench/adaln/adaln_bench_util.cuh"
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
 
@@ -227,8 +227,8 @@ int main(int argc, char** argv) {
     shapes.clear();
     for (const std::string& spec : ditscale::bench::split_commas(shapes_arg)) {
       long long b = 0, n = 0, d = 0;
-      if (std::sscanf(spec.c_str(), "%lld:%lld:%lld", &b, &n, &d) != 3 || b < 1 || n < 1 ||
-          d < 8 || d % 8 != 0) {
+      if (std::sscanf(spec.c_str(), "%lld:%lld:%lld", &b, &n, &d) != 3 || b < 1 || n < 1 || d < 8 ||
+          d % 8 != 0) {
         std::fprintf(stderr, "--shapes: '%s' is not B:N:D (D a multiple of 8)\n", spec.c_str());
         return 2;
       }

@@ -3,15 +3,16 @@
 # pipelined kernels, and the bench/adaln kernel timings; logs under $OUT, a short table last.
 # Uses prebuilt binaries under $BIN (default build-h4c, carried from a build of the same tree)
 # when they run on this machine, else builds them for sm_90a in build-adaln-gpu.
-#   bench/adaln_kernel_check.sh [FULL_VARIANTS] [QUICK_VARIANTS]
+#   bench/adaln/adaln_kernel_check.sh [FULL_VARIANTS] [QUICK_VARIANTS]
 #     FULL_VARIANTS   variants timed on every shape (default pipe,tma; "none" skips)
 #     QUICK_VARIANTS  forward only, B = 1, N in {16384, 65536}, D in {1536, 3072, 5120}
 #                     (default none)
-# Variants: see bench/adaln_kernel_bench.cu. Environment: SANITIZE=0 skips memcheck,
+# Variants: see bench/adaln/adaln_kernel_bench.cu. Environment: SANITIZE=0 skips memcheck,
 # RACECHECK=1 adds a racecheck run, MEMCHECK_FILTER picks the memcheck tests, PROBE="ARGS" runs
-# bench/adaln_probe ARGS last (e.g. PROBE="--modes stats,pipe,lib --hints 0"; PROBE=all: defaults).
+# $BIN/bench/adaln_probe ARGS last (bench/probes/adaln_probe.cu; e.g. PROBE="--modes stats,pipe,lib
+# --hints 0"; PROBE=all: defaults).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 FULL=${1:-pipe,tma}

@@ -1,6 +1,6 @@
 """Attention on a partition of the SMs, communication on the rest (one GPU, ~20 s).
 
-  python bench/sp/sm_partition_probe.py --out DIR
+  python -m bench.probes.sm_partition_probe --out DIR
 
 A cuDNN attention call holds every SM until it ends, so a kernel issued after it on another
 stream (an NCCL transfer, an NVSHMEM put, a pack) waits for its end (attn_overlap_probe.py,
@@ -28,10 +28,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
-                       flux_call_inputs, probe_device, self_process_group)
+from bench.common import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,
+                          flux_call_inputs, probe_device, self_process_group)
 
 CU_DEV_RESOURCE_TYPE_SM = 1
 CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING = 1
@@ -208,7 +206,7 @@ def write_report(doc: dict, out: Path) -> None:
         "# Attention on a partition of the SMs (CUDA green contexts), communication beside it",
         "",
         f"{doc['gpu']}, torch {doc['torch']}, cuDNN {doc['cudnn']}; "
-        f"`python bench/sp/sm_partition_probe.py` (medians of 3). The cuDNN attention call of Flux "
+        f"`python -m bench.probes.sm_partition_probe` (medians of 3). The cuDNN attention call of Flux "
         f"(q = kv = {doc['shape']['tokens']:,} tokens, {doc['shape']['heads']} heads x "
         f"{doc['shape']['head_dim']}, bf16) on a green-context stream of N of the "
         f"{doc['device_sms']} SMs (partitions of at least {doc['min_partition']} SMs, in steps of "

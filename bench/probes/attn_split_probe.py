@@ -16,7 +16,7 @@ costs and why:
              head chunks (2, 4); two query chunks on two streams at once.
 
 Usage (one GPU):
-  python bench/sp/attn_split_probe.py --out DIR [--heads 12] [--kv 66048 37376]
+  python -m bench.probes.attn_split_probe --out DIR [--heads 12] [--kv 66048 37376]
 Writes DIR/attn-split.json and DIR/attn-split.md (and attn-split-scan.png with matplotlib).
 """
 

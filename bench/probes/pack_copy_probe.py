@@ -1,6 +1,6 @@
 """Packs by copy engine vs by kernel, alone and beside a cuDNN attention call (one GPU, ~10 s).
 
-  python bench/sp/pack_copy_probe.py --out DIR
+  python -m bench.probes.pack_copy_probe --out DIR
 
 The GPU executor packs and unpacks the head slices of an all-to-all on its comm streams with
 cudaMemcpy2DAsync (a copy engine) instead of a strided-copy kernel, so that a pack issued while an
@@ -22,10 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
-                       flux_call_inputs, probe_device)
+from bench.common import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,
+                          flux_call_inputs, probe_device)
 
 def _cudart():
     """The CUDA runtime torch loaded (its cudaMemcpy2DAsync)."""
@@ -117,7 +115,7 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "pack-copy.json").write_text(json.dumps(doc, indent=1) + "\n")
     md = [f"# Ulysses pack: copy engine vs kernel ({doc['gpu']}, torch {doc['torch']})", "",
-          "`python bench/sp/pack_copy_probe.py`: a rank's head slice of Flux at 66,048 tokens, "
+          "`python -m bench.probes.pack_copy_probe`: a rank's head slice of Flux at 66,048 tokens, "
           "bf16; GB/s = bytes read + written over the time; 'beside' = issued on a "
           "high-priority stream right after a cuDNN attention call on another stream.", "",
           "| ranks | form | alone ms | GB/s | beside cuDNN ms | attention ms |",

@@ -1,6 +1,6 @@
 """Does work on another stream run while an attention call runs? (one GPU, ~10 s)
 
-  python bench/sp/attn_overlap_probe.py --out DIR
+  python -m bench.probes.attn_overlap_probe --out DIR
 
 Every overlapped schedule (ring, torus, ulysses-overlap, head chunks) counts on its transfers
 progressing while the compute stream runs an attention call. This launches one attention call
@@ -23,10 +23,8 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from calibrate import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,  # noqa: E402
-                       flux_call_inputs, probe_device, self_process_group)
+from bench.common import (FLUX_CALL_HEAD_DIM, FLUX_CALL_HEADS, FLUX_CALL_TOKENS,
+                          flux_call_inputs, probe_device, self_process_group)
 
 FLUX_CALL_SHAPE = {"heads": FLUX_CALL_HEADS, "tokens": FLUX_CALL_TOKENS,
                    "head_dim": FLUX_CALL_HEAD_DIM}
@@ -168,7 +166,7 @@ def write_report(doc: dict, out: Path) -> None:
     alone = {(r["probe"], r["stream"]): r["probe_ms"] for r in rows if r["attention"] == "none"}
     md = [f"# Work beside an attention call ({doc['gpu']}, torch {doc['torch']}, cuDNN "
           f"{doc['cudnn']})", "",
-          "`python bench/sp/attn_overlap_probe.py`: probe time from enqueue to completion, "
+          "`python -m bench.probes.attn_overlap_probe`: probe time from enqueue to completion, "
           "enqueued on another stream right after (or right before) an attention call (q = kv = "
           "66,048 tokens, 24 x 128, bf16); 'waited' = the probe took longer than half the "
           "attention call more than alone. Attention alone: " + ", ".join(

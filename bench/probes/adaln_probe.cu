@@ -1,4 +1,4 @@
-// bench/adaln_probe: where a row-wise forward pass loses bandwidth against a device copy.
+// bench/probes/adaln_probe: where a row-wise forward pass loses bandwidth against a device copy.
 //
 // The AdaLN forward (warp-per-row kernel, internal/adaln_fwd_warp.cuh) reaches ~80% of the copy
 // bandwidth for 3 KB rows (D = 1536 bf16) and ~91% for 6 KB rows (bulk-copy kernel). This probe
@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/adaln_bench_util.cuh"
+#include "bench/adaln/adaln_bench_util.cuh"
 #include "ditscale/kernels/adaln.h"
 
 namespace {

@@ -1,0 +1,6 @@
+"""ditscale's benchmarks and probes as one package, run from the repository root:
+
+    python -m bench.sp.report ...        torchrun --nproc-per-node 2 -m bench.sp.calibrate ...
+    python -m bench.adaln.bench_adaln    python -m bench.probes.attn_overlap_probe ...
+
+bench.common holds what several scripts share (the ditscale CLI, the one-GPU probes' setup)."""

@@ -1,0 +1,1 @@
+"""One-question GPU probes; bench/probes/README.md lists each with its results file."""

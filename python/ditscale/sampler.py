@@ -29,17 +29,67 @@ is exact when the loader has ``num_workers=0``. A DataLoader with workers draws 
 ahead of the training loop, so then pass what the loop has consumed in this epoch:
 ``state_dict(consumed_steps=k)`` or ``state_dict(consumed_micro_batches=n)``. A new sampler built
 with the same arguments that ``load_state_dict``s it continues exactly where the saved one stood:
-nothing repeated, nothing lost.
+nothing repeated, nothing lost. The state holds the rank, world size, epoch, seed and the plan's
+fingerprint; ``load_state_dict`` refuses a state with a missing or unknown field, a field of the
+wrong type or out of its range, a state saved on another manifest, model, cost model, seed or
+world size, and another rank's mid-step state (a state at a step boundary, as
+``state_dict(consumed_steps=k)`` gives, means the same on every rank: rank 0 may save one).
+
+Arguments: every numeric argument has a range (below); a value outside it raises
+``ValueError("<name>: <value> is out of range [lo, hi]")``, a value of the wrong type
+``TypeError`` naming the argument. An epoch without a step (every sample dropped, e.g. more ranks
+than micro-batches with ``tail="drop"``) raises ``ditscale.Error`` at construction or
+``set_epoch``; when the tail policy drops more than ``DROPPED_WARN_FRACTION`` (10%) of an epoch's
+samples a ``UserWarning`` says how many and why.
 """
 
 from __future__ import annotations
 
+import numbers
 import os
-from typing import Iterator, List, Optional, Tuple
+import warnings
+from typing import Iterator, List, Mapping, Optional, Tuple
 
 from . import _core
+from ._checks import INT64_MAX, UINT64_MAX, check_int
 
 _MODES = ("micro_batch", "step")
+_LIMITS = _core._sampler_limits()
+MAX_WORLD_SIZE: int = _LIMITS["max_world_size"]
+DROPPED_WARN_FRACTION: float = _LIMITS["dropped_warn_fraction"]
+# The fields of state_dict() and their ranges (rank's upper bound is world_size - 1).
+_STATE_FIELDS = {
+    "epoch": (0, _LIMITS["max_epoch"]),
+    "step": (0, INT64_MAX),
+    "micro_batch": (0, INT64_MAX),
+    "seed": (0, UINT64_MAX),
+    "world_size": (1, MAX_WORLD_SIZE),
+    "rank": (0, None),
+    "plan_fingerprint": (1, UINT64_MAX),
+}
+
+
+def check_state_dict(state) -> dict:
+    """A sampler state as saved by ``state_dict()``: every field present, an integer and in its
+    range, no other field; else ValueError/TypeError naming the field, its value and the
+    expected type or range."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state dict: expected a mapping, got {type(state).__name__}")
+    unknown = sorted(str(k) for k in state if k not in _STATE_FIELDS)
+    if unknown:
+        raise ValueError(f"state dict: unknown field(s) {', '.join(unknown)}; expected "
+                         f"{', '.join(_STATE_FIELDS)}")
+    out = {}
+    for name, (lo, hi) in _STATE_FIELDS.items():
+        if name not in state:
+            raise ValueError(f"state dict: missing field '{name}'")
+        if hi is None:
+            hi = out["world_size"] - 1
+        value = state[name]
+        if not isinstance(value, numbers.Integral) and hasattr(value, "item"):
+            value = value.item()  # a one-element tensor or numpy scalar
+        out[name] = check_int(f"state.{name}", value, lo, hi)
+    return out
 
 
 class BalancedBatchSampler:
@@ -65,7 +115,14 @@ class BalancedBatchSampler:
         or ``"step"`` (one item per step: the list of this rank's micro-batches).
       format: ``"csv"``, ``"jsonl"`` or ``""`` (from the file extension).
 
-    Raises ``ditscale.Error`` (``file:line: column 'x': ...`` for manifest errors).
+    Ranges (``ditscale/balance/sampler.h``): world_size in [1, 1048576], rank in
+    [0, world_size - 1], seed in [0, 2^64 - 1], epoch in [0, 2^63 - 1], m_mem_tokens in
+    [1, 2^50], gpu_mem_gib in [0.001, 1048576], mem_safety in [0, 0.99], m_comp in [0, 1e300] and
+    rank_budget_s in [0, 1e9] (0 or None: chosen by the planner).
+
+    Raises ``ValueError`` / ``TypeError`` for an argument out of range or of the wrong type,
+    ``ditscale.Error`` for bad files (``file:line: column 'x': ...`` for manifest errors) and
+    plans without a step.
     """
 
     def __init__(
@@ -92,19 +149,21 @@ class BalancedBatchSampler:
     ):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        # Numbers go to the binding as given: it checks their type and range (one rule with the
+        # C++ side, no int()/float() that would turn 1.5 into 1 or True into 1).
         self._impl = _core._BalancedBatchSampler(
             os.fspath(manifest),
-            int(rank),
-            int(world_size),
+            rank,
+            world_size,
             model=os.fspath(model),
             policy=policy,
-            seed=int(seed),
-            epoch=int(epoch),
+            seed=seed,
+            epoch=epoch,
             cost=None if cost is None else os.fspath(cost),
             bench=None if bench is None else os.fspath(bench),
             m_mem_tokens=m_mem_tokens,
-            gpu_mem_gib=float(gpu_mem_gib),
-            mem_safety=float(mem_safety),
+            gpu_mem_gib=gpu_mem_gib,
+            mem_safety=mem_safety,
             m_comp=m_comp,
             rank_budget_s=rank_budget_s,
             tail=tail,
@@ -114,6 +173,24 @@ class BalancedBatchSampler:
         self.mode = mode
         self.tail = tail
         self._resume_pending = False
+        self._warn_if_dropped()
+
+    def _warn_if_dropped(self) -> None:
+        """UserWarning when the tail policy dropped more than DROPPED_WARN_FRACTION of the
+        epoch's samples."""
+        impl = self._impl
+        planned = impl.num_planned_samples
+        dropped = impl.dropped_samples
+        if planned == 0 or dropped <= DROPPED_WARN_FRACTION * planned:
+            return
+        warnings.warn(
+            f"BalancedBatchSampler: epoch {impl.epoch} drops {dropped} of {planned} samples "
+            f"({dropped / planned:.1%}, more than {DROPPED_WARN_FRACTION:.0%}): tail={self.tail!r} "
+            f"drops the micro-batches that cannot fill a last step on all {impl.world_size} "
+            f"ranks; use tail='keep' or 'pad', fewer ranks or more samples",
+            UserWarning,
+            stacklevel=3,
+        )
 
     # ---- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator:
@@ -182,9 +259,13 @@ class BalancedBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         """Plans epoch ``epoch`` (GIL released while planning) and starts at its first step. On
         the current epoch it keeps the position, so it may follow load_state_dict."""
-        if int(epoch) != self._impl.epoch:
-            self._resume_pending = False  # a restored position survives only the same epoch
-        self._impl.set_epoch(int(epoch))
+        epoch = check_int("epoch", epoch, 0, _LIMITS["max_epoch"])
+        if epoch == self._impl.epoch:
+            self._impl.set_epoch(epoch)
+            return
+        self._impl.set_epoch(epoch)
+        self._resume_pending = False  # a restored position survives only the same epoch
+        self._warn_if_dropped()
 
     def reset(self) -> None:
         """Rewinds to the first step of the current epoch."""
@@ -208,16 +289,11 @@ class BalancedBatchSampler:
         if consumed_steps is not None and consumed_micro_batches is not None:
             raise ValueError("give consumed_steps or consumed_micro_batches, not both")
         if consumed_steps is not None:
-            k = int(consumed_steps)
-            if not 0 <= k <= self._impl.num_steps:
-                raise ValueError(f"consumed_steps {k} out of [0, {self._impl.num_steps}]")
+            k = check_int("consumed_steps", consumed_steps, 0, self._impl.num_steps)
             state["step"], state["micro_batch"] = k, 0
         elif consumed_micro_batches is not None:
-            n = int(consumed_micro_batches)
-            if not 0 <= n <= self._impl.num_micro_batches:
-                raise ValueError(
-                    f"consumed_micro_batches {n} out of [0, {self._impl.num_micro_batches}]"
-                )
+            n = check_int("consumed_micro_batches", consumed_micro_batches, 0,
+                          self._impl.num_micro_batches)
             step, left = 0, n
             counts = self._impl.micro_batches_per_step()
             while step < len(counts) and left >= counts[step]:
@@ -227,10 +303,17 @@ class BalancedBatchSampler:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores a position saved by state_dict (re-planning its epoch if needed); checks the
-        world size, seed and plan fingerprint. The next iteration continues from there."""
-        self._impl.load_state(dict(state))
+        """Restores a position saved by state_dict (re-planning its epoch if needed). Refuses
+        (ValueError/TypeError naming the field) a missing, unknown, non-integer or out-of-range
+        field, and (ditscale.Error) a state of another world size, seed or plan (fingerprint),
+        or another rank's mid-step state; a refused state leaves the sampler as it was. The next
+        iteration continues from the restored position."""
+        checked = check_state_dict(state)
+        epoch_before = self._impl.epoch
+        self._impl.load_state(checked)
         self._resume_pending = True
+        if self._impl.epoch != epoch_before:
+            self._warn_if_dropped()
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -275,8 +358,9 @@ class BalancedBatchSampler:
         return self._impl.micro_batches_per_step()
 
     def cell(self, step: int, rank: int) -> List[List[int]]:
-        """Micro-batches of any (step, rank) of the current plan, without moving the cursor."""
-        return self._impl.cell(int(step), int(rank))
+        """Micro-batches of any (step, rank) of the current plan, without moving the cursor;
+        step in [0, num_steps - 1], rank in [0, world_size - 1] (else ValueError)."""
+        return self._impl.cell(step, rank)
 
     def __repr__(self) -> str:
         return (

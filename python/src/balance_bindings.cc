@@ -2,12 +2,22 @@
 // The Python-facing sampler (iteration modes, state dicts) is python/ditscale/sampler.py; this
 // file only converts types, releases the GIL around planning and turns failures into
 // ditscale._core.Error.
+//
+// Numeric arguments: one rule, that of ditscale/core/range.h and python/ditscale/_checks.py.
+// Every numeric argument is taken as a Python object and converted here, so that a value out of
+// its documented range (or beyond 64 bits, where pybind's own casters would answer
+// "incompatible function arguments") raises ValueError("<name>: <value> is out of range
+// [lo, hi]"), a non-number (or a bool, or 1.5 for an integer) TypeError("<name>: expected an
+// integer, got float 1.5"). The ranges are those of ditscale/balance/sampler.h.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -17,6 +27,7 @@
 #include "ditscale/balance/shapes.h"
 #include "ditscale/balance/simulate.h"
 #include "ditscale/core/error.h"
+#include "ditscale/core/range.h"
 #include "python/src/bindings.h"
 
 namespace py = pybind11;
@@ -30,6 +41,77 @@ using balance::MicroBatchRef;
 template <typename T>
 T OrThrow(Result<T> r) {
   return std::move(r).ValueOrThrow();
+}
+
+// ---- numeric arguments (see the file comment) ----
+
+// Shape arguments of seq_len / train_shape: the manifest's field ranges (manifest.h), except
+// that fps 0 (no resampling) is allowed for a video too.
+constexpr long long kMaxShapeArg = balance::kMaxDimension;
+constexpr double kMaxFps = balance::kMaxFps;
+
+std::string Repr(py::handle v) { return py::repr(v).cast<std::string>(); }
+
+[[noreturn]] void TypeMismatch(std::string_view name, py::handle v, const char* expected) {
+  throw py::type_error(std::string(name) + ": expected " + expected + ", got " +
+                       std::string(py::str(py::type::handle_of(v).attr("__name__"))) + " " +
+                       Repr(v));
+}
+
+template <typename T>
+[[noreturn]] void OutOfRange(std::string_view name, const std::string& value, T lo, T hi) {
+  throw py::value_error(std::string(name) + ": " + value + " is out of range [" + FormatNumber(lo) +
+                        ", " + FormatNumber(hi) + "]");
+}
+
+// The Python integer v (int, numpy integer: anything with __index__ but bool) as an exact
+// Python int.
+py::int_ ExactInt(py::handle v, std::string_view name) {
+  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr())) TypeMismatch(name, v, "an integer");
+  PyObject* i = PyNumber_Index(v.ptr());
+  if (i == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::int_>(i);
+}
+
+long long IntArg(py::handle v, std::string_view name, long long lo, long long hi) {
+  py::int_ i = ExactInt(v, name);
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow == 0 && x == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow != 0) OutOfRange(name, std::string(py::str(i)), lo, hi);
+  if (auto e = RangeError(name, x, lo, hi)) throw py::value_error(*e);
+  return x;
+}
+
+unsigned long long UIntArg(py::handle v, std::string_view name, unsigned long long lo,
+                           unsigned long long hi) {
+  py::int_ i = ExactInt(v, name);
+  if (PyObject_RichCompareBool(i.ptr(), py::int_(0).ptr(), Py_LT) == 1) {
+    OutOfRange(name, std::string(py::str(i)), lo, hi);
+  }
+  const unsigned long long x = PyLong_AsUnsignedLongLong(i.ptr());
+  if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();  // beyond 64 bits
+    OutOfRange(name, std::string(py::str(i)), lo, hi);
+  }
+  if (auto e = RangeError(name, x, lo, hi)) throw py::value_error(*e);
+  return x;
+}
+
+double RealArg(py::handle v, std::string_view name, double lo, double hi) {
+  static const py::object real = py::module_::import("numbers").attr("Real");
+  if (PyBool_Check(v.ptr()) || !py::isinstance(v, real)) TypeMismatch(name, v, "a number");
+  const double x = PyFloat_AsDouble(v.ptr());
+  if (x == -1.0 && PyErr_Occurred()) {  // an int beyond double
+    PyErr_Clear();
+    OutOfRange(name, std::string(py::str(v)), lo, hi);
+  }
+  if (auto e = RangeError(name, x, lo, hi)) throw py::value_error(*e);
+  return x;
+}
+
+int WorldSizeArg(py::handle v, std::string_view name = "world_size") {
+  return static_cast<int>(IntArg(v, name, 1, balance::kMaxWorldSize));
 }
 
 template <typename T, typename F>
@@ -46,30 +128,37 @@ py::list IdsToList(std::span<const int64_t> ids) {
   return out;
 }
 
-py::dict StateToDict(const balance::SamplerState& s, int rank) {
+py::dict StateToDict(const balance::SamplerState& s) {
   py::dict d;
   d["epoch"] = s.epoch;
   d["step"] = s.step;
   d["micro_batch"] = s.micro_batch;
   d["seed"] = s.seed;
   d["world_size"] = s.world_size;
-  d["rank"] = rank;
+  d["rank"] = s.rank;
   d["plan_fingerprint"] = s.plan_fingerprint;
   return d;
 }
 
+// Every field is required and range-checked here (python/ditscale/sampler.py checks the same
+// first, with the same words); the plan-dependent checks are LoadState's.
 balance::SamplerState StateFromDict(const py::dict& d) {
   auto get = [&](const char* key) -> py::object {
-    if (!d.contains(key)) throw Error(std::string("state dict misses the key '") + key + "'");
+    if (!d.contains(key)) {
+      throw py::value_error(std::string("state dict: missing field '") + key + "'");
+    }
     return d[key];
   };
   balance::SamplerState s;
-  s.epoch = get("epoch").cast<int64_t>();
-  s.step = get("step").cast<int64_t>();
-  s.micro_batch = d.contains("micro_batch") ? d["micro_batch"].cast<int64_t>() : 0;
-  s.seed = get("seed").cast<uint64_t>();
-  s.world_size = get("world_size").cast<int>();
-  s.plan_fingerprint = d.contains("plan_fingerprint") ? d["plan_fingerprint"].cast<uint64_t>() : 0;
+  s.epoch = IntArg(get("epoch"), "state.epoch", 0, balance::kMaxEpoch);
+  s.step = IntArg(get("step"), "state.step", 0, std::numeric_limits<int64_t>::max());
+  s.micro_batch =
+      IntArg(get("micro_batch"), "state.micro_batch", 0, std::numeric_limits<int64_t>::max());
+  s.seed = UIntArg(get("seed"), "state.seed", 0, std::numeric_limits<uint64_t>::max());
+  s.world_size = WorldSizeArg(get("world_size"), "state.world_size");
+  s.rank = static_cast<int>(IntArg(get("rank"), "state.rank", 0, s.world_size - 1));
+  s.plan_fingerprint = UIntArg(get("plan_fingerprint"), "state.plan_fingerprint", 1,
+                               std::numeric_limits<uint64_t>::max());
   return s;
 }
 
@@ -123,52 +212,57 @@ py::dict Summary(const BalancedBatchSampler& s) {
 }
 
 std::unique_ptr<BalancedBatchSampler> MakeSampler(
-    const std::string& manifest, int rank, int world_size, const std::string& model,
-    const std::string& policy, uint64_t seed, int64_t epoch, const std::optional<std::string>& cost,
-    const std::optional<std::string>& bench, std::optional<int64_t> m_mem_tokens,
-    double gpu_mem_gib, double mem_safety, std::optional<double> m_comp,
-    std::optional<double> rank_budget_s, const std::string& tail, bool skip_bad_rows,
+    const std::string& manifest, py::handle rank, py::handle world_size, const std::string& model,
+    const std::string& policy, py::handle seed, py::handle epoch,
+    const std::optional<std::string>& cost, const std::optional<std::string>& bench,
+    py::handle m_mem_tokens, py::handle gpu_mem_gib, py::handle mem_safety, py::handle m_comp,
+    py::handle rank_budget_s, const std::string& tail, bool skip_bad_rows,
     const std::string& format) {
-  if (world_size < 1) throw Error("world_size must be >= 1, got " + std::to_string(world_size));
-  if (rank < 0 || rank >= world_size) {
-    throw Error("rank must be in [0, " + std::to_string(world_size) + "), got " +
-                std::to_string(rank));
-  }
-  if (epoch < 0) throw Error("epoch must be >= 0, got " + std::to_string(epoch));
-  balance::SamplerConfig config;
+  using namespace balance;  // NOLINT: the k* limits
+  const int world = WorldSizeArg(world_size);
+  const int r = static_cast<int>(IntArg(rank, "rank", 0, world - 1));
+  SamplerConfig config;
   config.manifest_path = manifest;
   config.manifest_options.skip_bad_rows = skip_bad_rows;
   config.manifest_options.format = format;
   config.model = model;
   config.cost_path = cost.value_or("");
   config.bench_path = bench.value_or("");
-  config.gpu_mem_gib = gpu_mem_gib;
-  config.mem_safety = mem_safety;
-  config.plan.policy = OrThrow(balance::ParsePolicy(policy));
-  config.plan.seed = seed;
-  config.plan.epoch = epoch;
-  config.plan.tail = OrThrow(balance::ParseTailPolicy(tail));
-  if (m_mem_tokens) {
-    if (*m_mem_tokens <= 0)
-      throw Error("m_mem_tokens must be > 0, got " + std::to_string(*m_mem_tokens));
-    config.plan.m_mem_tokens = *m_mem_tokens;
+  config.gpu_mem_gib = RealArg(gpu_mem_gib, "gpu_mem_gib", kMinGpuMemGib, kMaxGpuMemGib);
+  config.mem_safety = RealArg(mem_safety, "mem_safety", 0, kMaxMemSafety);
+  config.plan.policy = OrThrow(ParsePolicy(policy));
+  config.plan.seed = UIntArg(seed, "seed", 0, std::numeric_limits<uint64_t>::max());
+  config.plan.epoch = IntArg(epoch, "epoch", 0, kMaxEpoch);
+  config.plan.tail = OrThrow(ParseTailPolicy(tail));
+  // None: from the memory model / chosen by the planner / the planner's default.
+  if (!m_mem_tokens.is_none()) {
+    config.plan.m_mem_tokens = IntArg(m_mem_tokens, "m_mem_tokens", 1, kMaxMMemTokens);
   }
-  if (m_comp) {
-    if (!(*m_comp > 0)) throw Error("m_comp must be > 0, got " + std::to_string(*m_comp));
-    config.plan.m_comp = *m_comp;
+  if (!m_comp.is_none()) config.plan.m_comp = RealArg(m_comp, "m_comp", 0, kMaxMComp);
+  if (!rank_budget_s.is_none()) {
+    config.plan.rank_budget_s = RealArg(rank_budget_s, "rank_budget_s", 0, kMaxRankBudgetS);
   }
-  if (rank_budget_s) {
-    if (!(*rank_budget_s > 0)) {
-      throw Error("rank_budget_s must be > 0, got " + std::to_string(*rank_budget_s));
-    }
-    config.plan.rank_budget_s = *rank_budget_s;
-  }
-  std::optional<Result<BalancedBatchSampler>> r;
+  std::optional<Result<BalancedBatchSampler>> s;
   {
     py::gil_scoped_release release;
-    r.emplace(BalancedBatchSampler::FromConfig(config, rank, world_size));
+    s.emplace(BalancedBatchSampler::FromConfig(config, r, world));
   }
-  return std::make_unique<BalancedBatchSampler>(OrThrow(std::move(*r)));
+  return std::make_unique<BalancedBatchSampler>(OrThrow(std::move(*s)));
+}
+
+py::dict Limits() {
+  using namespace balance;  // NOLINT
+  py::dict d;
+  d["max_world_size"] = kMaxWorldSize;
+  d["max_epoch"] = kMaxEpoch;
+  d["max_m_mem_tokens"] = kMaxMMemTokens;
+  d["min_gpu_mem_gib"] = kMinGpuMemGib;
+  d["max_gpu_mem_gib"] = kMaxGpuMemGib;
+  d["max_mem_safety"] = kMaxMemSafety;
+  d["max_m_comp"] = kMaxMComp;
+  d["max_rank_budget_s"] = kMaxRankBudgetS;
+  d["dropped_warn_fraction"] = kDroppedWarnFraction;
+  return d;
 }
 
 void BindManifest(py::module_& m) {
@@ -231,17 +325,22 @@ void BindManifest(py::module_& m) {
 
 void BindShapes(py::module_& m) {
   m.def("model_presets", &balance::ModelPresetNames, "Names of the built-in model presets.");
-  auto shape = [](int32_t num_frames, int32_t height, int32_t width, float fps,
+  auto shape = [](py::handle num_frames, py::handle height, py::handle width, py::handle fps,
                   const std::string& model) {
-    if (num_frames < 1 || height < 1 || width < 1) {
-      throw Error("num_frames, height and width must be >= 1");
-    }
+    balance::RawSample raw;
+    raw.num_frames = static_cast<int32_t>(IntArg(num_frames, "num_frames", 1, kMaxShapeArg));
+    raw.height = static_cast<int32_t>(IntArg(height, "height", 1, kMaxShapeArg));
+    raw.width = static_cast<int32_t>(IntArg(width, "width", 1, kMaxShapeArg));
+    raw.fps = static_cast<float>(RealArg(fps, "fps", 0, kMaxFps));
     balance::ModelPreset preset = OrThrow(balance::ResolveModel(model));
-    return balance::ToTrainShape({num_frames, height, width, fps}, preset);
+    return balance::ToTrainShape(raw, preset);
   };
+  const char* ranges =
+      " num_frames, height and width are integers in [1, 2147483647], fps a number in [0, 1e6] "
+      "(0: no resampling); out of range: ValueError naming the argument.";
   m.def(
       "train_shape",
-      [shape](int32_t num_frames, int32_t height, int32_t width, float fps,
+      [shape](py::handle num_frames, py::handle height, py::handle width, py::handle fps,
               const std::string& model) {
         balance::TrainShape t = shape(num_frames, height, width, fps, model);
         py::dict d;
@@ -251,18 +350,22 @@ void BindShapes(py::module_& m) {
         d["seq_len"] = t.seq_len;
         return d;
       },
-      py::arg("num_frames"), py::arg("height"), py::arg("width"), py::arg("fps") = 0.0f,
+      py::arg("num_frames"), py::arg("height"), py::arg("width"), py::arg("fps") = 0.0,
       py::arg("model") = "wan2.1-1.3b",
-      "Training shape of one raw sample for a model (preset name or JSON model file): dict of "
-      "frames, height, width (after resampling and bucketing) and seq_len (tokens).");
+      (std::string("Training shape of one raw sample for a model (preset name or JSON model "
+                   "file): dict of frames, height, width (after resampling and bucketing) and "
+                   "seq_len (tokens).") +
+       ranges)
+          .c_str());
   m.def(
       "seq_len",
-      [shape](int32_t num_frames, int32_t height, int32_t width, float fps,
+      [shape](py::handle num_frames, py::handle height, py::handle width, py::handle fps,
               const std::string& model) {
         return shape(num_frames, height, width, fps, model).seq_len;
       },
-      py::arg("num_frames"), py::arg("height"), py::arg("width"), py::arg("fps") = 0.0f,
-      py::arg("model") = "wan2.1-1.3b", "Tokens S the transformer sees for one raw sample.");
+      py::arg("num_frames"), py::arg("height"), py::arg("width"), py::arg("fps") = 0.0,
+      py::arg("model") = "wan2.1-1.3b",
+      (std::string("Tokens S the transformer sees for one raw sample.") + ranges).c_str());
 }
 
 void BindSampler(py::module_& m) {
@@ -286,9 +389,12 @@ void BindSampler(py::module_& m) {
       .def_property_readonly("remaining_steps", &BalancedBatchSampler::RemainingSteps)
       .def_property_readonly("dropped_samples", &BalancedBatchSampler::DroppedSamples)
       .def_property_readonly("padded_micro_batches", &BalancedBatchSampler::PaddedMicroBatches)
+      .def_property_readonly(
+          "num_planned_samples",
+          [](const BalancedBatchSampler& s) { return static_cast<int64_t>(s.plan().ids.size()); })
       .def("set_epoch",
-           [](BalancedBatchSampler& s, int64_t e) {
-             if (e < 0) throw Error("epoch must be >= 0, got " + std::to_string(e));
+           [](BalancedBatchSampler& s, py::handle epoch) {
+             const int64_t e = IntArg(epoch, "epoch", 0, balance::kMaxEpoch);
              py::gil_scoped_release release;
              s.SetEpoch(e);
            })
@@ -313,11 +419,9 @@ void BindSampler(py::module_& m) {
           "The rest of the current step (list of micro-batches), or None at the end.")
       .def(
           "cell",
-          [](const BalancedBatchSampler& s, int64_t step, int rank) {
-            if (step < 0 || step >= s.NumSteps() || rank < 0 || rank >= s.world_size()) {
-              throw py::index_error("cell (" + std::to_string(step) + ", " + std::to_string(rank) +
-                                    ") out of range");
-            }
+          [](const BalancedBatchSampler& s, py::handle step_arg, py::handle rank_arg) {
+            const int64_t step = IntArg(step_arg, "step", 0, s.NumSteps() - 1);
+            const int rank = static_cast<int>(IntArg(rank_arg, "rank", 0, s.world_size() - 1));
             py::list out;
             for (const MicroBatchRef& mb : s.Cell(step, rank)) out.append(IdsToList(mb.ids));
             return out;
@@ -331,7 +435,7 @@ void BindSampler(py::module_& m) {
             return out;
           },
           "c(k, rank) for every step k of the epoch.")
-      .def("state", [](const BalancedBatchSampler& s) { return StateToDict(s.State(), s.rank()); })
+      .def("state", [](const BalancedBatchSampler& s) { return StateToDict(s.State()); })
       .def("load_state",
            [](BalancedBatchSampler& s, const py::dict& d) {
              balance::SamplerState st = StateFromDict(d);
@@ -339,6 +443,8 @@ void BindSampler(py::module_& m) {
              s.LoadState(st);
            })
       .def("summary", &Summary);
+  m.def("_sampler_limits", &Limits,
+        "The ranges of the sampler's numeric arguments (ditscale/balance/sampler.h).");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Schemas of the fused AdaLN ops (torch.ops.ditscale.*) and their CPU implementation, which runs
-// the fp64-accumulating reference of ditscale/kernels (the CUDA implementation is in
-// adaln_cuda.cc). Autograd formulas and fake kernels are registered from Python
-// (python/ditscale/ops.py), which names itself below through set_python_module.
+// Schemas of the fused AdaLN ops (torch.ops.ditscale.*) and their CPU backend, which runs the
+// fp64-accumulating reference of ditscale/kernels (the op bodies, shared with the CUDA backend of
+// adaln_cuda.cc, are in adaln_impl.h). Autograd formulas and fake kernels are registered from
+// Python (python/ditscale/ops.py), which names itself below through set_python_module.
 //
 // Every op is functional: outputs are new tensors, no input is mutated or aliased, so the
 // schemas carry no alias annotations ((a!) / (a)); that is what lets torch.compile and
@@ -30,122 +30,20 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <tuple>
-
 #include "ditscale/kernels/adaln.h"
-#include "ditscale/torch/adaln_prepare.h"
+#include "ditscale/torch/adaln_impl.h"
 
 namespace ditscale::torch_ext {
 namespace {
 
-using Tensor = at::Tensor;
-
-void check_cpu(const char* op, const Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu(), op, ": CPU implementation called with x on ", x.device());
-}
-
-std::tuple<Tensor, Tensor, Tensor> adaln_fwd_cpu(const Tensor& x, const Tensor& scale,
-                                                 const Tensor& shift, const OptTensor& weight,
-                                                 const OptTensor& bias, c10::string_view norm,
-                                                 double eps) {
-  const char* op = "ditscale::adaln_fwd";
-  check_cpu(op, x);
-  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, scale, shift,
-                                             weight, bias, norm, eps);
-  if (!c.empty) kernels::adaln_forward_ref(c.params);
-  return {c.y, c.mean, c.rstd};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_bwd_cpu(
-    const Tensor& dy, const Tensor& x, const Tensor& scale, const Tensor& shift,
-    const OptTensor& weight, const OptTensor& bias, const Tensor& mean, const Tensor& rstd,
-    c10::string_view norm, double eps) {
-  const char* op = "ditscale::adaln_bwd";
-  check_cpu(op, x);
-  AdaLNBackwardCall c =
-      prepare_adaln_backward(op, false, std::nullopt, dy, x, std::nullopt, std::nullopt, scale,
-                             shift, weight, bias, mean, rstd, norm, eps);
-  if (!c.empty) kernels::adaln_backward_ref(c.params);
-  return {c.dx, c.dscale, c.dshift, c.dweight, c.dbias};
-}
-
-std::tuple<Tensor, Tensor, Tensor> adaln_mod_fwd_cpu(const Tensor& x, const Tensor& mod,
-                                                     int64_t scale_index, int64_t shift_index,
-                                                     const OptTensor& weight, const OptTensor& bias,
-                                                     c10::string_view norm, double eps) {
-  const char* op = "ditscale::adaln_mod_fwd";
-  check_cpu(op, x);
-  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, x);
-  AdaLNForwardCall c = prepare_adaln_forward(op, false, x, std::nullopt, std::nullopt, m.scale,
-                                             m.shift, weight, bias, norm, eps);
-  if (!c.empty) kernels::adaln_forward_ref(c.params);
-  return {c.y, c.mean, c.rstd};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_mod_bwd_cpu(
-    const Tensor& dy, const Tensor& x, const Tensor& mod, int64_t scale_index, int64_t shift_index,
-    const OptTensor& weight, const OptTensor& bias, const Tensor& mean, const Tensor& rstd,
-    c10::string_view norm, double eps) {
-  const char* op = "ditscale::adaln_mod_bwd";
-  check_cpu(op, x);
-  AdaLNBackwardCall c =
-      prepare_packed_adaln_backward(op, std::nullopt, dy, x, std::nullopt, mod, std::nullopt,
-                                    scale_index, shift_index, weight, bias, mean, rstd, norm, eps);
-  if (!c.empty) kernels::adaln_backward_ref(c.params);
-  return {c.dx, c.dmod, c.dweight, c.dbias};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_fwd_cpu(
-    const Tensor& residual, const Tensor& gate, const Tensor& branch, const Tensor& scale,
-    const Tensor& shift, const OptTensor& weight, const OptTensor& bias, c10::string_view norm,
-    double eps) {
-  const char* op = "ditscale::adaln_gated_fwd";
-  check_cpu(op, residual);
-  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, gate, branch, scale, shift, weight,
-                                             bias, norm, eps);
-  if (!c.empty) kernels::adaln_forward_ref(c.params);
-  return {c.h, c.y, c.mean, c.rstd};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_bwd_cpu(
-    const OptTensor& dh, const Tensor& dy, const Tensor& h, const Tensor& gate,
-    const Tensor& branch, const Tensor& scale, const Tensor& shift, const OptTensor& weight,
-    const OptTensor& bias, const Tensor& mean, const Tensor& rstd, c10::string_view norm,
-    double eps) {
-  const char* op = "ditscale::adaln_gated_bwd";
-  check_cpu(op, h);
-  AdaLNBackwardCall c = prepare_adaln_backward(op, true, dh, dy, h, gate, branch, scale, shift,
-                                               weight, bias, mean, rstd, norm, eps);
-  if (!c.empty) kernels::adaln_backward_ref(c.params);
-  return {c.dx, c.dgate, c.dbranch, c.dscale, c.dshift, c.dweight, c.dbias};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_fwd_cpu(
-    const Tensor& residual, const Tensor& branch, const Tensor& mod, int64_t gate_index,
-    int64_t scale_index, int64_t shift_index, const OptTensor& weight, const OptTensor& bias,
-    c10::string_view norm, double eps) {
-  const char* op = "ditscale::adaln_gated_mod_fwd";
-  check_cpu(op, residual);
-  const ModRows m = packed_modulation(op, mod, scale_index, shift_index, residual, gate_index);
-  AdaLNForwardCall c = prepare_adaln_forward(op, true, residual, m.gate, branch, m.scale, m.shift,
-                                             weight, bias, norm, eps);
-  if (!c.empty) kernels::adaln_forward_ref(c.params);
-  return {c.h, c.y, c.mean, c.rstd};
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> adaln_gated_mod_bwd_cpu(
-    const OptTensor& dh, const Tensor& dy, const Tensor& h, const Tensor& branch, const Tensor& mod,
-    int64_t gate_index, int64_t scale_index, int64_t shift_index, const OptTensor& weight,
-    const OptTensor& bias, const Tensor& mean, const Tensor& rstd, c10::string_view norm,
-    double eps) {
-  const char* op = "ditscale::adaln_gated_mod_bwd";
-  check_cpu(op, h);
-  AdaLNBackwardCall c =
-      prepare_packed_adaln_backward(op, dh, dy, h, branch, mod, gate_index, scale_index,
-                                    shift_index, weight, bias, mean, rstd, norm, eps);
-  if (!c.empty) kernels::adaln_backward_ref(c.params);
-  return {c.dx, c.dbranch, c.dmod, c.dweight, c.dbias};
-}
+struct CpuAdaLN {
+  static void forward(kernels::AdaLNFwdParams& p, const at::Tensor&) {
+    kernels::adaln_forward_ref(p);
+  }
+  static void backward(AdaLNBackwardCall& c, const at::Tensor&) {
+    kernels::adaln_backward_ref(c.params);
+  }
+};
 
 }  // namespace
 }  // namespace ditscale::torch_ext
@@ -187,13 +85,5 @@ TORCH_LIBRARY(ditscale, m) {
 }
 
 TORCH_LIBRARY_IMPL(ditscale, CPU, m) {
-  namespace ext = ditscale::torch_ext;
-  m.impl("adaln_fwd", &ext::adaln_fwd_cpu);
-  m.impl("adaln_bwd", &ext::adaln_bwd_cpu);
-  m.impl("adaln_mod_fwd", &ext::adaln_mod_fwd_cpu);
-  m.impl("adaln_mod_bwd", &ext::adaln_mod_bwd_cpu);
-  m.impl("adaln_gated_fwd", &ext::adaln_gated_fwd_cpu);
-  m.impl("adaln_gated_bwd", &ext::adaln_gated_bwd_cpu);
-  m.impl("adaln_gated_mod_fwd", &ext::adaln_gated_mod_fwd_cpu);
-  m.impl("adaln_gated_mod_bwd", &ext::adaln_gated_mod_bwd_cpu);
+  ditscale::torch_ext::AdaLNOps<ditscale::torch_ext::CpuAdaLN>::register_all(m);
 }

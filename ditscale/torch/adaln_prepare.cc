@@ -1,10 +1,11 @@
 // Tensor checks and allocation of the AdaLN torch ops (see adaln_prepare.h for the contract).
 #include "ditscale/torch/adaln_prepare.h"
 
-#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
+
+#include "ditscale/core/range.h"
 
 namespace ditscale::torch_ext {
 namespace {
@@ -36,7 +37,7 @@ kernels::NormType to_norm(const char* op, std::string_view norm) {
 
 bool last_dim_contiguous(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1; }
 
-// Shape, dtype and device of one activation tensor [B, N, D] against x; returns it with a
+// Shape and dtype of one activation tensor [B, N, D] against x; returns it with a
 // contiguous last dimension (a copy only when needed).
 at::Tensor rows_input(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
   TORCH_CHECK(t.defined(), op, ": ", name, " is undefined");
@@ -44,8 +45,6 @@ at::Tensor rows_input(const char* op, const char* name, const at::Tensor& t, con
               " must have x's shape [B, N, D] = ", x.sizes(), ", got ", t.sizes());
   TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name, " must have x's dtype ",
               x.scalar_type(), ", got ", t.scalar_type());
-  TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but x is on ",
-              x.device());
   return last_dim_contiguous(t) ? t : t.contiguous();
 }
 
@@ -72,8 +71,6 @@ at::Tensor modulation_input(const char* op, const char* name, const at::Tensor& 
               " (a [B, 1, D] tensor: pass t.squeeze(1), as ditscale.ops.adaln does)");
   TORCH_CHECK(t.scalar_type() == x.scalar_type() || t.scalar_type() == at::kFloat, op, ": ", name,
               " must have x's dtype (", x.scalar_type(), ") or float32, got ", t.scalar_type());
-  TORCH_CHECK(t.device() == x.device(), op, ": ", name, " is on ", t.device(), " but x is on ",
-              x.device());
   if (!last_dim_contiguous(t)) return t.contiguous();
   if (per_token_grad && per_token && N > 1 && t.stride(1) == 0) return t.contiguous();
   return t;
@@ -95,8 +92,6 @@ OptTensor affine_input(const char* op, const char* name, const OptTensor& t, con
               x.size(2), "], got ", t->sizes());
   TORCH_CHECK(t->scalar_type() == x.scalar_type() || t->scalar_type() == at::kFloat, op, ": ", name,
               " must have x's dtype (", x.scalar_type(), ") or float32, got ", t->scalar_type());
-  TORCH_CHECK(t->device() == x.device(), op, ": ", name, " is on ", t->device(), " but x is on ",
-              x.device());
   return t->contiguous();
 }
 
@@ -105,7 +100,8 @@ OptTensor affine_input(const char* op, const char* name, const OptTensor& t, con
 void fill_config(const char* op, kernels::AdaLNConfig& p, const at::Tensor& x,
                  const OptTensor& weight, const OptTensor& bias, std::string_view norm,
                  double eps) {
-  TORCH_CHECK(std::isfinite(eps) && eps > 0.0, op, ": eps must be finite and > 0, got ", eps);
+  const std::optional<std::string> eps_error = RangeError("eps", eps, kMinEps, kMaxEps);
+  TORCH_CHECK(!eps_error, op, ": ", *eps_error, " (eps must be finite and > 0)");
   p.batch = x.size(0);
   p.seq_len = x.size(1);
   p.dim = x.size(2);
@@ -142,6 +138,21 @@ at::Tensor affine_grad(const OptTensor& t, const at::Tensor& x) {
 }
 
 }  // namespace
+
+void check_same_device(const char* op, std::initializer_list<NamedTensor> tensors) {
+  const NamedTensor* first = nullptr;
+  for (const NamedTensor& t : tensors) {
+    if (t.tensor == nullptr || !t.tensor->defined()) continue;
+    if (first == nullptr) {
+      first = &t;
+      continue;
+    }
+    TORCH_CHECK(t.tensor->device() == first->tensor->device(), op,
+                ": expected all tensors to be on the same device, but got ", t.name, " on ",
+                t.tensor->device(), ", different from ", first->name, " on ",
+                first->tensor->device());
+  }
+}
 
 AdaLNForwardCall prepare_adaln_forward(const char* op, bool gated, const at::Tensor& x_in,
                                        const OptTensor& gate_in, const OptTensor& branch_in,
@@ -215,8 +226,6 @@ AdaLNBackwardCall prepare_backward(const char* op, bool gated, const OptTensor& 
                 s->defined() ? s->sizes() : at::IntArrayRef{});
     TORCH_CHECK(s->scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
                 s->scalar_type());
-    TORCH_CHECK(s->device() == x.device(), op, ": ", name, " is on ", s->device(), " but x is on ",
-                x.device());
   }
   at::Tensor mean = mean_in.contiguous();
   at::Tensor rstd = rstd_in.contiguous();

@@ -1,8 +1,11 @@
 // Tensor checks and allocation of the fused AdaLN torch ops, shared by the CPU implementation
 // (adaln_ops.cc, through the fp64 reference) and the CUDA implementation (adaln_cuda.cc).
 //
-// Every user-facing check lives here (dtypes, devices, shapes, strides), with a TORCH_CHECK
-// message naming the op and the argument. The prepared call holds a params struct of
+// Every user-facing check lives here (devices, dtypes, shapes, strides, eps, norm), with a
+// TORCH_CHECK message naming the op, the argument and its value. The device check is one call for
+// all tensor arguments (check_same_device), made first by every op body (adaln_impl.h) on CPU and
+// CUDA alike; the fake kernels (python/ditscale/ops.py) raise the same text for meta / fake
+// tensors. The prepared call holds a params struct of
 // ditscale/kernels/adaln.h pointing into tensors it keeps alive (the outputs, and the contiguous
 // copies made of inputs whose last dimension was not contiguous).
 //
@@ -15,12 +18,15 @@
 //     copies it (its gradient is per token).
 //   weight / bias: [D], x's dtype or fp32 (the same dtype when both are given).
 //   mean / rstd: [B, N] fp32 as written by the forward.
+//   eps: in [kMinEps, kMaxEps] (finite, > 0, a normal float32 once rounded for the kernels).
+//   norm: "layernorm" or "rmsnorm".
 // Outputs are new contiguous tensors; gradients have the dtype and shape of their input. An
 // absent weight/bias gets an empty [0] fp32 gradient placeholder.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -30,6 +36,24 @@
 namespace ditscale::torch_ext {
 
 using OptTensor = std::optional<at::Tensor>;
+
+// The documented range of eps (python/ditscale/ops.py: EPS_RANGE): the kernels add it in fp32.
+inline constexpr double kMinEps = 1e-30;
+inline constexpr double kMaxEps = 1e30;
+
+// One tensor argument of an op for check_same_device: its schema name and the tensor (an absent
+// optional or an undefined tensor is skipped).
+struct NamedTensor {
+  const char* name;
+  const at::Tensor* tensor;
+  NamedTensor(const char* n, const at::Tensor& t) : name(n), tensor(&t) {}
+  NamedTensor(const char* n, const OptTensor& t) : name(n), tensor(t ? &*t : nullptr) {}
+};
+
+// Every defined tensor must be on the device of the first one, as PyTorch's own ops require:
+// otherwise a RuntimeError "<op>: expected all tensors to be on the same device, but got <name>
+// on <device>, different from <first name> on <device>".
+void check_same_device(const char* op, std::initializer_list<NamedTensor> tensors);
 
 // A forward call: params ready for adaln_forward_{ref,cuda}, plus its outputs.
 struct AdaLNForwardCall {

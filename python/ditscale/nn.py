@@ -27,6 +27,7 @@ from typing import List, Tuple
 import torch
 
 from . import ops
+from ._checks import INT64_MAX, check_int, check_real
 
 __all__ = ["AdaLayerNorm", "chunk_modulation"]
 
@@ -71,8 +72,9 @@ class AdaLayerNorm(torch.nn.Module):
     """Norm + shift/scale modulation in one fused pass: ``norm(x) * (1 + scale) + shift``.
 
     Args:
-      dim: D, the feature size (last dimension of x).
-      eps: added to the variance (layernorm) or mean square (rmsnorm); diffusers/Wan use 1e-6.
+      dim: D, the feature size (last dimension of x), >= 1.
+      eps: added to the variance (layernorm) or mean square (rmsnorm), in ``ops.EPS_RANGE``;
+        diffusers/Wan use 1e-6.
       norm: ``"layernorm"`` or ``"rmsnorm"``.
       elementwise_affine: learnable ``weight`` (ones) and, for layernorm, ``bias`` (zeros) of
         shape [D], applied to the normalised x before modulation (like ``nn.LayerNorm``).
@@ -90,10 +92,8 @@ class AdaLayerNorm(torch.nn.Module):
         super().__init__()
         if norm not in ops.NORMS:
             raise ValueError(f"AdaLayerNorm: norm must be one of {ops.NORMS}, got {norm!r}")
-        if dim <= 0:
-            raise ValueError(f"AdaLayerNorm: dim must be positive, got {dim}")
-        self.dim = int(dim)
-        self.eps = float(eps)
+        self.dim = check_int("AdaLayerNorm: dim", dim, 1, INT64_MAX)
+        self.eps = check_real("AdaLayerNorm: eps", eps, *ops.EPS_RANGE)
         self.norm = norm
         self.elementwise_affine = bool(elementwise_affine)
         kw = {"device": device, "dtype": dtype}

@@ -246,11 +246,54 @@ def test_compile_on_cuda():
 
 def test_device_mismatch_is_an_error():
     x = torch.randn(2, 3, 8, device=DEV)
-    with pytest.raises(RuntimeError, match=r"scale is on cpu but x is on cuda"):
+    with pytest.raises(RuntimeError, match=r"got scale on cpu, different from x on cuda:0"):
         torch.ops.ditscale.adaln_fwd(x, torch.randn(2, 8), x[:, 0], None, None, "layernorm", 1e-6)
+    # x on the CPU, the rest on the GPU: the CUDA kernel runs and names x's device
+    with pytest.raises(RuntimeError, match=r"got scale on cuda:0, different from x on cpu"):
+        torch.ops.ditscale.adaln_fwd(x.cpu(), x[:, 0], x[:, 0], None, None, "layernorm", 1e-6)
     with pytest.raises(RuntimeError, match=r"float64, which only the CPU implementation"):
         xd = x.double()
         torch.ops.ditscale.adaln_fwd(xd, xd[:, 0], xd[:, 0], None, None, "layernorm", 1e-6)
+
+
+def test_every_op_checks_the_devices_of_all_its_tensors():
+    """One device check of all tensor arguments in the CUDA op bodies (adaln_impl.h): each
+    tensor argument of each op moved to the CPU in turn."""
+    B, N, D, K = 2, 5, 8, 6
+    x, r, t = (torch.randn(B, N, D, device=DEV) for _ in range(3))
+    s, mod = torch.randn(B, D, device=DEV), torch.randn(B, K, D, device=DEV)
+    w = torch.ones(D, device=DEV)
+    mean, rstd = torch.zeros(B, N, device=DEV), torch.ones(B, N, device=DEV)
+    calls = {
+        "adaln_fwd": dict(x=x, scale=s, shift=t, weight=w, bias=w, norm="layernorm", eps=1e-6),
+        "adaln_bwd": dict(dy=r, x=x, scale=s, shift=t, weight=w, bias=w, mean=mean, rstd=rstd,
+                          norm="layernorm", eps=1e-6),
+        "adaln_mod_fwd": dict(x=x, mod=mod, si=1, hi=0, weight=w, bias=None, norm="rmsnorm",
+                              eps=1e-6),
+        "adaln_mod_bwd": dict(dy=r, x=x, mod=mod, si=1, hi=0, weight=w, bias=None, mean=mean,
+                              rstd=rstd, norm="rmsnorm", eps=1e-6),
+        "adaln_gated_fwd": dict(residual=x, gate=s, branch=r, scale=t, shift=s, weight=w,
+                                bias=None, norm="layernorm", eps=1e-6),
+        "adaln_gated_bwd": dict(dh=r, dy=r, h=x, gate=s, branch=r, scale=t, shift=s, weight=None,
+                                bias=w, mean=mean, rstd=rstd, norm="layernorm", eps=1e-6),
+        "adaln_gated_mod_fwd": dict(residual=x, branch=r, mod=mod, gi=2, si=1, hi=0, weight=None,
+                                    bias=None, norm="layernorm", eps=1e-6),
+        "adaln_gated_mod_bwd": dict(dh=r, dy=r, h=x, branch=r, mod=mod, gi=2, si=1, hi=0,
+                                    weight=w, bias=w, mean=mean, rstd=rstd, norm="layernorm",
+                                    eps=1e-6),
+    }
+    for name, args in calls.items():
+        op = getattr(torch.ops.ditscale, name)
+        op(*args.values())  # valid on the GPU
+        tensors = [k for k, v in args.items() if isinstance(v, torch.Tensor)]
+        for arg in tensors[1:]:
+            bad = dict(args)
+            bad[arg] = bad[arg].cpu()
+            with pytest.raises(RuntimeError) as e:
+                op(*bad.values())
+            want = f"ditscale::{name}: expected all tensors to be on the same device, but got " \
+                   f"{arg} on cpu, different from {tensors[0]} on cuda:0"
+            assert want in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("D", [1536, 5120])

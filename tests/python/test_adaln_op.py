@@ -8,6 +8,7 @@ tensors on every run (the seed is printed on failure through the test id).
 """
 
 import random
+import re
 
 import pytest
 
@@ -219,6 +220,165 @@ def test_errors_name_the_argument():
         torch.ops.ditscale.adaln_bwd(y, x, s, s, None, None, mean, rstd.double(), "layernorm", 1e-6)
     with pytest.raises(RuntimeError, match=r"mean must be \[B, N\] = \[2, 5\]"):
         torch.ops.ditscale.adaln_bwd(y, x, s, s, None, None, mean[:, :3], rstd, "layernorm", 1e-6)
+
+
+def _op_args(name, B=2, N=5, D=8, K=6):
+    """Valid arguments of torch.ops.ditscale.<name> on the CPU, as an ordered dict (schema
+    order; tensors and None for the optional ones)."""
+    x, r = torch.randn(B, N, D), torch.randn(B, N, D)
+    s, t = torch.randn(B, D), torch.randn(B, N, D)
+    mod, w = torch.randn(B, K, D), torch.randn(D)
+    mean, rstd = torch.zeros(B, N), torch.ones(B, N)
+    table = {
+        "adaln_fwd": dict(x=x, scale=s, shift=t, weight=w, bias=w, norm="layernorm", eps=1e-6),
+        "adaln_bwd": dict(dy=r, x=x, scale=s, shift=t, weight=w, bias=w, mean=mean, rstd=rstd,
+                          norm="layernorm", eps=1e-6),
+        "adaln_mod_fwd": dict(x=x, mod=mod, scale_index=1, shift_index=0, weight=w, bias=None,
+                              norm="rmsnorm", eps=1e-6),
+        "adaln_mod_bwd": dict(dy=r, x=x, mod=mod, scale_index=1, shift_index=0, weight=w,
+                              bias=None, mean=mean, rstd=rstd, norm="rmsnorm", eps=1e-6),
+        "adaln_gated_fwd": dict(residual=x, gate=s, branch=r, scale=t, shift=s, weight=w,
+                                bias=None, norm="layernorm", eps=1e-6),
+        "adaln_gated_bwd": dict(dh=r, dy=r, h=x, gate=s, branch=r, scale=t, shift=s, weight=None,
+                                bias=w, mean=mean, rstd=rstd, norm="layernorm", eps=1e-6),
+        "adaln_gated_mod_fwd": dict(residual=x, branch=r, mod=mod, gate_index=2, scale_index=1,
+                                    shift_index=0, weight=None, bias=None, norm="layernorm",
+                                    eps=1e-6),
+        "adaln_gated_mod_bwd": dict(dh=r, dy=r, h=x, branch=r, mod=mod, gate_index=2,
+                                    scale_index=1, shift_index=0, weight=w, bias=w, mean=mean,
+                                    rstd=rstd, norm="layernorm", eps=1e-6),
+    }
+    return table[name]
+
+
+OP_NAMES = ["adaln_fwd", "adaln_bwd", "adaln_mod_fwd", "adaln_mod_bwd", "adaln_gated_fwd",
+            "adaln_gated_bwd", "adaln_gated_mod_fwd", "adaln_gated_mod_bwd"]
+
+
+def _call(name, args):
+    return getattr(torch.ops.ditscale, name)(*args.values())
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_mixed_devices_raise_naming_the_argument_and_both_devices(name):
+    """One tensor on meta among CPU tensors (the meta kernel runs): a RuntimeError as PyTorch's
+    own ops raise, for every tensor argument of every op, instead of uninitialised outputs."""
+    base = _op_args(name)
+    tensors = [k for k, v in base.items() if isinstance(v, torch.Tensor)]
+    first = tensors[0]
+    _call(name, base)  # valid on the CPU
+    for arg in tensors:
+        args = dict(base)
+        args[arg] = args[arg].to("meta")
+        if arg == first:  # the reference device is the first tensor's: the second one differs
+            other, want = tensors[1], f"got {tensors[1]} on cpu, different from {first} on meta"
+        else:
+            other, want = arg, f"got {arg} on meta, different from {first} on cpu"
+        with pytest.raises(RuntimeError) as e:
+            _call(name, args)
+        msg = str(e.value)
+        assert f"ditscale::{name}: expected all tensors to be on the same device" in msg, msg
+        assert want in msg, (other, msg)
+
+
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_meta_tensors_give_the_outputs_of_the_cpu_op(name):
+    base = _op_args(name)
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in base.items()}
+    got, want = _call(name, meta), _call(name, base)
+    for g, w in zip(got, want):
+        assert g.device.type == "meta" and g.shape == w.shape and g.dtype == w.dtype
+
+
+def test_wrappers_raise_on_mixed_devices():
+    x, s = torch.randn(2, 5, 8), torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="got shift on meta, different from x on cpu"):
+        ops.adaln(x, s, s.to("meta"))
+    with pytest.raises(RuntimeError, match="got gate on meta, different from residual on cpu"):
+        ops.adaln_gated(x, s.to("meta"), x, s, s)
+    w = torch.ones(8, device="meta")
+    with pytest.raises(RuntimeError, match="got weight on meta, different from x on cpu"):
+        ops.adaln(x, s, s, weight=w)
+
+
+# (op, argument, bad value, text of the error): each raised alike by the CPU op and by the meta
+# (fake) kernel, whose checks mirror the op's.
+_BAD_ARGS = [
+    ("adaln_fwd", "x", lambda a: a["x"].int(), "x must be bfloat16, float16, float32 or float64"),
+    ("adaln_fwd", "x", lambda a: a["x"][0], "x must be [B, N, D], got shape [5, 8]"),
+    ("adaln_fwd", "scale", lambda a: torch.randn(2, 7),
+     "scale must be per sample [B, D] = [2, 8] or per token [B, N, D] = [2, 5, 8], got [2, 7]"),
+    ("adaln_fwd", "shift", lambda a: a["shift"].half(),
+     "shift must have x's dtype (Float) or float32, got Half"),
+    ("adaln_fwd", "weight", lambda a: torch.ones(9), "weight must be [D] = [8], got [9]"),
+    ("adaln_fwd", "bias", lambda a: torch.ones(8, dtype=torch.float64),
+     "bias must have x's dtype (Float) or float32, got Double"),
+    ("adaln_fwd", "norm", lambda a: "batchnorm",
+     'norm must be "layernorm" or "rmsnorm", got "batchnorm"'),
+    ("adaln_bwd", "dy", lambda a: torch.randn(2, 4, 8),
+     "dy must have x's shape [B, N, D] = [2, 5, 8], got [2, 4, 8]"),
+    ("adaln_bwd", "dy", lambda a: a["dy"].double(), "dy must have x's dtype Float, got Double"),
+    ("adaln_bwd", "mean", lambda a: a["mean"][:, :3],
+     "mean must be [B, N] = [2, 5] (from the forward), got [2, 3]"),
+    ("adaln_bwd", "rstd", lambda a: a["rstd"].double(), "rstd must be float32, got Double"),
+    ("adaln_mod_fwd", "scale_index", lambda a: 6, "scale_index = 6 is outside mod's K = 6 rows"),
+    ("adaln_mod_fwd", "shift_index", lambda a: 1,
+     "scale_index and shift_index are both 1 (each modulation must be a different row of mod)"),
+    ("adaln_mod_bwd", "mod", lambda a: a["mod"][:, :, :4],
+     "mod must be [B, K, D] with B = 2 and D = 8, got [2, 6, 4]"),
+    ("adaln_gated_fwd", "branch", lambda a: torch.randn(2, 4, 8),
+     "branch must have x's shape [B, N, D] = [2, 5, 8], got [2, 4, 8]"),
+    ("adaln_gated_fwd", "gate", lambda a: torch.randn(2, 1, 8),
+     "gate must be per sample [B, D] = [2, 8] or per token [B, N, D] = [2, 5, 8], got [2, 1, 8]"),
+    ("adaln_gated_bwd", "dh", lambda a: torch.randn(2, 5, 9),
+     "dh must have x's shape [B, N, D] = [2, 5, 8], got [2, 5, 9]"),
+    ("adaln_gated_mod_fwd", "gate_index", lambda a: -1,
+     "gate_index = -1 is outside mod's K = 6 rows"),
+    ("adaln_gated_mod_bwd", "gate_index", lambda a: 0,
+     "shift_index and gate_index are both 0"),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("name,arg,bad,text", _BAD_ARGS, ids=[f"{c[0]}-{c[1]}" for c in _BAD_ARGS])
+def test_bad_arguments_raise_naming_them_on_cpu_and_meta(device, name, arg, bad, text):
+    args = _op_args(name)
+    args[arg] = bad(args)
+    args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    with pytest.raises(RuntimeError) as e:
+        _call(name, args)
+    assert f"ditscale::{name}: {text}" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("eps", [0.0, -1e-6, float("nan"), float("inf"), 1e-40, 1e31])
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_eps_out_of_range_raises_naming_it(device, eps, name):
+    args = _op_args(name)
+    args["eps"] = eps
+    args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    with pytest.raises(RuntimeError) as e:
+        _call(name, args)
+    want = f"ditscale::{name}: eps: {eps:.6g} is out of range [1e-30, 1e+30]"
+    assert want in str(e.value), str(e.value)
+
+
+def test_wrappers_and_module_check_eps_and_dim():
+    x, s = torch.randn(2, 5, 8), torch.randn(2, 8)
+    for eps in (0.0, float("nan"), 1e31):
+        want = re.escape(f"eps: {eps:.6g} is out of range [1e-30, 1e+30]")
+        with pytest.raises(ValueError, match=want):
+            ops.adaln(x, s, s, eps=eps)
+        with pytest.raises(ValueError, match=r"eps: .* is out of range"):
+            ops.adaln_gated(x, s, x, s, s, eps=eps)
+        with pytest.raises(ValueError, match=r"AdaLayerNorm: eps: .* is out of range"):
+            dnn.AdaLayerNorm(8, eps=eps)
+    with pytest.raises(ValueError, match=r"AdaLayerNorm: dim: 0 is out of range \[1, "):
+        dnn.AdaLayerNorm(0)
+    with pytest.raises(TypeError, match="AdaLayerNorm: dim: expected an integer"):
+        dnn.AdaLayerNorm(8.5)
+    assert ops.adaln(x, s, s, eps=1e-30).shape == x.shape  # the range's ends are accepted
+    assert ops.adaln(x, s, s, eps=1e30).shape == x.shape
 
 
 # ------------------------------------------------------------------------------------------

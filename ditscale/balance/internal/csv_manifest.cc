@@ -121,6 +121,52 @@ class CsvScanner {
     return false;
   }
 
+  // Fast path of a whole record: one physical line of at most kMaxLineBytes ending in '\n' (or
+  // "\r\n"), with no quote, no other '\r' and exactly `ncols` fields. Splits it at the commas
+  // into the required slots (slot_of[column] >= 0) of *fields, all on line `line`, moves the
+  // cursor past it and returns true; returns false with the cursor unchanged for any other
+  // record (the general path then gives the same fields, or the error).
+  bool PlainRecord(const int8_t* slot_of, size_t ncols, std::array<FieldRef, kNumRequired>* fields,
+                   int64_t line) {
+    const char* p = p_;
+    const size_t avail = std::min<size_t>(static_cast<size_t>(end_ - p), kMaxLineBytes + 1);
+    const char* nl = static_cast<const char*>(std::memchr(p, '\n', avail));
+    if (nl == nullptr) return false;
+    const char* stop = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
+    size_t col = 0;
+    const char* field = p;
+    auto comma = [&](const char* at) {
+      if (col < ncols && slot_of[col] >= 0) {
+        (*fields)[slot_of[col]] = FieldRef{std::string_view(field, at - field), line, true, false};
+      }
+      ++col;
+      field = at + 1;
+    };
+    const char* q = p;
+#if defined(__SSE2__)
+    const __m128i vc = _mm_set1_epi8(','), vq = _mm_set1_epi8('"'), vr = _mm_set1_epi8('\r');
+    for (; stop - q >= 16; q += 16) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      if (_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vr))) != 0) {
+        return false;
+      }
+      for (unsigned m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, vc))); m != 0;
+           m &= m - 1) {
+        comma(q + __builtin_ctz(m));
+      }
+    }
+#endif
+    for (; q < stop; ++q) {
+      if (*q == '"' || *q == '\r') return false;
+      if (*q == ',') comma(q);
+    }
+    comma(stop);
+    if (col != ncols) return false;
+    p_ = nl + 1;
+    ++line_;
+    return true;
+  }
+
   // Scans one field starting at the cursor. On success, *out is the field text (for a quoted
   // field: between the quotes, with doubled quotes left doubled) and *last is true when the
   // field ended its record. On error returns false with *why set; the cursor is then left at
@@ -226,6 +272,10 @@ bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
     rel->Upto(sc.pos());
     const char* record = sc.pos();
     const int64_t row_line = sc.line();
+    if (sc.PlainRecord(h.slot_of.data(), ncols, &fields, row_line)) {
+      if (!sink->Row(fields, row_line)) return false;
+      continue;
+    }
     for (auto& f : fields) f.present = false;
     size_t n = 0;
     bool last = false;

@@ -160,6 +160,32 @@ std::string Shown(std::string_view s) {
   return out;
 }
 
+bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s) {
+  for (const FieldRef& x : f) {
+    if (!x.present || x.type != FieldType::kText) return false;
+  }
+  const std::string_view path = f[kPath].text;
+  if (path.empty() || path.front() == ' ' || path.front() == '\t') return false;
+  const auto frames = FastPositiveInt(f[kFrames].text);
+  const auto height = FastPositiveInt(f[kHeight].text);
+  const auto width = FastPositiveInt(f[kWidth].text);
+  if (!frames || !height || !width) return false;
+  s->num_frames = *frames;
+  s->height = *height;
+  s->width = *width;
+  const std::string_view fps = f[kFps].text;
+  if (*frames == 1) {
+    s->fps = 0;
+    if (fps.empty()) return true;
+    const auto v = FastDecimal(fps);
+    return v && *v <= kMaxFps;
+  }
+  const auto v = FastDecimal(fps);
+  if (!v || !(*v >= kMinVideoFps && *v <= kMaxFps)) return false;
+  s->fps = static_cast<float>(*v);
+  return true;
+}
+
 std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f, int64_t row_line,
                                      RowError* err) {
   auto fail = [&](int slot, std::string msg) {
@@ -169,13 +195,17 @@ std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f
   };
   const FieldRef& path = f[kPath];
   if (!path.present || path.is_null) return fail(kPath, "missing value");
-  if (auto e = TypeError(path, true)) return fail(kPath, *e);
+  if (path.type != FieldType::kText) {
+    if (auto e = TypeError(path, true)) return fail(kPath, *e);
+  }
   if (Trim(path.text).empty()) return fail(kPath, "missing value");
   RawSample s;
   std::string why;
   for (int slot : {kFrames, kHeight, kWidth}) {
     if (!f[slot].present || f[slot].is_null) return fail(slot, "missing value");
-    if (auto e = TypeError(f[slot], false)) return fail(slot, *e);
+    if (f[slot].type != FieldType::kText) {
+      if (auto e = TypeError(f[slot], false)) return fail(slot, *e);
+    }
     auto v = FastPositiveInt(f[slot].text);
     if (!v) v = ParseDimension(f[slot].text, &why);
     if (!v) return fail(slot, why);
@@ -184,7 +214,7 @@ std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f
   const FieldRef& fps = f[kFps];
   const bool fps_empty =
       !fps.present || fps.is_null || (fps.type == FieldType::kText && Trim(fps.text).empty());
-  if (!fps_empty) {
+  if (!fps_empty && fps.type != FieldType::kText) {
     if (auto e = TypeError(fps, false)) return fail(kFps, *e);
   }
   if (s.num_frames == 1) {

@@ -22,7 +22,10 @@ def find_cli():
     for c in cands:
         if not c:
             continue
-        r = subprocess.run([c, "fit", "--help"], capture_output=True, text=True)
+        try:  # another build may be linking its binary right now
+            r = subprocess.run([c, "fit", "--help"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            continue
         if r.returncode == 0 and "--accept-poor-fit" in r.stdout:
             return c
     return None

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ditscale/core/cuda_check.h"
+#include "ditscale/core/cuda_resources.h"
 #include "ditscale/core/error.h"
 #include "ditscale/kernels/adaln.h"
 #include "ditscale/kernels/internal/adaln_tuning.h"
@@ -20,27 +22,24 @@
 namespace ditscale::kernels {
 namespace {
 
-#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
+// CUDA calls are checked with DS_CHECK_CUDA: an error throws, and gtest fails the test with the
+// call, its file:line and CUDA's error text.
 
-// Device buffer (RAII) poisoned with 0xFF bytes: NaN in fp32, fp16 and bf16.
+// Device buffer (RAII) poisoned with 0xFF bytes: NaN in fp32, fp16 and bf16. Null when n == 0.
 struct DevBuf {
+  cuda::DeviceBuffer memory;
   void* ptr = nullptr;
   std::size_t bytes = 0;
-  explicit DevBuf(std::size_t n) : bytes(n) {
-    if (n > 0 && cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
-    if (ptr != nullptr) cudaMemset(ptr, 0xFF, n);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (ptr != nullptr) cudaFree(ptr);
+  explicit DevBuf(std::size_t n)
+      : memory(cuda::DeviceBuffer::Allocate(n).ValueOrThrow()), ptr(memory.data()), bytes(n) {
+    if (ptr != nullptr) DS_CHECK_CUDA(cudaMemset(ptr, 0xFF, n));
   }
   void upload(const std::vector<std::uint8_t>& h) {
-    cudaMemcpy(ptr, h.data(), h.size(), cudaMemcpyHostToDevice);
+    if (!h.empty()) DS_CHECK_CUDA(cudaMemcpy(ptr, h.data(), h.size(), cudaMemcpyHostToDevice));
   }
   std::vector<std::uint8_t> download() const {
     std::vector<std::uint8_t> h(bytes);
-    if (bytes > 0) cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost);
+    if (bytes > 0) DS_CHECK_CUDA(cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost));
     return h;
   }
 };
@@ -173,7 +172,7 @@ void run_case(const Case& c) {
     p.rstd = device ? static_cast<float*>(rstd.ptr) : rstd_ref.data();
     if (device) {
       ASSERT_NO_THROW(adaln_forward_cuda(p, nullptr));
-      ASSERT_CUDA(cudaDeviceSynchronize());
+      DS_CHECK_CUDA(cudaDeviceSynchronize());
     } else {
       adaln_forward_ref(p);
     }
@@ -254,7 +253,7 @@ void run_case(const Case& c) {
     p.workspace = ws.ptr;
     p.workspace_bytes = ws.bytes;
     ASSERT_NO_THROW(adaln_backward_cuda(p, nullptr));
-    ASSERT_CUDA(cudaDeviceSynchronize());
+    DS_CHECK_CUDA(cudaDeviceSynchronize());
     g = Grads{dx.download(), dbr.download(), dsc.download(), dsh.download(),
               dg.download(), dw.download(),  db.download()};
     if (K > 0) {  // rows 0-2 -> the contiguous gradients; the others must be zero bytes
@@ -412,79 +411,34 @@ TEST(AdaLNGpu, LargeRowsAndSequences) {
   run_case(wide);
 }
 
-// The pipelined kernels with a tiny persistent grid (every block walks many rows, wraps its ring
-// and crosses sample boundaries; the backward gets one long tile per sample), every ring depth,
-// and the first (non-pipelined) kernels, which stay selectable for comparisons.
-TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
+// The kernels of every plan with tiny persistent grids (every block walks many rows, wraps its
+// ring and crosses sample boundaries; the backward gets one long tile per sample), each forward
+// kernel where it applies (AdaLNTuning::fwd_kernel: the cp.async one is the sm_80 default), and
+// the first (non-pipelined) kernels, the fallbacks of rows whose rings do not fit.
+TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
   SKIP_WITHOUT_GPU();
   using internal::AdaLNTuning;
   struct Restore {
     ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
   } restore;
   std::vector<AdaLNTuning> tunings;
-  for (int stages : {2, 3, 4}) {
-    for (int grid : {1, 3, 7}) {
+  for (int kernel : {0, 1, 2}) {
+    for (int grid : {0, 1, 3, 7}) {
       AdaLNTuning t;
-      t.fwd_stages = stages;  // forward ring depths other than 3: two rows per thread
-      t.bwd_stages = stages;
-      t.fwd_rows = 2;
-      t.fwd_kernel = 1;  // the cp.async forward (plain calls default to the bulk-copy one)
+      t.fwd_kernel = kernel;
       t.max_resident_blocks = grid;
-      // Programmatic dependent launch off once (on everywhere else).
-      t.pdl = stages == 3 && grid == 1 ? 0 : 1;
+      t.pdl = kernel == 1 && grid == 1 ? 0 : 1;  // programmatic dependent launch off once
       tunings.push_back(t);
     }
-  }
-  for (int grid : {0, 3}) {  // one row per forward thread (the default)
-    AdaLNTuning t;
-    t.fwd_rows = 1;
-    t.fwd_kernel = 1;
-    t.max_resident_blocks = grid;
-    tunings.push_back(t);
-  }
-  // The bulk-copy forward: ring depths, bulk or per-thread stores, coefficients in registers or
-  // per row, L2 hints, with grids small enough that each block wraps its ring many times.
-  struct TmaCase {
-    int stages;
-    bool bulk_store;
-    int grid;
-    int coef_reload;
-    int evict;
-  };
-  for (const TmaCase& c : {TmaCase{3, true, 1, -1, false}, TmaCase{4, true, 3, -1, false},
-                           TmaCase{6, true, 7, -1, false}, TmaCase{3, false, 3, -1, false},
-                           TmaCase{4, false, 1, 0, false}, TmaCase{6, false, 0, 1, false},
-                           TmaCase{4, true, 3, 0, false}, TmaCase{4, true, 7, 1, true},
-                           TmaCase{6, true, 0, 1, true}}) {
-    AdaLNTuning t;
-    t.fwd_kernel = 2;
-    t.fwd_tma_stages = c.stages;
-    t.fwd_bulk_store = c.bulk_store ? 1 : 0;
-    t.max_resident_blocks = c.grid;
-    t.fwd_coef_reload = c.coef_reload;
-    t.fwd_evict_first = c.evict;
-    tunings.push_back(t);
-  }
-  // The backward's register-capped instantiation forced everywhere, and never (the automatic
-  // choice takes it at 4 vectors per thread where it fits more blocks: D = 5120 below).
-  for (int cap : {128, 0}) {
-    AdaLNTuning t;
-    t.bwd_reg_cap = cap;
-    t.max_resident_blocks = cap > 0 ? 3 : 0;
-    tunings.push_back(t);
   }
   AdaLNTuning base;
   base.pipelined = false;
   tunings.push_back(base);
   for (const AdaLNTuning& t : tunings) {
     internal::adaln_tuning() = t;
-    SCOPED_TRACE("stages " + std::to_string(t.fwd_stages) + " grid " +
-                 std::to_string(t.max_resident_blocks) + " rows " + std::to_string(t.fwd_rows) +
-                 (t.pipelined ? "" : " base") + " kernel " + std::to_string(t.fwd_kernel) +
-                 " tma stages " + std::to_string(t.fwd_tma_stages) + " bulk store " +
-                 std::to_string(t.fwd_bulk_store) + " reload " + std::to_string(t.fwd_coef_reload) +
-                 " evict " + std::to_string(t.fwd_evict_first) + " reg cap " +
-                 std::to_string(t.bwd_reg_cap));
+    SCOPED_TRACE("kernel " + std::to_string(t.fwd_kernel) + " grid " +
+                 std::to_string(t.max_resident_blocks) + " pdl " + std::to_string(t.pdl) +
+                 (t.pipelined ? "" : " base"));
     for (DType dt : kDtypes) {
       Case plain;  // per sample, LN; D = 3072 takes several vectors per thread
       plain.dtype = dt;
@@ -500,7 +454,7 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
       tok.N = 37;
       tok.D = 256;
       run_case(tok);
-      Case tok2;  // per token, RMS, 2 vectors per bf16 thread (the bulk-copy kernel's variants)
+      Case tok2;  // per token, RMS, 2 vectors per bf16 thread: per-thread stores (bulk copies)
       tok2.dtype = dt;
       tok2.norm = NormType::kRMSNorm;
       tok2.per_token = true;
@@ -508,7 +462,9 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
       tok2.N = 21;
       tok2.D = 2048;
       run_case(tok2);
-      Case lean;  // per sample, no affine: 4 vectors per bf16 backward thread (160 threads)
+      // Per sample, no affine: 4 vectors per bf16 backward thread (160 threads), the
+      // register-capped candidate.
+      Case lean;
       lean.dtype = dt;
       lean.B = 2;
       lean.N = 23;
@@ -521,6 +477,12 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
       wide.N = 17;
       wide.D = 5120;
       run_case(wide);
+      Case reload;  // fp16 / fp32: coefficients recomputed per row in the bulk-copy kernel
+      reload.dtype = dt;
+      reload.B = 2;
+      reload.N = 13;
+      reload.D = 6144;
+      run_case(reload);
       Case full;  // gated + affine with fp32 modulation
       full.dtype = dt;
       full.mod_f32 = true;
@@ -534,31 +496,21 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsRingDepthsAndBaseline) {
   }
 }
 
-// The bulk-copy forward with 2 or 4 rows per block iteration (small rows): groups straddle sample
-// ends (B = 3, N odd), the last group is partial, rows load as one bulk copy where x is
-// contiguous and per row where it is not (padded rows, padded samples), every ring depth, bulk
-// or per-thread stores, and tiny grids so that each block wraps its ring many times.
-TEST(AdaLNGpu, BulkCopyForwardRowGroups) {
+// The bulk-copy forward on awkward layouts: rows straddling sample ends (N = 1), padded samples,
+// rows that are not contiguous (one bulk load per row), and grids small enough that each block
+// wraps its ring many times.
+TEST(AdaLNGpu, BulkCopyForwardLayouts) {
   SKIP_WITHOUT_GPU();
   using internal::AdaLNTuning;
   struct Restore {
     ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
   } restore;
-  struct GroupCase {
-    int rows, stages, bulk_store, grid;
-  };
-  for (const GroupCase& g : {GroupCase{0, 4, -1, 0}, GroupCase{2, 4, 1, 1}, GroupCase{2, 3, 0, 3},
-                             GroupCase{4, 6, 1, 7}, GroupCase{4, 4, 0, 2}, GroupCase{2, 6, 0, 0},
-                             GroupCase{4, 3, 1, 0}, GroupCase{1, 4, -1, 3}}) {
+  for (int grid : {0, 1, 3}) {
     AdaLNTuning t;
     t.fwd_kernel = 2;
-    t.fwd_tma_rows = g.rows;
-    t.fwd_tma_stages = g.stages;
-    t.fwd_bulk_store = g.bulk_store;
-    t.max_resident_blocks = g.grid;
+    t.max_resident_blocks = grid;
     internal::adaln_tuning() = t;
-    SCOPED_TRACE("tma rows " + std::to_string(g.rows) + " stages " + std::to_string(g.stages) +
-                 " bulk " + std::to_string(g.bulk_store) + " grid " + std::to_string(g.grid));
+    SCOPED_TRACE("grid " + std::to_string(grid));
     for (DType dt : kDtypes) {
       for (std::int64_t d : {1536, 1024}) {
         Case c;
@@ -568,17 +520,17 @@ TEST(AdaLNGpu, BulkCopyForwardRowGroups) {
         c.D = d;
         c.affine = d == 1024;
         run_case(c);
-        Case rms = c;  // RMS: one reduction per row, alternating buffers
+        Case rms = c;  // RMS, per token, one row per sample
         rms.norm = NormType::kRMSNorm;
         rms.per_token = true;
-        rms.N = 1;  // every group straddles samples
+        rms.N = 1;
         rms.B = 5;
         run_case(rms);
-        Case rows = c;  // contiguous rows, padded samples: runs split at sample ends
+        Case rows = c;  // contiguous rows, padded samples
         rows.b_pad = 8;
         rows.N = 5;
         run_case(rows);
-        Case strided = c;  // no two rows contiguous: one bulk load per row
+        Case strided = c;  // no two rows contiguous
         strided.x_pad = 8;
         strided.N = 19;
         run_case(strided);
@@ -587,39 +539,23 @@ TEST(AdaLNGpu, BulkCopyForwardRowGroups) {
   }
 }
 
-// The warp-per-row forward (the default for plain rows of <= 256 vectors): coefficients packed
-// ahead of use (per sample: 2 vectors ahead; per token: all with the x loads) or at use, 1 or 2
-// rows per warp, prefetch, streaming hints, grids small enough that each warp walks many rows
-// and crosses sample ends, partial last lanes (D = 1000: 125 vectors; D = 64: 8 lanes), padded
-// rows and samples, per-token and fp32 modulation, affine, RMS; and a gated call, which must
-// take another kernel.
+// The warp-per-row forward (the default for plain rows of <= 256 vectors), each of its plans
+// through the layouts that select them (adaln_plan.h): coefficients packed ahead (per sample: 2
+// vectors ahead; per token: all with the x loads) or at use (affine, fp32 modulation: with the
+// bf16 prefetching persistent grid and streaming hints), grids small enough that each warp walks
+// many rows and crosses sample ends, partial last lanes (D = 1000: 125 vectors; D = 64: 8 lanes),
+// padded rows and samples, RMS; and a gated call, which must take another kernel.
 TEST(AdaLNGpu, WarpPerRowForward) {
   SKIP_WITHOUT_GPU();
   using internal::AdaLNTuning;
   struct Restore {
     ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
   } restore;
-  struct WarpCase {
-    int rows, grid, stream;  // stream: -1 automatic, 0 off, 1 on
-    int prefetch;            // -1 automatic, 0 off, 1 on
-    int ahead;               // coefficients: -1 automatic (packed where it applies), 0 at use
-  };
-  for (const WarpCase& w :
-       {WarpCase{0, 0, -1, -1, -1}, WarpCase{0, 2, -1, -1, -1}, WarpCase{0, 1, 1, 0, -1},
-        WarpCase{0, 0, -1, 1, -1}, WarpCase{1, 1, 0, 0, 0}, WarpCase{2, 0, 0, 0, 0},
-        WarpCase{2, 3, 1, 0, -1}, WarpCase{1, 2, 1, 0, 0}, WarpCase{1, 0, 0, 1, 0},
-        WarpCase{1, 1, 0, 1, 0}, WarpCase{2, 3, 0, 1, 0}, WarpCase{2, 0, 1, 1, 0}}) {
+  for (int grid : {0, 1, 2, 3}) {
     AdaLNTuning t;
-    t.fwd_kernel = 3;
-    t.fwd_warp_rows = w.rows;
-    t.max_resident_blocks = w.grid;
-    t.fwd_evict_first = w.stream;
-    t.fwd_warp_prefetch = w.prefetch;
-    t.fwd_coef_ahead = w.ahead;
+    t.max_resident_blocks = grid;
     internal::adaln_tuning() = t;
-    SCOPED_TRACE("warp rows " + std::to_string(w.rows) + " grid " + std::to_string(w.grid) +
-                 " stream " + std::to_string(w.stream) + " prefetch " + std::to_string(w.prefetch) +
-                 " ahead " + std::to_string(w.ahead));
+    SCOPED_TRACE("grid " + std::to_string(grid));
     for (DType dt : kDtypes) {
       for (std::int64_t d : {64, 1000, 1536, 2048}) {
         Case c;
@@ -633,7 +569,7 @@ TEST(AdaLNGpu, WarpPerRowForward) {
         tok.per_token = true;
         tok.affine = false;
         run_case(tok);
-        Case rms = c;  // per token, one row per sample: every row pair straddles samples
+        Case rms = c;  // per token fp32, one row per sample: coefficients at use
         rms.norm = NormType::kRMSNorm;
         rms.per_token = true;
         rms.mod_f32 = true;

@@ -451,7 +451,7 @@ class Bench:
         sp.set_trace(mesh, True)
         try:
             step()
-            chunks = cfg.chunks
+            chunks = cfg.chunks if cfg.strategy == "torus" else None  # as step() ran it
             text = sp.timeline(mesh, cfg.strategy, chunks=chunks, transport=cfg.transport)
         finally:
             sp.set_trace(mesh, False)

@@ -85,7 +85,7 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
 std::string ExplainWinner(const std::vector<PlanCandidate>& ranked);
 
 // One candidate as JSON (the `ditscale sp plan/simulate --json` record and what
-// torch.ops.ditscale.sp_plan / sp_predict return): name, strategy, ulysses_degree, ring_degree,
+// ditscale._core.sp_plan / sp_predict return): name, strategy, ulysses_degree, ring_degree,
 // torus_chunks, one_sided, one_sided_inter, transport ("nccl", "nvshmem", "nvshmem-intra"),
 // predicted_layer_s, predicted_step_s, byte counts and the breakdown.
 nlohmann::json PlanCandidateJson(const PlanCandidate& c);

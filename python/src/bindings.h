@@ -7,4 +7,6 @@ namespace ditscale::python {
 void BindBalance(pybind11::module_& m);
 // The simulator's attention model for bench/sp/calibrate.py (python/src/sp_sim_bindings.cc).
 void BindSpSimulator(pybind11::module_& m);
+// Sequence-parallel planner and simulator bindings (python/src/sp_bindings.cc).
+void BindSp(pybind11::module_& m);
 }  // namespace ditscale::python

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_core, m) {
   pybind11::register_exception<ditscale::Error>(m, "Error", PyExc_RuntimeError);
   ditscale::python::BindBalance(m);
   ditscale::python::BindSpSimulator(m);
+  ditscale::python::BindSp(m);
 }

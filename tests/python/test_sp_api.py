@@ -1,5 +1,6 @@
 """CPU tests of ditscale.sp: shards, meshes from process groups (gloo), emulated machines, the
-planner/simulator ops and the single-rank path. The GPU executor is tested in tests/gpu."""
+planner/simulator (ditscale._core) and the single-rank path. The configuration (sp.Config) and the
+runtime ops' configuration dict: test_sp_config.py. The GPU executor is tested in tests/gpu."""
 import os
 import socket
 
@@ -26,7 +27,7 @@ def test_shard_range_is_even_and_covers_everything():
 
 def test_emulate_machines_sets_host_ids(monkeypatch):
     # emulate_machines writes these directly; monkeypatch restores them after the test.
-    monkeypatch.setattr(sp, "_EMULATED_MACHINES", sp._EMULATED_MACHINES)
+    monkeypatch.setattr(sp.meshes, "_EMULATED_MACHINES", sp.meshes._EMULATED_MACHINES)
     monkeypatch.setenv("NCCL_HOSTID", os.environ.get("NCCL_HOSTID", ""))
     monkeypatch.setenv("DITSCALE_EMULATED_MACHINES", "0")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
@@ -78,12 +79,6 @@ def test_mesh_from_process_group_groups_hosts():
     assert all("not consecutive" in x for x in bad)
 
 
-def _ops_ready():
-    import ditscale.ops as ops
-    return ops.is_available() and hasattr(torch.ops.ditscale, "sp_plan")
-
-
-@pytest.mark.skipif(not _ops_ready(), reason="ditscale._C not built")
 def test_plan_and_predict_use_the_simulator():
     mesh = sp.Mesh(2, 2)
     r = sp.plan(mesh, batch=1, seq=65536, text=512, heads=24, head_dim=128, one_sided=False)
@@ -116,7 +111,7 @@ def test_plan_and_predict_use_the_simulator():
     with pytest.raises(RuntimeError, match="torus_chunks"):
         sp.predict(sp.Mesh(1, 2), strategy="ulysses", chunks=13, batch=1, seq=1024, text=0,
                    heads=24, head_dim=64)
-    with pytest.raises(RuntimeError, match="strategy"):
+    with pytest.raises(ValueError, match="strategy: 'nonsense' is not one of"):
         sp.predict(mesh, strategy="nonsense", batch=1, seq=1024, text=0, heads=8, head_dim=64)
 
 
@@ -133,7 +128,7 @@ def test_single_rank_attention_is_dense_attention_with_joint_tokens():
     assert sp.attention(q, k, v, mesh=sp.Mesh(1, 1)).shape == q.shape
     with pytest.raises(ValueError, match="go together"):
         sp.attention(q, k, v, mesh=None, joint_q=tq)
-    with pytest.raises(ValueError, match="transport"):
+    with pytest.raises(ValueError, match="transport: 'carrier-pigeon' is not one of"):
         sp.attention(q, k, v, mesh=None, transport="carrier-pigeon")
 
 
@@ -142,18 +137,18 @@ def test_default_topology_follows_the_environment(monkeypatch):
     assert sp.default_topology() == "h200-local"
     monkeypatch.setenv("DITSCALE_SP_TOPOLOGY", "p4de")
     assert sp.default_topology() == "p4de"
-    if _ops_ready():  # the planner takes it: p4de's links differ from h200-local's
-        a = sp.predict(sp.Mesh(2, 1), strategy="ring", batch=1, seq=16384, text=0, heads=8,
-                       head_dim=128)
-        b = sp.predict(sp.Mesh(2, 1), strategy="ring", batch=1, seq=16384, text=0, heads=8,
-                       head_dim=128, topology="h200-local")
-        assert a != b
+    # The planner takes it: p4de's links differ from h200-local's.
+    a = sp.predict(sp.Mesh(2, 1), strategy="ring", batch=1, seq=16384, text=0, heads=8,
+                   head_dim=128)
+    b = sp.predict(sp.Mesh(2, 1), strategy="ring", batch=1, seq=16384, text=0, heads=8,
+                   head_dim=128, topology="h200-local")
+    assert a != b
 
 
 def test_transports_and_emulated_machines_refuse_nvshmem(monkeypatch):
     assert sp.TRANSPORTS == ("nccl", "nvshmem", "nvshmem-intra")
     q, k, v = (torch.randn(1, 4, 2, 8) for _ in range(3))
-    monkeypatch.setattr(sp, "_EMULATED_MACHINES", 2)
+    monkeypatch.setattr(sp.meshes, "_EMULATED_MACHINES", 2)
     with pytest.raises(ValueError, match="emulated.*nvshmem-intra"):
         sp.attention(q, k, v, mesh=sp.Mesh(2, 1), strategy="ring", transport="nvshmem")
     with pytest.raises(ValueError, match="emulated.*nvshmem-intra"):
@@ -164,10 +159,10 @@ def test_transports_and_emulated_machines_refuse_nvshmem(monkeypatch):
             sp.attention(q, k, v, mesh=sp.Mesh(2, 1), strategy="ring", transport=t)
     # One emulated machine, or a mesh of one machine: nothing crosses an emulated link.
     assert sp.attention(q, k, v, mesh=sp.Mesh(1, 1), transport="nvshmem").shape == q.shape
-    monkeypatch.setattr(sp, "_EMULATED_MACHINES", 0)
+    monkeypatch.setattr(sp.meshes, "_EMULATED_MACHINES", 0)
     with pytest.raises(ValueError, match="CUDA tensors"):
         sp.attention(q, k, v, mesh=sp.Mesh(2, 1), strategy="ring", transport="nvshmem")
-    with pytest.raises(ValueError, match="transport 'nvshmem-inter'"):
+    with pytest.raises(ValueError, match="transport: 'nvshmem-inter'"):
         sp.attention(q, k, v, mesh=sp.Mesh(2, 1), transport="nvshmem-inter")
 
 
@@ -175,16 +170,15 @@ def test_best_candidate_for_each_transport():
     ranked = [{"transport": "nvshmem", "one_sided": True, "name": "a"},
               {"transport": "nvshmem-intra", "one_sided": True, "name": "b"},
               {"transport": "nccl", "one_sided": False, "name": "c"}]
-    assert sp._best_for_transport(ranked, "nvshmem-intra", sp.Mesh(2, 2))["name"] == "b"
-    assert sp._best_for_transport(ranked, "nccl", sp.Mesh(2, 2))["name"] == "c"
+    best = sp.planning.best_for_transport
+    assert best(ranked, "nvshmem-intra", sp.Mesh(2, 2))["name"] == "b"
+    assert best(ranked, "nccl", sp.Mesh(2, 2))["name"] == "c"
     # One machine: the planner lists the plain one-sided schedule only.
-    assert sp._best_for_transport(ranked[:1] + ranked[2:], "nvshmem-intra",
-                                  sp.Mesh(1, 4))["name"] == "a"
+    assert best(ranked[:1] + ranked[2:], "nvshmem-intra", sp.Mesh(1, 4))["name"] == "a"
     with pytest.raises(RuntimeError, match="no configuration for transport"):
-        sp._best_for_transport(ranked[2:], "nvshmem", sp.Mesh(2, 2))
+        best(ranked[2:], "nvshmem", sp.Mesh(2, 2))
 
 
-@pytest.mark.skipif(not _ops_ready(), reason="ditscale._C not built")
 def test_plan_lists_intra_one_sided_across_machines_only():
     kw = dict(batch=1, seq=16384, text=512, heads=24, head_dim=128)
     ranked = sp.plan(sp.Mesh(2, 2), one_sided=True, **kw)["ranked"]
@@ -205,14 +199,14 @@ def test_plan_lists_intra_one_sided_across_machines_only():
     assert {c["transport"] for c in one} == {"nccl", "nvshmem"}
     two_sided = sp.plan(sp.Mesh(2, 2), one_sided=False, **kw)["ranked"]
     assert {c["transport"] for c in two_sided} == {"nccl"}
-    with pytest.raises(ValueError, match="transport"):
+    with pytest.raises(ValueError, match="transport: 'shm'"):
         sp.predict(sp.Mesh(2, 2), strategy="ring", transport="shm", **kw)
 
 
 def test_timeline_and_describe_validate_the_transport():
     # The transport is checked before any runtime is touched (so also without a GPU).
     for fn in (sp.timeline, sp.describe):
-        with pytest.raises(ValueError, match="transport 'udp'"):
+        with pytest.raises(ValueError, match="transport: 'udp'"):
             fn(sp.Mesh(2, 1), "ring", transport="udp", device=torch.device("cpu"))
     assert callable(sp.set_trace)
 
@@ -221,16 +215,24 @@ def test_run_local_validates_its_arguments_before_the_gpu():
     q = torch.zeros(1, 8, 2, 4)
     with pytest.raises(ValueError, match="go together"):
         sp.run_local(q, q, q, strategy="ring", gpus_per_machine=2, joint_q=q)
-    with pytest.raises(ValueError, match="strategy 'auto'"):
+    with pytest.raises(ValueError, match="strategy: 'auto' is not a configuration"):
         sp.run_local(q, q, q, strategy="auto", gpus_per_machine=2)
+    with pytest.raises(ValueError, match="run_local: layers: 0 is out of range"):
+        sp.run_local(q, q, q, strategy="ring", gpus_per_machine=2, layers=0)
+    with pytest.raises(ValueError, match="replay_compute: iters: 0 is out of range"):
+        sp.replay_compute("ring", machines=1, gpus_per_machine=2, seq=64, heads=2, iters=0)
+    with pytest.raises(ValueError, match="replay_compute: heads: 0 is out of range"):
+        sp.replay_compute("ring", machines=1, gpus_per_machine=2, seq=64, heads=0)
 
 
 def test_comm_sms_from_the_environment(monkeypatch):
     monkeypatch.delenv("DITSCALE_SP_COMM_SMS", raising=False)
-    assert sp._env_comm_sms() == 0
+    assert sp.make_config("t", strategy="ring").comm_sms == 0
     monkeypatch.setenv("DITSCALE_SP_COMM_SMS", "4")
-    assert sp._env_comm_sms() == 4
-    for bad in ("-4", "four"):
+    assert sp.make_config("t", strategy="ring").comm_sms == 4
+    assert sp.make_config("t", strategy="ring", comm_sms=0).comm_sms == 0  # explicit wins
+    assert sp.make_config("t").comm_sms is None  # auto: the planner's choice
+    for bad, why in (("-4", "-4 is out of range"), ("four", "'four' is not an integer")):
         monkeypatch.setenv("DITSCALE_SP_COMM_SMS", bad)
-        with pytest.raises(ValueError, match="DITSCALE_SP_COMM_SMS"):
-            sp._env_comm_sms()
+        with pytest.raises(ValueError, match=f"DITSCALE_SP_COMM_SMS: {why}"):
+            sp.make_config("t", strategy="ring")

@@ -128,11 +128,8 @@ class CsvScanner {
   // record (the general path then gives the same fields, or the error).
   bool PlainRecord(const int8_t* slot_of, size_t ncols, std::array<FieldRef, kNumRequired>* fields,
                    int64_t line) {
+#if defined(__SSE2__)
     const char* p = p_;
-    const size_t avail = std::min<size_t>(static_cast<size_t>(end_ - p), kMaxLineBytes + 1);
-    const char* nl = static_cast<const char*>(std::memchr(p, '\n', avail));
-    if (nl == nullptr) return false;
-    const char* stop = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
     size_t col = 0;
     const char* field = p;
     auto comma = [&](const char* at) {
@@ -142,29 +139,35 @@ class CsvScanner {
       ++col;
       field = at + 1;
     };
-    const char* q = p;
-#if defined(__SSE2__)
-    const __m128i vc = _mm_set1_epi8(','), vq = _mm_set1_epi8('"'), vr = _mm_set1_epi8('\r');
-    for (; stop - q >= 16; q += 16) {
+    const __m128i vc = _mm_set1_epi8(','), vq = _mm_set1_epi8('"'), vr = _mm_set1_epi8('\r'),
+                  vn = _mm_set1_epi8('\n');
+    // One pass over 16-byte blocks up to the first '\n'; the last 15 bytes of the text (and a
+    // "\r\n" split across two blocks) are left to the general path.
+    for (const char* q = p;; q += 16) {
+      if (end_ - q < 16 || q - p > static_cast<ptrdiff_t>(kMaxLineBytes)) return false;
       const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-      if (_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(x, vq), _mm_cmpeq_epi8(x, vr))) != 0) {
-        return false;
-      }
-      for (unsigned m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, vc))); m != 0;
-           m &= m - 1) {
+      const auto lf = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, vn)));
+      const unsigned first_lf = lf & (0u - lf);
+      const unsigned before = lf ? first_lf - 1 : 0xFFFFu;  // bytes before the line end
+      if (static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, vq))) & before) return false;
+      const unsigned cr = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, vr))) & before;
+      if (cr != 0 && cr != (first_lf >> 1)) return false;  // only a '\r' right before '\n'
+      for (unsigned m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, vc))) & before;
+           m != 0; m &= m - 1) {
         comma(q + __builtin_ctz(m));
       }
+      if (lf == 0) continue;
+      const char* nl = q + __builtin_ctz(lf);
+      if (static_cast<size_t>(nl - p) > kMaxLineBytes) return false;
+      comma(cr != 0 ? nl - 1 : nl);
+      if (col != ncols) return false;
+      p_ = nl + 1;
+      ++line_;
+      return true;
     }
+#else
+    return false;
 #endif
-    for (; q < stop; ++q) {
-      if (*q == '"' || *q == '\r') return false;
-      if (*q == ',') comma(q);
-    }
-    comma(stop);
-    if (col != ncols) return false;
-    p_ = nl + 1;
-    ++line_;
-    return true;
   }
 
   // Scans one field starting at the cursor. On success, *out is the field text (for a quoted
@@ -262,8 +265,8 @@ int64_t FirstLongLine(const char* p, const char* end) {
 
 // Parses the data rows from the scanner's position into *sink until the text ends or a record
 // ends past `stop`. Returns false when the parse stopped (strict mode and a bad row, or a limit).
-bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
-               PageReleaser* rel) {
+bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink, PageReleaser* rel,
+               bool fast) {
   const size_t ncols = h.columns.size();
   std::array<FieldRef, kNumRequired> fields;
   std::string why;
@@ -272,7 +275,7 @@ bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
     rel->Upto(sc.pos());
     const char* record = sc.pos();
     const int64_t row_line = sc.line();
-    if (sc.PlainRecord(h.slot_of.data(), ncols, &fields, row_line)) {
+    if (fast && sc.PlainRecord(h.slot_of.data(), ncols, &fields, row_line)) {
       if (!sink->Row(fields, row_line)) return false;
       continue;
     }
@@ -399,7 +402,7 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
   parts.emplace_back(options.skip_bad_rows, RowsToReserve(data_bytes, bytes_per_line));
   PageReleaser rel(begin, data, csv.release_pages);
   if (!parallel || data_bytes < 2) {
-    ParseRows(sc, h, end, &parts[0], &rel);
+    ParseRows(sc, h, end, &parts[0], &rel, csv.plain_fast_path);
     return Finish(&parts, name, options);
   }
 
@@ -418,17 +421,17 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
       b2 = NextRecordStart(split, end, in_quotes);
       CsvScanner sc2(b2, end, 0);
       PageReleaser rel2(begin, b2, csv.release_pages);
-      ParseRows(sc2, h, end, &second, &rel2);
+      ParseRows(sc2, h, end, &second, &rel2, csv.plain_fast_path);
     } catch (...) {
       worker_error = std::current_exception();
     }
   });
-  const bool ok = ParseRows(sc, h, split, &parts[0], &rel);
+  const bool ok = ParseRows(sc, h, split, &parts[0], &rel, csv.plain_fast_path);
   worker.join();
   if (worker_error) std::rethrow_exception(worker_error);
   if (ok && sc.pos() != b2) {
     // The guess was wrong (malformed quoting near the middle): continue sequentially.
-    ParseRows(sc, h, end, &parts[0], &rel);
+    ParseRows(sc, h, end, &parts[0], &rel, csv.plain_fast_path);
   } else if (ok) {
     second.line_offset = sc.line();
     parts.push_back(std::move(second));

@@ -1,123 +1,148 @@
 #!/usr/bin/env bash
-# The 10M-sample planning benchmark of issue 2: generate a 10M-row mixed manifest, time one pass of
-# Python's csv module over it (the baseline: it only splits the rows), then time
-# `ditscale plan --compare --json` (parse + shape + M_comp search + the three policies + their
-# simulations) and `ditscale plan --policy balanced --json` for 16 ranks with their peak RSS, and
-# write the table to bench/results/plan-10m.md.
+# The 10M-sample planning benchmark (issue 20 part 3): generate a 10M-row manifest, time one pass
+# of Python's csv module over it (the baseline: it only splits the rows) and
+# `ditscale plan --policy balanced --json --quiet` for 16 ranks (parse + shapes + M_comp search +
+# plan + simulate), each RUNS times (whole process wall and CPU, peak RSS via /usr/bin/time -v),
+# and write the table to bench/results/plan-10m.md. The file's previous results are kept below
+# "## History".
 #
 #   bench/plan_10m.sh [ROWS]            (default 10000000)
-# Environment: DITSCALE (binary, default build/tools/ditscale), MANIFEST (default
-# /tmp/ditscale-plan-10m.csv, generated when missing), OUT (default bench/results/plan-10m.md).
+# Environment:
+#   DITSCALE  binary (default build/tools/ditscale)
+#   FORM      short (default: 6 columns path,text,num_frames,height,width,fps with a short caption,
+#             ~540 MB; tools/gen_manifest.py --short) or long (8 columns, quoted captions, 1.28 GB)
+#   MANIFEST  default /tmp/ditscale-plan-10m-short.csv (FORM=long: /tmp/ditscale-plan-10m.csv),
+#             generated when missing (--seed 1)
+#   RUNS      timings of each command (default 2); the speed-up uses the best of them
+#   COMPARE   1: also time `plan --compare` (the three policies) once
+#   OUT       default bench/results/plan-10m.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROWS=${1:-10000000}
 DITSCALE=${DITSCALE:-build/tools/ditscale}
-MANIFEST=${MANIFEST:-/tmp/ditscale-plan-$((ROWS / 1000000))m.csv}
+FORM=${FORM:-short}
+RUNS=${RUNS:-2}
+COMPARE=${COMPARE:-0}
+case "$FORM" in
+  short) GEN_FLAGS=(--short); SUFFIX=-short ;;
+  long) GEN_FLAGS=(); SUFFIX= ;;
+  *) echo "FORM must be short or long, got '$FORM'" >&2; exit 2 ;;
+esac
+MANIFEST=${MANIFEST:-/tmp/ditscale-plan-$((ROWS / 1000000))m$SUFFIX.csv}
 OUT=${OUT:-bench/results/plan-10m.md}
 WORLD=16
 MODEL=wan2.1-1.3b
 [[ -x "$DITSCALE" ]] || { echo "no ditscale binary at $DITSCALE (set DITSCALE=...)" >&2; exit 1; }
+[[ "$RUNS" =~ ^[1-9][0-9]?$ ]] || { echo "RUNS must be in [1, 99], got '$RUNS'" >&2; exit 2; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 if [[ ! -s "$MANIFEST" ]]; then
   echo "generating $ROWS rows into $MANIFEST ..." >&2
-  python3 tools/gen_manifest.py --rows "$ROWS" --seed 1 --out "$MANIFEST"
+  python3 tools/gen_manifest.py --rows "$ROWS" --seed 1 "${GEN_FLAGS[@]}" --out "$MANIFEST"
 fi
-SIZE=$(stat -c %s "$MANIFEST")
 
-echo "python csv pass ..." >&2
+# timed NAME CMD...: runs CMD under /usr/bin/time -v into $TMP/NAME.{out,time}; prints
+# "wall cpu rss_mib load1".
+timed() {
+  local name=$1
+  shift
+  /usr/bin/time -v "$@" > "$TMP/$name.out" 2> "$TMP/$name.time"
+  awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; w=s}
+              /User time|System time/ {c+=$2}
+              /Maximum resident set size/ {r=$2/1024}
+              END {printf "%.2f %.2f %.0f ", w, c, r}' "$TMP/$name.time"
+  cut -d' ' -f1 /proc/loadavg
+}
+
 CSV_CMD="import csv,sys; n=sum(1 for _ in csv.reader(open(sys.argv[1], newline=''))); print(n)"
-/usr/bin/time -v python3 -c "$CSV_CMD" "$MANIFEST" > "$TMP/csv.out" 2> "$TMP/csv.time"
-wall() { awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$1"; }
-cpu() { awk -F': ' '/User time|System time/ {s+=$2} END {print s}' "$1"; }
-rss() { awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2/1024}' "$1"; }
-CSV_S=$(wall "$TMP/csv.time")
-CSV_CPU=$(cpu "$TMP/csv.time")
-
-PLAN_CMD=("$DITSCALE" plan --manifest "$MANIFEST" --model "$MODEL" --world-size "$WORLD" --compare
-          --json --quiet)
-echo "ditscale plan ..." >&2
-/usr/bin/time -v "${PLAN_CMD[@]}" > "$TMP/plan.json" 2> "$TMP/plan.time"
-PLAN_S=$(wall "$TMP/plan.time")
-PLAN_RSS=$(rss "$TMP/plan.time")
-PLAN_CPU=$(cpu "$TMP/plan.time")
-echo "ditscale plan --policy balanced ..." >&2
 ONE_CMD=("$DITSCALE" plan --manifest "$MANIFEST" --model "$MODEL" --world-size "$WORLD"
          --policy balanced --json --quiet)
-/usr/bin/time -v "${ONE_CMD[@]}" > "$TMP/one.json" 2> "$TMP/one.time"
-ONE_S=$(wall "$TMP/one.time")
-ONE_RSS=$(rss "$TMP/one.time")
-ONE_CPU=$(cpu "$TMP/one.time")
-LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+: > "$TMP/runs"
+for i in $(seq "$RUNS"); do
+  echo "run $i/$RUNS: python csv pass ..." >&2
+  echo "csv $(timed csv python3 -c "$CSV_CMD" "$MANIFEST")" >> "$TMP/runs"
+  echo "run $i/$RUNS: ditscale plan --policy balanced ..." >&2
+  echo "one $(timed one "${ONE_CMD[@]}")" >> "$TMP/runs"
+  cp "$TMP/one.out" "$TMP/one.json"
+done
+if [[ "$COMPARE" == 1 ]]; then
+  echo "ditscale plan --compare ..." >&2
+  COMPARE_CMD=("$DITSCALE" plan --manifest "$MANIFEST" --model "$MODEL" --world-size "$WORLD"
+               --compare --json --quiet)
+  echo "compare $(timed compare "${COMPARE_CMD[@]}")" >> "$TMP/runs"
+fi
 
-python3 - "$TMP/plan.json" "$CSV_S" "$PLAN_S" "$PLAN_RSS" "$SIZE" "$OUT" "${PLAN_CMD[*]}" \
-  "$CSV_CPU" "$PLAN_CPU" "$LOAD" "$ONE_S" "$ONE_CPU" "$ONE_RSS" <<'PY'
-import datetime, json, os, platform, subprocess, sys
-(plan_path, csv_s, plan_s, rss_mib, size, out, cmd, csv_cpu, plan_cpu, load, one_s, one_cpu,
- one_rss) = sys.argv[1:]
-one_s, one_cpu, one_rss = float(one_s), float(one_cpu), float(one_rss)
-j = json.load(open(plan_path))
-csv_s, plan_s, rss_mib = float(csv_s), float(plan_s), float(rss_mib)
-csv_cpu, plan_cpu = float(csv_cpu), float(plan_cpu)
-cpu = "unknown"
-for line in open("/proc/cpuinfo"):
-    if line.startswith("model name"):
-        cpu = line.split(":", 1)[1].strip()
-        break
-ncpu = os.cpu_count()
-t = j["timing_s"]
-c = j["timing_cpu_s"]
+python3 - "$TMP/runs" "$TMP/one.json" "$MANIFEST" "$OUT" "$FORM" "${ONE_CMD[*]}" <<'PY'
+import datetime, json, os, platform, sys
+runs_path, one_path, manifest, out, form, cmd = sys.argv[1:]
+runs = {}
+for line in open(runs_path):
+    name, wall, cpu, rss, load = line.split()
+    runs.setdefault(name, []).append((float(wall), float(cpu), float(rss), load))
+j = json.load(open(one_path))
+cpu_name = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                 if l.startswith("model name")), "unknown")
+size = os.path.getsize(manifest)
+form_text = ("6 columns path,text,num_frames,height,width,fps, short unquoted caption; "
+             "tools/gen_manifest.py --short --seed 1" if form == "short" else
+             "8 columns, quoted captions; tools/gen_manifest.py --seed 1")
+best = {k: (min(r[0] for r in v), min(r[1] for r in v)) for k, v in runs.items()}
+t, c = j["timing_s"], j["timing_cpu_s"]
+p = j["policies"]["balanced"]
 lines = [
-    "# Planning a 10M-sample manifest (`ditscale plan --compare`, 16 ranks)",
+    f"# Planning a 10M-sample manifest for 16 ranks (`ditscale plan --policy balanced`)",
     "",
     f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-    f"- machine: {cpu}, {ncpu} cores visible, {platform.system()} {platform.release()} "
-    f"(shared with other jobs, load average {load} after the run: wall times include that "
-    "noise, CPU times (user + sys) much less)",
-    f"- manifest: {j['rows_total']:,} rows ({int(size) / 1e9:.2f} GB CSV, tools/gen_manifest.py "
-    f"--seed 1), {j['distinct_shapes']} training shapes, model {j['model']}",
+    f"- machine: {cpu_name}, {os.cpu_count()} cores visible, {platform.system()} "
+    f"{platform.release()}, shared with other jobs (1-minute load average after each run in "
+    "the table: wall times include that noise, CPU times (user + sys) much less)",
+    f"- manifest: {j['rows_total']:,} rows, {size / 1e6:.0f} MB ({form_text}), "
+    f"{j['distinct_shapes']} training shapes, model {j['model']}",
     f"- command: `{cmd}`",
-    f"- baseline: `python3 -c \"import csv; sum(1 for _ in csv.reader(open(F, newline='')))\"`",
+    "- baseline: `python3 -c \"import csv; sum(1 for _ in csv.reader(open(F, newline='')))\"`",
+    "",
+    "| run | command | wall (s) | CPU (s) | peak RSS (MiB) | load |",
+    "|---:|---|---:|---:|---:|---:|",
+]
+label = {"csv": "Python csv module, one pass", "one": "ditscale plan --policy balanced",
+         "compare": "ditscale plan --compare"}
+for name in ("csv", "one", "compare"):
+    for i, (w, cp, r, load) in enumerate(runs.get(name, [])):
+        lines.append(f"| {i + 1} | {label[name]} | {w:.2f} | {cp:.2f} | {r:.0f} | {load} |")
+lines += [
+    "",
+    f"Speed-up of `plan --policy balanced` over the csv pass (best of {len(runs['one'])} runs "
+    f"each): **{best['csv'][1] / best['one'][1]:.1f}x CPU**, "
+    f"{best['csv'][0] / best['one'][0]:.1f}x wall; peak RSS "
+    f"{max(r[2] for r in runs['one']):.0f} MiB. Target: >= 5x, <= 1024 MiB.",
+    "",
+    "Steps of the last `--policy balanced` run (from its --json timing):",
     "",
     "| step | wall (s) | CPU (s) |",
     "|---|---:|---:|",
-    f"| Python csv module, one pass (baseline) | {csv_s:.2f} | {csv_cpu:.2f} |",
-    f"| ditscale: parse CSV | {t['parse']:.2f} | {c['parse']:.2f} |",
-    f"| ditscale: shapes | {t['shape']:.2f} | {c['shape']:.2f} |",
-    f"| ditscale: M_comp search | {t['m_comp_search']:.2f} | |",
+    f"| parse CSV (two threads) | {t['parse']:.2f} | {c['parse']:.2f} |",
+    f"| shapes | {t['shape']:.2f} | {c['shape']:.2f} |",
+    f"| M_comp search | {t['m_comp_search']:.2f} | |",
+    f"| plan balanced (+ simulate) | {p['plan_time_s']:.2f} (+ {p['simulate_time_s']:.2f}) | "
+    f"{p['plan_cpu_s']:.2f} |",
+    f"| whole process (in-process timer) | | {c['total']:.2f} |",
+    "",
+    f"balanced: {p['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, compute CV "
+    f"{100 * p['compute_cv']:.2f}%, bubble {100 * p['bubble_fraction']:.2f}%, "
+    f"{p['num_steps']} steps, {p['dropped_samples']} dropped.",
 ]
-order = [n for n in ("equal-token", "adaptive", "balanced") if n in j["policies"]]
-for name in order:
-    p = j["policies"][name]
-    lines.append(f"| ditscale: plan {name} (+ simulate) | {p['plan_time_s']:.2f} "
-                 f"(+ {p['simulate_time_s']:.2f}) | {p['plan_cpu_s']:.2f} |")
-lines += [
-    f"| ditscale plan --compare, whole process | {plan_s:.2f} | {plan_cpu:.2f} |",
-    f"| ditscale plan --policy balanced, whole process | {one_s:.2f} | {one_cpu:.2f} |",
-    "",
-    "Parse and the --compare policies use two threads (CPU time is the sum over threads).",
-    "",
-    "| run | speed-up, wall | speed-up, CPU | peak RSS (MiB) |",
-    "|---|---:|---:|---:|",
-    f"| `plan --policy balanced` | **{csv_s / one_s:.1f}x** | {csv_cpu / one_cpu:.1f}x | "
-    f"{one_rss:.0f} |",
-    f"| `plan --compare` (3 policies) | **{csv_s / plan_s:.1f}x** | {csv_cpu / plan_cpu:.1f}x | "
-    f"{rss_mib:.0f} |",
-    "",
-    "Targets: >= 5x over the csv pass, <= 1536 MiB peak RSS.",
-    "",
-    f"M_mem = {j['m_mem_tokens']:,} tokens (analytical memory model, 141 GiB), "
-    f"M_comp = {j['m_comp']:.4g} (chosen by simulated epoch time), analytical H200 cost.",
-    "",
-    "| policy | tokens/s/GPU | compute CV | bubble | epoch (s) | lower bound (s) | steps | dropped |",
-    "|---|---:|---:|---:|---:|---:|---:|---:|",
-]
-for name in order:
-    p = j["policies"][name]
-    lines.append(f"| {name} | {p['tokens_per_s_per_gpu']:.0f} | {100 * p['compute_cv']:.2f}% | "
-                 f"{100 * p['bubble_fraction']:.2f}% | {p['epoch_time_s']:.0f} | "
-                 f"{p['lower_bound_s']:.0f} | {p['num_steps']} | {p['dropped_samples']} |")
-open(out, "w").write("\n".join(lines) + "\n")
+history = []
+if os.path.exists(out):
+    old = open(out).read().splitlines()
+    cut = next((i for i, l in enumerate(old) if l.strip() == "## History"), len(old))
+    current, earlier = old[:cut], old[cut + 1:]
+    if current:
+        current[0] = "###" + current[0].lstrip("#") if current[0].startswith("#") else current[0]
+    history = current + earlier
+text = "\n".join(lines) + "\n"
+if history:
+    text += "\n## History\n\n" + "\n".join(l for l in history).strip("\n") + "\n"
+open(out, "w").write(text)
 print("\n".join(lines))
 PY

@@ -7,23 +7,14 @@
 //
 // Usage: adaln_kernel_bench [--quick] [--variants LIST]
 //   --quick     only B = 1, N = 16384, 65536 (D = 1536, 3072, 5120)
-//   --variants  comma-separated, each `base` (the first kernels) or `pipe[F.B][.tN][.rR][.pT][.qT]`
-//               (the pipelined kernels: ring depths F and B (default 3.2), at most N resident
-//               blocks per SM, R forward rows per thread, forward / backward target of T threads
-//               per row);
-//               `tma[.sS][.rR][.g][.b][.e][.cC][.pT][.tN]`: the bulk-copy forward (ring of S
-//               groups of R consecutive rows (default: automatic), .g per-thread stores
-//               instead of bulk stores, .b bulk stores at every row size, .e L2 evict-first
-//               hints, .c0/.c1 coefficients in registers / reloaded per row);
-//               `pipe...` variants force the cp.async forward;
-//               `warp[.rR][.e|.c][.p|.n][.a0]`: the warp-per-row forward where it applies (rows
-//               <= 256 vectors), else the bulk-copy one: R rows per warp, .e / .c streaming
-//               cache hints on / off, .p / .n persistent grid with the next rows prefetched /
-//               one pass without prefetch, .a0 scale/shift loaded at use instead of packed
-//               ahead (the default where it applies; .p and .r2 select at use as well);
-//               `auto`: the defaults; `knob=value[+knob=value...]`: the defaults with
-//               AdaLNTuning fields set by name (e.g. `pdl=0+bwd_stages=3`).
-//               Default `tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4`.
+//   --variants  comma-separated, each `auto` (the plans of ditscale/kernels/internal/adaln_plan.h),
+//               `base` (the first kernels), `pipe` / `tma` / `warp` (the forward's cp.async,
+//               bulk-copy or warp-per-row kernel where it applies: AdaLNTuning::fwd_kernel 1 / 2
+//               / 3), or `knob=value[+knob=value...]`: the defaults with AdaLNTuning fields set by
+//               name (e.g. `pdl=0`, `fwd_kernel=1+max_resident_blocks=264`). The search variants
+//               of the kernel tuning (ring depths, rows per group, store and hint variants) left
+//               the library: bench/results/adaln-kernel-notes.md, "Removed variants".
+//               Default `auto,pipe`.
 //   --fwd-only  skip the backward timings (columns show 0)
 //   --shapes    B:N:D,... instead of the default shapes (e.g. one shape under Nsight Compute)
 #include <cuda_runtime.h>
@@ -75,7 +66,7 @@ struct Variant {
   ditscale::kernels::internal::AdaLNTuning tuning;
 };
 
-// "base", "pipe", "pipeF.B" or "pipeF.B.tN" -> tuning knobs.
+// "auto", "base", "pipe", "tma", "warp" or "knob=value+..." -> tuning knobs.
 Variant parse_variant(const std::string& spec) {
   Variant v{spec, {}};
   if (spec == "base") {
@@ -94,75 +85,15 @@ Variant parse_variant(const std::string& spec) {
     }
     return v;
   }
-  if (spec.rfind("warp", 0) == 0) {  // warp[.rR][.e|.c][.p|.n][.a0]
-    v.tuning.fwd_kernel = 3;
-    for (std::size_t pos = 4; pos < spec.size();) {
-      const std::size_t dot = std::min(spec.find('.', pos), spec.size());
-      const std::string tok = spec.substr(pos, dot - pos);
-      if (!tok.empty() && tok[0] == 'r') {
-        v.tuning.fwd_warp_rows = std::atoi(tok.c_str() + 1);
-      } else if (tok == "e") {
-        v.tuning.fwd_evict_first = 1;
-      } else if (tok == "c") {
-        v.tuning.fwd_evict_first = 0;
-      } else if (tok == "p") {
-        v.tuning.fwd_warp_prefetch = 1;
-      } else if (tok == "n") {
-        v.tuning.fwd_warp_prefetch = 0;
-      } else if (tok == "a0") {
-        v.tuning.fwd_coef_ahead = 0;
-      } else if (!tok.empty()) {
-        std::fprintf(stderr, "unknown field '%s' in variant '%s'\n", tok.c_str(), spec.c_str());
-        std::exit(2);
-      }
-      pos = dot + 1;
-    }
-    return v;
-  }
-  const bool tma = spec.rfind("tma", 0) == 0;
-  if (spec.rfind("pipe", 0) != 0 && !tma) {
-    std::fprintf(stderr, "unknown variant '%s'\n", spec.c_str());
+  const int kernel = spec == "pipe" ? 1 : (spec == "tma" ? 2 : (spec == "warp" ? 3 : 0));
+  if (kernel == 0) {
+    std::fprintf(stderr,
+                 "unknown variant '%s' (auto, base, pipe, tma, warp or knob=value; the search "
+                 "variants were removed, see bench/results/adaln-kernel-notes.md)\n",
+                 spec.c_str());
     std::exit(2);
   }
-  v.tuning.fwd_kernel = tma ? 2 : 1;
-  // pipe[F[.B]][.tN][.rR][.pT][.qT]: ring depths, blocks per SM cap, forward rows per thread,
-  // target threads per row of the forward / backward.
-  std::size_t pos = tma ? 3 : 4;
-  int field = 0;
-  while (pos < spec.size()) {
-    const std::size_t dot = std::min(spec.find('.', pos), spec.size());
-    const std::string tok = spec.substr(pos, dot - pos);
-    if (!tok.empty()) {
-      const char c = tok[0];
-      if (tma && c == 's') {
-        v.tuning.fwd_tma_stages = std::atoi(tok.c_str() + 1);
-      } else if (tma && c == 'g') {
-        v.tuning.fwd_bulk_store = 0;
-      } else if (tma && c == 'b') {
-        v.tuning.fwd_bulk_store = 1;
-      } else if (tma && c == 'e') {
-        v.tuning.fwd_evict_first = 1;
-      } else if (tma && c == 'r') {
-        v.tuning.fwd_tma_rows = std::atoi(tok.c_str() + 1);
-      } else if (tma && c == 'c') {
-        v.tuning.fwd_coef_reload = std::atoi(tok.c_str() + 1);
-      } else if (c == 't') {
-        v.tuning.max_blocks_per_sm = std::atoi(tok.c_str() + 1);
-      } else if (c == 'r') {
-        v.tuning.fwd_rows = std::atoi(tok.c_str() + 1);
-      } else if (c == 'p') {
-        v.tuning.fwd_target_tpr = std::atoi(tok.c_str() + 1);
-      } else if (c == 'q') {
-        v.tuning.bwd_target_tpr = std::atoi(tok.c_str() + 1);
-
-      } else if (field++ == 0) {
-        v.tuning.fwd_stages = std::atoi(tok.c_str());
-      } else {
-        v.tuning.bwd_stages = std::atoi(tok.c_str());
-      }
-    }
-    pos = dot + 1;
-  }
+  v.tuning.fwd_kernel = kernel;
   return v;
 }
 
@@ -172,7 +103,7 @@ int main(int argc, char** argv) {
   using namespace ditscale::kernels;
   bool quick = false;
   bool fwd_only = false;
-  std::string variants = "tma,tma.r2,tma.r2.s4,tma.r2.g,tma.r4";
+  std::string variants = "auto,pipe";
   std::string shapes_arg;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -186,7 +117,7 @@ int main(int argc, char** argv) {
       shapes_arg = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--fwd-only] [--variants base,pipe,tma.s6,...] "
+                   "usage: %s [--quick] [--fwd-only] [--variants auto,base,pipe,pdl=0,...] "
                    "[--shapes B:N:D,...]\n",
                    argv[0]);
       return 2;

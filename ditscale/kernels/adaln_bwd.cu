@@ -1,8 +1,10 @@
 // Fused AdaLN backward with the D-tile coalesced, deterministic reduction. See adaln.h.
 //
-// Default main kernel: the pipelined one of internal/adaln_bwd_pipe.cuh. The kernels below are
-// the first version (still used when its shared memory would not fit, or with
-// AdaLNTuning::pipelined off) and the general path.
+// adaln_backward_cuda chooses the plan (choose_bwd_plan, internal/adaln_plan.h), then launches the
+// zero fill of dmod where needed, the main kernel and the reduction of the partials. Main
+// kernel: the pipelined one of internal/adaln_bwd_pipe.cuh; the kernels below are the first
+// version (still used when its shared memory would not fit, or with AdaLNTuning::pipelined off)
+// and the general path.
 // Main kernel: one block per (b, sequence tile of rows_per_tile rows). Threads own features
 // (vector j * tpr + t of V = 16 bytes / sizeof(T) elements, so a warp reads contiguous memory) and
 // walk down the tile row by row: x and dy are read once, xhat is recomputed from the saved
@@ -16,7 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <iterator>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -34,12 +36,9 @@ namespace ditscale::kernels {
 namespace internal {
 namespace {
 
-// <= 8 elements per thread: 512 threads (128 registers); more: 256 threads (255 registers).
-// (ptxas -v: no spills for any instantiation on sm_80 / sm_90a.)
-constexpr int bwd_max_threads(int elems_per_thread) { return elems_per_thread <= 8 ? 512 : 256; }
-
+// Register budget: bwd_vec_max_threads (adaln_plan.h).
 template <typename T, int kVecs>
-__global__ void __launch_bounds__(bwd_max_threads(kVecs * 16 / sizeof(T)), 1)
+__global__ void __launch_bounds__(bwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1)
     adaln_bwd_vec_kernel(const BwdArgs a, const SmemSlots slots) {
   pdl_enter();  // before any global access (adaln_device.cuh)
   constexpr int V = 16 / sizeof(T);
@@ -290,12 +289,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   store_any<T>(job.out, job.out_f32, (job.over_batch ? 0 : b * job.out_sb) + d, total);
 }
 
-constexpr int kBwdVecCandidates[] = {1, 2, 3, 4};
-// Shared-memory accumulators above this take the general kernel (fits A100 and H100/H200).
-constexpr std::size_t kMaxAccSmemBytes = 96 * 1024;
-// Ring + slots of the pipelined kernel above this take the first kernel.
-constexpr std::size_t kMaxPipeSmemBytes = 160 * 1024;
-
 // Dynamic shared memory of the pipelined backward (adaln_bwd_pipe.cuh): the ring, then the slots.
 std::size_t bwd_pipe_smem(int stages, int threads, int vecs, int num_slots, std::int64_t dim) {
   return static_cast<std::size_t>(stages) * 2 * threads * vecs * 16 +
@@ -319,20 +312,14 @@ void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int thre
   launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), smem, stream, a, slots);
 }
 
-// Lean bf16 backward, two-row ring: the instantiation whose launch bound caps the registers at
-// kBwdRegCap per thread (a few bytes spilled at 4 vectors per thread) is taken when
-// AdaLNTuning::bwd_reg_cap says so (0 never, kBwdRegCap always) or, automatically (-1), at 4
-// vectors per thread where the uncapped kernel fits at most 2 blocks per SM and the capped one
+// The register-capped instantiation (BwdPlan::reg_cap_candidate: lean bf16, two-row ring, 4
+// vectors per thread) where the uncapped kernel fits at most 2 blocks per SM and the capped one
 // more. Measured (kernel bench, backward % of the copy bandwidth, adaln-kernel-notes.md v13):
 // D = 5120 (160 threads, 2 -> 3 blocks) +2 to +6 points, D = 8192 (256 threads, 1 -> 2) +5 to +8;
 // D = 4096 (128 threads, 3 -> 4) 3 points slower, and at 3 vectors per thread (D = 1536 / 3072,
 // 6 -> 8 / 3 -> 4 blocks) 1-3 points slower.
-constexpr int kBwdRegCap = 128;
-
-template <int kVecs>
-bool bwd_reg_capped(const AdaLNTuning& tune, int threads, int num_slots, std::int64_t dim) {
-  if (tune.bwd_reg_cap >= 0) return tune.bwd_reg_cap > 0;
-  if (kVecs != 4) return false;
+bool bwd_reg_capped(int threads, int num_slots, std::int64_t dim) {
+  constexpr int kVecs = 4;
   const std::size_t smem = bwd_pipe_smem(2, threads, kVecs, num_slots, dim);
   const int uncapped =
       blocks_per_sm(adaln_bwd_pipe_kernel<__nv_bfloat16, kVecs, 2, true>, threads, smem);
@@ -341,14 +328,9 @@ bool bwd_reg_capped(const AdaLNTuning& tune, int threads, int num_slots, std::in
                        smem) > uncapped;
 }
 
-}  // namespace
-}  // namespace internal
-
-void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
-  using namespace internal;
-  adaln_check(p, /*for_gpu=*/true);
+// The backward's arguments: views, outputs, and the workspace's partial blocks (`layout`).
+BwdArgs bwd_args(const AdaLNBwdParams& p, const BwdWorkspaceLayout& layout) {
   const bool gated = p.gate.data != nullptr;
-  const BwdWorkspaceLayout layout = bwd_workspace_layout(p);
   float* ws = static_cast<float*>(p.workspace);
   int slot = 0;
   auto next_slot = [&](bool present) -> float* {
@@ -383,146 +365,130 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
   a.ws_dgate = next_slot(layout.dgate);
   a.ws_dweight = next_slot(layout.dweight);
   a.ws_dbias = next_slot(layout.dbias);
-  auto* cu_stream = static_cast<cudaStream_t>(stream);
-  // Rows of p.dmod that no output fills (adaln.h): zeroed by the reduce kernel's first job (a
-  // per-sample one, first in job order), or, with more than kMaxZeroRows or no such job, by one
-  // memset ahead of everything else.
-  const std::vector<std::int64_t> zero_rows = dmod_zero_rows(p);
+  return a;
+}
+
+// The main kernel of `plan` for element type T; updates the tiling in `a` (pipelined kernel).
+template <typename T>
+void launch_bwd_main(const BwdPlan& plan, BwdArgs& a, const BwdWorkspaceLayout& layout,
+                     std::int64_t batch, cudaStream_t stream) {
+  // Slots: every reduced quantity in shared memory for the first kernel; the pipelined one keeps
+  // dscale / dshift in registers.
+  SmemSlots slots;
+  int used = 0;
+  if (plan.kernel != BwdKernel::kPipe && a.ws_dscale != nullptr) slots.dscale = used++;
+  if (plan.kernel != BwdKernel::kPipe && a.ws_dshift != nullptr) slots.dshift = used++;
+  if (a.ws_dgate != nullptr) slots.dgate = used++;
+  if (a.ws_dweight != nullptr) slots.dweight = used++;
+  if (a.ws_dbias != nullptr) slots.dbias = used++;
+  const std::int64_t blocks = batch * layout.num_tiles;
+  DS_CHECK(blocks <= 0x7fffffff, "AdaLNBwdParams: too many sequence tiles: ", blocks);
+  if (plan.kernel == BwdKernel::kGeneral) {
+    launch_kernel(adaln_bwd_general_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                  dim3(kGeneralThreads), 0, stream, a);
+    return;
+  }
+  dispatch_int<1, 2, 3, 4>(plan.vecs, [&](auto kv) {
+    constexpr int kVecs = decltype(kv)::value;
+    if (plan.kernel == BwdKernel::kVec) {
+      auto* kernel = adaln_bwd_vec_kernel<T, kVecs>;
+      const std::size_t smem = static_cast<std::size_t>(used) * a.d * sizeof(float);
+      if (smem > 32 * 1024) {  // static shared memory counts against the 48 KB default
+        DS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+      }
+      launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(plan.threads), smem, stream,
+                    a, slots);
+      return;
+    }
+    const std::int64_t tiles = layout.num_tiles;
+    if (!plan.lean) {
+      launch_bwd_pipe<T, kVecs, 3, false>(a, slots, used, plan.threads, batch, tiles, stream);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if constexpr (kVecs == 4) {
+        if (plan.reg_cap_candidate && bwd_reg_capped(plan.threads, used, a.d)) {
+          launch_bwd_pipe<T, kVecs, 2, true, kBwdRegCap>(a, slots, used, plan.threads, batch, tiles,
+                                                         stream);
+          return;
+        }
+      }
+      launch_bwd_pipe<T, kVecs, 2, true>(a, slots, used, plan.threads, batch, tiles, stream);
+    } else {
+      launch_bwd_pipe<T, kVecs, 3, true>(a, slots, used, plan.threads, batch, tiles, stream);
+    }
+  });
+}
+
+// Rows of p.dmod that no output fills (adaln.h): zeroed by the reduce kernel's first job (a
+// per-sample one, first in job order), or, with more than kMaxZeroRows or no such job, by one
+// memset ahead of everything else (returns true then).
+bool zero_dmod_ahead(const AdaLNBwdParams& p, const BwdWorkspaceLayout& layout,
+                     const std::vector<std::int64_t>& zero_rows, cudaStream_t stream) {
   const bool zero_all = !zero_rows.empty() && (zero_rows.size() > kMaxZeroRows ||
                                                !(layout.dscale || layout.dshift || layout.dgate));
   if (zero_all) {
     DS_CHECK_CUDA(cudaMemsetAsync(
         p.dmod, 0,
         static_cast<std::size_t>(p.batch * p.dmod_rows * p.dim) * dtype_size(p.dmod_dtype),
-        cu_stream));
+        stream));
   }
+  return zero_all;
+}
 
-  const std::int64_t vec = 16 / static_cast<std::int64_t>(dtype_size(p.dtype));
-  const std::int64_t B = p.batch, N = p.seq_len;
-  const bool aligned =
-      p.dim % vec == 0 && view_aligned(p.x, B, N) && view_aligned(p.dy, B, N) &&
-      view_aligned(p.dh_out, B, N) && view_aligned(p.branch, B, N) && view_aligned(p.gate, B, N) &&
-      view_aligned(p.scale, B, N) && aligned16(p.weight) && aligned16(p.bias) && aligned16(p.dx) &&
-      aligned16(p.dbranch) && aligned16(p.dscale) && aligned16(p.dshift) && aligned16(p.dgate);
-  SmemSlots slots;
-  int used = 0;
-  if (a.ws_dscale != nullptr) slots.dscale = used++;
-  if (a.ws_dshift != nullptr) slots.dshift = used++;
-  if (a.ws_dgate != nullptr) slots.dgate = used++;
-  if (a.ws_dweight != nullptr) slots.dweight = used++;
-  if (a.ws_dbias != nullptr) slots.dbias = used++;
-  const std::size_t smem = static_cast<std::size_t>(used) * p.dim * sizeof(float);
-  VecPlan plan;
-  if (aligned && smem <= kMaxAccSmemBytes) {
-    plan = choose_vec_plan(
-        p.dim / vec, kBwdVecCandidates, static_cast<int>(std::size(kBwdVecCandidates)),
-        [&](int k) { return bwd_max_threads(static_cast<int>(k * vec)); },
-        /*target_tpr=*/512);  // ties: more threads, fewer registers per thread
+// Sums the partials of the reduced gradients (and writes the zero rows of dmod) in one launch.
+template <typename T>
+void launch_bwd_reduce(const AdaLNBwdParams& p, const BwdArgs& a,
+                       const std::vector<std::int64_t>& zero_rows, bool zeroed,
+                       cudaStream_t stream) {
+  ReduceArgs r;
+  r.batch = p.batch;
+  r.num_tiles = a.num_tiles;  // the pipelined launch may use fewer tiles than the layout holds
+  r.d = p.dim;
+  int jobs = 0;
+  auto add_job = [&](const float* src, void* out, std::int64_t out_sb, DType out_dtype,
+                     bool over_batch) {
+    if (src == nullptr) return;
+    r.jobs[jobs++] =
+        ReduceJob{src, out, out_sb > 0 ? out_sb : p.dim, out_dtype == DType::kFloat32, over_batch};
+  };
+  add_job(a.ws_dscale, p.dscale, p.dscale_stride_b, p.scale.dtype, false);
+  add_job(a.ws_dshift, p.dshift, p.dshift_stride_b, p.shift.dtype, false);
+  add_job(a.ws_dgate, p.dgate, p.dgate_stride_b, p.gate.dtype, false);
+  add_job(a.ws_dweight, p.dweight, 0, p.affine_dtype, true);
+  add_job(a.ws_dbias, p.dbias, 0, p.affine_dtype, true);
+  if (!zeroed && !zero_rows.empty()) {  // job 0 is per sample here (see zero_dmod_ahead)
+    r.zero.dmod = p.dmod;
+    r.zero.sb = p.dmod_rows * p.dim;
+    r.zero.f32 = p.dmod_dtype == DType::kFloat32;
+    r.zero.count = static_cast<int>(zero_rows.size());
+    for (int k = 0; k < r.zero.count; ++k) r.zero.rows[k] = zero_rows[k] * p.dim;
   }
-  const std::int64_t blocks = B * layout.num_tiles;
-  DS_CHECK(blocks <= 0x7fffffff, "AdaLNBwdParams: too many sequence tiles: ", blocks);
+  if (jobs == 0) return;
+  const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;
+  DS_CHECK(chunks * p.batch <= 0x7fffffff, "AdaLNBwdParams: batch * dim too large for one grid");
+  const dim3 grid(static_cast<unsigned>(chunks * p.batch), static_cast<unsigned>(jobs));
+  launch_kernel(adaln_reduce_partials_kernel<T>, grid, dim3(kReduceCols, kReduceRows), 0, stream,
+                r);
+}
 
-  // Pipelined kernel: dscale/dshift partials in registers, the others in shared-memory slots.
-  const AdaLNTuning& tune = adaln_tuning();
-  DS_CHECK(tune.bwd_reg_cap == -1 || tune.bwd_reg_cap == 0 || tune.bwd_reg_cap == kBwdRegCap,
-           "AdaLNTuning::bwd_reg_cap: ", tune.bwd_reg_cap, " is not -1, 0 or ", kBwdRegCap);
-  const bool lean = !gated && p.weight == nullptr && p.bias == nullptr;
-  VecPlan pipe_plan;
-  SmemSlots pipe_slots;
-  int pipe_used = 0;
-  if (a.ws_dgate != nullptr) pipe_slots.dgate = pipe_used++;
-  if (a.ws_dweight != nullptr) pipe_slots.dweight = pipe_used++;
-  if (a.ws_dbias != nullptr) pipe_slots.dbias = pipe_used++;
-  // Automatic threads-per-row target (AdaLNTuning::bwd_target_tpr): 128 for lean 16-bit rows of
-  // more than 3 KB, 64 otherwise (the folded lean kernel was measured; the others keep v8's 64).
-  const int auto_tpr = lean && vec == 8 && p.dim / vec > 192 ? 128 : 64;
-  if (aligned && tune.pipelined) {
-    pipe_plan = choose_vec_plan(
-        p.dim / vec, kBwdVecCandidates, static_cast<int>(std::size(kBwdVecCandidates)),
-        [&](int k) {
-          const bool capped =
-              lean && p.dtype == DType::kBFloat16 && tune.bwd_reg_cap > 0 && tune.bwd_stages == 2;
-          return capped ? bwd_pipe_bound(static_cast<int>(k * vec), kBwdRegCap)
-                        : bwd_pipe_max_threads(static_cast<int>(k * vec));
-        },
-        tune.bwd_target_tpr > 0 ? tune.bwd_target_tpr : auto_tpr);
-    if (bwd_pipe_smem(4, pipe_plan.threads, pipe_plan.vecs, pipe_used, p.dim) > kMaxPipeSmemBytes) {
-      pipe_plan = VecPlan{};
-    }
-  }
+}  // namespace
+}  // namespace internal
 
+// Choose the plan (adaln_plan.h), then launch: the zero fill of dmod where needed, the main
+// kernel, the reduction of the partials.
+void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
+  using namespace internal;
+  adaln_check(p, /*for_gpu=*/true);
+  const BwdPlan plan = choose_bwd_plan(p, adaln_tuning());
+  const BwdWorkspaceLayout layout = bwd_workspace_layout(p);
+  BwdArgs a = bwd_args(p, layout);
+  auto* cu_stream = static_cast<cudaStream_t>(stream);
+  const std::vector<std::int64_t> zero_rows = dmod_zero_rows(p);
+  const bool zeroed = zero_dmod_ahead(p, layout, zero_rows, cu_stream);
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (pipe_plan.vecs != 0) {
-      dispatch_int<1, 2, 3, 4>(pipe_plan.vecs, [&](auto kv) {
-        constexpr int kVecs = decltype(kv)::value;
-        if constexpr (kVecs * 16 / sizeof(T) <= 32) {
-          if (!lean) {
-            launch_bwd_pipe<T, kVecs, 3, false>(a, pipe_slots, pipe_used, pipe_plan.threads, B,
-                                                layout.num_tiles, cu_stream);
-          } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            if (tune.bwd_stages == 2 &&
-                bwd_reg_capped<kVecs>(tune, pipe_plan.threads, pipe_used, p.dim)) {
-              launch_bwd_pipe<T, kVecs, 2, true, kBwdRegCap>(
-                  a, pipe_slots, pipe_used, pipe_plan.threads, B, layout.num_tiles, cu_stream);
-            } else {
-              dispatch_int<2, 3, 4>(tune.bwd_stages, [&](auto ks) {
-                launch_bwd_pipe<T, kVecs, decltype(ks)::value, true>(
-                    a, pipe_slots, pipe_used, pipe_plan.threads, B, layout.num_tiles, cu_stream);
-              });
-            }
-          } else {
-            launch_bwd_pipe<T, kVecs, 3, true>(a, pipe_slots, pipe_used, pipe_plan.threads, B,
-                                               layout.num_tiles, cu_stream);
-          }
-        } else {
-          DS_FAIL("AdaLN: no pipelined instantiation for ", kVecs, " vectors per thread");
-        }
-      });
-    } else if (plan.vecs == 0) {
-      launch_kernel(adaln_bwd_general_kernel<T>, dim3(static_cast<unsigned>(blocks)),
-                    dim3(kGeneralThreads), 0, cu_stream, a);
-    } else {
-      dispatch_int<1, 2, 3, 4>(plan.vecs, [&](auto kv) {
-        auto* kernel = adaln_bwd_vec_kernel<T, decltype(kv)::value>;
-        if (smem > 32 * 1024) {  // static shared memory counts against the 48 KB default
-          DS_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(smem)));
-        }
-        launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(plan.threads), smem,
-                      cu_stream, a, slots);
-      });
-    }
-
-    ReduceArgs r;
-    r.batch = B;
-    r.num_tiles = a.num_tiles;  // the pipelined launch may use fewer tiles than the layout holds
-    r.d = p.dim;
-    int jobs = 0;
-    auto add_job = [&](const float* src, void* out, std::int64_t out_sb, DType out_dtype,
-                       bool over_batch) {
-      if (src == nullptr) return;
-      r.jobs[jobs++] = ReduceJob{src, out, out_sb > 0 ? out_sb : p.dim,
-                                 out_dtype == DType::kFloat32, over_batch};
-    };
-    add_job(a.ws_dscale, p.dscale, p.dscale_stride_b, p.scale.dtype, false);
-    add_job(a.ws_dshift, p.dshift, p.dshift_stride_b, p.shift.dtype, false);
-    add_job(a.ws_dgate, p.dgate, p.dgate_stride_b, p.gate.dtype, false);
-    add_job(a.ws_dweight, p.dweight, 0, p.affine_dtype, true);
-    add_job(a.ws_dbias, p.dbias, 0, p.affine_dtype, true);
-    if (!zero_all && !zero_rows.empty()) {  // job 0 is per sample here (see zero_all)
-      r.zero.dmod = p.dmod;
-      r.zero.sb = p.dmod_rows * p.dim;
-      r.zero.f32 = p.dmod_dtype == DType::kFloat32;
-      r.zero.count = static_cast<int>(zero_rows.size());
-      for (int k = 0; k < r.zero.count; ++k) r.zero.rows[k] = zero_rows[k] * p.dim;
-    }
-    if (jobs == 0) return;
-    const std::int64_t chunks = (p.dim + kReduceCols - 1) / kReduceCols;
-    DS_CHECK(chunks * B <= 0x7fffffff, "AdaLNBwdParams: batch * dim too large for one grid");
-    const dim3 grid(static_cast<unsigned>(chunks * B), static_cast<unsigned>(jobs));
-    launch_kernel(adaln_reduce_partials_kernel<T>, grid, dim3(kReduceCols, kReduceRows), 0,
-                  cu_stream, r);
+    launch_bwd_main<T>(plan, a, layout, p.batch, cu_stream);
+    launch_bwd_reduce<T>(p, a, zero_rows, zeroed, cu_stream);
   });
 }
 

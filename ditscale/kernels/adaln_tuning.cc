@@ -4,46 +4,28 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <system_error>
 
 #include "ditscale/core/error.h"
+#include "ditscale/core/range.h"
 
 namespace ditscale::kernels::internal {
 namespace {
 
-// name -> the int field it sets (`pipelined`, a bool, is handled by the caller).
-int* tuning_field(AdaLNTuning& t, std::string_view name) {
-  struct Entry {
-    std::string_view name;
-    int AdaLNTuning::*field;
-  };
-  static constexpr Entry kFields[] = {
-      {"fwd_stages", &AdaLNTuning::fwd_stages},
-      {"bwd_stages", &AdaLNTuning::bwd_stages},
-      {"fwd_rows", &AdaLNTuning::fwd_rows},
-      {"fwd_target_tpr", &AdaLNTuning::fwd_target_tpr},
-      {"fwd_kernel", &AdaLNTuning::fwd_kernel},
-      {"fwd_warp_rows", &AdaLNTuning::fwd_warp_rows},
-      {"fwd_warp_prefetch", &AdaLNTuning::fwd_warp_prefetch},
-      {"fwd_coef_ahead", &AdaLNTuning::fwd_coef_ahead},
-      {"fwd_evict_first", &AdaLNTuning::fwd_evict_first},
-      {"fwd_tma_stages", &AdaLNTuning::fwd_tma_stages},
-      {"fwd_bulk_store", &AdaLNTuning::fwd_bulk_store},
-      {"fwd_coef_reload", &AdaLNTuning::fwd_coef_reload},
-      {"fwd_tma_rows", &AdaLNTuning::fwd_tma_rows},
-      {"fwd_tma_prefer", &AdaLNTuning::fwd_tma_prefer},
-      {"fwd_tma_vecs", &AdaLNTuning::fwd_tma_vecs},
-      {"bwd_target_tpr", &AdaLNTuning::bwd_target_tpr},
-      {"bwd_reg_cap", &AdaLNTuning::bwd_reg_cap},
-      {"pdl", &AdaLNTuning::pdl},
-      {"max_blocks_per_sm", &AdaLNTuning::max_blocks_per_sm},
-      {"max_resident_blocks", &AdaLNTuning::max_resident_blocks},
-  };
-  for (const Entry& e : kFields) {
-    if (e.name == name) return &(t.*e.field);
-  }
-  return nullptr;
+// name -> the int field it sets and its range (`pipelined`, a bool, is handled by the caller).
+struct Knob {
+  int* field;
+  int lo, hi;
+};
+
+std::optional<Knob> tuning_field(AdaLNTuning& t, std::string_view name) {
+  if (name == "fwd_kernel") return Knob{&t.fwd_kernel, 0, 3};
+  if (name == "pdl") return Knob{&t.pdl, 0, 1};
+  if (name == "max_resident_blocks") return Knob{&t.max_resident_blocks, 0, 1 << 30};
+  return std::nullopt;
 }
 
 }  // namespace
@@ -68,10 +50,14 @@ void apply_adaln_tuning(AdaLNTuning& t, const char* text, const char* source) {
       t.pipelined = v != 0;
       continue;
     }
-    int* field = tuning_field(t, name);
-    DS_CHECK(field != nullptr, source, ": entry '", entry, "': no AdaLN tuning knob named '", name,
-             "' (see ditscale/kernels/internal/adaln_tuning.h)");
-    *field = v;
+    const std::optional<Knob> knob = tuning_field(t, name);
+    DS_CHECK(knob.has_value(), source, ": entry '", entry, "': no AdaLN tuning knob named '", name,
+             "' (pipelined, fwd_kernel, pdl, max_resident_blocks; see "
+             "ditscale/kernels/internal/adaln_tuning.h)");
+    const std::optional<std::string> range =
+        RangeError(name, static_cast<long long>(v), knob->lo, knob->hi);
+    DS_CHECK(!range, source, ": entry '", entry, "': ", *range);
+    *knob->field = v;
   }
 }
 

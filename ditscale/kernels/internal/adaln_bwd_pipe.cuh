@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "ditscale/kernels/internal/adaln_device.cuh"
+#include "ditscale/kernels/internal/adaln_plan.h"
 
 namespace ditscale::kernels::internal {
 
@@ -74,16 +75,8 @@ struct SmemSlots {
   int dscale = -1, dshift = -1, dgate = -1, dweight = -1, dbias = -1;
 };
 
-// Elements per thread -> block size cap (registers without spills).
-constexpr int bwd_pipe_max_threads(int elems_per_thread) {
-  return elems_per_thread <= 8 ? 512 : (elems_per_thread <= 32 ? 256 : 0);
-}
-
-// Launch bound of an instantiation: the plan's thread cap, or with kRegCap > 0 the block size at
-// which one block may use kRegCap registers per thread (whole warps; AdaLNTuning::bwd_reg_cap).
-constexpr int bwd_pipe_bound(int elems_per_thread, int reg_cap) {
-  return reg_cap > 0 ? 65536 / reg_cap / 32 * 32 : bwd_pipe_max_threads(elems_per_thread);
-}
+// Launch bound of an instantiation: bwd_pipe_bound (adaln_plan.h; kRegCap > 0: the
+// register-capped instantiation, kBwdRegCap).
 
 // Dynamic shared memory: ring [kStages][2 (x, dy)][tpr * kVecs] 16-byte chunks, then the slots
 // [slots.{dgate,dweight,dbias}][D] fp32 (slots.dscale / slots.dshift are unused here: those

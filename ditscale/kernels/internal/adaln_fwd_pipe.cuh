@@ -19,16 +19,11 @@
 #include <cstdint>
 
 #include "ditscale/kernels/internal/adaln_device.cuh"
+#include "ditscale/kernels/internal/adaln_plan.h"
 
 namespace ditscale::kernels::internal {
 
-// Block size cap for `elems` elements per row-vector set and `rows` rows per thread: registers
-// ~ (rows + 2) * elems (data and the two coefficient arrays) + ~56 (indices, pointers), held
-// under the launch bound's limit without spills (ptxas -v). 0 = not supported by this kernel.
-constexpr int fwd_pipe_max_threads(int elems, int rows) {
-  const int est = (rows + 2) * elems + 56;
-  return est <= 128 ? 512 : (est <= 240 ? 256 : 0);
-}
+// Block size cap: fwd_pipe_max_threads (adaln_plan.h).
 
 // kRows: rows each thread carries per iteration (1 or 2). Two rows share the coefficient
 // registers and one barrier per reduction, which halves the per-row fixed cost (barriers, index

@@ -30,15 +30,11 @@
 #include <cstdint>
 
 #include "ditscale/kernels/internal/adaln_device.cuh"
+#include "ditscale/kernels/internal/adaln_plan.h"
 
 namespace ditscale::kernels::internal {
 
-// Block size cap for `elems` elements per thread: registers ~ data (+ two coefficient arrays
-// unless reloaded per row) + ~56, under the launch bound's limit without spills. 0 = unsupported.
-constexpr int fwd_tma_max_threads(int elems, bool coef_reload) {
-  const int est = (coef_reload ? 1 : 3) * elems + 56;
-  return est <= 128 ? 512 : (est <= 240 ? 256 : 0);
-}
+// Block size cap: fwd_tma_max_threads (adaln_plan.h).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned smem_u32(const void* p) {

@@ -36,13 +36,13 @@
 #include <cstdint>
 
 #include "ditscale/kernels/internal/adaln_device.cuh"
+#include "ditscale/kernels/internal/adaln_plan.h"
 
 namespace ditscale::kernels::internal {
 
 // Warps (rows) per block of the warp-per-row forward.
 inline constexpr int kFwdWarpsPerBlock = 4;
-// Most vectors per lane it takes (256 vectors per row).
-inline constexpr int kFwdWarpMaxVecs = 8;
+// Most vectors per lane it takes: kFwdWarpMaxVecs (adaln_plan.h).
 
 // Minimum resident blocks for __launch_bounds__ (registers <= 65536 / (128 x blocks)): ptxas
 // keeps ~6 registers per 16-byte vector a lane holds (the row data, then the coefficient loads it

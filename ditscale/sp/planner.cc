@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ditscale/core/range.h"
 #include "ditscale/sp/strategies.h"
 
 namespace ditscale::sp {
@@ -60,6 +61,8 @@ double PlanCandidate::hidden_comm_fraction() const {
 
 Result<PlanCandidate> EvaluateConfig(const Topology& topology, const Workload& workload,
                                      const SpConfig& config) {
+  if (Result<bool> v = topology.Validate(); !v.ok()) return v.failure();
+  if (Result<bool> v = workload.Validate(); !v.ok()) return v.failure();
   SpMesh mesh;
   mesh.machines = topology.machines;
   mesh.gpus_per_machine = topology.gpus_per_machine;
@@ -95,6 +98,28 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   if (!v.ok()) return v.failure();
   std::vector<std::string> strategies = options.strategies;
   if (strategies.empty()) strategies = StrategyNames();
+  if (strategies.size() > size_t(kMaxPlanListSize)) {
+    return Failure{std::to_string(strategies.size()) + " strategies given, at most " +
+                       std::to_string(kMaxPlanListSize),
+                   "", 0, "strategies"};
+  }
+  if (options.torus_chunks.empty() || options.torus_chunks.size() > size_t(kMaxPlanListSize)) {
+    return Failure{std::to_string(options.torus_chunks.size()) +
+                       " chunk counts given, expected 1 to " + std::to_string(kMaxPlanListSize),
+                   "", 0, "torus_chunks"};
+  }
+  for (int c : options.torus_chunks) {
+    if (auto e = RangeError("torus_chunks", static_cast<long long>(c), 1, kMaxTorusChunks)) {
+      return Failure{e->substr(14), "", 0, "torus_chunks"};
+    }
+  }
+  if (auto e = RangeError("max_schedule_ops", static_cast<long long>(options.max_schedule_ops), 1,
+                          kMaxScheduleOps)) {
+    return Failure{e->substr(18), "", 0, "max_schedule_ops"};
+  }
+  if (options.max_total_ops < 1) {
+    return Failure{std::to_string(options.max_total_ops) + " must be >= 1", "", 0, "max_total_ops"};
+  }
   const int n = topology.world_size();
   // (one_sided, one_sided_inter). Puts within machines and NCCL between them only with more than
   // one machine (on one machine it is the plain one-sided schedule, already enumerated).
@@ -153,8 +178,68 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
     }
   }
 
+  if (configs.size() > kMaxPlanCandidates) {
+    return Failure{std::to_string(configs.size()) + " candidates, over the limit of " +
+                       std::to_string(kMaxPlanCandidates),
+                   "", 0, "strategies"};
+  }
+  // Bounded search (planner.h): resolve and estimate every candidate, simulate the cheapest
+  // within the budget, report the rest; results and skips in enumeration order.
+  const SpMesh mesh{topology.machines, topology.gpus_per_machine};
+  const AttentionShape shape = ToAttentionShape(workload);
+  const int64_t tokens_per_rank = shape.seq_tokens / std::max(1, n);
+  std::vector<std::string> skip(configs.size());
+  std::vector<int64_t> estimate(configs.size(), 0);
+  std::vector<size_t> feasible;
+  auto name_of = [&](const SpConfig& cfg) {
+    PlanCandidate named;
+    named.config = cfg;
+    return named.Name();
+  };
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const SpConfig& cfg = configs[i];
+    Result<SpConfig> r = ResolveConfig(mesh, cfg, shape);
+    if (!r.ok()) {
+      skip[i] = name_of(cfg) + ": " + r.failure().ToString();
+      continue;
+    }
+    if (cfg.strategy == "torus" && cfg.torus_chunks > 1 && cfg.torus_chunks > tokens_per_rank) {
+      skip[i] = name_of(cfg) + ": more chunks than the " + std::to_string(tokens_per_rank) +
+                " tokens per rank (the schedule of chunks=" + std::to_string(tokens_per_rank) + ")";
+      continue;
+    }
+    estimate[i] = ScheduleOpsEstimate(*r, shape);
+    if (estimate[i] > options.max_schedule_ops) {
+      skip[i] = name_of(cfg) + ": about " + std::to_string(estimate[i]) +
+                " ops, over the planner's limit of " + std::to_string(options.max_schedule_ops) +
+                " ops per schedule";
+      continue;
+    }
+    feasible.push_back(i);
+  }
+  std::stable_sort(feasible.begin(), feasible.end(),
+                   [&](size_t a, size_t b) { return estimate[a] < estimate[b]; });
+  std::vector<char> chosen(configs.size(), 0);
+  int64_t spent = 0;
+  for (size_t i : feasible) {
+    if (spent + estimate[i] > options.max_total_ops) {
+      skip[i] = name_of(configs[i]) + ": not simulated: about " + std::to_string(estimate[i]) +
+                " ops, over what is left of the plan's budget of " +
+                std::to_string(options.max_total_ops) + " ops (" + std::to_string(spent) +
+                " spent on smaller schedules)";
+      continue;
+    }
+    spent += estimate[i];
+    chosen[i] = 1;
+  }
+
   PlanResult out;
-  for (const SpConfig& cfg : configs) {
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const SpConfig& cfg = configs[i];
+    if (!chosen[i]) {
+      out.skipped.push_back(skip[i]);
+      continue;
+    }
     Result<PlanCandidate> c = EvaluateConfig(topology, workload, cfg);
     if (c.ok() && options.max_work_bytes_per_rank > 0 &&
         c->max_work_bytes_per_rank > options.max_work_bytes_per_rank) {
@@ -166,9 +251,7 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
     } else if (c.ok()) {
       out.ranked.push_back(std::move(c).ValueOrThrow());
     } else {
-      PlanCandidate named;
-      named.config = cfg;
-      out.skipped.push_back(named.Name() + ": " + c.failure().ToString());
+      out.skipped.push_back(name_of(cfg) + ": " + c.failure().ToString());
     }
   }
   if (out.ranked.empty()) {

@@ -14,6 +14,18 @@
 // U = 4) are not refused: the builders use uneven head groups.
 // Every candidate's schedule is built (strategies.h) and simulated (simulator.h); candidates
 // are ranked by predicted layer time (ties: fewer inter-machine bytes, then enumeration order).
+//
+// The search is bounded (every candidate left out is listed in PlanResult::skipped with why):
+//   - torus chunk counts above the tokens per rank (S / N) are left out: with fewer tokens than
+//     chunks some chunks are empty, the schedule is that of chunks = S / N;
+//   - a candidate whose ScheduleOpsEstimate exceeds PlanOptions::max_schedule_ops is left out
+//     (ResolveConfig refuses more than kMaxScheduleOps anyway);
+//   - the candidates' estimated ops together may not exceed PlanOptions::max_total_ops: the
+//     cheapest schedules (fewest estimated ops; ties in enumeration order) are simulated first
+//     and the rest left out once the budget is spent.
+// Time: the README's 4 x 8 p4de flux plan (75 candidates, ~0.6 M estimated ops) takes ~2 s on
+// the 2-core CI machine; 32 x 8 p4de wan2.1-14b (every schedule >= 55 k ops) stops at the budget
+// after a few candidates, in a few seconds (sp_planner_test: LargeClustersStayWithinTheBudget).
 #pragma once
 
 #include <cstdint>
@@ -24,13 +36,20 @@
 #include "ditscale/core/result.h"
 #include "ditscale/sp/schedule.h"
 #include "ditscale/sp/simulator.h"
+#include "ditscale/sp/strategies.h"
 #include "ditscale/sp/topology.h"
 #include "ditscale/sp/workload.h"
 
 namespace ditscale::sp {
 
+// Bounds of the search (see above) and of its options.
+inline constexpr int64_t kMaxPlanOps = 1 << 20;  // default PlanOptions::max_total_ops
+inline constexpr int kMaxPlanListSize = 16;      // strategies, torus_chunks entries
+inline constexpr size_t kMaxPlanCandidates = 8192;
+
 struct PlanOptions {
-  std::vector<std::string> strategies;  // empty = all of StrategyNames()
+  std::vector<std::string> strategies;  // empty = all of StrategyNames(); <= kMaxPlanListSize
+  // Each in [1, kMaxTorusChunks]; at most kMaxPlanListSize entries.
   std::vector<int> torus_chunks = {1, 2, 4, 8};
   bool two_sided = true;  // include NCCL-style transport
   bool one_sided = true;  // include NVSHMEM-style transport (puts on every link)
@@ -45,6 +64,10 @@ struct PlanOptions {
   // holds every SM (attention_holds_sms): the partition costs compute a few % and lets the comm
   // streams' kernels run beside attention.
   bool sm_partitions = true;
+  // Search bounds (above): estimated ops of one candidate, in [1, kMaxScheduleOps], and of all
+  // simulated candidates together, >= 1.
+  int64_t max_schedule_ops = kMaxScheduleOps;
+  int64_t max_total_ops = kMaxPlanOps;
 };
 
 struct PlanCandidate {

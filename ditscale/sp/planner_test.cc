@@ -221,6 +221,62 @@ TEST(Planner, FailuresNameTheField) {
   c.ulysses_degree = 3;
   c.ring_degree = 5;
   EXPECT_FALSE(EvaluateConfig(t, Flux(1024), c).ok());
+  // Options out of range are refused before any search.
+  auto field_of = [&](PlanOptions po) {
+    auto r = Plan(t, Flux(1024), po);
+    return r.ok() ? std::string() : r.failure().column + ": " + r.failure().message;
+  };
+  PlanOptions bad;
+  bad.torus_chunks = {0};
+  EXPECT_EQ(field_of(bad), "torus_chunks: 0 is out of range [1, 64]");
+  bad.torus_chunks = {100000};
+  EXPECT_EQ(field_of(bad), "torus_chunks: 100000 is out of range [1, 64]");
+  bad.torus_chunks = std::vector<int>(17, 2);
+  EXPECT_EQ(field_of(bad), "torus_chunks: 17 chunk counts given, expected 1 to 16");
+  bad = PlanOptions{};
+  bad.max_schedule_ops = 0;
+  EXPECT_EQ(field_of(bad), "max_schedule_ops: 0 is out of range [1, 131072]");
+  // A workload out of range is refused by EvaluateConfig too (the torch ops call it directly).
+  Workload w = Flux(1024);
+  w.heads = w.kv_heads = -3;
+  auto e = EvaluateConfig(t, w, SpConfig{});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.failure().column, "heads");
+}
+
+// The bounded search: 32 machines x 8 GPUs of wan2.1-14b used to take > 120 s (every schedule
+// has >= 55 k ops); with the default budget (kMaxPlanOps estimated ops, cheapest first) it
+// simulates 14 candidates in ~2.5 s of one core, lists the others as skipped with why, and
+// still ranks the topology-aware strategies first.
+TEST(Planner, LargeClustersStayWithinTheBudget) {
+  Topology t = MakePresetTopology("p4de", 32).value();
+  Workload w = MakeWorkload("wan2.1-14b", {}).value();
+  auto p = Plan(t, w);
+  ASSERT_TRUE(p.ok()) << p.failure().ToString();
+  EXPECT_GE(p->ranked.size(), 5u);
+  EXPECT_LE(p->ranked.size(), 40u);
+  int over_budget = 0, too_large = 0;
+  for (const std::string& s : p->skipped) {
+    over_budget += s.find("not simulated") != std::string::npos;
+    too_large += s.find("exceed the limit of 131072 ops") != std::string::npos;
+  }
+  EXPECT_GT(over_budget, 0);
+  EXPECT_GT(too_large, 0);  // e.g. the ring over 256 ranks: ~390 k ops, refused unbuilt
+  EXPECT_NE(p->ranked[0].config.strategy, "ring");
+  // Torus chunk counts above the tokens per rank are left out, not simulated.
+  PlanOptions o;
+  o.strategies = {"torus"};
+  o.torus_chunks = {1, 64};
+  auto small = Plan(MakePresetTopology("p4de", 1).value(), MakeWorkload("flux", {128, 128}).value(),
+                    o);  // 64 tokens on 8 ranks: 8 per rank
+  ASSERT_TRUE(small.ok()) << small.failure().ToString();
+  bool pruned = false;
+  for (const std::string& s : small->skipped) {
+    pruned = pruned || s.find("chunks=64") != std::string::npos &&
+                           s.find("more chunks than the 8 tokens per rank") != std::string::npos;
+  }
+  EXPECT_TRUE(pruned);
+  for (const PlanCandidate& c : small->ranked) EXPECT_LE(c.config.torus_chunks, 8);
 }
 
 }  // namespace

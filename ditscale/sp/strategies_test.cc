@@ -675,3 +675,60 @@ TEST(Strategies, EvenSplitAndCoords) {
 
 }  // namespace
 }  // namespace ditscale::sp
+
+namespace ditscale::sp {
+namespace {
+
+// ScheduleOpsEstimate is within a factor 2 of the built op count (the builder's guard stops at
+// 2 * kMaxScheduleOps), and ResolveConfig refuses a schedule over kMaxScheduleOps unbuilt.
+TEST(ScheduleLimits, EstimateTracksTheBuiltOpsAndBoundsTheSchedule) {
+  AttentionShape shape;
+  shape.seq_tokens = 4096;
+  shape.heads = 16;
+  shape.head_dim = 64;
+  for (int64_t text : {0, 64}) {
+    shape.text_tokens = text;
+    for (const std::string& st : StrategyNames()) {
+      for (int m : {1, 2, 4}) {
+        for (int g : {2, 4}) {
+          for (int c : {1, 2, 4}) {
+            for (bool one : {false, true}) {
+              SpConfig cfg;
+              cfg.strategy = st;
+              cfg.torus_chunks = c;
+              cfg.one_sided = one;
+              auto s = BuildSchedule(SpMesh{m, g}, cfg, shape);
+              if (!s.ok()) continue;
+              int64_t ops = 0;
+              for (const RankProgram& p : s->ranks) ops += int64_t(p.ops.size());
+              const int64_t est = ScheduleOpsEstimate(s->config, shape);
+              EXPECT_LE(ops, 2 * est) << st << " " << m << "x" << g << " chunks " << c;
+              EXPECT_LE(est, 2 * ops + 16) << st << " " << m << "x" << g << " chunks " << c;
+            }
+          }
+        }
+      }
+    }
+  }
+  shape.text_tokens = 0;
+  SpConfig ring;
+  ring.strategy = "ring";
+  auto big = ResolveConfig(SpMesh{32, 8}, ring, shape);  // ~390 k ops: refused, not built
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.failure().column, "schedule");
+  EXPECT_NE(big.failure().message.find("exceed the limit of 131072 ops"), std::string::npos)
+      << big.failure().message;
+  SpConfig chunks;
+  chunks.strategy = "torus";
+  chunks.torus_chunks = 65;
+  auto c = ResolveConfig(SpMesh{2, 2}, chunks, shape);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.failure().ToString(), "column 'torus_chunks': 65 is out of range [1, 64]");
+  shape.seq_tokens = int64_t{1} << 30;  // 2^30 tokens x 4 ranks: over kMaxRankTokens
+  auto t = ResolveConfig(SpMesh{2, 2}, SpConfig{}, shape);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.failure().column, "seq_tokens");
+}
+
+}  // namespace
+}  // namespace ditscale::sp

@@ -1,9 +1,12 @@
 #include "ditscale/sp/topology.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "ditscale/core/json_text.h"
+#include "ditscale/core/range.h"
 
 namespace ditscale::sp {
 namespace {
@@ -79,13 +82,6 @@ Failure Fail(const std::string& source, const std::string& field, const std::str
   f.column = field;
   f.message = msg;
   return f;
-}
-
-// 1-based line of byte offset `pos` in `text`.
-long long LineOf(const std::string& text, size_t pos) {
-  long long line = 1;
-  for (size_t i = 0; i < pos && i < text.size(); ++i) line += text[i] == '\n';
-  return line;
 }
 
 }  // namespace
@@ -170,50 +166,119 @@ double Topology::TransferSeconds(double bytes, int a, int b) const {
   return inter_latency_s + bytes / nic_bandwidth_Bps;
 }
 
+namespace {
+
+// A real field: its JSON name, the member, the JSON unit in SI units and the range in JSON units.
+// zero_off: 0 is also allowed (the feature is off).
+struct RealField {
+  const char* key;
+  double Topology::*member;
+  double scale;
+  double lo, hi;
+  bool required;  // without "base"
+  bool zero_off;
+};
+
+constexpr double kMaxRate = 1e5;  // GB/s, TFLOP/s
+constexpr double kMinRate = 1e-3;
+constexpr double kMaxUs = 1e6;  // one second
+
+const std::vector<RealField>& RealFields() {
+  static const std::vector<RealField> fields = {
+      {"intra_bandwidth_GBps", &Topology::intra_bandwidth_Bps, kGB, kMinRate, kMaxRate, true,
+       false},
+      {"intra_latency_us", &Topology::intra_latency_s, kUs, 0, kMaxUs, true, false},
+      {"nic_bandwidth_GBps", &Topology::nic_bandwidth_Bps, kGB, kMinRate, kMaxRate, true, false},
+      {"nic_duplex_GBps", &Topology::nic_duplex_Bps, kGB, kMinRate, kMaxRate, false, true},
+      {"inter_latency_us", &Topology::inter_latency_s, kUs, 0, kMaxUs, true, false},
+      {"attention_tflops", &Topology::attention_flops, kTera, kMinRate, kMaxRate, true, false},
+      {"attention_half_tokens", &Topology::attention_half_tokens, 1, 0, 1e9, true, false},
+      {"linear_tflops", &Topology::linear_flops, kTera, kMinRate, kMaxRate, true, false},
+      {"hbm_bandwidth_GBps", &Topology::hbm_bandwidth_Bps, kGB, kMinRate, 1e6, true, false},
+      {"launch_overhead_us", &Topology::launch_overhead_s, kUs, 0, kMaxUs, true, false},
+      {"two_sided_sync_us", &Topology::two_sided_sync_s, kUs, 0, kMaxUs, true, false},
+      {"two_sided_sm_fraction", &Topology::two_sided_sm_fraction, 1, 0, 0.99, true, false},
+      {"one_sided_overhead_us", &Topology::one_sided_overhead_s, kUs, 0, kMaxUs, true, false},
+      {"inter_compute_interference", &Topology::inter_compute_interference, 1, 0, 0.99, false,
+       false},
+      {"comm_sm_GBps", &Topology::comm_sm_Bps, kGB, kMinRate, kMaxRate, false, true},
+  };
+  return fields;
+}
+
+// An integer field; hi < 0: the bound is gpus_per_machine (nics_per_machine).
+struct IntField {
+  const char* key;
+  int Topology::*member;
+  long long lo, hi;
+  bool required;
+};
+
+const std::vector<IntField>& IntFields() {
+  static const std::vector<IntField> fields = {
+      {"gpus_per_machine", &Topology::gpus_per_machine, 1, kMaxGpusPerMachine, true},
+      {"nics_per_machine", &Topology::nics_per_machine, 0, -1, false},
+      {"attention_slots", &Topology::attention_slots, 0, 1 << 20, false},
+      {"attention_tile_tokens", &Topology::attention_tile_tokens, 1, 1 << 20, false},
+      {"gpu_sms", &Topology::gpu_sms, 0, 65536, false},
+      {"sm_partition_step", &Topology::sm_partition_step, 0, 65536, false},
+  };
+  return fields;
+}
+
+// "v is out of range [lo, hi]" (RangeError without the name: the failure's column names it).
+template <typename T>
+std::optional<std::string> OutOfRange(T v, T lo, T hi) {
+  auto e = RangeError("", v, lo, hi);
+  if (e) e = e->substr(2);
+  return e;
+}
+
+std::optional<std::string> RealFieldError(const RealField& f, double v) {
+  if (f.zero_off && v == 0) return std::nullopt;
+  auto e = OutOfRange(v, f.lo, f.hi);
+  if (e && f.zero_off) *e += " (or 0: off)";
+  return e;
+}
+
+// The rank-count limit: "machines 1000 x gpus_per_machine 8 = 8000 ranks exceeds ...".
+std::optional<std::string> RanksError(int machines, int gpus_per_machine) {
+  const long long n = static_cast<long long>(machines) * gpus_per_machine;
+  if (n <= kMaxRanks) return std::nullopt;
+  return std::to_string(machines) + " machines x " + std::to_string(gpus_per_machine) +
+         " GPUs = " + std::to_string(n) + " ranks exceeds the limit of " +
+         std::to_string(kMaxRanks) + " ranks";
+}
+
+// machines in [1, kMaxMachines]; gpus_per_machine 0 (keep) or in [1, kMaxGpusPerMachine].
+std::optional<Failure> SizeArgsError(int machines, int gpus_per_machine) {
+  if (auto e = OutOfRange<long long>(machines, 1, kMaxMachines)) {
+    return Failure{*e, "", 0, "machines"};
+  }
+  if (gpus_per_machine != 0) {
+    if (auto e = OutOfRange<long long>(gpus_per_machine, 1, kMaxGpusPerMachine)) {
+      return Failure{*e + " (or 0: the cluster's default)", "", 0, "gpus_per_machine"};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Result<bool> Topology::Validate() const {
-  auto bad = [&](const char* field, const std::string& msg) -> Result<bool> {
+  auto bad = [&](const std::string& field, const std::string& msg) -> Result<bool> {
     return Fail(name, field, msg);
   };
-  if (machines <= 0) return bad("machines", "must be >= 1");
-  if (gpus_per_machine <= 0) return bad("gpus_per_machine", "must be >= 1");
-  struct Positive {
-    const char* field;
-    double v;
-  };
-  for (Positive p :
-       {Positive{"intra_bandwidth_GBps", intra_bandwidth_Bps},
-        Positive{"nic_bandwidth_GBps", nic_bandwidth_Bps},
-        Positive{"attention_tflops", attention_flops}, Positive{"linear_tflops", linear_flops},
-        Positive{"hbm_bandwidth_GBps", hbm_bandwidth_Bps}}) {
-    if (!(p.v > 0) || !std::isfinite(p.v)) return bad(p.field, "must be a finite number > 0");
+  if (auto e = OutOfRange<long long>(machines, 1, kMaxMachines)) return bad("machines", *e);
+  for (const IntField& f : IntFields()) {
+    const long long hi = f.hi >= 0 ? f.hi : gpus_per_machine;
+    if (auto e = OutOfRange<long long>(this->*f.member, f.lo, hi)) {
+      return bad(f.key, *e + (f.hi < 0 ? " (0 = one per GPU; at most gpus_per_machine)" : ""));
+    }
   }
-  if (!(attention_half_tokens >= 0)) return bad("attention_half_tokens", "must be >= 0");
-  if (attention_slots < 0) return bad("attention_slots", "must be >= 0 (0 = no wave model)");
-  if (attention_tile_tokens < 1) return bad("attention_tile_tokens", "must be >= 1");
-  if (gpu_sms < 0) return bad("gpu_sms", "must be >= 0 (0 = unknown: no SM partitions)");
-  if (sm_partition_step < 0) return bad("sm_partition_step", "must be >= 0");
-  if (!(comm_sm_Bps >= 0) || !std::isfinite(comm_sm_Bps)) {
-    return bad("comm_sm_GBps", "must be a finite number >= 0");
-  }
-  for (Positive p : {Positive{"intra_latency_us", intra_latency_s},
-                     Positive{"inter_latency_us", inter_latency_s},
-                     Positive{"launch_overhead_us", launch_overhead_s},
-                     Positive{"two_sided_sync_us", two_sided_sync_s},
-                     Positive{"one_sided_overhead_us", one_sided_overhead_s}}) {
-    if (!(p.v >= 0) || !std::isfinite(p.v)) return bad(p.field, "must be a finite number >= 0");
-  }
-  if (!(nic_duplex_Bps >= 0) || !std::isfinite(nic_duplex_Bps)) {
-    return bad("nic_duplex_GBps", "must be a finite number >= 0 (0 = full duplex)");
-  }
-  if (nics_per_machine < 0 || nics_per_machine > gpus_per_machine) {
-    return bad("nics_per_machine", "must be in [0, gpus_per_machine] (0 = one per GPU), got " +
-                                       std::to_string(nics_per_machine));
-  }
-  if (!(two_sided_sm_fraction >= 0 && two_sided_sm_fraction < 1)) {
-    return bad("two_sided_sm_fraction", "must be in [0, 1)");
-  }
-  if (!(inter_compute_interference >= 0 && inter_compute_interference < 1)) {
-    return bad("inter_compute_interference", "must be in [0, 1)");
+  if (auto e = RanksError(machines, gpus_per_machine)) return bad("machines", *e);
+  for (const RealField& f : RealFields()) {
+    if (auto e = RealFieldError(f, this->*f.member / f.scale)) return bad(f.key, *e);
   }
   return true;
 }
@@ -228,74 +293,37 @@ Result<Topology> MakePresetTopology(const std::string& name, int machines, int g
     return Failure{"unknown cluster preset '" + name + "' (known: " + known + ")", "", 0,
                    "cluster"};
   }
-  if (machines <= 0) return Failure{"must be >= 1", "", 0, "machines"};
+  if (auto f = SizeArgsError(machines, gpus_per_machine)) return *f;
   t.machines = machines;
   if (gpus_per_machine > 0) t.gpus_per_machine = gpus_per_machine;
+  if (auto e = RanksError(t.machines, t.gpus_per_machine)) {
+    return Failure{*e, "", 0, "machines"};
+  }
   return t;
 }
 
-Result<Topology> ParseTopologyJson(const std::string& json_text, const std::string& source,
-                                   int machines, int gpus_per_machine) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
-    Failure f = Fail(source, "", std::string("invalid JSON: ") + e.what());
-    f.line = LineOf(json_text, e.byte > 0 ? e.byte - 1 : 0);
-    return f;
-  }
-  if (!j.is_object()) return Fail(source, "", "top level must be a JSON object");
+namespace {
 
+// The JSON document (an object) onto `t` (a preset's values with "base", else defaults).
+Result<Topology> TopologyFromJson(const nlohmann::json& j, const std::string& source, int machines,
+                                  int gpus_per_machine) {
+  if (auto f = SizeArgsError(machines, gpus_per_machine)) return *f;
+  if (!j.is_object()) return Fail(source, "", "top level must be a JSON object");
   Topology t;
   bool have_base = false;
-  if (j.contains("base")) {
-    if (!j["base"].is_string()) return Fail(source, "base", "must be a preset name string");
-    std::string base = j["base"].get<std::string>();
+  if (auto it = j.find("base"); it != j.end()) {
+    if (!it->is_string()) return Fail(source, "base", "must be a preset name string");
+    std::string base = it->get<std::string>();
     if (!PresetByName(base, &t)) return Fail(source, "base", "unknown preset '" + base + "'");
     have_base = true;
   }
   t.name = source;
-  struct Field {
-    const char* key;
-    double* dst;
-    double scale;
-  };
-  double gpm = t.gpus_per_machine;
-  std::vector<Field> fields = {
-      {"gpus_per_machine", &gpm, 1},
-      {"intra_bandwidth_GBps", &t.intra_bandwidth_Bps, kGB},
-      {"intra_latency_us", &t.intra_latency_s, kUs},
-      {"nic_bandwidth_GBps", &t.nic_bandwidth_Bps, kGB},
-      {"inter_latency_us", &t.inter_latency_s, kUs},
-      {"attention_tflops", &t.attention_flops, kTera},
-      {"attention_half_tokens", &t.attention_half_tokens, 1},
-      {"linear_tflops", &t.linear_flops, kTera},
-      {"hbm_bandwidth_GBps", &t.hbm_bandwidth_Bps, kGB},
-      {"launch_overhead_us", &t.launch_overhead_s, kUs},
-      {"two_sided_sync_us", &t.two_sided_sync_s, kUs},
-      {"two_sided_sm_fraction", &t.two_sided_sm_fraction, 1},
-      {"one_sided_overhead_us", &t.one_sided_overhead_s, kUs},
-  };
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     if (key == "base") continue;
-    if (key == "nic_duplex_GBps" || key == "inter_compute_interference" ||
-        key == "comm_sm_GBps") {  // optional keys
-      if (!it->is_number()) return Fail(source, key, "must be a number");
-      if (key == "nic_duplex_GBps") {
-        t.nic_duplex_Bps = it->get<double>() * kGB;
-      } else if (key == "comm_sm_GBps") {
-        t.comm_sm_Bps = it->get<double>() * kGB;
-      } else {
-        t.inter_compute_interference = it->get<double>();
-      }
-      continue;
-    }
-    if (key == "gpu_sms" || key == "sm_partition_step") {
-      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 65536) {
-        return Fail(source, key, "must be an integer >= 0 (0 = no SM partitions)");
-      }
-      (key == "gpu_sms" ? t.gpu_sms : t.sm_partition_step) = static_cast<int>(it->get<int64_t>());
+    if (key == "name") {
+      if (!it->is_string()) return Fail(source, key, "must be a string");
+      t.name = it->get<std::string>();
       continue;
     }
     if (key == "attention_holds_sms") {
@@ -303,49 +331,45 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
       t.attention_holds_sms = it->get<bool>();
       continue;
     }
-    if (key == "attention_slots" || key == "attention_tile_tokens") {
-      const bool slots = key == "attention_slots";
-      if (!it->is_number_integer() || it->get<int64_t>() < (slots ? 0 : 1) ||
-          it->get<int64_t>() > (1 << 20)) {
-        return Fail(source, key,
-                    slots ? "must be an integer >= 0 (0 = no wave model)"
-                          : "must be an integer >= 1 (query rows per CTA)");
-      }
-      (slots ? t.attention_slots : t.attention_tile_tokens) = static_cast<int>(it->get<int64_t>());
-      continue;
-    }
-    if (key == "nics_per_machine") {
-      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1024) {
-        return Fail(source, key, "must be an integer >= 0 (0 = one NIC per GPU)");
-      }
-      t.nics_per_machine = static_cast<int>(it->get<int64_t>());
-      continue;
-    }
-    if (key == "name") {
-      if (!it->is_string()) return Fail(source, key, "must be a string");
-      t.name = it->get<std::string>();
-      continue;
-    }
     bool known = false;
-    for (const Field& f : fields) {
+    for (const RealField& f : RealFields()) {
       if (key != f.key) continue;
       known = true;
       if (!it->is_number()) return Fail(source, key, "must be a number");
-      *f.dst = it->get<double>() * f.scale;
+      const double v = it->get<double>();
+      if (auto e = RealFieldError(f, v)) return Fail(source, key, *e);
+      t.*f.member = v * f.scale;
+    }
+    for (const IntField& f : IntFields()) {
+      if (key != f.key) continue;
+      known = true;
+      if (!it->is_number()) return Fail(source, key, "must be an integer");
+      const double v = it->get<double>();  // integers beyond 2^53 are out of range anyway
+      const long long hi = f.hi >= 0 ? f.hi : kMaxGpusPerMachine;  // nics: see Validate
+      if (v != std::floor(v)) {
+        return Fail(source, key, "must be an integer, got " + FormatNumber(v));
+      }
+      if (!(v >= double(f.lo) && v <= double(hi))) {  // before the cast; printed as integers
+        return Fail(source, key,
+                    FormatNumber(v) + " is out of range [" + FormatNumber(f.lo) + ", " +
+                        FormatNumber(hi) + "]");
+      }
+      t.*f.member = static_cast<int>(v);
     }
     if (!known) return Fail(source, key, "unknown field");
   }
   if (!have_base) {
-    for (const Field& f : fields) {
-      if (!j.contains(f.key)) {
+    for (const RealField& f : RealFields()) {
+      if (f.required && !j.contains(f.key)) {
+        return Fail(source, f.key, "missing (give it, or a \"base\" preset to inherit from)");
+      }
+    }
+    for (const IntField& f : IntFields()) {
+      if (f.required && !j.contains(f.key)) {
         return Fail(source, f.key, "missing (give it, or a \"base\" preset to inherit from)");
       }
     }
   }
-  if (gpm != std::floor(gpm) || gpm < 1 || gpm > 1024) {
-    return Fail(source, "gpus_per_machine", "must be an integer in [1, 1024]");
-  }
-  t.gpus_per_machine = static_cast<int>(gpm);
   if (gpus_per_machine > 0) t.gpus_per_machine = gpus_per_machine;
   t.machines = machines;
   Result<bool> v = t.Validate();
@@ -357,22 +381,32 @@ Result<Topology> ParseTopologyJson(const std::string& json_text, const std::stri
   return t;
 }
 
+}  // namespace
+
+Result<Topology> ParseTopologyJson(const std::string& json_text, const std::string& source,
+                                   int machines, int gpus_per_machine) {
+  Result<nlohmann::json> j = ParseJson(json_text, source);
+  if (!j.ok()) return j.failure();
+  return TopologyFromJson(*j, source, machines, gpus_per_machine);
+}
+
 Result<Topology> LoadTopology(const std::string& preset_or_file, int machines,
                               int gpus_per_machine) {
   Topology t;
   if (PresetByName(preset_or_file, &t)) {
     return MakePresetTopology(preset_or_file, machines, gpus_per_machine);
   }
-  std::ifstream in(preset_or_file);
-  if (!in) {
+  struct stat st {};
+  if (::stat(preset_or_file.c_str(), &st) != 0) {
     std::string known;
     for (const auto& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;
     return Failure{"neither a preset (" + known + ") nor a readable JSON file", preset_or_file, 0,
                    "cluster"};
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseTopologyJson(ss.str(), preset_or_file, machines, gpus_per_machine);
+  if (auto f = SizeArgsError(machines, gpus_per_machine)) return *f;
+  Result<nlohmann::json> j = ReadJsonFile(preset_or_file);
+  if (!j.ok()) return j.failure();
+  return TopologyFromJson(*j, preset_or_file, machines, gpus_per_machine);
 }
 
 }  // namespace ditscale::sp

@@ -100,11 +100,33 @@
 //   The measured h200 figures come from ARCHITECTURE.md ("Real components").
 //
 // Custom clusters: a JSON object with the keys below (bandwidths in GB/s = 1e9 B/s, times in
-// microseconds). "base" names a preset whose values fill the keys not given; without "base",
-// every key is required except "nics_per_machine" (default 1; 0 = one NIC per GPU),
+// microseconds), read through ditscale/core/json_text.h (duplicate keys, 1e400 and syntax errors
+// name the file and line). "base" names a preset whose values fill the keys not given; without
+// "base", every key is required except "nics_per_machine" (default 1; 0 = one NIC per GPU),
 // "nic_duplex_GBps" (default 0: full duplex), "inter_compute_interference" (default 0) and
 // "attention_holds_sms" (true / false, default false), "gpu_sms", "sm_partition_step" (integers,
 // default 0: no SM partitions) and "comm_sm_GBps" (default 0). Unknown keys are errors.
+// Ranges (JSON units; Validate() checks the same on the struct; NaN / inf never pass):
+//   gpus_per_machine            integer [1, kMaxGpusPerMachine]
+//   nics_per_machine            integer [0, gpus_per_machine]
+//   intra_bandwidth_GBps, nic_bandwidth_GBps, attention_tflops, linear_tflops
+//                               [0.001, 100000]     (no zero or negative rate)
+//   hbm_bandwidth_GBps          [0.001, 1000000]
+//   nic_duplex_GBps, comm_sm_GBps  0 (off) or [0.001, 100000]
+//   intra_latency_us, inter_latency_us, launch_overhead_us, two_sided_sync_us,
+//   one_sided_overhead_us       [0, 1000000]        (at most one second)
+//   attention_half_tokens       [0, 1e9]
+//   two_sided_sm_fraction, inter_compute_interference  [0, 0.99]
+//   attention_slots             integer [0, 1048576]; attention_tile_tokens [1, 1048576]
+//   gpu_sms, sm_partition_step  integer [0, 65536]
+// A value outside its range fails as "FILE: column 'nic_bandwidth_GBps': -1 is out of range
+// [0.001, 100000]".
+//
+// Size limits of the cluster (checked by MakePresetTopology, ParseTopologyJson, LoadTopology and
+// Validate before anything is sized by them): machines in [1, kMaxMachines], gpus_per_machine in
+// [1, kMaxGpusPerMachine] and world_size() <= kMaxRanks. A schedule holds O(ranks^2) transfers
+// (an all-to-all) or O(ranks * ring steps) ops, so the rank count bounds the memory and time
+// of building and simulating one: see kMaxScheduleOps in strategies.h.
 //   { "base": "p4de", "name": "my-cluster", "gpus_per_machine": 8,
 //     "intra_bandwidth_GBps": 240, "intra_latency_us": 5,
 //     "nic_bandwidth_GBps": 42.5, "nics_per_machine": 1, "inter_latency_us": 20,
@@ -120,6 +142,10 @@
 #include "ditscale/core/result.h"
 
 namespace ditscale::sp {
+
+inline constexpr int kMaxMachines = 256;
+inline constexpr int kMaxGpusPerMachine = 72;  // one NVLink domain (GB200 NVL72)
+inline constexpr int kMaxRanks = 1024;
 
 struct Topology {
   std::string name;
@@ -199,8 +225,9 @@ struct Topology {
   // no sync overhead); the simulator adds contention and sync.
   double TransferSeconds(double bytes, int a, int b) const;
 
-  // Checks every field (positive bandwidths/throughputs, fractions in [0,1), ...).
-  // Returns a failure naming the field.
+  // Checks every field against its range (above; machines, gpus_per_machine and the rank count
+  // against the size limits). Returns a failure naming the field (its JSON name), the value and
+  // the range.
   Result<bool> Validate() const;
 };
 
@@ -212,17 +239,21 @@ int PartitionSms(int gpu_sms, int step, int comm_sms);
 // Names of the built-in presets: {"p4de", "h100-8x", "h200-local"}.
 std::vector<std::string> PresetNames();
 
-// A preset with `machines` machines. gpus_per_machine <= 0 keeps the preset's default.
-// Failure for an unknown name or a non-positive machine count.
+// A preset with `machines` machines (in [1, kMaxMachines]). gpus_per_machine 0 keeps the preset's
+// default, else it must lie in [1, kMaxGpusPerMachine]; world_size() <= kMaxRanks. Failure for
+// an unknown name or a size out of range (naming "machines" / "gpus_per_machine", the value and
+// the range).
 Result<Topology> MakePresetTopology(const std::string& name, int machines,
                                     int gpus_per_machine = 0);
 
 // Parses a JSON cluster description (format above). `source` names the file in errors:
-// "FILE: field 'nic_bandwidth_GBps': must be > 0".
+// "FILE: column 'nic_bandwidth_GBps': 0 is out of range [0.001, 100000]". machines and
+// gpus_per_machine as for MakePresetTopology (0 = the file's / base's gpus_per_machine).
 Result<Topology> ParseTopologyJson(const std::string& json_text, const std::string& source,
                                    int machines, int gpus_per_machine = 0);
 
-// A preset name, or else a path to a JSON file.
+// A preset name, or else a path to a JSON file (read with ReadJsonFile: regular files of at
+// most kMaxJsonBytes).
 Result<Topology> LoadTopology(const std::string& preset_or_file, int machines,
                               int gpus_per_machine = 0);
 

@@ -147,7 +147,7 @@ TEST(Topology, JsonErrorsNameFileAndField) {
   expect_fail(R"({"base": "p4de", "gpus_per_machine": 2.5})", "'gpus_per_machine'");
   expect_fail(R"({"base": "p4de", "two_sided_sm_fraction": 1})", "'two_sided_sm_fraction'");
   expect_fail(R"({"base": "p4de", "inter_compute_interference": 1})",
-              "'inter_compute_interference': must be in [0, 1)");
+              "'inter_compute_interference': 1 is out of range [0, 0.99]");
   expect_fail(R"({"base": "p4de", "inter_compute_interference": -0.1})",
               "'inter_compute_interference'");
   expect_fail(R"({"base": "p4de", "inter_compute_interference": "half"})",
@@ -277,6 +277,67 @@ TEST(Topology, SmPartitions) {
   auto neg = ParseTopologyJson(R"({"base": "p4de", "comm_sm_GBps": -1})", "c.json", 2);
   ASSERT_FALSE(neg.ok());
   EXPECT_NE(neg.failure().ToString().find("comm_sm_GBps"), std::string::npos);
+}
+// Every field has a range; hostile numbers, duplicate keys and sizes end in a failure naming the
+// file, the field, the value and the range (never an exception, a wrapped int or a default).
+TEST(Topology, HostileValuesNameFileFieldValueAndRange) {
+  auto fails = [](const std::string& text, int machines, int gpus) {
+    auto r = ParseTopologyJson(text, "h.json", machines, gpus);
+    return r.ok() ? std::string("ok") : r.failure().ToString();
+  };
+  EXPECT_EQ(fails(R"({"base": "p4de", "nic_bandwidth_GBps": 0})", 2, 0),
+            "h.json: column 'nic_bandwidth_GBps': 0 is out of range [0.001, 100000]");
+  EXPECT_EQ(fails(R"({"base": "p4de", "intra_bandwidth_GBps": -240})", 2, 0),
+            "h.json: column 'intra_bandwidth_GBps': -240 is out of range [0.001, 100000]");
+  EXPECT_EQ(fails(R"({"base": "p4de", "inter_latency_us": -1})", 2, 0),
+            "h.json: column 'inter_latency_us': -1 is out of range [0, 1e+06]");
+  EXPECT_EQ(fails(R"({"base": "p4de", "nic_duplex_GBps": 1e-9})", 2, 0),
+            "h.json: column 'nic_duplex_GBps': 1e-09 is out of range [0.001, 100000] (or 0: off)");
+  EXPECT_EQ(fails(R"({"base": "p4de", "gpus_per_machine": 5000})", 2, 0),
+            "h.json: column 'gpus_per_machine': 5000 is out of range [1, 72]");
+  EXPECT_EQ(fails(R"({"base": "p4de", "gpus_per_machine": 1e300})", 2, 0),
+            "h.json: column 'gpus_per_machine': 1e+300 is out of range [1, 72]");
+  EXPECT_EQ(fails(R"({"base": "p4de", "attention_slots": -5})", 2, 0),
+            "h.json: column 'attention_slots': -5 is out of range [0, 1048576]");
+  // JSON-level: 1e400 and duplicate keys, with the file's name.
+  const std::string big = fails(R"({"base": "p4de", "nic_bandwidth_GBps": 1e400})", 2, 0);
+  EXPECT_EQ(big.rfind("h.json:", 0), 0u) << big;
+  const std::string dup =
+      fails(R"({"base": "p4de", "nic_bandwidth_GBps": 1, "nic_bandwidth_GBps": 2})", 2, 0);
+  EXPECT_NE(dup.find("h.json"), std::string::npos) << dup;
+  EXPECT_NE(dup.find("duplicate key 'nic_bandwidth_GBps'"), std::string::npos) << dup;
+  // Sizes: machines, gpus_per_machine (0 = the file's), the rank count.
+  EXPECT_EQ(fails(R"({"base": "p4de"})", 1000, 0),
+            "column 'machines': 1000 is out of range [1, 256]");
+  EXPECT_EQ(fails(R"({"base": "p4de"})", 2, -1),
+            "column 'gpus_per_machine': -1 is out of range [1, 72] (or 0: the cluster's default)");
+  EXPECT_EQ(fails(R"({"base": "p4de"})", 200, 0),
+            "h.json: column 'machines': 200 machines x 8 GPUs = 1600 ranks exceeds the limit of "
+            "1024 ranks");
+  auto p = MakePresetTopology("p4de", 1000);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.failure().ToString(), "column 'machines': 1000 is out of range [1, 256]");
+  p = MakePresetTopology("p4de", 2, 5000);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.failure().column, "gpus_per_machine");
+  p = MakePresetTopology("p4de", 2, -1);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.failure().column, "gpus_per_machine");
+  p = MakePresetTopology("h200-local", 256);  // 256 x 4 = 1024 ranks: the limit itself
+  EXPECT_TRUE(p.ok()) << p.failure().ToString();
+  // Validate on a struct set in code: NaN latency, zero rate.
+  Topology t = MakePresetTopology("p4de", 2).value();
+  t.intra_latency_s = std::nan("");
+  EXPECT_EQ(t.Validate().failure().column, "intra_latency_us");
+  t = MakePresetTopology("p4de", 2).value();
+  t.hbm_bandwidth_Bps = 0;
+  EXPECT_NE(t.Validate().failure().ToString().find("'hbm_bandwidth_GBps': 0 is out of range"),
+            std::string::npos);
+  // A directory is not a topology file.
+  auto d = LoadTopology(::testing::TempDir(), 2);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.failure().ToString().find("not a regular file"), std::string::npos)
+      << d.failure().ToString();
 }
 
 }  // namespace

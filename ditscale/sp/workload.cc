@@ -1,7 +1,10 @@
 #include "ditscale/sp/workload.h"
 
 #include <cmath>
+#include <optional>
 #include <sstream>
+
+#include "ditscale/core/range.h"
 
 namespace ditscale::sp {
 namespace {
@@ -60,19 +63,38 @@ std::string Workload::Describe() const {
   return os.str();
 }
 
+namespace {
+
+// "v is out of range [lo, hi]" for field `name`, or nullopt.
+std::optional<Failure> RangeReal(const char* name, double v, double lo, double hi) {
+  auto e = RangeError(name, v, lo, hi);
+  if (!e) return std::nullopt;
+  return Bad(name, e->substr(std::string(name).size() + 2));
+}
+
+std::optional<Failure> Range(const char* name, long long v, long long lo, long long hi) {
+  auto e = RangeError(name, v, lo, hi);
+  if (!e) return std::nullopt;
+  return Bad(name, e->substr(std::string(name).size() + 2));
+}
+
+}  // namespace
+
 Result<bool> Workload::Validate() const {
-  if (batch <= 0) return Bad("batch", "must be >= 1");
-  if (tokens <= 0) return Bad("tokens", "must be >= 1");
-  if (text_tokens < 0) return Bad("text_tokens", "must be >= 0");
-  if (heads <= 0) return Bad("heads", "must be >= 1");
+  if (auto f = Range("batch", batch, 1, kMaxBatch)) return *f;
+  if (auto f = Range("tokens", tokens, 1, kMaxTokens)) return *f;
+  if (auto f = Range("text_tokens", text_tokens, 0, kMaxTokens)) return *f;
+  if (auto f = Range("heads", heads, 1, kMaxHeads)) return *f;
   if (kv_heads <= 0 || heads % kv_heads != 0) {
-    return Bad("kv_heads", "must be >= 1 and divide heads (" + std::to_string(heads) + ")");
+    return Bad("kv_heads", "must be >= 1 and divide heads (" + std::to_string(heads) + "), got " +
+                               std::to_string(kv_heads));
   }
-  if (head_dim <= 0) return Bad("head_dim", "must be >= 1");
-  if (dtype_bytes <= 0) return Bad("dtype_bytes", "must be >= 1");
-  if (layers <= 0) return Bad("layers", "must be >= 1");
-  if (!(linear_flops_per_token_per_layer >= 0)) {
-    return Bad("linear_flops_per_token_per_layer", "must be >= 0");
+  if (auto f = Range("head_dim", head_dim, 1, kMaxHeadDim)) return *f;
+  if (auto f = Range("dtype_bytes", dtype_bytes, 1, 8)) return *f;
+  if (auto f = Range("layers", layers, 1, kMaxLayers)) return *f;
+  if (auto f = RangeReal("linear_flops_per_token_per_layer", linear_flops_per_token_per_layer, 0,
+                         1e18)) {
+    return *f;
   }
   return true;
 }
@@ -110,11 +132,22 @@ Result<Workload> MakeWorkload(const std::string& model, const WorkloadOptions& o
     for (const auto& n : WorkloadPresetNames()) known += (known.empty() ? "" : ", ") + n;
     return Bad("model", "unknown model '" + model + "' (known: " + known + ")");
   }
-  int h = o.height > 0 ? o.height : spec->default_h;
-  int w = o.width > 0 ? o.width : spec->default_w;
-  if (o.height < 0 || h % 16 != 0) return Bad("height", "must be a positive multiple of 16");
-  if (o.width < 0 || w % 16 != 0) return Bad("width", "must be a positive multiple of 16");
-  if (o.batch <= 0) return Bad("batch", "must be >= 1");
+  // A given size must lie in its range; 0 = the model's default (never a silent fallback for a
+  // negative value).
+  auto side = [](const char* name, int v) -> std::optional<Failure> {
+    if (v == 0) return std::nullopt;
+    if (auto f = Range(name, v, 16, kMaxImageSide)) {
+      f->message += " (0 = the model's default)";
+      return f;
+    }
+    if (v % 16 != 0) return Bad(name, std::to_string(v) + " is not a multiple of 16");
+    return std::nullopt;
+  };
+  if (auto f = side("height", o.height)) return *f;
+  if (auto f = side("width", o.width)) return *f;
+  if (auto f = Range("batch", o.batch, 1, kMaxBatch)) return *f;
+  const int h = o.height > 0 ? o.height : spec->default_h;
+  const int w = o.width > 0 ? o.width : spec->default_w;
   int64_t per_frame = static_cast<int64_t>(h / 16) * (w / 16);
 
   Workload wl;
@@ -133,19 +166,42 @@ Result<Workload> MakeWorkload(const std::string& model, const WorkloadOptions& o
     if (o.frames != 0) return Bad("frames", "is for video models; " + model + " is an image model");
     wl.tokens = per_frame;
   } else {
-    if (o.duration_s < 0 || !std::isfinite(o.duration_s)) return Bad("duration_s", "must be > 0");
-    if (o.frames < 0) return Bad("frames", "must be >= 1");
+    if (o.duration_s != 0) {
+      if (auto f = RangeReal("duration_s", o.duration_s, 1e-3, kMaxDurationS)) {
+        f->message += " (0 = the model's default)";
+        return *f;
+      }
+    }
+    if (o.frames != 0) {
+      if (auto f = Range("frames", o.frames, 1, kMaxFrames)) {
+        f->message += " (0 = the model's default)";
+        return *f;
+      }
+    }
     int64_t frames = 0;
     if (o.frames > 0) {
       frames = o.frames;
     } else if (o.duration_s > 0) {
       frames = std::llround(o.duration_s * spec->fps) + 1;
+      if (frames > kMaxFrames) {
+        return Bad("duration_s", FormatNumber(o.duration_s) + " s at " + FormatNumber(spec->fps) +
+                                     " fps is " + std::to_string(frames) +
+                                     " frames, over the limit of " + std::to_string(kMaxFrames));
+      }
     } else if (spec->default_frames > 0) {
       frames = spec->default_frames;
     } else {
       frames = std::llround(spec->default_duration_s * spec->fps) + 1;
     }
     wl.tokens = LatentFrames(frames) * per_frame;
+  }
+  if (wl.tokens > kMaxTokens) {
+    return Bad(spec->video ? "frames" : "height",
+               std::to_string(wl.tokens) + " tokens (" + std::to_string(h) + "x" +
+                   std::to_string(w) +
+                   (spec->video ? ", " + std::to_string(wl.tokens / per_frame) + " latent frames"
+                                : std::string()) +
+                   ") exceed the limit of " + std::to_string(kMaxTokens) + " tokens");
   }
   return wl;
 }

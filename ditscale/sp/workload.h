@@ -59,18 +59,31 @@ struct Workload {
   double QkvoBytes() const;
   // One line, e.g. "flux 4096x4096: S=65536 +512 text, 24x128 heads, 57 layers, b=1".
   std::string Describe() const;
-  // Positive sizes, kv_heads dividing heads, ...; failure names the field.
+  // Sizes in their ranges (the limits below: batch, tokens, text_tokens, heads, kv_heads dividing
+  // heads, head_dim, dtype_bytes in [1, 8], layers, a finite linear FLOP count >= 0); the
+  // failure names the field, the value and the range.
   Result<bool> Validate() const;
 };
 
+// Size limits (MakeWorkload and Workload::Validate check them before anything is sized by them;
+// a value out of range fails naming the field, the value and the range):
+inline constexpr int kMaxImageSide = 16384;    // height, width: pixels, multiples of 16
+inline constexpr int kMaxFrames = 16384;       // video frames (after rounding to 4k + 1)
+inline constexpr double kMaxDurationS = 3600;  // video seconds
+inline constexpr int kMaxBatch = 1024;
+inline constexpr int64_t kMaxTokens = 1 << 24;  // image/video tokens S (and text tokens T)
+inline constexpr int kMaxHeads = 1024;          // heads, kv_heads
+inline constexpr int kMaxHeadDim = 1024;
+inline constexpr int kMaxLayers = 10000;
+
 // Options for a preset. Zero means the model's default (flux 1024x1024; cogvideox 480x720, 6 s;
-// wan2.1 720x1280, 5 s; hunyuanvideo 720x1280, 129 frames).
+// wan2.1 720x1280, 5 s; hunyuanvideo 720x1280, 129 frames); a given value must lie in its range:
 struct WorkloadOptions {
-  int height = 0;
-  int width = 0;
-  double duration_s = 0;  // video models only
-  int frames = 0;         // video models only; overrides duration_s
-  int batch = 1;
+  int height = 0;         // 0 or a multiple of 16 in [16, kMaxImageSide]
+  int width = 0;          // 0 or a multiple of 16 in [16, kMaxImageSide]
+  double duration_s = 0;  // video models only: 0 or (0, kMaxDurationS]
+  int frames = 0;         // video models only; overrides duration_s: 0 or [1, kMaxFrames]
+  int batch = 1;          // [1, kMaxBatch]
 };
 
 // {"flux", "cogvideox-5b", "cogvideox-2b", "wan2.1-14b", "hunyuanvideo"}.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace ditscale::sp {
 namespace {
 
@@ -87,6 +89,41 @@ TEST(Workload, BadOptionsNameTheField) {
   Workload w = Make("flux", {});
   w.kv_heads = 5;
   EXPECT_EQ(w.Validate().failure().column, "kv_heads");
+}
+
+// Every size has a limit checked before anything is sized by it; 0 is the model's default, a
+// negative value an error (no silent fallback); messages name the field, the value and the range.
+TEST(Workload, SizesOutOfRangeNameFieldValueAndRange) {
+  auto expect = [](const std::string& model, WorkloadOptions o, const std::string& field,
+                   const std::string& text) {
+    auto r = MakeWorkload(model, o);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.failure().column, field) << r.failure().ToString();
+    EXPECT_NE(r.failure().message.find(text), std::string::npos) << r.failure().ToString();
+  };
+  expect("flux", {-16, 1024}, "height", "-16 is out of range [16, 16384]");
+  expect("flux", {1024, 16400}, "width", "16400 is out of range [16, 16384]");
+  expect("flux", {1000, 1024}, "height", "1000 is not a multiple of 16");
+  expect("flux", {1024, 1024, 0, 0, 5000}, "batch", "5000 is out of range [1, 1024]");
+  expect("wan2.1-14b", {0, 0, 0, 1000000}, "frames", "1000000 is out of range [1, 16384]");
+  expect("wan2.1-14b", {0, 0, 0, -1}, "frames", "-1 is out of range [1, 16384]");
+  expect("wan2.1-14b", {0, 0, 1e9}, "duration_s", "1e+09 is out of range [0.001, 3600]");
+  expect("wan2.1-14b", {0, 0, std::nan("")}, "duration_s", "nan is out of range");
+  expect("wan2.1-14b", {0, 0, 3000}, "duration_s", "48001 frames, over the limit of 16384");
+  expect("hunyuanvideo", {16384, 16384, 0, 16384}, "frames", "exceed the limit of 16777216");
+  // Absent (0) sizes are the model's defaults.
+  EXPECT_EQ(Make("flux", {0, 0}).tokens, 4096);
+  EXPECT_EQ(Make("flux", {16384, 16384}).tokens, 1024 * 1024);
+  Workload w = Make("flux", {});
+  w.heads = w.kv_heads = 100000;
+  EXPECT_NE(w.Validate().failure().ToString().find("'heads': 100000 is out of range [1, 1024]"),
+            std::string::npos);
+  w = Make("flux", {});
+  w.tokens = int64_t{1} << 40;
+  EXPECT_EQ(w.Validate().failure().column, "tokens");
+  w = Make("flux", {});
+  w.linear_flops_per_token_per_layer = std::nan("");
+  EXPECT_EQ(w.Validate().failure().column, "linear_flops_per_token_per_layer");
 }
 
 }  // namespace

@@ -199,6 +199,7 @@ class HybridBuilder {
   std::vector<std::vector<Phase>> tring_;  // torus: [piece][ring step] kv forwarding
   Phase text_;                             // text-out all-gather
   std::vector<ProgramBuilder> b_;
+  OpBudget budget_;  // every rank's builder counts here (kMaxScheduleOps, strategies.h)
   std::vector<RankLayout> lay_;
   int64_t next_tag_ = 1;
 };

@@ -20,6 +20,7 @@ int ProgramBuilder::AddBuffer(const std::string& name, BufferRole role, BufferIn
   DS_CHECK(prog_->FindBuffer(name) < 0, "rank ", prog_->rank, ": buffer '", name, "' twice");
   prog_->buffers.push_back(BufferDecl{name, role, init, tokens, heads, width, element_bytes});
   accesses_.emplace_back();
+  writes_.emplace_back();
   return static_cast<int>(prog_->buffers.size()) - 1;
 }
 
@@ -55,32 +56,48 @@ int ProgramBuilder::LastOnStream(Stream s) const {
 int ProgramBuilder::Add(Op op, const std::vector<Region>& reads, const std::vector<Region>& writes,
                         const std::vector<int>& extra_deps) {
   const int index = static_cast<int>(prog_->ops.size());
-  std::vector<int> deps = extra_deps;
+  if (budget_ != nullptr && budget_->limit > 0 && ++budget_->built > budget_->limit) {
+    throw ScheduleTooLarge("more than " + std::to_string(budget_->limit) +
+                           " ops built: the schedule exceeds its size limit");
+  }
+  // Conflicting earlier accesses on another stream become deps; those on this stream are implied
+  // by stream order and skipped here, without looking at the op (the lists grow with the
+  // program, so this scan is the builder's inner loop). A read conflicts only with writes.
+  std::vector<int> deps;
   auto scan = [&](const Region& r, bool write) {
     if (!r.valid() || r.empty()) return;
-    for (const Access& a : accesses_[r.buffer]) {
-      if ((write || a.write) && Overlap(a.region, r)) deps.push_back(a.op);
+    for (const Access& a : write ? accesses_[r.buffer] : writes_[r.buffer]) {
+      if (!Overlap(a.region, r)) continue;
+      if (a.stream == op.stream) {
+        DS_CHECK(op.group < 0 || a.group != op.group, "rank ", prog_->rank, ": op '", op.label,
+                 "' depends on '", prog_->ops[a.op].label, "' of its own group");
+        continue;  // implied by stream order
+      }
+      deps.push_back(a.op);
     }
   };
   for (const Region& r : reads) scan(r, false);
   for (const Region& r : writes) scan(r, true);
-  std::sort(deps.begin(), deps.end());
-  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-  op.deps.clear();
-  for (int d : deps) {
+  for (int d : extra_deps) {
     const Op& prev = prog_->ops[d];
     if (prev.stream == op.stream) {
       DS_CHECK(op.group < 0 || prev.group != op.group, "rank ", prog_->rank, ": op '", op.label,
                "' depends on '", prev.label, "' of its own group");
       continue;  // implied by stream order
     }
-    op.deps.push_back(d);
+    deps.push_back(d);
   }
+  std::sort(deps.begin(), deps.end());
+  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+  op.deps = std::move(deps);
   for (const Region& r : reads) {
-    if (r.valid() && !r.empty()) accesses_[r.buffer].push_back({index, r, false});
+    if (r.valid() && !r.empty()) accesses_[r.buffer].push_back({index, r, op.stream, op.group});
   }
   for (const Region& r : writes) {
-    if (r.valid() && !r.empty()) accesses_[r.buffer].push_back({index, r, true});
+    if (r.valid() && !r.empty()) {
+      accesses_[r.buffer].push_back({index, r, op.stream, op.group});
+      writes_[r.buffer].push_back({index, r, op.stream, op.group});
+    }
   }
   prog_->ops.push_back(std::move(op));
   return index;

@@ -5,6 +5,8 @@
 // a flow-control Signal "writes" the region it hands back to a peer.
 #pragma once
 
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,9 +14,22 @@
 
 namespace ditscale::sp::internal {
 
+// Thrown by ProgramBuilder::Add when the ops of all ranks sharing one counter exceed its limit
+// (BuildSchedule turns it into a Failure naming "schedule").
+struct ScheduleTooLarge : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Ops built so far across the ranks of one schedule, and the most allowed.
+struct OpBudget {
+  int64_t built = 0;
+  int64_t limit = 0;  // 0 = none
+};
+
 class ProgramBuilder {
  public:
-  ProgramBuilder(RankProgram* prog, const AttentionShape& shape) : prog_(prog), shape_(shape) {}
+  ProgramBuilder(RankProgram* prog, const AttentionShape& shape, OpBudget* budget = nullptr)
+      : prog_(prog), shape_(shape), budget_(budget) {}
 
   int AddBuffer(const std::string& name, BufferRole role, BufferInit init, int64_t tokens,
                 int64_t heads, int64_t width, int element_bytes);
@@ -61,11 +76,14 @@ class ProgramBuilder {
   struct Access {
     int op;
     Region region;
-    bool write;
+    Stream stream;  // the op's (a copy: the scan need not touch the op)
+    int group;
   };
   RankProgram* prog_;
   AttentionShape shape_;
-  std::vector<std::vector<Access>> accesses_;  // per buffer
+  OpBudget* budget_;
+  std::vector<std::vector<Access>> accesses_;  // per buffer: every read and write
+  std::vector<std::vector<Access>> writes_;    // per buffer: the writes alone
   int next_group_ = 0;
 };
 

@@ -71,9 +71,10 @@ void HybridBuilder::PlanLayouts() {
   s_.ranks.resize(n);
   lay_.resize(n);
   b_.clear();
+  budget_ = OpBudget{0, 2 * kMaxScheduleOps};
   for (int r = 0; r < n; ++r) {
     s_.ranks[r].rank = r;
-    b_.emplace_back(&s_.ranks[r], shape_);
+    b_.emplace_back(&s_.ranks[r], shape_, &budget_);
   }
   for (int r = 0; r < n; ++r) {
     RankLayout& l = lay_[r];

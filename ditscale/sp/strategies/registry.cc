@@ -1,6 +1,9 @@
 // Strategy names, config resolution and the BuildSchedule entry point.
 #include <algorithm>
+#include <cstdint>
 
+#include "ditscale/core/checked_math.h"
+#include "ditscale/core/range.h"
 #include "ditscale/sp/internal/hybrid.h"
 #include "ditscale/sp/strategies.h"
 
@@ -77,7 +80,10 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
   }
   // The scope of one-sided transfers means nothing for two-sided transport: one canonical form.
   if (!c.one_sided) c.one_sided_inter = true;
-  if (c.torus_chunks < 1) return Bad("torus_chunks", "must be >= 1");
+  if (auto e =
+          RangeError("torus_chunks", static_cast<long long>(c.torus_chunks), 1, kMaxTorusChunks)) {
+    return Bad("torus_chunks", e->substr(std::string("torus_chunks: ").size()));
+  }
   if (c.torus_chunks > 1 && c.strategy != "torus" && c.strategy != "ulysses") {
     return Bad("torus_chunks",
                "only strategies torus (token chunks) and ulysses (head chunks) split the "
@@ -117,14 +123,50 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
   }
   if (shape.head_dim < 1) return Bad("head_dim", "must be >= 1");
   if (shape.dtype_bytes < 1) return Bad("dtype_bytes", "must be >= 1");
+  int64_t rank_tokens = 0;
+  if (!MulFits(n, shape.seq_tokens + shape.text_tokens, &rank_tokens) ||
+      rank_tokens > kMaxRankTokens) {
+    return Bad("seq_tokens", std::to_string(shape.seq_tokens + shape.text_tokens) + " tokens on " +
+                                 std::to_string(n) + " ranks exceed the schedule limit of " +
+                                 std::to_string(kMaxRankTokens) + " rank-tokens");
+  }
+  const int64_t ops = ScheduleOpsEstimate(c, shape);
+  if (ops > kMaxScheduleOps) {
+    return Bad("schedule", "about " + std::to_string(ops) + " ops (" + c.strategy +
+                               " U=" + std::to_string(c.ulysses_degree) +
+                               " R=" + std::to_string(c.ring_degree) +
+                               " chunks=" + std::to_string(c.torus_chunks) +
+                               ") exceed the limit of " + std::to_string(kMaxScheduleOps) +
+                               " ops of one schedule: use fewer ranks, a smaller ring degree or "
+                               "fewer chunks");
+  }
   return c;
+}
+
+int64_t ScheduleOpsEstimate(const SpConfig& c, const AttentionShape& shape) {
+  const int64_t n = int64_t{c.ulysses_degree} * c.ring_degree;
+  const int64_t u = c.ulysses_degree, r = c.ring_degree, ch = c.torus_chunks;
+  const bool chunked = ch > 1 && u > 1 && (c.strategy == "torus" || c.strategy == "ulysses");
+  const int64_t cu = chunked ? ch : 1;
+  const int64_t cr = chunked && c.strategy == "torus" ? ch + 1 : 1;
+  // Every term is bounded by the argument checks above (ranks <= 2^31, chunks <= 64), but the
+  // estimate is computed in doubles and saturated anyway.
+  double ops =
+      double(n) * (12.0 * double(u - 1) * double(cu) + 6.0 * double(r - 1) * double(cr) + 8);
+  if (shape.text_tokens > 0) ops += 2.0 * double(n) * double(n - 1);
+  if (!(ops < 9.2e18)) return INT64_MAX;
+  return static_cast<int64_t>(ops);
 }
 
 Result<Schedule> BuildSchedule(const SpMesh& mesh, const SpConfig& config,
                                const AttentionShape& shape) {
   Result<SpConfig> resolved = ResolveConfig(mesh, config, shape);
   if (!resolved.ok()) return resolved.failure();
-  return internal::HybridBuilder(mesh, *resolved, shape).Build();
+  try {
+    return internal::HybridBuilder(mesh, *resolved, shape).Build();
+  } catch (const internal::ScheduleTooLarge& e) {
+    return Bad("schedule", e.what());
+  }
 }
 
 }  // namespace ditscale::sp

@@ -14,41 +14,84 @@
 #include "ditscale/sp/topology.h"
 #include "ditscale/sp/workload.h"
 #include "tools/cli.h"
+#include "tools/cli_options.h"
 
 namespace ditscale::cli {
 namespace {
 
+// Numeric options with their ranges (tools/cli_options.h). A size option left out takes the
+// cluster's / model's default (the 0 below); a given value must lie in its range.
 struct CommonArgs {
   std::string cluster = "p4de";
   int machines = 1;
-  int gpus_per_machine = 0;
+  int gpus_per_machine = 0;  // absent: the cluster's
   std::string model = "flux";
-  int height = 0, width = 0, frames = 0, batch = 1;
-  double duration_s = 0;
+  int height = 0, width = 0, frames = 0, batch = 1;  // 0 (absent): the model's
+  double duration_s = 0;                             // 0 (absent): the model's
   bool json = false;
 };
 
 void AddCommon(CLI::App* cmd, CommonArgs* a) {
   cmd->add_option("--cluster", a->cluster, "p4de | h100-8x | h200-local | FILE.json")
       ->capture_default_str();
-  cmd->add_option("--machines", a->machines, "number of machines")->capture_default_str();
-  cmd->add_option("--gpus-per-machine", a->gpus_per_machine,
-                  "GPUs per machine (default: the cluster's)");
+  AddNumber(cmd, "--machines", &a->machines, 1, sp::kMaxMachines, "number of machines");
+  AddNumber(cmd, "--gpus-per-machine", &a->gpus_per_machine, 1, sp::kMaxGpusPerMachine,
+            "GPUs per machine (absent: the cluster's; machines x GPUs <= " +
+                std::to_string(sp::kMaxRanks) + ")")
+      ->default_str("");
   cmd->add_option("--model", a->model,
                   "flux | cogvideox-5b | cogvideox-2b | wan2.1-14b | hunyuanvideo")
       ->capture_default_str();
-  cmd->add_option("--height", a->height, "image/video height in pixels (default: the model's)");
-  cmd->add_option("--width", a->width, "image/video width in pixels (default: the model's)");
-  cmd->add_option("--duration-s", a->duration_s, "video duration in seconds (video models)");
-  cmd->add_option("--frames", a->frames, "video frames (overrides --duration-s)");
-  cmd->add_option("--batch", a->batch, "batch size")->capture_default_str();
+  AddNumber(cmd, "--height", &a->height, 16, sp::kMaxImageSide,
+            "image/video height in pixels, a multiple of 16 (absent: the model's)")
+      ->default_str("");
+  AddNumber(cmd, "--width", &a->width, 16, sp::kMaxImageSide,
+            "image/video width in pixels, a multiple of 16 (absent: the model's)")
+      ->default_str("");
+  AddNumber(cmd, "--duration-s", &a->duration_s, 1e-3, sp::kMaxDurationS,
+            "video duration in seconds (video models; absent: the model's)")
+      ->default_str("");
+  AddNumber(cmd, "--frames", &a->frames, 1, sp::kMaxFrames,
+            "video frames, overrides --duration-s (video models; absent: the model's)")
+      ->default_str("");
+  AddNumber(cmd, "--batch", &a->batch, 1, sp::kMaxBatch, "batch size");
   cmd->add_flag("--json", a->json, "print JSON instead of a table");
 }
 
+// The option a library failure's field belongs to, else "".
+std::string OptionOf(const std::string& column) {
+  static const std::vector<std::pair<std::string, std::string>> map = {
+      {"machines", "--machines"},
+      {"gpus_per_machine", "--gpus-per-machine"},
+      {"height", "--height"},
+      {"width", "--width"},
+      {"frames", "--frames"},
+      {"duration_s", "--duration-s"},
+      {"batch", "--batch"},
+      {"torus_chunks", "--chunks"},
+      {"ulysses_degree", "--ulysses"},
+      {"ring_degree", "--ring"},
+      {"comm_sms", "--comm-sms"},
+      {"model", "--model"},
+      {"cluster", "--cluster"},
+      {"strategy", "--strategy"},
+      {"strategies", "--strategies"},
+  };
+  for (const auto& [c, o] : map) {
+    if (c == column) return o;
+  }
+  return "";
+}
+
+// The value, or throws an Error prefixed with the option the failure is about ("--height: 1000
+// is not a multiple of 16"), or with `what` when it is about no option (a file, a plan).
 template <typename T>
 T OrThrow(Result<T> r, const std::string& what) {
-  if (!r.ok()) throw Error(what + ": " + r.failure().ToString());
-  return std::move(r).ValueOrThrow();
+  if (r.ok()) return std::move(r).ValueOrThrow();
+  const Failure& f = r.failure();
+  const std::string option = f.file.empty() ? OptionOf(f.column) : "";
+  if (!option.empty()) throw Error(option + ": " + f.message);
+  throw Error(what + ": " + f.ToString());
 }
 
 sp::Topology LoadCluster(const CommonArgs& a) {
@@ -115,7 +158,13 @@ void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strat
   }
   if (!chunks.empty()) opt.torus_chunks = chunks;
   if (mem_limit_gib > 0) opt.max_work_bytes_per_rank = static_cast<int64_t>(mem_limit_gib * 1e9);
-  sp::PlanResult plan = OrThrow(sp::Plan(topo, wl, opt), "plan");
+  Result<sp::PlanResult> planned = sp::Plan(topo, wl, opt);
+  if (!planned.ok() && planned.failure().column == "strategy") {
+    const std::string& m = planned.failure().message;
+    // "unknown strategy 'x'" is about --strategies; "no feasible configuration: ..." about none.
+    throw Error((m.rfind("unknown", 0) == 0 ? "--strategies: " : "plan: ") + m);
+  }
+  sp::PlanResult plan = OrThrow(std::move(planned), "plan");
   // Baseline: the best USP; with one GPU per machine USP is a plain ring (not enumerated
   // twice), so the best ring stands in for it.
   double best_usp = 0;
@@ -207,14 +256,17 @@ void RegisterSpCommands(CLI::App& app) {
   auto chunks = std::make_shared<std::vector<int>>();
   CLI::App* plan = sp->add_subcommand("plan", "rank every feasible strategy, degree and chunking");
   AddCommon(plan, plan_args.get());
-  plan->add_option("--top", *top, "show the K fastest (0 = all)")->capture_default_str();
-  plan->add_option("--strategies", *strategies, "restrict to these strategies")->delimiter(',');
-  plan->add_option("--chunks", *chunks, "torus chunk counts to try (default 1,2,4,8)")
-      ->delimiter(',');
+  AddNumber(plan, "--top", top.get(), 0, 1 << 20, "show the K fastest (0 = all)");
+  plan->add_option("--strategies", *strategies, "restrict to these strategies")
+      ->delimiter(',')
+      ->expected(1, sp::kMaxPlanListSize);
+  AddNumberList(plan, "--chunks", chunks.get(), 1, sp::kMaxTorusChunks,
+                "torus chunk counts to try (default 1,2,4,8; at most " +
+                    std::to_string(sp::kMaxPlanListSize) + " values)")
+      ->expected(1, sp::kMaxPlanListSize);
   auto mem_limit = std::make_shared<double>(0);
-  plan->add_option("--mem-limit-gb", *mem_limit,
-                   "skip configurations needing more work memory per rank (GB; 0 = no limit)")
-      ->check(CLI::NonNegativeNumber);
+  AddNumber(plan, "--mem-limit-gb", mem_limit.get(), 0.0, 1e6,
+            "skip configurations needing more work memory per rank (GB; 0 = no limit)");
   auto transports = std::make_shared<std::vector<std::string>>();
   plan->add_option("--transports", *transports,
                    "transports to try: nccl, nvshmem (puts on every link), nvshmem-intra (puts "
@@ -235,15 +287,16 @@ void RegisterSpCommands(CLI::App& app) {
   sim->add_option("--strategy", cfg->strategy,
                   "ulysses | ulysses-overlap | ring | usp | swiftfusion-tas | torus")
       ->required();
-  sim->add_option("--ulysses", cfg->ulysses_degree, "Ulysses degree U (0 = default)");
-  sim->add_option("--ring", cfg->ring_degree, "Ring degree R (0 = default)");
-  sim->add_option("--chunks", cfg->torus_chunks, "torus chunks")->capture_default_str();
+  AddNumber(sim, "--ulysses", &cfg->ulysses_degree, 0, sp::kMaxRanks,
+            "Ulysses degree U (0 = the strategy's default)");
+  AddNumber(sim, "--ring", &cfg->ring_degree, 0, sp::kMaxRanks,
+            "Ring degree R (0 = the strategy's default)");
+  AddNumber(sim, "--chunks", &cfg->torus_chunks, 1, sp::kMaxTorusChunks,
+            "torus token chunks / ulysses head chunks");
   sim->add_flag("--one-sided", cfg->one_sided, "one-sided (NVSHMEM put/signal) transport");
-  sim->add_option("--comm-sms", cfg->comm_sms,
-                  "SMs kept free of the compute stream for communication kernels (a CUDA green "
-                  "context; 0 = the whole GPU computes)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  AddNumber(sim, "--comm-sms", &cfg->comm_sms, 0, 65536,
+            "SMs kept free of the compute stream for communication kernels (a CUDA green "
+            "context; 0 = the whole GPU computes)");
   auto transport = std::make_shared<std::string>();
   sim->add_option("--transport", *transport,
                   "nccl | nvshmem | nvshmem-intra (puts within machines, NCCL between them); "

@@ -23,7 +23,7 @@
 //   - the candidates' estimated ops together may not exceed PlanOptions::max_total_ops: the
 //     cheapest schedules (fewest estimated ops; ties in enumeration order) are simulated first
 //     and the rest left out once the budget is spent.
-// Time: the README's 4 x 8 p4de flux plan (75 candidates, ~0.6 M estimated ops) takes ~2 s on
+// Time: the README's 4 x 8 p4de flux plan (75 candidates, 0.7-1 M estimated ops) takes ~2 s on
 // the 2-core CI machine; 32 x 8 p4de wan2.1-14b (every schedule >= 55 k ops) stops at the budget
 // after a few candidates, in a few seconds (sp_planner_test: LargeClustersStayWithinTheBudget).
 #pragma once

@@ -213,7 +213,7 @@ void launch_fwd_pipe(const FwdArgs& a, const FwdPlan& plan, cudaStream_t stream)
 template <typename T, int kVecs, bool kBulkStore, bool kCoefReload>
 void launch_fwd_tma(const FwdArgs& a, const FwdPlan& plan, cudaStream_t stream) {
   constexpr int kStages = 4;
-  auto* kernel = adaln_fwd_tma_kernel<T, kVecs, kStages, kBulkStore, kCoefReload, 1>;
+  auto* kernel = adaln_fwd_tma_kernel<T, kVecs, kStages, kBulkStore, kCoefReload>;
   const std::size_t smem = static_cast<std::size_t>(kStages) * a.d * sizeof(T);
   const std::int64_t grid = persistent_grid(kernel, plan.threads, smem, a.rows);
   launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), dim3(plan.threads), smem, stream, a);
@@ -230,7 +230,7 @@ bool tma_available() {
   }
   cudaFuncAttributes attr{};
   DS_CHECK_CUDA(
-      cudaFuncGetAttributes(&attr, adaln_fwd_tma_kernel<__nv_bfloat16, 4, 4, true, false, 1>));
+      cudaFuncGetAttributes(&attr, adaln_fwd_tma_kernel<__nv_bfloat16, 4, 4, true, false>));
   const bool ok = attr.binaryVersion >= 90;
   if (device >= 0 && device < 64) cached[device].store(ok ? 1 : -1, std::memory_order_relaxed);
   return ok;

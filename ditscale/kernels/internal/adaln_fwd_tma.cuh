@@ -7,12 +7,10 @@
 // ring slot and leaves with one bulk store (shared -> global, bulk_group), so the write stream is
 // asynchronous too and the SM's load/store unit only sees shared-memory traffic.
 //
-// Block: kRows consecutive rows (a group) at a time, blockDim = (tpr, kRows), tpr a multiple of
-// 32; thread (t, r) owns the 16-byte vectors j * tpr + t, j < kVecs, of row r of the group.
-// Persistent grid: block k takes groups k, k + grid, ... Dynamic shared memory: kStages ring
-// slots of kRows * D * sizeof(T) bytes (16-byte multiple). Small rows (3 KB at D = 1536 bf16)
-// take kRows = 2 or 4 so that the per-row fixed costs (mbarrier wait, barriers, bulk-copy
-// issue) are shared by a 6-8 KB group.
+// Block: one row at a time, blockDim = tpr, a multiple of 32; thread t owns the 16-byte vectors
+// j * tpr + t, j < kVecs, of the row. Persistent grid: block k takes rows k, k + grid, ...
+// Dynamic shared memory: kStages ring slots of D * sizeof(T) bytes (16-byte multiple). (Groups
+// of 2 or 4 rows per slot measured slower, adaln-kernel-notes.md v4, and were removed.)
 // Ring protocol (thread 0 issues every bulk operation of its block):
 //   - iteration i waits on full[i % kStages] with parity (i / kStages) & 1;
 //   - loads run P rows ahead: P = kStages - 1 (plain stores) or kStages - 2 (bulk stores, since a
@@ -121,12 +119,9 @@ __device__ __forceinline__ void store_smem_vec(uint4* p, const float (&in)[V]) {
 }
 
 // Not gated (the launcher sends gated calls to the cp.async kernel). rows < 2^31.
-// kRows consecutive rows per block iteration (a group; blockDim.y = kRows, row threadIdx.y): a
-// ring slot holds the group, loaded with one bulk copy per run of rows that are contiguous in x
-// (x[u + 1] starts where x[u] ends: always within a contiguous sample, and across samples when
-// stride_b = N * D), and stored with one bulk copy (y is contiguous). Groups may straddle sample
-// ends (each thread caches its own row's sample coefficients); the last group may be partial.
-template <typename T, int kVecs, int kStages, bool kBulkStore, bool kCoefReload, int kRows = 1>
+// One row per block iteration: a ring slot holds the row, loaded with one bulk copy and
+// (kBulkStore) stored with one bulk copy.
+template <typename T, int kVecs, int kStages, bool kBulkStore, bool kCoefReload>
 __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kCoefReload), 1)
     adaln_fwd_tma_kernel(const FwdArgs a) {
   pdl_enter();  // before any global access (adaln_device.cuh)
@@ -139,15 +134,13 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
   __shared__ __align__(8) std::uint64_t full[kStages];
   const int tpr = blockDim.x;
   const int tx = threadIdx.x;
-  const int ty = kRows == 1 ? 0 : static_cast<int>(threadIdx.y);
   const int nvec = static_cast<int>(a.d / V);
   const unsigned row_bytes = static_cast<unsigned>(nvec) * 16u;
   const unsigned rows = static_cast<unsigned>(a.rows);
-  const unsigned groups = (rows + kRows - 1) / kRows;
   const unsigned seq = static_cast<unsigned>(a.n);
   const float inv_d = 1.0f / static_cast<float>(a.d);
   const bool per_token = a.scale.sn != 0 || a.shift.sn != 0;
-  const bool issuer = tx == 0 && ty == 0;
+  const bool issuer = tx == 0;
   const T* const xg = static_cast<const T*>(a.x.data);
   T* const yg = static_cast<T*>(a.y);
   const std::uint64_t policy = a.evict_first ? evict_first_policy() : 0;
@@ -165,30 +158,12 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
     const unsigned n = u - b * seq;
     return xg + b * a.x.sb + n * a.x.sn;
   };
-  // Thread 0: starts the bulk loads of group g into ring slot `stage` (one per contiguous run).
-  auto issue = [&](unsigned g, int stage) {
-    if (g >= groups) return;
-    const unsigned u0 = g * kRows;
-    const unsigned count = rows - u0 < kRows ? rows - u0 : kRows;
+  // Thread 0: starts the bulk load of row u into ring slot `stage`.
+  auto issue = [&](unsigned u, int stage) {
+    if (u >= rows) return;
     const unsigned bar = smem_u32(&full[stage]);
-    mbar_expect_tx(bar, count * row_bytes);
-    const unsigned dst = smem_u32(tma_ring + stage * kRows * nvec);
-    const T* src = row_src(u0);
-    unsigned run = 1, first = 0;
-#pragma unroll
-    for (unsigned r = 1; r < kRows; ++r) {
-      if (r >= count) break;
-      const T* next = row_src(u0 + r);
-      if (next == src + static_cast<std::int64_t>(run) * a.d) {
-        ++run;
-      } else {
-        bulk_load(dst + first * row_bytes, src, run * row_bytes, bar, a.evict_first, policy);
-        src = next;
-        first = r;
-        run = 1;
-      }
-    }
-    bulk_load(dst + first * row_bytes, src, run * row_bytes, bar, a.evict_first, policy);
+    mbar_expect_tx(bar, row_bytes);
+    bulk_load(smem_u32(tma_ring + stage * nvec), row_src(u), row_bytes, bar, a.evict_first, policy);
   };
   if (issuer) {
 #pragma unroll
@@ -200,24 +175,21 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
   int stage = 0;
   unsigned phase = 0;
   unsigned parity = 0;  // alternates the RMS reduction buffer (no barrier between its uses)
-  for (unsigned g = blockIdx.x; g < groups; g += step) {
+  for (unsigned u = blockIdx.x; u < rows; u += step) {
     if (issuer) {
       if constexpr (kBulkStore) bulk_wait_read<kStages - P - 1>();  // slot's last store has read
       const int next = stage + P >= kStages ? stage + P - kStages : stage + P;
-      issue(g + P * step, next);
+      issue(u + P * step, next);
     }
-    const unsigned u0 = g * kRows;
-    const unsigned u = u0 + ty;
-    const bool row_ok = kRows == 1 || u < rows;
     mbar_wait(smem_u32(&full[stage]), phase);
-    uint4* const cur = tma_ring + (stage * kRows + ty) * nvec;
+    uint4* const cur = tma_ring + stage * nvec;
 
     float v[kVecs][V];
     float s[1] = {0.f};
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const int vi = j * tpr + tx;
-      if (row_ok && vi < nvec) {
+      if (vi < nvec) {
         load_smem_vec<V, T>(cur + vi, v[j]);
       } else {
         fill(v[j], 0.f);
@@ -225,9 +197,6 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
 #pragma unroll
       for (int e = 0; e < V; ++e) s[0] += v[j][e];
     }
-    // One-warp rows reduce without a barrier: the slot's other rows must be read before thread 0
-    // refills it.
-    if (kRows > 1 && tpr == 32) __syncthreads();
     float mean = 0.f;
     if (!a.rms) {
       row_sum<1>(s, red[0]);
@@ -236,7 +205,7 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
     float q[1] = {0.f};
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
-      if (row_ok && j * tpr + tx < nvec) {
+      if (j * tpr + tx < nvec) {
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           const float c = v[j][e] - mean;
@@ -250,7 +219,7 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
     const unsigned b = u / seq;
     const unsigned n = u - b * seq;
     if constexpr (!kCoefReload) {
-      if (row_ok && (per_token || b != cached_b)) {
+      if (per_token || b != cached_b) {
 #pragma unroll
         for (int j = 0; j < kVecs; ++j) {
           const int vi = j * tpr + tx;
@@ -261,7 +230,7 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
         cached_b = b;
       }
     }
-    if (row_ok && tx == 0 && a.mean != nullptr) {
+    if (tx == 0 && a.mean != nullptr) {
       a.mean[u] = mean;
       a.rstd[u] = rstd;
     }
@@ -269,7 +238,7 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
       const int vi = j * tpr + tx;
-      if (!row_ok || vi >= nvec) continue;
+      if (vi >= nvec) continue;
       float out[V];
       if constexpr (kCoefReload) {
         float ca[V], cc[V];
@@ -292,10 +261,7 @@ __global__ void __launch_bounds__(fwd_tma_max_threads(kVecs * 16 / sizeof(T), kC
       fence_proxy_async_smem();  // this thread's y chunks -> visible to the bulk copy
       __syncthreads();
       if (issuer) {
-        const unsigned count = rows - u0 < kRows ? rows - u0 : kRows;
-        bulk_store(yg + static_cast<std::int64_t>(u0) * a.d,
-                   smem_u32(tma_ring + stage * kRows * nvec), count * row_bytes, a.evict_first,
-                   policy);
+        bulk_store(yrow, smem_u32(tma_ring + stage * nvec), row_bytes, a.evict_first, policy);
       }
     }
     if (++stage == kStages) {

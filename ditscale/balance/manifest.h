@@ -94,7 +94,8 @@ struct ManifestOptions {
 // CSV: the file is mmap'ed and scanned once without per-field allocation; files of 32 MB or more
 // are parsed by two threads (the second half is kept only where it starts exactly at the record
 // the first thread reaches, so ids, lines and errors are those of one sequential pass), and pages
-// are released behind the parser. JSONL lines are parsed one by one (~1 us per row).
+// are released behind the parser. JSONL lines are parsed one by one by ParseJson (~3.5 us of
+// CPU a row), on two threads for texts of 1 MiB or more.
 Result<Manifest> ReadManifest(const std::string& path, const ManifestOptions& options = {});
 
 // Parses manifest text already in memory; `name` is used in error messages. The same rules and

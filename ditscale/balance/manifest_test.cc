@@ -6,12 +6,15 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
 #include <thread>
+
+#include "ditscale/balance/internal/jsonl_manifest.h"
 
 namespace ditscale::balance {
 namespace {
@@ -533,6 +536,55 @@ TEST(ManifestLimits, FifoIsStreamedWithTheSameRulesAndLimits) {
   EXPECT_EQ(r->samples.size(), 2u);
   unlink(fifo.c_str());
   rmdir(dir.c_str());
+}
+
+}  // namespace
+}  // namespace ditscale::balance
+
+namespace ditscale::balance {
+namespace {
+
+// JSONL on two threads gives what one pass gives: rows, ids, lines, skip reasons, the failure.
+TEST(ManifestJsonl, TwoThreadsEqualOnePass) {
+  std::mt19937_64 rng(11);
+  const std::vector<std::string> bad = {
+      "{\"path\":\"b\",\"num_frames\":0,\"height\":8,\"width\":8}",
+      "{\"path\":\"b\",\"num_frames\":2,\"height\":8,\"width\":8,\"fps\":1e400}",
+      "{\"path\":\"b\",\"num_frames\":1,\"num_frames\":1,\"height\":8,\"width\":8}",
+      "not json",
+      "",
+      "\r"};
+  for (int iter = 0; iter < 200; ++iter) {
+    std::string text;
+    for (int r = 0, n = 1 + static_cast<int>(rng() % 40); r < n; ++r) {
+      if (rng() % 6 == 0) {
+        text += bad[rng() % bad.size()];
+      } else {
+        text += "{\"path\":\"v\",\"num_frames\":" + std::to_string(1 + rng() % 3) +
+                ",\"height\":8,\"width\":8,\"fps\":24}";
+      }
+      text += rng() % 5 == 0 ? "\r\n" : "\n";
+    }
+    for (bool skip : {false, true}) {
+      ManifestOptions o;
+      o.skip_bad_rows = skip;
+      auto one = internal::ParseJsonlManifest(text, "m.jsonl", o, SIZE_MAX);
+      auto two = internal::ParseJsonlManifest(text, "m.jsonl", o, 0);
+      const std::string ctx = "iter " + std::to_string(iter) + (skip ? " skip" : " strict");
+      ASSERT_EQ(one.ok(), two.ok()) << ctx;
+      if (!one.ok()) {
+        EXPECT_EQ(one.failure().ToString(), two.failure().ToString()) << ctx;
+        continue;
+      }
+      EXPECT_EQ(one->ids, two->ids) << ctx;
+      EXPECT_EQ(one->rows_total, two->rows_total) << ctx;
+      EXPECT_EQ(one->skipped_examples, two->skipped_examples) << ctx;
+      ASSERT_EQ(one->samples.size(), two->samples.size()) << ctx;
+      for (size_t i = 0; i < one->samples.size(); ++i) {
+        EXPECT_EQ(one->samples[i].num_frames, two->samples[i].num_frames) << ctx;
+      }
+    }
+  }
 }
 
 }  // namespace

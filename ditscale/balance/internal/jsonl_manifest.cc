@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
 #include "ditscale/balance/internal/manifest_rows.h"
@@ -142,30 +144,60 @@ bool ParseLine(std::string_view s, int64_t line, const std::string& name, RowSin
   return sink->Row(fields, line);
 }
 
-}  // namespace
-
-Result<Manifest> ParseJsonlManifest(std::string_view text, const std::string& name,
-                                    const ManifestOptions& options) {
-  const char* p = text.data();
-  const char* end = p + text.size();
-  if (text.size() >= 3 && std::memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;  // UTF-8 BOM
-  std::vector<RowSink> parts;
-  parts.emplace_back(options.skip_bad_rows,
-                     RowsToReserve(static_cast<size_t>(end - p), BytesPerLine(text)));
-  RowSink& sink = parts[0];
-  for (int64_t line = 1; p < end; ++line) {
+// Parses the lines of [p, end) into *sink (lines numbered from 1); returns the number of lines.
+int64_t ParseLines(const char* p, const char* end, const std::string& name, RowSink* sink) {
+  int64_t line = 1;
+  for (; p < end; ++line) {
     const char* nl = static_cast<const char*>(std::memchr(p, '\n', end - p));
     const char* le = nl ? nl : end;
     std::string_view s(p, le - p);
     p = nl ? nl + 1 : end;
     if (s.size() > kMaxLineBytes) {
-      sink.BadRow({line, "", LineTooLong(), true});
+      sink->BadRow({line, "", LineTooLong(), true});
       break;
     }
     if (!s.empty() && s.back() == '\r') s.remove_suffix(1);
     if (Trim(s).empty()) continue;
-    if (!ParseLine(s, line, name, &sink)) break;
+    if (!ParseLine(s, line, name, sink)) break;
   }
+  return line - 1;
+}
+
+}  // namespace
+
+Result<Manifest> ParseJsonlManifest(std::string_view text, const std::string& name,
+                                    const ManifestOptions& options, size_t min_parallel_bytes) {
+  const char* p = text.data();
+  const char* end = p + text.size();
+  if (text.size() >= 3 && std::memcmp(p, "\xEF\xBB\xBF", 3) == 0) p += 3;  // UTF-8 BOM
+  const size_t bytes = static_cast<size_t>(end - p);
+  const double per_line = BytesPerLine(std::string_view(p, bytes));
+  const char* split = end;
+  if (bytes >= min_parallel_bytes && bytes >= 2 && std::thread::hardware_concurrency() >= 2) {
+    const char* nl =
+        static_cast<const char*>(std::memchr(p + bytes / 2, '\n', end - (p + bytes / 2)));
+    if (nl) split = nl + 1;
+  }
+  std::vector<RowSink> parts;
+  parts.emplace_back(options.skip_bad_rows, RowsToReserve(bytes, per_line));
+  if (split == end) {
+    ParseLines(p, end, name, &parts[0]);
+    return Finish(&parts, name, options);
+  }
+  // Two parts; std::jthread joins on every way out, a worker exception is rethrown after it.
+  parts.emplace_back(options.skip_bad_rows, RowsToReserve(end - split, per_line));
+  std::exception_ptr worker_error;
+  {
+    std::jthread worker([&] {
+      try {
+        ParseLines(split, end, name, &parts[1]);
+      } catch (...) {
+        worker_error = std::current_exception();
+      }
+    });
+    parts[1].line_offset = ParseLines(p, split, name, &parts[0]);
+  }
+  if (worker_error) std::rethrow_exception(worker_error);
   return Finish(&parts, name, options);
 }
 

@@ -6,6 +6,7 @@
 // FieldRefs typed by their JSON kind and go through the same ValidateRow as CSV fields.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -14,8 +15,11 @@
 
 namespace ditscale::balance::internal {
 
-// Parses JSONL manifest text; `name` is used in error messages.
+// Parses JSONL manifest text; `name` is used in error messages. Texts of at least
+// `min_parallel_bytes` are parsed by two threads (lines are independent: the second starts after
+// the first line end past the middle; results, lines and errors are those of one pass).
 Result<Manifest> ParseJsonlManifest(std::string_view text, const std::string& name,
-                                    const ManifestOptions& options);
+                                    const ManifestOptions& options,
+                                    size_t min_parallel_bytes = size_t{1} << 20);
 
 }  // namespace ditscale::balance::internal

@@ -105,7 +105,10 @@ def chunk_rows(rng, start, n, short_form=False):
                 w = int(round(short[i] * ar[i]))
                 if ar[i] < 1:
                     h, w = w, h
-            path = f"i/{idx:08d}.jpg" if short_form else f"webdataset/{idx // 10000:05d}/{idx:09d}.jpg"
+            if short_form:
+                path = f"i/{idx:08d}.jpg"
+            else:
+                path = f"webdataset/{idx // 10000:05d}/{idx:09d}.jpg"
             rows.append((path, text[i], 1, h, w, f"{h / w:.4f}", "", h * w))
         else:
             h, w = VIDEO_TIERS[tier[i]]
@@ -191,7 +194,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--jsonl", action="store_true", help="write JSONL instead of CSV")
     ap.add_argument("--short", action="store_true",
-                    help="6 columns (path,text,num_frames,height,width,fps), short path and caption")
+                    help="6 columns (path,text,num_frames,height,width,fps), short path, caption")
     ap.add_argument("--bench", action="store_true", help="write a synthetic shape benchmark")
     args = ap.parse_args()
     if args.rows < 0:

@@ -47,7 +47,8 @@ def test_config_refuses_fields_that_do_not_apply():
         sp.Config(chunks=2)
     with pytest.raises(ValueError, match="ulysses_degree, ring_degree: chosen by the planner"):
         sp.Config(ulysses_degree=2, ring_degree=2)
-    with pytest.raises(ValueError, match="chunks: 2 token chunks need strategy 'torus', not 'ring'"):
+    with pytest.raises(ValueError,
+                       match="chunks: 2 token chunks need strategy 'torus', not 'ring'"):
         sp.Config(strategy="ring", chunks=2)
     with pytest.raises(ValueError, match=r"ulysses head chunks: ulysses_chunks"):
         sp.Config(strategy="ulysses", chunks=2)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ditscale/core/error.h"
+#include "ditscale/core/range.h"
 #include "ditscale/sp/planner.h"
 #include "ditscale/sp/simulator.h"
 #include "ditscale/sp/strategies.h"
@@ -84,14 +85,33 @@ std::string OptionOf(const std::string& column) {
 }
 
 // The value, or throws an Error prefixed with the option the failure is about ("--height: 1000
-// is not a multiple of 16"), or with `what` when it is about no option (a file, a plan).
+// is not a multiple of 16"), or with `what` when it is about no option (a file, a plan). A
+// failure naming a file is about that file's field, not an option, unless `options_over_file`
+// (a configuration checked against the cluster: "--comm-sms: p4de: ... no SM partitions").
 template <typename T>
-T OrThrow(Result<T> r, const std::string& what) {
+T OrThrow(Result<T> r, const std::string& what, bool options_over_file = false) {
   if (r.ok()) return std::move(r).ValueOrThrow();
   const Failure& f = r.failure();
-  const std::string option = f.file.empty() ? OptionOf(f.column) : "";
-  if (!option.empty()) throw Error(option + ": " + f.message);
+  const std::string option = f.file.empty() || options_over_file ? OptionOf(f.column) : "";
+  if (!option.empty()) {
+    throw Error(option + ": " + (f.file.empty() ? "" : f.file + ": ") + f.message);
+  }
   throw Error(what + ": " + f.ToString());
+}
+
+// The options that set the sequence length, as given ("--height 16384, --width 16384, --frames
+// 61"; --duration-s only without --frames, which overrides it), or "--model M (its default
+// size)" when none was given.
+std::string SizeOptions(const CommonArgs& a) {
+  std::string s;
+  auto add = [&](const char* name, const std::string& v) {
+    s += (s.empty() ? "" : ", ") + std::string(name) + " " + v;
+  };
+  if (a.height > 0) add("--height", std::to_string(a.height));
+  if (a.width > 0) add("--width", std::to_string(a.width));
+  if (a.frames > 0) add("--frames", std::to_string(a.frames));
+  if (a.frames == 0 && a.duration_s > 0) add("--duration-s", FormatNumber(a.duration_s));
+  return s.empty() ? "--model " + a.model + " (its default size)" : s;
 }
 
 sp::Topology LoadCluster(const CommonArgs& a) {
@@ -105,7 +125,54 @@ sp::Workload LoadWorkload(const CommonArgs& a) {
   o.duration_s = a.duration_s;
   o.frames = a.frames;
   o.batch = a.batch;
-  return OrThrow(sp::MakeWorkload(a.model, o), "--model");
+  Result<sp::Workload> w = sp::MakeWorkload(a.model, o);
+  // Over kMaxTokens: MakeWorkload names the field "frames" (video) or "height" (image) whichever
+  // options were given; the error names the size options that were.
+  if (!w.ok() && (w.failure().column == "frames" || w.failure().column == "height") &&
+      w.failure().message.find("exceed the limit of") != std::string::npos) {
+    throw Error(SizeOptions(a) + ": " + w.failure().message);
+  }
+  return OrThrow(std::move(w), "--model");
+}
+
+// The schedule limits on the sequence that hold for every configuration of the mesh (each has
+// U x R = all ranks): at least one image token per rank, and ranks x (S + T) <= kMaxRankTokens
+// (strategies.h). Checked here so that `sp simulate` and `sp plan` report them against the
+// options that made the sequence, with the value and the limit, instead of as "column
+// 'seq_tokens'" of each candidate.
+void CheckSequenceFits(const CommonArgs& a, const sp::Topology& t, const sp::Workload& w) {
+  const int64_t n = t.world_size();
+  const std::string ranks =
+      fmt::format("{} ranks ({} x {} GPUs)", n, t.machines, t.gpus_per_machine);
+  if (w.tokens < n) {
+    throw Error(
+        fmt::format("{}: S = {} image tokens, fewer than the {}: each rank needs at least one",
+                    SizeOptions(a), w.tokens, ranks));
+  }
+  const int64_t limit = sp::kMaxRankTokens / n;
+  if (w.tokens + w.text_tokens > limit) {
+    throw Error(fmt::format(
+        "{}: {} tokens ({} image + {} text) on {} exceed the schedule limit of {} tokens on {} "
+        "ranks ({} rank-tokens)",
+        SizeOptions(a), w.tokens + w.text_tokens, w.tokens, w.text_tokens, ranks, limit, n,
+        sp::kMaxRankTokens));
+  }
+}
+
+// --ulysses / --ring against the mesh: U x R must be its rank count (0 = the strategy's default).
+void CheckDegrees(const sp::Topology& t, const sp::SpConfig& c) {
+  const int n = t.world_size();
+  const std::string mesh =
+      fmt::format("the {} ranks of the mesh ({} x {} GPUs)", n, t.machines, t.gpus_per_machine);
+  const std::pair<const char*, int> degrees[] = {{"--ulysses", c.ulysses_degree},
+                                                 {"--ring", c.ring_degree}};
+  for (const auto& [option, d] : degrees) {
+    if (d > 0 && n % d != 0) throw Error(fmt::format("{}: {} does not divide {}", option, d, mesh));
+  }
+  if (c.ulysses_degree > 0 && c.ring_degree > 0 && c.ulysses_degree * c.ring_degree != n) {
+    throw Error(fmt::format("--ulysses {} x --ring {} = {} is not {}", c.ulysses_degree,
+                            c.ring_degree, c.ulysses_degree * c.ring_degree, mesh));
+  }
 }
 
 nlohmann::json ContextJson(const sp::Topology& t, const sp::Workload& w) {
@@ -144,6 +211,7 @@ void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strat
              const std::vector<std::string>& transports, bool no_sm_partitions) {
   sp::Topology topo = LoadCluster(a);
   sp::Workload wl = LoadWorkload(a);
+  CheckSequenceFits(a, topo, wl);
   sp::PlanOptions opt;
   opt.strategies = strategies;
   opt.sm_partitions = !no_sm_partitions;
@@ -212,7 +280,9 @@ void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strat
 void RunSimulate(const CommonArgs& a, sp::SpConfig cfg) {
   sp::Topology topo = LoadCluster(a);
   sp::Workload wl = LoadWorkload(a);
-  sp::PlanCandidate c = OrThrow(sp::EvaluateConfig(topo, wl, cfg), "simulate");
+  CheckSequenceFits(a, topo, wl);
+  CheckDegrees(topo, cfg);
+  sp::PlanCandidate c = OrThrow(sp::EvaluateConfig(topo, wl, cfg), "simulate", true);
   if (a.json) {
     nlohmann::json j = ContextJson(topo, wl);
     j.update(sp::PlanCandidateJson(c));

@@ -110,6 +110,10 @@ struct ShapedManifest {
   std::vector<int64_t> count;      // per shape: number of samples
 };
 // Throws ditscale::Error as ToTrainShape does, naming the sample id.
+// Cost: one small memo lookup per sample keyed by (training frames, height, width); the shape
+// rule runs once per distinct triple (per sample beyond the memo's 4096 triples). From 2^17
+// samples on, two threads map one half each; the result, and the error (the first bad sample in
+// row order), are those of one pass.
 ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model);
 
 }  // namespace ditscale::balance

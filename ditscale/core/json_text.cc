@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <unordered_set>
@@ -23,6 +24,47 @@ Failure At(const std::string& file, long long line, std::string message) {
   f.line = line;
   f.message = std::move(message);
   return f;
+}
+
+// The 1-based line (within text) of the first repeated key or number beyond a double, found by a
+// light scan of text that nlohmann has already parsed up to the problem; 1 if none is found.
+// nlohmann's parser callback gives no position, so its findings are located here.
+long long LineOfValueProblem(std::string_view text) {
+  struct Frame {
+    bool object;
+    std::unordered_set<std::string> keys;
+  };
+  std::vector<Frame> stack;
+  bool expect_key = false;
+  long long line = 1;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+    } else if (c == '{' || c == '[') {
+      stack.push_back({c == '{', {}});
+      expect_key = c == '{';
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+      expect_key = false;
+    } else if (c == ',') {
+      expect_key = !stack.empty() && stack.back().object;
+    } else if (c == '"') {
+      std::size_t j = i + 1;
+      while (j < text.size() && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
+      const std::string raw(text.substr(i + 1, j - i - 1));
+      if (expect_key && !stack.empty() && !stack.back().keys.insert(raw).second) return line;
+      expect_key = false;
+      i = j;
+    } else if (c == '-' || (c >= '0' && c <= '9')) {
+      char* end = nullptr;
+      const std::string num(text.substr(i, 64));
+      const double v = std::strtod(num.c_str(), &end);
+      if (!std::isfinite(v)) return line;
+      i += static_cast<std::size_t>(end - num.c_str()) - 1;
+    }
+  }
+  return 1;
 }
 
 // Rejects duplicate keys and non-finite numbers while nlohmann parses.
@@ -83,9 +125,9 @@ Result<nlohmann::json> ParseJson(std::string_view text, const std::string& file,
     std::string what = e.what();
     const auto close = what.find("] ");
     if (close != std::string::npos) what = what.substr(close + 2);
-    return At(file, first_line, "JSON value error: " + what);
+    return At(file, first_line - 1 + LineOfValueProblem(text), "JSON value error: " + what);
   }
-  if (!error.empty()) return At(file, first_line, error);
+  if (!error.empty()) return At(file, first_line - 1 + LineOfValueProblem(text), error);
   return j;
 }
 

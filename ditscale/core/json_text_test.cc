@@ -25,6 +25,13 @@ TEST(JsonTextTest, NumberBeyondDoubleNamesTheFile) {
   EXPECT_EQ(Err(R"({"x":1e400})"), "f.json:1: JSON value error: number overflow parsing '1e400'");
 }
 
+TEST(JsonTextTest, ValueProblemsGiveTheirLine) {
+  EXPECT_EQ(Err("{\n\"a\": {\"k\": 1},\n\"b\": \"x,\\\"k\\\"\",\n\"a\": 2}"),
+            "f.json:4: duplicate key 'a'");
+  EXPECT_EQ(Err("{\"a\": [1, -2.5e3,\n 3],\n\"x\": 1e400}", 10),
+            "f.json:12: JSON value error: number overflow parsing '1e400'");
+}
+
 TEST(JsonTextTest, SyntaxErrorGivesTheLine) {
   EXPECT_EQ(Err("{\n\"x\": 1,\n}", 1).rfind("f.json:3: JSON syntax error", 0), 0u);
   EXPECT_EQ(Err("{\"x\": }", 41).rfind("f.json:41: JSON syntax error", 0), 0u);

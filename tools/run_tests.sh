@@ -10,4 +10,5 @@ ctest --test-dir build --output-on-failure -j"$(nproc)"
 echo "== pip install . (scikit-build-core over the same CMake project)"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation .
 echo "== pytest"
+export DITSCALE_CLI="$PWD/build/tools/ditscale"  # the CLI tests run it, never skip
 cd tests/python && ../../.venv/bin/python -m pytest -q -p no:cacheprovider .

@@ -2,36 +2,18 @@
 error naming the option or field, its value and range, and a non-zero exit; never a signal, a
 silent clamp, or exit 0 on output that was lost. Runs the built CLI (skips without one)."""
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from cli_util import find_cli
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = str(REPO / "examples/manifests/mixed_2k.csv")
 BENCH = str(REPO / "examples/manifests/bench_example.csv")
 
 
-def find_cli():
-    """A ditscale binary with this issue's options (`fit --accept-poor-fit`), or None."""
-    cands = [os.environ.get("DITSCALE_CLI"), shutil.which("ditscale")]
-    cands += [str(p) for p in sorted(REPO.glob("build*/tools/ditscale"),
-                                      key=lambda p: p.stat().st_mtime, reverse=True)]
-    for c in cands:
-        if not c:
-            continue
-        try:  # another build may be linking its binary right now
-            r = subprocess.run([c, "fit", "--help"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if r.returncode == 0 and "--accept-poor-fit" in r.stdout:
-            return c
-    return None
-
-
-CLI = find_cli()
+CLI = find_cli(["fit"], "--accept-poor-fit")
 pytestmark = pytest.mark.skipif(CLI is None, reason="no ditscale CLI binary of this version")
 
 

@@ -2,36 +2,17 @@
 clear error naming the option or field, its value and range, and a non-zero exit (never a signal
 or exit 0); the planner on a large mesh finishes within a bound. Runs the built CLI (skips
 without one; CI builds build/tools/ditscale)."""
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from cli_util import find_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def find_cli():
-    """A ditscale binary with the sp commands (the newest build first), or None."""
-    cands = [os.environ.get("DITSCALE_CLI"), shutil.which("ditscale")]
-    cands += [str(p) for p in sorted(REPO.glob("build*/tools/ditscale"),
-                                     key=lambda p: p.stat().st_mtime, reverse=True)]
-    for c in cands:
-        if not c:
-            continue
-        try:  # another build may be linking its binary right now
-            r = subprocess.run([c, "sp", "plan", "--help"], capture_output=True, text=True,
-                               timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if r.returncode == 0 and "--mem-limit-gb" in r.stdout:
-            return c
-    return None
-
-
-CLI = find_cli()
+CLI = find_cli(["sp", "plan"], "--mem-limit-gb")
 pytestmark = pytest.mark.skipif(CLI is None, reason="no ditscale CLI binary with `sp`")
 
 

@@ -3,12 +3,12 @@ and the out-of-memory path."""
 
 import csv
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_util import find_cli
 
 torch = pytest.importorskip("torch")
 
@@ -73,20 +73,9 @@ def run_bench(tmp_path, *extra):
     return out, r.stdout
 
 
-def find_cli():
-    """A ditscale CLI binary that has the `fit` command, or None."""
-    cands = [os.environ.get("DITSCALE_CLI"), shutil.which("ditscale")]
-    cands += [str(p) for p in sorted(REPO.glob("build*/tools/ditscale"),
-                                      key=lambda p: p.stat().st_mtime, reverse=True)]
-    for c in cands:
-        if c and subprocess.run([c, "fit", "--help"], capture_output=True).returncode == 0:
-            return c
-    return None
-
-
 def fit_json(csv_path):
     """`ditscale fit CSV --json` (the test skips without a CLI binary); its stdout."""
-    cli = find_cli()
+    cli = find_cli(["fit"], "--accept-poor-fit")
     if cli is None:
         pytest.skip("no ditscale CLI binary with `fit` to read the CSV")
     r = subprocess.run([cli, "fit", str(csv_path), "--json", "--accept-poor-fit"],

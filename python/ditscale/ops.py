@@ -36,6 +36,17 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ._adaln_checks import (
+    EPS_RANGE,
+    NORMS,
+    check_affine,
+    check_config,
+    check_devices,
+    check_mod_rows,
+    check_modulation,
+    check_rows,
+    check_stats,
+)
 from ._checks import check_real
 
 __all__ = [
@@ -49,10 +60,6 @@ __all__ = [
     "EPS_RANGE",
 ]
 
-NORMS = ("layernorm", "rmsnorm")
-# The documented range of eps (ditscale/torch/adaln_prepare.h: kMinEps, kMaxEps): finite, > 0,
-# and a normal float32 once the kernels round it.
-EPS_RANGE = (1e-30, 1e30)
 _OP_NAMES = ("adaln_fwd", "adaln_bwd", "adaln_mod_fwd", "adaln_mod_bwd", "adaln_gated_fwd",
              "adaln_gated_bwd", "adaln_gated_mod_fwd", "adaln_gated_mod_bwd")
 _load_error: Optional[str] = None
@@ -326,136 +333,6 @@ def _stats_shape(x: torch.Tensor) -> Tuple[int, int]:
     return (x.shape[0], x.shape[1])
 
 
-# The checks of the fake (meta) kernels: the op bodies' checks (ditscale/torch/adaln_impl.h,
-# adaln_prepare.cc) with the same messages, so that meta tensors, fake tensors and tensors of
-# mixed devices fail as the CPU / CUDA implementations do instead of returning uninitialised
-# outputs. Shapes are compared with torch._check, which also holds under symbolic shapes.
-
-_ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-
-
-def _check_devices(op: str, named) -> None:
-    """All defined tensors of ``named`` ((name, tensor or None) pairs) on the first one's
-    device, else RuntimeError naming both arguments and devices (adaln_prepare.cc:
-    check_same_device)."""
-    first = None
-    for name, t in named:
-        if t is None:
-            continue
-        if first is None:
-            first = (name, t)
-        elif t.device != first[1].device:
-            raise RuntimeError(
-                f"{op}: expected all tensors to be on the same device, but got {name} on "
-                f"{t.device}, different from {first[0]} on {first[1].device}"
-            )
-
-
-def _dt(dtype) -> str:
-    """A dtype as ATen prints a ScalarType in the op's messages ("Float", "BFloat16", ...)."""
-    names = {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
-             torch.float64: "Double", torch.int32: "Int", torch.int64: "Long",
-             torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool"}
-    return names.get(dtype, str(dtype).replace("torch.", ""))
-
-
-def _fmt_sizes(shape) -> str:
-    return "[" + ", ".join(str(v) for v in shape) + "]"
-
-
-def _check_config(op: str, xname: str, x, norm, eps) -> None:
-    if x.dim() != 3:
-        raise RuntimeError(f"{op}: {xname} must be [B, N, D], got shape {_fmt_sizes(x.shape)}")
-    if x.dtype not in _ACT_DTYPES:
-        raise RuntimeError(
-            f"{op}: {xname} must be bfloat16, float16, float32 or float64, got {_dt(x.dtype)}"
-        )
-    if norm not in NORMS:
-        raise RuntimeError(f'{op}: norm must be "layernorm" or "rmsnorm", got "{norm}"')
-    lo, hi = EPS_RANGE
-    if not (lo <= eps <= hi):  # also NaN
-        raise RuntimeError(
-            f"{op}: eps: {eps:.6g} is out of range [{lo:.6g}, {hi:.6g}] (eps must be finite "
-            f"and > 0)"
-        )
-
-
-def _check_rows(op: str, name: str, t, x) -> None:
-    torch._check(
-        t.dim() == 3 and all(a == b for a, b in zip(t.shape, x.shape)),
-        lambda: f"{op}: {name} must have x's shape [B, N, D] = {_fmt_sizes(x.shape)}, got "
-        f"{_fmt_sizes(t.shape)}",
-    )
-    if t.dtype != x.dtype:
-        raise RuntimeError(f"{op}: {name} must have x's dtype {_dt(x.dtype)}, got {_dt(t.dtype)}")
-
-
-def _check_modulation(op: str, name: str, t, x) -> None:
-    B, N, D = x.shape
-    torch._check(
-        (t.dim() == 2 and t.shape[0] == B and t.shape[1] == D)
-        or (t.dim() == 3 and t.shape[0] == B and t.shape[1] == N and t.shape[2] == D),
-        lambda: f"{op}: {name} must be per sample [B, D] = [{B}, {D}] or per token [B, N, D] = "
-        f"[{B}, {N}, {D}], got {_fmt_sizes(t.shape)} (a [B, 1, D] tensor: pass t.squeeze(1), as "
-        f"ditscale.ops.adaln does)",
-    )
-    if t.dtype not in (x.dtype, torch.float32):
-        raise RuntimeError(
-            f"{op}: {name} must have x's dtype ({_dt(x.dtype)}) or float32, got {_dt(t.dtype)}"
-        )
-
-
-def _check_affine(op: str, x, weight, bias) -> None:
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        torch._check(
-            t.dim() == 1 and t.shape[0] == x.shape[2],
-            lambda: f"{op}: {name} must be [D] = [{x.shape[2]}], got {_fmt_sizes(t.shape)}",
-        )
-        if t.dtype not in (x.dtype, torch.float32):
-            raise RuntimeError(
-                f"{op}: {name} must have x's dtype ({_dt(x.dtype)}) or float32, got {_dt(t.dtype)}"
-            )
-    if weight is not None and bias is not None and weight.dtype != bias.dtype:
-        raise RuntimeError(
-            f"{op}: weight and bias must have the same dtype, got {_dt(weight.dtype)} and "
-            f"{_dt(bias.dtype)}"
-        )
-
-
-def _check_stats(op: str, x, mean, rstd) -> None:
-    B, N = x.shape[0], x.shape[1]
-    for name, t in (("mean", mean), ("rstd", rstd)):
-        torch._check(
-            t.dim() == 2 and t.shape[0] == B and t.shape[1] == N,
-            lambda: f"{op}: {name} must be [B, N] = [{B}, {N}] (from the forward), got "
-            f"{_fmt_sizes(t.shape)}",
-        )
-        if t.dtype != torch.float32:
-            raise RuntimeError(f"{op}: {name} must be float32, got {_dt(t.dtype)}")
-
-
-def _check_mod_rows(op: str, mod, x, rows) -> None:
-    """mod [B, K, D] and distinct row indices ((name, index) pairs) below K."""
-    torch._check(
-        mod.dim() == 3 and mod.shape[0] == x.shape[0] and mod.shape[2] == x.shape[2],
-        lambda: f"{op}: mod must be [B, K, D] with B = {x.shape[0]} and D = {x.shape[2]}, got "
-        f"{_fmt_sizes(mod.shape)}",
-    )
-    K = mod.shape[1]
-    for k, (name, index) in enumerate(rows):
-        torch._check(
-            0 <= index < K, lambda: f"{op}: {name} = {index} is outside mod's K = {K} rows"
-        )
-        for other, prev in rows[:k]:
-            if prev == index:
-                raise RuntimeError(
-                    f"{op}: {other} and {name} are both {index} (each modulation must be a "
-                    f"different row of mod)"
-                )
-
-
 def _fake_grad_like(ref: torch.Tensor, t: Optional[torch.Tensor]) -> torch.Tensor:
     if t is None:
         return ref.new_empty((0,), dtype=torch.float32)
@@ -468,12 +345,12 @@ def _register() -> None:
     @torch.library.register_fake(lib + "adaln_fwd")
     def _adaln_fwd_fake(x, scale, shift, weight, bias, norm, eps, op=lib + "adaln_fwd"):
         if op == lib + "adaln_fwd":  # the packed ops checked their own arguments
-            _check_devices(op, (("x", x), ("scale", scale), ("shift", shift), ("weight", weight),
+            check_devices(op, (("x", x), ("scale", scale), ("shift", shift), ("weight", weight),
                                 ("bias", bias)))
-        _check_config(op, "x", x, norm, eps)
-        _check_modulation(op, "scale", scale, x)
-        _check_modulation(op, "shift", shift, x)
-        _check_affine(op, x, weight, bias)
+        check_config(op, "x", x, norm, eps)
+        check_modulation(op, "scale", scale, x)
+        check_modulation(op, "shift", shift, x)
+        check_affine(op, x, weight, bias)
         y = torch.empty_like(x, memory_format=torch.contiguous_format)
         mean = x.new_empty(_stats_shape(x), dtype=torch.float32)
         rstd = x.new_empty(_stats_shape(x), dtype=torch.float32)
@@ -482,14 +359,14 @@ def _register() -> None:
     @torch.library.register_fake(lib + "adaln_bwd")
     def _adaln_bwd_fake(dy, x, scale, shift, weight, bias, mean, rstd, norm, eps):
         op = lib + "adaln_bwd"
-        _check_devices(op, (("dy", dy), ("x", x), ("scale", scale), ("shift", shift),
+        check_devices(op, (("dy", dy), ("x", x), ("scale", scale), ("shift", shift),
                             ("weight", weight), ("bias", bias), ("mean", mean), ("rstd", rstd)))
-        _check_config(op, "x", x, norm, eps)
-        _check_rows(op, "dy", dy, x)
-        _check_modulation(op, "scale", scale, x)
-        _check_modulation(op, "shift", shift, x)
-        _check_affine(op, x, weight, bias)
-        _check_stats(op, x, mean, rstd)
+        check_config(op, "x", x, norm, eps)
+        check_rows(op, "dy", dy, x)
+        check_modulation(op, "scale", scale, x)
+        check_modulation(op, "shift", shift, x)
+        check_affine(op, x, weight, bias)
+        check_stats(op, x, mean, rstd)
         dx = torch.empty_like(x, memory_format=torch.contiguous_format)
         dscale = scale.new_empty(scale.shape)
         dshift = shift.new_empty(shift.shape)
@@ -498,9 +375,9 @@ def _register() -> None:
     @torch.library.register_fake(lib + "adaln_mod_fwd")
     def _adaln_mod_fwd_fake(x, mod, scale_index, shift_index, weight, bias, norm, eps):
         op = lib + "adaln_mod_fwd"
-        _check_devices(op, (("x", x), ("mod", mod), ("weight", weight), ("bias", bias)))
-        _check_config(op, "x", x, norm, eps)
-        _check_mod_rows(op, mod, x, (("scale_index", scale_index), ("shift_index", shift_index)))
+        check_devices(op, (("x", x), ("mod", mod), ("weight", weight), ("bias", bias)))
+        check_config(op, "x", x, norm, eps)
+        check_mod_rows(op, mod, x, (("scale_index", scale_index), ("shift_index", shift_index)))
         return _adaln_fwd_fake(
             x, mod[:, scale_index], mod[:, shift_index], weight, bias, norm, eps, op=op
         )
@@ -510,14 +387,14 @@ def _register() -> None:
         dy, x, mod, scale_index, shift_index, weight, bias, mean, rstd, norm, eps
     ):
         op = lib + "adaln_mod_bwd"
-        _check_devices(op, (("dy", dy), ("x", x), ("mod", mod), ("weight", weight),
+        check_devices(op, (("dy", dy), ("x", x), ("mod", mod), ("weight", weight),
                             ("bias", bias), ("mean", mean), ("rstd", rstd)))
-        _check_config(op, "x", x, norm, eps)
-        _check_mod_rows(op, mod, x, (("scale_index", scale_index), ("shift_index", shift_index)))
-        _check_rows(op, "dy", dy, x)
-        _check_modulation(op, "scale", mod[:, scale_index], x)
-        _check_affine(op, x, weight, bias)
-        _check_stats(op, x, mean, rstd)
+        check_config(op, "x", x, norm, eps)
+        check_mod_rows(op, mod, x, (("scale_index", scale_index), ("shift_index", shift_index)))
+        check_rows(op, "dy", dy, x)
+        check_modulation(op, "scale", mod[:, scale_index], x)
+        check_affine(op, x, weight, bias)
+        check_stats(op, x, mean, rstd)
         dx = torch.empty_like(x, memory_format=torch.contiguous_format)
         dmod = mod.new_empty(mod.shape)
         return dx, dmod, _fake_grad_like(x, weight), _fake_grad_like(x, bias)
@@ -527,10 +404,10 @@ def _register() -> None:
         residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm, eps
     ):
         op = lib + "adaln_gated_mod_fwd"
-        _check_devices(op, (("residual", residual), ("branch", branch), ("mod", mod),
+        check_devices(op, (("residual", residual), ("branch", branch), ("mod", mod),
                             ("weight", weight), ("bias", bias)))
-        _check_config(op, "residual", residual, norm, eps)
-        _check_mod_rows(op, mod, residual, (("scale_index", scale_index),
+        check_config(op, "residual", residual, norm, eps)
+        check_mod_rows(op, mod, residual, (("scale_index", scale_index),
                                             ("shift_index", shift_index),
                                             ("gate_index", gate_index)))
         return _adaln_gated_fwd_fake(
@@ -544,17 +421,17 @@ def _register() -> None:
         norm, eps,
     ):
         op = lib + "adaln_gated_mod_bwd"
-        _check_devices(op, (("dh", dh), ("dy", dy), ("h", h), ("branch", branch), ("mod", mod),
+        check_devices(op, (("dh", dh), ("dy", dy), ("h", h), ("branch", branch), ("mod", mod),
                             ("weight", weight), ("bias", bias), ("mean", mean), ("rstd", rstd)))
-        _check_config(op, "h", h, norm, eps)
-        _check_mod_rows(op, mod, h, (("scale_index", scale_index), ("shift_index", shift_index),
+        check_config(op, "h", h, norm, eps)
+        check_mod_rows(op, mod, h, (("scale_index", scale_index), ("shift_index", shift_index),
                                      ("gate_index", gate_index)))
         for name, t in (("dy", dy), ("branch", branch), ("dh", dh)):
             if t is not None:
-                _check_rows(op, name, t, h)
-        _check_modulation(op, "scale", mod[:, scale_index], h)
-        _check_affine(op, h, weight, bias)
-        _check_stats(op, h, mean, rstd)
+                check_rows(op, name, t, h)
+        check_modulation(op, "scale", mod[:, scale_index], h)
+        check_affine(op, h, weight, bias)
+        check_stats(op, h, mean, rstd)
         dres = torch.empty_like(h, memory_format=torch.contiguous_format)
         dbranch = torch.empty_like(h, memory_format=torch.contiguous_format)
         return (
@@ -570,14 +447,14 @@ def _register() -> None:
         residual, gate, branch, scale, shift, weight, bias, norm, eps, op=lib + "adaln_gated_fwd"
     ):
         if op == lib + "adaln_gated_fwd":  # the packed op checked its own arguments
-            _check_devices(op, (("residual", residual), ("gate", gate), ("branch", branch),
+            check_devices(op, (("residual", residual), ("gate", gate), ("branch", branch),
                                 ("scale", scale), ("shift", shift), ("weight", weight),
                                 ("bias", bias)))
-        _check_config(op, "residual", residual, norm, eps)
-        _check_rows(op, "branch", branch, residual)
+        check_config(op, "residual", residual, norm, eps)
+        check_rows(op, "branch", branch, residual)
         for name, t in (("gate", gate), ("scale", scale), ("shift", shift)):
-            _check_modulation(op, name, t, residual)
-        _check_affine(op, residual, weight, bias)
+            check_modulation(op, name, t, residual)
+        check_affine(op, residual, weight, bias)
         h = torch.empty_like(residual, memory_format=torch.contiguous_format)
         y = torch.empty_like(residual, memory_format=torch.contiguous_format)
         mean = residual.new_empty(_stats_shape(residual), dtype=torch.float32)
@@ -589,17 +466,17 @@ def _register() -> None:
         dh, dy, h, gate, branch, scale, shift, weight, bias, mean, rstd, norm, eps
     ):
         op = lib + "adaln_gated_bwd"
-        _check_devices(op, (("dh", dh), ("dy", dy), ("h", h), ("gate", gate), ("branch", branch),
+        check_devices(op, (("dh", dh), ("dy", dy), ("h", h), ("gate", gate), ("branch", branch),
                             ("scale", scale), ("shift", shift), ("weight", weight),
                             ("bias", bias), ("mean", mean), ("rstd", rstd)))
-        _check_config(op, "h", h, norm, eps)
+        check_config(op, "h", h, norm, eps)
         for name, t in (("dy", dy), ("branch", branch), ("dh", dh)):
             if t is not None:
-                _check_rows(op, name, t, h)
+                check_rows(op, name, t, h)
         for name, t in (("gate", gate), ("scale", scale), ("shift", shift)):
-            _check_modulation(op, name, t, h)
-        _check_affine(op, h, weight, bias)
-        _check_stats(op, h, mean, rstd)
+            check_modulation(op, name, t, h)
+        check_affine(op, h, weight, bias)
+        check_stats(op, h, mean, rstd)
         dres = torch.empty_like(h, memory_format=torch.contiguous_format)
         dbranch = torch.empty_like(h, memory_format=torch.contiguous_format)
         return (

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "ditscale/core/json_text.h"
 #include "ditscale/core/range.h"
@@ -128,13 +129,13 @@ MemoryModel AnalyticalMemory(const ModelPreset& model) {
 namespace {
 
 Failure JsonFailure(const std::string& file, const std::string& field, std::string msg) {
-  return Failure{std::move(msg), file, 0, field};
+  return Failure::InFile(file, 0, field, std::move(msg));
 }
 
 // Reads a number in [lo, hi]; `required` fields must be present.
 bool GetNumber(const nlohmann::json& j, const std::string& key, const std::string& path,
                const std::string& field, bool required, double lo, double hi, double* out,
-               Failure* f) {
+               std::optional<Failure>* f) {
   auto it = j.find(key);
   if (it == j.end()) {
     if (required) *f = JsonFailure(path, field, "missing required field");
@@ -157,7 +158,7 @@ bool GetNumber(const nlohmann::json& j, const std::string& key, const std::strin
 
 Result<CostModel> CostFromJson(const nlohmann::json& j, const std::string& path,
                                MemoryModel* memory_out) {
-  if (!j.is_object()) return Failure{"expected a JSON object", path, 1, ""};
+  if (!j.is_object()) return Failure::InFile(path, 1, "", "expected a JSON object");
   static const char* kKnown[] = {"kind", "a", "a_mb", "b", "p", "c1", "c2", "source", "memory"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown)) {
@@ -177,14 +178,14 @@ Result<CostModel> CostFromJson(const nlohmann::json& j, const std::string& path,
   }
   c.kind = *kind == "power" ? CostModel::Kind::kPower : CostModel::Kind::kQuadratic;
   const bool power = c.kind == CostModel::Kind::kPower;
-  Failure f;
+  std::optional<Failure> f;  // set by the GetNumber that fails
   if (!GetNumber(j, "a", path, "a", true, 0, kMaxOverheadS, &c.a, &f) ||
       !GetNumber(j, "a_mb", path, "a_mb", false, 0, kMaxOverheadS, &c.a_mb, &f) ||
       !GetNumber(j, "b", path, "b", power, 0, kMaxCoefficient, &c.b, &f) ||
       !GetNumber(j, "p", path, "p", power, kMinExponent, kMaxExponent, &c.p, &f) ||
       !GetNumber(j, "c1", path, "c1", !power, 0, kMaxCoefficient, &c.c1, &f) ||
       !GetNumber(j, "c2", path, "c2", !power, 0, kMaxCoefficient, &c.c2, &f)) {
-    return f;
+    return *f;
   }
   if (power ? c.b <= 0 : c.c1 + c.c2 <= 0) {
     return JsonFailure(path, power ? "b" : "c1", "the per-sample work term must be > 0");
@@ -200,7 +201,7 @@ Result<CostModel> CostFromJson(const nlohmann::json& j, const std::string& path,
     MemoryModel m;
     if (!GetNumber(*it, "m0", path, "memory.m0", true, 0, kMaxMemoryBytes, &m.m0, &f) ||
         !GetNumber(*it, "m1", path, "memory.m1", true, 0, kMaxMemoryBytes, &m.m1, &f)) {
-      return f;
+      return *f;
     }
     if (m.m1 <= 0) return JsonFailure(path, "memory.m1", "bytes per token must be > 0");
     if (memory_out != nullptr) *memory_out = m;

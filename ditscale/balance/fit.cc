@@ -196,15 +196,16 @@ bool FitsAmb(const BenchTable& t) {
 Result<bool> CheckEnough(const BenchTable& t) {
   const size_t params = FitsAmb(t) ? 4 : 3;
   if (t.rows.size() < params + 1) {
-    return Failure{"need at least " + std::to_string(params + 1) + " benchmark rows to fit " +
-                       std::to_string(params) + " parameters, got " + std::to_string(t.rows.size()),
-                   t.source, 0, ""};
+    return Failure::InFile(t.source, 0, "",
+                           "need at least " + std::to_string(params + 1) +
+                               " benchmark rows to fit " + std::to_string(params) +
+                               " parameters, got " + std::to_string(t.rows.size()));
   }
   std::set<int64_t> seqs;
   for (const auto& r : t.rows) seqs.insert(r.seq_len);
   if (seqs.size() < 2) {
-    return Failure{"need at least 2 distinct seq_len values to fit how cost grows with S", t.source,
-                   0, "seq_len"};
+    return Failure::InFile(t.source, 0, "seq_len",
+                           "need at least 2 distinct seq_len values to fit how cost grows with S");
   }
   return true;
 }
@@ -327,26 +328,26 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
         header.emplace_back(fields[i]);
         for (int k = 0; k < kNum; ++k) {
           if (fields[i] == kNames[k]) {
-            if (col[k] >= 0) return Failure{"duplicate column", name, line_no, kNames[k]};
+            if (col[k] >= 0) return Failure::InFile(name, line_no, kNames[k], "duplicate column");
             col[k] = static_cast<int>(i);
           }
         }
       }
       for (int k = 0; k < kM; ++k) {
         if (col[k] < 0) {
-          return Failure{
-              "header lacks required column (need batch_size, seq_len, step_time_s"
-              "[, peak_mem_bytes][, micro_batches])",
-              name, line_no, kNames[k]};
+          return Failure::InFile(name, line_no, kNames[k],
+                                 "header lacks required column (need batch_size, seq_len, "
+                                 "step_time_s[, peak_mem_bytes][, micro_batches])");
         }
       }
       have_header = true;
       continue;
     }
     if (fields.size() != header.size()) {
-      return Failure{"wrong field count: the row has " + std::to_string(fields.size()) +
-                         " fields, the header has " + std::to_string(header.size()),
-                     name, line_no, fields.size() < header.size() ? header[fields.size()] : ""};
+      return Failure::InFile(name, line_no,
+                             fields.size() < header.size() ? header[fields.size()] : "",
+                             "wrong field count: the row has " + std::to_string(fields.size()) +
+                                 " fields, the header has " + std::to_string(header.size()));
     }
     BenchRow row;
     row.line = line_no;
@@ -355,7 +356,7 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
       std::string_view f = fields[col[k]];
       if (k == kM && f.empty()) continue;
       auto v = ParsePositive(f, k == kB || k == kS || k == kK, &why);
-      if (!v) return Failure{why, name, line_no, kNames[k]};
+      if (!v) return Failure::InFile(name, line_no, kNames[k], why);
       switch (k) {
         case kB:
           row.batch_size = static_cast<int64_t>(*v);
@@ -368,8 +369,9 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
           break;
         case kK:
           if (*v > 1e6) {
-            return Failure{"implausible number of micro-batches (> 1e6): '" + std::string(f) + "'",
-                           name, line_no, kNames[k]};
+            return Failure::InFile(
+                name, line_no, kNames[k],
+                "implausible number of micro-batches (> 1e6): '" + std::string(f) + "'");
           }
           row.micro_batches = static_cast<int64_t>(*v);
           break;
@@ -380,7 +382,7 @@ Result<BenchTable> ParseBenchCsv(std::string_view text, const std::string& name)
     }
     t.rows.push_back(row);
   }
-  if (!have_header) return Failure{"empty benchmark file: no header row", name, 1, ""};
+  if (!have_header) return Failure::InFile(name, 1, "", "empty benchmark file: no header row");
   return t;
 }
 
@@ -388,18 +390,18 @@ Result<BenchTable> ReadBenchCsv(const std::string& path) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(st)) {
-    return Failure{"cannot open benchmark file: no such file", path, 0, ""};
+    return Failure::InFile(path, 0, "", "cannot open benchmark file: no such file");
   }
   if (!std::filesystem::is_regular_file(st)) {
-    return Failure{"not a regular file (a benchmark CSV is expected)", path, 0, ""};
+    return Failure::InFile(path, 0, "", "not a regular file (a benchmark CSV is expected)");
   }
   const auto size = std::filesystem::file_size(path, ec);
   if (ec || size > kMaxBenchBytes) {
-    return Failure{"benchmark file larger than " + std::to_string(kMaxBenchBytes >> 20) + " MiB",
-                   path, 0, ""};
+    return Failure::InFile(
+        path, 0, "", "benchmark file larger than " + std::to_string(kMaxBenchBytes >> 20) + " MiB");
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Failure{"cannot open benchmark file", path, 0, ""};
+  if (!in) return Failure::InFile(path, 0, "", "cannot open benchmark file");
   std::stringstream ss;
   ss << in.rdbuf();
   return ParseBenchCsv(ss.str(), path);
@@ -512,11 +514,10 @@ Result<MemoryFit> FitMemoryModel(const BenchTable& t) {
     tokens.insert(bs);
   }
   if (y.size() < 2 || tokens.size() < 2) {
-    return Failure{
-        "need at least 2 rows with peak_mem_bytes and 2 distinct batch_size*seq_len "
-        "to fit the memory model, got " +
-            std::to_string(y.size()) + " rows",
-        t.source, 0, "peak_mem_bytes"};
+    return Failure::InFile(t.source, 0, "peak_mem_bytes",
+                           "need at least 2 rows with peak_mem_bytes and 2 distinct "
+                           "batch_size*seq_len to fit the memory model, got " +
+                               std::to_string(y.size()) + " rows");
   }
   auto beta = Nnls(X, y, w, nullptr);
   MemoryFit m;

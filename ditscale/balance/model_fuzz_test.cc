@@ -133,7 +133,7 @@ TEST(ModelFuzz, MutatedModelFilesFailCleanlyOrMapToValidShapes) {
     const int rounds = 1 + static_cast<int>(g() % 3);
     for (int r = 0; r < rounds; ++r) text = Mutate(text, kModelFields, g);
     SCOPED_TRACE("input: " + text);
-    Result<ModelPreset> m = Failure{};
+    Result<ModelPreset> m = Failure::InvalidArgument("not parsed");
     try {
       m = ParseModelFile(text, "fuzz.json");
     } catch (const std::exception& e) {
@@ -179,7 +179,7 @@ TEST(ModelFuzz, MutatedCostFilesFailCleanlyOrPredictPositiveWork) {
     SCOPED_TRACE("input: " + text);
     MemoryModel mem;
     mem.m1 = -1;
-    Result<CostModel> c = Failure{};
+    Result<CostModel> c = Failure::InvalidArgument("not parsed");
     try {
       c = ParseCostModel(text, "cost.json", &mem);
     } catch (const std::exception& e) {

@@ -21,12 +21,6 @@ struct Chunk {
   int32_t shape = 0;
 };
 
-Failure Fail(std::string message) {
-  Failure f;
-  f.message = std::move(message);
-  return f;
-}
-
 std::vector<int64_t> ShapeCounts(const ShapedManifest& shaped) {
   if (shaped.count.size() == shaped.shapes.size()) return shaped.count;
   std::vector<int64_t> count(shaped.shapes.size(), 0);
@@ -375,7 +369,8 @@ Result<Policy> ParsePolicy(const std::string& name) {
   if (name == "equal-token") return Policy::kEqualToken;
   if (name == "adaptive") return Policy::kAdaptive;
   if (name == "balanced") return Policy::kBalanced;
-  return Fail("unknown policy '" + name + "' (expected equal-token, adaptive or balanced)");
+  return Failure::InvalidArgument("unknown policy '" + name +
+                                  "' (expected equal-token, adaptive or balanced)");
 }
 
 const char* TailPolicyName(TailPolicy t) {
@@ -394,7 +389,8 @@ Result<TailPolicy> ParseTailPolicy(const std::string& name) {
   if (name == "drop") return TailPolicy::kDrop;
   if (name == "pad") return TailPolicy::kPad;
   if (name == "keep") return TailPolicy::kKeep;
-  return Fail("unknown tail policy '" + name + "' (expected drop, pad or keep)");
+  return Failure::InvalidArgument("unknown tail policy '" + name +
+                                  "' (expected drop, pad or keep)");
 }
 
 int64_t EqualTokenBatch(int64_t seq_len, int64_t m_mem_tokens) {
@@ -459,55 +455,61 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
       options.overhead_per_micro_batch ? OverheadPerMicroBatch(cost_in) : cost_in;
   if (auto e =
           RangeError("world size", static_cast<long long>(options.world_size), 1, kMaxWorldSize)) {
-    return Fail(*e);
+    return Failure::InvalidArgument(*e);
   }
   if (auto e = RangeError("M_mem (tokens per batch)", static_cast<long long>(options.m_mem_tokens),
                           1, kMaxMMemTokens)) {
-    return Fail(*e);
+    return Failure::InvalidArgument(*e);
   }
   if (auto e = RangeError("M_comp (0: automatic)", options.m_comp, 0.0, kMaxMComp)) {
-    return Fail(*e);
+    return Failure::InvalidArgument(*e);
   }
   if (auto e =
           RangeError("rank budget (s, 0: default)", options.rank_budget_s, 0.0, kMaxRankBudgetS)) {
-    return Fail(*e);
+    return Failure::InvalidArgument(*e);
   }
   if (auto e = RangeError("epoch", static_cast<long long>(options.epoch), 0,
                           std::numeric_limits<int64_t>::max())) {
-    return Fail(*e);
+    return Failure::InvalidArgument(*e);
   }
   if (shaped.shape_of.size() != shaped.ids.size()) {
-    return Fail("shaped manifest: shape_of has " + std::to_string(shaped.shape_of.size()) +
-                " entries but ids has " + std::to_string(shaped.ids.size()));
+    return Failure::InvalidArgument("shaped manifest: shape_of has " +
+                                    std::to_string(shaped.shape_of.size()) +
+                                    " entries but ids has " + std::to_string(shaped.ids.size()));
   }
   const int32_t num_shapes = static_cast<int32_t>(shaped.shapes.size());
   for (int32_t s : shaped.shape_of) {
     if (s < 0 || s >= num_shapes) {
-      return Fail("shaped manifest: shape index " + std::to_string(s) + " out of range [0, " +
-                  std::to_string(num_shapes) + ")");
+      return Failure::InvalidArgument("shaped manifest: shape index " + std::to_string(s) +
+                                      " out of range [0, " + std::to_string(num_shapes) + ")");
     }
   }
   if (!(cost.a >= 0) || !std::isfinite(cost.a)) {
-    return Fail("cost model: overhead a must be finite and >= 0, got " + std::to_string(cost.a));
+    return Failure::InvalidArgument("cost model: overhead a must be finite and >= 0, got " +
+                                    std::to_string(cost.a));
   }
   if (!(cost.a_mb >= 0) || !std::isfinite(cost.a_mb)) {
-    return Fail("cost model: per-micro-batch overhead a_mb must be finite and >= 0, got " +
-                std::to_string(cost.a_mb));
+    return Failure::InvalidArgument(
+        "cost model: per-micro-batch overhead a_mb must be finite and >= 0, got " +
+        std::to_string(cost.a_mb));
   }
   const int64_t num_samples = static_cast<int64_t>(shaped.shape_of.size());
-  if (num_samples == 0) return Fail("the manifest has no samples: there is nothing to plan");
+  if (num_samples == 0) {
+    return Failure::InvalidArgument("the manifest has no samples: there is nothing to plan");
+  }
   if (options.tail == TailPolicy::kDrop && options.world_size > num_samples) {
-    return Fail("world size " + std::to_string(options.world_size) + " exceeds the " +
-                std::to_string(num_samples) +
-                " samples: under tail policy 'drop' no step can give every rank a micro-batch "
-                "(use fewer ranks, or tail policy 'pad' or 'keep')");
+    return Failure::Infeasible(
+        "world size " + std::to_string(options.world_size) + " exceeds the " +
+        std::to_string(num_samples) +
+        " samples: under tail policy 'drop' no step can give every rank a micro-batch "
+        "(use fewer ranks, or tail policy 'pad' or 'keep')");
   }
   const std::vector<int64_t> count = ShapeCounts(shaped);
   std::vector<double> work_of_shape(num_shapes, 0.0);
   for (int32_t s = 0; s < num_shapes; ++s) {
     work_of_shape[s] = cost.Work(shaped.shapes[s].seq_len);
     if (count[s] > 0 && !(work_of_shape[s] > 0 && std::isfinite(work_of_shape[s]))) {
-      return Fail(
+      return Failure::InvalidArgument(
           "cost model (" + cost.source + ") predicts work " + std::to_string(work_of_shape[s]) +
           " s for S = " + std::to_string(shaped.shapes[s].seq_len) + " tokens; it must be > 0");
     }
@@ -566,7 +568,7 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
     ctx.mb_overhead = cost.a_mb;
     const double max_unit = MinRankBudget(shaped, cost);
     if (options.rank_budget_s > 0 && options.rank_budget_s < max_unit) {
-      return Fail(
+      return Failure::InvalidArgument(
           "rank budget " + FormatNumber(options.rank_budget_s) +
           " s is below the cost of the most expensive sample, " + FormatNumber(max_unit) +
           " s (a + a_mb + Work(S)): every sample must fit one rank's step; give a budget >= " +
@@ -591,13 +593,14 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
   const int64_t micro_batches = static_cast<int64_t>(plan.micro_batches.size());
   ApplyTail(options.tail, plan);
   if (plan.num_steps() == 0) {
-    return Fail("the plan has no step: " + std::to_string(num_samples) + " samples make " +
-                std::to_string(micro_batches) + " micro-batches under policy '" +
-                PolicyName(options.policy) + "', fewer than world size " +
-                std::to_string(options.world_size) + " needs for one step, and tail policy '" +
-                TailPolicyName(options.tail) +
-                "' drops a last step in which some rank has none (use fewer ranks, or tail policy "
-                "'pad' or 'keep')");
+    return Failure::Infeasible(
+        "the plan has no step: " + std::to_string(num_samples) + " samples make " +
+        std::to_string(micro_batches) + " micro-batches under policy '" +
+        PolicyName(options.policy) + "', fewer than world size " +
+        std::to_string(options.world_size) + " needs for one step, and tail policy '" +
+        TailPolicyName(options.tail) +
+        "' drops a last step in which some rank has none (use fewer ranks, or tail policy "
+        "'pad' or 'keep')");
   }
   return plan;
 }

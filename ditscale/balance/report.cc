@@ -279,7 +279,7 @@ Result<bool> WriteReportHtml(const std::string& path, const ReportInput& input) 
   const std::string html = RenderReportHtml(input);
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
-    return Failure{std::string("cannot open for writing: ") + std::strerror(errno), path, 0, ""};
+    return Failure::IoError(std::string("cannot open for writing: ") + std::strerror(errno), path);
   }
   const bool wrote = std::fwrite(html.data(), 1, html.size(), f) == html.size();
   int err = errno;
@@ -288,7 +288,7 @@ Result<bool> WriteReportHtml(const std::string& path, const ReportInput& input) 
   const bool closed = std::fclose(f) == 0;
   if (flushed && !closed) err = errno;
   if (!flushed || !closed) {
-    return Failure{"error writing " + path + ": " + std::strerror(err != 0 ? err : EIO), "", 0, ""};
+    return Failure::IoError("error writing " + path + ": " + std::strerror(err != 0 ? err : EIO));
   }
   return true;
 }

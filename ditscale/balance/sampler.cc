@@ -161,7 +161,7 @@ Result<BalancedBatchSampler> BalancedBatchSampler::FromConfig(const SamplerConfi
 
   MemoryModel memory = AnalyticalMemory(*model);
   if (!config.cost_path.empty() && !config.bench_path.empty()) {
-    return Failure{"give at most one of cost and bench", "", 0, "bench"};
+    return Failure::InvalidArgument("give at most one of cost and bench", "bench");
   }
   if (!config.bench_path.empty()) {
     Result<BenchTable> table = ReadBenchCsv(config.bench_path);
@@ -185,11 +185,11 @@ Result<BalancedBatchSampler> BalancedBatchSampler::FromConfig(const SamplerConfi
     const double bytes = config.gpu_mem_gib * 1024.0 * 1024.0 * 1024.0;
     options.m_mem_tokens = memory.MaxTokens(bytes, config.mem_safety);
     if (options.m_mem_tokens <= 0) {
-      return Failure{"model " + model->name + " does not fit in " +
-                         FormatNumber(config.gpu_mem_gib) +
-                         " GiB (memory model m0 = " + std::to_string(memory.m0) +
-                         " bytes): give m_mem_tokens or a larger gpu_mem_gib",
-                     "", 0, "gpu_mem_gib"};
+      return Failure::Infeasible("model " + model->name + " does not fit in " +
+                                     FormatNumber(config.gpu_mem_gib) +
+                                     " GiB (memory model m0 = " + std::to_string(memory.m0) +
+                                     " bytes): give m_mem_tokens or a larger gpu_mem_gib",
+                                 "gpu_mem_gib");
     }
     in.memory = memory;
   }

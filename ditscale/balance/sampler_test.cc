@@ -325,7 +325,7 @@ TEST(Sampler, KeepTailGivesEmptyCellsAndPadRepeats) {
 
 TEST(Sampler, PlannerFailureIsReturned) {
   auto planner = [](int64_t) -> Result<Plan> {
-    return Failure{"m_mem_tokens must be > 0", "", 0, "m_mem_tokens"};
+    return Failure::InvalidArgument("m_mem_tokens must be > 0", "m_mem_tokens");
   };
   Result<BalancedBatchSampler> s = BalancedBatchSampler::Create(planner, 0, 2);
   ASSERT_FALSE(s.ok());
@@ -334,7 +334,7 @@ TEST(Sampler, PlannerFailureIsReturned) {
 
 TEST(Sampler, SetEpochFailureThrows) {
   auto planner = [](int64_t epoch) -> Result<Plan> {
-    if (epoch > 0) return Failure{"no plan for later epochs", "", 0, ""};
+    if (epoch > 0) return Failure::Infeasible("no plan for later epochs");
     return ToyPlan(10, 0, 1, epoch, TailPolicy::kDrop);
   };
   BalancedBatchSampler s = BalancedBatchSampler::Create(planner, 0, 1).ValueOrThrow();

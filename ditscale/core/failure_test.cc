@@ -41,6 +41,15 @@ TEST(Failure, InfeasibleUnavailableAndBackendError) {
   EXPECT_TRUE(b.column.empty());
 }
 
+TEST(Failure, IoErrorNamesTheFileButNoColumn) {
+  const Failure f = Failure::IoError("cannot open for writing: Permission denied", "r.html");
+  EXPECT_EQ(f.line, 0);
+  EXPECT_TRUE(f.column.empty());
+  EXPECT_EQ(f.ToString(), "r.html: cannot open for writing: Permission denied");
+  EXPECT_EQ(Failure::IoError("error writing r.html: No space left on device").ToString(),
+            "error writing r.html: No space left on device");
+}
+
 TEST(Failure, FactoriesMatchTheAggregateForm) {
   const Failure a{"bad", "f.json", 3, "x"};
   const Failure b = Failure::InFile("f.json", 3, "x", "bad");

@@ -47,6 +47,12 @@ struct Failure {
   static Failure BackendError(std::string message) {
     return Failure{std::move(message), {}, 0, {}};
   }
+  // The operating system refused an I/O operation on an output (cannot create, write, flush or
+  // close it); the message carries strerror's text, `file` names the file where it is not in the
+  // message already.
+  static Failure IoError(std::string message, std::string file = {}) {
+    return Failure{std::move(message), std::move(file), 0, {}};
+  }
 
   std::string ToString() const {
     std::ostringstream os;

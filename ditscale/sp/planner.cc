@@ -99,26 +99,29 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   std::vector<std::string> strategies = options.strategies;
   if (strategies.empty()) strategies = StrategyNames();
   if (strategies.size() > size_t(kMaxPlanListSize)) {
-    return Failure{std::to_string(strategies.size()) + " strategies given, at most " +
-                       std::to_string(kMaxPlanListSize),
-                   "", 0, "strategies"};
+    return Failure::InvalidArgument(std::to_string(strategies.size()) +
+                                        " strategies given, at most " +
+                                        std::to_string(kMaxPlanListSize),
+                                    "strategies");
   }
   if (options.torus_chunks.empty() || options.torus_chunks.size() > size_t(kMaxPlanListSize)) {
-    return Failure{std::to_string(options.torus_chunks.size()) +
-                       " chunk counts given, expected 1 to " + std::to_string(kMaxPlanListSize),
-                   "", 0, "torus_chunks"};
+    return Failure::InvalidArgument(std::to_string(options.torus_chunks.size()) +
+                                        " chunk counts given, expected 1 to " +
+                                        std::to_string(kMaxPlanListSize),
+                                    "torus_chunks");
   }
   for (int c : options.torus_chunks) {
     if (auto e = RangeError("torus_chunks", static_cast<long long>(c), 1, kMaxTorusChunks)) {
-      return Failure{e->substr(14), "", 0, "torus_chunks"};
+      return Failure::InvalidArgument(e->substr(14), "torus_chunks");
     }
   }
   if (auto e = RangeError("max_schedule_ops", static_cast<long long>(options.max_schedule_ops), 1,
                           kMaxScheduleOps)) {
-    return Failure{e->substr(18), "", 0, "max_schedule_ops"};
+    return Failure::InvalidArgument(e->substr(18), "max_schedule_ops");
   }
   if (options.max_total_ops < 1) {
-    return Failure{std::to_string(options.max_total_ops) + " must be >= 1", "", 0, "max_total_ops"};
+    return Failure::InvalidArgument(std::to_string(options.max_total_ops) + " must be >= 1",
+                                    "max_total_ops");
   }
   const int n = topology.world_size();
   // (one_sided, one_sided_inter). Puts within machines and NCCL between them only with more than
@@ -131,13 +134,13 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   } else if (options.one_sided_intra_only && !options.one_sided) {
     transports.push_back({true, true});  // one machine: the same schedule
   }
-  if (transports.empty()) return Failure{"no transport selected", "", 0, "one_sided"};
+  if (transports.empty()) return Failure::InvalidArgument("no transport selected", "one_sided");
 
   std::vector<SpConfig> configs;
   for (const std::string& s : strategies) {
     const auto& known = StrategyNames();
     if (std::find(known.begin(), known.end(), s) == known.end()) {
-      return Failure{"unknown strategy '" + s + "'", "", 0, "strategy"};
+      return Failure::InvalidArgument("unknown strategy '" + s + "'", "strategy");
     }
     std::vector<std::pair<int, int>> degrees;
     for (int u = 1; u <= n; ++u) {
@@ -179,9 +182,10 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   }
 
   if (configs.size() > kMaxPlanCandidates) {
-    return Failure{std::to_string(configs.size()) + " candidates, over the limit of " +
-                       std::to_string(kMaxPlanCandidates),
-                   "", 0, "strategies"};
+    return Failure::InvalidArgument(std::to_string(configs.size()) +
+                                        " candidates, over the limit of " +
+                                        std::to_string(kMaxPlanCandidates),
+                                    "strategies");
   }
   // Bounded search (planner.h): resolve and estimate every candidate, simulate the cheapest
   // within the budget, report the rest; results and skips in enumeration order.
@@ -256,7 +260,7 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   }
   if (out.ranked.empty()) {
     std::string why = out.skipped.empty() ? "no configuration enumerated" : out.skipped[0];
-    return Failure{"no feasible configuration: " + why, "", 0, "strategy"};
+    return Failure::Infeasible("no feasible configuration: " + why, "strategy");
   }
   std::stable_sort(out.ranked.begin(), out.ranked.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) {

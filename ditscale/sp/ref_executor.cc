@@ -19,11 +19,9 @@ namespace {
 
 using Key = std::tuple<int, int, int64_t>;  // sender, receiver, tag
 
-Failure Fail(const std::string& message) {
-  Failure f;
-  f.message = message;
-  return f;
-}
+// The schedule or the inputs do not run: invalid, mismatched, or failing as run (a rank's
+// check, a deadlock).
+Failure Fail(const std::string& message) { return Failure::InvalidArgument(message); }
 
 struct Shared {
   std::mutex m;

@@ -424,15 +424,17 @@ void Sim::Recompute() {
 
 Result<SimResult> Sim::Run() {
   if (s_.mesh.machines != t_.machines || s_.mesh.gpus_per_machine != t_.gpus_per_machine) {
-    return Failure{"schedule mesh " + std::to_string(s_.mesh.machines) + "x" +
-                       std::to_string(s_.mesh.gpus_per_machine) + " does not match topology " +
-                       std::to_string(t_.machines) + "x" + std::to_string(t_.gpus_per_machine),
-                   "", 0, "machines"};
+    return Failure::InvalidArgument("schedule mesh " + std::to_string(s_.mesh.machines) + "x" +
+                                        std::to_string(s_.mesh.gpus_per_machine) +
+                                        " does not match topology " + std::to_string(t_.machines) +
+                                        "x" + std::to_string(t_.gpus_per_machine),
+                                    "machines");
   }
   if (int(s_.ranks.size()) != s_.mesh.ranks()) {
-    return Failure{"schedule has " + std::to_string(s_.ranks.size()) + " rank programs for " +
-                       std::to_string(s_.mesh.ranks()) + " ranks",
-                   "", 0, "ranks"};
+    return Failure::InvalidArgument("schedule has " + std::to_string(s_.ranks.size()) +
+                                        " rank programs for " + std::to_string(s_.mesh.ranks()) +
+                                        " ranks",
+                                    "ranks");
   }
   if (s_.config.comm_sms > 0) {
     Result<int> sms = t_.ComputeSms(s_.config.comm_sms);
@@ -512,7 +514,7 @@ Result<SimResult> Sim::Run() {
                         : "not issued")
          << "]";
     }
-    return Failure{os.str(), "", 0, "schedule"};
+    return Failure::InvalidArgument(os.str(), "schedule");
   }
   // Layer time, idle, critical path.
   int last = -1;

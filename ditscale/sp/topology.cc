@@ -76,12 +76,9 @@ bool PresetByName(const std::string& name, Topology* out) {
   return true;
 }
 
+// A bad field of a topology: `source` is its file, or the name of the preset it came from.
 Failure Fail(const std::string& source, const std::string& field, const std::string& msg) {
-  Failure f;
-  f.file = source;
-  f.column = field;
-  f.message = msg;
-  return f;
+  return Failure::InFile(source, 0, field, msg);
 }
 
 }  // namespace
@@ -125,9 +122,7 @@ double Topology::AttentionSeconds(double flops, double q_tokens, double kv_token
 
 Result<int> Topology::ComputeSms(int comm_sms) const {
   if (comm_sms == 0) return gpu_sms;
-  auto fail = [&](const std::string& why) -> Result<int> {
-    return Failure{why, name, 0, "comm_sms"};
-  };
+  auto fail = [&](const std::string& why) -> Result<int> { return Fail(name, "comm_sms", why); };
   if (comm_sms < 0) return fail("must be >= 0 (SMs kept free for communication)");
   if (!SmPartitions()) {
     return fail("topology '" + name +
@@ -253,11 +248,11 @@ std::optional<std::string> RanksError(int machines, int gpus_per_machine) {
 // machines in [1, kMaxMachines]; gpus_per_machine 0 (keep) or in [1, kMaxGpusPerMachine].
 std::optional<Failure> SizeArgsError(int machines, int gpus_per_machine) {
   if (auto e = OutOfRange<long long>(machines, 1, kMaxMachines)) {
-    return Failure{*e, "", 0, "machines"};
+    return Failure::InvalidArgument(*e, "machines");
   }
   if (gpus_per_machine != 0) {
     if (auto e = OutOfRange<long long>(gpus_per_machine, 1, kMaxGpusPerMachine)) {
-      return Failure{*e + " (or 0: the cluster's default)", "", 0, "gpus_per_machine"};
+      return Failure::InvalidArgument(*e + " (or 0: the cluster's default)", "gpus_per_machine");
     }
   }
   return std::nullopt;
@@ -290,14 +285,14 @@ Result<Topology> MakePresetTopology(const std::string& name, int machines, int g
   if (!PresetByName(name, &t)) {
     std::string known;
     for (const auto& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;
-    return Failure{"unknown cluster preset '" + name + "' (known: " + known + ")", "", 0,
-                   "cluster"};
+    return Failure::InvalidArgument("unknown cluster preset '" + name + "' (known: " + known + ")",
+                                    "cluster");
   }
   if (auto f = SizeArgsError(machines, gpus_per_machine)) return *f;
   t.machines = machines;
   if (gpus_per_machine > 0) t.gpus_per_machine = gpus_per_machine;
   if (auto e = RanksError(t.machines, t.gpus_per_machine)) {
-    return Failure{*e, "", 0, "machines"};
+    return Failure::InvalidArgument(*e, "machines");
   }
   return t;
 }
@@ -374,9 +369,8 @@ Result<Topology> TopologyFromJson(const nlohmann::json& j, const std::string& so
   t.machines = machines;
   Result<bool> v = t.Validate();
   if (!v.ok()) {
-    Failure f = v.failure();
-    f.file = source;
-    return f;
+    const Failure& f = v.failure();
+    return Failure::InFile(source, f.line, f.column, f.message);
   }
   return t;
 }
@@ -400,8 +394,8 @@ Result<Topology> LoadTopology(const std::string& preset_or_file, int machines,
   if (::stat(preset_or_file.c_str(), &st) != 0) {
     std::string known;
     for (const auto& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;
-    return Failure{"neither a preset (" + known + ") nor a readable JSON file", preset_or_file, 0,
-                   "cluster"};
+    return Failure::InFile(preset_or_file, 0, "cluster",
+                           "neither a preset (" + known + ") nor a readable JSON file");
   }
   if (auto f = SizeArgsError(machines, gpus_per_machine)) return *f;
   Result<nlohmann::json> j = ReadJsonFile(preset_or_file);

@@ -34,7 +34,9 @@ const std::vector<ModelSpec>& Specs() {
   return specs;
 }
 
-Failure Bad(const std::string& field, const std::string& msg) { return Failure{msg, "", 0, field}; }
+Failure Bad(const std::string& field, const std::string& msg) {
+  return Failure::InvalidArgument(msg, field);
+}
 
 }  // namespace
 

@@ -11,10 +11,7 @@ namespace ditscale::sp {
 namespace {
 
 Failure Bad(const std::string& column, const std::string& message) {
-  Failure f;
-  f.column = column;
-  f.message = message;
-  return f;
+  return Failure::InvalidArgument(message, column);
 }
 
 }  // namespace

@@ -24,33 +24,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "ditscale/comm/nvshmem_comm.h"
+#include "ditscale/core/cuda_check.h"
 
 namespace {
-
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
-
-#define CKD(x)                                                                        \
-  do {                                                                                \
-    CUresult r_ = (x);                                                                \
-    if (r_ != CUDA_SUCCESS) {                                                         \
-      const char* s_ = nullptr;                                                       \
-      cuGetErrorString(r_, &s_);                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 // Spins for `cycles` SM clocks; with all shared memory per CTA and one CTA per SM it holds every
 // SM for the whole time (no other kernel's CTA fits beside it).
@@ -75,9 +57,7 @@ struct Row {
   double beside_ms = 0;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   double block_ms = 50;
   size_t bytes = 64ull << 20;
   std::string json;
@@ -94,21 +74,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  CK(cudaSetDevice(0));
-  CK(cudaFree(nullptr));
-  CKD(cuInit(0));
+  DS_CHECK_CUDA(cudaSetDevice(0));
+  DS_CHECK_CUDA(cudaFree(nullptr));
+  DS_CHECK_CU(cuInit(0));
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  DS_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   const int smem = int(prop.sharedMemPerBlockOptin);
-  CK(cudaFuncSetAttribute(Blocker, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  DS_CHECK_CUDA(cudaFuncSetAttribute(Blocker, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int clock_khz = 0;
-  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  DS_CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   int lo = 0, hi = 0;
-  CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  DS_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
   cudaStream_t bs, ps;
-  CK(cudaStreamCreateWithPriority(&bs, cudaStreamNonBlocking, lo));
-  CK(cudaStreamCreateWithPriority(&ps, cudaStreamNonBlocking, hi));
+  DS_CHECK_CUDA(cudaStreamCreateWithPriority(&bs, cudaStreamNonBlocking, lo));
+  DS_CHECK_CUDA(cudaStreamCreateWithPriority(&ps, cudaStreamNonBlocking, hi));
 
   auto nv = ditscale::comm::Nvshmem::Init(ditscale::comm::NvshmemNewId().value(), 1, 0, 0);
   if (!nv.ok()) {
@@ -120,26 +100,26 @@ int main(int argc, char** argv) {
   auto* sig = static_cast<std::uint64_t*>(shm.Malloc(64));
   void *src = nullptr, *dst = nullptr, *host = nullptr;
   int* sink = nullptr;
-  CK(cudaMalloc(&src, bytes));
-  CK(cudaMalloc(&dst, bytes));
-  CK(cudaMalloc(&sink, sizeof(int)));
-  CK(cudaMallocHost(&host, bytes));
-  CK(cudaMemset(src, 0, bytes));
+  DS_CHECK_CUDA(cudaMalloc(&src, bytes));
+  DS_CHECK_CUDA(cudaMalloc(&dst, bytes));
+  DS_CHECK_CUDA(cudaMalloc(&sink, sizeof(int)));
+  DS_CHECK_CUDA(cudaMallocHost(&host, bytes));
+  DS_CHECK_CUDA(cudaMemset(src, 0, bytes));
   CUdeviceptr flag = 0;
-  CKD(cuMemAlloc(&flag, 8));
-  CKD(cuMemsetD8(flag, 0, 8));
+  DS_CHECK_CU(cuMemAlloc(&flag, 8));
+  DS_CHECK_CU(cuMemsetD8(flag, 0, 8));
   std::uint64_t signals = 0;  // value of *sig after the signals enqueued so far
 
   std::vector<std::pair<std::string, std::function<void()>>> probes = {
       {"SM kernel (scale 64 MiB)",
        [&] { Scale<<<4 * sms, 256, 0, ps>>>(static_cast<float*>(dst), bytes / sizeof(float)); }},
       {"cudaMemcpyAsync D2D",
-       [&] { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ps)); }},
+       [&] { DS_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ps)); }},
       {"cudaMemcpyAsync D2H (pinned)",
-       [&] { CK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ps)); }},
-      {"cuStreamWriteValue64", [&] { CKD(cuStreamWriteValue64(ps, flag, 1, 0)); }},
+       [&] { DS_CHECK_CUDA(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, ps)); }},
+      {"cuStreamWriteValue64", [&] { DS_CHECK_CU(cuStreamWriteValue64(ps, flag, 1, 0)); }},
       {"cuStreamWaitValue64 (met)",
-       [&] { CKD(cuStreamWaitValue64(ps, flag, 0, CU_STREAM_WAIT_VALUE_GEQ)); }},
+       [&] { DS_CHECK_CU(cuStreamWaitValue64(ps, flag, 0, CU_STREAM_WAIT_VALUE_GEQ)); }},
       {"NVSHMEM putmem_signal (self)",
        [&] {
          shm.PutSignal(sym_dst, src, bytes, sig, 1, 0, ps);
@@ -156,12 +136,12 @@ int main(int argc, char** argv) {
   const long long block_cycles = static_cast<long long>(block_ms * clock_khz);  // kHz * ms
   auto time_one = [&](const std::function<void()>& probe, bool beside) {
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaDeviceSynchronize());
+    DS_CHECK_CUDA(cudaEventCreate(&e0));
+    DS_CHECK_CUDA(cudaEventCreate(&e1));
+    DS_CHECK_CUDA(cudaDeviceSynchronize());
     if (beside) {
       Blocker<<<sms, 1024, smem, bs>>>(block_cycles, sink);
-      CK(cudaGetLastError());
+      DS_CHECK_CUDA(cudaGetLastError());
       // Let the blocker take the SMs first (what the executor sees when a transfer is issued
       // while an attention call runs).
       const auto start = std::chrono::steady_clock::now();
@@ -169,14 +149,14 @@ int main(int argc, char** argv) {
              1e-3) {
       }
     }
-    CK(cudaEventRecord(e0, ps));
+    DS_CHECK_CUDA(cudaEventRecord(e0, ps));
     probe();
-    CK(cudaEventRecord(e1, ps));
-    CK(cudaDeviceSynchronize());
+    DS_CHECK_CUDA(cudaEventRecord(e1, ps));
+    DS_CHECK_CUDA(cudaDeviceSynchronize());
     float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    DS_CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    DS_CHECK_CUDA(cudaEventDestroy(e0));
+    DS_CHECK_CUDA(cudaEventDestroy(e1));
     return double(ms);
   };
   // Warm-up: every probe once, the blocker once.
@@ -232,4 +212,17 @@ int main(int argc, char** argv) {
   shm.Free(sig);
   shm.Free(sym_dst);
   return control_ok ? 0 : 1;
+}
+
+}  // namespace
+
+// A failed CUDA runtime or driver call (DS_CHECK_CUDA / DS_CHECK_CU throw) prints "file:line:
+// CUDA error <name>: <text> in <call>" and exits 1.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sp_overlap_probe: %s\n", e.what());
+    return 1;
+  }
 }

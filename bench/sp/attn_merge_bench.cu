@@ -14,10 +14,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "ditscale/core/cuda_check.h"
 #include "ditscale/kernels/attn_merge.h"
 #include "ditscale/kernels/layout.h"
 
@@ -25,41 +27,32 @@ namespace {
 
 using namespace ditscale::kernels;
 
-#define CHECK_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
-
 // Median milliseconds of `reps` timed launches of f after 3 warm-ups.
 double time_ms(const std::function<void()>& f, int reps = 20) {
   for (int i = 0; i < 3; ++i) f();
   cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
+  DS_CHECK_CUDA(cudaEventCreate(&a));
+  DS_CHECK_CUDA(cudaEventCreate(&b));
   std::vector<float> ms;
   for (int i = 0; i < reps; ++i) {
-    CHECK_CUDA(cudaEventRecord(a));
+    DS_CHECK_CUDA(cudaEventRecord(a));
     f();
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
+    DS_CHECK_CUDA(cudaEventRecord(b));
+    DS_CHECK_CUDA(cudaEventSynchronize(b));
     float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    DS_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
     ms.push_back(t);
   }
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
+  DS_CHECK_CUDA(cudaEventDestroy(a));
+  DS_CHECK_CUDA(cudaEventDestroy(b));
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
 
 void* dev_alloc(std::size_t bytes) {
   void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, bytes));
-  CHECK_CUDA(cudaMemset(p, 0, bytes));
+  DS_CHECK_CUDA(cudaMalloc(&p, bytes));
+  DS_CHECK_CUDA(cudaMemset(p, 0, bytes));
   return p;
 }
 
@@ -68,9 +61,9 @@ double memcpy_gbps(std::int64_t bytes_moved) {
   void* a = dev_alloc(n);
   void* b = dev_alloc(n);
   const double ms =
-      time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); });
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
+      time_ms([&] { DS_CHECK_CUDA(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); });
+  DS_CHECK_CUDA(cudaFree(a));
+  DS_CHECK_CUDA(cudaFree(b));
   return 2.0 * n / ms / 1e6;
 }
 
@@ -107,11 +100,11 @@ void bench_merge(DType dt, int k, bool in_place, std::int64_t B, std::int64_t T,
     p.out_lse = lse_dst_bht(static_cast<float*>(bufs.back()), T, H);
   }
   const double ms = time_ms([&] { attn_merge_cuda(p, nullptr); });
-  CHECK_CUDA(cudaGetLastError());
+  DS_CHECK_CUDA(cudaGetLastError());
   const std::int64_t bytes =
       B * T * H * ((k + 1) * D * static_cast<std::int64_t>(dtype_size(dt)) + (k + 1) * 4);
   row("merge K=" + std::to_string(k) + (in_place ? " in-place" : ""), dt, B, T, H, D, bytes, ms);
-  for (void* b : bufs) CHECK_CUDA(cudaFree(b));
+  for (void* b : bufs) DS_CHECK_CUDA(cudaFree(b));
 }
 
 void bench_layout(DType dt, SplitAxis axis, int n, std::int64_t B, std::int64_t T, std::int64_t H,
@@ -124,17 +117,15 @@ void bench_layout(DType dt, SplitAxis axis, int n, std::int64_t B, std::int64_t 
   for (int i = 0; i <= n; ++i) offsets.push_back(size * i / n);
   const LayoutCopyParams p = split_params({src, dt, B, T, H, D}, axis, offsets, dst);
   const double ms = time_ms([&] { layout_copy_cuda(p, nullptr); });
-  CHECK_CUDA(cudaGetLastError());
+  DS_CHECK_CUDA(cudaGetLastError());
   row(std::string(axis == SplitAxis::kHeads ? "split heads" : "split tokens") +
           " n=" + std::to_string(n),
       dt, B, T, H, D, 2 * layout_copy_bytes(p), ms);
-  CHECK_CUDA(cudaFree(src));
-  CHECK_CUDA(cudaFree(dst));
+  DS_CHECK_CUDA(cudaFree(src));
+  DS_CHECK_CUDA(cudaFree(dst));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+void Run(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   std::vector<std::int64_t> tokens = {16384};
   if (!quick) tokens.push_back(33024);  // 66,048 / 2: one rank of two at the issue's size
@@ -148,6 +139,19 @@ int main(int argc, char** argv) {
     bench_layout(DType::kBFloat16, SplitAxis::kHeads, 8, 1, t, 24, 128);
     bench_layout(DType::kBFloat16, SplitAxis::kTokens, 8, 1, t, 24, 128);
     bench_layout(DType::kBFloat16, SplitAxis::kHeads, 5, 1, t, 24, 72);  // uneven, 144-byte rows
+  }
+}
+
+}  // namespace
+
+// A failed CUDA call (DS_CHECK_CUDA throws) prints "file:line: CUDA error <name>: <text> in
+// <call>" and exits 1.
+int main(int argc, char** argv) {
+  try {
+    Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attn_merge_bench: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

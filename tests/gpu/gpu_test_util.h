@@ -1,5 +1,8 @@
 // Helpers shared by the CUDA GPU tests: device detection for clean skips, a host buffer with a
-// device copy (RAII), the run's random seed and the relative-error bound per dtype.
+// device copy (RAII), the run's random seed and the relative-error bound per dtype. Every CUDA
+// call is checked: a failure throws ditscale::Error (DS_CHECK_CUDA, which gtest reports as the
+// test's failure with the call and CUDA's error text), except in Buf's destructor, which may not
+// throw and adds a test failure instead.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,30 +16,37 @@
 #include <utility>
 #include <vector>
 
+#include "ditscale/core/cuda_check.h"
 #include "ditscale/kernels/dtype.h"
 
 namespace ditscale::gpu_test {
 
-// True when at least one CUDA device is usable.
+// True when at least one CUDA device is usable (an error of the query, e.g. no driver, means none).
 inline bool have_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-// Host bytes plus a device copy of at least 16 bytes (dev is null when cudaMalloc failed).
+// Host bytes plus a device copy of at least 16 bytes.
 struct Buf {
   std::vector<std::uint8_t> host;
   void* dev = nullptr;
   explicit Buf(std::vector<std::uint8_t> h) : host(std::move(h)) {
-    if (cudaMalloc(&dev, std::max<std::size_t>(host.size(), 16)) != cudaSuccess) dev = nullptr;
-    if (dev != nullptr && !host.empty()) {
-      cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice);
+    DS_CHECK_CUDA(cudaMalloc(&dev, std::max<std::size_t>(host.size(), 16)));
+    if (!host.empty()) {
+      const cudaError_t e = cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice);
+      if (e != cudaSuccess) {
+        (void)cudaFree(dev);  // the constructor throws: no destructor frees it
+        DS_FAIL("CUDA error ", CudaErrorText(e), " in cudaMemcpy(dev, host.data(), ", host.size(),
+                ", cudaMemcpyHostToDevice)");
+      }
     }
   }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
   ~Buf() {
-    if (dev != nullptr) cudaFree(dev);
+    const cudaError_t e = cudaFree(dev);
+    if (e != cudaSuccess) ADD_FAILURE() << "CUDA error " << CudaErrorText(e) << " in cudaFree(dev)";
   }
   // The device copy or the host bytes, as a byte pointer.
   char* base(bool device) {
@@ -45,7 +55,7 @@ struct Buf {
   // The device copy's bytes, read back.
   std::vector<std::uint8_t> download() const {
     std::vector<std::uint8_t> h(host.size());
-    if (!h.empty()) cudaMemcpy(h.data(), dev, h.size(), cudaMemcpyDeviceToHost);
+    if (!h.empty()) DS_CHECK_CUDA(cudaMemcpy(h.data(), dev, h.size(), cudaMemcpyDeviceToHost));
     return h;
   }
 };

@@ -19,11 +19,7 @@ long long LineOfByte(std::string_view text, std::size_t byte) {
 }
 
 Failure At(const std::string& file, long long line, std::string message) {
-  Failure f;
-  f.file = file;
-  f.line = line;
-  f.message = std::move(message);
-  return f;
+  return Failure::InFile(file, line, {}, std::move(message));
 }
 
 // The 1-based line (within text) of the first repeated key or number beyond a double, found by a

@@ -21,10 +21,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 #include <tuple>
 
 #include "ditscale/core/checked_math.h"
@@ -353,27 +355,25 @@ std::string RawText(const RawSample& s) {
                                     ")");
 }
 
-TrainShape MapSample(const RawSample& s, const ModelPreset& model, const BucketChooser& chooser) {
-  if (s.num_frames < 1 || s.height < 1 || s.width < 1 || !(s.fps >= 0) || !std::isfinite(s.fps)) {
+// The rules MapSample checks first: a raw sample's sizes and fps, the model's strides.
+void CheckSample(const RawSample& s, const ModelPreset& model) {
+  if (s.num_frames < 1 || s.height < 1 || s.width < 1 || !(s.fps >= 0) || !std::isfinite(s.fps))
+      [[unlikely]] {
     throw Error("sample " + RawText(s) +
                 ": num_frames, height and width must be >= 1 and fps finite and >= 0");
   }
   if (model.vae_stride_t < 1 || model.vae_stride_hw < 1 || model.patch_t < 1 || model.patch_h < 1 ||
-      model.patch_w < 1) {
+      model.patch_w < 1) [[unlikely]] {
     throw Error("model " + model.name + ": VAE strides and patch sizes must be >= 1");
   }
-  TrainShape t;
-  t.frames = TrainFrames(s, model);
-  const Resolution r = chooser.Choose(s.height, s.width);
-  t.height = r.height;
-  t.width = r.width;
-  const int64_t latent_frames = 1 + (t.frames - 1) / model.vae_stride_t;
-  const int64_t pt = model.patch_t;
-  const int64_t tokens_t = (latent_frames + pt - 1) / pt;  // padded to a whole temporal patch
-  const int64_t tokens_h =
-      t.height / CheckedMul(model.vae_stride_hw, model.patch_h, "vae_stride_hw * patch_h");
-  const int64_t tokens_w =
-      t.width / CheckedMul(model.vae_stride_hw, model.patch_w, "vae_stride_hw * patch_w");
+}
+
+// S = tokens_t * tokens_h * tokens_w (+ joint text tokens) in checked int64 arithmetic whose
+// error text names the sample and the model: only reached when the unchecked fast path of
+// SeqLen finds an overflow or a value out of [1, kMaxSeqLen], so it always throws.
+[[gnu::cold, gnu::noinline]] int64_t SeqLenOrThrow(int64_t tokens_t, int64_t tokens_h,
+                                                   int64_t tokens_w, const RawSample& s,
+                                                   const ModelPreset& model) {
   const std::string what = "tokens of sample " + RawText(s) + " for model " + model.name;
   int64_t seq = CheckedMul(CheckedMul(tokens_t, tokens_h, what), tokens_w, what);
   seq = CheckedAdd(seq, model.joint_text ? model.text_tokens : 0, what);
@@ -381,7 +381,35 @@ TrainShape MapSample(const RawSample& s, const ModelPreset& model, const BucketC
     throw Error(
         ditscale::internal::StrCat(what, ": ", seq, " is out of range [1, ", kMaxSeqLen, "]"));
   }
-  t.seq_len = seq;
+  return seq;
+}
+
+// Tokens S of a training shape (shapes.h), without building any text unless it is an error.
+int64_t SeqLen(const TrainShape& t, const RawSample& s, const ModelPreset& model) {
+  const int64_t latent_frames = 1 + (t.frames - 1) / model.vae_stride_t;
+  const int64_t pt = model.patch_t;
+  const int64_t tokens_t = (latent_frames + pt - 1) / pt;  // padded to a whole temporal patch
+  const int64_t tokens_h =
+      t.height / CheckedMul(model.vae_stride_hw, model.patch_h, "vae_stride_hw * patch_h");
+  const int64_t tokens_w =
+      t.width / CheckedMul(model.vae_stride_hw, model.patch_w, "vae_stride_hw * patch_w");
+  int64_t seq = 0;
+  if (MulFits(tokens_t, tokens_h, &seq) && MulFits(seq, tokens_w, &seq) &&
+      AddFits(seq, model.joint_text ? model.text_tokens : 0, &seq) && seq >= 1 && seq <= kMaxSeqLen)
+      [[likely]] {
+    return seq;
+  }
+  return SeqLenOrThrow(tokens_t, tokens_h, tokens_w, s, model);
+}
+
+TrainShape MapSample(const RawSample& s, const ModelPreset& model, const BucketChooser& chooser) {
+  CheckSample(s, model);
+  TrainShape t;
+  t.frames = TrainFrames(s, model);
+  const Resolution r = chooser.Choose(s.height, s.width);
+  t.height = r.height;
+  t.width = r.width;
+  t.seq_len = SeqLen(t, s, model);
   return t;
 }
 
@@ -422,60 +450,87 @@ class ShapeTable {
   std::vector<int32_t> slots_;
 };
 
-// Memo of raw shape (num_frames, height, width, fps bits) -> shape index: a corpus has few
-// distinct raw shapes, so MapSample (logs, the bucket search) runs once per distinct one.
-class RawShapeMemo {
+// Memo of (training frames, raw height, raw width) -> shape index: the training shape is a
+// function of these three (the frames already fold in num_frames, fps and the model's frame
+// rules), and a corpus has few distinct triples but for images of random sizes. The table is
+// small and fixed (kSlots, at most half full) so that it stays in cache: once full, a new
+// triple is mapped without being remembered.
+class ShapeMemo {
  public:
-  RawShapeMemo() : keys_(kInitial), values_(kInitial, -1) {}
-  // The index for s, computing and remembering it with make(s) when new.
+  ShapeMemo() : slots_(kSlots) {}
+  // The index for the triple, computed with make() when not remembered.
   template <typename Make>
-  int32_t Get(const RawSample& s, Make&& make) {
-    const Key k = KeyOf(s);
-    size_t i = Hash(k) & (values_.size() - 1);
-    while (values_[i] >= 0) {
-      if (keys_[i] == k) return values_[i];
-      i = (i + 1) & (values_.size() - 1);
+  int32_t Get(uint32_t frames, uint32_t height, uint32_t width, Make&& make) {
+    size_t i = Hash(frames, height, width) & (kSlots - 1);
+    while (slots_[i].value >= 0) {
+      const Slot& x = slots_[i];
+      if (x.frames == frames && x.height == height && x.width == width) return x.value;
+      i = (i + 1) & (kSlots - 1);
     }
-    const int32_t v = make(s);
-    keys_[i] = k;
-    values_[i] = v;
-    if (++size_ * 2 > values_.size()) Grow();
+    const int32_t v = make();
+    if (size_ < kSlots / 2) {
+      slots_[i] = Slot{frames, height, width, v};
+      ++size_;
+    }
     return v;
   }
 
  private:
-  struct Key {
-    uint64_t a = 0, b = 0;  // (frames, height), (width, fps bits)
-    bool operator==(const Key&) const = default;
+  struct Slot {
+    uint32_t frames = 0, height = 0, width = 0;
+    int32_t value = -1;  // -1: empty
   };
-  static constexpr size_t kInitial = 1024;
-  static Key KeyOf(const RawSample& s) {
-    uint32_t fps_bits;
-    std::memcpy(&fps_bits, &s.fps, sizeof(fps_bits));
-    return {uint64_t{static_cast<uint32_t>(s.num_frames)} << 32 | static_cast<uint32_t>(s.height),
-            uint64_t{static_cast<uint32_t>(s.width)} << 32 | fps_bits};
-  }
-  static size_t Hash(const Key& k) {
-    uint64_t x = (k.a ^ (k.b * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+  static constexpr size_t kSlots = 8192;  // 128 KiB
+  static size_t Hash(uint32_t f, uint32_t h, uint32_t w) {
+    const uint64_t hw = static_cast<uint64_t>(h) << 32 | w;
+    uint64_t x = hw * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(f) * 0xBF58476D1CE4E5B9ull;
     return static_cast<size_t>(x ^ (x >> 29));
   }
-  void Grow() {
-    std::vector<Key> keys(keys_.size() * 2);
-    std::vector<int32_t> values(values_.size() * 2, -1);
-    for (size_t j = 0; j < values_.size(); ++j) {
-      if (values_[j] < 0) continue;
-      size_t i = Hash(keys_[j]) & (values.size() - 1);
-      while (values[i] >= 0) i = (i + 1) & (values.size() - 1);
-      keys[i] = keys_[j];
-      values[i] = values_[j];
-    }
-    keys_.swap(keys);
-    values_.swap(values);
-  }
-  std::vector<Key> keys_;
-  std::vector<int32_t> values_;
+  std::vector<Slot> slots_;
   size_t size_ = 0;
 };
+
+// What one part of the manifest (a contiguous range of rows) maps to: local shape indices in
+// shape_of, the distinct shapes in first-seen order, and the part's first failing row.
+struct ShapePart {
+  std::vector<TrainShape> shapes;
+  int64_t error_row = -1;        // first row of the part that MapSample refused
+  std::string error;             // its message
+  std::exception_ptr exception;  // any other exception (out of memory)
+};
+
+void MapRows(const RawSample* samples, int64_t begin, int64_t end, const ModelPreset& model,
+             const BucketChooser& chooser, int32_t* shape_of, ShapePart* part) {
+  ShapeTable table;
+  ShapeMemo memo;
+  int64_t i = begin;
+  try {
+    for (; i < end; ++i) {
+      const RawSample& s = samples[i];
+      CheckSample(s, model);
+      shape_of[i] = memo.Get(static_cast<uint32_t>(TrainFrames(s, model)),
+                             static_cast<uint32_t>(s.height), static_cast<uint32_t>(s.width), [&] {
+                               return table.Find(MapSample(s, model, chooser), &part->shapes);
+                             });
+    }
+  } catch (const Error& e) {
+    part->error_row = i;
+    part->error = e.what();
+  } catch (...) {
+    part->exception = std::current_exception();
+  }
+}
+
+// Manifests from this many samples on are shaped in two parts on two threads.
+constexpr int64_t kParallelSamples = int64_t{1} << 17;
+
+// Runs fn(p) for p in [0, parts): part 0 here, the others on threads of their own.
+template <typename Fn>
+void RunParts(int parts, Fn&& fn) {
+  std::vector<std::jthread> workers;
+  for (int p = 1; p < parts; ++p) workers.emplace_back([&fn, p] { fn(p); });
+  fn(0);
+}
 
 }  // namespace
 
@@ -485,24 +540,35 @@ TrainShape ToTrainShape(const RawSample& s, const ModelPreset& model) {
 
 ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model) {
   const BucketChooser chooser(model);
-  ShapeTable table;
-  std::vector<TrainShape> shapes;
+  const int64_t n = static_cast<int64_t>(manifest.samples.size());
   ShapedManifest out;
-  out.shape_of.resize(manifest.samples.size());
+  out.shape_of.resize(n);
   out.ids = manifest.ids;
-  // Equal raw samples (same frames, size and fps bits) map to equal shapes: memoised. -0.0 and
-  // 0.0 fps differ in bits and are simply two entries.
-  RawShapeMemo memo;
-  auto make = [&](const RawSample& s) { return table.Find(MapSample(s, model, chooser), &shapes); };
-  for (size_t i = 0; i < manifest.samples.size(); ++i) {
-    try {
-      out.shape_of[i] = memo.Get(manifest.samples[i], make);
-    } catch (const Error& e) {
+  // The rows are independent: each part maps its range with shape indices of its own, which
+  // are merged below; the result (and the first failing row) is that of one pass in row order.
+  const int parts = n >= kParallelSamples && std::thread::hardware_concurrency() >= 2 ? 2 : 1;
+  auto bound = [&](int p) { return n * p / parts; };
+  std::vector<ShapePart> part(parts);
+  RunParts(parts, [&](int p) {
+    MapRows(manifest.samples.data(), bound(p), bound(p + 1), model, chooser, out.shape_of.data(),
+            &part[p]);
+  });
+  for (const ShapePart& pt : part) {
+    if (pt.exception) std::rethrow_exception(pt.exception);
+    if (pt.error_row >= 0) {
+      const size_t i = static_cast<size_t>(pt.error_row);
       const std::string id = i < manifest.ids.size() ? std::to_string(manifest.ids[i]) : "?";
-      throw Error(manifest.source + ": sample id " + id + ": " + e.what());
+      throw Error(manifest.source + ": sample id " + id + ": " + pt.error);
     }
   }
-  // Deterministic order: sort by (seq_len, frames, height, width) and remap.
+  // The parts' shapes in one table, then a deterministic order: sorted by (seq_len, frames,
+  // height, width).
+  ShapeTable table;
+  std::vector<TrainShape> shapes;
+  std::vector<std::vector<int32_t>> global(parts);
+  for (int p = 0; p < parts; ++p) {
+    for (const TrainShape& t : part[p].shapes) global[p].push_back(table.Find(t, &shapes));
+  }
   std::vector<int32_t> order(shapes.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
   std::sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
@@ -517,10 +583,24 @@ ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model)
     rank[order[r]] = static_cast<int32_t>(r);
     out.shapes[r] = shapes[order[r]];
   }
+  for (auto& g : global) {
+    for (int32_t& s : g) s = rank[s];
+  }
+  // Local -> sorted index, and the counts, part by part.
+  std::vector<std::vector<int64_t>> counts(parts, std::vector<int64_t>(shapes.size(), 0));
+  RunParts(parts, [&](int p) {
+    const int32_t* to = global[p].data();
+    int64_t* count = counts[p].data();
+    int32_t* shape_of = out.shape_of.data();
+    for (int64_t i = bound(p); i < bound(p + 1); ++i) {
+      const int32_t s = to[shape_of[i]];
+      shape_of[i] = s;
+      ++count[s];
+    }
+  });
   out.count.assign(shapes.size(), 0);
-  for (auto& s : out.shape_of) {
-    s = rank[s];
-    ++out.count[s];
+  for (const auto& c : counts) {
+    for (size_t s = 0; s < c.size(); ++s) out.count[s] += c[s];
   }
   return out;
 }

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
+#include <thread>
 
 #include "ditscale/balance/internal/buckets.h"
 #include "ditscale/balance/internal/partition.h"
 #include "ditscale/balance/internal/prng.h"
+#include "ditscale/core/error.h"
 #include "ditscale/core/range.h"
 
 namespace ditscale::balance {
@@ -14,6 +17,9 @@ namespace {
 
 using internal::SplitMix64;
 using internal::StreamKey;
+
+// Plans of this many samples on sort and shuffle their ids on a second thread.
+constexpr int64_t kParallelSamples = int64_t{1} << 17;
 
 struct Chunk {
   int64_t begin = 0;
@@ -162,6 +168,7 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
     load.assign(w, 0.0);
     // Min-heap of (load, slot); slot j is rank (j + step) % w, so ties rotate between steps.
     heap.clear();
+    const int32_t shift = static_cast<int32_t>(step % w);
     for (int32_t j = 0; j < w; ++j) heap.emplace_back(0.0, j);
     auto cmp = [](const std::pair<double, int32_t>& x, const std::pair<double, int32_t>& y) {
       return x.first > y.first || (x.first == y.first && x.second > y.second);
@@ -180,7 +187,7 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
       while (left > 0) {
         std::pop_heap(heap.begin(), heap.end(), cmp);
         auto& [l, j] = heap.back();
-        const int32_t r = static_cast<int32_t>((j + step) % w);
+        const int32_t r = j + shift < w ? j + shift : j + shift - w;  // (j + step) % w
         if (mark[r] != i) {
           mark[r] = i;
           slot_of[r] = static_cast<int64_t>(assign.size());
@@ -248,16 +255,24 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
       max_gap = std::max(max_gap, level - load[r] - (lists[r].empty() ? ctx.step_overhead : 0));
     }
     // Candidates: window entries (in stream order) whose next sample fits the largest gap.
+    // min_unit: the smallest wunit of the candidates, a lower bound for the rest of the step
+    // (wunit only rises, to +inf): a rank whose gap * slack is below it takes nothing more, so
+    // its scan of the candidates can stop (it would skip every one of them).
     cand.clear();
+    double min_unit = std::numeric_limits<double>::infinity();
     if (max_gap > kGapTolerance * level) {
       for (size_t j = i_cut; j < win.size(); ++j) {
-        if (wunit[j] <= max_gap * slack) cand.push_back(j);
+        if (wunit[j] <= max_gap * slack) {
+          cand.push_back(j);
+          min_unit = std::min(min_unit, wunit[j]);
+        }
       }
     }
     for (int32_t r = 0; r < w && !cand.empty(); ++r) {
       double gap = level - load[r] - (lists[r].empty() ? ctx.step_overhead : 0);
       if (gap <= kGapTolerance * level) continue;
       for (size_t j : cand) {
+        if (gap * slack < min_unit) break;
         if (wunit[j] > gap * slack) continue;
         Chunk& c = win[j];
         const double u = ctx.work_of_shape[c.shape];
@@ -478,12 +493,16 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
                                     " entries but ids has " + std::to_string(shaped.ids.size()));
   }
   const int32_t num_shapes = static_cast<int32_t>(shaped.shapes.size());
+  // Bucket s holds ids [bucket_begin[s], bucket_begin[s + 1]) of the plan (internal/buckets.h).
+  std::vector<int64_t> bucket_begin(num_shapes + 1, 0);
   for (int32_t s : shaped.shape_of) {
     if (s < 0 || s >= num_shapes) {
       return Failure::InvalidArgument("shaped manifest: shape index " + std::to_string(s) +
                                       " out of range [0, " + std::to_string(num_shapes) + ")");
     }
+    ++bucket_begin[s + 1];
   }
+  for (int32_t s = 0; s < num_shapes; ++s) bucket_begin[s + 1] += bucket_begin[s];
   if (!(cost.a >= 0) || !std::isfinite(cost.a)) {
     return Failure::InvalidArgument("cost model: overhead a must be finite and >= 0, got " +
                                     std::to_string(cost.a));
@@ -537,7 +556,24 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
     if (len > options.m_mem_tokens) plan.samples_over_m_mem += count[s];
   }
 
-  internal::Buckets buckets = internal::SortAndShuffle(shaped, options.seed, options.epoch);
+  // The shuffled ids are only needed in the finished plan: from kParallelSamples samples on they
+  // are sorted and shuffled on a second thread while the micro-batches and steps are built from
+  // the bucket bounds alone.
+  internal::Buckets buckets;
+  std::exception_ptr buckets_error;
+  auto sort_ids = [&] {
+    try {
+      buckets = internal::SortAndShuffle(shaped, options.seed, options.epoch);
+    } catch (...) {
+      buckets_error = std::current_exception();
+    }
+  };
+  std::jthread ids_worker;
+  if (num_samples >= kParallelSamples && std::thread::hardware_concurrency() >= 2) {
+    ids_worker = std::jthread(sort_ids);
+  } else {
+    sort_ids();
+  }
   std::vector<Chunk> chunks;
   {
     int64_t n = 0;
@@ -548,15 +584,14 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
   }
   for (int32_t s = 0; s < num_shapes; ++s) {
     const int64_t b = plan.batch_size_of_shape[s];
-    for (int64_t i = buckets.begin[s]; i < buckets.begin[s + 1]; i += b) {
-      chunks.push_back(Chunk{i, std::min(i + b, buckets.begin[s + 1]), s});
+    for (int64_t i = bucket_begin[s]; i < bucket_begin[s + 1]; i += b) {
+      chunks.push_back(Chunk{i, std::min(i + b, bucket_begin[s + 1]), s});
     }
   }
   {
     SplitMix64 rng(StreamKey(options.seed, options.epoch, internal::kMicroBatchOrder));
-    internal::Shuffle(chunks.data(), static_cast<int64_t>(chunks.size()), rng);
+    internal::PrefetchedShuffle(chunks.data(), static_cast<int64_t>(chunks.size()), rng);
   }
-  plan.ids = std::move(buckets.ids);
   plan.rank_offsets.push_back(0);
 
   if (options.policy == Policy::kBalanced) {
@@ -590,6 +625,10 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
     }
     BuildOnePerRank(plan);
   }
+  if (ids_worker.joinable()) ids_worker.join();
+  if (buckets_error) std::rethrow_exception(buckets_error);
+  DS_CHECK(buckets.begin == bucket_begin, "bucket bounds differ from the shape counts");
+  plan.ids = std::move(buckets.ids);
   const int64_t micro_batches = static_cast<int64_t>(plan.micro_batches.size());
   ApplyTail(options.tail, plan);
   if (plan.num_steps() == 0) {

@@ -70,6 +70,7 @@ std::string OptionOf(const std::string& column) {
       {"duration_s", "--duration-s"},
       {"batch", "--batch"},
       {"torus_chunks", "--chunks"},
+      {"ulysses_chunks", "--ulysses-chunks"},
       {"ulysses_degree", "--ulysses"},
       {"ring_degree", "--ring"},
       {"comm_sms", "--comm-sms"},
@@ -207,13 +208,18 @@ std::string Header(const char* ref, int name_width) {
 }
 
 void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strategies,
-             const std::vector<int>& chunks, double mem_limit_gib,
-             const std::vector<std::string>& transports, bool no_sm_partitions) {
+             const std::vector<int>& chunks, const std::vector<int>& ulysses_chunks,
+             double mem_limit_gib, const std::vector<std::string>& transports,
+             bool no_sm_partitions) {
   sp::Topology topo = LoadCluster(a);
   sp::Workload wl = LoadWorkload(a);
   CheckSequenceFits(a, topo, wl);
   sp::PlanOptions opt;
-  opt.strategies = strategies;
+  for (const std::string& s : strategies) {
+    Result<sp::Strategy> parsed = sp::ParseStrategy(s);
+    if (!parsed.ok()) throw Error("--strategies: " + parsed.failure().message);
+    opt.strategies.push_back(parsed.value());
+  }
   opt.sm_partitions = !no_sm_partitions;
   if (!transports.empty()) {
     // Validated by the option's check: nccl, nvshmem, nvshmem-intra.
@@ -225,12 +231,12 @@ void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strat
     opt.one_sided_intra_only = has("nvshmem-intra");
   }
   if (!chunks.empty()) opt.torus_chunks = chunks;
+  if (!ulysses_chunks.empty()) opt.ulysses_chunks = ulysses_chunks;
   if (mem_limit_gib > 0) opt.max_work_bytes_per_rank = static_cast<int64_t>(mem_limit_gib * 1e9);
   Result<sp::PlanResult> planned = sp::Plan(topo, wl, opt);
   if (!planned.ok() && planned.failure().column == "strategy") {
-    const std::string& m = planned.failure().message;
-    // "unknown strategy 'x'" is about --strategies; "no feasible configuration: ..." about none.
-    throw Error((m.rfind("unknown", 0) == 0 ? "--strategies: " : "plan: ") + m);
+    // "no feasible configuration: ...": about no option (--strategies was parsed above).
+    throw Error("plan: " + planned.failure().message);
   }
   sp::PlanResult plan = OrThrow(std::move(planned), "plan");
   // Baseline: the best USP; with one GPU per machine USP is a plain ring (not enumerated
@@ -239,7 +245,7 @@ void RunPlan(const CommonArgs& a, int top, const std::vector<std::string>& strat
   const char* ref_name = "vs usp";
   for (const char* base : {"usp", "ring"}) {
     for (const auto& c : plan.ranked) {
-      if (c.config.strategy == base) {
+      if (sp::StrategyName(c.config.strategy) == base) {
         best_usp = c.sim.layer_s;
         break;
       }
@@ -324,6 +330,7 @@ void RegisterSpCommands(CLI::App& app) {
   auto top = std::make_shared<int>(10);
   auto strategies = std::make_shared<std::vector<std::string>>();
   auto chunks = std::make_shared<std::vector<int>>();
+  auto ulysses_chunks = std::make_shared<std::vector<int>>();
   CLI::App* plan = sp->add_subcommand("plan", "rank every feasible strategy, degree and chunking");
   AddCommon(plan, plan_args.get());
   AddNumber(plan, "--top", top.get(), 0, 1 << 20, "show the K fastest (0 = all)");
@@ -332,6 +339,10 @@ void RegisterSpCommands(CLI::App& app) {
       ->expected(1, sp::kMaxPlanListSize);
   AddNumberList(plan, "--chunks", chunks.get(), 1, sp::kMaxTorusChunks,
                 "torus chunk counts to try (default 1,2,4,8; at most " +
+                    std::to_string(sp::kMaxPlanListSize) + " values)")
+      ->expected(1, sp::kMaxPlanListSize);
+  AddNumberList(plan, "--ulysses-chunks", ulysses_chunks.get(), 1, sp::kMaxUlyssesChunks,
+                "ulysses head chunk counts to try (default 1: plain ulysses; at most " +
                     std::to_string(sp::kMaxPlanListSize) + " values)")
       ->expected(1, sp::kMaxPlanListSize);
   auto mem_limit = std::make_shared<double>(0);
@@ -347,14 +358,16 @@ void RegisterSpCommands(CLI::App& app) {
   plan->add_flag("--no-sm-partitions", *no_partitions,
                  "leave out the configurations that keep SMs free for communication (comm_sms)");
   plan->callback([=] {
-    RunPlan(*plan_args, *top, *strategies, *chunks, *mem_limit, *transports, *no_partitions);
+    RunPlan(*plan_args, *top, *strategies, *chunks, *ulysses_chunks, *mem_limit, *transports,
+            *no_partitions);
   });
 
   auto sim_args = std::make_shared<CommonArgs>();
   auto cfg = std::make_shared<sp::SpConfig>();
   CLI::App* sim = sp->add_subcommand("simulate", "predict one configuration with its breakdown");
   AddCommon(sim, sim_args.get());
-  sim->add_option("--strategy", cfg->strategy,
+  auto strategy = std::make_shared<std::string>();
+  sim->add_option("--strategy", *strategy,
                   "ulysses | ulysses-overlap | ring | usp | swiftfusion-tas | torus")
       ->required();
   AddNumber(sim, "--ulysses", &cfg->ulysses_degree, 0, sp::kMaxRanks,
@@ -362,7 +375,10 @@ void RegisterSpCommands(CLI::App& app) {
   AddNumber(sim, "--ring", &cfg->ring_degree, 0, sp::kMaxRanks,
             "Ring degree R (0 = the strategy's default)");
   AddNumber(sim, "--chunks", &cfg->torus_chunks, 1, sp::kMaxTorusChunks,
-            "torus token chunks / ulysses head chunks");
+            "torus token chunks (ulysses head chunks: --ulysses-chunks)");
+  AddNumber(sim, "--ulysses-chunks", &cfg->ulysses_chunks, 1, sp::kMaxUlyssesChunks,
+            "ulysses head chunks, each chunk's all-to-all pipelined with the attention of the "
+            "chunk before (at most the kv heads per Ulysses rank)");
   sim->add_flag("--one-sided", cfg->one_sided, "one-sided (NVSHMEM put/signal) transport");
   AddNumber(sim, "--comm-sms", &cfg->comm_sms, 0, 65536,
             "SMs kept free of the compute stream for communication kernels (a CUDA green "
@@ -374,6 +390,14 @@ void RegisterSpCommands(CLI::App& app) {
       ->check(CLI::IsMember({"nccl", "nvshmem", "nvshmem-intra"}));
   sim->callback([=] {
     sp::SpConfig c = *cfg;
+    Result<sp::Strategy> parsed = sp::ParseStrategy(*strategy);
+    if (!parsed.ok()) throw Error("--strategy: " + parsed.failure().message);
+    c.strategy = parsed.value();
+    if (c.strategy == sp::Strategy::kUlysses && c.torus_chunks > 1) {
+      throw Error(fmt::format(
+          "--chunks: {} token chunks are torus's; ulysses head chunks: --ulysses-chunks {}",
+          c.torus_chunks, c.torus_chunks));
+    }
     if (!transport->empty()) sp::SetTransport(*transport, &c);
     RunSimulate(*sim_args, c);
   });

@@ -13,13 +13,14 @@
 namespace ditscale::runtime {
 namespace {
 
-sp::Schedule Build(int machines, int gpus, const std::string& strategy, int chunks, bool one_sided,
+// chunks: torus token chunks, ulysses head chunks (SpConfig::torus_chunks / ulysses_chunks).
+sp::Schedule Build(int machines, int gpus, sp::Strategy strategy, int chunks, bool one_sided,
                    int64_t text = 16, int64_t heads = 6, int64_t batch = 2,
                    bool one_sided_inter = true) {
   sp::SpMesh mesh{machines, gpus};
   sp::SpConfig cfg;
   cfg.strategy = strategy;
-  cfg.torus_chunks = chunks;
+  (strategy == sp::Strategy::kUlysses ? cfg.ulysses_chunks : cfg.torus_chunks) = chunks;
   cfg.one_sided = one_sided;
   cfg.one_sided_inter = one_sided_inter;
   sp::AttentionShape shape;
@@ -112,35 +113,36 @@ void CheckPlans(const sp::Schedule& s, const std::vector<ExecPlan>& plans) {
 
 struct Case {
   int machines, gpus;
-  std::string strategy;
+  sp::Strategy strategy;
   int chunks;
 };
 
 TEST(ExecPlan, EveryStrategyMeshAndTransportIsExecutable) {
   const std::vector<Case> cases = {
-      {1, 2, "ulysses", 1},
-      {1, 2, "ring", 1},
-      {2, 1, "ring", 1},
-      {1, 4, "usp", 1},
-      {2, 2, "usp", 1},
-      {2, 2, "swiftfusion-tas", 1},
-      {2, 2, "torus", 1},
-      {2, 2, "torus", 2},
-      {2, 2, "torus", 3},
-      {2, 1, "swiftfusion-tas", 1},
-      {2, 1, "torus", 2},
-      {2, 4, "torus", 2},
-      {1, 4, "ring", 1},
-      {4, 1, "ring", 1},
-      {1, 3, "ring", 1},
-      {1, 4, "swiftfusion-tas", 1},
-      {1, 2, "ulysses-overlap", 1},
-      {2, 2, "ulysses-overlap", 1},
+      {1, 2, sp::Strategy::kUlysses, 1},
+      {1, 2, sp::Strategy::kRing, 1},
+      {2, 1, sp::Strategy::kRing, 1},
+      {1, 4, sp::Strategy::kUsp, 1},
+      {2, 2, sp::Strategy::kUsp, 1},
+      {2, 2, sp::Strategy::kSwiftFusionTas, 1},
+      {2, 2, sp::Strategy::kTorus, 1},
+      {2, 2, sp::Strategy::kTorus, 2},
+      {2, 2, sp::Strategy::kTorus, 3},
+      {2, 1, sp::Strategy::kSwiftFusionTas, 1},
+      {2, 1, sp::Strategy::kTorus, 2},
+      {2, 4, sp::Strategy::kTorus, 2},
+      {1, 4, sp::Strategy::kRing, 1},
+      {4, 1, sp::Strategy::kRing, 1},
+      {1, 3, sp::Strategy::kRing, 1},
+      {1, 4, sp::Strategy::kSwiftFusionTas, 1},
+      {1, 2, sp::Strategy::kUlyssesOverlap, 1},
+      {2, 2, sp::Strategy::kUlyssesOverlap, 1},
   };
   for (const Case& c : cases) {
     for (bool one_sided : {false, true}) {
-      SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
-                   " chunks " + std::to_string(c.chunks) + (one_sided ? " one-sided" : ""));
+      SCOPED_TRACE(std::string(sp::StrategyName(c.strategy)) + " " + std::to_string(c.machines) +
+                   "x" + std::to_string(c.gpus) + " chunks " + std::to_string(c.chunks) +
+                   (one_sided ? " one-sided" : ""));
       const sp::Schedule s = Build(c.machines, c.gpus, c.strategy, c.chunks, one_sided);
       auto plans = BuildExecPlans(s, {});
       ASSERT_TRUE(plans.ok()) << plans.failure().ToString();
@@ -162,23 +164,24 @@ TEST(ExecPlan, EveryStrategyMeshAndTransportIsExecutable) {
 // target in the (symmetric) arena, and the counters of the sync rounds only within machines.
 TEST(ExecPlan, IntraOneSidedInterTwoSidedIsExecutable) {
   const std::vector<Case> cases = {
-      {2, 2, "ulysses", 1},
-      {2, 2, "ring", 1},
-      {2, 2, "usp", 1},
-      {2, 2, "swiftfusion-tas", 1},
-      {2, 2, "torus", 1},
-      {2, 2, "torus", 2},
-      {2, 4, "usp", 1},
-      {2, 4, "torus", 2},
-      {2, 4, "ring", 1},
-      {3, 2, "ulysses", 1},
-      {2, 2, "ulysses-overlap", 1},
-      {3, 2, "swiftfusion-tas", 1},
-      {3, 2, "torus", 3},
+      {2, 2, sp::Strategy::kUlysses, 1},
+      {2, 2, sp::Strategy::kRing, 1},
+      {2, 2, sp::Strategy::kUsp, 1},
+      {2, 2, sp::Strategy::kSwiftFusionTas, 1},
+      {2, 2, sp::Strategy::kTorus, 1},
+      {2, 2, sp::Strategy::kTorus, 2},
+      {2, 4, sp::Strategy::kUsp, 1},
+      {2, 4, sp::Strategy::kTorus, 2},
+      {2, 4, sp::Strategy::kRing, 1},
+      {3, 2, sp::Strategy::kUlysses, 1},
+      {2, 2, sp::Strategy::kUlyssesOverlap, 1},
+      {3, 2, sp::Strategy::kSwiftFusionTas, 1},
+      {3, 2, sp::Strategy::kTorus, 3},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
-                 " chunks " + std::to_string(c.chunks) + " nvshmem-intra");
+    SCOPED_TRACE(std::string(sp::StrategyName(c.strategy)) + " " + std::to_string(c.machines) +
+                 "x" + std::to_string(c.gpus) + " chunks " + std::to_string(c.chunks) +
+                 " nvshmem-intra");
     const sp::Schedule s = Build(c.machines, c.gpus, c.strategy, c.chunks, true, 16, 6, 2, false);
     auto plans = BuildExecPlans(s, {});
     ASSERT_TRUE(plans.ok()) << plans.failure().ToString();
@@ -212,7 +215,7 @@ TEST(ExecPlan, IntraOneSidedInterTwoSidedIsExecutable) {
 }
 
 TEST(ExecPlan, PlansAreDeterministic) {
-  const sp::Schedule s = Build(2, 2, "torus", 2, false);
+  const sp::Schedule s = Build(2, 2, sp::Strategy::kTorus, 2, false);
   auto a = BuildExecPlans(s, {});
   auto b = BuildExecPlans(s, {});
   ASSERT_TRUE(a.ok() && b.ok());
@@ -222,7 +225,7 @@ TEST(ExecPlan, PlansAreDeterministic) {
 }
 
 TEST(ExecPlan, WithoutBindingEveryBufferIsInTheArena) {
-  const sp::Schedule s = Build(1, 2, "ulysses", 1, false);
+  const sp::Schedule s = Build(1, 2, sp::Strategy::kUlysses, 1, false);
   PlanOptions o;
   o.bind_user_tensors = false;
   auto plans = BuildExecPlans(s, o);
@@ -233,7 +236,7 @@ TEST(ExecPlan, WithoutBindingEveryBufferIsInTheArena) {
 }
 
 TEST(ExecPlan, CountersGrowByTheSignalsSentPerLayer) {
-  const sp::Schedule s = Build(2, 2, "torus", 2, true);
+  const sp::Schedule s = Build(2, 2, sp::Strategy::kTorus, 2, true);
   const CounterTable t = BuildCounterTable(s);
   ASSERT_FALSE(t.names.empty());
   EXPECT_TRUE(std::is_sorted(t.names.begin(), t.names.end()));
@@ -250,7 +253,7 @@ TEST(ExecPlan, CountersGrowByTheSignalsSentPerLayer) {
 }
 
 TEST(ExecPlan, TimelineListsUnitsInStartOrderWithStreamSummaries) {
-  const sp::Schedule s = Build(1, 2, "ring", 1, false);
+  const sp::Schedule s = Build(1, 2, sp::Strategy::kRing, 1, false);
   auto plans = BuildExecPlans(s, {});
   ASSERT_TRUE(plans.ok());
   const ExecPlan& plan = plans.value()[0];
@@ -280,7 +283,7 @@ TEST(ExecPlan, TimelineListsUnitsInStartOrderWithStreamSummaries) {
 }
 
 TEST(ExecPlan, MismatchedNcclOrderIsReported) {
-  sp::Schedule s = Build(1, 2, "ring", 1, false);
+  sp::Schedule s = Build(1, 2, sp::Strategy::kRing, 1, false);
   auto plans = BuildExecPlans(s, {});
   ASSERT_TRUE(plans.ok());
   // Swap the tags of two sends of rank 0 to rank 1 on one stream: the receiver's order no
@@ -303,7 +306,7 @@ TEST(ExecPlan, RingWithTextBindsEveryCallerTensor) {
   for (int64_t text : {0, 16}) {
     for (bool one_sided : {false, true}) {
       SCOPED_TRACE("text " + std::to_string(text) + (one_sided ? " one-sided" : ""));
-      const sp::Schedule s = Build(1, 4, "ring", 1, one_sided, text);
+      const sp::Schedule s = Build(1, 4, sp::Strategy::kRing, 1, one_sided, text);
       auto plans = BuildExecPlans(s, {});
       ASSERT_TRUE(plans.ok()) << plans.failure().ToString();
       CheckPlans(s, plans.value());
@@ -320,7 +323,7 @@ TEST(ExecPlan, RingWithTextBindsEveryCallerTensor) {
 }
 
 TEST(ExecPlan, NonContiguousTransferRegionFailsNamingTheField) {
-  sp::Schedule s = Build(1, 2, "ring", 1, false, /*text=*/0, /*heads=*/6, /*batch=*/2);
+  sp::Schedule s = Build(1, 2, sp::Strategy::kRing, 1, false, /*text=*/0, /*heads=*/6, /*batch=*/2);
   for (sp::Op& o : s.ranks[0].ops) {
     if (o.kind == sp::OpKind::kSend) {  // half the heads of a buffer: strided
       const sp::BufferDecl& d = s.ranks[0].buffers[o.src.buffer];
@@ -336,7 +339,7 @@ TEST(ExecPlan, NonContiguousTransferRegionFailsNamingTheField) {
 }
 
 TEST(ExecPlan, SendOnTheComputeStreamIsRejected) {
-  sp::Schedule s = Build(1, 2, "ring", 1, false);
+  sp::Schedule s = Build(1, 2, sp::Strategy::kRing, 1, false);
   for (sp::Op& o : s.ranks[1].ops) {
     if (o.kind == sp::OpKind::kRecv) {
       o.stream = sp::Stream::kCompute;
@@ -354,26 +357,27 @@ TEST(ExecPlan, SendOnTheComputeStreamIsRejected) {
 // been set, and the last value a sender sets is the word's per-layer growth.
 TEST(ExecPlan, SlotSignalsSplitEveryOneSidedScheduleBySender) {
   const std::vector<Case> cases = {
-      {1, 2, "ulysses", 1},
-      {1, 4, "ulysses", 1},
-      {1, 2, "ring", 1},
-      {1, 4, "ring", 1},
-      {2, 1, "ring", 1},
-      {1, 4, "usp", 1},
-      {2, 2, "usp", 1},
-      {2, 2, "swiftfusion-tas", 1},
-      {2, 2, "torus", 2},
-      {2, 4, "torus", 2},
-      {1, 2, "ulysses-overlap", 1},
-      {2, 2, "ulysses-overlap", 1},
-      {1, 2, "ulysses", 2},
-      {1, 4, "ulysses", 3},
+      {1, 2, sp::Strategy::kUlysses, 1},
+      {1, 4, sp::Strategy::kUlysses, 1},
+      {1, 2, sp::Strategy::kRing, 1},
+      {1, 4, sp::Strategy::kRing, 1},
+      {2, 1, sp::Strategy::kRing, 1},
+      {1, 4, sp::Strategy::kUsp, 1},
+      {2, 2, sp::Strategy::kUsp, 1},
+      {2, 2, sp::Strategy::kSwiftFusionTas, 1},
+      {2, 2, sp::Strategy::kTorus, 2},
+      {2, 4, sp::Strategy::kTorus, 2},
+      {1, 2, sp::Strategy::kUlyssesOverlap, 1},
+      {2, 2, sp::Strategy::kUlyssesOverlap, 1},
+      {1, 2, sp::Strategy::kUlysses, 2},
+      {1, 4, sp::Strategy::kUlysses, 3},
   };
   for (const Case& c : cases) {
     for (bool inter : {true, false}) {
       if (!inter && c.machines == 1) continue;
-      SCOPED_TRACE(c.strategy + " " + std::to_string(c.machines) + "x" + std::to_string(c.gpus) +
-                   " chunks " + std::to_string(c.chunks) + (inter ? "" : " intra"));
+      SCOPED_TRACE(std::string(sp::StrategyName(c.strategy)) + " " + std::to_string(c.machines) +
+                   "x" + std::to_string(c.gpus) + " chunks " + std::to_string(c.chunks) +
+                   (inter ? "" : " intra"));
       const sp::Schedule s =
           Build(c.machines, c.gpus, c.strategy, c.chunks, true, 16, 12, 2, inter);
       auto slots = BuildSlotSignals(s);
@@ -428,7 +432,7 @@ TEST(ExecPlan, SlotSignalsSplitEveryOneSidedScheduleBySender) {
 }
 
 TEST(ExecPlan, SlotSignalsRejectPartialMultiSenderWaitsAndMixedStreams) {
-  sp::Schedule s = Build(1, 4, "ulysses", 1, true);
+  sp::Schedule s = Build(1, 4, sp::Strategy::kUlysses, 1, true);
   const CounterTable t = BuildCounterTable(s);
   // A Wait for part of a counter that three ranks signal: which sender's signals it means is
   // not defined, so it cannot become per-sender waits.
@@ -446,7 +450,7 @@ TEST(ExecPlan, SlotSignalsRejectPartialMultiSenderWaitsAndMixedStreams) {
   EXPECT_EQ(a.failure().column, "count");
   EXPECT_NE(a.failure().message.find("ranks signal"), std::string::npos) << a.failure().message;
   // Two signals of one (sender, counter, receiver) from different streams.
-  sp::Schedule mixed = Build(1, 2, "ring", 1, true);
+  sp::Schedule mixed = Build(1, 2, sp::Strategy::kRing, 1, true);
   std::map<std::pair<int, std::string>, int> seen;
   changed = false;
   for (sp::Op& o : mixed.ranks[0].ops) {

@@ -47,7 +47,8 @@ std::string Pct(double f) { return std::to_string(std::lround(100 * f)) + "%"; }
 std::string PlanCandidate::Name() const {
   std::ostringstream os;
   os << config.strategy << " U=" << config.ulysses_degree << " R=" << config.ring_degree;
-  if (config.strategy == "torus") os << " chunks=" << config.torus_chunks;
+  if (config.strategy == Strategy::kTorus) os << " chunks=" << config.torus_chunks;
+  if (config.ulysses_chunks > 1) os << " ulysses_chunks=" << config.ulysses_chunks;
   os << " " << TransportDescription(config);
   if (config.comm_sms > 0) os << " comm_sms=" << config.comm_sms;
   return os.str();
@@ -96,8 +97,8 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   if (!v.ok()) return v.failure();
   v = workload.Validate();
   if (!v.ok()) return v.failure();
-  std::vector<std::string> strategies = options.strategies;
-  if (strategies.empty()) strategies = StrategyNames();
+  std::vector<Strategy> strategies = options.strategies;
+  if (strategies.empty()) strategies.assign(kAllStrategies.begin(), kAllStrategies.end());
   if (strategies.size() > size_t(kMaxPlanListSize)) {
     return Failure::InvalidArgument(std::to_string(strategies.size()) +
                                         " strategies given, at most " +
@@ -113,6 +114,17 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   for (int c : options.torus_chunks) {
     if (auto e = RangeError("torus_chunks", static_cast<long long>(c), 1, kMaxTorusChunks)) {
       return Failure::InvalidArgument(e->substr(14), "torus_chunks");
+    }
+  }
+  if (options.ulysses_chunks.empty() || options.ulysses_chunks.size() > size_t(kMaxPlanListSize)) {
+    return Failure::InvalidArgument(std::to_string(options.ulysses_chunks.size()) +
+                                        " chunk counts given, expected 1 to " +
+                                        std::to_string(kMaxPlanListSize),
+                                    "ulysses_chunks");
+  }
+  for (int c : options.ulysses_chunks) {
+    if (auto e = RangeError("ulysses_chunks", static_cast<long long>(c), 1, kMaxUlyssesChunks)) {
+      return Failure::InvalidArgument(e->substr(16), "ulysses_chunks");
     }
   }
   if (auto e = RangeError("max_schedule_ops", static_cast<long long>(options.max_schedule_ops), 1,
@@ -137,32 +149,42 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   if (transports.empty()) return Failure::InvalidArgument("no transport selected", "one_sided");
 
   std::vector<SpConfig> configs;
-  for (const std::string& s : strategies) {
-    const auto& known = StrategyNames();
-    if (std::find(known.begin(), known.end(), s) == known.end()) {
-      return Failure::InvalidArgument("unknown strategy '" + s + "'", "strategy");
-    }
+  for (Strategy s : strategies) {
     std::vector<std::pair<int, int>> degrees;
     for (int u = 1; u <= n; ++u) {
       if (n % u != 0) continue;
       int r = n / u;
       bool take = false;
-      if (s == "ulysses" || s == "ulysses-overlap") take = r == 1;
-      if (s == "ring") take = u == 1;
-      if (s == "usp" || s == "swiftfusion-tas") take = u > 1 && r > 1;
-      if (s == "torus") take = u > 1;
+      switch (s) {
+        case Strategy::kUlysses:
+        case Strategy::kUlyssesOverlap:
+          take = r == 1;
+          break;
+        case Strategy::kRing:
+          take = u == 1;
+          break;
+        case Strategy::kUsp:
+        case Strategy::kSwiftFusionTas:
+          take = u > 1 && r > 1;
+          break;
+        case Strategy::kTorus:
+          take = u > 1;
+          break;
+      }
       if (take) degrees.push_back({u, r});
     }
     for (auto [u, r] : degrees) {
+      // Torus: token chunks; ulysses: head chunks (only where U > 1 has an all-to-all to cut).
       std::vector<int> chunks = {1};
-      if (s == "torus") chunks = options.torus_chunks;
+      if (s == Strategy::kTorus) chunks = options.torus_chunks;
+      if (s == Strategy::kUlysses && u > 1) chunks = options.ulysses_chunks;
       for (int c : chunks) {
         for (auto [one, inter] : transports) {
           SpConfig cfg;
           cfg.strategy = s;
           cfg.ulysses_degree = u;
           cfg.ring_degree = r;
-          cfg.torus_chunks = c;
+          (s == Strategy::kUlysses ? cfg.ulysses_chunks : cfg.torus_chunks) = c;
           cfg.one_sided = one;
           cfg.one_sided_inter = inter;
           configs.push_back(cfg);
@@ -207,7 +229,8 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
       skip[i] = name_of(cfg) + ": " + r.failure().ToString();
       continue;
     }
-    if (cfg.strategy == "torus" && cfg.torus_chunks > 1 && cfg.torus_chunks > tokens_per_rank) {
+    if (cfg.strategy == Strategy::kTorus && cfg.torus_chunks > 1 &&
+        cfg.torus_chunks > tokens_per_rank) {
       skip[i] = name_of(cfg) + ": more chunks than the " + std::to_string(tokens_per_rank) +
                 " tokens per rank (the schedule of chunks=" + std::to_string(tokens_per_rank) + ")";
       continue;
@@ -286,9 +309,12 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
   os << ".";
   // Best candidate of each other strategy (ranked is sorted, so the first seen is the best).
   std::map<std::string, const PlanCandidate*> best;
-  for (const PlanCandidate& c : ranked) best.try_emplace(c.config.strategy, &c);
+  // Keyed by name: the comparisons follow in the names' alphabetical order.
+  for (const PlanCandidate& c : ranked) {
+    best.try_emplace(std::string(StrategyName(c.config.strategy)), &c);
+  }
   for (const auto& [name, c] : best) {
-    if (name == w.config.strategy) continue;
+    if (c->config.strategy == w.config.strategy) continue;
     os << "\n  vs best " << name << " (" << c->Name() << ", " << Ms(c->sim.layer_s) << "): " << name
        << " is " << Ratio(c->sim.layer_s / w.sim.layer_s) << " slower";
     double wb = double(w.max_inter_bytes_per_rank), cb = double(c->max_inter_bytes_per_rank);
@@ -308,6 +334,7 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
     const SpConfig& b = w.config;
     if (a.strategy == b.strategy && a.ulysses_degree == b.ulysses_degree &&
         a.ring_degree == b.ring_degree && a.torus_chunks == b.torus_chunks &&
+        a.ulysses_chunks == b.ulysses_chunks &&
         (a.one_sided != b.one_sided || a.one_sided_inter != b.one_sided_inter)) {
       os << "\n  the same with " << TransportDescription(a) << " transport: " << Ms(c.sim.layer_s)
          << " ("
@@ -322,10 +349,11 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked) {
 nlohmann::json PlanCandidateJson(const PlanCandidate& c) {
   nlohmann::json j;
   j["name"] = c.Name();
-  j["strategy"] = c.config.strategy;
+  j["strategy"] = std::string(StrategyName(c.config.strategy));
   j["ulysses_degree"] = c.config.ulysses_degree;
   j["ring_degree"] = c.config.ring_degree;
   j["torus_chunks"] = c.config.torus_chunks;
+  j["ulysses_chunks"] = c.config.ulysses_chunks;
   j["one_sided"] = c.config.one_sided;
   j["one_sided_inter"] = c.config.one_sided_inter;
   j["transport"] = TransportName(c.config);

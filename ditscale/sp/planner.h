@@ -1,7 +1,8 @@
 // Auto-planner: which sequence-parallel configuration is fastest for a topology and workload.
 //
 // Enumerates, for N = machines * gpus_per_machine ranks:
-//   ulysses (U = N), ring (R = N),
+//   ulysses (U = N; in every head-chunk count of PlanOptions::ulysses_chunks, by default only
+//     1: plain), ulysses-overlap (U = N), ring (R = N),
 //   usp (Ulysses within machines, Ring across) and swiftfusion-tas (Ulysses across, Ring within)
 //     for every factorisation U * R = N with U, R > 1,
 //   torus (tas with the cross-machine all-to-all split into chunks) for every factorisation with
@@ -44,13 +45,16 @@ namespace ditscale::sp {
 
 // Bounds of the search (see above) and of its options.
 inline constexpr int64_t kMaxPlanOps = 1 << 20;  // default PlanOptions::max_total_ops
-inline constexpr int kMaxPlanListSize = 16;      // strategies, torus_chunks entries
+inline constexpr int kMaxPlanListSize = 16;      // strategies, torus_chunks, ulysses_chunks entries
 inline constexpr size_t kMaxPlanCandidates = 8192;
 
 struct PlanOptions {
-  std::vector<std::string> strategies;  // empty = all of StrategyNames(); <= kMaxPlanListSize
-  // Each in [1, kMaxTorusChunks]; at most kMaxPlanListSize entries.
+  std::vector<Strategy> strategies;  // empty = all of kAllStrategies; <= kMaxPlanListSize
+  // Torus token chunk counts to try: each in [1, kMaxTorusChunks]; 1 to kMaxPlanListSize entries.
   std::vector<int> torus_chunks = {1, 2, 4, 8};
+  // Ulysses (U >= 2) head chunk counts to try: each in [1, kMaxUlyssesChunks]; 1 to
+  // kMaxPlanListSize entries. Counts above a group's kv heads are skipped with the reason.
+  std::vector<int> ulysses_chunks = {1};
   bool two_sided = true;  // include NCCL-style transport
   bool one_sided = true;  // include NVSHMEM-style transport (puts on every link)
   // Include, on more than one machine, puts within machines and NCCL between them
@@ -77,7 +81,8 @@ struct PlanCandidate {
   int64_t max_inter_bytes_per_rank = 0;  // sent over the NIC by the busiest rank
   int64_t max_intra_bytes_per_rank = 0;
   int64_t max_work_bytes_per_rank = 0;  // WorkBytesPerRank: memory beyond q/k/v/out, busiest rank
-  // e.g. "torus U=2 R=8 chunks=4 one-sided" (or "... one-sided intra / two-sided inter").
+  // e.g. "torus U=2 R=8 chunks=4 one-sided" (or "... one-sided intra / two-sided inter"),
+  // "ulysses U=8 R=1 ulysses_chunks=2 two-sided" (head chunks only when > 1).
   std::string Name() const;
   // Of the time some comm op was pending, the fraction overlapped with compute (mean over ranks).
   double hidden_comm_fraction() const;
@@ -109,8 +114,8 @@ std::string ExplainWinner(const std::vector<PlanCandidate>& ranked);
 
 // One candidate as JSON (the `ditscale sp plan/simulate --json` record and what
 // ditscale._core.sp_plan / sp_predict return): name, strategy, ulysses_degree, ring_degree,
-// torus_chunks, one_sided, one_sided_inter, transport ("nccl", "nvshmem", "nvshmem-intra"),
-// predicted_layer_s, predicted_step_s, byte counts and the breakdown.
+// torus_chunks, ulysses_chunks, one_sided, one_sided_inter, transport ("nccl", "nvshmem",
+// "nvshmem-intra"), predicted_layer_s, predicted_step_s, byte counts and the breakdown.
 nlohmann::json PlanCandidateJson(const PlanCandidate& c);
 
 }  // namespace ditscale::sp

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "ditscale/sp/strategies.h"
@@ -73,8 +74,8 @@ TEST(Planner, IntraOnlyOneSidedIsListedOnlyAcrossMachines) {
   EXPECT_EQ(count(intra1, "nvshmem"), static_cast<int>(intra1.ranked.size()));
 }
 
-PlanCandidate Eval(const Topology& t, const Workload& w, const std::string& s, int u, int r,
-                   int chunks = 1, bool one_sided = false) {
+PlanCandidate Eval(const Topology& t, const Workload& w, Strategy s, int u, int r, int chunks = 1,
+                   bool one_sided = false) {
   SpConfig c;
   c.strategy = s;
   c.ulysses_degree = u;
@@ -95,8 +96,8 @@ TEST(Planner, InterMachineVolumeOfUspAndTas) {
   w.text_tokens = 0;  // keep the closed form exact
   for (int m : {2, 4}) {
     Topology t = MakePresetTopology("p4de", m).value();
-    PlanCandidate usp = Eval(t, w, "usp", 8, m);
-    PlanCandidate tas = Eval(t, w, "swiftfusion-tas", m, 8);
+    PlanCandidate usp = Eval(t, w, Strategy::kUsp, 8, m);
+    PlanCandidate tas = Eval(t, w, Strategy::kSwiftFusionTas, m, 8);
     const double shde = 65536.0 * 24 * 128 * 2;
     EXPECT_EQ(usp.max_inter_bytes_per_rank, int64_t(2 * shde / m / 8 * (m - 1))) << m;
     EXPECT_EQ(tas.max_inter_bytes_per_rank, int64_t(4 * shde / (8 * m) * (m - 1) / m)) << m;
@@ -106,15 +107,15 @@ TEST(Planner, InterMachineVolumeOfUspAndTas) {
 TEST(Planner, TopologyAwareBeatsUspOnFourMachines) {
   Topology t = MakePresetTopology("p4de", 4).value();
   PlanOptions o;
-  o.strategies = {"usp", "swiftfusion-tas", "torus"};
+  o.strategies = {Strategy::kUsp, Strategy::kSwiftFusionTas, Strategy::kTorus};
   o.torus_chunks = {1, 4};
   PlanResult p = Plan(t, Flux(4096), o).value();
   ASSERT_FALSE(p.ranked.empty());
-  EXPECT_NE(p.ranked[0].config.strategy, "usp") << p.explanation;
+  EXPECT_NE(p.ranked[0].config.strategy, Strategy::kUsp) << p.explanation;
   EXPECT_NE(p.explanation.find("vs best usp"), std::string::npos) << p.explanation;
   // The torus pipeline hides more of the all-to-all than the atomic tas all-to-all.
-  PlanCandidate tas = Eval(t, Flux(4096), "swiftfusion-tas", 8, 4);
-  PlanCandidate torus = Eval(t, Flux(4096), "torus", 8, 4, 4);
+  PlanCandidate tas = Eval(t, Flux(4096), Strategy::kSwiftFusionTas, 8, 4);
+  PlanCandidate torus = Eval(t, Flux(4096), Strategy::kTorus, 8, 4, 4);
   EXPECT_LT(torus.sim.layer_s, tas.sim.layer_s);
   EXPECT_GT(torus.hidden_comm_fraction(), tas.hidden_comm_fraction());
 }
@@ -126,7 +127,7 @@ TEST(Planner, UnevenHeadsAreEvaluatedNotRefused) {
   wo.duration_s = 6;
   Workload w = MakeWorkload("cogvideox-2b", wo).value();
   SpConfig c;
-  c.strategy = "swiftfusion-tas";
+  c.strategy = Strategy::kSwiftFusionTas;
   c.ulysses_degree = 4;
   c.ring_degree = 2;
   auto r = EvaluateConfig(t, w, c);
@@ -141,15 +142,16 @@ TEST(Planner, UnevenHeadsAreEvaluatedNotRefused) {
 // it with nothing exposed. Without the wave model the cuts would be free.
 TEST(Planner, WavesOrderUlyssesOverlapPlainAndTorus) {
   const Topology t = MakePresetTopology("h200-local", 1, 2).value();
-  auto layer = [&](const std::string& strategy, int u, const Topology& topo) {
+  auto layer = [&](Strategy strategy, int u, const Topology& topo) {
     SpConfig c;
     c.strategy = strategy;
     c.ulysses_degree = u;
     c.one_sided = true;
     return EvaluateConfig(topo, Flux(4096), c).value();
   };
-  const PlanCandidate plain = layer("ulysses", 0, t), overlap = layer("ulysses-overlap", 0, t);
-  const PlanCandidate torus = layer("torus", 2, t);
+  const PlanCandidate plain = layer(Strategy::kUlysses, 0, t),
+                      overlap = layer(Strategy::kUlyssesOverlap, 0, t);
+  const PlanCandidate torus = layer(Strategy::kTorus, 2, t);
   EXPECT_LT(overlap.sim.layer_s, plain.sim.layer_s * 0.985);
   EXPECT_GT(torus.sim.layer_s, plain.sim.layer_s);
   EXPECT_LT(overlap.sim.mean_exposed_comm_s(), 0.02e-3);
@@ -157,7 +159,8 @@ TEST(Planner, WavesOrderUlyssesOverlapPlainAndTorus) {
   // The torus' extra wave is the whole difference in compute: without waves it computes less.
   Topology flat = t;
   flat.attention_slots = 0;
-  EXPECT_LT(layer("torus", 2, flat).sim.mean_compute_s(), torus.sim.mean_compute_s() * 0.985);
+  EXPECT_LT(layer(Strategy::kTorus, 2, flat).sim.mean_compute_s(),
+            torus.sim.mean_compute_s() * 0.985);
 }
 
 TEST(Planner, SimulatedBytesMatchTheSchedulesVolumes) {
@@ -173,16 +176,16 @@ TEST(Planner, SimulatedBytesMatchTheSchedulesVolumes) {
   w.heads = w.kv_heads = 8;
   w.head_dim = 64;
   w.layers = 1;
-  for (const std::string& s : StrategyNames()) {
+  for (Strategy s : kAllStrategies) {
     for (bool one : {false, true}) {
       SpConfig c;
       c.strategy = s;
       c.one_sided = one;
-      if (s == "usp" || s == "swiftfusion-tas" || s == "torus") {
+      if (s == Strategy::kUsp || s == Strategy::kSwiftFusionTas || s == Strategy::kTorus) {
         c.ulysses_degree = 2;
         c.ring_degree = 2;
       }
-      if (s == "torus") c.torus_chunks = 2;
+      if (s == Strategy::kTorus) c.torus_chunks = 2;
       SpMesh mesh{2, 2};
       Schedule sch = BuildSchedule(mesh, c, shape).value();
       SimResult sim = Simulate(sch, t).value();
@@ -199,7 +202,7 @@ TEST(Planner, RingOnOneMachineIsComputeBoundAndHidesItsComm) {
   // 1 x 8 H100: ring's kv rotation over NVSwitch hides behind attention at 64k tokens.
   Topology t = MakePresetTopology("h100-8x", 1).value();
   SpConfig c;
-  c.strategy = "ring";
+  c.strategy = Strategy::kRing;
   PlanCandidate r = EvaluateConfig(t, Flux(4096), c).value();
   EXPECT_GT(r.hidden_comm_fraction(), 0.8) << r.sim.critical_path.Describe();
   EXPECT_EQ(r.max_inter_bytes_per_rank, 0);
@@ -209,15 +212,53 @@ TEST(Planner, RingOnOneMachineIsComputeBoundAndHidesItsComm) {
   EXPECT_LT(r.sim.layer_s, 1.3 * flops / t.attention_flops);
 }
 
+// Ulysses head chunks are enumerated where they apply (ulysses with U >= 2), named in the
+// candidate, and counts above the kv heads per rank are skipped naming ulysses_chunks; the
+// default ({1}) enumerates plain Ulysses only.
+TEST(Planner, EnumeratesUlyssesHeadChunks) {
+  const Topology t = MakePresetTopology("p4de", 1).value();  // 8 GPUs: 24 flux heads -> 3 each
+  PlanOptions o;
+  o.strategies = {Strategy::kUlysses, Strategy::kRing};
+  o.ulysses_chunks = {1, 2, 4};
+  o.one_sided = o.one_sided_intra_only = false;
+  o.sm_partitions = false;
+  const PlanResult p = Plan(t, Flux(1024), o).value();
+  std::vector<int> chunks;
+  for (const PlanCandidate& c : p.ranked) {
+    EXPECT_EQ(c.config.torus_chunks, 1) << c.Name();
+    if (c.config.strategy == Strategy::kRing) {
+      EXPECT_EQ(c.config.ulysses_chunks, 1) << c.Name();
+      continue;
+    }
+    chunks.push_back(c.config.ulysses_chunks);
+    if (c.config.ulysses_chunks > 1) {
+      EXPECT_NE(c.Name().find(" ulysses_chunks=" + std::to_string(c.config.ulysses_chunks)),
+                std::string::npos)
+          << c.Name();
+    }
+  }
+  std::sort(chunks.begin(), chunks.end());
+  EXPECT_EQ(chunks, (std::vector<int>{1, 2}));
+  ASSERT_EQ(p.skipped.size(), 1u);
+  EXPECT_NE(p.skipped[0].find("ulysses U=8 R=1 ulysses_chunks=4 two-sided: column "
+                              "'ulysses_chunks': ulysses in 4 head chunks"),
+            std::string::npos)
+      << p.skipped[0];
+  o.ulysses_chunks = {1};
+  for (const PlanCandidate& c : Plan(t, Flux(1024), o).value().ranked) {
+    EXPECT_EQ(c.config.ulysses_chunks, 1) << c.Name();
+  }
+}
+
 TEST(Planner, FailuresNameTheField) {
   Topology t = MakePresetTopology("p4de", 2).value();
   PlanOptions o;
-  o.strategies = {"zigzag"};
+  o.strategies = {static_cast<Strategy>(99)};  // names are parsed at the edges; not a Strategy
   auto p = Plan(t, Flux(1024), o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.failure().column, "strategy");
   SpConfig c;
-  c.strategy = "usp";
+  c.strategy = Strategy::kUsp;
   c.ulysses_degree = 3;
   c.ring_degree = 5;
   EXPECT_FALSE(EvaluateConfig(t, Flux(1024), c).ok());
@@ -233,6 +274,13 @@ TEST(Planner, FailuresNameTheField) {
   EXPECT_EQ(field_of(bad), "torus_chunks: 100000 is out of range [1, 64]");
   bad.torus_chunks = std::vector<int>(17, 2);
   EXPECT_EQ(field_of(bad), "torus_chunks: 17 chunk counts given, expected 1 to 16");
+  bad = PlanOptions{};
+  bad.ulysses_chunks = {0};
+  EXPECT_EQ(field_of(bad), "ulysses_chunks: 0 is out of range [1, 64]");
+  bad.ulysses_chunks = {65};
+  EXPECT_EQ(field_of(bad), "ulysses_chunks: 65 is out of range [1, 64]");
+  bad.ulysses_chunks = {};
+  EXPECT_EQ(field_of(bad), "ulysses_chunks: 0 chunk counts given, expected 1 to 16");
   bad = PlanOptions{};
   bad.max_schedule_ops = 0;
   EXPECT_EQ(field_of(bad), "max_schedule_ops: 0 is out of range [1, 131072]");
@@ -262,10 +310,10 @@ TEST(Planner, LargeClustersStayWithinTheBudget) {
   }
   EXPECT_GT(over_budget, 0);
   EXPECT_GT(too_large, 0);  // e.g. the ring over 256 ranks: ~390 k ops, refused unbuilt
-  EXPECT_NE(p->ranked[0].config.strategy, "ring");
+  EXPECT_NE(p->ranked[0].config.strategy, Strategy::kRing);
   // Torus chunk counts above the tokens per rank are left out, not simulated.
   PlanOptions o;
-  o.strategies = {"torus"};
+  o.strategies = {Strategy::kTorus};
   o.torus_chunks = {1, 64};
   auto small = Plan(MakePresetTopology("p4de", 1).value(), MakeWorkload("flux", {128, 128}).value(),
                     o);  // 64 tokens on 8 ranks: 8 per rank
@@ -298,12 +346,12 @@ TEST(Planner, WorkMemoryIsReportedAndLimitsTheSearch) {
   ASSERT_LT(smallest, largest);
   // Torus keeps every kv piece of its ring resident: more work memory than TAS's double buffer.
   SpConfig torus;
-  torus.strategy = "torus";
+  torus.strategy = Strategy::kTorus;
   torus.ulysses_degree = 2;
   torus.ring_degree = 4;
   torus.torus_chunks = 2;
   SpConfig tas = torus;
-  tas.strategy = "swiftfusion-tas";
+  tas.strategy = Strategy::kSwiftFusionTas;
   tas.torus_chunks = 1;
   EXPECT_GT(EvaluateConfig(t, w, torus).value().max_work_bytes_per_rank,
             EvaluateConfig(t, w, tas).value().max_work_bytes_per_rank);
@@ -352,7 +400,7 @@ TEST(Planner, SmPartitionsWinOnlyWhereTransfersWouldWait) {
 
 TEST(Schedule, WorkBytesCountEveryBufferButTheLayersOwnTensors) {
   SpConfig cfg;
-  cfg.strategy = "torus";
+  cfg.strategy = Strategy::kTorus;
   cfg.ulysses_degree = 2;
   cfg.ring_degree = 2;
   cfg.torus_chunks = 2;

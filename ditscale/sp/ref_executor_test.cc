@@ -76,7 +76,7 @@ TEST(AttentionRef, MergeOfBlocksEqualsWhole) {
   for (size_t i = 0; i < whole_lse.size(); ++i) EXPECT_NEAR(acc_lse[i], whole_lse[i], 1e-6);
 }
 
-Schedule Build(SpMesh mesh, const std::string& strategy, AttentionShape shape, bool one_sided,
+Schedule Build(SpMesh mesh, Strategy strategy, AttentionShape shape, bool one_sided,
                int chunks = 1) {
   SpConfig c;
   c.strategy = strategy;
@@ -96,7 +96,7 @@ AttentionShape Shape(int64_t seq, int64_t text, int64_t heads) {
 }
 
 TEST(RefExecutor, ShuffledRunsAgreeExactly) {
-  const Schedule s = Build({2, 2}, "torus", Shape(48, 8, 4), true, 3);
+  const Schedule s = Build({2, 2}, Strategy::kTorus, Shape(48, 8, 4), true, 3);
   const DenseInputs in = RandomInputs(s.shape, 9);
   std::vector<float> first;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
@@ -113,7 +113,7 @@ TEST(RefExecutor, ShuffledRunsAgreeExactly) {
 // the shuffled executor must notice (NaN from undefined buffers, or a wrong result).
 TEST(RefExecutor, MissingDependenciesAreNoticed) {
   for (bool one_sided : {false, true}) {
-    Schedule s = Build({1, 4}, "ring", Shape(32, 0, 2), one_sided);
+    Schedule s = Build({1, 4}, Strategy::kRing, Shape(32, 0, 2), one_sided);
     for (RankProgram& p : s.ranks) {
       for (Op& op : p.ops) {
         if (op.stream == Stream::kCompute && op.kind != OpKind::kSignal) op.deps.clear();
@@ -134,7 +134,7 @@ TEST(RefExecutor, MissingDependenciesAreNoticed) {
 }
 
 TEST(RefExecutor, DeadlockIsReportedNotHung) {
-  Schedule s = Build({1, 2}, "ring", Shape(16, 0, 2), false);
+  Schedule s = Build({1, 2}, Strategy::kRing, Shape(16, 0, 2), false);
   // Ungroup the ring transfers and put each rank's Recvs before its Sends on the same stream:
   // every rank then waits on a Recv whose matching Send is queued behind the peer's Recv.
   for (RankProgram& p : s.ranks) {
@@ -164,7 +164,7 @@ TEST(RefExecutor, DeadlockIsReportedNotHung) {
 }
 
 TEST(RefExecutor, InvalidScheduleIsRefused) {
-  Schedule s = Build({1, 2}, "ulysses", Shape(16, 0, 2), false);
+  Schedule s = Build({1, 2}, Strategy::kUlysses, Shape(16, 0, 2), false);
   s.ranks[0].ops[0].src.tokens = 999;
   Result<std::vector<RankOutput>> out = ExecuteSchedule(s, RandomInputs(s.shape, 1));
   ASSERT_FALSE(out.ok());
@@ -172,7 +172,7 @@ TEST(RefExecutor, InvalidScheduleIsRefused) {
 }
 
 TEST(RefExecutor, CompareFlagsWrongAndNanOutputs) {
-  const Schedule s = Build({1, 2}, "ulysses", Shape(16, 4, 2), false);
+  const Schedule s = Build({1, 2}, Strategy::kUlysses, Shape(16, 4, 2), false);
   const DenseInputs in = RandomInputs(s.shape, 2);
   const std::vector<float> dense = DenseAttention(in);
   std::vector<RankOutput> out = ExecuteSchedule(s, in).ValueOrThrow();

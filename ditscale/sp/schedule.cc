@@ -213,7 +213,8 @@ std::string PrintSchedule(const Schedule& s) {
   const SpConfig& c = s.config;
   os << "schedule " << s.strategy << ": mesh " << s.mesh.machines << "x" << s.mesh.gpus_per_machine
      << ", ulysses " << c.ulysses_degree << ", ring " << c.ring_degree << ", torus_chunks "
-     << c.torus_chunks << ", " << TransportDescription(c);
+     << c.torus_chunks << ", ulysses_chunks " << c.ulysses_chunks << ", "
+     << TransportDescription(c);
   if (c.comm_sms > 0) os << ", " << c.comm_sms << " SMs kept for communication";
   os << "\n";
   os << "shape: batch " << s.shape.batch << ", seq " << s.shape.seq_tokens << ", text "
@@ -270,10 +271,11 @@ std::string ScheduleToJson(const Schedule& s, int indent) {
   nlohmann::json j;
   j["strategy"] = s.strategy;
   j["mesh"] = {{"machines", s.mesh.machines}, {"gpus_per_machine", s.mesh.gpus_per_machine}};
-  j["config"] = {{"strategy", s.config.strategy},
+  j["config"] = {{"strategy", std::string(StrategyName(s.config.strategy))},
                  {"ulysses_degree", s.config.ulysses_degree},
                  {"ring_degree", s.config.ring_degree},
                  {"torus_chunks", s.config.torus_chunks},
+                 {"ulysses_chunks", s.config.ulysses_chunks},
                  {"one_sided", s.config.one_sided},
                  {"one_sided_inter", s.config.one_sided_inter},
                  {"transport", TransportName(s.config)},

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "ditscale/core/result.h"
+#include "ditscale/sp/strategy.h"
 
 namespace ditscale::sp {
 
@@ -64,18 +65,22 @@ enum class Placement {
 
 // Which strategy and degrees. ulysses_degree * ring_degree must equal the mesh's rank count.
 struct SpConfig {
-  // "ulysses" (U = N, R = 1), "ulysses-overlap" (the same, all-to-alls under the attention),
-  // "ring" (U = 1, R = N), "usp", "swiftfusion-tas", "torus".
-  // For "ulysses" / "ring" a degree left at 0 is filled in; for the hybrids both must be given
+  // ulysses (U = N, R = 1), ulysses-overlap (the same, all-to-alls under the attention),
+  // ring (U = 1, R = N), usp, swiftfusion-tas, torus (strategy.h; names: StrategyName).
+  // For ulysses / ring a degree left at 0 is filled in; for the hybrids both must be given
   // (or 0 for the default: U = gpus_per_machine for usp, U = machines for tas/torus).
-  std::string strategy = "ulysses";
+  Strategy strategy = Strategy::kUlysses;
   int ulysses_degree = 0;
   int ring_degree = 0;
-  // Torus: the Ulysses all-to-all (q, k, v in) is split into this many token chunks, each
-  // pipelined with the attention of the chunk before. 1 = tas with the stationary block first.
-  // Ulysses: this many head chunks, each chunk's all-to-all pipelined with the attention of the
-  // chunk before (strategies/ulysses_heads.cc). 1 = plain. Other strategies: 1.
+  // Torus only, in [1, kMaxTorusChunks] (strategies.h): the Ulysses all-to-all (q, k, v in) is
+  // split into this many token chunks, each pipelined with the attention of the chunk before.
+  // 1 = tas with the stationary block first. Other strategies: 1.
   int torus_chunks = 1;
+  // Ulysses only, in [1, kMaxUlyssesChunks] (strategies.h) and at most the kv heads of the
+  // smallest Ulysses head group: the head group is cut into this many head chunks, each chunk's
+  // all-to-all pipelined with the attention of the chunk before (strategies/ulysses_heads.cc).
+  // 1 = plain Ulysses. Other strategies: 1.
+  int ulysses_chunks = 1;
   bool one_sided = false;  // Put + Signal / Wait (NVSHMEM) instead of Send / Recv (NCCL)
   // Scope of one_sided (ignored, and resolved to true, when one_sided is false). true: puts on
   // every link. false: puts on intra-machine links only, Send / Recv (NCCL) on inter-machine links
@@ -205,7 +210,8 @@ struct RankProgram {
 };
 
 struct Schedule {
-  std::string strategy;  // canonical strategy name
+  // StrategyName(config.strategy) for a built schedule; free text for hand-made ones (tests).
+  std::string strategy;
   SpMesh mesh;
   SpConfig config;  // with degrees and placement resolved
   AttentionShape shape;

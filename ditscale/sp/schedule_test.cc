@@ -22,14 +22,15 @@ AttentionShape Shape(int64_t seq, int64_t text, int64_t heads) {
   return a;
 }
 
-Schedule Build(SpMesh mesh, const std::string& strategy, AttentionShape shape, bool one_sided,
-               int u = 0, int r = 0, int chunks = 1) {
+// chunks: torus token chunks, ulysses head chunks (SpConfig::torus_chunks / ulysses_chunks).
+Schedule Build(SpMesh mesh, Strategy strategy, AttentionShape shape, bool one_sided, int u = 0,
+               int r = 0, int chunks = 1) {
   SpConfig c;
   c.strategy = strategy;
   c.one_sided = one_sided;
   c.ulysses_degree = u;
   c.ring_degree = r;
-  c.torus_chunks = chunks;
+  (strategy == Strategy::kUlysses ? c.ulysses_chunks : c.torus_chunks) = chunks;
   Result<Schedule> s = BuildSchedule(mesh, c, shape);
   EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.failure().ToString());
   return std::move(s).ValueOrThrow();
@@ -62,9 +63,10 @@ int FindOp(const RankProgram& prog, OpKind kind) {
 }
 
 TEST(Schedule, BuiltSchedulesValidate) {
-  for (const std::string& st : StrategyNames()) {
+  for (Strategy st : kAllStrategies) {
     for (bool one_sided : {false, true}) {
-      const Schedule s = Build({2, 4}, st, Shape(64, 8, 8), one_sided, 0, 0, st == "torus" ? 3 : 1);
+      const Schedule s =
+          Build({2, 4}, st, Shape(64, 8, 8), one_sided, 0, 0, st == Strategy::kTorus ? 3 : 1);
       const ValidationReport rep = ValidateSchedule(s);
       EXPECT_TRUE(rep.ok()) << st << "\n" << rep.ToString();
     }
@@ -72,7 +74,7 @@ TEST(Schedule, BuiltSchedulesValidate) {
 }
 
 TEST(Schedule, MissingRecvIsCaught) {
-  Schedule s = Build({1, 2}, "ring", Shape(32, 0, 4), false);
+  Schedule s = Build({1, 2}, Strategy::kRing, Shape(32, 0, 4), false);
   const int i = FindOp(s.ranks[1], OpKind::kRecv);
   ASSERT_GE(i, 0);
   EraseOp(&s.ranks[1], i);
@@ -81,7 +83,7 @@ TEST(Schedule, MissingRecvIsCaught) {
 }
 
 TEST(Schedule, MissingSignalIsCaught) {
-  Schedule s = Build({2, 2}, "swiftfusion-tas", Shape(32, 0, 4), true);
+  Schedule s = Build({2, 2}, Strategy::kSwiftFusionTas, Shape(32, 0, 4), true);
   const int i = FindOp(s.ranks[0], OpKind::kPut);
   ASSERT_GE(i, 0);
   s.ranks[0].ops[i].counter.clear();  // a put without its signal
@@ -129,7 +131,7 @@ TEST(Schedule, RendezvousDeadlockIsCaught) {
 }
 
 TEST(Schedule, HostileFieldsAreNamed) {
-  const Schedule good = Build({2, 2}, "usp", Shape(32, 4, 4), false);
+  const Schedule good = Build({2, 2}, Strategy::kUsp, Shape(32, 4, 4), false);
   {
     Schedule s = good;
     const int i = FindOp(s.ranks[0], OpKind::kAttention);
@@ -186,8 +188,8 @@ TEST(Schedule, VolumesMatchClosedForms) {
   for (bool one_sided : {false, true}) {
     for (SpMesh mesh : {SpMesh{1, 2}, SpMesh{2, 2}, SpMesh{2, 4}}) {
       const int64_t N = mesh.ranks();
-      const Schedule uly = Build(mesh, "ulysses", Shape(S, 0, H), one_sided);
-      const Schedule ring = Build(mesh, "ring", Shape(S, 0, H), one_sided);
+      const Schedule uly = Build(mesh, Strategy::kUlysses, Shape(S, 0, H), one_sided);
+      const Schedule ring = Build(mesh, Strategy::kRing, Shape(S, 0, H), one_sided);
       for (int r = 0; r < N; ++r) {
         // Ulysses: q, k, v in and out back: 4 * b * (S/N) * H * d * e * (N-1)/N.
         EXPECT_EQ(recv(uly, r), 4 * b * (S / N) * H * d * e * (N - 1) / N);
@@ -199,9 +201,9 @@ TEST(Schedule, VolumesMatchClosedForms) {
     // Hybrids on 4 machines x 2 GPUs: U x R = 4 x 2 (tas, torus) and 2 x 4 (usp).
     const SpMesh mesh{4, 2};
     const int64_t N = 8;
-    const Schedule usp = Build(mesh, "usp", Shape(S, 0, H), one_sided);
-    const Schedule tas = Build(mesh, "swiftfusion-tas", Shape(S, 0, H), one_sided);
-    const Schedule torus = Build(mesh, "torus", Shape(S, 0, H), one_sided, 0, 0, 3);
+    const Schedule usp = Build(mesh, Strategy::kUsp, Shape(S, 0, H), one_sided);
+    const Schedule tas = Build(mesh, Strategy::kSwiftFusionTas, Shape(S, 0, H), one_sided);
+    const Schedule torus = Build(mesh, Strategy::kTorus, Shape(S, 0, H), one_sided, 0, 0, 3);
     const auto vu = CommVolumePerRank(usp), vt = CommVolumePerRank(tas),
                vx = CommVolumePerRank(torus);
     for (int r = 0; r < N; ++r) {
@@ -223,7 +225,7 @@ TEST(Schedule, VolumesMatchClosedForms) {
 
 TEST(Schedule, TextAllGatherVolumeAndFlops) {
   const int64_t b = 2, d = 8, e = 2, S = 96, H = 8, T = 16;
-  const Schedule s = Build({2, 4}, "usp", Shape(S, T, H), false);  // U = 4, R = 2
+  const Schedule s = Build({2, 4}, Strategy::kUsp, Shape(S, T, H), false);  // U = 4, R = 2
   const auto v = CommVolumePerRank(s);
   const int64_t N = 8, U = 4, R = 2;
   for (int r = 0; r < N; ++r) {
@@ -237,8 +239,9 @@ TEST(Schedule, TextAllGatherVolumeAndFlops) {
 }
 
 TEST(Schedule, OneSidedTasSyncsAcrossMachinesOnlyTwice) {
-  for (const std::string& st : {"swiftfusion-tas", "torus"}) {
-    const Schedule s = Build({2, 4}, st, Shape(64, 8, 8), true, 0, 0, st == "torus" ? 4 : 1);
+  for (Strategy st : {Strategy::kSwiftFusionTas, Strategy::kTorus}) {
+    const Schedule s =
+        Build({2, 4}, st, Shape(64, 8, 8), true, 0, 0, st == Strategy::kTorus ? 4 : 1);
     for (const RankProgram& p : s.ranks) {
       std::set<std::string> inter_counters;
       int inter_waits = 0;
@@ -255,7 +258,7 @@ TEST(Schedule, OneSidedTasSyncsAcrossMachinesOnlyTwice) {
     }
   }
   // USP's ring crosses machines, so its buffer-release signals do too.
-  const Schedule usp = Build({4, 2}, "usp", Shape(64, 0, 8), true);
+  const Schedule usp = Build({4, 2}, Strategy::kUsp, Shape(64, 0, 8), true);
   bool ring_free_inter = false;
   for (const Op& op : usp.ranks[0].ops) {
     ring_free_inter |= op.kind == OpKind::kSignal && op.counter == "ring.free" &&
@@ -265,7 +268,7 @@ TEST(Schedule, OneSidedTasSyncsAcrossMachinesOnlyTwice) {
 }
 
 TEST(Schedule, PrintAndJson) {
-  const Schedule s = Build({2, 2}, "torus", Shape(32, 4, 4), true, 0, 0, 2);
+  const Schedule s = Build({2, 2}, Strategy::kTorus, Shape(32, 4, 4), true, 0, 0, 2);
   const std::string text = PrintSchedule(s);
   EXPECT_NE(text.find("torus stationary"), std::string::npos);
   EXPECT_NE(text.find("Put peer"), std::string::npos);
@@ -279,7 +282,7 @@ TEST(Schedule, PrintAndJson) {
 
 TEST(Schedule, TransportIsNamedInPrintAndJson) {
   SpConfig c;
-  c.strategy = "swiftfusion-tas";
+  c.strategy = Strategy::kSwiftFusionTas;
   c.one_sided = true;
   c.one_sided_inter = false;
   const Schedule mixed = BuildSchedule({2, 2}, c, Shape(32, 4, 4)).ValueOrThrow();
@@ -288,10 +291,10 @@ TEST(Schedule, TransportIsNamedInPrintAndJson) {
   EXPECT_EQ(j["config"]["transport"], "nvshmem-intra");
   EXPECT_EQ(j["config"]["one_sided"], true);
   EXPECT_EQ(j["config"]["one_sided_inter"], false);
-  const Schedule two = Build({2, 2}, "swiftfusion-tas", Shape(32, 4, 4), false);
+  const Schedule two = Build({2, 2}, Strategy::kSwiftFusionTas, Shape(32, 4, 4), false);
   EXPECT_NE(PrintSchedule(two).find(", two-sided\n"), std::string::npos);
   EXPECT_EQ(nlohmann::json::parse(ScheduleToJson(two))["config"]["transport"], "nccl");
-  const Schedule one = Build({2, 2}, "swiftfusion-tas", Shape(32, 4, 4), true);
+  const Schedule one = Build({2, 2}, Strategy::kSwiftFusionTas, Shape(32, 4, 4), true);
   EXPECT_NE(PrintSchedule(one).find(", one-sided\n"), std::string::npos);
   EXPECT_EQ(nlohmann::json::parse(ScheduleToJson(one))["config"]["transport"], "nvshmem");
   // The scope is meaningless for two-sided transport: resolved to the default.
@@ -311,13 +314,13 @@ TEST(Schedule, TransportIsNamedInPrintAndJson) {
 // Mixed transport: the sync rounds stay within machines, usp's ring across machines is NCCL and
 // needs no release signals, and validation (token game with rendezvous and counters) passes.
 TEST(Schedule, IntraOneSidedSyncsOnlyWithinMachines) {
-  for (const std::string& st : StrategyNames()) {
+  for (Strategy st : kAllStrategies) {
     for (SpMesh mesh : {SpMesh{2, 2}, SpMesh{2, 4}, SpMesh{3, 2}, SpMesh{4, 1}}) {
       SpConfig c;
       c.strategy = st;
       c.one_sided = true;
       c.one_sided_inter = false;
-      c.torus_chunks = st == "torus" ? 3 : 1;
+      c.torus_chunks = st == Strategy::kTorus ? 3 : 1;
       const Schedule s = BuildSchedule(mesh, c, Shape(64, 8, 8)).ValueOrThrow();
       const ValidationReport rep = ValidateSchedule(s);
       EXPECT_TRUE(rep.ok()) << st << "\n" << rep.ToString();

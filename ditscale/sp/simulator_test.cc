@@ -594,12 +594,12 @@ TEST(Simulator, IntraOneSidedInterTwoSided) {
   shape.text_tokens = 64;
   shape.heads = 8;
   shape.head_dim = 64;
-  for (const std::string& st : StrategyNames()) {
+  for (Strategy st : kAllStrategies) {
     for (SpMesh mesh : {SpMesh{2, 2}, SpMesh{2, 4}, SpMesh{3, 2}}) {
       const Topology t = Simple(mesh.machines, mesh.gpus_per_machine);
       SpConfig c;
       c.strategy = st;
-      c.torus_chunks = st == "torus" ? 2 : 1;
+      c.torus_chunks = st == Strategy::kTorus ? 2 : 1;
       c.one_sided = true;
       c.one_sided_inter = false;
       const Schedule mixed = BuildSchedule(mesh, c, shape).ValueOrThrow();

@@ -9,7 +9,7 @@
 //  ulysses          U = N. All-to-all of q, k, v: each rank gathers the full sequence for its head
 //                   group (uneven groups when H % U != 0, e.g. 30 heads on 4 -> 8, 8, 7, 7; in
 //                   units of kv-head groups under GQA), attends, all-to-all of out back. With
-//                   torus_chunks = C > 1 the head group is cut into C chunks of kv heads, each
+//                   ulysses_chunks = C > 1 the head group is cut into C chunks of kv heads, each
 //                   with its own all-to-all pipelined against the attention of the chunk before
 //                   (strategies/ulysses_heads.cc): only the first chunk's way in and the last
 //                   chunk's way back stay exposed; no merges (heads are independent).
@@ -66,11 +66,12 @@
 
 namespace ditscale::sp {
 
-// "ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas", "torus".
+// The names of kAllStrategies (strategy.h), in that order: "ulysses", "ulysses-overlap", "ring",
+// "usp", "swiftfusion-tas", "torus".
 const std::vector<std::string>& StrategyNames();
 
 // Limits of one schedule, checked by ResolveConfig before anything is built:
-//   torus_chunks in [1, kMaxTorusChunks];
+//   torus_chunks in [1, kMaxTorusChunks], ulysses_chunks in [1, kMaxUlyssesChunks];
 //   ScheduleOpsEstimate() <= kMaxScheduleOps, and ranks * (seq_tokens + text_tokens) <=
 //   kMaxRankTokens (the builder keeps per-token state for every rank's gathered rows).
 // The builder itself stops at 2 * kMaxScheduleOps built ops (a guard: the estimate is within a
@@ -78,20 +79,22 @@ const std::vector<std::string>& StrategyNames();
 // kMaxScheduleOps ops takes a few seconds and < 200 MB: a ring over 128 ranks (97,664 ops) took
 // 1.8 s to build and 1.5 s to simulate on one core of the 2-core CI machine.
 inline constexpr int kMaxTorusChunks = 64;
+inline constexpr int kMaxUlyssesChunks = 64;
 inline constexpr int64_t kMaxScheduleOps = 131072;
 inline constexpr int64_t kMaxRankTokens = int64_t{1} << 28;
 
 // The op count of the schedule of a resolved config, estimated from its shape (not built):
 // N * (12 (U-1) Cu + 6 Cr + 8) + 2 N (N-1) with joint text (its all-gather), where
-// Cu = torus_chunks for torus / head-chunked ulysses (else 1) and Cr = torus_chunks + 1 for
-// torus with U > 1 and C > 1 (its ring forwards every chunk; else 1). Saturates at INT64_MAX.
+// Cu = torus_chunks for torus, ulysses_chunks for ulysses (else 1) and Cr = torus_chunks + 1
+// for torus with U > 1 and C > 1 (its ring forwards every chunk; else 1). Saturates at INT64_MAX.
 int64_t ScheduleOpsEstimate(const SpConfig& resolved, const AttentionShape& shape);
 
-// Fills the defaults of `config` (degrees, placement) for `mesh` and checks it: known strategy,
-// U * R == mesh.ranks(), 1 <= torus_chunks <= kMaxTorusChunks, the schedule limits above,
-// torus_chunks == 1 unless strategy is torus or
-// ulysses (ulysses: U >= 2 and torus_chunks <= kv heads / U), shape
-// sizes positive, kv_heads divides heads, U <= kv_heads, every rank has at least one image token.
+// Fills the defaults of `config` (degrees, placement) for `mesh` and checks it: a strategy of
+// kAllStrategies, U * R == mesh.ranks(), 1 <= torus_chunks <= kMaxTorusChunks,
+// 1 <= ulysses_chunks <= kMaxUlyssesChunks, the schedule limits above, torus_chunks == 1 unless
+// strategy is torus, ulysses_chunks == 1 unless strategy is ulysses (then U >= 2 and
+// ulysses_chunks <= kv heads / U), shape sizes positive, kv_heads divides heads, U <= kv_heads,
+// every rank has at least one image token.
 // Failures name the field (Failure::column), e.g. "ulysses_degree".
 Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
                                const AttentionShape& shape);

@@ -25,9 +25,10 @@ std::string Describe(const Case& c) {
   std::ostringstream os;
   os << c.config.strategy << " mesh " << c.mesh.machines << "x" << c.mesh.gpus_per_machine
      << " U=" << c.config.ulysses_degree << " R=" << c.config.ring_degree
-     << " chunks=" << c.config.torus_chunks << " " << TransportDescription(c.config)
-     << " b=" << c.shape.batch << " S=" << c.shape.seq_tokens << " T=" << c.shape.text_tokens
-     << " H=" << c.shape.heads << " Hkv=" << c.shape.kv_heads_or_heads();
+     << " chunks=" << c.config.torus_chunks << " ulysses_chunks=" << c.config.ulysses_chunks << " "
+     << TransportDescription(c.config) << " b=" << c.shape.batch << " S=" << c.shape.seq_tokens
+     << " T=" << c.shape.text_tokens << " H=" << c.shape.heads
+     << " Hkv=" << c.shape.kv_heads_or_heads();
   return os.str();
 }
 
@@ -66,8 +67,8 @@ AttentionShape Shape(int64_t seq, int64_t text, int64_t heads, int64_t kv_heads 
 
 const SpMesh kMeshes[] = {{1, 2}, {2, 2}, {2, 4}};
 
-void SweepStrategy(const std::string& strategy, const std::vector<int>& chunk_counts) {
-  uint64_t seed = std::hash<std::string>{}(strategy) % 1000;
+void SweepStrategy(Strategy strategy, const std::vector<int>& chunk_counts) {
+  uint64_t seed = std::hash<std::string_view>{}(StrategyName(strategy)) % 1000;
   for (const SpMesh& mesh : kMeshes) {
     for (int chunks : chunk_counts) {
       for (bool one_sided : {false, true}) {
@@ -94,13 +95,13 @@ void SweepStrategy(const std::string& strategy, const std::vector<int>& chunk_co
   }
 }
 
-TEST(Strategies, UlyssesMatchesDense) { SweepStrategy("ulysses", {1}); }
-TEST(Strategies, RingMatchesDense) { SweepStrategy("ring", {1}); }
-TEST(Strategies, UspMatchesDense) { SweepStrategy("usp", {1}); }
-TEST(Strategies, TasMatchesDense) { SweepStrategy("swiftfusion-tas", {1}); }
-TEST(Strategies, TorusMatchesDense) { SweepStrategy("torus", {1, 2, 3, 4}); }
+TEST(Strategies, UlyssesMatchesDense) { SweepStrategy(Strategy::kUlysses, {1}); }
+TEST(Strategies, RingMatchesDense) { SweepStrategy(Strategy::kRing, {1}); }
+TEST(Strategies, UspMatchesDense) { SweepStrategy(Strategy::kUsp, {1}); }
+TEST(Strategies, TasMatchesDense) { SweepStrategy(Strategy::kSwiftFusionTas, {1}); }
+TEST(Strategies, TorusMatchesDense) { SweepStrategy(Strategy::kTorus, {1, 2, 3, 4}); }
 
-TEST(Strategies, UlyssesOverlapMatchesDense) { SweepStrategy("ulysses-overlap", {1}); }
+TEST(Strategies, UlyssesOverlapMatchesDense) { SweepStrategy(Strategy::kUlyssesOverlap, {1}); }
 
 // The three calls of ulysses-overlap on every rank: local rows x local kv before the first wait,
 // the rest x all kv, then local rows x remote kv (the one merge), the out back leaving before
@@ -113,7 +114,7 @@ TEST(Strategies, UlyssesOverlapCutsOnWholeWaves) {
       for (int64_t text : {0, 8}) {
         for (const auto& [heads, kv] : {std::pair<int64_t, int64_t>{12, 0}, {10, 0}, {12, 6}}) {
           Case c{mesh, SpConfig{}, Shape(heads == 10 ? 101 : 96, text, heads, kv)};
-          c.config.strategy = "ulysses-overlap";
+          c.config.strategy = Strategy::kUlyssesOverlap;
           c.config.one_sided = one_sided;
           c.config.attention_slots = 4;
           c.config.attention_tile_tokens = 3;
@@ -187,9 +188,9 @@ TEST(Strategies, UlyssesOverlapCutsOnWholeWaves) {
   }
   // Same bytes and FLOPs as plain Ulysses.
   Case plain{SpMesh{1, 4}, SpConfig{}, Shape(96, 8, 12)};
-  plain.config.strategy = "ulysses";
+  plain.config.strategy = Strategy::kUlysses;
   Case overlap = plain;
-  overlap.config.strategy = "ulysses-overlap";
+  overlap.config.strategy = Strategy::kUlyssesOverlap;
   const std::vector<RankCommVolume> va =
       CommVolumePerRank(BuildSchedule(plain.mesh, plain.config, plain.shape).ValueOrThrow());
   const std::vector<RankCommVolume> vb =
@@ -208,7 +209,7 @@ TEST(Strategies, UlyssesOverlapCutsOnWholeWaves) {
   flux.heads = 24;
   flux.head_dim = 128;
   SpConfig fc;
-  fc.strategy = "ulysses-overlap";
+  fc.strategy = Strategy::kUlyssesOverlap;
   fc.attention_slots = 132;
   const Schedule fs = BuildSchedule(SpMesh{1, 2}, fc, flux).ValueOrThrow();
   for (const RankProgram& p : fs.ranks) {
@@ -222,7 +223,7 @@ TEST(Strategies, UlyssesOverlapCutsOnWholeWaves) {
 
 // Head-chunked Ulysses: every mesh, 2-3 head chunks (uneven chunks and groups: 10 heads on 4
 // ranks -> groups 3, 3, 2, 2 -> chunks of 2 + 1 and 1 + 1), GQA, joint text, both transports;
-// more chunks than the smallest group's kv heads is refused, naming torus_chunks.
+// more chunks than the smallest group's kv heads is refused, naming ulysses_chunks.
 TEST(Strategies, UlyssesHeadChunksMatchDense) {
   uint64_t seed = 700;
   for (const SpMesh& mesh : kMeshes) {
@@ -231,16 +232,16 @@ TEST(Strategies, UlyssesHeadChunksMatchDense) {
         for (int64_t text : {0, 8}) {
           for (const auto& [heads, kv] : {std::pair<int64_t, int64_t>{12, 0}, {10, 0}, {12, 6}}) {
             Case c{mesh, SpConfig{}, Shape(heads == 10 ? 53 : 48, text, heads, kv)};
-            c.config.strategy = "ulysses";
+            c.config.strategy = Strategy::kUlysses;
             c.config.one_sided = one_sided;
-            c.config.torus_chunks = chunks;
+            c.config.ulysses_chunks = chunks;
             Result<SpConfig> rc = ResolveConfig(mesh, c.config, c.shape);
             if (!rc.ok()) {  // infeasible: more ranks than kv heads, or chunks than kv heads
               const int64_t kvh = c.shape.kv_heads_or_heads();
               if (rc.failure().column == "ulysses_degree") {
                 EXPECT_GT(mesh.ranks(), kvh) << Describe(c);
               } else {
-                EXPECT_EQ(rc.failure().column, "torus_chunks") << Describe(c);
+                EXPECT_EQ(rc.failure().column, "ulysses_chunks") << Describe(c);
                 EXPECT_GT(chunks, kvh / mesh.ranks()) << Describe(c);
               }
               continue;
@@ -272,9 +273,9 @@ TEST(Strategies, UlyssesHeadChunksMatchDense) {
   }
   // Two-sided and one-sided volumes equal plain Ulysses (same bytes, only cut by heads).
   Case plain{SpMesh{1, 4}, SpConfig{}, Shape(48, 8, 12)};
-  plain.config.strategy = "ulysses";
+  plain.config.strategy = Strategy::kUlysses;
   Case chunked = plain;
-  chunked.config.torus_chunks = 3;
+  chunked.config.ulysses_chunks = 3;
   const Schedule a = BuildSchedule(plain.mesh, plain.config, plain.shape).ValueOrThrow();
   const Schedule b = BuildSchedule(chunked.mesh, chunked.config, chunked.shape).ValueOrThrow();
   const std::vector<RankCommVolume> va = CommVolumePerRank(a), vb = CommVolumePerRank(b);
@@ -289,7 +290,7 @@ TEST(Strategies, UlyssesHeadChunksMatchDense) {
 TEST(Strategies, HybridDegreesAndPlacements) {
   uint64_t seed = 77;
   const SpMesh mesh{2, 4};
-  for (const std::string& strategy : {"usp", "swiftfusion-tas", "torus"}) {
+  for (Strategy strategy : {Strategy::kUsp, Strategy::kSwiftFusionTas, Strategy::kTorus}) {
     for (auto [u, r] : {std::pair{2, 4}, {4, 2}, {8, 1}, {1, 8}}) {
       for (Placement p : {Placement::kUlyssesInner, Placement::kUlyssesOuter}) {
         // Transports: two-sided, one-sided, one-sided within machines / two-sided between them.
@@ -301,7 +302,7 @@ TEST(Strategies, HybridDegreesAndPlacements) {
           c.config.placement = p;
           c.config.one_sided = one_sided;
           c.config.one_sided_inter = inter;
-          c.config.torus_chunks = strategy == "torus" ? 3 : 1;
+          c.config.torus_chunks = strategy == Strategy::kTorus ? 3 : 1;
           RunCase(c, ++seed);
         }
       }
@@ -315,7 +316,7 @@ TEST(Strategies, TorusAcrossMachinesOnlyPipelinesBothAllToAlls) {
     for (bool one_sided : {false, true}) {
       for (int64_t text : {0, 5}) {
         Case c{SpMesh{4, 1}, SpConfig{}, Shape(70, text, 6)};  // U = 4, R = 1, heads 2,2,1,1
-        c.config.strategy = "torus";
+        c.config.strategy = Strategy::kTorus;
         c.config.torus_chunks = chunks;
         c.config.one_sided = one_sided;
         RunCase(c, ++seed);
@@ -345,7 +346,7 @@ TEST(Strategies, TorusForwardsRingPiecesAndSendsOutEarly) {
     for (bool one_sided : {false, true}) {
       for (int64_t text : {0, 5}) {
         Case c{SpMesh{2, 4}, SpConfig{}, Shape(96, text, 6)};  // U = 2 across, R = 4 within
-        c.config.strategy = "torus";
+        c.config.strategy = Strategy::kTorus;
         c.config.torus_chunks = chunks;
         c.config.one_sided = one_sided;
         RunCase(c, ++seed);
@@ -380,12 +381,12 @@ TEST(Strategies, TorusForwardsRingPiecesAndSendsOutEarly) {
 
 TEST(Strategies, CogVideoXHeadsOnFourMachines) {  // 30 heads on 4 Ulysses ranks: 8, 8, 7, 7
   const SpMesh mesh{4, 2};
-  for (const std::string& strategy : {"swiftfusion-tas", "torus", "ulysses"}) {
-    if (strategy == "ulysses") continue;  // U = 8 here: covered below with a 4x1 mesh
+  for (Strategy strategy : {Strategy::kSwiftFusionTas, Strategy::kTorus, Strategy::kUlysses}) {
+    if (strategy == Strategy::kUlysses) continue;  // U = 8 here: covered below with a 4x1 mesh
     Case c{mesh, SpConfig{}, Shape(64, 8, 30)};
     c.shape.batch = 1;
     c.config.strategy = strategy;
-    c.config.torus_chunks = strategy == "torus" ? 2 : 1;
+    c.config.torus_chunks = strategy == Strategy::kTorus ? 2 : 1;
     c.config.one_sided = true;
     Result<Schedule> s = BuildSchedule(c.mesh, c.config, c.shape);
     ASSERT_TRUE(s.ok()) << s.failure().ToString();
@@ -394,16 +395,16 @@ TEST(Strategies, CogVideoXHeadsOnFourMachines) {  // 30 heads on 4 Ulysses ranks
     RunCase(c, 5);
   }
   Case c{SpMesh{4, 1}, SpConfig{}, Shape(40, 4, 30)};
-  c.config.strategy = "ulysses";
+  c.config.strategy = Strategy::kUlysses;
   RunCase(c, 6);
 }
 
 TEST(Strategies, GroupedQueryAttention) {
   uint64_t seed = 300;
-  for (const std::string& strategy : StrategyNames()) {
+  for (Strategy strategy : kAllStrategies) {
     Case c{SpMesh{2, 2}, SpConfig{}, Shape(50, 8, 12, 4)};  // 3 query heads per kv head
     c.config.strategy = strategy;
-    c.config.torus_chunks = strategy == "torus" ? 2 : 1;
+    c.config.torus_chunks = strategy == Strategy::kTorus ? 2 : 1;
     for (bool one_sided : {false, true}) {
       c.config.one_sided = one_sided;
       RunCase(c, ++seed);
@@ -414,9 +415,9 @@ TEST(Strategies, GroupedQueryAttention) {
 TEST(Strategies, TextTokensLargerThanShardsAndFewerThanRing) {
   for (int64_t text : {1, 3, 40}) {
     Case c{SpMesh{2, 4}, SpConfig{}, Shape(16, text, 4)};
-    c.config.strategy = "ring";  // R = 8: some ranks compute no text query row when T < 8
+    c.config.strategy = Strategy::kRing;  // R = 8: some ranks compute no text query row when T < 8
     RunCase(c, 10 + text);
-    c.config.strategy = "torus";
+    c.config.strategy = Strategy::kTorus;
     c.config.torus_chunks = 4;  // 2 tokens per shard, 4 chunks: empty chunks
     c.config.one_sided = true;
     RunCase(c, 20 + text);
@@ -433,24 +434,24 @@ TEST(Strategies, TextTokensLargerThanShardsAndFewerThanRing) {
 TEST(Strategies, JointTextIsOneAttentionPerKvBlock) {
   uint64_t seed = 6000;
   struct Hybrid {
-    std::string strategy;
+    Strategy strategy;
     SpMesh mesh;
     int ulysses_degree = 0;  // 0 = the strategy's default
   };
-  const Hybrid hybrids[] = {{"ulysses", {1, 4}},
-                            {"usp", {2, 2}},
-                            {"usp", {2, 4}},
-                            {"swiftfusion-tas", {2, 4}},
-                            {"swiftfusion-tas", {4, 2}},
-                            {"torus", {2, 4}},
+  const Hybrid hybrids[] = {{Strategy::kUlysses, {1, 4}},
+                            {Strategy::kUsp, {2, 2}},
+                            {Strategy::kUsp, {2, 4}},
+                            {Strategy::kSwiftFusionTas, {2, 4}},
+                            {Strategy::kSwiftFusionTas, {4, 2}},
+                            {Strategy::kTorus, {2, 4}},
                             // U == 1: the pure ring.
-                            {"ring", {1, 2}},
-                            {"ring", {1, 4}},
-                            {"ring", {4, 1}},
-                            {"ring", {2, 2}},
-                            {"swiftfusion-tas", {1, 4}},
-                            {"usp", {2, 2}, 1},
-                            {"torus", {2, 2}, 1}};
+                            {Strategy::kRing, {1, 2}},
+                            {Strategy::kRing, {1, 4}},
+                            {Strategy::kRing, {4, 1}},
+                            {Strategy::kRing, {2, 2}},
+                            {Strategy::kSwiftFusionTas, {1, 4}},
+                            {Strategy::kUsp, {2, 2}, 1},
+                            {Strategy::kTorus, {2, 2}, 1}};
   for (const Hybrid& h : hybrids) {
     for (auto [one_sided, inter] : {std::pair{false, true}, {true, true}, {true, false}}) {
       if (!inter && h.mesh.machines == 1) continue;  // same as fully one-sided
@@ -461,11 +462,12 @@ TEST(Strategies, JointTextIsOneAttentionPerKvBlock) {
           c.config.ulysses_degree = h.ulysses_degree;
           c.config.one_sided = one_sided;
           c.config.one_sided_inter = inter;
-          c.config.torus_chunks = h.strategy == "torus" ? 2 : 1;
+          c.config.torus_chunks = h.strategy == Strategy::kTorus ? 2 : 1;
           c.config = ResolveConfig(c.mesh, c.config, c.shape).ValueOrThrow();
           const bool pure_ring = c.config.ulysses_degree == 1;
-          ASSERT_EQ(pure_ring, h.strategy == "ring" || h.ulysses_degree == 1 ||
-                                   (h.mesh.machines == 1 && h.strategy == "swiftfusion-tas"));
+          ASSERT_EQ(pure_ring,
+                    h.strategy == Strategy::kRing || h.ulysses_degree == 1 ||
+                        (h.mesh.machines == 1 && h.strategy == Strategy::kSwiftFusionTas));
           RunCase(c, ++seed);
           const Schedule s = BuildSchedule(c.mesh, c.config, c.shape).ValueOrThrow();
           SCOPED_TRACE(Describe(c));
@@ -492,7 +494,7 @@ TEST(Strategies, JointTextIsOneAttentionPerKvBlock) {
               }
             }
             if (pure_ring) EXPECT_EQ(out_writes, 1) << "rank " << p.rank;
-            if (h.strategy == "torus" && !pure_ring) continue;  // pipelined: counts vary
+            if (h.strategy == Strategy::kTorus && !pure_ring) continue;  // pipelined: counts vary
             const int R = c.config.ring_degree;
             EXPECT_EQ(attentions, R) << "rank " << p.rank;
             EXPECT_EQ(merges, R - 1) << "rank " << p.rank;
@@ -553,9 +555,9 @@ void CheckIntraOnlyTransport(const Schedule& s) {
 TEST(Strategies, IntraOneSidedInterTwoSidedMatchesDense) {
   uint64_t seed = 4000;
   for (const SpMesh& mesh : {SpMesh{2, 2}, SpMesh{2, 4}, SpMesh{3, 2}}) {
-    for (const std::string& strategy : StrategyNames()) {
+    for (Strategy strategy : kAllStrategies) {
       const std::vector<int> chunk_counts =
-          strategy == "torus" ? std::vector<int>{1, 2, 3} : std::vector<int>{1};
+          strategy == Strategy::kTorus ? std::vector<int>{1, 2, 3} : std::vector<int>{1};
       for (int chunks : chunk_counts) {
         for (int64_t text : {0, 8}) {
           Case c{mesh, SpConfig{}, Shape(text ? 53 : 48, text, text ? 10 : 8)};
@@ -575,7 +577,7 @@ TEST(Strategies, IntraOneSidedInterTwoSidedMatchesDense) {
 }
 
 TEST(Strategies, IntraOneSidedOnOneMachineIsPlainOneSided) {
-  for (const std::string& strategy : StrategyNames()) {
+  for (Strategy strategy : kAllStrategies) {
     SpConfig a;
     a.strategy = strategy;
     a.one_sided = true;
@@ -600,28 +602,36 @@ TEST(Strategies, ResolveConfigNamesTheBadField) {
     return r.ok() ? std::string("ok") : r.failure().column;
   };
   SpConfig cfg;
-  cfg.strategy = "rings";
+  cfg.strategy = static_cast<Strategy>(99);  // not a Strategy: names are parsed at the edges
   EXPECT_EQ(column({2, 2}, cfg, shape), "strategy");
-  cfg.strategy = "usp";
+  cfg.strategy = Strategy::kUsp;
   cfg.ulysses_degree = 3;
   EXPECT_EQ(column({2, 2}, cfg, shape), "ulysses_degree");
   cfg.ulysses_degree = 0;
   cfg.torus_chunks = 2;
   EXPECT_EQ(column({2, 2}, cfg, shape), "torus_chunks");  // usp has no chunks
   SpConfig heads;
-  heads.strategy = "ulysses";
+  heads.strategy = Strategy::kUlysses;
   heads.torus_chunks = 2;
+  EXPECT_EQ(column({2, 2}, heads, shape), "torus_chunks");  // ulysses cuts heads, not tokens
+  heads.torus_chunks = 1;
+  heads.ulysses_chunks = 2;
   EXPECT_EQ(column({2, 2}, heads, shape), "ok");  // 8 heads on 4 ranks: 2 per rank, 2 chunks
-  heads.torus_chunks = 3;
-  EXPECT_EQ(column({2, 2}, heads, shape), "torus_chunks");
-  heads.torus_chunks = 2;
-  EXPECT_EQ(column({1, 1}, heads, shape), "torus_chunks");  // one rank: no all-to-all
+  heads.ulysses_chunks = 3;
+  EXPECT_EQ(column({2, 2}, heads, shape), "ulysses_chunks");
+  heads.ulysses_chunks = 0;
+  EXPECT_EQ(column({2, 2}, heads, shape), "ulysses_chunks");
+  heads.ulysses_chunks = 2;
+  EXPECT_EQ(column({1, 1}, heads, shape), "ulysses_chunks");  // one rank: no all-to-all
   SpConfig overlap;
-  overlap.strategy = "ulysses-overlap";
+  overlap.strategy = Strategy::kUlyssesOverlap;
   EXPECT_EQ(column({2, 2}, overlap, shape), "ok");
   overlap.torus_chunks = 2;
   EXPECT_EQ(column({2, 2}, overlap, shape), "torus_chunks");  // its cuts are not chunks
   overlap.torus_chunks = 1;
+  overlap.ulysses_chunks = 2;
+  EXPECT_EQ(column({2, 2}, overlap, shape), "ulysses_chunks");
+  overlap.ulysses_chunks = 1;
   overlap.ring_degree = 2;
   EXPECT_EQ(column({2, 2}, overlap, shape), "ring_degree");
   overlap.ring_degree = 0;
@@ -630,11 +640,14 @@ TEST(Strategies, ResolveConfigNamesTheBadField) {
   overlap.attention_slots = 132;
   overlap.attention_tile_tokens = 0;
   EXPECT_EQ(column({2, 2}, overlap, shape), "attention_tile_tokens");
-  cfg.strategy = "torus";
+  cfg.strategy = Strategy::kTorus;
   cfg.torus_chunks = 0;
   EXPECT_EQ(column({2, 2}, cfg, shape), "torus_chunks");
   cfg.torus_chunks = 2;
   EXPECT_EQ(column({2, 2}, cfg, shape), "ok");
+  cfg.ulysses_chunks = 2;
+  EXPECT_EQ(column({2, 2}, cfg, shape), "ulysses_chunks");  // torus cuts tokens, not heads
+  cfg.ulysses_chunks = 1;
   AttentionShape bad = shape;
   bad.kv_heads = 3;
   EXPECT_EQ(column({2, 2}, cfg, bad), "kv_heads");
@@ -642,23 +655,49 @@ TEST(Strategies, ResolveConfigNamesTheBadField) {
   bad.seq_tokens = 3;
   EXPECT_EQ(column({2, 2}, cfg, bad), "seq_tokens");
   EXPECT_EQ(column({0, 2}, cfg, shape), "machines");
-  cfg.strategy = "ring";
+  cfg.strategy = Strategy::kRing;
   cfg.ulysses_degree = 2;
   EXPECT_EQ(column({2, 2}, cfg, shape), "ulysses_degree");
-  Result<SpConfig> ok = ResolveConfig({2, 4}, SpConfig{"usp"}, shape);
+  Result<SpConfig> ok = ResolveConfig({2, 4}, SpConfig{Strategy::kUsp}, shape);
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->ulysses_degree, 4);  // usp: Ulysses within the machine
   EXPECT_EQ(ok->placement, Placement::kUlyssesInner);
-  ok = ResolveConfig({2, 4}, SpConfig{"swiftfusion-tas"}, shape);
+  ok = ResolveConfig({2, 4}, SpConfig{Strategy::kSwiftFusionTas}, shape);
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->ulysses_degree, 2);  // tas: Ulysses across machines
   EXPECT_EQ(ok->placement, Placement::kUlyssesOuter);
 }
 
+TEST(Strategies, ChunkRefusalsNameTheFieldAndValue) {
+  SpConfig ring;
+  ring.strategy = Strategy::kRing;
+  ring.torus_chunks = 3;
+  Result<SpConfig> r = ResolveConfig({1, 4}, ring, Shape(48, 0, 8));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure().ToString(),
+            "column 'torus_chunks': 3 token chunks: only torus cuts its all-to-all into token "
+            "chunks, not ring");
+  SpConfig torus;
+  torus.strategy = Strategy::kTorus;
+  torus.ulysses_chunks = 2;
+  r = ResolveConfig({2, 2}, torus, Shape(48, 0, 8));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure().ToString(),
+            "column 'ulysses_chunks': 2 head chunks: only ulysses cuts its head group into "
+            "chunks, not torus");
+  SpConfig heads;
+  heads.ulysses_chunks = 3;  // 8 heads on 4 ranks: 2 per rank
+  r = ResolveConfig({1, 4}, heads, Shape(48, 0, 8));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure().ToString(),
+            "column 'ulysses_chunks': ulysses in 3 head chunks needs >= 3 kv heads per Ulysses "
+            "rank; the smallest group has 2");
+}
+
 TEST(Strategies, EvenSplitAndCoords) {
   EXPECT_EQ(EvenSplit(30, 4), (std::vector<int64_t>{8, 8, 7, 7}));
   EXPECT_EQ(EvenSplit(2, 4), (std::vector<int64_t>{1, 1, 0, 0}));
-  SpConfig c{"usp", 4, 2};
+  SpConfig c{Strategy::kUsp, 4, 2};
   c.placement = Placement::kUlyssesInner;
   for (int r = 0; r < 8; ++r) {
     const RankCoords rc = CoordsOfRank(c, r);
@@ -688,14 +727,14 @@ TEST(ScheduleLimits, EstimateTracksTheBuiltOpsAndBoundsTheSchedule) {
   shape.head_dim = 64;
   for (int64_t text : {0, 64}) {
     shape.text_tokens = text;
-    for (const std::string& st : StrategyNames()) {
+    for (Strategy st : kAllStrategies) {
       for (int m : {1, 2, 4}) {
         for (int g : {2, 4}) {
           for (int c : {1, 2, 4}) {
             for (bool one : {false, true}) {
               SpConfig cfg;
               cfg.strategy = st;
-              cfg.torus_chunks = c;
+              (st == Strategy::kUlysses ? cfg.ulysses_chunks : cfg.torus_chunks) = c;
               cfg.one_sided = one;
               auto s = BuildSchedule(SpMesh{m, g}, cfg, shape);
               if (!s.ok()) continue;
@@ -712,18 +751,24 @@ TEST(ScheduleLimits, EstimateTracksTheBuiltOpsAndBoundsTheSchedule) {
   }
   shape.text_tokens = 0;
   SpConfig ring;
-  ring.strategy = "ring";
+  ring.strategy = Strategy::kRing;
   auto big = ResolveConfig(SpMesh{32, 8}, ring, shape);  // ~390 k ops: refused, not built
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.failure().column, "schedule");
   EXPECT_NE(big.failure().message.find("exceed the limit of 131072 ops"), std::string::npos)
       << big.failure().message;
   SpConfig chunks;
-  chunks.strategy = "torus";
+  chunks.strategy = Strategy::kTorus;
   chunks.torus_chunks = 65;
   auto c = ResolveConfig(SpMesh{2, 2}, chunks, shape);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.failure().ToString(), "column 'torus_chunks': 65 is out of range [1, 64]");
+  SpConfig heads;
+  heads.strategy = Strategy::kUlysses;
+  heads.ulysses_chunks = 65;
+  c = ResolveConfig(SpMesh{2, 2}, heads, shape);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.failure().ToString(), "column 'ulysses_chunks': 65 is out of range [1, 64]");
   shape.seq_tokens = int64_t{1} << 30;  // 2^30 tokens x 4 ranks: over kMaxRankTokens
   auto t = ResolveConfig(SpMesh{2, 2}, SpConfig{}, shape);
   ASSERT_FALSE(t.ok());

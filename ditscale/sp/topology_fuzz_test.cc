@@ -145,7 +145,7 @@ TEST(TopologyFuzz, MutatedJsonEndsInFailureOrAUsableTopology) {
       ASSERT_TRUE(t->Validate().ok()) << text;
       if (t->world_size() > 16) continue;  // keep the simulation small
       SpConfig cfg;
-      cfg.strategy = t->machines > 1 ? "torus" : "ring";
+      cfg.strategy = t->machines > 1 ? Strategy::kTorus : Strategy::kRing;
       cfg.ulysses_degree = t->machines > 1 ? t->machines : 0;
       cfg.one_sided = iter % 2 == 0;
       Result<Schedule> s = BuildSchedule(SpMesh{t->machines, t->gpus_per_machine}, cfg, shape);

@@ -1,25 +1,28 @@
 // One sequence-parallel configuration as the Python API (ditscale.sp.Config) hands it to C++:
-// the named fields of SpFields, turned into an sp::SpConfig in one place. Shared by the planning
+// the named fields of SpFields, turned into an sp::SpConfig (the strategy name parsed into an
+// sp::Strategy here: this is an edge, strategy.h). Shared by the planning
 // bindings of ditscale._core (python/src/sp_bindings.cc, no torch) and the torch ops of the GPU
 // runtime (sp_config_dict.h). Header-only so that _core needs no torch sources.
 //
 // Fields and ranges (the same as ditscale.sp.Config's; out of range -> ditscale::Error
 // "<field>: <value> is out of range [lo, hi]"):
-//   strategy        one of sp::StrategyNames() ("auto" is resolved in Python, by the planner)
+//   strategy        one of sp::StrategyNames() ("auto" is resolved in Python, by the planner);
+//                   else "strategy: 'x' is not one of ulysses, ulysses-overlap, ..."
 //   transport       "nccl", "nvshmem" or "nvshmem-intra" (sp::SetTransport)
 //   ulysses_degree  [0, kMaxDegree], 0 = the strategy's default
 //   ring_degree     [0, kMaxDegree], 0 = the strategy's default
 //   chunks          [1, kMaxChunks]: torus token chunks (SpConfig::torus_chunks); 1 for ulysses
-//   ulysses_chunks  [1, kMaxChunks]: ulysses head chunks; 1 unless strategy is ulysses
+//   ulysses_chunks  [1, kMaxChunks]: ulysses head chunks (SpConfig::ulysses_chunks); 1 unless
+//                   strategy is ulysses
 //   comm_sms        [0, kMaxCommSms]: SMs kept for communication (SpConfig::comm_sms)
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "ditscale/core/error.h"
 #include "ditscale/core/range.h"
+#include "ditscale/core/result.h"
 #include "ditscale/sp/schedule.h"
 #include "ditscale/sp/strategies.h"
 
@@ -39,19 +42,16 @@ struct SpFields {
   int64_t comm_sms = 0;
 };
 
-// "a, b, c" of names (for "... is not one of a, b, c").
-inline std::string JoinNames(const std::vector<std::string>& names) {
-  std::string s;
-  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
+// The strategy of a name; throws ditscale::Error "strategy: 'x' is not one of ...".
+inline sp::Strategy StrategyOf(const std::string& name) {
+  Result<sp::Strategy> s = sp::ParseStrategy(name);
+  if (!s.ok()) throw Error("strategy: " + s.failure().message);
+  return s.value();
 }
 
 // The SpConfig the fields name; throws ditscale::Error naming the field.
 inline sp::SpConfig SpConfigOf(const SpFields& f) {
-  const auto& names = sp::StrategyNames();
-  if (std::find(names.begin(), names.end(), f.strategy) == names.end()) {
-    throw Error("strategy: '" + f.strategy + "' is not one of " + JoinNames(names));
-  }
+  const sp::Strategy strategy = StrategyOf(f.strategy);
   CheckRange("ulysses_degree", static_cast<long long>(f.ulysses_degree), 0, kMaxDegree);
   CheckRange("ring_degree", static_cast<long long>(f.ring_degree), 0, kMaxDegree);
   CheckRange("chunks", static_cast<long long>(f.chunks), 1, kMaxChunks);
@@ -61,21 +61,18 @@ inline sp::SpConfig SpConfigOf(const SpFields& f) {
   if (!sp::SetTransport(f.transport, &cfg)) {
     throw Error("transport: '" + f.transport + "' is not one of nccl, nvshmem, nvshmem-intra");
   }
-  cfg.strategy = f.strategy;
+  cfg.strategy = strategy;
   cfg.ulysses_degree = static_cast<int>(f.ulysses_degree);
   cfg.ring_degree = static_cast<int>(f.ring_degree);
   cfg.torus_chunks = static_cast<int>(f.chunks);
-  if (f.ulysses_chunks > 1 && f.strategy != "ulysses") {
+  cfg.ulysses_chunks = static_cast<int>(f.ulysses_chunks);
+  if (f.ulysses_chunks > 1 && strategy != sp::Strategy::kUlysses) {
     throw Error("ulysses_chunks: " + std::to_string(f.ulysses_chunks) +
                 " head chunks need strategy ulysses, not " + f.strategy);
   }
-  if (f.strategy == "ulysses") {
-    if (f.chunks > 1) {
-      throw Error("chunks: ulysses cuts its head group, not tokens: ulysses_chunks, not chunks " +
-                  std::to_string(f.chunks));
-    }
-    // Ulysses cuts its head group into torus_chunks chunks (strategies.h).
-    cfg.torus_chunks = static_cast<int>(f.ulysses_chunks);
+  if (f.chunks > 1 && strategy == sp::Strategy::kUlysses) {
+    throw Error("chunks: ulysses cuts its head group, not tokens: ulysses_chunks, not chunks " +
+                std::to_string(f.chunks));
   }
   cfg.comm_sms = static_cast<int>(f.comm_sms);
   return cfg;

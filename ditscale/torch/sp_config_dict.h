@@ -24,8 +24,9 @@ struct SpRunArgs {
   runtime::OneSidedEngine engine = runtime::OneSidedEngine::kAuto;
   bool signal_by_copy = false;
 
-  // What names a layer's schedule: strategy, degrees, chunks, transport (one_sided_inter only
-  // with one_sided), e.g. "torus u0 r0 c2 nvshmem-intra". describe() and timeline() select by it.
+  // What names a layer's schedule: strategy, degrees, token and head chunks, transport
+  // (one_sided_inter only with one_sided), e.g. "torus u0 r0 c2 h1 nvshmem-intra". describe()
+  // and timeline() select by it.
   std::string LayerKey() const;
   // LayerKey() plus comm_sms, engine and signal: one executor each.
   std::string Key() const;

@@ -41,8 +41,9 @@ runtime::OneSidedEngine EngineOf(const std::string& name, const char* who) {
 
 std::string SpRunArgs::LayerKey() const {
   std::ostringstream os;
-  os << config.strategy << " u" << config.ulysses_degree << " r" << config.ring_degree << " c"
-     << config.torus_chunks << " " << sp::TransportName(config);
+  os << sp::StrategyName(config.strategy) << " u" << config.ulysses_degree << " r"
+     << config.ring_degree << " c" << config.torus_chunks << " h" << config.ulysses_chunks << " "
+     << sp::TransportName(config);
   return os.str();
 }
 

@@ -89,7 +89,7 @@ std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
     t.signal_by_copy = args.signal_by_copy;
     auto e = runtime::GpuExecutor::Create(schedule, r, dt, device, t, &attention);
     TORCH_CHECK(e.ok(), who, ": rank ", r, ": ", e.failure().ToString());
-    TORCH_CHECK(!(*e)->plan().uses_nccl, who, ": strategy '", cfg.strategy,
+    TORCH_CHECK(!(*e)->plan().uses_nccl, who, ": strategy '", sp::StrategyName(cfg.strategy),
                 "' has two-sided transfers on this mesh (they need NCCL: one process per GPU)");
     ex.push_back(std::move(e).value());
   }

@@ -65,8 +65,8 @@ std::vector<Tensor> SpRuntime::attention(SpConfigDict config, int64_t seq_total,
   runtime::GpuExecutor& ex = Executor(args, shape, DTypeOf(q.scalar_type(), who));
   const sp::RankProgram& p = ex.schedule().ranks[rank_];
   TORCH_CHECK(p.image_token_count == q.size(1), who, ": rank ", rank_, " holds ", q.size(1),
-              " image tokens, but strategy '", args.config.strategy, "' on this mesh ", "gives it ",
-              p.image_token_count, " of ", seq_total,
+              " image tokens, but strategy '", sp::StrategyName(args.config.strategy),
+              "' on this mesh ", "gives it ", p.image_token_count, " of ", seq_total,
               " (shards must follow ditscale.sp.shard_range)");
   Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   Tensor out = at::empty_like(qc);

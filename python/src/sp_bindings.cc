@@ -99,11 +99,10 @@ sp::Topology LoadTopo(const std::string& topology, int64_t machines, int64_t gpu
 py::dict SpPlan(int64_t machines, int64_t gpus, const Layer& layer, const std::string& topology,
                 const std::vector<std::string>& strategies, bool one_sided, bool one_sided_intra,
                 bool sm_partitions) {
-  for (const std::string& s : strategies) torch_ext::SpConfigOf({.strategy = s});  // names
+  sp::PlanOptions po;
+  for (const std::string& s : strategies) po.strategies.push_back(torch_ext::StrategyOf(s));
   const sp::Topology topo = LoadTopo(topology, machines, gpus);
   const sp::Workload w = AttentionWorkload(layer);
-  sp::PlanOptions po;
-  po.strategies = strategies;
   po.sm_partitions = sm_partitions;
   po.one_sided = one_sided;
   // The intra-only variant ("nvshmem-intra") is a one-sided transport too: off with one_sided.

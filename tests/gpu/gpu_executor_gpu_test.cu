@@ -26,7 +26,7 @@ class CountingAttention final : public AttentionBackend {
 
 sp::Schedule UlyssesSchedule(int comm_sms = 0) {
   sp::SpConfig cfg;
-  cfg.strategy = "ulysses";
+  cfg.strategy = sp::Strategy::kUlysses;
   cfg.comm_sms = comm_sms;
   sp::AttentionShape shape;
   shape.batch = 1;

@@ -108,7 +108,7 @@ def test_plan_and_predict_use_the_simulator():
     chunked = sp.predict(sp.Mesh(1, 2), strategy="ulysses", chunks=2, batch=1, seq=65536,
                          text=512, heads=24, head_dim=128)
     assert 0 < chunked <= fast * 1.05
-    with pytest.raises(RuntimeError, match="torus_chunks"):
+    with pytest.raises(RuntimeError, match="ulysses_chunks"):
         sp.predict(sp.Mesh(1, 2), strategy="ulysses", chunks=13, batch=1, seq=1024, text=0,
                    heads=24, head_dim=64)
     with pytest.raises(ValueError, match="strategy: 'nonsense' is not one of"):

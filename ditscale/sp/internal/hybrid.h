@@ -62,7 +62,7 @@ struct HeadSel {
   int gq = -1, gk = -1, gv = -1;
 };
 
-// Head-chunked Ulysses (strategy ulysses, torus_chunks = C > 1): the rank's head group is split
+// Head-chunked Ulysses (strategy ulysses, ulysses_chunks = C > 1): the rank's head group is split
 // into C chunks of kv heads (and their query heads); chunk h has its own gathered buffers, so that
 // its all-to-all lands contiguously and its attention is one call over all rows of its heads.
 struct HeadChunk : HeadSel {
@@ -147,7 +147,7 @@ class HybridBuilder {
   void Step0(int r);
   void Consume(const Phase& phase, int r, Stream stream);
   // torus.cc (torus_pipeline(): torus with U > 1; torus with U = 1 is plain ring)
-  bool torus_pipeline() const { return cfg_.strategy == "torus" && U_ > 1; }
+  bool torus_pipeline() const { return cfg_.strategy == Strategy::kTorus && U_ > 1; }
   // Text rows live in the gathered buffers (RankLayout::qoff). With U == 1 those are work
   // buffers made for it ("ring.q/k/v", one q and one kv shard per rank): the text-query calls
   // alone (T / R rows) would fill a fraction of the GPU, so the copies pay for themselves.
@@ -158,13 +158,15 @@ class HybridBuilder {
   void EmitTorusCompute(int r, std::vector<char>* consumed);
   // ulysses_heads.cc: head-chunked Ulysses (R == 1, C > 1), each chunk's all-to-all in
   // pipelined with the attention of the chunk before and its out back with the one after.
-  bool head_pipeline() const { return cfg_.strategy == "ulysses" && cfg_.torus_chunks > 1; }
+  bool head_pipeline() const {
+    return cfg_.strategy == Strategy::kUlysses && cfg_.ulysses_chunks > 1;
+  }
   void PlanHeadBuffers(int r, int64_t q_rows, int64_t kv_rows);
   void EmitHeadPipeline(int r);
   Schedule BuildHeadPipeline();
   // ulysses_overlap.cc: Ulysses (R == 1, U > 1) whose all-to-alls run under three attention
   // calls cut on whole waves: local rows x local kv, the rest x all kv, local rows x remote kv.
-  bool overlap_pipeline() const { return cfg_.strategy == "ulysses-overlap" && U_ > 1; }
+  bool overlap_pipeline() const { return cfg_.strategy == Strategy::kUlyssesOverlap && U_ > 1; }
   // Rows per whole wave of the attention kernel for a call over q_heads (1: no alignment).
   int64_t WaveRows(int64_t q_heads) const;
   // Query rows [0, a) of rank r attended against the local kv first: whole waves.

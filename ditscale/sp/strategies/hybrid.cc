@@ -19,7 +19,7 @@ HybridBuilder::HybridBuilder(const SpMesh& mesh, const SpConfig& resolved,
     : mesh_(mesh), cfg_(resolved), shape_(shape) {
   U_ = cfg_.ulysses_degree;
   R_ = cfg_.ring_degree;
-  C_ = cfg_.strategy == "torus" ? cfg_.torus_chunks : 1;
+  C_ = cfg_.strategy == Strategy::kTorus ? cfg_.torus_chunks : 1;
   H_ = shape_.heads;
   Hk_ = shape_.kv_heads_or_heads();
   group_ = H_ / Hk_;
@@ -291,7 +291,7 @@ void HybridBuilder::SyncRound(const std::vector<const Phase*>& phases, const std
 
 Schedule HybridBuilder::Build() {
   s_ = Schedule{};
-  s_.strategy = cfg_.strategy;
+  s_.strategy = StrategyName(cfg_.strategy);
   s_.mesh = mesh_;
   s_.config = cfg_;
   s_.shape = shape_;

@@ -17,8 +17,11 @@ Failure Bad(const std::string& column, const std::string& message) {
 }  // namespace
 
 const std::vector<std::string>& StrategyNames() {
-  static const std::vector<std::string> names = {"ulysses", "ulysses-overlap", "ring",
-                                                 "usp",     "swiftfusion-tas", "torus"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (Strategy s : kAllStrategies) v.emplace_back(StrategyName(s));
+    return v;
+  }();
   return names;
 }
 
@@ -44,28 +47,29 @@ int RankOfCoords(const SpConfig& c, int u, int i) {
 Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
                                const AttentionShape& shape) {
   SpConfig c = config;
-  const auto& names = StrategyNames();
-  if (std::find(names.begin(), names.end(), c.strategy) == names.end()) {
-    return Bad("strategy", "unknown strategy '" + c.strategy +
-                               "' (ulysses, ulysses-overlap, ring, usp, swiftfusion-tas, torus)");
+  if (std::find(kAllStrategies.begin(), kAllStrategies.end(), c.strategy) == kAllStrategies.end()) {
+    return Bad("strategy", "no strategy numbered " + std::to_string(static_cast<int>(c.strategy)) +
+                               " (" + StrategyNameList() + ")");
   }
+  const Strategy st = c.strategy;
+  const std::string name(StrategyName(st));
   if (mesh.machines < 1) return Bad("machines", "must be >= 1");
   if (mesh.gpus_per_machine < 1) return Bad("gpus_per_machine", "must be >= 1");
   const int n = mesh.ranks();
   if (c.ulysses_degree < 0) return Bad("ulysses_degree", "must be >= 0 (0 = default)");
   if (c.ring_degree < 0) return Bad("ring_degree", "must be >= 0 (0 = default)");
-  if (c.strategy == "ulysses" || c.strategy == "ulysses-overlap") {
+  if (st == Strategy::kUlysses || st == Strategy::kUlyssesOverlap) {
     if (c.ring_degree > 1) {
-      return Bad("ring_degree", "strategy " + c.strategy + " has ring_degree 1");
+      return Bad("ring_degree", "strategy " + name + " has ring_degree 1");
     }
     c.ulysses_degree = c.ulysses_degree ? c.ulysses_degree : n;
     c.ring_degree = 1;
-  } else if (c.strategy == "ring") {
+  } else if (st == Strategy::kRing) {
     if (c.ulysses_degree > 1) return Bad("ulysses_degree", "strategy ring has ulysses_degree 1");
     c.ring_degree = c.ring_degree ? c.ring_degree : n;
     c.ulysses_degree = 1;
   } else {
-    const int def_u = c.strategy == "usp" ? mesh.gpus_per_machine : mesh.machines;
+    const int def_u = st == Strategy::kUsp ? mesh.gpus_per_machine : mesh.machines;
     if (c.ulysses_degree == 0 && c.ring_degree == 0) c.ulysses_degree = def_u;
     if (c.ulysses_degree == 0) c.ulysses_degree = c.ring_degree > 0 ? n / c.ring_degree : def_u;
     if (c.ring_degree == 0) c.ring_degree = n / std::max(1, c.ulysses_degree);
@@ -81,19 +85,31 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
           RangeError("torus_chunks", static_cast<long long>(c.torus_chunks), 1, kMaxTorusChunks)) {
     return Bad("torus_chunks", e->substr(std::string("torus_chunks: ").size()));
   }
-  if (c.torus_chunks > 1 && c.strategy != "torus" && c.strategy != "ulysses") {
-    return Bad("torus_chunks",
-               "only strategies torus (token chunks) and ulysses (head chunks) split the "
-               "all-to-all into chunks");
+  if (auto e = RangeError("ulysses_chunks", static_cast<long long>(c.ulysses_chunks), 1,
+                          kMaxUlyssesChunks)) {
+    return Bad("ulysses_chunks", e->substr(std::string("ulysses_chunks: ").size()));
+  }
+  if (c.torus_chunks > 1 && st != Strategy::kTorus) {
+    return Bad("torus_chunks", std::to_string(c.torus_chunks) +
+                                   " token chunks: only torus cuts its all-to-all into token "
+                                   "chunks, not " +
+                                   name);
+  }
+  if (c.ulysses_chunks > 1 && st != Strategy::kUlysses) {
+    return Bad("ulysses_chunks", std::to_string(c.ulysses_chunks) +
+                                     " head chunks: only ulysses cuts its head group into "
+                                     "chunks, not " +
+                                     name);
   }
   if (c.attention_slots < 0) return Bad("attention_slots", "must be >= 0 (0 = no alignment)");
   if (c.attention_tile_tokens < 1) return Bad("attention_tile_tokens", "must be >= 1");
   if (c.comm_sms < 0) return Bad("comm_sms", "must be >= 0 (0 = the whole GPU for compute)");
-  if (c.torus_chunks > 1 && c.strategy == "ulysses" && c.ulysses_degree < 2) {
-    return Bad("torus_chunks", "head chunks need ulysses_degree >= 2 (one rank has no all-to-all)");
+  if (c.ulysses_chunks > 1 && c.ulysses_degree < 2) {
+    return Bad("ulysses_chunks",
+               "head chunks need ulysses_degree >= 2 (one rank has no all-to-all)");
   }
   if (c.placement == Placement::kStrategyDefault) {
-    c.placement = (c.strategy == "swiftfusion-tas" || c.strategy == "torus")
+    c.placement = (st == Strategy::kSwiftFusionTas || st == Strategy::kTorus)
                       ? Placement::kUlyssesOuter
                       : Placement::kUlyssesInner;
   }
@@ -112,11 +128,11 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
                                      " exceeds the " + std::to_string(kvh) +
                                      " kv heads (each Ulysses rank needs at least one)");
   }
-  if (c.strategy == "ulysses" && c.torus_chunks > kvh / c.ulysses_degree) {
-    return Bad("torus_chunks", "ulysses in " + std::to_string(c.torus_chunks) +
-                                   " head chunks needs >= " + std::to_string(c.torus_chunks) +
-                                   " kv heads per Ulysses rank; the smallest group has " +
-                                   std::to_string(kvh / c.ulysses_degree));
+  if (c.ulysses_chunks > kvh / c.ulysses_degree) {
+    return Bad("ulysses_chunks", "ulysses in " + std::to_string(c.ulysses_chunks) +
+                                     " head chunks needs >= " + std::to_string(c.ulysses_chunks) +
+                                     " kv heads per Ulysses rank; the smallest group has " +
+                                     std::to_string(kvh / c.ulysses_degree));
   }
   if (shape.head_dim < 1) return Bad("head_dim", "must be >= 1");
   if (shape.dtype_bytes < 1) return Bad("dtype_bytes", "must be >= 1");
@@ -129,10 +145,10 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
   }
   const int64_t ops = ScheduleOpsEstimate(c, shape);
   if (ops > kMaxScheduleOps) {
-    return Bad("schedule", "about " + std::to_string(ops) + " ops (" + c.strategy +
+    return Bad("schedule", "about " + std::to_string(ops) + " ops (" + name +
                                " U=" + std::to_string(c.ulysses_degree) +
-                               " R=" + std::to_string(c.ring_degree) +
-                               " chunks=" + std::to_string(c.torus_chunks) +
+                               " R=" + std::to_string(c.ring_degree) + " chunks=" +
+                               std::to_string(std::max(c.torus_chunks, c.ulysses_chunks)) +
                                ") exceed the limit of " + std::to_string(kMaxScheduleOps) +
                                " ops of one schedule: use fewer ranks, a smaller ring degree or "
                                "fewer chunks");
@@ -142,10 +158,12 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
 
 int64_t ScheduleOpsEstimate(const SpConfig& c, const AttentionShape& shape) {
   const int64_t n = int64_t{c.ulysses_degree} * c.ring_degree;
-  const int64_t u = c.ulysses_degree, r = c.ring_degree, ch = c.torus_chunks;
-  const bool chunked = ch > 1 && u > 1 && (c.strategy == "torus" || c.strategy == "ulysses");
+  const int64_t u = c.ulysses_degree, r = c.ring_degree;
+  const bool torus = c.strategy == Strategy::kTorus, ulysses = c.strategy == Strategy::kUlysses;
+  const int64_t ch = torus ? c.torus_chunks : ulysses ? c.ulysses_chunks : 1;
+  const bool chunked = ch > 1 && u > 1;
   const int64_t cu = chunked ? ch : 1;
-  const int64_t cr = chunked && c.strategy == "torus" ? ch + 1 : 1;
+  const int64_t cr = chunked && torus ? ch + 1 : 1;
   // Every term is bounded by the argument checks above (ranks <= 2^31, chunks <= 64), but the
   // estimate is computed in doubles and saturated anyway.
   double ops =

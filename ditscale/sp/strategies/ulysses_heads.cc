@@ -1,4 +1,4 @@
-// Head-chunked Ulysses (strategy "ulysses" with torus_chunks = C > 1, R = 1): the rank's head
+// Head-chunked Ulysses (strategy ulysses with ulysses_chunks = C > 1, R = 1): the rank's head
 // group is cut into C chunks of kv heads (with their query heads). Chunk h has its own gathered
 // q/k/v and accumulator, so its all-to-all lands contiguously (no unpack) and its attention is
 // ONE call over all [text; image] rows of its heads, written straight into its accumulator (no
@@ -23,10 +23,10 @@ void HybridBuilder::PlanHeadBuffers(int r, int64_t q_rows, int64_t kv_rows) {
   ProgramBuilder& b = b_[r];
   const int64_t d = shape_.head_dim;
   const int e = shape_.dtype_bytes;
-  const std::vector<int64_t> split = EvenSplit(kv_size_[l.u], cfg_.torus_chunks);
+  const std::vector<int64_t> split = EvenSplit(kv_size_[l.u], cfg_.ulysses_chunks);
   int64_t kb = 0;
   l.heads.clear();
-  for (int h = 0; h < cfg_.torus_chunks; ++h) {
+  for (int h = 0; h < cfg_.ulysses_chunks; ++h) {
     HeadChunk c;
     c.kv_begin = kb;
     c.kv_heads = split[h];
@@ -90,7 +90,7 @@ Schedule HybridBuilder::BuildHeadPipeline() {
   const int n = U_;
   hfwd_.clear();
   hback_.clear();
-  for (int h = 0; h < cfg_.torus_chunks; ++h) {
+  for (int h = 0; h < cfg_.ulysses_chunks; ++h) {
     hfwd_.push_back(PlanForward(0, h));
     hback_.push_back(PlanBack(0, h));
   }
@@ -99,7 +99,7 @@ Schedule HybridBuilder::BuildHeadPipeline() {
   for (const Phase& p : hfwd_) all.push_back(&p);
   for (const Phase& p : hback_) all.push_back(&p);
   all.push_back(&text_);
-  s_.notes.push_back("ulysses in " + std::to_string(cfg_.torus_chunks) +
+  s_.notes.push_back("ulysses in " + std::to_string(cfg_.ulysses_chunks) +
                      " head chunks: each chunk's all-to-all overlaps the attention of the chunk "
                      "before, its out back the attention of the chunk after");
   if (cfg_.one_sided) SyncRound(all, "ready", false);

@@ -135,8 +135,8 @@ def planned_config(cfg: Config, candidate: dict) -> Config:
     ``cfg`` leaves it unset, comm_sms)."""
     strategy = candidate["strategy"]
     chunks = int(candidate["torus_chunks"])
-    # The planner's records name Ulysses head chunks torus_chunks (sp::SpConfig).
-    ulysses_chunks = int(candidate.get("ulysses_chunks", chunks if strategy == "ulysses" else 1))
+    # The planner's records carry torus_chunks (torus) and ulysses_chunks (ulysses) apart.
+    ulysses_chunks = int(candidate["ulysses_chunks"])
     return cfg.replace(
         strategy=strategy, ulysses_degree=int(candidate["ulysses_degree"]),
         ring_degree=int(candidate["ring_degree"]),

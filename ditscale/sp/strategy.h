@@ -2,7 +2,7 @@
 // at the edges (CLI, Python bindings, the torch ops' configuration dict) by ParseStrategy and
 // printed only through StrategyName; inside the library a strategy is a Strategy.
 //
-// Names (the order of AllStrategies(), of StrategyNames() and of the planner's enumeration):
+// Names (the order of kAllStrategies, of StrategyNames() and of the planner's enumeration):
 //   ulysses, ulysses-overlap, ring, usp, swiftfusion-tas, torus.
 #pragma once
 

@@ -214,7 +214,7 @@ void RunPlan(const PlanArgs& a) {
     parse_cpu_s = CpuSeconds() - c0;
     t0 = std::chrono::steady_clock::now();
     c0 = CpuSeconds();
-    shaped = ShapeManifest(full, model);
+    shaped = ShapeManifest(std::move(full), model);  // moves full.ids only
     shape_s = Seconds(t0);
     shape_cpu_s = CpuSeconds() - c0;
     num_samples = static_cast<int64_t>(full.samples.size());

@@ -28,6 +28,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "ditscale/core/checked_math.h"
 #include "ditscale/core/json_text.h"
@@ -538,12 +539,16 @@ TrainShape ToTrainShape(const RawSample& s, const ModelPreset& model) {
   return MapSample(s, model, BucketChooser(model));
 }
 
-ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model) {
+namespace {
+
+// ShapeManifest with the ids (manifest.ids, copied or moved) given apart.
+ShapedManifest ShapeRows(const Manifest& manifest, std::vector<int64_t> ids,
+                         const ModelPreset& model) {
   const BucketChooser chooser(model);
   const int64_t n = static_cast<int64_t>(manifest.samples.size());
   ShapedManifest out;
   out.shape_of.resize(n);
-  out.ids = manifest.ids;
+  out.ids = std::move(ids);
   // The rows are independent: each part maps its range with shape indices of its own, which
   // are merged below; the result (and the first failing row) is that of one pass in row order.
   const int parts = n >= kParallelSamples && std::thread::hardware_concurrency() >= 2 ? 2 : 1;
@@ -557,7 +562,7 @@ ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model)
     if (pt.exception) std::rethrow_exception(pt.exception);
     if (pt.error_row >= 0) {
       const size_t i = static_cast<size_t>(pt.error_row);
-      const std::string id = i < manifest.ids.size() ? std::to_string(manifest.ids[i]) : "?";
+      const std::string id = i < out.ids.size() ? std::to_string(out.ids[i]) : "?";
       throw Error(manifest.source + ": sample id " + id + ": " + pt.error);
     }
   }
@@ -603,6 +608,18 @@ ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model)
     for (size_t s = 0; s < c.size(); ++s) out.count[s] += c[s];
   }
   return out;
+}
+
+}  // namespace
+
+ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model) {
+  return ShapeRows(manifest, manifest.ids, model);
+}
+
+ShapedManifest ShapeManifest(Manifest&& manifest, const ModelPreset& model) {
+  std::vector<int64_t> ids = std::move(manifest.ids);
+  manifest.ids.clear();
+  return ShapeRows(manifest, std::move(ids), model);
 }
 
 }  // namespace ditscale::balance

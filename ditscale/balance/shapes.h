@@ -115,5 +115,8 @@ struct ShapedManifest {
 // samples on, two threads map one half each; the result, and the error (the first bad sample in
 // row order), are those of one pass.
 ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model);
+// The same, moving manifest.ids into the result instead of copying them (80 MB for 10M rows):
+// manifest.ids is left empty, everything else in it untouched.
+ShapedManifest ShapeManifest(Manifest&& manifest, const ModelPreset& model);
 
 }  // namespace ditscale::balance

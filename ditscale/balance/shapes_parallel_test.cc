@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "ditscale/balance/shapes.h"
 #include "ditscale/core/error.h"
@@ -109,6 +110,35 @@ TEST(ShapesParallel, ErrorNamesTheFirstBadRowInRowOrder) {
                    "model wan2.1-1.3b@big.json: 2149580800 is out of range [1, 1073741824]"),
             std::string::npos)
       << e;
+}
+
+// ShapeManifest(Manifest&&) moves the ids instead of copying them: the same result, the same
+// error text (naming the sample id), manifest.ids left empty and the samples untouched.
+TEST(ShapesParallel, MovedIdsGiveTheSameResultAndErrors) {
+  const ModelPreset wan = GetModelPreset("wan2.1-1.3b").value();
+  const Manifest m = RandomManifest(14);
+  const ShapedManifest copied = ShapeManifest(m, wan);
+  Manifest moved_from = m;
+  const ShapedManifest moved = ShapeManifest(std::move(moved_from), wan);
+  EXPECT_EQ(moved.ids, m.ids);
+  EXPECT_EQ(moved.shape_of, copied.shape_of);
+  EXPECT_EQ(moved.shapes, copied.shapes);
+  EXPECT_EQ(moved.count, copied.count);
+  EXPECT_TRUE(moved_from.ids.empty());  // NOLINT(bugprone-use-after-move): documented state
+  EXPECT_EQ(moved_from.samples.size(), m.samples.size());
+
+  Manifest bad = m;
+  bad.samples[kRows / 2 + 7].height = 0;
+  const std::string want = ErrorOf(bad, wan);
+  std::string got = "no error";
+  try {
+    ShapeManifest(std::move(bad), wan);
+  } catch (const Error& e) {
+    got = e.what();
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_NE(got.find("sample id " + std::to_string(m.ids[kRows / 2 + 7]) + ":"), std::string::npos)
+      << got;
 }
 
 }  // namespace

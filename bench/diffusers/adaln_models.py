@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Stock diffusers transformers against ``ditscale.diffusers.apply_fused_adaln`` on one GPU:
+bf16, forward+backward of a few blocks at the models' typical token counts, eager and under
+regional torch.compile (every block compiled, as diffusers' ``compile_repeated_blocks`` does),
+time and peak memory in one run.
+
+    python -m bench.diffusers.adaln_models [--models wan2.1-1.3b,flux] [--tokens 1024,32760]
+        [--blocks 4] [--modes eager,compile] [--out-dir DIR]
+
+Per (model, tokens, mode) the stock and the patched model are built with the same seed (the same
+weights) and run on the same inputs; a step is forward, ``out.backward(dy)`` and zeroing the
+gradients (``set_to_none``), timed as called (median CUDA-event time). Columns: stock and fused
+ms, speed-up (stock / fused), peak memory above the model and inputs (GiB) and its ratio
+(fused / stock), and the output's relative L2 difference to stock. The markdown table is printed
+last and written to DIR/adaln-models.md with the raw rows in DIR/adaln-models.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from bench.diffusers import models as M
+from bench.diffusers.timing import measure, rel_l2
+
+
+def blocks_of(model):
+    """The repeated block lists of a diffusers transformer (the regions to compile)."""
+    names = ("transformer_blocks", "single_transformer_blocks", "blocks")
+    return [b for n in names for b in getattr(model, n, [])]
+
+
+def build(name, blocks, fused, compiled, dtype, dev):
+    import ditscale.diffusers as dd
+
+    model, _ = M.make(name, blocks, dtype, dev)
+    model.train()
+    if fused:
+        dd.apply_fused_adaln(model)
+    if compiled:
+        for b in blocks_of(model):
+            b.compile()
+    return model
+
+
+def one_variant(name, tokens, blocks, fused, compiled, args, dtype, dev):
+    import torch
+
+    model = build(name, blocks, fused, compiled, dtype, dev)
+    kw = M.inputs(name, model, tokens, 1, dtype, dev, seed=1)
+    kw["hidden_states"].requires_grad_(True)
+    with torch.no_grad():
+        probe = model(**kw)[0]
+    dy = torch.randn(probe.shape, generator=torch.Generator(device=dev).manual_seed(2),
+                     device=dev, dtype=probe.dtype)
+
+    def step():
+        out = model(**kw)[0]
+        out.backward(dy)
+        model.zero_grad(set_to_none=True)
+        kw["hidden_states"].grad = None
+
+    r = measure(step, warmup=args.warmup, reps=args.reps, max_s=args.max_s)
+    with torch.no_grad():
+        r["out"] = model(**kw)[0].float().cpu()
+    del model, kw
+    torch.cuda.empty_cache()
+    return r
+
+
+def run(args):
+    import torch
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    dtype = torch.bfloat16
+    rows = []
+    for name in args.models:
+        for tokens in (args.tokens or M.TOKENS[name]):
+            for mode in args.modes:
+                compiled = mode == "compile"
+                row = {"model": name, "tokens": tokens, "mode": mode, "blocks": args.blocks}
+                try:
+                    s = one_variant(name, tokens, args.blocks, False, compiled, args, dtype, dev)
+                    f = one_variant(name, tokens, args.blocks, True, compiled, args, dtype, dev)
+                except Exception as e:  # noqa: BLE001 - one failed row must not lose the others
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"[adaln_models] {name} {tokens} {mode}: {row['error']}",
+                          file=sys.stderr, flush=True)
+                    rows.append(row)
+                    continue
+                row.update(stock_ms=s["ms"], fused_ms=f["ms"], speedup=s["ms"] / f["ms"],
+                           stock_peak_gib=s["peak_gib"], fused_peak_gib=f["peak_gib"],
+                           mem_ratio=f["peak_gib"] / max(s["peak_gib"], 1e-9),
+                           rel_l2=rel_l2(f["out"], s["out"]), reps=min(s["reps"], f["reps"]))
+                print(f"[adaln_models] {name} {tokens:>6} {mode:<7} stock {s['ms']:8.2f} ms "
+                      f"fused {f['ms']:8.2f} ms  {row['speedup']:.3f}x  mem "
+                      f"{row['mem_ratio']:.2f}x  rel_l2 {row['rel_l2']:.1e}", flush=True)
+                rows.append(row)
+    return rows
+
+
+def table(rows) -> str:
+    head = ("| model | tokens | mode | stock ms | fused ms | speed-up | stock peak GiB | "
+            "fused peak GiB | mem ratio | rel. L2 |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | error: {r['error']} "
+                         f"| | | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {r['stock_ms']:.2f} | "
+                     f"{r['fused_ms']:.2f} | {r['speedup']:.3f}x | {r['stock_peak_gib']:.2f} | "
+                     f"{r['fused_peak_gib']:.2f} | {r['mem_ratio']:.2f} | {r['rel_l2']:.1e} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="wan2.1-1.3b,wan2.1-14b,flux",
+                    help=f"comma-separated, of {', '.join(M.MODELS)}")
+    ap.add_argument("--tokens", default="", help="comma-separated token counts (default: each "
+                    "model's typical ones)")
+    ap.add_argument("--blocks", type=int, default=4, help="blocks of each kind, [1, 64]")
+    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--warmup", type=int, default=3, help="[1, 100]")
+    ap.add_argument("--reps", type=int, default=10, help="[3, 1000]")
+    ap.add_argument("--max-s", type=float, default=20.0, help="seconds per variant, (0, 600]")
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    bad = [m for m in args.models if m not in M.MODELS]
+    if bad:
+        ap.error(f"--models: {bad} not in {', '.join(M.MODELS)}")
+    args.tokens = [int(t) for t in args.tokens.split(",") if t]
+    if any(not 1 <= t <= 1 << 20 for t in args.tokens):
+        ap.error(f"--tokens: {args.tokens} must be in [1, 1048576]")
+    args.modes = [m for m in args.modes.split(",") if m]
+    if any(m not in ("eager", "compile") for m in args.modes):
+        ap.error(f"--modes: {args.modes} must be eager and/or compile")
+    for name, lo, hi in (("blocks", 1, 64), ("warmup", 1, 100), ("reps", 3, 1000)):
+        if not lo <= getattr(args, name) <= hi:
+            ap.error(f"--{name}: {getattr(args, name)} is out of range [{lo}, {hi}]")
+    if not 0 < args.max_s <= 600:
+        ap.error(f"--max-s: {args.max_s} is out of range (0, 600]")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    rows = run(args)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "adaln-models.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    text = table(rows)
+    with open(os.path.join(args.out_dir, "adaln-models.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""What ``ditscale.diffusers.parallelize`` costs on one GPU: the parallelized transformer at world
+size 1 against the stock module, bf16 inference (the forward of a denoising step), eager and
+under ``torch.compile`` of the whole module, at the models' typical token counts.
+
+    python -m bench.diffusers.sp_overhead [--models flux,wan2.1-1.3b] [--blocks 2]
+        [--modes eager,compile] [--out-dir DIR]
+
+World size 1: a one-rank process group (gloo on a file store: no NCCL communicator is needed
+for one rank) so that ``parallelize`` builds its mesh as under torchrun; the attention then runs
+on the rank itself (ditscale.sp's one-rank path). The stock and the parallelized models are
+built with the same seed (the same weights) and run on the same inputs. Columns: stock and
+parallelized ms (median CUDA-event time of a forward as called), overhead (parallelized / stock
+- 1; the integration's target is < 2%), and the outputs' relative L2 difference. The table is
+printed last and written to DIR/sp-overhead.md (+ .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+from bench.diffusers import models as M
+from bench.diffusers.timing import measure, rel_l2
+
+DEFAULT_TOKENS = {"flux": (4096, 16384), "wan2.1-1.3b": (32760, 75600),
+                  "wan2.1-14b": (32760,), "hunyuan-video": (32760,), "cogvideox-5b": (17550,),
+                  "sd3.5-medium": (16384,)}
+
+
+def one_variant(name, tokens, args, parallel, compiled, dtype, dev):
+    import torch
+
+    import ditscale.diffusers as dd
+
+    model, _ = M.make(name, args.blocks, dtype, dev)
+    model.eval()
+    if parallel:
+        dd.parallelize(model, strategy=args.strategy)
+    run_model = torch.compile(model) if compiled else model
+    kw = M.inputs(name, model, tokens, 1, dtype, dev, seed=1)
+
+    def step():
+        with torch.no_grad():
+            return run_model(**kw)[0]
+
+    r = measure(step, warmup=args.warmup, reps=args.reps, max_s=args.max_s)
+    r["out"] = step().float().cpu()
+    del model, run_model, kw
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return r
+
+
+def run(args):
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    store = tempfile.NamedTemporaryFile(prefix="sp_overhead_", delete=False)
+    store.close()
+    dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    rows = []
+    try:
+        for name in args.models:
+            for tokens in (args.tokens or DEFAULT_TOKENS[name]):
+                for mode in args.modes:
+                    row = {"model": name, "tokens": tokens, "mode": mode, "blocks": args.blocks}
+                    try:
+                        c = mode == "compile"
+                        s = one_variant(name, tokens, args, False, c, torch.bfloat16, dev)
+                        p = one_variant(name, tokens, args, True, c, torch.bfloat16, dev)
+                    except Exception as e:  # noqa: BLE001 - keep the other rows
+                        row["error"] = f"{type(e).__name__}: {e}"[:300]
+                        print(f"[sp_overhead] {name} {tokens} {mode}: {row['error']}",
+                              file=sys.stderr, flush=True)
+                        rows.append(row)
+                        continue
+                    row.update(stock_ms=s["ms"], parallel_ms=p["ms"],
+                               overhead=p["ms"] / s["ms"] - 1.0, rel_l2=rel_l2(p["out"], s["out"]),
+                               reps=min(s["reps"], p["reps"]))
+                    print(f"[sp_overhead] {name} {tokens:>6} {mode:<7} stock {s['ms']:8.2f} ms "
+                          f"parallelized {p['ms']:8.2f} ms  overhead {100 * row['overhead']:+.2f}%"
+                          f"  rel_l2 {row['rel_l2']:.1e}", flush=True)
+                    rows.append(row)
+    finally:
+        dist.destroy_process_group()
+        os.unlink(store.name)
+    return rows
+
+
+def table(rows) -> str:
+    head = ("| model | tokens | mode | stock ms | parallelized ms | overhead | rel. L2 |\n"
+            "|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | error: {r['error']} "
+                         f"| | | |")
+        else:
+            lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {r['stock_ms']:.2f} | "
+                         f"{r['parallel_ms']:.2f} | {100 * r['overhead']:+.2f}% | "
+                         f"{r['rel_l2']:.1e} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium",
+                    help=f"comma-separated, of {', '.join(M.MODELS)}")
+    ap.add_argument("--tokens", default="", help="comma-separated token counts")
+    ap.add_argument("--blocks", type=int, default=2, help="blocks of each kind, [1, 64]")
+    ap.add_argument("--strategy", default="auto")
+    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--warmup", type=int, default=3, help="[1, 100]")
+    ap.add_argument("--reps", type=int, default=10, help="[3, 1000]")
+    ap.add_argument("--max-s", type=float, default=15.0, help="seconds per variant, (0, 600]")
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    bad = [m for m in args.models if m not in M.MODELS]
+    if bad:
+        ap.error(f"--models: {bad} not in {', '.join(M.MODELS)}")
+    args.tokens = [int(t) for t in args.tokens.split(",") if t]
+    if any(not 1 <= t <= 1 << 20 for t in args.tokens):
+        ap.error(f"--tokens: {args.tokens} must be in [1, 1048576]")
+    args.modes = [m for m in args.modes.split(",") if m]
+    if any(m not in ("eager", "compile") for m in args.modes):
+        ap.error(f"--modes: {args.modes} must be eager and/or compile")
+    for name, lo, hi in (("blocks", 1, 64), ("warmup", 1, 100), ("reps", 3, 1000)):
+        if not lo <= getattr(args, name) <= hi:
+            ap.error(f"--{name}: {getattr(args, name)} is out of range [{lo}, {hi}]")
+    if not 0 < args.max_s <= 600:
+        ap.error(f"--max-s: {args.max_s} is out of range (0, 600]")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    rows = run(args)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "sp-overhead.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    text = table(rows)
+    with open(os.path.join(args.out_dir, "sp-overhead.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
 # Third-party dependencies. Required: fmt, nlohmann_json, CLI11 (CLI only), GTest (tests),
-# benchmark (benchmarks). Optional, switched on when found: CUDA, NCCL, NVSHMEM, Torch.
+# benchmark (benchmarks). Optional, switched on when found: CUDA, NCCL, NVSHMEM, Torch, Arrow
+# (Parquet manifests).
 find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(Threads REQUIRED)
@@ -73,4 +74,11 @@ endif()
 set(DITSCALE_HAVE_TORCH OFF)
 if(NOT DITSCALE_TORCH STREQUAL "OFF")
   include(FindTorchExt)
+endif()
+
+# ---- Parquet manifests (Arrow C++: a system Arrow or the pyarrow wheel) ----
+set(DITSCALE_PARQUET "AUTO" CACHE STRING "Read Parquet manifests through Arrow C++: AUTO, ON or OFF")
+set(DITSCALE_HAVE_PARQUET OFF)
+if(NOT DITSCALE_PARQUET STREQUAL "OFF")
+  include(FindArrowFromPyarrow)
 endif()

@@ -1,6 +1,7 @@
 // Manifest reading: the file is opened within the limits by internal/manifest_file.cc; CSV is
 // parsed by internal/csv_manifest.cc, JSONL by internal/jsonl_manifest.cc; rows are validated and
-// collected by internal/manifest_rows.cc.
+// collected by internal/manifest_rows.cc. Parquet files are opened and read by
+// internal/parquet_manifest.cc (through Arrow), rows validated the same way.
 #include "ditscale/balance/manifest.h"
 
 #include <new>
@@ -9,6 +10,7 @@
 #include "ditscale/balance/internal/csv_manifest.h"
 #include "ditscale/balance/internal/jsonl_manifest.h"
 #include "ditscale/balance/internal/manifest_file.h"
+#include "ditscale/balance/internal/parquet_manifest.h"
 
 namespace ditscale::balance {
 namespace {
@@ -20,6 +22,7 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 // The format of options (or, when empty, of the name's extension).
 std::string FormatOf(const std::string& name, const ManifestOptions& options) {
   if (!options.format.empty()) return options.format;
+  if (EndsWith(name, ".parquet") || EndsWith(name, ".pq")) return "parquet";
   return EndsWith(name, ".jsonl") || EndsWith(name, ".json") ? "jsonl" : "csv";
 }
 
@@ -28,7 +31,9 @@ Result<Manifest> Parse(std::string_view text, const std::string& name,
   const std::string format = FormatOf(name, options);
   if (format == "csv") return internal::ParseCsvManifest(text, name, options, csv);
   if (format == "jsonl") return internal::ParseJsonlManifest(text, name, options);
-  return Failure{"unknown manifest format '" + format + "' (use csv or jsonl)", name, 0, ""};
+  if (format == "parquet") return internal::ParseParquetManifest(text, name, options);
+  return Failure{"unknown manifest format '" + format + "' (use csv, jsonl or parquet)", name, 0,
+                 ""};
 }
 
 Failure OutOfMemory(const std::string& name) {
@@ -48,6 +53,8 @@ Result<Manifest> ParseManifest(std::string_view text, const std::string& name,
 
 Result<Manifest> ReadManifest(const std::string& path, const ManifestOptions& options) {
   try {
+    // Parquet is read from its footer, column by column: the file is not mapped as text.
+    if (FormatOf(path, options) == "parquet") return internal::ReadParquetManifest(path, options);
     internal::ManifestFile file;
     if (auto err = file.Open(path)) return *err;
     // The CSV parser drops the mapping's pages behind it: the file never counts whole in RSS.

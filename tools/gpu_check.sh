@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for a lent GPU machine: builds ditscale with CUDA + Torch, runs every GPU test and
 # benchmark, writes logs under $OUT (or ./gpu-out), and prints a short table last.
-#   tools/gpu_check.sh [all|adaln|sp]      (default: all)
+#   tools/gpu_check.sh [all|adaln|sp|diffusers]      (default: all)
 # Each step runs under `timeout` so a hang costs seconds, not the whole lease.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -203,12 +203,29 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   fi
 fi
 
+if [ "$WHAT" = all ] || [ "$WHAT" = diffusers ]; then
+  # The diffusers integration on one GPU (needs diffusers; it travels as a wheel: .whl/).
+  # DF_PARTS picks the parts: test (tests/gpu/test_diffusers_gpu.py), adaln (stock vs
+  # apply_fused_adaln, fwd+bwd, eager and compiled), sp (parallelize at world size 1 vs stock).
+  DPARTS=" ${DF_PARTS:-test adaln sp} "
+  dhas() { case "$DPARTS" in *" $1 "*) return 0;; esac; return 1; }
+  dhas test && step diffusers-gpu-test 600 $PY -m pytest -q tests/gpu/test_diffusers_gpu.py
+  dhas adaln && step diffusers-adaln 600 $PY -m bench.diffusers.adaln_models \
+       --models ${DF_ADALN_MODELS:-wan2.1-1.3b,wan2.1-14b,flux} --out-dir "$OUT/diffusers"
+  dhas sp && step diffusers-sp-overhead 600 $PY -m bench.diffusers.sp_overhead \
+       --models ${DF_SP_MODELS:-flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium} \
+       --out-dir "$OUT/diffusers"
+fi
+
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '| %-34s | %-6s | %s |\n' step result detail
 printf '|%s|%s|%s|\n' "------------------------------------" "--------" "-----------------"
 for r in "${ROWS[@]}"; do echo "$r"; done
 [ -f "$OUT/adaln-h200.md" ] && tail -n 30 "$OUT/adaln-h200.md"
+for f in "$OUT"/diffusers/adaln-models.md "$OUT"/diffusers/sp-overhead.md; do
+  [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
+done
 if [ -f "$OUT/sp-summary.txt" ]; then
   echo; echo "== sp attention (ms per layer; details in $OUT/sp-h200x<GPUs>.md)"; cat "$OUT/sp-summary.txt"
 fi

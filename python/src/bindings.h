@@ -9,4 +9,6 @@ void BindBalance(pybind11::module_& m);
 void BindSpSimulator(pybind11::module_& m);
 // Sequence-parallel planner and simulator bindings (python/src/sp_bindings.cc).
 void BindSp(pybind11::module_& m);
+// One rank's program of an sp schedule, for the CPU executor (python/src/sp_schedule_bindings.cc).
+void BindSpSchedule(pybind11::module_& m);
 }  // namespace ditscale::python

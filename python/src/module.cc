@@ -11,4 +11,5 @@ PYBIND11_MODULE(_core, m) {
   ditscale::python::BindBalance(m);
   ditscale::python::BindSpSimulator(m);
   ditscale::python::BindSp(m);
+  ditscale::python::BindSpSchedule(m);
 }

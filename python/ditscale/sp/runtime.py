@@ -1,7 +1,10 @@
-"""The GPU runtime of ditscale.sp: one ``torch.classes.ditscale.SpRuntime`` per mesh (its NCCL
-communicators, NVSHMEM on first use of a one-sided transport, one executor per configuration and
-shape, buffers allocated once), and the entry points that run on it: attention, synchronize,
-describe, set_trace, timeline. Needs torch and ditscale._C built with CUDA."""
+"""ditscale.sp.attention and the GPU runtime of ditscale.sp: one
+``torch.classes.ditscale.SpRuntime`` per mesh (its NCCL communicators, NVSHMEM on first use of a
+one-sided transport, one executor per configuration and shape, buffers allocated once), and the
+entry points that run on it: attention, synchronize, describe, set_trace, timeline (needs
+ditscale._C built with CUDA). attention on more than one rank goes through the custom op
+``torch.ops.ditscale_sp.attention`` (custom_op.py) to distributed_attention: CUDA tensors to the
+SpRuntime, CPU tensors to the CPU executor over gloo (cpu_runtime.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 from .. import ops as _ops  # loads ditscale._C (the ops and the SpRuntime class)
+from . import cpu_runtime as _cpu_runtime
+from . import custom_op as _custom_op
 from .config import Config, make_config, op_fields
 from .meshes import Mesh, check_transport_on_mesh
 from .planning import best_for_transport, plan, planned_config
@@ -103,6 +108,35 @@ def _local_attention(q, k, v, joint_q, joint_k, joint_v):
     return (o[:, T:], o[:, :T]) if T else (o, None)
 
 
+def _check_tensors(where: str, q, k, v, joint) -> None:
+    """q [B, S, H, D], k and v [B, S, Hk, D] (H a multiple of Hk), joint (text q, k, v)
+    [B, T, H, D], [B, T, Hk, D] x 2: one device and one dtype."""
+    named = [("q", q), ("k", k), ("v", v)]
+    if joint is not None:
+        named += [("joint_q", joint[0]), ("joint_k", joint[1]), ("joint_v", joint[2])]
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{where}: {name} must be a 4-d tensor [batch, tokens, heads, "
+                             f"head_dim], got {getattr(t, 'shape', type(t).__name__)}")
+        if t.device != q.device or t.dtype != q.dtype:
+            raise ValueError(f"{where}: {name} is {t.dtype} on {t.device}, q is {q.dtype} on "
+                             f"{q.device}: every tensor of the call on one device, of one dtype")
+    B, S, H, D = q.shape
+    Hk = k.shape[2]
+    want = [("k", k, (B, S, Hk, D)), ("v", v, (B, S, Hk, D))]
+    if joint is not None:
+        T = joint[0].shape[1]
+        want += [("joint_q", joint[0], (B, T, H, D)), ("joint_k", joint[1], (B, T, Hk, D)),
+                 ("joint_v", joint[2], (B, T, Hk, D))]
+    for name, t, shape in want:
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{where}: {name} has shape {tuple(t.shape)}, expected {shape} "
+                             f"(q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if Hk < 1 or H % Hk:
+        raise ValueError(f"{where}: the {H} query heads are not a multiple of the {Hk} "
+                         f"key/value heads")
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Optional[Mesh],
               config: Optional[Config] = None, strategy: Optional[str] = None,
               joint_q: Optional[torch.Tensor] = None, joint_k: Optional[torch.Tensor] = None,
@@ -112,7 +146,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
               topology: Optional[str] = None, comm_sms: Optional[int] = None):
     """Sequence-parallel attention of this rank's image-token shard (see ditscale.sp).
     Returns ``out`` [B, S_local, H, D], or ``(out, joint_out)`` when ``joint_q`` is given.
-    ``config`` (default Config(): strategy "auto") and the field overrides: see Config."""
+    ``config`` (default Config(): strategy "auto") and the field overrides: see Config.
+    A mesh of one rank runs SDPA here (differentiable, traced by torch.compile as SDPA); more
+    ranks run the custom op ``torch.ops.ditscale_sp.attention`` (custom_op.py): CUDA tensors on
+    the GPU runtime, CPU tensors on the CPU executor over gloo (two-sided transports only)."""
     where = "ditscale.sp.attention"
     joint = joint_q is not None
     if (joint_k is None) != (joint_q is None) or (joint_v is None) != (joint_q is None):
@@ -122,15 +159,48 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
                       ulysses_degree=ulysses_degree, ring_degree=ring_degree, topology=topology,
                       comm_sms=comm_sms)
     check_transport_on_mesh(cfg.transport, mesh, where)
-    if mesh is None or mesh.size == 1:
+    _check_tensors(where, q, k, v, (joint_q, joint_k, joint_v) if joint else None)
+    if mesh is None or mesh.size == 1:  # nothing to transport: any transport
         out, jout = _local_attention(q, k, v, joint_q, joint_k, joint_v)
         return (out, jout) if joint else out
-    if not q.is_cuda:
-        raise ValueError(f"{where}: q, k, v must be CUDA tensors for a mesh of {mesh.size} ranks")
+    if cfg.one_sided and not q.is_cuda:
+        raise ValueError(f"{where}: transport {cfg.transport!r} is one-sided (NVSHMEM: CUDA "
+                         f"tensors only); {q.device.type} tensors run the two-sided transport "
+                         f"'nccl' (over gloo)")
+    out, jout = _custom_op.attention_op(q, k, v, joint_q, joint_k, joint_v,
+                                        _custom_op.mesh_id(mesh), _custom_op.config_text(cfg))
+    return (out, jout) if joint else out
+
+
+def distributed_attention(q, k, v, joint, mesh: Mesh, cfg: Config):
+    """The real kernel of torch.ops.ditscale_sp.attention: (out, joint_out or None)."""
+    where = "ditscale.sp.attention"
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(f"{where}: a mesh of {mesh.size} ranks needs torch.distributed "
+                         f"initialized (one process per rank): NCCL for CUDA tensors, gloo for "
+                         f"CPU tensors")
+    if q.is_cuda:
+        return _gpu_attention(q, k, v, joint, mesh, cfg, where)
+    if q.device.type != "cpu":
+        raise ValueError(f"{where}: q, k, v on {q.device}: a mesh of {mesh.size} ranks runs "
+                         f"CUDA tensors (NCCL) or CPU tensors (gloo)")
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"{where}: CPU tensors of dtype {q.dtype}: float32, bfloat16 or "
+                         f"float16")
+    return _cpu_runtime.attention(q, k, v, joint, mesh, cfg, where)
+
+
+def _gpu_attention(q, k, v, joint, mesh: Mesh, cfg: Config, where: str):
+    """The GPU runtime (SpRuntime) of one layer: (out, joint_out or None)."""
+    backend = str(dist.get_backend(mesh.group))
+    if "nccl" not in backend:
+        raise ValueError(f"{where}: CUDA tensors need an NCCL process group, the mesh's group "
+                         f"has backend {backend!r}")
+    joint_q, joint_k, joint_v = joint if joint is not None else (None, None, None)
     rt = _runtime(mesh, q.device, cfg.net_channels_per_peer)
     seq_total = rt.total_tokens(q.shape[1])
     if cfg.strategy == "auto":
-        text = 0 if not joint else joint_q.shape[1]
+        text = 0 if joint is None else joint_q.shape[1]
         key = (q.shape[0], seq_total, text, q.shape[2], k.shape[2], q.shape[3], q.element_size(),
                cfg.topology, cfg.transport)
         best = rt.plans.get(key)
@@ -144,7 +214,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     if cfg.one_sided:
         rt.ensure_nvshmem()
     out, jout = rt.obj.attention(op_fields(cfg), seq_total, q, k, v, joint_q, joint_k, joint_v)
-    return (out, jout) if joint else out
+    return out, (jout if joint is not None else None)
 
 
 def synchronize(mesh: Mesh, device: Optional[torch.device] = None, timeout_s: float = 60.0,

@@ -1,0 +1,231 @@
+"""The CPU executor of ditscale.sp schedules: one rank's program (``_core.sp_rank_program``, the
+schedule that runs on the GPUs, cut to this rank) run on CPU tensors, with torch.distributed's
+point-to-point transport (gloo: one process per rank) for its Send / Recv ops.
+
+Execution model (ditscale/sp/schedule.h): the rank runs three in-order streams (compute, intra-
+and inter-machine transfers), an op starts once the op before it on its stream and every op of
+its ``deps`` have completed, and consecutive ops of one stream with the same ``group`` start
+together. Here each non-empty stream is one thread (the compute stream the caller's): a unit (a
+group, or one op) waits for its deps (threading.Event per op), then starts its ops (a Send posts
+``ProcessGroup.send`` of a contiguous copy of its region, a Recv posts ``ProcessGroup.recv`` into
+a contiguous tensor; local ops run at once), then waits for its transfers (a Recv's data is then
+copied into its region) and marks them complete. That is the schedule's own execution model, so
+no valid schedule can deadlock: a stream blocks only where the model says it waits, and a
+transfer in flight completes in gloo's own threads. Send / Recv match on (sender, receiver,
+tag); the schedule's tags are unique within one layer (checked when a program is loaded), and a
+later layer's messages of one (pair, tag) come after the earlier layer's on gloo's connection.
+
+Buffers are float32 whatever the inputs' dtype (attention and merges in float32: cpu_kernels.py),
+[batch, tokens, heads, width]; buffers the schedule leaves undefined start as NaN, so data that
+never arrived poisons the output. The inputs are read, never written (checked when loaded).
+One-sided ops (Put, Signal, Wait) are refused: the CPU runs two-sided transports only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .cpu_kernels import attention_lse, merge_lse_
+
+Region = Optional[Tuple[int, int, int, int, int]]  # buffer, token_begin, tokens, head_begin, heads
+
+_LOCAL = ("Attention", "Merge", "Pack", "Unpack", "Copy")
+_TWO_SIDED = ("Send", "Recv")
+_INIT = {"undefined": float("nan"), "zero": 0.0, "neg-inf": float("-inf")}
+STREAM_NAMES = ("compute", "comm-intra", "comm-inter")
+
+
+@dataclass(frozen=True)
+class Op:
+    index: int
+    kind: str
+    stream: int
+    group: int
+    deps: Tuple[int, ...]
+    peer: int
+    tag: int
+    src: Region
+    dst: Region
+    key: Region
+    value: Region
+    src_lse: Region
+    dst_lse: Region
+    label: str
+
+
+@dataclass(frozen=True)
+class Program:
+    """One rank's program: buffers (name, role, init, tokens, heads, width), ops, the input and
+    output buffer indices (-1 = absent) and the units of each stream (lists of op indices)."""
+
+    rank: int
+    buffers: Tuple[Tuple[str, str, str, int, int, int], ...]
+    ops: Tuple[Op, ...]
+    io: Dict[str, int]
+    units: Tuple[Tuple[Tuple[int, ...], ...], ...]
+    description: str
+
+
+def load_program(raw: dict, description: str) -> Program:
+    """A Program from ``_core.sp_rank_program``'s dict, checked for what this executor needs:
+    two-sided transfers only, tags unique per (peer, direction), inputs never written."""
+    ops = tuple(Op(i, *o[:3], tuple(o[3]), *o[4:]) for i, o in enumerate(raw["ops"]))
+    io = {name: raw[name] for name in ("q", "k", "v", "out", "text_q", "text_k", "text_v",
+                                       "text_out")}
+    inputs = {io[n] for n in ("q", "k", "v", "text_q", "text_k", "text_v") if io[n] >= 0}
+    seen = set()
+    for op in ops:
+        if op.kind not in _LOCAL + _TWO_SIDED:
+            raise ValueError(f"ditscale.sp (CPU): {description}: op #{op.index} '{op.label}' is "
+                             f"a {op.kind}: the CPU executor runs two-sided transports only")
+        if op.kind in _TWO_SIDED:
+            key = (op.kind, op.peer, op.tag)
+            if key in seen:
+                raise RuntimeError(f"ditscale.sp (CPU): {description}: tag {op.tag} used twice "
+                                   f"for {op.kind} with rank {op.peer} (op #{op.index})")
+            seen.add(key)
+        for r in (op.dst, op.dst_lse):
+            if r is not None and r[0] in inputs:
+                raise RuntimeError(f"ditscale.sp (CPU): {description}: op #{op.index} "
+                                   f"'{op.label}' writes the input buffer {r[0]}")
+    return Program(raw["rank"], tuple(tuple(b) for b in raw["buffers"]), ops, io,
+                   _units(ops), description)
+
+
+def _units(ops: Sequence[Op]) -> Tuple[Tuple[Tuple[int, ...], ...], ...]:
+    """Per stream, its ops in order cut into units (a group of consecutive ops, or one op)."""
+    streams: List[List[List[int]]] = [[], [], []]
+    for op in ops:
+        units = streams[op.stream]
+        if op.group >= 0 and units and ops[units[-1][-1]].group == op.group:
+            units[-1].append(op.index)
+        else:
+            units.append([op.index])
+    return tuple(tuple(tuple(u) for u in units) for units in streams)
+
+
+class _Run:
+    """One execution of a program: its buffers, the completion event of every op, the first
+    error of any stream."""
+
+    def __init__(self, prog: Program, pg, tensors: Dict[str, torch.Tensor], batch: int,
+                 timeout_s: float):
+        self.prog = prog
+        self.pg = pg
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
+        self.bufs = []
+        for i, (_, _, init, tokens, heads, width) in enumerate(prog.buffers):
+            given = [n for n, b in prog.io.items() if b == i and n in tensors]
+            if given:
+                self.bufs.append(tensors[given[0]])
+            else:
+                self.bufs.append(torch.full((batch, tokens, heads, width), _INIT[init],
+                                            dtype=torch.float32))
+        self.done = [threading.Event() for _ in prog.ops]
+        self.failed = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.lock = threading.Lock()
+
+    def view(self, r: Region) -> torch.Tensor:
+        b, t0, nt, h0, nh = r
+        return self.bufs[b][:, t0:t0 + nt, h0:h0 + nh]
+
+    def fail(self, e: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = e
+        self.failed.set()
+
+    def wait_deps(self, op: Op) -> bool:
+        """Waits for op's deps; False when another stream failed meanwhile."""
+        for d in op.deps:
+            while not self.done[d].wait(0.05):
+                if self.failed.is_set():
+                    return False
+        return True
+
+    def start(self, op: Op):
+        """Runs a local op, or posts a transfer: (work, landing tensor) or None."""
+        if op.kind == "Send":
+            data = self.view(op.src).contiguous()
+            return self.pg.send([data], op.peer, op.tag), data
+        if op.kind == "Recv":
+            dst = self.view(op.dst)
+            land = dst if dst.is_contiguous() else torch.empty(dst.shape, dtype=torch.float32)
+            return self.pg.recv([land], op.peer, op.tag), land
+        if op.kind == "Attention":
+            out, lse = attention_lse(self.view(op.src), self.view(op.key), self.view(op.value))
+            self.view(op.dst).copy_(out)
+            self.view(op.dst_lse).copy_(lse)
+        elif op.kind == "Merge":
+            merge_lse_(self.view(op.dst), self.view(op.dst_lse), self.view(op.src),
+                       self.view(op.src_lse))
+        else:  # Pack, Unpack, Copy
+            self.view(op.dst).copy_(self.view(op.src))
+        return None
+
+    def finish(self, op: Op, posted) -> None:
+        work, land = posted
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"ditscale.sp (CPU): rank {self.prog.rank}: {op.kind} "
+                               f"'{op.label}' with rank {op.peer} (tag {op.tag}) did not complete "
+                               f"within {self.timeout_s:g} s: {e}") from None
+        if op.kind == "Recv":
+            dst = self.view(op.dst)
+            if land is not dst:
+                dst.copy_(land)
+
+    def run_stream(self, stream: int) -> None:
+        try:
+            for unit in self.prog.units[stream]:
+                ops = [self.prog.ops[i] for i in unit]
+                for op in ops:
+                    if not self.wait_deps(op):
+                        return
+                posted = [(op, self.start(op)) for op in ops]
+                for op, p in posted:
+                    if p is not None:
+                        self.finish(op, p)
+                for op in ops:
+                    self.done[op.index].set()
+                if self.failed.is_set():
+                    return
+        except BaseException as e:  # re-raised by the caller's thread
+            self.fail(e)
+
+
+def execute(prog: Program, pg, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            joint: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+            timeout_s: float = 120.0) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Runs ``prog`` on this rank: q [B, S_local, H, d], k, v [B, S_local, Hk, d] (this rank's
+    image tokens), ``joint`` = (text q, k, v) [B, T, H or Hk, d] or None; ``pg`` the process
+    group (ranks of the program = its ranks). Returns (out [B, S_local, H, d], text_out
+    [B, T, H, d] or None), float32. A transfer that does not complete within ``timeout_s`` is a
+    RuntimeError naming the op."""
+    f32 = {"q": q, "k": k, "v": v}
+    if joint is not None:
+        f32.update(text_q=joint[0], text_k=joint[1], text_v=joint[2])
+    tensors = {n: t.float().contiguous() for n, t in f32.items() if prog.io[n] >= 0}
+    run = _Run(prog, pg, tensors, q.shape[0], timeout_s)
+    threads = [threading.Thread(target=run.run_stream, args=(s,), daemon=True,
+                                name=f"ditscale-sp-{STREAM_NAMES[s]}")
+               for s in (1, 2) if prog.units[s]]
+    for t in threads:
+        t.start()
+    run.run_stream(0)
+    for t in threads:
+        while t.is_alive() and not run.failed.is_set():
+            t.join(0.05)
+    if run.error is not None:
+        raise run.error
+    out = run.bufs[prog.io["out"]]
+    text_out = run.bufs[prog.io["text_out"]] if prog.io["text_out"] >= 0 else None
+    return out, text_out

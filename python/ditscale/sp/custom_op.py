@@ -1,0 +1,103 @@
+"""``torch.ops.ditscale_sp.attention``: the multi-rank ditscale.sp.attention as a registered torch
+custom op with a fake (meta) kernel, so that ``torch.compile`` (fullgraph too) traces a model
+through it instead of breaking the graph at the attention.
+
+Schema::
+
+    ditscale_sp::attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k,
+                           Tensor? joint_v, int mesh_id, str config) -> (Tensor, Tensor)
+
+- q [B, S_local, H, D], k, v [B, S_local, Hk, D]: this rank's image tokens; joint_* [B, T, H or
+  Hk, D] (all text tokens) or None.
+- ``mesh_id``: the mesh's id in this process's registry (:func:`mesh_id`; a Mesh holds a process
+  group, which a schema cannot carry).
+- ``config``: the ditscale.sp.Config as text (:func:`config_text`: ``field=repr(value)`` joined by
+  ``;``, every field; :func:`config_of_text` reads it back), after make_config (environment
+  applied), so the op is a function of its arguments.
+- Returns (out [B, S_local, H, D], joint_out [B, T, H, D]); without joint_q, joint_out is
+  [B, 0, H, D]. Both new tensors of q's dtype and device (the fake kernel says so).
+
+The real kernel (one for every device) is runtime.distributed_attention: the GPU runtime for
+CUDA tensors, the CPU executor over gloo for CPU tensors. The op has no autograd formula (the
+runtime is an inference path). Its library is the Python namespace "ditscale_sp", apart from the
+C++ library "ditscale" of ditscale._C.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .config import Config
+from .meshes import Mesh
+
+_MESHES: Dict[int, Mesh] = {}
+_ID_ATTR = "_ditscale_sp_op_id"
+_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
+_CONFIGS: Dict[str, Config] = {}
+
+
+def mesh_id(mesh: Mesh) -> int:
+    """The registry id of ``mesh`` (assigned on first use, kept on the mesh; the registry keeps
+    the mesh alive)."""
+    i = getattr(mesh, _ID_ATTR, None)
+    if i is None:
+        i = len(_MESHES) + 1
+        _MESHES[i] = mesh
+        setattr(mesh, _ID_ATTR, i)
+    return i
+
+
+def mesh_of(i: int) -> Mesh:
+    mesh = _MESHES.get(i)
+    if mesh is None:
+        raise ValueError(f"ditscale_sp::attention: mesh_id {i} is not a registered mesh "
+                         f"(ids 1..{len(_MESHES)} in this process)")
+    return mesh
+
+
+def config_text(cfg: Config) -> str:
+    """``cfg`` as the op's config argument: "strategy='ring';ulysses_degree=0;..."."""
+    return ";".join(f"{name}={getattr(cfg, name)!r}" for name in _FIELDS)
+
+
+def config_of_text(text: str) -> Config:
+    """The Config of :func:`config_text`'s text (validated again)."""
+    cfg = _CONFIGS.get(text)
+    if cfg is None:
+        try:
+            fields = dict(item.split("=", 1) for item in text.split(";"))
+            if set(fields) != set(_FIELDS):
+                raise ValueError(f"fields {sorted(fields)} are not {sorted(_FIELDS)}")
+            cfg = Config(**{k: ast.literal_eval(v) for k, v in fields.items()})
+        except (ValueError, SyntaxError, TypeError) as e:
+            raise ValueError(f"ditscale_sp::attention: config {text!r}: {e}") from None
+        _CONFIGS[text] = cfg
+    return cfg
+
+
+def _joint_shape(q: torch.Tensor, joint_q: Optional[torch.Tensor]):
+    if joint_q is None:
+        return (q.shape[0], 0, q.shape[2], q.shape[3])
+    return joint_q.shape
+
+
+@torch.library.custom_op("ditscale_sp::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 joint_q: Optional[torch.Tensor], joint_k: Optional[torch.Tensor],
+                 joint_v: Optional[torch.Tensor], mesh_id: int,
+                 config: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    from .runtime import distributed_attention
+    joint = None if joint_q is None else (joint_q, joint_k, joint_v)
+    out, jout = distributed_attention(q, k, v, joint, mesh_of(mesh_id), config_of_text(config))
+    if jout is None:
+        jout = q.new_empty(_joint_shape(q, None))
+    return out, jout
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, joint_q, joint_k, joint_v, mesh_id, config):
+    return q.new_empty(q.shape), q.new_empty(_joint_shape(q, joint_q))

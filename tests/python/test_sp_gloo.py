@@ -1,0 +1,232 @@
+"""ditscale.sp.attention on CPU tensors over gloo (one process per rank: gloo_util.run_gloo)
+against dense attention of the gathered inputs (float64 on one process): every strategy and chunk
+count on meshes 1 x 2, 2 x 1, 1 x 4 and 2 x 2, strategy "auto", odd token counts, joint text, GQA,
+uneven Ulysses head groups, batch 2, float32 / bfloat16 / float16; the errors (one-sided transport
+on CPU, mixed devices, shapes that differ within the call or across ranks); torch.compile with
+fullgraph=True through the custom op torch.ops.ditscale_sp.attention on 1 and 2 ranks.
+
+Each world size is one run_gloo call whose children run every case (spawning and importing torch
+is the expensive part on the 2-core CI machine)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gloo_util import run_gloo
+
+# (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
+F32, BF16, F16 = "float32", "bfloat16", "float16"
+GQA = (2, 13, 5, 6, 3, 16, F32)  # 13 tokens (7 + 6 on 2 ranks), 5 text, 3 kv heads: 2 + 1 on U=2
+EVEN4 = (1, 11, 0, 4, 4, 8, F32)  # 4 kv heads: 2 head chunks of 1 on U=2
+UNEVEN4 = (2, 13, 5, 6, 6, 16, F32)  # 4 + 3 + 3 + 3 tokens; 6 heads on U=4: 2, 2, 1, 1
+GQA4 = (1, 11, 3, 8, 4, 8, F32)  # U=4: one kv head (two query heads) each
+
+CASES_2 = [
+    ("ulysses", {}, (1, 2), GQA),
+    ("ulysses", {"ulysses_chunks": 2}, (1, 2), EVEN4),
+    ("ulysses-overlap", {}, (1, 2), GQA),
+    ("ring", {}, (1, 2), GQA),
+    ("usp", {}, (1, 2), GQA),
+    ("swiftfusion-tas", {}, (2, 1), GQA),
+    ("torus", {"chunks": 1}, (2, 1), GQA),
+    ("torus", {"chunks": 2}, (2, 1), GQA),
+    ("torus", {"chunks": 3}, (2, 1), GQA),
+    ("auto", {}, (1, 2), GQA),
+    ("auto", {}, (2, 1), GQA),
+    ("ring", {}, (1, 2), (1, 9, 0, 3, 3, 8, F32)),  # 3 heads, no text
+    ("ulysses", {}, (1, 2), (1, 9, 4, 3, 3, 8, F32)),  # 3 heads on U=2: 2 + 1
+    ("torus", {"chunks": 2}, (2, 1), (2, 13, 5, 6, 3, 16, BF16)),
+    ("ulysses", {}, (1, 2), (2, 13, 5, 6, 3, 16, F16)),
+]
+
+CASES_4 = [
+    ("ulysses", {}, (1, 4), UNEVEN4),
+    ("ulysses", {"ulysses_chunks": 2}, (1, 4), (1, 11, 2, 8, 8, 8, F32)),
+    ("ulysses-overlap", {}, (1, 4), UNEVEN4),
+    ("ring", {}, (1, 4), UNEVEN4),
+    ("usp", {}, (2, 2), GQA),
+    ("swiftfusion-tas", {}, (2, 2), GQA),
+    ("torus", {"chunks": 1}, (2, 2), GQA),
+    ("torus", {"chunks": 2}, (2, 2), GQA),
+    ("torus", {"chunks": 3}, (2, 2), GQA),
+    ("auto", {}, (1, 4), UNEVEN4),
+    ("auto", {}, (2, 2), GQA),
+    ("ulysses", {}, (1, 4), GQA4),
+    ("usp", {}, (2, 2), (2, 13, 5, 6, 3, 16, BF16)),
+]
+
+
+def _inputs(shape, seed):
+    """Full inputs (the same on every rank: one seed), float64, and their dtype."""
+    B, S, T, H, Hk, D, dtype = shape
+    g = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, dtype)
+
+    def rand(h):
+        return torch.randn(B, T + S, h, D, generator=g, dtype=torch.float64).to(dt)
+
+    return rand(H), rand(Hk), rand(Hk), dt
+
+
+def _dense(q, k, v):
+    """Dense attention in float64 of [B, L, H, D] over [B, L, Hk, D]."""
+    g = q.shape[2] // k.shape[2]
+    k, v = (x.double().repeat_interleave(g, 2).transpose(1, 2) for x in (k, v))
+    s = q.double().transpose(1, 2) @ k.transpose(-1, -2) / math.sqrt(q.shape[3])
+    return (torch.softmax(s, -1) @ v).transpose(1, 2)
+
+
+def _run_case(rank, world, strategy, fields, mesh_shape, shape, seed):
+    import ditscale.sp as sp
+    B, S, T, H, Hk, D, dtype = shape
+    q, k, v, dt = _inputs(shape, seed)
+    ref = _dense(q, k, v)
+    begin, count = sp.shard_range(S, world, rank)
+    img = slice(T + begin, T + begin + count)
+    mesh = sp.Mesh(*mesh_shape)
+    args = dict(mesh=mesh, strategy=strategy, **fields)
+    if T:
+        args.update(joint_q=q[:, :T], joint_k=k[:, :T], joint_v=v[:, :T])
+    mine = [x[:, img].clone() for x in (q, k, v)]
+    before = [x.clone() for x in mine]
+    res = sp.attention(*mine, **args)
+    out, text_out = res if T else (res, None)
+    assert all(torch.equal(a, b) for a, b in zip(mine, before)), "the inputs were written"
+    assert out.dtype == dt and out.shape == (B, count, H, D)
+    err = (out.double() - ref[:, img]).abs().max().item()
+    if T:
+        assert text_out.dtype == dt and text_out.shape == (B, T, H, D)
+        err = max(err, (text_out.double() - ref[:, :T]).abs().max().item())
+    again = sp.attention(*mine, **args)  # the same bits (the cached program, same inputs)
+    same = torch.equal(again[0] if T else again, out)
+    return err, same
+
+
+def _all_cases(rank, world, cases):
+    return [_run_case(rank, world, *case, seed=i) for i, case in enumerate(cases)]
+
+
+def _tolerance(shape):
+    return {F32: 2e-5, BF16: 2e-2, F16: 4e-3}[shape[-1]]
+
+
+@pytest.mark.parametrize("world,cases", [(2, CASES_2), (4, CASES_4)], ids=["2", "4"])
+def test_every_strategy_matches_dense(world, cases):
+    results = run_gloo(_all_cases, world, cases, timeout_s=150)
+    for rank, per_rank in enumerate(results):
+        for case, (err, same) in zip(cases, per_rank):
+            assert err < _tolerance(case[3]), f"rank {rank} {case}: max error {err}"
+            assert same, f"rank {rank} {case}: a second call gave other bits"
+
+
+def _errors(rank, world):
+    """Each failing call's message (or None when it did not fail), on every rank."""
+    import ditscale.sp as sp
+    mesh = sp.Mesh(1, world)
+    q = torch.randn(1, 4 + rank, 2, 8)
+    caught = {}
+
+    def expect(name, fn):
+        try:
+            fn()
+            caught[name] = None
+        except ValueError as e:
+            caught[name] = str(e)
+
+    expect("nvshmem", lambda: sp.attention(q, q, q, mesh=mesh, strategy="ring",
+                                           transport="nvshmem"))
+    expect("nvshmem-intra", lambda: sp.attention(q, q, q, mesh=mesh, transport="nvshmem-intra"))
+    expect("devices", lambda: sp.attention(q, q.to("meta"), q, mesh=mesh, strategy="ring"))
+    expect("tokens", lambda: sp.attention(q, q[:, :3], q[:, :3], mesh=mesh, strategy="ring"))
+    expect("joint", lambda: sp.attention(q, q, q, mesh=mesh, strategy="ring",
+                                         joint_q=q, joint_k=q[:, :2], joint_v=q))
+    expect("dtype", lambda: sp.attention(q.double(), q.double(), q.double(), mesh=mesh,
+                                         strategy="ring"))
+    # Rank r holds 4 + r tokens: 4 + 5 are not shard_range's 5 + 4.
+    expect("shards", lambda: sp.attention(q, q, q, mesh=mesh, strategy="ring"))
+    d = 8 if rank == 0 else 16
+    p = torch.randn(1, 4, 2, d)
+    expect("ranks", lambda: sp.attention(p, p, p, mesh=mesh, strategy="ring"))
+    return caught
+
+
+def test_errors_name_the_problem():
+    got = run_gloo(_errors, 2, timeout_s=90)
+    for rank, caught in enumerate(got):
+        assert "one-sided" in caught["nvshmem"] and "'nvshmem'" in caught["nvshmem"]
+        assert "'nvshmem-intra'" in caught["nvshmem-intra"]
+        assert "k is torch.float32 on meta" in caught["devices"]
+        assert "k has shape (1, 3, 2, 8), expected (1, " in caught["tokens"]
+        assert "joint_k has shape" in caught["joint"]
+        assert "torch.float64" in caught["dtype"]
+        assert f"rank 0 holds 4 image tokens, its share of 9 on 2 ranks is 5" in caught["shards"]
+        assert "disagree on the layer's head_dim: rank 0 has 8, rank 1 16" in caught["ranks"]
+
+
+def _compiled(rank, world):
+    """The eager and the fullgraph-compiled result of a small function around sp.attention, and
+    whether its graph holds the custom op."""
+    import ditscale.sp as sp
+    mesh = sp.Mesh(1, world)
+    g = torch.Generator().manual_seed(7)
+    q, k, v, tq = (torch.randn(2, 6, 4, 8, generator=g) for _ in range(4))
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm.forward
+
+    def layer(q, k, v, tq):
+        out, text_out = sp.attention(q * 2, k, v, mesh=mesh, strategy="ring", joint_q=tq,
+                                     joint_k=tq, joint_v=tq)
+        return out.relu() + 1, text_out
+
+    eager = layer(q, k, v, tq)
+    seen = torch.compile(layer, backend=record, fullgraph=True)(q, k, v, tq)
+    aot = torch.compile(layer, backend="aot_eager", fullgraph=True)(q, k, v, tq)
+    return ([torch.equal(a, b) for a, b in zip(eager, seen)],
+            [torch.equal(a, b) for a, b in zip(eager, aot)],
+            any("ditscale_sp.attention" in c for c in graphs), len(graphs))
+
+
+def test_compile_fullgraph_two_ranks():
+    for same_seen, same_aot, has_op, graphs in run_gloo(_compiled, 2, timeout_s=120):
+        assert all(same_seen) and all(same_aot)
+        assert has_op and graphs == 1
+
+
+def test_compile_fullgraph_one_rank():
+    import ditscale.sp as sp
+    mesh = sp.Mesh(1, 1)
+    q = torch.randn(1, 5, 2, 8)
+
+    def layer(x):
+        return sp.attention(x, x, x, mesh=mesh, strategy="torus", chunks=2) * 3
+
+    torch._dynamo.reset()
+    got = torch.compile(layer, backend="aot_eager", fullgraph=True)(q)
+    assert torch.allclose(got, layer(q), atol=1e-6)
+
+
+def test_one_sided_transport_on_cpu_without_a_process_group():
+    import ditscale.sp as sp
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="transport 'nvshmem' is one-sided .NVSHMEM: CUDA tensors"):
+        sp.attention(q, q, q, mesh=sp.Mesh(1, 2), transport="nvshmem")
+    with pytest.raises(ValueError, match="a mesh of 2 ranks needs torch.distributed initialized"):
+        sp.attention(q, q, q, mesh=sp.Mesh(1, 2), strategy="ring")
+    # One rank: nothing is transported, SDPA runs whatever the transport.
+    assert sp.attention(q, q, q, mesh=sp.Mesh(1, 1), transport="nvshmem").shape == q.shape
+
+
+def test_config_text_round_trip():
+    from ditscale.sp import Config
+    from ditscale.sp.custom_op import config_of_text, config_text
+    for cfg in (Config(), Config(strategy="torus", chunks=3, topology="p4de", comm_sms=4),
+                Config(strategy="ulysses", ulysses_chunks=2, transport="nvshmem-intra")):
+        assert config_of_text(config_text(cfg)) == cfg
+    with pytest.raises(ValueError, match="config 'strategy=1'"):
+        config_of_text("strategy=1")

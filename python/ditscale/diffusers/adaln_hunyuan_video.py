@@ -1,0 +1,173 @@
+"""Fused AdaLN for diffusers' ``HunyuanVideoTransformer3DModel`` (T2V, and the I2V variants
+``latent_concat`` and ``token_replace``).
+
+Shapes: video tokens x [B, S, D], text tokens c [B, T, D] (after the token refiner), ``temb``
+[B, D]; every modulation is per sample, [B, D] views of ``linear(silu(temb))`` read in place by
+the fused ops (``LN`` = LayerNorm without affine, eps 1e-6).
+
+Double-stream block (``transformer_blocks``), each stream with its own AdaLayerNormZero
+(``norm1`` / ``norm1_context``: shift1, scale1, gate1, shift2, scale2, gate2), ``norm2`` and
+feed-forward::
+
+    y1 = LN(x) * (1 + scale1) + shift1                          ops.adaln
+    a  = attention(y1 video, y1 text, mask, rotary)             the block's own attn
+    x  = x + gate1 * a;  y2 = LN(x) * (1 + scale2) + shift2     ops.adaln_gated
+    x  = x + gate2 * ff(y2)                                     one addcmul
+
+Single-stream block (``single_transformer_blocks``) on h = [x; c] [B, S + T, D] (video first),
+AdaLayerNormZeroSingle (shift, scale, gate)::
+
+    y = LN(h) * (1 + scale) + shift                             ops.adaln
+    h = h + gate * proj_out([attn(y), gelu(proj_mlp(y))])       one addcmul
+
+``token_replace`` (I2V): the first ``num_tokens`` video tokens (the first frame) take the
+modulation of ``token_replace_emb`` (the same linear applied to it), the others temb's; each
+part is one fused call on its token range (strided views, no copy) and the parts are
+concatenated as diffusers does. ``norm_out``: AdaLayerNormContinuous (scale first), as in
+:mod:`.adaln_flux`.
+
+Not patched: the token refiner (``context_embedder``): its norms (``norm1``, ``norm2``) are
+LayerNorms with weight and bias but no shift / scale modulation (only gates), so there is no
+AdaLN to fuse.
+
+Attention (processors, masks, the sequence-parallel integration's hooks) runs as diffusers has
+it; only the blocks' and norm_out's ``forward`` are replaced, on the instance: parameters, names
+and the state_dict are unchanged. Numerics as in :mod:`.adaln_flux`.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
+from diffusers.models.transformers.transformer_hunyuan_video import (
+    HunyuanVideoSingleTransformerBlock, HunyuanVideoTokenReplaceAdaLayerNormZero,
+    HunyuanVideoTokenReplaceAdaLayerNormZeroSingle, HunyuanVideoTokenReplaceSingleTransformerBlock,
+    HunyuanVideoTokenReplaceTransformerBlock, HunyuanVideoTransformerBlock)
+
+from .. import ops
+from .adaln_flux import (Patch, check_plan, continuous_patch, fused, gated_ff, norm_options,
+                         patch_all, unpatch_all, zero_modulation)
+
+WHERE = "ditscale.diffusers.apply_fused_adaln (HunyuanVideoTransformer3DModel)"
+
+
+def apply(transformer) -> None:
+    """Patches every double and single block and norm_out of ``transformer`` in place (see the
+    module docstring; the rules of :func:`.adaln_flux.apply`)."""
+    plan = _plan(transformer)
+    check_plan(WHERE, plan)
+    patch_all(plan)
+
+
+def remove(transformer) -> None:
+    """Restores diffusers' forwards (a no-op for modules that are not patched)."""
+    unpatch_all(WHERE, _plan(transformer))
+
+
+def _plan(transformer) -> List[Patch]:
+    replace = transformer.config.image_condition_type == "token_replace"
+    if replace:
+        double = (HunyuanVideoTokenReplaceTransformerBlock, _replace_double_forward,
+                  HunyuanVideoTokenReplaceAdaLayerNormZero)
+        single = (HunyuanVideoTokenReplaceSingleTransformerBlock, _replace_single_forward,
+                  HunyuanVideoTokenReplaceAdaLayerNormZeroSingle)
+    else:
+        double = (HunyuanVideoTransformerBlock, _double_forward, AdaLayerNormZero)
+        single = (HunyuanVideoSingleTransformerBlock, _single_forward, AdaLayerNormZeroSingle)
+    plan = [Patch(f"transformer_blocks.{i}", b, double[0], double[1],
+                  (("norm1", double[2]), ("norm1_context", AdaLayerNormZero), ("norm2", None),
+                   ("norm2_context", None)))
+            for i, b in enumerate(transformer.transformer_blocks)]
+    plan += [Patch(f"single_transformer_blocks.{i}", b, single[0], single[1],
+                   (("norm", single[2]),))
+             for i, b in enumerate(transformer.single_transformer_blocks)]
+    plan.append(continuous_patch("norm_out", transformer.norm_out))
+    return plan
+
+
+# ---- T2V / latent_concat -----------------------------------------------------------------------
+
+@fused
+def _double_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                    freqs_cis=None, *args, **kwargs):
+    img = zero_modulation(self.norm1, temb, 6)  # shift1, scale1, gate1, shift2, scale2, gate2
+    txt = zero_modulation(self.norm1_context, temb, 6)
+    x = ops.adaln(hidden_states, img[1], img[0], **norm_options(self.norm1.norm))
+    c = ops.adaln(encoder_hidden_states, txt[1], txt[0], **norm_options(self.norm1_context.norm))
+    attn_x, attn_c = self.attn(hidden_states=x, encoder_hidden_states=c,
+                               attention_mask=attention_mask, image_rotary_emb=freqs_cis)
+    hidden_states = gated_ff(hidden_states, attn_x, img, self.norm2, self.ff)
+    encoder_hidden_states = gated_ff(encoder_hidden_states, attn_c, txt, self.norm2_context,
+                                     self.ff_context)
+    return hidden_states, encoder_hidden_states
+
+
+@fused
+def _single_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                    image_rotary_emb=None, *args, **kwargs):
+    video = hidden_states.shape[1]
+    h = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+    shift, scale, gate = zero_modulation(self.norm, temb, 3)
+    y = ops.adaln(h, scale, shift, **norm_options(self.norm.norm))
+    h = torch.addcmul(h, gate.unsqueeze(1),
+                      _single_branch(self, y, video, attention_mask, image_rotary_emb))
+    return h[:, :video], h[:, video:]
+
+
+def _single_branch(block, y, video, attention_mask, image_rotary_emb):
+    """proj_out([attention(y), gelu(proj_mlp(y))]) of a single-stream block, y = [video; text]."""
+    mlp = block.act_mlp(block.proj_mlp(y))
+    attn_x, attn_c = block.attn(hidden_states=y[:, :video], encoder_hidden_states=y[:, video:],
+                                attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+    return block.proj_out(torch.cat([torch.cat([attn_x, attn_c], dim=1), mlp], dim=2))
+
+
+# ---- token_replace (I2V): the first num_tokens video tokens modulated apart ------------------
+
+@fused
+def _replace_double_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                            freqs_cis=None, token_replace_emb=None, num_tokens=None):
+    parts = _parts(self.norm1, temb, token_replace_emb, num_tokens, 6)
+    txt = zero_modulation(self.norm1_context, temb, 6)
+    x = _parts_adaln(hidden_states, parts, norm_options(self.norm1.norm))
+    c = ops.adaln(encoder_hidden_states, txt[1], txt[0], **norm_options(self.norm1_context.norm))
+    attn_x, attn_c = self.attn(hidden_states=x, encoder_hidden_states=c,
+                               attention_mask=attention_mask, image_rotary_emb=freqs_cis)
+    options = norm_options(self.norm2)
+    gated = [ops.adaln_gated(hidden_states[:, s], m[2], attn_x[:, s], m[4], m[3], **options)
+             for s, m in parts]
+    ff = self.ff(torch.cat([y for _, y in gated], dim=1))
+    hidden_states = torch.cat([torch.addcmul(h, m[5].unsqueeze(1), ff[:, s])
+                               for (h, _), (s, m) in zip(gated, parts)], dim=1)
+    encoder_hidden_states = gated_ff(encoder_hidden_states, attn_c, txt, self.norm2_context,
+                                     self.ff_context)
+    return hidden_states, encoder_hidden_states
+
+
+@fused
+def _replace_single_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                            image_rotary_emb=None, token_replace_emb=None, num_tokens=None):
+    video = hidden_states.shape[1]
+    h = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+    # the text tokens belong to the second part (temb's modulation), as in diffusers
+    parts = _parts(self.norm, temb, token_replace_emb, num_tokens, 3)
+    y = _parts_adaln(h, parts, norm_options(self.norm.norm))
+    branch = _single_branch(self, y, video, attention_mask, image_rotary_emb)
+    h = torch.cat([torch.addcmul(h[:, s], m[2].unsqueeze(1), branch[:, s]) for s, m in parts],
+                  dim=1)
+    return h[:, :video], h[:, video:]
+
+
+def _parts(norm_module, temb, token_replace_emb, num_tokens: int, chunks: int):
+    """((slice of the first num_tokens tokens, token_replace_emb's modulation), (slice of the
+    rest, temb's modulation)); each modulation the ``chunks`` [B, D] views."""
+    first = zero_modulation(norm_module, token_replace_emb, chunks)
+    rest = zero_modulation(norm_module, temb, chunks)
+    return ((slice(0, num_tokens), first), (slice(num_tokens, None), rest))
+
+
+def _parts_adaln(x, parts, options):
+    """LN(x) * (1 + scale) + shift with each part's (shift, scale) on its token range."""
+    return torch.cat([ops.adaln(x[:, s], m[1], m[0], **options) for s, m in parts], dim=1)

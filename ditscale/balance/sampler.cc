@@ -146,7 +146,9 @@ Result<BalancedBatchSampler> BalancedBatchSampler::FromShaped(ShapedManifest sha
 Result<BalancedBatchSampler> BalancedBatchSampler::FromConfig(const SamplerConfig& config, int rank,
                                                               int world_size) {
   if (auto e = SamplerConfigError(config, rank, world_size)) return Failure::InvalidArgument(*e);
-  Result<Manifest> manifest = ReadManifest(config.manifest_path, config.manifest_options);
+  Result<Manifest> manifest = config.manifest
+                                  ? Result<Manifest>(*config.manifest)
+                                  : ReadManifest(config.manifest_path, config.manifest_options);
   if (!manifest.ok()) return manifest.failure();
   Result<ModelPreset> model = ResolveModel(config.model);
   if (!model.ok()) return model.failure();

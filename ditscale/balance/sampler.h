@@ -110,6 +110,9 @@ struct SamplerInputs {
 // Everything a sampler needs that comes from files and flags (the Python binding's arguments).
 struct SamplerConfig {
   std::string manifest_path;
+  // A manifest already read (the Python sampler's pyarrow.Table / datasets.Dataset, read by the
+  // Parquet reader's Arrow-stream entry): used instead of reading manifest_path when set.
+  std::shared_ptr<const Manifest> manifest;
   ManifestOptions manifest_options;   // skip_bad_rows, format
   std::string model = "wan2.1-1.3b";  // preset name or JSON model file (ResolveModel)
   std::string cost_path;              // cost JSON (LoadCostModel); "": analytical H200 default

@@ -92,12 +92,72 @@ def check_state_dict(state) -> dict:
     return out
 
 
+# The columns a manifest needs (ditscale/balance/manifest.h); only these are read from a table.
+_MANIFEST_COLUMNS = ("path", "num_frames", "height", "width", "fps")
+_DATASET_BATCH_ROWS = 65536
+
+
+def _dataset_stream(dataset):
+    """A pyarrow.RecordBatchReader over the manifest columns of a datasets.Dataset, in its row
+    order (select / shuffle / filter index mappings applied), batch by batch."""
+    import pyarrow as pa
+
+    names = [n for n in dataset.column_names if n in _MANIFEST_COLUMNS]
+    sub = dataset.select_columns(names).with_format("arrow")
+    schema = sub.data.schema
+    batches = (b.cast(schema) for t in sub.iter(batch_size=_DATASET_BATCH_ROWS)
+               for b in t.to_batches())
+    return pa.RecordBatchReader.from_batches(schema, batches)
+
+
+def read_arrow_manifest(data, skip_bad_rows: bool = False) -> "_core.Manifest":
+    """The manifest rows of a ``pyarrow.Table``, a ``datasets.Dataset`` or any object with
+    ``__arrow_c_stream__`` (``pyarrow.RecordBatchReader``, ...), read in C++ by the Parquet
+    reader's rules (columns path, num_frames, height, width, fps; their Arrow types; a null is a
+    missing value) without writing a file: only the five columns are handed over, batch by
+    batch. Errors name ``<pyarrow.Table>`` (``<datasets.Dataset>``, ...) and the 1-based row:
+    ``<pyarrow.Table>:2: column 'fps': missing fps for a video (num_frames > 1)``; a build
+    without Arrow C++ raises ``ditscale.Error`` ("built without Parquet support"). ``datasets``
+    is imported only when a Dataset is given."""
+    kind = type(data)
+    name = f"<{kind.__module__.split('.')[0]}.{kind.__name__}>"
+    if kind.__module__.split(".")[0] == "datasets":
+        import datasets
+
+        if not isinstance(data, datasets.Dataset):
+            raise TypeError(f"manifest: expected a datasets.Dataset (map-style), got {name}")
+        return _core._read_arrow_manifest(_dataset_stream(data), "<datasets.Dataset>",
+                                          bool(skip_bad_rows))
+    if kind.__module__.split(".")[0] == "pyarrow" and kind.__name__ == "Table":
+        keep = [i for i, n in enumerate(data.column_names) if n in _MANIFEST_COLUMNS]
+        return _core._read_arrow_manifest(data.select(keep), "<pyarrow.Table>",
+                                          bool(skip_bad_rows))
+    if not hasattr(data, "__arrow_c_stream__"):
+        raise TypeError(f"manifest: expected a path, a pyarrow.Table, a datasets.Dataset or an "
+                        f"object with __arrow_c_stream__, got {kind.__name__}")
+    return _core._read_arrow_manifest(data, name, bool(skip_bad_rows))
+
+
+def _manifest_arg(manifest, skip_bad_rows: bool, format: str):
+    """The manifest argument as the binding takes it: a path (str) or a Manifest read here."""
+    if isinstance(manifest, (str, os.PathLike)):
+        return os.fspath(manifest)
+    if isinstance(manifest, _core.Manifest):
+        return manifest
+    if format:
+        raise ValueError(f"format={format!r} applies to a manifest path, not to "
+                         f"{type(manifest).__name__}")
+    return read_arrow_manifest(manifest, skip_bad_rows)
+
+
 class BalancedBatchSampler:
     """Yields, for this rank, lists of sample ids (0-based manifest data-row numbers).
 
     Args:
       manifest: path of an Open-Sora-style CSV (``path,num_frames,height,width,fps``, other
-        columns ignored) or JSONL manifest.
+        columns ignored), JSONL or Parquet (``.parquet`` / ``.pq``) manifest; or the rows
+        themselves as a ``pyarrow.Table``, a ``datasets.Dataset`` (read by
+        ``read_arrow_manifest``, no file written) or a ``ditscale.Manifest``.
       rank, world_size: this data-parallel rank and the number of ranks.
       model: model preset (``ditscale.model_presets()``) or a JSON model file.
       policy: ``"equal-token"``, ``"adaptive"`` or ``"balanced"``.
@@ -113,7 +173,8 @@ class BalancedBatchSampler:
       skip_bad_rows: skip and count bad manifest rows instead of raising ``ditscale.Error``.
       mode: ``"micro_batch"`` (one item per micro-batch, for ``DataLoader(batch_sampler=...)``)
         or ``"step"`` (one item per step: the list of this rank's micro-batches).
-      format: ``"csv"``, ``"jsonl"`` or ``""`` (from the file extension).
+      format: ``"csv"``, ``"jsonl"``, ``"parquet"`` or ``""`` (from the file extension); for a
+        path only.
 
     Ranges (``ditscale/balance/sampler.h``): world_size in [1, 1048576], rank in
     [0, world_size - 1], seed in [0, 2^64 - 1], epoch in [0, 2^63 - 1], m_mem_tokens in
@@ -152,7 +213,7 @@ class BalancedBatchSampler:
         # Numbers go to the binding as given: it checks their type and range (one rule with the
         # C++ side, no int()/float() that would turn 1.5 into 1 or True into 1).
         self._impl = _core._BalancedBatchSampler(
-            os.fspath(manifest),
+            _manifest_arg(manifest, skip_bad_rows, format),
             rank,
             world_size,
             model=os.fspath(model),

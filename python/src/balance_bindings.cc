@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "ditscale/balance/internal/parquet_manifest.h"
 #include "ditscale/balance/manifest.h"
 #include "ditscale/balance/planner.h"
 #include "ditscale/balance/sampler.h"
@@ -212,7 +213,7 @@ py::dict Summary(const BalancedBatchSampler& s) {
 }
 
 std::unique_ptr<BalancedBatchSampler> MakeSampler(
-    const std::string& manifest, py::handle rank, py::handle world_size, const std::string& model,
+    py::handle manifest, py::handle rank, py::handle world_size, const std::string& model,
     const std::string& policy, py::handle seed, py::handle epoch,
     const std::optional<std::string>& cost, const std::optional<std::string>& bench,
     py::handle m_mem_tokens, py::handle gpu_mem_gib, py::handle mem_safety, py::handle m_comp,
@@ -222,7 +223,12 @@ std::unique_ptr<BalancedBatchSampler> MakeSampler(
   const int world = WorldSizeArg(world_size);
   const int r = static_cast<int>(IntArg(rank, "rank", 0, world - 1));
   SamplerConfig config;
-  config.manifest_path = manifest;
+  // A path, or a Manifest already read (python/ditscale/sampler.py: pyarrow.Table, datasets).
+  if (py::isinstance<balance::Manifest>(manifest)) {
+    config.manifest = std::make_shared<const balance::Manifest>(manifest.cast<balance::Manifest>());
+  } else {
+    config.manifest_path = manifest.cast<std::string>();
+  }
   config.manifest_options.skip_bad_rows = skip_bad_rows;
   config.manifest_options.format = format;
   config.model = model;
@@ -263,6 +269,29 @@ py::dict Limits() {
   d["max_rank_budget_s"] = kMaxRankBudgetS;
   d["dropped_warn_fraction"] = kDroppedWarnFraction;
   return d;
+}
+
+// The Arrow C stream of `source` (its __arrow_c_stream__() capsule, or the capsule itself) read
+// by the Parquet reader's stream entry, GIL released (pyarrow's producers take it themselves).
+balance::Manifest ReadArrowManifest(py::object source, const std::string& name,
+                                    bool skip_bad_rows) {
+  constexpr const char* kCapsule = "arrow_array_stream";
+  py::object capsule = source;
+  if (py::hasattr(source, "__arrow_c_stream__")) capsule = source.attr("__arrow_c_stream__")();
+  if (!PyCapsule_IsValid(capsule.ptr(), kCapsule)) {
+    TypeMismatch("source", source,
+                 "an object with __arrow_c_stream__ (pyarrow.Table, RecordBatchReader) or an "
+                 "'arrow_array_stream' capsule");
+  }
+  auto* stream = static_cast<ArrowArrayStream*>(PyCapsule_GetPointer(capsule.ptr(), kCapsule));
+  balance::ManifestOptions o;
+  o.skip_bad_rows = skip_bad_rows;
+  std::optional<Result<balance::Manifest>> r;
+  {
+    py::gil_scoped_release release;
+    r.emplace(balance::internal::ReadArrowStreamManifest(stream, name, o));
+  }
+  return OrThrow(std::move(*r));
 }
 
 void BindManifest(py::module_& m) {
@@ -319,8 +348,17 @@ void BindManifest(py::module_& m) {
         return OrThrow(std::move(*r));
       },
       py::arg("path"), py::arg("skip_bad_rows") = false, py::arg("format") = "",
-      "Reads an Open-Sora-style CSV or JSONL manifest. A bad row raises Error naming file, line "
-      "and column unless skip_bad_rows, which skips and counts it (rows_skipped).");
+      "Reads an Open-Sora-style CSV, JSONL or Parquet manifest. A bad row raises Error naming "
+      "file, line (Parquet: row) and column unless skip_bad_rows, which skips and counts it "
+      "(rows_skipped).");
+
+  m.def("_parquet_supported", &balance::internal::ParquetSupported,
+        "Whether this build reads Parquet manifests and Arrow streams (Arrow C++ was found).");
+  m.def("_read_arrow_manifest", &ReadArrowManifest, py::arg("source"), py::arg("name"),
+        py::arg("skip_bad_rows") = false,
+        "Reads the manifest rows of an Arrow C stream: an object with __arrow_c_stream__ "
+        "(pyarrow.Table, pyarrow.RecordBatchReader) or an 'arrow_array_stream' capsule. The "
+        "columns, types and rules of a Parquet manifest; errors name `name` and the 1-based row.");
 }
 
 void BindShapes(py::module_& m) {

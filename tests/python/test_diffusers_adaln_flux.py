@@ -247,6 +247,7 @@ def test_refusals():
     from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
 
     from ditscale.diffusers import adaln_flux
+    from ditscale.diffusers._adaln_common import is_patched
 
     class Custom(FluxTransformerBlock):
         pass
@@ -273,5 +274,5 @@ def test_refusals():
     model.norm_out.forward = lambda *a: wrapped(*a)
     with pytest.raises(ValueError, match=r"norm_out\.forward was replaced after"):
         adaln_flux.remove(model)
-    assert all(adaln_flux.is_patched(b) for b in itertools.chain(
+    assert all(is_patched(b) for b in itertools.chain(
         model.transformer_blocks, model.single_transformer_blocks))  # nothing removed

@@ -48,11 +48,8 @@ from diffusers.models.transformers.transformer_flux import (FluxSingleTransforme
                                                             FluxTransformerBlock)
 
 from .. import ops
-# The shared helpers live in _adaln_common; re-exported here for the modules that import them
-# from adaln_flux.
-from ._adaln_common import (  # noqa: F401 (re-exported)
-    Patch, check_norm, check_plan, clip_fp16, continuous_forward, continuous_patch, fused,
-    gated_ff, is_patched, norm_options, patch_all, unpatch_all, zero_modulation)
+from ._adaln_common import (Patch, check_plan, clip_fp16, continuous_patch, fused, gated_ff,
+                            norm_options, patch_all, unpatch_all, zero_modulation)
 
 WHERE = "ditscale.diffusers.apply_fused_adaln (FluxTransformer2DModel)"
 

@@ -47,8 +47,8 @@ from diffusers.models.transformers.transformer_hunyuan_video import (
     HunyuanVideoTokenReplaceTransformerBlock, HunyuanVideoTransformerBlock)
 
 from .. import ops
-from .adaln_flux import (Patch, check_plan, continuous_patch, fused, gated_ff, norm_options,
-                         patch_all, unpatch_all, zero_modulation)
+from ._adaln_common import (Patch, check_plan, continuous_patch, fused, gated_ff, norm_options,
+                            patch_all, unpatch_all, zero_modulation)
 
 WHERE = "ditscale.diffusers.apply_fused_adaln (HunyuanVideoTransformer3DModel)"
 

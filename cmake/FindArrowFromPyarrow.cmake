@@ -18,7 +18,9 @@
 # linker's words or is an error (ON).
 set(DITSCALE_HAVE_PARQUET OFF)
 
-function(_ditscale_parquet_off why)
+# Parquet off with the reason (the arguments, joined), or an error under DITSCALE_PARQUET=ON.
+function(_ditscale_parquet_off)
+  string(JOIN "" why ${ARGN})
   if(DITSCALE_PARQUET STREQUAL "ON")
     message(FATAL_ERROR "DITSCALE_PARQUET=ON but ${why}")
   endif()

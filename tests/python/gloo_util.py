@@ -3,7 +3,8 @@
     from gloo_util import run_gloo
     results = run_gloo(fn, 2, arg1, arg2, timeout_s=60)   # [fn(0, 2, arg1, arg2), fn(1, 2, ...)]
 
-``fn(rank, world_size, *args)`` runs in each of ``world_size`` spawned processes after
+``fn(rank, world_size, *args)`` runs in each of ``world_size`` processes (forked from a
+forkserver that imported torch once) after
 ``torch.distributed.init_process_group("gloo")`` on 127.0.0.1 (a free port; process-group
 timeout ``pg_timeout_s``; ``torch.set_num_threads(threads)``). ``fn`` and ``args`` must be
 picklable (a module-level function of a test module). Returns every rank's return value (pickled
@@ -75,13 +76,25 @@ def _stop(procs) -> None:
             p.join()
 
 
+_PRELOAD = ["torch", "torch.distributed"]
+
+
+def _context():
+    """A forkserver context whose server has imported torch once per test session: each rank
+    is a fork of it (no import of torch per rank, none of fork's hazards: the server runs no
+    torch op and starts no thread)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def run_gloo(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 60.0,
              pg_timeout_s: float = 60.0, threads: int = 1) -> List[Any]:
     """``[fn(rank, world_size, *args) for rank in range(world_size)]``, each rank in its own
     process of one gloo group (see the module)."""
     if not isinstance(world_size, int) or not 1 <= world_size <= 64:
         raise ValueError(f"run_gloo: world_size {world_size!r} is not in [1, 64]")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child, daemon=True,

@@ -17,10 +17,12 @@ Schema::
 - Returns (out [B, S_local, H, D], joint_out [B, T, H, D]); without joint_q, joint_out is
   [B, 0, H, D]. Both new tensors of q's dtype and device (the fake kernel says so).
 
-The real kernel (one for every device) is runtime.distributed_attention: the GPU runtime for
-CUDA tensors, the CPU executor over gloo for CPU tensors. The op has no autograd formula (the
-runtime is an inference path). Its library is the Python namespace "ditscale_sp", apart from the
-C++ library "ditscale" of ditscale._C.
+The real kernel (CompositeExplicitAutograd: one for every device) is
+runtime.distributed_attention: the GPU runtime for CUDA tensors, the CPU executor over gloo for CPU
+tensors. The op has no autograd formula (the runtime is an inference path). It is a
+``torch.library.Library`` FRAGMENT of the namespace "ditscale_sp", apart from the C++ library
+"ditscale" of ditscale._C; not ``torch.library.custom_op``, whose eager calls import
+torch._dynamo on first use (seconds) and cost about 10 us more per call.
 """
 
 from __future__ import annotations
@@ -85,11 +87,12 @@ def _joint_shape(q: torch.Tensor, joint_q: Optional[torch.Tensor]):
     return joint_q.shape
 
 
-@torch.library.custom_op("ditscale_sp::attention", mutates_args=())
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 joint_q: Optional[torch.Tensor], joint_k: Optional[torch.Tensor],
-                 joint_v: Optional[torch.Tensor], mesh_id: int,
-                 config: str) -> Tuple[torch.Tensor, torch.Tensor]:
+_LIB = torch.library.Library("ditscale_sp", "FRAGMENT")
+_LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k, "
+            "Tensor? joint_v, int mesh_id, str config) -> (Tensor, Tensor)")
+
+
+def _attention_impl(q, k, v, joint_q, joint_k, joint_v, mesh_id, config):
     from .runtime import distributed_attention
     joint = None if joint_q is None else (joint_q, joint_k, joint_v)
     out, jout = distributed_attention(q, k, v, joint, mesh_of(mesh_id), config_of_text(config))
@@ -98,6 +101,13 @@ def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out, jout
 
 
-@attention_op.register_fake
+# One kernel for every device (distributed_attention dispatches on q's device).
+_LIB.impl("attention", _attention_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("ditscale_sp::attention", lib=_LIB)
 def _attention_fake(q, k, v, joint_q, joint_k, joint_v, mesh_id, config):
     return q.new_empty(q.shape), q.new_empty(_joint_shape(q, joint_q))
+
+
+attention_op = torch.ops.ditscale_sp.attention.default

@@ -17,7 +17,8 @@ later layer's messages of one (pair, tag) come after the earlier layer's on gloo
 
 Buffers are float32 whatever the inputs' dtype (attention and merges in float32: cpu_kernels.py),
 [batch, tokens, heads, width]; buffers the schedule leaves undefined start as NaN, so data that
-never arrived poisons the output. The inputs are read, never written (checked when loaded).
+never arrived poisons the output. The caller's inputs are never written: an input buffer the
+schedule writes (ring without joint text receives into k and v) runs on a copy.
 One-sided ops (Put, Signal, Wait) are refused: the CPU runs two-sided transports only.
 """
 
@@ -69,16 +70,21 @@ class Program:
     io: Dict[str, int]
     units: Tuple[Tuple[Tuple[int, ...], ...], ...]
     description: str
+    # Input buffers the schedule also writes (ring without joint text receives into k and v):
+    # execute runs them on copies, so the caller's tensors are never written.
+    written_inputs: Tuple[str, ...] = ()
 
 
 def load_program(raw: dict, description: str) -> Program:
     """A Program from ``_core.sp_rank_program``'s dict, checked for what this executor needs:
-    two-sided transfers only, tags unique per (peer, direction), inputs never written."""
+    two-sided transfers only, tags unique per (peer, direction); input buffers the schedule
+    writes are listed in ``written_inputs``."""
     ops = tuple(Op(i, *o[:3], tuple(o[3]), *o[4:]) for i, o in enumerate(raw["ops"]))
     io = {name: raw[name] for name in ("q", "k", "v", "out", "text_q", "text_k", "text_v",
                                        "text_out")}
     inputs = {io[n] for n in ("q", "k", "v", "text_q", "text_k", "text_v") if io[n] >= 0}
     seen = set()
+    written = set()
     for op in ops:
         if op.kind not in _LOCAL + _TWO_SIDED:
             raise ValueError(f"ditscale.sp (CPU): {description}: op #{op.index} '{op.label}' is "
@@ -89,12 +95,10 @@ def load_program(raw: dict, description: str) -> Program:
                 raise RuntimeError(f"ditscale.sp (CPU): {description}: tag {op.tag} used twice "
                                    f"for {op.kind} with rank {op.peer} (op #{op.index})")
             seen.add(key)
-        for r in (op.dst, op.dst_lse):
-            if r is not None and r[0] in inputs:
-                raise RuntimeError(f"ditscale.sp (CPU): {description}: op #{op.index} "
-                                   f"'{op.label}' writes the input buffer {r[0]}")
+        written.update(r[0] for r in (op.dst, op.dst_lse) if r is not None and r[0] in inputs)
     return Program(raw["rank"], tuple(tuple(b) for b in raw["buffers"]), ops, io,
-                   _units(ops), description)
+                   _units(ops), description,
+                   tuple(n for n in sorted(io) if io[n] >= 0 and io[n] in written))
 
 
 def _units(ops: Sequence[Op]) -> Tuple[Tuple[Tuple[int, ...], ...], ...]:
@@ -214,6 +218,9 @@ def execute(prog: Program, pg, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if joint is not None:
         f32.update(text_q=joint[0], text_k=joint[1], text_v=joint[2])
     tensors = {n: t.float().contiguous() for n, t in f32.items() if prog.io[n] >= 0}
+    for n in prog.written_inputs:
+        if tensors[n] is f32[n]:
+            tensors[n] = tensors[n].clone()
     run = _Run(prog, pg, tensors, q.shape[0], timeout_s)
     threads = [threading.Thread(target=run.run_stream, args=(s,), daemon=True,
                                 name=f"ditscale-sp-{STREAM_NAMES[s]}")

@@ -81,4 +81,6 @@ set(DITSCALE_PARQUET "AUTO" CACHE STRING "Read Parquet manifests through Arrow C
 set(DITSCALE_HAVE_PARQUET OFF)
 if(NOT DITSCALE_PARQUET STREQUAL "OFF")
   include(FindArrowFromPyarrow)
+else()
+  message(STATUS "ditscale: DITSCALE_PARQUET=OFF; Parquet manifests are off")
 endif()

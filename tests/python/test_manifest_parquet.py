@@ -136,6 +136,9 @@ def test_files_that_are_not_parquet_name_the_file(tmp_path):
             ditscale.read_manifest(str(tmp_path / name), skip_bad_rows=True)
     with pytest.raises(ditscale.Error, match="is a directory"):
         ditscale.read_manifest(str(tmp_path), format="parquet")
+    with pytest.raises(ditscale.Error, match="^/dev/zero: not a regular file: a Parquet manifest "
+                                             "is read from its footer"):
+        ditscale.read_manifest("/dev/zero", format="parquet", skip_bad_rows=True)
     # The format option reads any name as Parquet.
     (tmp_path / "m.bin").write_bytes(data)
     assert len(ditscale.read_manifest(str(tmp_path / "m.bin"), format="parquet")) == 50

@@ -1,4 +1,4 @@
-// Training-corpus manifests: Open-Sora-style CSV and JSONL.
+// Training-corpus manifests: Open-Sora-style CSV and JSONL (Parquet: see ManifestOptions::format).
 //
 // CSV: a header row, then one row per sample. Required columns (any order):
 //   path, num_frames, height, width, fps
@@ -75,7 +75,9 @@ struct ManifestOptions {
   // false: the first bad row is a Failure naming file, line and column.
   // true: bad rows are skipped and counted (rows_skipped), the first 10 reasons kept.
   bool skip_bad_rows = false;
-  // "csv", "jsonl", or "" to decide from the extension (.jsonl/.json -> jsonl, else csv).
+  // "csv", "jsonl", "parquet", or "" to decide from the extension (.jsonl/.json -> jsonl,
+  // .parquet/.pq -> parquet, else csv). Parquet: internal/parquet_manifest.h (the same columns
+  // and field rules; a bad row's line is its 1-based row number).
   std::string format;
 };
 

@@ -19,5 +19,11 @@ def __getattr__(name):
 
 
 # CPU core: manifests, training shapes and the distributed sampler (AdaptiveLoad).
+try:
+    from . import _core  # noqa: F401,E402
+except ImportError as _e:  # a Parquet build moved away from the pyarrow it linked: load pyarrow's
+    if "libarrow" not in str(_e) and "libparquet" not in str(_e):  # libraries first, then retry
+        raise
+    import pyarrow  # noqa: F401,E402
 from ._core import Error, Manifest, model_presets, read_manifest, seq_len, train_shape  # noqa: E402
 from .sampler import BalancedBatchSampler  # noqa: E402

@@ -4,7 +4,8 @@ A small random-weight Flux (2 heads of 8, two double- and two single-stream bloc
 embedding), batch 2, 12 image and 5 text tokens. The patched model against the stock one on the
 same weights and inputs: the output and every parameter's and input's gradient in training, the
 output in inference, with gradient checkpointing and under the one-rank sequence-parallel
-integration; no stock norm module runs once patched; torch.compile(fullgraph=True) of each
+integration, and on two gloo ranks under FSDP2 (training) and 2-rank Ulysses (inference); no
+stock norm module runs once patched; torch.compile(fullgraph=True) of each
 patched block kind and of norm_out; the state_dict unchanged; remove() restores diffusers'
 forwards; the refusals.
 
@@ -276,3 +277,39 @@ def test_refusals():
         adaln_flux.remove(model)
     assert all(is_patched(b) for b in itertools.chain(
         model.transformer_blocks, model.single_transformer_blocks))  # nothing removed
+
+
+def _two_rank_errors(rank, world):
+    """On each rank, the largest relative error against the stock model: of the output and of
+    every gradient for the patched model under FSDP2 (every block and the root sharded; the same
+    inputs on both ranks, so the averaged gradients are the single-process ones), and of the
+    output of the patched model under 2-rank Ulysses sequence parallelism (inference: the
+    integration's output gather is not differentiable)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from ditscale import sp
+
+    stock = make_model()
+    out_s, grads_s = run_training(stock, make_inputs(), sample)
+    floor = 1e-4 * max(float(g.abs().max()) for g in grads_s.values())
+    fsdp = dd.apply_fused_adaln(copy.deepcopy(stock))
+    for block in list(fsdp.transformer_blocks) + list(fsdp.single_transformer_blocks):
+        fully_shard(block)
+    fully_shard(fsdp)
+    out, grads = run_training(fsdp, make_inputs(), sample)
+    errors = {"fsdp2": relative_error(out, out_s)}
+    for name, ref in grads_s.items():
+        got = grads[name]
+        got = got.full_tensor() if hasattr(got, "full_tensor") else got
+        errors["fsdp2"] = max(errors["fsdp2"], relative_error(got, ref, floor))
+    sp_model = dd.apply_fused_adaln(dd.parallelize(copy.deepcopy(stock), mesh=sp.Mesh(1, world),
+                                                   strategy="ulysses"))
+    with torch.no_grad():
+        errors["sp"] = relative_error(sp_model(**make_inputs()).sample, out_s)
+    return errors
+
+
+def test_fsdp2_and_sequence_parallel_on_two_ranks():
+    gloo_util = pytest.importorskip("gloo_util")
+    for rank, errors in enumerate(gloo_util.run_gloo(_two_rank_errors, 2, timeout_s=240)):
+        assert all(e <= TOLERANCE for e in errors.values()), (rank, errors)

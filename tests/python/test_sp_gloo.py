@@ -228,3 +228,19 @@ def test_config_text_round_trip():
         assert config_of_text(config_text(cfg)) == cfg
     with pytest.raises(ValueError, match="config 'strategy=1'"):
         config_of_text("strategy=1")
+
+
+def test_attention_config_memo_follows_the_environment(monkeypatch):
+    from ditscale.sp import Config, make_config
+    from ditscale.sp.runtime import _attention_config
+    monkeypatch.delenv("DITSCALE_SP_COMM_SMS", raising=False)
+    ring = Config(strategy="ring")
+    assert _attention_config("w", ring, {}) == make_config("w", ring)
+    assert _attention_config("w", ring, {}).comm_sms == 0
+    monkeypatch.setenv("DITSCALE_SP_COMM_SMS", "4")
+    assert _attention_config("w", ring, {}).comm_sms == 4
+    assert _attention_config("w", None, {"strategy": "torus", "chunks": 3}).torus_chunks == 3
+    with pytest.raises(ValueError, match="chunks: 0 is out of range"):
+        _attention_config("w", None, {"strategy": "torus", "chunks": 0})
+    with pytest.raises(TypeError, match="chunks: expected an integer, got bool"):  # not as 1
+        _attention_config("w", None, {"strategy": "torus", "chunks": True})

@@ -57,14 +57,22 @@ NVLink within. Call it before any NCCL communicator is created. NVSHMEM knows no
 emulation: its puts between emulated machines would go over NVLink, around the emulated network,
 so on emulated machines ``transport="nvshmem"`` is refused; use ``"nvshmem-intra"``.
 
+CPU tensors with a gloo process group run the same schedules on CPU (one process per rank,
+torch.distributed's send/recv, attention with its log-sum-exp through PyTorch's CPU attention,
+fp32 compute): every strategy and "auto" (among the two-sided candidates); one-sided transports
+are CUDA only. On more than one rank attention is the custom op
+``torch.ops.ditscale_sp.attention`` (with a fake kernel), so ``torch.compile(fullgraph=True)``
+traces through it; one rank runs SDPA. docs/sp.md ("CPU execution over gloo", "torch.compile").
+
 The schedules, executor and kernels are C++/CUDA (``ditscale/sp``, ``ditscale/runtime``,
 ``ditscale/comm``, ``ditscale/kernels``). Planning (plan, predict, strategy="auto"'s choice) runs
 in ``ditscale._core`` and needs neither torch nor CUDA; the runtime (attention and the
 diagnostics) is ``ditscale._C``'s ``SpRuntime``, imported on first use.
 
 Modules: config (Config, the environment), meshes (Mesh, shards, emulated machines), planning
-(plan, predict), runtime (attention, synchronize, describe, set_trace, timeline), local
-(run_local, replay_compute).
+(plan, predict), runtime (attention, synchronize, describe, set_trace, timeline), custom_op (the
+op torch.ops.ditscale_sp.attention), cpu_runtime / cpu_executor / cpu_kernels (CPU execution
+over gloo), local (run_local, replay_compute).
 """
 
 from __future__ import annotations

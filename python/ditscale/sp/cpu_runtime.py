@@ -25,7 +25,7 @@ from .planning import best_for_transport, plan, planned_config
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 TIMEOUT_S = 120.0  # a transfer that does not complete in this time fails the call
 
-# (id(group), local shape) -> total image tokens; (id(group), shape, config) -> Program.
+# (group, size, rank, local shape) -> total image tokens; (id(group), shape, config) -> Program.
 _SEQ_TOTAL: Dict[Tuple, int] = {}
 _PROGRAMS: Dict[Tuple, cpu_executor.Program] = {}
 _PLANS: Dict[Tuple, dict] = {}
@@ -49,7 +49,7 @@ def seq_total(mesh: Mesh, q: torch.Tensor, k: torch.Tensor, text: int, where: st
     """The layer's total image tokens, after checking every rank's shape (see the module)."""
     local = (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], text,
              _DTYPE_CODES[q.dtype])
-    key = (id(mesh.group), local)
+    key = (id(process_group(mesh)), mesh.size, mesh.rank, local)
     total = _SEQ_TOTAL.get(key)
     if total is not None:
         return total

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from .. import ops as _ops  # loads ditscale._C (the ops and the SpRuntime class)
 from . import cpu_runtime as _cpu_runtime
 from . import custom_op as _custom_op
-from .config import Config, make_config, op_fields
+from .config import (ENV_COMM_SMS, ENV_ENGINE, ENV_NET_CHANNELS, ENV_SIGNAL, ENV_TOPOLOGY,
+                     Config, make_config, op_fields)
 from .meshes import Mesh, check_transport_on_mesh
 from .planning import best_for_transport, plan, planned_config
 
@@ -108,6 +109,31 @@ def _local_attention(q, k, v, joint_q, joint_k, joint_v):
     return (o[:, T:], o[:, :T]) if T else (o, None)
 
 
+# make_config's results for attention: (config, overrides, the variables it reads) -> Config.
+# make_config costs ~25 us (two validated dataclass copies), a lookup here ~2 us.
+_CONFIG_MEMO: Dict[Tuple, Config] = {}
+_CONFIG_MEMO_SIZE = 256
+_CONFIG_ENV = (ENV_TOPOLOGY, ENV_COMM_SMS, ENV_ENGINE, ENV_SIGNAL, ENV_NET_CHANNELS)
+
+
+def _attention_config(where: str, config: Optional[Config], overrides: dict) -> Config:
+    """make_config(where, config, **overrides), memoised while the environment variables it
+    reads keep their values (torch.compile traces make_config itself)."""
+    if torch.compiler.is_compiling():
+        return make_config(where, config, **overrides)
+    key = (config, tuple((type(v), v) for v in overrides.values()),
+           tuple(os.environ.get(n) for n in _CONFIG_ENV))
+    try:
+        cfg = _CONFIG_MEMO.get(key)
+    except TypeError:  # an unhashable argument: make_config names it
+        return make_config(where, config, **overrides)
+    if cfg is None:
+        cfg = make_config(where, config, **overrides)
+        if len(_CONFIG_MEMO) < _CONFIG_MEMO_SIZE:
+            _CONFIG_MEMO[key] = cfg
+    return cfg
+
+
 def _check_tensors(where: str, q, k, v, joint) -> None:
     """q [B, S, H, D], k and v [B, S, Hk, D] (H a multiple of Hk), joint (text q, k, v)
     [B, T, H, D], [B, T, Hk, D] x 2: one device and one dtype."""
@@ -154,10 +180,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     joint = joint_q is not None
     if (joint_k is None) != (joint_q is None) or (joint_v is None) != (joint_q is None):
         raise ValueError(f"{where}: joint_q, joint_k and joint_v go together")
-    cfg = make_config(where, config, strategy=strategy, chunks=chunks,
-                      ulysses_chunks=ulysses_chunks, transport=transport,
-                      ulysses_degree=ulysses_degree, ring_degree=ring_degree, topology=topology,
-                      comm_sms=comm_sms)
+    cfg = _attention_config(where, config, dict(
+        strategy=strategy, chunks=chunks, ulysses_chunks=ulysses_chunks, transport=transport,
+        ulysses_degree=ulysses_degree, ring_degree=ring_degree, topology=topology,
+        comm_sms=comm_sms))
     check_transport_on_mesh(cfg.transport, mesh, where)
     _check_tensors(where, q, k, v, (joint_q, joint_k, joint_v) if joint else None)
     if mesh is None or mesh.size == 1:  # nothing to transport: any transport

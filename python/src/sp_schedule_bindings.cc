@@ -87,8 +87,8 @@ py::dict ProgramDict(const sp::Schedule& s, int rank) {
   const sp::RankProgram& p = s.ranks[rank];
   py::list buffers;
   for (const sp::BufferDecl& b : p.buffers) {
-    buffers.append(py::make_tuple(b.name, sp::ToString(b.role), InitName(b.init), b.tokens,
-                                  b.heads, b.width));
+    buffers.append(
+        py::make_tuple(b.name, sp::ToString(b.role), InitName(b.init), b.tokens, b.heads, b.width));
   }
   py::list ops;
   for (const sp::Op& op : p.ops) ops.append(OpTuple(op));
@@ -146,8 +146,8 @@ void BindSpSchedule(py::module_& m) {
       },
       py::kw_only(), arg("machines"), arg("gpus_per_machine"), arg("batch"), arg("seq"),
       arg("text"), arg("heads"), arg("kv_heads") = 0, arg("head_dim"), arg("dtype_bytes") = 2,
-      arg("strategy"), arg("transport") = "nccl", arg("ulysses_degree") = 0,
-      arg("ring_degree") = 0, arg("chunks") = 1, arg("ulysses_chunks") = 1, arg("rank"),
+      arg("strategy"), arg("transport") = "nccl", arg("ulysses_degree") = 0, arg("ring_degree") = 0,
+      arg("chunks") = 1, arg("ulysses_chunks") = 1, arg("rank"),
       "One rank's program (buffers and ops) of the schedule of a resolved configuration.");
 }
 

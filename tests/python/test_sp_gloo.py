@@ -244,3 +244,24 @@ def test_attention_config_memo_follows_the_environment(monkeypatch):
         _attention_config("w", None, {"strategy": "torus", "chunks": 0})
     with pytest.raises(TypeError, match="chunks: expected an integer, got bool"):  # not as 1
         _attention_config("w", None, {"strategy": "torus", "chunks": True})
+
+
+def test_rank_program_binding_and_loader():
+    from ditscale import _core
+    from ditscale.sp import cpu_executor
+    layer = dict(machines=1, gpus_per_machine=2, batch=1, seq=9, text=2, heads=3, kv_heads=3,
+                 head_dim=8, dtype_bytes=4)
+    raw = _core.sp_rank_program(**layer, strategy="ring", rank=1)
+    assert (raw["rank"], raw["ring_degree"], raw["image_token_count"]) == (1, 2, 4)
+    prog = cpu_executor.load_program(raw, "ring")
+    kinds = {op.kind for op in prog.ops}
+    assert {"Send", "Recv", "Attention", "Merge"} <= kinds
+    assert sorted(i for units in prog.units for u in units for i in u) == list(range(len(prog.ops)))
+    with pytest.raises(_core.Error, match=r"rank: 2 is out of range \[0, 1\]"):
+        _core.sp_rank_program(**layer, strategy="ring", rank=2)
+    with pytest.raises(_core.Error, match="strategy: 'auto' is not one of"):
+        _core.sp_rank_program(**layer, strategy="auto", rank=0)
+    one_sided = _core.sp_rank_program(**layer, strategy="ring", transport="nvshmem", rank=0)
+    with pytest.raises(ValueError, match="is a (Put|Signal|Wait): the CPU executor runs "
+                                         "two-sided transports only"):
+        cpu_executor.load_program(one_sided, "ring nvshmem")

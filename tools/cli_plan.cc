@@ -17,6 +17,7 @@
 #include "ditscale/balance/manifest.h"
 #include "ditscale/balance/planner.h"
 #include "ditscale/balance/report.h"
+#include "ditscale/balance/shaped_reader.h"
 #include "ditscale/balance/shapes.h"
 #include "ditscale/balance/simulate.h"
 #include "ditscale/core/error.h"
@@ -203,27 +204,13 @@ void RunPlan(const PlanArgs& a) {
   auto t0 = std::chrono::steady_clock::now();
   ManifestOptions mo;
   mo.skip_bad_rows = a.skip_bad_rows;
-  ShapedManifest shaped;
-  Manifest manifest;
-  double parse_s = 0, shape_s = 0, parse_cpu_s = 0, shape_cpu_s = 0;
-  int64_t num_samples = 0;
-  {
-    double c0 = CpuSeconds();
-    Manifest full = Unwrap(ReadManifest(a.manifest, mo));
-    parse_s = Seconds(t0);
-    parse_cpu_s = CpuSeconds() - c0;
-    t0 = std::chrono::steady_clock::now();
-    c0 = CpuSeconds();
-    shaped = ShapeManifest(std::move(full), model);  // moves full.ids only
-    shape_s = Seconds(t0);
-    shape_cpu_s = CpuSeconds() - c0;
-    num_samples = static_cast<int64_t>(full.samples.size());
-    // Keep only the counts: the raw samples are not needed past shaping.
-    manifest.source = full.source;
-    manifest.rows_total = full.rows_total;
-    manifest.rows_skipped = full.rows_skipped;
-    manifest.skipped_examples = std::move(full.skipped_examples);
-  }
+  Manifest manifest;  // the counts only: a CSV file's rows are mapped to shapes while parsed
+  const double c0 = CpuSeconds();
+  ShapedManifest shaped = Unwrap(ReadShapedManifest(a.manifest, model, mo, &manifest));
+  // Reading and shaping are one step (shaped_reader.h): "parse" times both, "shape" is 0.
+  const double parse_s = Seconds(t0), parse_cpu_s = CpuSeconds() - c0;
+  const double shape_s = 0, shape_cpu_s = 0;
+  const auto num_samples = static_cast<int64_t>(shaped.shape_of.size());
   if (manifest.rows_skipped > 0 && !a.json) {
     std::fprintf(stderr, "skipped %lld bad rows of %lld, e.g. %s\n",
                  static_cast<long long>(manifest.rows_skipped),

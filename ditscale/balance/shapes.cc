@@ -30,14 +30,13 @@
 #include <tuple>
 #include <utility>
 
-#include "ditscale/core/checked_math.h"
+#include "ditscale/balance/internal/shape_mapper.h"
 #include "ditscale/core/json_text.h"
 #include "ditscale/core/range.h"
 
 namespace ditscale::balance {
 namespace {
 
-constexpr double kAspectTolerance = 0.05;
 constexpr double kMaxStride = 64;  // vae strides and patch sizes (shapes.h)
 
 std::vector<Resolution> WanBuckets() {
@@ -176,8 +175,6 @@ bool ReadField(const nlohmann::json& j, const char* key, T* out, const std::stri
   return true;
 }
 
-int32_t Align(int32_t v, int32_t unit) { return std::max(unit, v / unit * unit); }
-
 }  // namespace
 
 std::vector<std::string> ModelPresetNames() {
@@ -295,232 +292,8 @@ Result<ModelPreset> ResolveModel(const std::string& name_or_path) {
 
 namespace {
 
-// The bucket rule with the buckets' logs computed once (ShapeManifest maps millions of samples).
-class BucketChooser {
- public:
-  explicit BucketChooser(const ModelPreset& model) : model_(model) {
-    for (const auto& b : model.buckets) {
-      log_ar_.push_back(std::log(static_cast<double>(b.height) / b.width));
-      log_area_.push_back(std::log(static_cast<double>(b.height) * b.width));
-    }
-  }
-  Resolution Choose(int32_t h, int32_t w) const {
-    const auto& buckets = model_.buckets;
-    if (buckets.empty()) {
-      return {Align(h, model_.vae_stride_hw * model_.patch_h),
-              Align(w, model_.vae_stride_hw * model_.patch_w)};
-    }
-    const double lar = std::log(static_cast<double>(h) / w);
-    const double larea = std::log(static_cast<double>(h) * w);
-    double best_dar = std::numeric_limits<double>::infinity();
-    for (double l : log_ar_) best_dar = std::min(best_dar, std::abs(lar - l));
-    size_t best = buckets.size();
-    double best_darea = 0;
-    for (size_t i = 0; i < buckets.size(); ++i) {
-      if (std::abs(lar - log_ar_[i]) > best_dar + kAspectTolerance) continue;
-      const double darea = std::abs(larea - log_area_[i]);
-      if (best == buckets.size() || darea < best_darea - 1e-12 ||
-          (darea <= best_darea + 1e-12 &&
-           int64_t{buckets[i].height} * buckets[i].width <
-               int64_t{buckets[best].height} * buckets[best].width)) {
-        best = i;
-        best_darea = darea;
-      }
-    }
-    return buckets[best];
-  }
-
- private:
-  const ModelPreset& model_;
-  std::vector<double> log_ar_, log_area_;
-};
-
-int32_t TrainFrames(const RawSample& s, const ModelPreset& model) {
-  if (model.images_only || s.num_frames <= 1) return 1;
-  int64_t f = s.num_frames;
-  if (model.target_fps > 0 && s.fps > model.target_fps) {
-    f = static_cast<int64_t>(std::floor((f - 1) * model.target_fps / s.fps + 1e-9)) + 1;
-  }
-  f = std::min<int64_t>(f, std::max(1, model.max_frames));
-  const int64_t st = std::max(1, model.vae_stride_t);
-  return static_cast<int32_t>((f - 1) / st * st + 1);
-}
-
-}  // namespace
-
-namespace {
-
-std::string RawText(const RawSample& s) {
-  return ditscale::internal::StrCat("(num_frames ", s.num_frames, ", height ", s.height, ", width ",
-                                    s.width, ", fps ", FormatNumber(static_cast<double>(s.fps)),
-                                    ")");
-}
-
-// The rules MapSample checks first: a raw sample's sizes and fps, the model's strides.
-void CheckSample(const RawSample& s, const ModelPreset& model) {
-  if (s.num_frames < 1 || s.height < 1 || s.width < 1 || !(s.fps >= 0) || !std::isfinite(s.fps))
-      [[unlikely]] {
-    throw Error("sample " + RawText(s) +
-                ": num_frames, height and width must be >= 1 and fps finite and >= 0");
-  }
-  if (model.vae_stride_t < 1 || model.vae_stride_hw < 1 || model.patch_t < 1 || model.patch_h < 1 ||
-      model.patch_w < 1) [[unlikely]] {
-    throw Error("model " + model.name + ": VAE strides and patch sizes must be >= 1");
-  }
-}
-
-// S = tokens_t * tokens_h * tokens_w (+ joint text tokens) in checked int64 arithmetic whose
-// error text names the sample and the model: only reached when the unchecked fast path of
-// SeqLen finds an overflow or a value out of [1, kMaxSeqLen], so it always throws.
-[[gnu::cold, gnu::noinline]] int64_t SeqLenOrThrow(int64_t tokens_t, int64_t tokens_h,
-                                                   int64_t tokens_w, const RawSample& s,
-                                                   const ModelPreset& model) {
-  const std::string what = "tokens of sample " + RawText(s) + " for model " + model.name;
-  int64_t seq = CheckedMul(CheckedMul(tokens_t, tokens_h, what), tokens_w, what);
-  seq = CheckedAdd(seq, model.joint_text ? model.text_tokens : 0, what);
-  if (seq < 1 || seq > kMaxSeqLen) {
-    throw Error(
-        ditscale::internal::StrCat(what, ": ", seq, " is out of range [1, ", kMaxSeqLen, "]"));
-  }
-  return seq;
-}
-
-// Tokens S of a training shape (shapes.h), without building any text unless it is an error.
-int64_t SeqLen(const TrainShape& t, const RawSample& s, const ModelPreset& model) {
-  const int64_t latent_frames = 1 + (t.frames - 1) / model.vae_stride_t;
-  const int64_t pt = model.patch_t;
-  const int64_t tokens_t = (latent_frames + pt - 1) / pt;  // padded to a whole temporal patch
-  const int64_t tokens_h =
-      t.height / CheckedMul(model.vae_stride_hw, model.patch_h, "vae_stride_hw * patch_h");
-  const int64_t tokens_w =
-      t.width / CheckedMul(model.vae_stride_hw, model.patch_w, "vae_stride_hw * patch_w");
-  int64_t seq = 0;
-  if (MulFits(tokens_t, tokens_h, &seq) && MulFits(seq, tokens_w, &seq) &&
-      AddFits(seq, model.joint_text ? model.text_tokens : 0, &seq) && seq >= 1 && seq <= kMaxSeqLen)
-      [[likely]] {
-    return seq;
-  }
-  return SeqLenOrThrow(tokens_t, tokens_h, tokens_w, s, model);
-}
-
-TrainShape MapSample(const RawSample& s, const ModelPreset& model, const BucketChooser& chooser) {
-  CheckSample(s, model);
-  TrainShape t;
-  t.frames = TrainFrames(s, model);
-  const Resolution r = chooser.Choose(s.height, s.width);
-  t.height = r.height;
-  t.width = r.width;
-  t.seq_len = SeqLen(t, s, model);
-  return t;
-}
-
-// Open-addressing map TrainShape -> dense index (distinct shapes are few: tens to thousands).
-class ShapeTable {
- public:
-  ShapeTable() : slots_(64, -1) {}
-  // Returns the index of t, adding it to *shapes when new.
-  int32_t Find(const TrainShape& t, std::vector<TrainShape>* shapes) {
-    size_t i = Hash(t) & (slots_.size() - 1);
-    while (slots_[i] >= 0) {
-      if ((*shapes)[slots_[i]] == t) return slots_[i];
-      i = (i + 1) & (slots_.size() - 1);
-    }
-    const int32_t id = static_cast<int32_t>(shapes->size());
-    shapes->push_back(t);
-    slots_[i] = id;
-    if (shapes->size() * 2 > slots_.size()) Rehash(*shapes);
-    return id;
-  }
-
- private:
-  static size_t Hash(const TrainShape& t) {
-    uint64_t x = static_cast<uint64_t>(t.seq_len) * 0x9E3779B97F4A7C15ull;
-    x ^= (uint64_t(uint32_t(t.frames)) << 40) ^ (uint64_t(uint32_t(t.height)) << 20) ^
-         uint64_t(uint32_t(t.width));
-    x *= 0xBF58476D1CE4E5B9ull;
-    return static_cast<size_t>(x ^ (x >> 31));
-  }
-  void Rehash(const std::vector<TrainShape>& shapes) {
-    slots_.assign(slots_.size() * 2, -1);
-    for (size_t id = 0; id < shapes.size(); ++id) {
-      size_t i = Hash(shapes[id]) & (slots_.size() - 1);
-      while (slots_[i] >= 0) i = (i + 1) & (slots_.size() - 1);
-      slots_[i] = static_cast<int32_t>(id);
-    }
-  }
-  std::vector<int32_t> slots_;
-};
-
-// Memo of (training frames, raw height, raw width) -> shape index: the training shape is a
-// function of these three (the frames already fold in num_frames, fps and the model's frame
-// rules), and a corpus has few distinct triples but for images of random sizes. The table is
-// small and fixed (kSlots, at most half full) so that it stays in cache: once full, a new
-// triple is mapped without being remembered.
-class ShapeMemo {
- public:
-  ShapeMemo() : slots_(kSlots) {}
-  // The index for the triple, computed with make() when not remembered.
-  template <typename Make>
-  int32_t Get(uint32_t frames, uint32_t height, uint32_t width, Make&& make) {
-    size_t i = Hash(frames, height, width) & (kSlots - 1);
-    while (slots_[i].value >= 0) {
-      const Slot& x = slots_[i];
-      if (x.frames == frames && x.height == height && x.width == width) return x.value;
-      i = (i + 1) & (kSlots - 1);
-    }
-    const int32_t v = make();
-    if (size_ < kSlots / 2) {
-      slots_[i] = Slot{frames, height, width, v};
-      ++size_;
-    }
-    return v;
-  }
-
- private:
-  struct Slot {
-    uint32_t frames = 0, height = 0, width = 0;
-    int32_t value = -1;  // -1: empty
-  };
-  static constexpr size_t kSlots = 8192;  // 128 KiB
-  static size_t Hash(uint32_t f, uint32_t h, uint32_t w) {
-    const uint64_t hw = static_cast<uint64_t>(h) << 32 | w;
-    uint64_t x = hw * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(f) * 0xBF58476D1CE4E5B9ull;
-    return static_cast<size_t>(x ^ (x >> 29));
-  }
-  std::vector<Slot> slots_;
-  size_t size_ = 0;
-};
-
-// What one part of the manifest (a contiguous range of rows) maps to: local shape indices in
-// shape_of, the distinct shapes in first-seen order, and the part's first failing row.
-struct ShapePart {
-  std::vector<TrainShape> shapes;
-  int64_t error_row = -1;        // first row of the part that MapSample refused
-  std::string error;             // its message
-  std::exception_ptr exception;  // any other exception (out of memory)
-};
-
-void MapRows(const RawSample* samples, int64_t begin, int64_t end, const ModelPreset& model,
-             const BucketChooser& chooser, int32_t* shape_of, ShapePart* part) {
-  ShapeTable table;
-  ShapeMemo memo;
-  int64_t i = begin;
-  try {
-    for (; i < end; ++i) {
-      const RawSample& s = samples[i];
-      CheckSample(s, model);
-      shape_of[i] = memo.Get(static_cast<uint32_t>(TrainFrames(s, model)),
-                             static_cast<uint32_t>(s.height), static_cast<uint32_t>(s.width), [&] {
-                               return table.Find(MapSample(s, model, chooser), &part->shapes);
-                             });
-    }
-  } catch (const Error& e) {
-    part->error_row = i;
-    part->error = e.what();
-  } catch (...) {
-    part->exception = std::current_exception();
-  }
-}
+using internal::BucketChooser;
+using internal::ShapeMapper;
 
 // Manifests from this many samples on are shaped in two parts on two threads.
 constexpr int64_t kParallelSamples = int64_t{1} << 17;
@@ -533,10 +306,23 @@ void RunParts(int parts, Fn&& fn) {
   fn(0);
 }
 
+// Maps samples [begin, end) to the mapper's local indices in shape_of; stops at the first
+// refused sample. An exception other than a refusal (out of memory) is kept in *exception.
+void MapRows(const RawSample* samples, int64_t begin, int64_t end, ShapeMapper* mapper,
+             int32_t* shape_of, std::exception_ptr* exception) {
+  try {
+    for (int64_t i = begin; i < end && mapper->error_entry() < 0; ++i) {
+      shape_of[i] = mapper->Map(samples[i], i);
+    }
+  } catch (...) {
+    *exception = std::current_exception();
+  }
+}
+
 }  // namespace
 
 TrainShape ToTrainShape(const RawSample& s, const ModelPreset& model) {
-  return MapSample(s, model, BucketChooser(model));
+  return internal::MapSample(s, BucketChooser(model));
 }
 
 namespace {
@@ -553,48 +339,28 @@ ShapedManifest ShapeRows(const Manifest& manifest, std::vector<int64_t> ids,
   // are merged below; the result (and the first failing row) is that of one pass in row order.
   const int parts = n >= kParallelSamples && std::thread::hardware_concurrency() >= 2 ? 2 : 1;
   auto bound = [&](int p) { return n * p / parts; };
-  std::vector<ShapePart> part(parts);
+  std::vector<ShapeMapper> mapper(parts, ShapeMapper(chooser));
+  std::vector<std::exception_ptr> exception(parts);
   RunParts(parts, [&](int p) {
-    MapRows(manifest.samples.data(), bound(p), bound(p + 1), model, chooser, out.shape_of.data(),
-            &part[p]);
+    MapRows(manifest.samples.data(), bound(p), bound(p + 1), &mapper[p], out.shape_of.data(),
+            &exception[p]);
   });
-  for (const ShapePart& pt : part) {
-    if (pt.exception) std::rethrow_exception(pt.exception);
-    if (pt.error_row >= 0) {
-      const size_t i = static_cast<size_t>(pt.error_row);
+  for (int p = 0; p < parts; ++p) {
+    if (exception[p]) std::rethrow_exception(exception[p]);
+    if (mapper[p].error_entry() >= 0) {
+      const size_t i = static_cast<size_t>(mapper[p].error_entry());
       const std::string id = i < out.ids.size() ? std::to_string(out.ids[i]) : "?";
-      throw Error(manifest.source + ": sample id " + id + ": " + pt.error);
+      throw Error(manifest.source + ": sample id " + id + ": " + mapper[p].error());
     }
   }
-  // The parts' shapes in one table, then a deterministic order: sorted by (seq_len, frames,
-  // height, width).
-  ShapeTable table;
-  std::vector<TrainShape> shapes;
-  std::vector<std::vector<int32_t>> global(parts);
-  for (int p = 0; p < parts; ++p) {
-    for (const TrainShape& t : part[p].shapes) global[p].push_back(table.Find(t, &shapes));
-  }
-  std::vector<int32_t> order(shapes.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-    const auto& a = shapes[x];
-    const auto& b = shapes[y];
-    return std::tie(a.seq_len, a.frames, a.height, a.width) <
-           std::tie(b.seq_len, b.frames, b.height, b.width);
-  });
-  std::vector<int32_t> rank(shapes.size());
-  out.shapes.resize(shapes.size());
-  for (size_t r = 0; r < order.size(); ++r) {
-    rank[order[r]] = static_cast<int32_t>(r);
-    out.shapes[r] = shapes[order[r]];
-  }
-  for (auto& g : global) {
-    for (int32_t& s : g) s = rank[s];
-  }
+  std::vector<const std::vector<TrainShape>*> lists;
+  for (const ShapeMapper& m : mapper) lists.push_back(&m.shapes());
+  internal::MergedShapes merged = internal::MergeShapes(lists);
   // Local -> sorted index, and the counts, part by part.
-  std::vector<std::vector<int64_t>> counts(parts, std::vector<int64_t>(shapes.size(), 0));
+  const size_t num_shapes = merged.shapes.size();
+  std::vector<std::vector<int64_t>> counts(parts, std::vector<int64_t>(num_shapes, 0));
   RunParts(parts, [&](int p) {
-    const int32_t* to = global[p].data();
+    const int32_t* to = merged.to_global[p].data();
     int64_t* count = counts[p].data();
     int32_t* shape_of = out.shape_of.data();
     for (int64_t i = bound(p); i < bound(p + 1); ++i) {
@@ -603,7 +369,8 @@ ShapedManifest ShapeRows(const Manifest& manifest, std::vector<int64_t> ids,
       ++count[s];
     }
   });
-  out.count.assign(shapes.size(), 0);
+  out.shapes = std::move(merged.shapes);
+  out.count.assign(num_shapes, 0);
   for (const auto& c : counts) {
     for (size_t s = 0; s < c.size(); ++s) out.count[s] += c[s];
   }

@@ -342,8 +342,10 @@ const char* NextRecordStart(const char* from, const char* end, bool in_quotes) {
 
 }  // namespace
 
-Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name,
-                                  const ManifestOptions& options, const CsvParseOptions& csv) {
+Result<std::vector<RowSink>> ParseCsvRows(std::string_view text, const std::string& name,
+                                          const ManifestOptions& options,
+                                          const CsvParseOptions& csv,
+                                          const BucketChooser* chooser) {
   const char* begin = text.data();
   const char* end = begin + text.size();
   const char* p = begin;
@@ -399,11 +401,11 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
                                                std::thread::hardware_concurrency() >= 2);
   const double bytes_per_line = BytesPerLine(data, end);
   std::vector<RowSink> parts;
-  parts.emplace_back(options.skip_bad_rows, RowsToReserve(data_bytes, bytes_per_line));
+  parts.emplace_back(options.skip_bad_rows, RowsToReserve(data_bytes, bytes_per_line), chooser);
   PageReleaser rel(begin, data, csv.release_pages);
   if (!parallel || data_bytes < 2) {
     ParseRows(sc, h, end, &parts[0], &rel, csv.plain_fast_path);
-    return Finish(&parts, name, options);
+    return parts;
   }
 
   // Two parts: [data, b2) here, [b2, end) on a second thread, b2 being the first record start
@@ -412,7 +414,7 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
   const char* split = data + data_bytes / 2;
   const char* b2 = end;
   RowSink second(options.skip_bad_rows,
-                 RowsToReserve(static_cast<size_t>(end - split), bytes_per_line));
+                 RowsToReserve(static_cast<size_t>(end - split), bytes_per_line), chooser);
   std::exception_ptr worker_error;
   std::jthread worker([&] {
     try {
@@ -436,7 +438,14 @@ Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name
     second.line_offset = sc.line();
     parts.push_back(std::move(second));
   }
-  return Finish(&parts, name, options);
+  return parts;
+}
+
+Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name,
+                                  const ManifestOptions& options, const CsvParseOptions& csv) {
+  auto parts = ParseCsvRows(text, name, options, csv, nullptr);
+  if (!parts.ok()) return parts.failure();
+  return Finish(&*parts, name, options);
 }
 
 }  // namespace ditscale::balance::internal

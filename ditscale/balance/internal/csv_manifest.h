@@ -13,7 +13,9 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "ditscale/balance/internal/manifest_rows.h"
 #include "ditscale/balance/manifest.h"
 #include "ditscale/core/result.h"
 
@@ -32,7 +34,16 @@ struct CsvParseOptions {
   bool plain_fast_path = true;
 };
 
-// Parses CSV manifest text; `name` is used in error messages.
+// The data rows of CSV manifest text as parts in file order (one, or two when parsed on two
+// threads; each part's line_offset set), for Finish or the fused shape mapping
+// (shaped_reader.h): with `chooser` the rows are mapped to local shape indices as they are
+// parsed (RowSink). Failure: an empty text or a bad header; `name` is used in messages.
+Result<std::vector<RowSink>> ParseCsvRows(std::string_view text, const std::string& name,
+                                          const ManifestOptions& options,
+                                          const CsvParseOptions& csv = {},
+                                          const BucketChooser* chooser = nullptr);
+
+// Parses CSV manifest text (ParseCsvRows, then Finish); `name` is used in error messages.
 Result<Manifest> ParseCsvManifest(std::string_view text, const std::string& name,
                                   const ManifestOptions& options, const CsvParseOptions& csv = {});
 

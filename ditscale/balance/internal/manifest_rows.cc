@@ -230,9 +230,20 @@ std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f
   return s;
 }
 
-RowSink::RowSink(bool skip_bad_rows, size_t reserve) : skip_bad_rows_(skip_bad_rows) {
-  samples.reserve(reserve);
-  ids.reserve(reserve);
+RowSink::RowSink(bool skip_bad_rows, size_t reserve, const BucketChooser* chooser)
+    : skip_bad_rows_(skip_bad_rows), reserve_(reserve) {
+  if (chooser != nullptr) {
+    mapper.emplace(*chooser);
+    shape_of.reserve(reserve);
+  } else {
+    samples.reserve(reserve);
+  }
+}
+
+void RowSink::WriteOutIds() {
+  ids.reserve(std::max(reserve_, static_cast<size_t>(good_) + 1));
+  for (int64_t k = 0; k < good_; ++k) ids.push_back(k);
+  dense_ids = false;
 }
 
 bool RowSink::TooManyRows(int64_t line) {
@@ -248,55 +259,63 @@ size_t RowsToReserve(size_t bytes, double bytes_per_row) {
       std::min({want, static_cast<double>(kCap), static_cast<double>(kMaxRows)}));
 }
 
-Result<Manifest> Finish(std::vector<RowSink>* parts, const std::string& name,
-                        const ManifestOptions& options) {
+std::optional<Failure> CheckParts(const std::vector<RowSink>& parts, const std::string& name,
+                                  const ManifestOptions& options, Manifest* counts) {
   auto failure = [&](const RowSink& p, const RowError& e) {
     return Failure{e.message, name, e.line + p.line_offset, e.column};
   };
-  Manifest m;
-  m.source = name;
   int64_t rows = 0;
-  for (const RowSink& p : *parts) {
+  for (const RowSink& p : parts) {
     if (!options.skip_bad_rows && !p.errors.empty()) return failure(p, p.errors.front());
     if (p.fatal) return failure(p, *p.fatal);
     rows += p.rows;
   }
   if (rows > kMaxRows) {
-    const RowSink& last = parts->back();
     return Failure{"more than " + std::to_string(kMaxRows) + " data rows (the limit)", name,
-                   last.line_offset + 1, ""};
+                   parts.back().line_offset + 1, ""};
   }
+  counts->source = name;
+  counts->rows_total = rows;
+  counts->rows_skipped = 0;
+  counts->skipped_examples.clear();
+  for (const RowSink& p : parts) {
+    counts->rows_skipped += p.skipped;
+    for (const RowError& e : p.errors) {
+      if (counts->skipped_examples.size() < kMaxSkippedExamples) {
+        counts->skipped_examples.push_back(failure(p, e).ToString());
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+Result<Manifest> Finish(std::vector<RowSink>* parts, const std::string& name,
+                        const ManifestOptions& options) {
+  Manifest m;
+  if (auto f = CheckParts(*parts, name, options, &m)) return *f;
   if (parts->empty()) return m;
   size_t n = 0;
   for (const RowSink& p : *parts) n += p.samples.size();
-  // The first part's arrays are reused when they can hold everything.
+  // The first part's array is reused when it can hold everything.
   RowSink& first = parts->front();
-  if (first.samples.capacity() >= n && first.ids.capacity() >= n) {
+  if (first.samples.capacity() >= n) {
     m.samples = std::move(first.samples);
-    m.ids = std::move(first.ids);
   } else {
     m.samples.reserve(n);
-    m.ids.reserve(n);
     m.samples.insert(m.samples.end(), first.samples.begin(), first.samples.end());
-    m.ids.insert(m.ids.end(), first.ids.begin(), first.ids.end());
     std::vector<RawSample>().swap(first.samples);
-    std::vector<int64_t>().swap(first.ids);
   }
+  m.ids.reserve(n);
+  int64_t offset = 0;
   for (size_t k = 0; k < parts->size(); ++k) {
     RowSink& p = (*parts)[k];
     if (k > 0) {
       m.samples.insert(m.samples.end(), p.samples.begin(), p.samples.end());
-      for (int64_t id : p.ids) m.ids.push_back(id + m.rows_total);
       std::vector<RawSample>().swap(p.samples);
-      std::vector<int64_t>().swap(p.ids);
     }
-    m.rows_total += p.rows;
-    m.rows_skipped += p.skipped;
-    for (const RowError& e : p.errors) {
-      if (m.skipped_examples.size() < kMaxSkippedExamples) {
-        m.skipped_examples.push_back(failure(p, e).ToString());
-      }
-    }
+    for (int64_t i = 0; i < p.good(); ++i) m.ids.push_back(p.id_of(i) + offset);
+    std::vector<int64_t>().swap(p.ids);
+    offset += p.rows;
   }
   return m;
 }

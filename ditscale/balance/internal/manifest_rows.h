@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ditscale/balance/internal/shape_mapper.h"
 #include "ditscale/balance/manifest.h"
 #include "ditscale/core/result.h"
 
@@ -77,10 +78,14 @@ bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s);
 
 // The rows of one contiguous part of a manifest, in file order. Ids and lines are relative to
 // the part; Finish adds each part's offsets. At most kMaxRows rows per part.
+// Without a chooser the good rows are kept as samples; with one (the fused shape mapping of
+// shaped_reader.h) each good row is mapped at once to a local shape index (shape_of) by the
+// part's ShapeMapper and no sample is kept. While no row was bad the ids are 0..good-1 and not
+// stored (dense_ids); the first bad row writes them out.
 class RowSink {
  public:
   // skip_bad_rows: see ManifestOptions. reserve: expected number of rows (capped).
-  RowSink(bool skip_bad_rows, size_t reserve);
+  RowSink(bool skip_bad_rows, size_t reserve, const BucketChooser* chooser = nullptr);
   // Validates and stores one row; false when parsing must stop (strict mode and a bad row, or a
   // limit broken).
   bool Row(const std::array<FieldRef, kNumRequired>& fields, int64_t row_line) {
@@ -88,14 +93,12 @@ class RowSink {
     const int64_t id = rows++;
     RawSample fast;
     if (FastValidateRow(fields, &fast)) {
-      samples.push_back(fast);
-      ids.push_back(id);
+      Keep(fast, id);
       return true;
     }
     RowError err;
     if (auto s = ValidateRow(fields, row_line, &err)) {
-      samples.push_back(*s);
-      ids.push_back(id);
+      Keep(*s, id);
       return true;
     }
     return Bad(std::move(err));
@@ -110,21 +113,38 @@ class RowSink {
   }
   // True when this part's parse was stopped by a bad row (strict) or a broken limit.
   bool failed() const { return fatal.has_value() || (!skip_bad_rows_ && !errors.empty()); }
+  // Good rows kept (samples or shape indices).
+  int64_t good() const { return good_; }
+  // The id (row number within the part) of the k-th good row.
+  int64_t id_of(int64_t k) const { return dense_ids ? k : ids[static_cast<size_t>(k)]; }
 
-  std::vector<RawSample> samples;  // good rows
-  std::vector<int64_t> ids;        // their row numbers within the part (0-based)
-  int64_t rows = 0;                // rows seen (good + bad)
-  int64_t skipped = 0;             // bad rows (skip mode)
-  std::vector<RowError> errors;    // the first kMaxSkippedExamples bad rows (strict: the one)
-  std::optional<RowError> fatal;   // the broken limit that stopped the parse
-  int64_t line_offset = 0;         // added to every line of the part (set by the caller)
+  std::vector<RawSample> samples;  // good rows (without a chooser)
+  std::vector<int32_t> shape_of;   // with a chooser: per good row, its index into mapper's shapes
+  std::optional<ShapeMapper> mapper;
+  bool dense_ids = true;          // the ids are 0..good()-1 and `ids` is empty
+  std::vector<int64_t> ids;       // !dense_ids: the good rows' row numbers within the part
+  int64_t rows = 0;               // rows seen (good + bad)
+  int64_t skipped = 0;            // bad rows (skip mode)
+  std::vector<RowError> errors;   // the first kMaxSkippedExamples bad rows (strict: the one)
+  std::optional<RowError> fatal;  // the broken limit that stopped the parse
+  int64_t line_offset = 0;        // added to every line of the part (set by the caller)
 
  private:
+  void Keep(const RawSample& s, int64_t id) {
+    if (mapper) {
+      shape_of.push_back(mapper->Map(s, good_));
+    } else {
+      samples.push_back(s);
+    }
+    if (!dense_ids) ids.push_back(id);
+    ++good_;
+  }
   bool Bad(RowError err) {
     if (!skip_bad_rows_) {
       errors.push_back(std::move(err));
       return false;
     }
+    if (dense_ids) WriteOutIds();
     ++skipped;
     if (errors.size() < kMaxSkippedExamples) errors.push_back(std::move(err));
     return true;
@@ -135,7 +155,10 @@ class RowSink {
     return false;
   }
   bool TooManyRows(int64_t line);
+  void WriteOutIds();
   bool skip_bad_rows_;
+  size_t reserve_;
+  int64_t good_ = 0;
 };
 
 // The number of rows to reserve for a text of `bytes` bytes whose first rows average
@@ -143,9 +166,14 @@ class RowSink {
 // (the vectors grow past that when needed) and at kMaxRows.
 size_t RowsToReserve(size_t bytes, double bytes_per_row);
 
-// Joins the parts (in file order) into a Manifest of file `name`: ids offset by the rows of the
-// earlier parts, lines by each part's line_offset. The first part (in file order) that failed
-// gives the result: its strict-mode bad row or its broken limit. Moves the data out of the parts.
+// The outcome of the parts (in file order) of file `name`: the first part that failed gives the
+// Failure (its strict-mode bad row or its broken limit; lines offset by the part's line_offset);
+// else *counts gets source, rows_total, rows_skipped and skipped_examples (not samples or ids).
+std::optional<Failure> CheckParts(const std::vector<RowSink>& parts, const std::string& name,
+                                  const ManifestOptions& options, Manifest* counts);
+
+// Joins the parts (in file order) into a Manifest of file `name`: CheckParts, then the samples
+// and the ids, offset by the rows of the earlier parts. Moves the data out of the parts.
 Result<Manifest> Finish(std::vector<RowSink>* parts, const std::string& name,
                         const ManifestOptions& options);
 

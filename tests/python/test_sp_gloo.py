@@ -10,6 +10,7 @@ is the expensive part on the 2-core CI machine)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import pytest
@@ -102,11 +103,36 @@ def _run_case(rank, world, strategy, fields, mesh_shape, shape, seed):
         err = max(err, (text_out.double() - ref[:, :T]).abs().max().item())
     again = sp.attention(*mine, **args)  # the same bits (the cached program, same inputs)
     same = torch.equal(again[0] if T else again, out)
-    return err, same
+    bits = [out] + ([text_out] if T else [])
+    digest = hashlib.sha256(b"".join(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                                     for t in bits)).hexdigest()
+    return err, same, digest
 
 
 def _all_cases(rank, world, cases):
-    return [_run_case(rank, world, *case, seed=i) for i, case in enumerate(cases)]
+    """Every case, then the torus and ring cases again with each rank's attention blocks and
+    copies delayed at random (other interleavings of the streams and the ranks: no deadlock,
+    the same result)."""
+    results = [_run_case(rank, world, *case, seed=i) for i, case in enumerate(cases)]
+    import random
+    import time
+    from ditscale.sp import cpu_executor
+    rng = random.Random(rank)
+    start = cpu_executor._Run.start
+
+    def delayed(self, op):
+        if op.kind != "Send" and op.kind != "Recv" and rng.random() < 0.3:
+            time.sleep(rng.random() * 0.003)
+        return start(self, op)
+
+    cpu_executor._Run.start = delayed
+    try:
+        for i, case in enumerate(cases):
+            if case[0] in ("torus", "ring"):
+                results.append(_run_case(rank, world, *case, seed=i))
+    finally:
+        cpu_executor._Run.start = start
+    return results
 
 
 def _tolerance(shape):
@@ -116,15 +142,21 @@ def _tolerance(shape):
 @pytest.mark.parametrize("world,cases", [(2, CASES_2), (4, CASES_4)], ids=["2", "4"])
 def test_every_strategy_matches_dense(world, cases):
     results = run_gloo(_all_cases, world, cases, timeout_s=150)
+    again = [c for c in cases if c[0] in ("torus", "ring")]
     for rank, per_rank in enumerate(results):
-        for case, (err, same) in zip(cases, per_rank):
+        assert len(per_rank) == len(cases) + len(again)
+        for case, (err, same, _) in zip(cases + again, per_rank):
             assert err < _tolerance(case[3]), f"rank {rank} {case}: max error {err}"
             assert same, f"rank {rank} {case}: a second call gave other bits"
+        digests = {c: d for c, (_, _, d) in zip(map(repr, cases), per_rank)}
+        for case, (_, _, d) in zip(again, per_rank[len(cases):]):
+            assert digests[repr(case)] == d, f"rank {rank} {case}: other bits when delayed"
 
 
 def _errors(rank, world):
     """Each failing call's message (or None when it did not fail), on every rank."""
     import ditscale.sp as sp
+    from ditscale.sp import runtime
     mesh = sp.Mesh(1, world)
     q = torch.randn(1, 4 + rank, 2, 8)
     caught = {}
@@ -147,6 +179,8 @@ def _errors(rank, world):
                                          strategy="ring"))
     # Rank r holds 4 + r tokens: 4 + 5 are not shard_range's 5 + 4.
     expect("shards", lambda: sp.attention(q, q, q, mesh=mesh, strategy="ring"))
+    cfg = sp.make_config("test", strategy="ring")
+    expect("cuda-gloo", lambda: runtime._gpu_attention(q, q, q, None, mesh, cfg, "w"))
     d = 8 if rank == 0 else 16
     p = torch.randn(1, 4, 2, d)
     expect("ranks", lambda: sp.attention(p, p, p, mesh=mesh, strategy="ring"))
@@ -163,6 +197,8 @@ def test_errors_name_the_problem():
         assert "joint_k has shape" in caught["joint"]
         assert "torch.float64" in caught["dtype"]
         assert f"rank 0 holds 4 image tokens, its share of 9 on 2 ranks is 5" in caught["shards"]
+        assert "CUDA tensors need an NCCL process group, the mesh's group has backend 'gloo'" \
+            in caught["cuda-gloo"]
         assert "disagree on the layer's head_dim: rank 0 has 8, rank 1 16" in caught["ranks"]
 
 

@@ -12,8 +12,9 @@ a contiguous tensor; local ops run at once), then waits for its transfers (a Rec
 copied into its region) and marks them complete. That is the schedule's own execution model, so
 no valid schedule can deadlock: a stream blocks only where the model says it waits, and a
 transfer in flight completes in gloo's own threads. Send / Recv match on (sender, receiver,
-tag); the schedule's tags are unique within one layer (checked when a program is loaded), and a
-later layer's messages of one (pair, tag) come after the earlier layer's on gloo's connection.
+tag); the schedule's tags (offset by TAG_BASE) are unique within one layer (checked when a program
+is loaded), and a later layer's messages of one (pair, tag) come after the earlier layer's on
+gloo's connection.
 
 Buffers are float32 whatever the inputs' dtype (attention and merges in float32: cpu_kernels.py),
 [batch, tokens, heads, width]; buffers the schedule leaves undefined start as NaN, so data that
@@ -35,6 +36,9 @@ from .cpu_kernels import attention_lse, merge_lse_
 
 Region = Optional[Tuple[int, int, int, int, int]]  # buffer, token_begin, tokens, head_begin, heads
 
+# Added to the schedule's tags (< 2^18: at most 2 * kMaxScheduleOps ops), so that they do not
+# match the user's own send / recv on the group (tag 0 by default).
+TAG_BASE = 1 << 30
 _LOCAL = ("Attention", "Merge", "Pack", "Unpack", "Copy")
 _TWO_SIDED = ("Send", "Recv")
 _INIT = {"undefined": float("nan"), "zero": 0.0, "neg-inf": float("-inf")}
@@ -158,11 +162,11 @@ class _Run:
         """Runs a local op, or posts a transfer: (work, landing tensor) or None."""
         if op.kind == "Send":
             data = self.view(op.src).contiguous()
-            return self.pg.send([data], op.peer, op.tag), data
+            return self.pg.send([data], op.peer, TAG_BASE + op.tag), data
         if op.kind == "Recv":
             dst = self.view(op.dst)
             land = dst if dst.is_contiguous() else torch.empty(dst.shape, dtype=torch.float32)
-            return self.pg.recv([land], op.peer, op.tag), land
+            return self.pg.recv([land], op.peer, TAG_BASE + op.tag), land
         if op.kind == "Attention":
             out, lse = attention_lse(self.view(op.src), self.view(op.key), self.view(op.value))
             self.view(op.dst).copy_(out)

@@ -121,6 +121,16 @@ def test_fused_qkv_projections():
         assert relative_error(model(**inputs).sample, ref) <= 1e-5
 
 
+def test_compiles_without_graph_breaks_at_one_rank():
+    model, inputs = make_model(), make_inputs()
+    with torch.no_grad():
+        ref = model(**inputs).sample
+        dd.parallelize(model)
+        torch._dynamo.reset()
+        out = torch.compile(model, backend="aot_eager", fullgraph=True)(**inputs).sample
+    assert relative_error(out, ref) <= 1e-6
+
+
 def test_refuses_what_it_cannot_shard():
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 

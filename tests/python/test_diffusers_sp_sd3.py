@@ -114,6 +114,16 @@ def test_one_rank_matches_the_stock_module_and_keeps_the_state_dict():
     assert [id(p) for p in model.parameters()] == params
 
 
+def test_compiles_without_graph_breaks_at_one_rank():
+    model, inputs = make_model(), make_inputs()
+    with torch.no_grad():
+        ref = model(**inputs).sample
+        dd.parallelize(model)
+        torch._dynamo.reset()
+        out = torch.compile(model, backend="aot_eager", fullgraph=True)(**inputs).sample
+    assert relative_error(out, ref) <= 1e-6
+
+
 def test_refuses_what_it_cannot_shard():
     from diffusers.models.attention_processor import JointAttnProcessor2_0
 

@@ -88,5 +88,14 @@ def apply_fused_adaln(transformer):
     return transformer
 
 
+def remove_fused_adaln(transformer):
+    """Undoes :func:`apply_fused_adaln` (the stock forwards again); returns ``transformer``. A
+    transformer that was not patched is returned unchanged."""
+    where = "ditscale.diffusers.remove_fused_adaln"
+    family = family_of(transformer, SUPPORTED_TRANSFORMERS, "transformer", where)
+    _family_module("adaln", family).remove(transformer)
+    return transformer
+
+
 __all__ = ["SUPPORTED_TRANSFORMERS", "SUPPORTED_PIPELINES", "parallelize",
-           "parallelize_pipeline", "apply_fused_adaln", "family_of"]
+           "parallelize_pipeline", "apply_fused_adaln", "remove_fused_adaln", "family_of"]

@@ -35,8 +35,6 @@ own ``enable_parallelism``, and inputs on a device other than the parameters'.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
-
 import torch
 from diffusers.models.attention_processor import (CogVideoXAttnProcessor2_0,
                                                   FusedCogVideoXAttnProcessor2_0)
@@ -136,19 +134,17 @@ def _gather_hook(ctx: SpContext, tokens: Tokens):
 
 # ---- attention ---------------------------------------------------------------------------------
 
-def joint_attention(ctx: SpContext, text: Tuple[torch.Tensor, ...],
-                    video: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Attention of [text; video shard] over all text and video tokens of the mesh. ``text``:
-    (q, k, v) [B, T, H, d], ``video``: (q, k, v) [B, S_r, H, d]. Returns (text_out [B, T, H, d],
-    video_out [B, S_r, H, d]); on one rank, one attention over the concatenation."""
-    T = text[0].shape[1]
+def joint_attention(ctx: SpContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    text: int) -> torch.Tensor:
+    """Attention of [text; video shard] over all text and video tokens of the mesh. q, k, v:
+    [B, T + S_r, H, d], the ``text`` = T text tokens first. Returns [B, T + S_r, H, d]; on one
+    rank, one attention over q, k, v as they are (no copy)."""
     if ctx.size == 1:
-        out = ctx.attention(*(torch.cat(pair, 1) for pair in zip(text, video)))
-        return out[:, :T], out[:, T:]
-    video_out, text_out = ctx.attention(*(x.contiguous() for x in video),
-                                        joint_q=text[0].contiguous(), joint_k=text[1].contiguous(),
-                                        joint_v=text[2].contiguous())
-    return text_out, video_out
+        return ctx.attention(q, k, v)
+    tq, tk, tv = (y.narrow(1, 0, text).contiguous() for y in (q, k, v))
+    vq, vk, vv = (y.narrow(1, text, y.shape[1] - text).contiguous() for y in (q, k, v))
+    video_out, text_out = ctx.attention(vq, vk, vv, joint_q=tq, joint_k=tk, joint_v=tv)
+    return torch.cat([text_out, video_out], 1)
 
 
 def _projections(attn, x: torch.Tensor):
@@ -177,13 +173,10 @@ class JointAttentionProcessor:
             q = attn.norm_q(q)
         if attn.norm_k is not None:
             k = attn.norm_k(k)
-        text = tuple(y.narrow(1, 0, T) for y in (q, k, v))
-        video = [y.narrow(1, T, y.shape[1] - T) for y in (q, k, v)]
-        if image_rotary_emb is not None:
-            video[0] = apply_rotary_emb(video[0], image_rotary_emb, sequence_dim=1)
+        if image_rotary_emb is not None:  # the video rows, in place (fresh tensors)
+            q[:, T:] = apply_rotary_emb(q[:, T:], image_rotary_emb, sequence_dim=1)
             if not attn.is_cross_attention:
-                video[1] = apply_rotary_emb(video[1], image_rotary_emb, sequence_dim=1)
-        text_out, video_out = joint_attention(self.ctx, text, tuple(video))
-        out = torch.cat([text_out, video_out], 1).flatten(2).to(q.dtype)
+                k[:, T:] = apply_rotary_emb(k[:, T:], image_rotary_emb, sequence_dim=1)
+        out = joint_attention(self.ctx, q, k, v, T).flatten(2).to(q.dtype)
         out = attn.to_out[1](attn.to_out[0](out))
         return out.narrow(1, T, out.shape[1] - T), out.narrow(1, 0, T)

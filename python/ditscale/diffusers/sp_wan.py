@@ -189,8 +189,10 @@ def rotate_interleaved(x: torch.Tensor, rotary: Tuple[torch.Tensor, torch.Tensor
     for both members of its pair). Computed in the tables' precision, returned in x's dtype."""
     cos, sin = rotary[0][..., 0::2], rotary[1][..., 1::2]
     even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
-    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1)
-    return rotated.flatten(-2).type_as(x)
+    out = torch.empty_like(x)  # written in place, pair by pair: no tensor of the tables' dtype
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = even * sin + odd * cos
+    return out
 
 
 class SelfAttentionProcessor:

@@ -203,10 +203,12 @@ def test_errors_name_the_problem():
 
 
 def _compiled(rank, world):
-    """The eager and the fullgraph-compiled result of a small function around sp.attention, and
-    whether its graph holds the custom op."""
+    """The fullgraph-compiled (first: nothing run eagerly before) and the eager result of a small
+    function around sp.attention, on the default group and on a subgroup; Dynamo's graphs."""
+    import torch.distributed as dist
+
     import ditscale.sp as sp
-    mesh = sp.Mesh(1, world)
+    meshes = [sp.Mesh(1, world), sp.Mesh(1, world, dist.new_group(list(range(world))))]
     g = torch.Generator().manual_seed(7)
     q, k, v, tq = (torch.randn(2, 6, 4, 8, generator=g) for _ in range(4))
     graphs = []
@@ -215,21 +217,22 @@ def _compiled(rank, world):
         graphs.append(gm.code)
         return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
 
-    def layer(q, k, v, tq):
-        out, text_out = sp.attention(q * 2, k, v, mesh=mesh, strategy="ring", joint_q=tq,
-                                     joint_k=tq, joint_v=tq)
-        return out.relu() + 1, text_out
+    same = []
+    for mesh in meshes:
+        def layer(q, k, v, tq):
+            out, text_out = sp.attention(q * 2, k, v, mesh=mesh, strategy="ring", joint_q=tq,
+                                         joint_k=tq, joint_v=tq)
+            return out.relu() + 1, text_out
 
-    eager = layer(q, k, v, tq)
-    compiled = torch.compile(layer, backend=record, fullgraph=True)(q, k, v, tq)
-    return ([torch.equal(a, b) for a, b in zip(eager, compiled)],
-            any("ditscale_sp.attention" in c for c in graphs), len(graphs))
+        compiled = torch.compile(layer, backend=record, fullgraph=True)(q, k, v, tq)
+        same += [torch.equal(a, b) for a, b in zip(layer(q, k, v, tq), compiled)]
+    return same, [c.count("ditscale_sp.attention") for c in graphs]
 
 
 def test_compile_fullgraph_two_ranks():
-    for same, has_op, graphs in run_gloo(_compiled, 2, timeout_s=120):
-        assert all(same)
-        assert has_op and graphs == 1
+    for same, ops_per_graph in run_gloo(_compiled, 2, timeout_s=120):
+        assert same == [True] * 4
+        assert ops_per_graph == [1, 1]  # one graph per function, each holding the op
 
 
 def test_compile_fullgraph_one_rank():

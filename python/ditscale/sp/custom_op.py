@@ -5,12 +5,14 @@ through it instead of breaking the graph at the attention.
 Schema::
 
     ditscale_sp::attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k,
-                           Tensor? joint_v, int mesh_id, str config) -> (Tensor, Tensor)
+                           Tensor? joint_v, str group_name, int machines,
+                           int gpus_per_machine, str config) -> (Tensor, Tensor)
 
 - q [B, S_local, H, D], k, v [B, S_local, Hk, D]: this rank's image tokens; joint_* [B, T, H or
   Hk, D] (all text tokens) or None.
-- ``mesh_id``: the mesh's id in this process's registry (:func:`mesh_id`; a Mesh holds a process
-  group, which a schema cannot carry).
+- ``group_name``, ``machines``, ``gpus_per_machine``: the mesh (:func:`mesh_args`): its process
+  group by name ("" = the default group; a schema cannot carry the group object itself, and a
+  registry filled while Dynamo traces would be filled only after the graph has run).
 - ``config``: the ditscale.sp.Config as text (:func:`config_text`: ``field=repr(value)`` joined by
   ``;``, every field; :func:`config_of_text` reads it back), after make_config (environment
   applied), so the op is a function of its arguments.
@@ -36,28 +38,31 @@ import torch
 from .config import Config
 from .meshes import Mesh
 
-_MESHES: Dict[int, Mesh] = {}
-_ID_ATTR = "_ditscale_sp_op_id"
 _FIELDS = tuple(f.name for f in dataclasses.fields(Config))
 _CONFIGS: Dict[str, Config] = {}
+# (group name, machines, gpus_per_machine, the group object's id) -> the Mesh the kernel runs on.
+_MESHES: Dict[Tuple, Mesh] = {}
 
 
-def mesh_id(mesh: Mesh) -> int:
-    """The registry id of ``mesh`` (assigned on first use, kept on the mesh; the registry keeps
-    the mesh alive)."""
-    i = getattr(mesh, _ID_ATTR, None)
-    if i is None:
-        i = len(_MESHES) + 1
-        _MESHES[i] = mesh
-        setattr(mesh, _ID_ATTR, i)
-    return i
+def mesh_args(mesh: Mesh) -> Tuple[str, int, int]:
+    """The op's arguments for ``mesh``: (its process group's name, "" for the default group;
+    machines; gpus_per_machine). No state is kept: under torch.compile they are constants of the
+    graph, and the kernel finds the group again by its name."""
+    name = "" if mesh.group is None else mesh.group.group_name
+    return name, mesh.machines, mesh.gpus_per_machine
 
 
-def mesh_of(i: int) -> Mesh:
-    mesh = _MESHES.get(i)
+def mesh_of(group_name: str, machines: int, gpus_per_machine: int) -> Mesh:
+    """The Mesh of :func:`mesh_args`' values (memoised; checked against the group's size)."""
+    import torch.distributed as dist
+    group = None
+    if group_name:
+        group = dist.distributed_c10d._resolve_process_group(group_name)
+    key = (group_name, machines, gpus_per_machine, id(group))
+    mesh = _MESHES.get(key)
     if mesh is None:
-        raise ValueError(f"ditscale_sp::attention: mesh_id {i} is not a registered mesh "
-                         f"(ids 1..{len(_MESHES)} in this process)")
+        mesh = Mesh(machines, gpus_per_machine, group)
+        _MESHES[key] = mesh
     return mesh
 
 
@@ -89,13 +94,16 @@ def _joint_shape(q: torch.Tensor, joint_q: Optional[torch.Tensor]):
 
 _LIB = torch.library.Library("ditscale_sp", "FRAGMENT")
 _LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k, "
-            "Tensor? joint_v, int mesh_id, str config) -> (Tensor, Tensor)")
+            "Tensor? joint_v, str group_name, int machines, int gpus_per_machine, str config) "
+            "-> (Tensor, Tensor)")
 
 
-def _attention_impl(q, k, v, joint_q, joint_k, joint_v, mesh_id, config):
+def _attention_impl(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gpus_per_machine,
+                    config):
     from .runtime import distributed_attention
     joint = None if joint_q is None else (joint_q, joint_k, joint_v)
-    out, jout = distributed_attention(q, k, v, joint, mesh_of(mesh_id), config_of_text(config))
+    mesh = mesh_of(group_name, machines, gpus_per_machine)
+    out, jout = distributed_attention(q, k, v, joint, mesh, config_of_text(config))
     if jout is None:
         jout = q.new_empty(_joint_shape(q, None))
     return out, jout
@@ -106,7 +114,8 @@ _LIB.impl("attention", _attention_impl, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("ditscale_sp::attention", lib=_LIB)
-def _attention_fake(q, k, v, joint_q, joint_k, joint_v, mesh_id, config):
+def _attention_fake(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gpus_per_machine,
+                    config):
     return q.new_empty(q.shape), q.new_empty(_joint_shape(q, joint_q))
 
 

@@ -194,7 +194,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
                          f"tensors only); {q.device.type} tensors run the two-sided transport "
                          f"'nccl' (over gloo)")
     out, jout = _custom_op.attention_op(q, k, v, joint_q, joint_k, joint_v,
-                                        _custom_op.mesh_id(mesh), _custom_op.config_text(cfg))
+                                        *_custom_op.mesh_args(mesh), _custom_op.config_text(cfg))
     return (out, jout) if joint else out
 
 

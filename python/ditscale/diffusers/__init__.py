@@ -62,12 +62,13 @@ def parallelize(transformer, mesh=None, strategy: str = "auto", **options):
     or ``"auto"`` (the planner's choice per attention shape). ``options``: further
     ``ditscale.sp.Config`` fields (chunks, ulysses_chunks, transport, comm_sms, topology, ...).
     """
-    from ._sp_context import make_context
+    from ._sp_context import make_context, mark
 
     where = "ditscale.diffusers.parallelize"
     family = family_of(transformer, SUPPORTED_TRANSFORMERS, "transformer", where)
     ctx = make_context(where, transformer, mesh, strategy, options)
     _family_module("sp", family).parallelize(transformer, ctx)
+    mark(transformer, ctx)
     return transformer
 
 

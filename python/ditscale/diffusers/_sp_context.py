@@ -80,7 +80,8 @@ class SpContext:
 
 def make_context(where: str, transformer, mesh: Optional[sp.Mesh], strategy: str,
                  options: dict) -> SpContext:
-    """Checks the arguments of parallelize and marks ``transformer`` as parallelized."""
+    """Checks the arguments of parallelize; :func:`mark` records the context on the transformer
+    once its family module has parallelized it (a refused call leaves it unmarked)."""
     if getattr(transformer, ATTR, None) is not None:
         raise ValueError(f"{where}: this {type(transformer).__name__} is already parallelized")
     if mesh is None:
@@ -89,9 +90,12 @@ def make_context(where: str, transformer, mesh: Optional[sp.Mesh], strategy: str
         raise TypeError(f"{where}: mesh must be a ditscale.sp.Mesh or None, got "
                         f"{type(mesh).__name__}")
     config = sp.make_config(where, None, strategy=strategy, **options)
-    ctx = SpContext(mesh, config)
+    return SpContext(mesh, config)
+
+
+def mark(transformer, ctx: SpContext) -> None:
+    """Records ``ctx`` on a parallelized transformer (see :func:`context_of`)."""
     setattr(transformer, ATTR, ctx)
-    return ctx
 
 
 def context_of(transformer) -> Optional[SpContext]:

@@ -102,6 +102,7 @@ class CsvScanner {
  public:
   CsvScanner(const char* p, const char* end, int64_t line) : p_(p), end_(end), line_(line) {}
   const char* pos() const { return p_; }
+  const char* end() const { return end_; }
   int64_t line() const { return line_; }
 
   // Skips blank lines; returns false at the end of the text.
@@ -276,7 +277,8 @@ bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
     const char* record = sc.pos();
     const int64_t row_line = sc.line();
     if (fast && sc.PlainRecord(h.slot_of.data(), ncols, &fields, row_line)) {
-      if (!sink->Row(fields, row_line)) return false;
+      // Every field starts before the cursor: 8 bytes past it are readable from each.
+      if (!sink->Row(fields, row_line, sc.end() - sc.pos() >= 8)) return false;
       continue;
     }
     for (auto& f : fields) f.present = false;
@@ -313,7 +315,7 @@ bool ParseRows(CsvScanner& sc, const Header& h, const char* stop, RowSink* sink,
       if (!sink->BadRow(std::move(err))) return false;
       continue;
     }
-    if (!sink->Row(fields, row_line)) return false;
+    if (!sink->Row(fields, row_line, sc.end() - sc.pos() >= 8)) return false;
   }
   return true;
 }

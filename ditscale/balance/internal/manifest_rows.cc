@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ditscale/balance/internal/swar_digits.h"
 #include "ditscale/core/range.h"
 
 namespace ditscale::balance::internal {
@@ -160,15 +161,42 @@ std::string Shown(std::string_view s) {
   return out;
 }
 
-bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s) {
+namespace {
+
+// FastPositiveInt, word-parallel when 8 bytes can be loaded from the field (swar_digits.h).
+inline std::optional<int32_t> PositiveInt(std::string_view s, bool padded) {
+  if (kSwarDigits && padded && !s.empty() && s.size() <= 8) {
+    uint64_t v = 0;
+    if (!SwarDigits(s.data(), s.size(), &v) || v == 0) return std::nullopt;
+    return static_cast<int32_t>(v);
+  }
+  return FastPositiveInt(s);
+}
+
+// FastDecimal, word-parallel when 8 bytes can be loaded from the field: the same mantissa and
+// fraction digits, so the same double.
+inline std::optional<double> Decimal(std::string_view s, bool padded) {
+  if (kSwarDigits && padded && !s.empty() && s.size() <= 8) {
+    static constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7};
+    uint64_t m = 0;
+    int frac = 0;
+    if (!SwarDecimal(s.data(), s.size(), &m, &frac)) return std::nullopt;
+    return static_cast<double>(m) / kPow10[frac];
+  }
+  return FastDecimal(s);
+}
+
+}  // namespace
+
+bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s, bool padded) {
   for (const FieldRef& x : f) {
     if (!x.present || x.type != FieldType::kText) return false;
   }
   const std::string_view path = f[kPath].text;
   if (path.empty() || path.front() == ' ' || path.front() == '\t') return false;
-  const auto frames = FastPositiveInt(f[kFrames].text);
-  const auto height = FastPositiveInt(f[kHeight].text);
-  const auto width = FastPositiveInt(f[kWidth].text);
+  const auto frames = PositiveInt(f[kFrames].text, padded);
+  const auto height = PositiveInt(f[kHeight].text, padded);
+  const auto width = PositiveInt(f[kWidth].text, padded);
   if (!frames || !height || !width) return false;
   s->num_frames = *frames;
   s->height = *height;
@@ -177,10 +205,10 @@ bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s) 
   if (*frames == 1) {
     s->fps = 0;
     if (fps.empty()) return true;
-    const auto v = FastDecimal(fps);
+    const auto v = Decimal(fps, padded);
     return v && *v <= kMaxFps;
   }
-  const auto v = FastDecimal(fps);
+  const auto v = Decimal(fps, padded);
   if (!v || !(*v >= kMinVideoFps && *v <= kMaxFps)) return false;
   s->fps = static_cast<float>(*v);
   return true;

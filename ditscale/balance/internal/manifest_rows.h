@@ -74,7 +74,10 @@ std::optional<RawSample> ValidateRow(const std::array<FieldRef, kNumRequired>& f
 // The common case of ValidateRow, without building any error text: every field plain CSV text,
 // a path not starting with a space or tab, plain-digit integers, fps empty or plain decimal
 // digits within its range. True: *s is the sample ValidateRow gives; false: call ValidateRow.
-bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s);
+// padded: 8 bytes can be read from the start of every field (the numbers of at most 8 bytes are
+// then parsed word-parallel, internal/swar_digits.h; the result is the same).
+bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s,
+                     bool padded = false);
 
 // The rows of one contiguous part of a manifest, in file order. Ids and lines are relative to
 // the part; Finish adds each part's offsets. At most kMaxRows rows per part.
@@ -87,12 +90,13 @@ class RowSink {
   // skip_bad_rows: see ManifestOptions. reserve: expected number of rows (capped).
   RowSink(bool skip_bad_rows, size_t reserve, const BucketChooser* chooser = nullptr);
   // Validates and stores one row; false when parsing must stop (strict mode and a bad row, or a
-  // limit broken).
-  bool Row(const std::array<FieldRef, kNumRequired>& fields, int64_t row_line) {
+  // limit broken). padded: see FastValidateRow.
+  bool Row(const std::array<FieldRef, kNumRequired>& fields, int64_t row_line,
+           bool padded = false) {
     if (rows >= kMaxRows) return TooManyRows(row_line);
     const int64_t id = rows++;
     RawSample fast;
-    if (FastValidateRow(fields, &fast)) {
+    if (FastValidateRow(fields, &fast, padded)) {
       Keep(fast, id);
       return true;
     }

@@ -19,7 +19,7 @@ pytest.importorskip("diffusers")
 ATTENTION_SHAPES = [
     ("flux", 24, 128, 512), ("wan2.1-1.3b", 12, 128, 0), ("wan2.1-14b", 40, 128, 0),
     ("hunyuan-video", 24, 128, 256), ("cogvideox-5b", 48, 64, 226), ("sd3.5-medium", 24, 64, 333)]
-STRATEGIES = [("ulysses", (1, 2), 1), ("ring", (1, 2), 1), ("torus", (2, 2), 2),
+STRATEGIES = [("ulysses", (1, 2), 1), ("ring", (1, 2), 1), ("ring", (1, 4), 1), ("torus", (2, 2), 2),
               ("usp", (2, 2), 1), ("swiftfusion-tas", (2, 2), 1)]
 
 
@@ -57,10 +57,14 @@ def test_run_local_through_model_attention_shapes(model, heads, head_dim, text, 
 
     q, k, v = (rnd(1, S, heads, head_dim) for _ in range(3))
     joint = [rnd(1, text, heads, head_dim) for _ in range(3)] if text else [None] * 3
+    inputs = [t.clone() for t in (q, k, v)]
     first, _, text_out, _ = sp.run_local(
         q, k, v, strategy=strategy, machines=mesh[0], gpus_per_machine=mesh[1],
         chunks=chunks if strategy == "torus" else None, joint_q=joint[0], joint_k=joint[1],
         joint_v=joint[2])
+    torch.cuda.synchronize()
+    for name, before, after in zip("qkv", inputs, (q, k, v)):
+        assert torch.equal(before, after), f"{model} {strategy}: the layer wrote its input {name}"
     ref = _dense(q, k, v, *joint).float()
     err = (first.float() - ref[:, text:]).abs().max().item()
     assert err < 3e-2, f"{model} {strategy}: max err {err}"

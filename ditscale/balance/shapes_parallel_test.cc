@@ -68,6 +68,12 @@ TEST(ShapesParallel, LargeManifestEqualsOneSampleAtATime) {
   auto no_buckets = ParseModelFile(R"({"base":"hunyuanvideo","buckets":[]})", "m.json");
   ASSERT_TRUE(no_buckets.ok()) << no_buckets.failure().ToString();
   ExpectOneByOne(m, *no_buckets);
+  // A temporal stride that is not a power of two (the memo's frame rule divides instead of
+  // shifting).
+  auto stride3 =
+      ParseModelFile(R"({"base":"wan2.1-1.3b","vae_stride_t":3,"max_frames":100})", "m.json");
+  ASSERT_TRUE(stride3.ok()) << stride3.failure().ToString();
+  ExpectOneByOne(m, *stride3);
 }
 
 std::string ErrorOf(const Manifest& m, const ModelPreset& model) {

@@ -164,26 +164,33 @@ std::string Shown(std::string_view s) {
 namespace {
 
 // FastPositiveInt, word-parallel when 8 bytes can be loaded from the field (swar_digits.h).
-inline std::optional<int32_t> PositiveInt(std::string_view s, bool padded) {
+// Returns through *v (a bool result: an optional's return goes through memory).
+inline bool PositiveInt(std::string_view s, bool padded, int32_t* v) {
   if (kSwarDigits && padded && !s.empty() && s.size() <= 8) {
-    uint64_t v = 0;
-    if (!SwarDigits(s.data(), s.size(), &v) || v == 0) return std::nullopt;
-    return static_cast<int32_t>(v);
+    uint64_t x = 0;
+    if (!SwarDigits(s.data(), s.size(), &x) || x == 0) return false;
+    *v = static_cast<int32_t>(x);
+    return true;
   }
-  return FastPositiveInt(s);
+  const auto r = FastPositiveInt(s);
+  *v = r.value_or(0);
+  return r.has_value();
 }
 
 // FastDecimal, word-parallel when 8 bytes can be loaded from the field: the same mantissa and
 // fraction digits, so the same double.
-inline std::optional<double> Decimal(std::string_view s, bool padded) {
+inline bool Decimal(std::string_view s, bool padded, double* v) {
   if (kSwarDigits && padded && !s.empty() && s.size() <= 8) {
     static constexpr double kPow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7};
     uint64_t m = 0;
     int frac = 0;
-    if (!SwarDecimal(s.data(), s.size(), &m, &frac)) return std::nullopt;
-    return static_cast<double>(m) / kPow10[frac];
+    if (!SwarDecimal(s.data(), s.size(), &m, &frac)) return false;
+    *v = static_cast<double>(m) / kPow10[frac];
+    return true;
   }
-  return FastDecimal(s);
+  const auto r = FastDecimal(s);
+  *v = r.value_or(0);
+  return r.has_value();
 }
 
 }  // namespace
@@ -194,23 +201,23 @@ bool FastValidateRow(const std::array<FieldRef, kNumRequired>& f, RawSample* s, 
   }
   const std::string_view path = f[kPath].text;
   if (path.empty() || path.front() == ' ' || path.front() == '\t') return false;
-  const auto frames = PositiveInt(f[kFrames].text, padded);
-  const auto height = PositiveInt(f[kHeight].text, padded);
-  const auto width = PositiveInt(f[kWidth].text, padded);
-  if (!frames || !height || !width) return false;
-  s->num_frames = *frames;
-  s->height = *height;
-  s->width = *width;
-  const std::string_view fps = f[kFps].text;
-  if (*frames == 1) {
-    s->fps = 0;
-    if (fps.empty()) return true;
-    const auto v = Decimal(fps, padded);
-    return v && *v <= kMaxFps;
+  int32_t frames = 0, height = 0, width = 0;
+  if (!PositiveInt(f[kFrames].text, padded, &frames) ||
+      !PositiveInt(f[kHeight].text, padded, &height) ||
+      !PositiveInt(f[kWidth].text, padded, &width)) {
+    return false;
   }
-  const auto v = Decimal(fps, padded);
-  if (!v || !(*v >= kMinVideoFps && *v <= kMaxFps)) return false;
-  s->fps = static_cast<float>(*v);
+  s->num_frames = frames;
+  s->height = height;
+  s->width = width;
+  const std::string_view fps = f[kFps].text;
+  double v = 0;
+  if (frames == 1) {
+    s->fps = 0;
+    return fps.empty() || (Decimal(fps, padded, &v) && v <= kMaxFps);
+  }
+  if (!Decimal(fps, padded, &v) || !(v >= kMinVideoFps && v <= kMaxFps)) return false;
+  s->fps = static_cast<float>(v);
   return true;
 }
 

@@ -150,10 +150,9 @@ TrainShape MapSample(const RawSample& s, const BucketChooser& chooser) {
 }
 
 ShapeMapper::ShapeMapper(const BucketChooser& chooser)
-    : chooser_(chooser), slots_(kSlots), table_(64, -1) {}
+    : chooser_(chooser), frames_(chooser.model()), cache_(2 * kSets), table_(64, -1) {}
 
-int32_t ShapeMapper::MapNew(const RawSample& s, int64_t entry, uint32_t frames, uint32_t h,
-                            uint32_t w, size_t slot) {
+int32_t ShapeMapper::MapNew(const RawSample& s, int64_t entry, const Key& key, Entry* set) {
   int32_t v = -1;
   try {
     v = FindOrAdd(MapSample(s, chooser_), &table_, &shapes_);
@@ -162,10 +161,8 @@ int32_t ShapeMapper::MapNew(const RawSample& s, int64_t entry, uint32_t frames, 
     error_ = e.what();
     return -1;
   }
-  if (memo_size_ < kSlots / 2) {
-    slots_[slot] = Slot{frames, h, w, v};
-    ++memo_size_;
-  }
+  set[1] = set[0];
+  set[0] = Entry{key, v};
   return v;
 }
 

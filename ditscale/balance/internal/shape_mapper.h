@@ -40,11 +40,42 @@ void CheckSample(const RawSample& s, const ModelPreset& model);
 // ToTrainShape with a chooser built once (throws as ToTrainShape does).
 TrainShape MapSample(const RawSample& s, const BucketChooser& chooser);
 
-// Local shape indices of one part's samples, in the order the samples come. The shape of a new
-// (training frames, height, width) triple is computed by MapSample and remembered in a fixed
-// 8192-slot table (at most half full, 128 KiB: it stays in cache); once full, a new triple is
-// mapped without being kept. The first sample MapSample refuses is kept (entry, message) and
-// every later one gets -1.
+// TrainFrames with the model's constants taken once (the same value for every sample): the
+// stride division is a shift when vae_stride_t is a power of two.
+class FrameRule {
+ public:
+  explicit FrameRule(const ModelPreset& model)
+      : images_only_(model.images_only),
+        target_fps_(model.target_fps),
+        max_frames_(std::max(1, model.max_frames)),
+        stride_(std::max(1, model.vae_stride_t)),
+        shift_((stride_ & (stride_ - 1)) == 0 ? __builtin_ctzll(static_cast<uint64_t>(stride_))
+                                              : -1) {}
+  int32_t operator()(const RawSample& s) const {
+    if (images_only_ || s.num_frames <= 1) return 1;
+    int64_t f = s.num_frames;
+    if (target_fps_ > 0 && s.fps > target_fps_) {
+      f = static_cast<int64_t>(std::floor((f - 1) * target_fps_ / s.fps + 1e-9)) + 1;
+    }
+    f = std::min<int64_t>(f, max_frames_);
+    const int64_t k = shift_ >= 0 ? (f - 1) >> shift_ << shift_ : (f - 1) / stride_ * stride_;
+    return static_cast<int32_t>(k + 1);
+  }
+
+ private:
+  bool images_only_;
+  double target_fps_;
+  int64_t max_frames_, stride_;
+  int shift_;
+};
+
+// Local shape indices of one part's samples, in the order the samples come. The training shape
+// is a function of (training frames, height, width); the last few triples seen are remembered in
+// a small 2-way set-associative cache (kSets sets of two 16-byte entries, 32 KiB: it stays in
+// the first-level cache beside the parser's data), the most recent first in its set, so that
+// the few triples of most samples hit while a stream of one-off triples (images of random sizes)
+// only evicts. A miss runs MapSample and finds the shape in the part's table. The first sample
+// MapSample refuses is kept (entry, message) and every later one gets -1.
 class ShapeMapper {
  public:
   explicit ShapeMapper(const BucketChooser& chooser);
@@ -57,13 +88,12 @@ class ShapeMapper {
         [[unlikely]] {
       return Refuse(s, entry);
     }
-    const auto frames = static_cast<uint32_t>(TrainFrames(s, chooser_.model()));
-    const auto h = static_cast<uint32_t>(s.height), w = static_cast<uint32_t>(s.width);
-    for (size_t i = Hash(frames, h, w) & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
-      const Slot& x = slots_[i];
-      if (x.value < 0) return MapNew(s, entry, frames, h, w, i);
-      if (x.frames == frames && x.height == h && x.width == w) return x.value;
-    }
+    const Key key{static_cast<uint32_t>(frames_(s)), static_cast<uint32_t>(s.height),
+                  static_cast<uint32_t>(s.width)};
+    Entry* set = &cache_[2 * (Hash(key) & (kSets - 1))];
+    if (set[0].value >= 0 && set[0].key == key) return set[0].value;
+    if (set[1].value >= 0 && set[1].key == key) return set[1].value;
+    return MapNew(s, entry, key, set);
   }
   // The distinct shapes of the part, in first-seen order (index = local index).
   const std::vector<TrainShape>& shapes() const { return shapes_; }
@@ -72,26 +102,28 @@ class ShapeMapper {
   const std::string& error() const { return error_; }
 
  private:
-  struct Slot {
+  struct Key {
     uint32_t frames = 0, height = 0, width = 0;
+    bool operator==(const Key&) const = default;
+  };
+  struct Entry {
+    Key key;
     int32_t value = -1;  // -1: empty
   };
-  static constexpr size_t kSlots = 8192;
+  static constexpr size_t kSets = 1024;
   static constexpr float kFiniteFps = 3.4028234663852886e38f;  // FLT_MAX: rejects inf and NaN
-  static size_t Hash(uint32_t f, uint32_t h, uint32_t w) {
-    const uint64_t hw = static_cast<uint64_t>(h) << 32 | w;
+  static size_t Hash(const Key& k) {
+    const uint64_t hw = static_cast<uint64_t>(k.height) << 32 | k.width;
     const uint64_t x =
-        hw * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(f) * 0xBF58476D1CE4E5B9ull;
+        hw * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(k.frames) * 0xBF58476D1CE4E5B9ull;
     return static_cast<size_t>(x ^ (x >> 29));
   }
-  int32_t MapNew(const RawSample& s, int64_t entry, uint32_t frames, uint32_t h, uint32_t w,
-                 size_t slot);
+  int32_t MapNew(const RawSample& s, int64_t entry, const Key& key, Entry* set);
   int32_t Refuse(const RawSample& s, int64_t entry);
-  int32_t FindShape(const TrainShape& t);
 
   const BucketChooser& chooser_;
-  std::vector<Slot> slots_;
-  size_t memo_size_ = 0;
+  FrameRule frames_;
+  std::vector<Entry> cache_;    // kSets * 2
   std::vector<int32_t> table_;  // open addressing TrainShape -> local index (power of two)
   std::vector<TrainShape> shapes_;
   int64_t error_entry_ = -1;

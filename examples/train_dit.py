@@ -6,6 +6,15 @@ AdaptiveLoad policy, and measure the load balance.
         --model wan2.1-1.3b --num-layers 8 --policy balanced --steps 30 --cost cost.json \\
         --log-json balanced.jsonl
     python examples/train_dit.py --model tiny --device cpu ...      (world size 1, no torchrun)
+    ... --model-impl diffusers [--weights DIR]     (diffusers' WanTransformer3DModel instead)
+
+Model (``--model-impl``): ``ditscale`` (default) trains ditscale's WanDiT
+(``ditscale.models.wan_dit``) of the ``--model`` preset; ``diffusers`` trains diffusers'
+``WanTransformer3DModel`` of the same dimensions (random weights from ``--seed``), or the local
+checkpoint folder ``--weights DIR`` (its dimensions; ``--model`` then gives only the padded text
+length), with ``ditscale.diffusers.apply_fused_adaln`` unless ``--no-fused-adaln``
+(``ditscale.models.diffusers_wan``). Everything else (sampler, data, FSDP2 layout, step, logs)
+is the same for both.
 
 Data: ``ditscale.BalancedBatchSampler`` (one item per micro-batch; ``balanced`` gives a rank
 several micro-batches per step, trained with gradient accumulation) inside a
@@ -53,6 +62,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import ditscale
 from ditscale.models.training import (
+    IMPLS,
     StepRunner,
     SyntheticData,
     build_model,
@@ -166,13 +176,17 @@ FIELDS = ["compute_s", "wait_s", "sync_s", "optim_s", "step_s", "gather_s", "tok
           "micro_batches", "loss_sum", "peak_mem_bytes"]
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--model", default="wan2.1-1.3b", help="DiT config: wan2.1-1.3b, "
                     "wan2.1-14b, tiny")
     ap.add_argument("--num-layers", type=int, default=None)
+    ap.add_argument("--model-impl", default="ditscale", choices=list(IMPLS),
+                    help="ditscale's WanDiT or diffusers' WanTransformer3DModel")
+    ap.add_argument("--weights", default=None, help="--model-impl diffusers: a local diffusers "
+                    "WanTransformer3DModel folder (config.json + weights) instead of random init")
     ap.add_argument("--shape-model", default=None, help="ditscale preset or JSON model file for "
                     "shapes and planning (default: --model when it is a ditscale preset)")
     ap.add_argument("--policy", default="balanced", choices=["equal-token", "adaptive",
@@ -202,21 +216,61 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup_steps < 0:
         ap.error("--steps must be >= 1 and --warmup-steps >= 0")
+    if args.weights is not None and args.model_impl != "diffusers":
+        ap.error(f"--weights {args.weights!r} needs --model-impl diffusers")
+    return args
 
+
+def model_config(args):
+    """The WanConfig to train: the --model preset (and --num-layers), or --weights' dimensions."""
+    cfg = make_config(args.model, None if args.weights else args.num_layers)
+    if args.weights is None:
+        return cfg
+    from ditscale.models import diffusers_wan
+
+    try:
+        return diffusers_wan.checkpoint_config(args.weights, cfg, args.num_layers)
+    except (ValueError, ImportError) as e:
+        raise SystemExit(str(e)) from e
+
+
+def check_fused(args) -> None:
+    """The fused AdaLN ops (and, for diffusers, apply_fused_adaln's Wan module) are there."""
+    from ditscale import ops
+
+    if not ops.is_available():
+        raise SystemExit(f"fused AdaLN requested but {ops.load_error()}; pass --no-fused-adaln")
+    if args.model_impl == "diffusers":
+        from ditscale.models import diffusers_wan
+
+        try:
+            diffusers_wan.fused_adaln_function()
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from e
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = model_config(args)
+    if not args.no_fused_adaln:
+        check_fused(args)
     env = init_distributed(args.device, args.pg_timeout_s)
+    try:
+        train(args, env, cfg)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def train(args, env, cfg) -> Dict:
+    """Trains on the initialised process group; returns the summary (every rank)."""
     dev, world, rank, is0 = env.device, env.world_size, env.rank, env.rank == 0
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
         args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
-    cfg = make_config(args.model, args.num_layers)
     shape_model = args.shape_model or (args.model if args.model in ditscale.model_presets()
                                        else "wan2.1-1.3b")
     fused = not args.no_fused_adaln
-    if fused:
-        from ditscale import ops
-
-        if not ops.is_available():
-            raise SystemExit(f"fused AdaLN requested but {ops.load_error()}; "
-                             "pass --no-fused-adaln")
 
     def log(msg):
         if is0:
@@ -231,14 +285,15 @@ def main(argv=None) -> int:
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_shapes,
                         num_workers=args.num_workers)
     plan = sampler.plan_summary
-    log(f"train_dit: {cfg.name} ({cfg.num_layers} layers, dim {cfg.dim}), world size {world}, "
+    log(f"train_dit: {args.model_impl} {cfg.name} ({cfg.num_layers} layers, dim {cfg.dim}), "
+        f"world size {world}, "
         f"{dev.type}, {dtype}, fused AdaLN {'on' if fused else 'off'}, sync {args.sync}; policy "
         f"{args.policy}: {plan['num_steps']} steps/epoch, M_mem {plan['m_mem_tokens']}, "
         f"M_comp {plan['m_comp']:.4g}, p {plan['p']:.3f}, cost {plan.get('cost_source')}")
 
     model, optimizer = build_model(cfg, dev, fused_adaln=fused, dtype=dtype, seed=args.seed,
-                                   lr=args.lr)
-    runner = StepRunner(model, optimizer, dev, sync_mode=args.sync)
+                                   lr=args.lr, impl=args.model_impl, weights=args.weights)
+    runner = StepRunner(model, optimizer, dev, sync_mode=args.sync, cfg=cfg, dtype=dtype)
     data = SyntheticData(cfg, dev, dtype, seed=args.seed)
     jsonl = open(args.log_json, "w") if (is0 and args.log_json) else None
     records = []  # per global step: (epoch, step, [W, len(FIELDS)] array, loss)
@@ -313,8 +368,7 @@ def main(argv=None) -> int:
             jsonl.write(json.dumps({"type": "summary", **summary}) + "\n")
             jsonl.close()
     dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return summary
 
 
 def summarize(args, records, sampler, dataset, world, plan, fused, cfg) -> Dict:
@@ -332,7 +386,9 @@ def summarize(args, records, sampler, dataset, world, plan, fused, cfg) -> Dict:
     m["mean_sync_s"] = float(np.mean([r[2][:, idx["sync_s"]].max() for r in timed]))
     m["peak_mem_bytes"] = int(max(r[2][:, idx["peak_mem_bytes"]].max() for r in records))
     out = {
-        "policy": args.policy, "model": cfg.name, "num_layers": cfg.num_layers,
+        "policy": args.policy, "model": cfg.name, "model_impl": args.model_impl,
+        "weights": args.weights,
+        "num_layers": cfg.num_layers,
         "world_size": world, "fused_adaln": fused, "sync": args.sync,
         "steps": len(records), "timed_steps": len(timed), "tokens": int(tokens),
         "measured": m,
@@ -362,7 +418,8 @@ def summarize(args, records, sampler, dataset, world, plan, fused, cfg) -> Dict:
 
 def print_summary(s: Dict) -> None:
     m, plan = s["measured"], s["plan"]
-    print(f"\n== summary: policy {s['policy']}, {s['model']} x{s['num_layers']} layers, world "
+    print(f"\n== summary: policy {s['policy']}, {s['model_impl']} {s['model']} x"
+          f"{s['num_layers']} layers, world "
           f"{s['world_size']}, fused AdaLN {'on' if s['fused_adaln'] else 'off'}, "
           f"{s['timed_steps']} timed steps of {s['steps']}")
     rows = [("tokens/s", f"{m['tokens_per_s']:,.0f}"),

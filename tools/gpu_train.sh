@@ -14,8 +14,13 @@
 #   tools/gpu_train.sh adaln report           (~2 min)
 # Results: $OUT/train-h200x<NPROC>.md (commit it as bench/results/train-h200x<NPROC>.md) and
 # $OUT/train-h200x<NPROC>-loss.png, plus bench.csv, cost.json, fit.json, train-*.jsonl, logs.
+# MODEL_IMPL=diffusers: the sweep, the training runs and the adaln stage use diffusers'
+# WanTransformer3DModel of the same dimensions (--model-impl diffusers; fused = its
+# apply_fused_adaln), its work dir is build-train/run-diffusers (its own sweep and cost) and its
+# results train-diffusers-h200x<NPROC>.md / -loss.png.
 # Knobs (environment):
 #   MODEL (wan2.1-1.3b)  LAYERS (8)  MAX_FRAMES (81: Wan's clip length, 720p up to 75600 tokens)
+#   MODEL_IMPL (ditscale: ditscale's WanDiT | diffusers: diffusers' WanTransformer3DModel)
 #   MANIFEST (examples/manifests/mixed_2k.csv)  M_MEM (auto: min(fit M_mem, 160000))
 #   TRAIN_RUNS (equal-token adaptive balanced balanced-nofused: the runs of the train stage)
 #   TRAIN_BUDGET_S (60 per run)  TRAIN_STEPS (400, a cap)  SWEEP_BUDGET_S (180)
@@ -29,7 +34,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-out}
-WORK=${WORK:-$ROOT/build-train/run}
+MODEL_IMPL=${MODEL_IMPL:-ditscale}
+case $MODEL_IMPL in
+  ditscale) RUN_DIR=run; REPORT_PREFIX=train;;
+  diffusers) RUN_DIR=run-diffusers; REPORT_PREFIX=train-diffusers;;
+  *) echo "MODEL_IMPL must be ditscale or diffusers, got '$MODEL_IMPL'" >&2; exit 2;;
+esac
+IMPL=(--model-impl "$MODEL_IMPL")
+WORK=${WORK:-$ROOT/build-train/$RUN_DIR}
 mkdir -p "$OUT" "$WORK"
 STAGES=${*:-all}
 [ "$STAGES" = all ] && STAGES="build sweep fit train adaln report"
@@ -85,9 +97,10 @@ cli() {
   done
   command -v ditscale
 }
-fused_flag() {
+fused_flag() {  # diffusers: also apply_fused_adaln's Wan module
   $PY -c "import ditscale.ops as o, sys; sys.exit(0 if o.is_available() else 1)" 2>/dev/null \
-    || echo --no-fused-adaln
+    && { [ "$MODEL_IMPL" != diffusers ] || $PY -c "import ditscale.diffusers.adaln_wan" \
+         2>/dev/null; } || echo --no-fused-adaln
 }
 m_mem() {
   if [ "$M_MEM" != auto ]; then echo "$M_MEM"; return; fi
@@ -112,6 +125,10 @@ for S in $STAGES; do
          CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) $PY -m pip install --no-build-isolation --no-deps -q .
     step import-check 120 $PY -c "import ditscale, ditscale.models, ditscale.shape_bench, \
 ditscale.ops as o; print('fused adaln available:', o.is_available(), o.load_error())"
+    if [ "$MODEL_IMPL" = diffusers ]; then
+      step import-diffusers 120 $PY -c "import diffusers, ditscale.models.diffusers_wan, \
+ditscale.diffusers.adaln_wan; print('diffusers', diffusers.__version__)"
+    fi
     if [ -z "$(cli)" ]; then
       step cli-build 600 bash -c "cmake -S . -B build-train/cli -G Ninja -DDITSCALE_CUDA=OFF \
         -DDITSCALE_TORCH=OFF -DDITSCALE_BUILD_TESTS=OFF -DDITSCALE_BUILD_BENCHMARKS=OFF \
@@ -123,7 +140,8 @@ ditscale.ops as o; print('fused adaln available:', o.is_available(), o.load_erro
          --num-layers "$LAYERS" --manifest "$MANIFEST" --shape-model "$SHAPE_MODEL" \
          --max-shapes 8 --max-tokens "${SWEEP_MAX_TOKENS:-160000}" --points-per-shape 3 --warmup 2 --steps 3 \
          --accum-points "${SWEEP_ACCUM_POINTS:-3}" \
-         --time-budget-s "$SWEEP_BUDGET_S" --seed "$SEED" $(fused_flag) --out "$WORK/bench.csv"
+         --time-budget-s "$SWEEP_BUDGET_S" --seed "$SEED" $(fused_flag) "${IMPL[@]}" \
+         --out "$WORK/bench.csv"
     ;;
   fit)
     C=$(cli)
@@ -152,7 +170,7 @@ ditscale.ops as o; print('fused adaln available:', o.is_available(), o.load_erro
            --manifest "$MANIFEST" --model "$MODEL" --num-layers "$LAYERS" \
            --shape-model "$SHAPE_MODEL" --policy "$pol" --steps "$TRAIN_STEPS" \
            --time-budget-s "$TRAIN_BUDGET_S" --m-mem "$MM" "${COST[@]}" $flag --seed "$SEED" \
-           --log-json "$WORK/train-$run.jsonl"
+           "${IMPL[@]}" --log-json "$WORK/train-$run.jsonl"
     done
     ;;
   adaln)  # peak memory and step time at B = 1 with and without the fused AdaLN
@@ -161,19 +179,24 @@ ditscale.ops as o; print('fused adaln available:', o.is_available(), o.load_erro
     SH=${ADALN_SHAPES:-1x720x1280,17x720x1280,33x720x1280,49x720x1280,65x720x1280,81x720x1280}
     step adaln-mem-fused 420 "${LAUNCH[@]}" -m ditscale.shape_bench --model "$MODEL" \
          --num-layers "$LAYERS" --shapes "$SH" --max-tokens 1 --points-per-shape 1 \
-         --warmup 1 --steps 2 --seed "$SEED" --out "$WORK/adaln-mem-fused.csv"
+         --warmup 1 --steps 2 --seed "$SEED" "${IMPL[@]}" --out "$WORK/adaln-mem-fused.csv"
     step adaln-mem-eager 420 "${LAUNCH[@]}" -m ditscale.shape_bench --model "$MODEL" \
          --num-layers "$LAYERS" --shapes "$SH" --max-tokens 1 --points-per-shape 1 \
-         --warmup 1 --steps 2 --seed "$SEED" --no-fused-adaln --out "$WORK/adaln-mem-eager.csv"
+         --warmup 1 --steps 2 --seed "$SEED" --no-fused-adaln "${IMPL[@]}" \
+         --out "$WORK/adaln-mem-eager.csv"
     ;;
   report)
     step report 120 $PY - "$WORK" "$OUT" "$NPROC" "$GPU_NAME" "$MODEL" "$LAYERS" "$MANIFEST" \
-         "$MAX_FRAMES" <<'EOF'
+         "$MAX_FRAMES" "$MODEL_IMPL" "$REPORT_PREFIX" <<'EOF'
 import csv, json, os, sys
-work, out, nproc, gpu, model, layers, manifest, max_frames = sys.argv[1:9]
-name = f"train-h200x{nproc}"
+work, out, nproc, gpu, model, layers, manifest, max_frames, impl, prefix = sys.argv[1:11]
+name = f"{prefix}-h200x{nproc}"
 L = []
 L.append(f"# AdaptiveLoad training on {nproc}x {gpu}\n")
+if impl == "diffusers":
+    L.append("Model implementation: diffusers' `WanTransformer3DModel` of the preset's "
+             "dimensions (`--model-impl diffusers`; fused AdaLN = "
+             "`ditscale.diffusers.apply_fused_adaln`).\n")
 L.append(f"Model {model} with {layers} layers (random init, synthetic flow-matching data), "
          f"FSDP2 over {nproc} GPU(s), bf16; manifest `{os.path.relpath(manifest)}` mapped with "
          f"max_frames {max_frames}. Generated by `tools/gpu_train.sh`.\n")
@@ -309,5 +332,7 @@ echo "== summary ($GPU_NAME x$NPROC, work dir $WORK)"
 printf '| %-28s | %-6s | %s |\n' step result detail
 printf '|%s|%s|%s|\n' "------------------------------" "--------" "------------------"
 for r in "${ROWS[@]}"; do echo "$r"; done
-for f in "$OUT"/train-h200x*.md; do [ -f "$f" ] && { echo; echo "== $f"; grep '^|' "$f"; }; done
+for f in "$OUT"/train-h200x*.md "$OUT"/train-diffusers-h200x*.md; do
+  [ -f "$f" ] && { echo; echo "== $f"; grep '^|' "$f"; }
+done
 exit 0

@@ -3,7 +3,13 @@
     torchrun --nproc-per-node 2 -m ditscale.shape_bench --model wan2.1-1.3b --num-layers 8 \\
         --out bench.csv
     python -m ditscale.shape_bench --model tiny --device cpu --shapes 1x64x64,5x64x64 ...
+    python -m ditscale.shape_bench --model-impl diffusers ...   (diffusers' WanTransformer3DModel)
     ditscale fit bench.csv --out cost.json
+
+Model (``--model-impl``): ``ditscale`` (default) sweeps ditscale's WanDiT of the ``--model``
+preset, ``diffusers`` diffusers' WanTransformer3DModel of the same dimensions (random weights,
+``ditscale.diffusers.apply_fused_adaln`` unless ``--no-fused-adaln``), built and sharded as
+``examples/train_dit.py --model-impl`` trains it, so the fitted cost describes that model.
 
 Every rank trains B samples of one shape (F frames of H x W pixels, S tokens) per step; a step is
 exactly the training step of ``examples/train_dit.py`` (``ditscale.models.training.StepRunner``:
@@ -47,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from .models.training import (
+    IMPLS,
     StepRunner,
     SyntheticData,
     build_model,
@@ -165,6 +172,8 @@ def main(argv: Sequence[str] = None) -> int:
     ap.add_argument("--model", default="wan2.1-1.3b", help="DiT config (wan2.1-1.3b, wan2.1-14b, "
                     "tiny)")
     ap.add_argument("--num-layers", type=int, default=None, help="override the block count")
+    ap.add_argument("--model-impl", default="ditscale", choices=list(IMPLS),
+                    help="ditscale's WanDiT or diffusers' WanTransformer3DModel")
     ap.add_argument("--shapes", default=None, help="FxHxW list, e.g. 1x256x256,17x480x832")
     ap.add_argument("--manifest", default=None, help="take the shapes from this manifest")
     ap.add_argument("--shape-model", default="wan2.1-1.3b",
@@ -207,6 +216,13 @@ def main(argv: Sequence[str] = None) -> int:
         if not ops.is_available():
             raise SystemExit(f"fused AdaLN requested but {ops.load_error()}; "
                              "pass --no-fused-adaln")
+        if args.model_impl == "diffusers":
+            from .models.diffusers_wan import fused_adaln_function
+
+            try:
+                fused_adaln_function()
+            except RuntimeError as e:
+                raise SystemExit(str(e)) from e
     if args.shapes:
         shapes = parse_shapes(args.shapes)
     elif args.manifest:
@@ -229,13 +245,13 @@ def main(argv: Sequence[str] = None) -> int:
         if is0:
             print(msg, flush=True)
 
-    log(f"shape_bench: {cfg.name} ({cfg.num_layers} layers, dim {cfg.dim}), world size "
-        f"{env.world_size}, {dev.type}, {dtype}, fused AdaLN {'on' if fused else 'off'}; "
-        f"{len(shapes)} shapes, {len(plan)} points -> {args.out}")
+    log(f"shape_bench: {args.model_impl} {cfg.name} ({cfg.num_layers} layers, dim {cfg.dim}), "
+        f"world size {env.world_size}, {dev.type}, {dtype}, fused AdaLN "
+        f"{'on' if fused else 'off'}; {len(shapes)} shapes, {len(plan)} points -> {args.out}")
     out = open(args.out, "w") if is0 else None
     if out:
         out.write(f"# ditscale shape benchmark: model {cfg.name} layers {cfg.num_layers} dim "
-                  f"{cfg.dim} heads {cfg.num_heads} ffn {cfg.ffn_dim}\n")
+                  f"{cfg.dim} heads {cfg.num_heads} ffn {cfg.ffn_dim} impl {args.model_impl}\n")
         out.write(f"# world_size {env.world_size} device {dev.type} "
                   f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'} dtype "
                   f"{dtype} fused_adaln {int(fused)} warmup {args.warmup} steps {args.steps}\n")
@@ -245,8 +261,9 @@ def main(argv: Sequence[str] = None) -> int:
     data = SyntheticData(cfg, dev, dtype, seed=args.seed)
 
     def fresh():
-        model, opt = build_model(cfg, dev, fused_adaln=fused, dtype=dtype, seed=args.seed)
-        return model, opt, StepRunner(model, opt, dev)
+        model, opt = build_model(cfg, dev, fused_adaln=fused, dtype=dtype, seed=args.seed,
+                                 impl=args.model_impl)
+        return model, opt, StepRunner(model, opt, dev, cfg=cfg, dtype=dtype)
 
     model, opt, runner = fresh()
     t_start = time.perf_counter()

@@ -13,7 +13,8 @@ fitted cost model describes what training does::
              out-of-memory) + synchronize. A rank that finished its compute early waits here,
              so wait_s is exactly the load-imbalance idle time of that rank
     sync     one 1-token forward/backward with gradient sync on, loss * 0: FSDP2's post-backward
-             hooks reduce-scatter the accumulated gradients (plus the tiny pass itself)
+             hooks reduce-scatter the accumulated gradients (plus the tiny pass itself); then
+             the gradients of parameters outside FSDP, if any, are averaged (one all_reduce)
     optim    AdamW step on the shards, zero_grad
 
 Because no collective happens between the start of compute and the barrier, ranks may run
@@ -27,6 +28,14 @@ Synthetic data is a pure function of (seed, epoch, sample id): smooth random lat
 to the first text token), Gaussian noise, a logit-normal time t, x_t = (1 - t) x0 + t * noise and
 the velocity target v = noise - x0; text embeddings are rows of a fixed random table indexed by
 random token ids (zero-padded to text_len), like a frozen text encoder's output.
+
+Models (``impl``): ``"ditscale"`` trains ditscale's WanDiT (``wan_dit.py``); ``"diffusers"`` a
+diffusers ``WanTransformer3DModel`` of the same config, or of a local checkpoint
+(``diffusers_wan.py``: building, float32 modules, the forward call). Both get the same FSDP2
+layout (a unit per block, then the root; the timestep MLP a float32 unit), data and step. The
+diffusers model's other float32 parameters (its modulation tables and cross-attention norm
+affines, a few D per block) are replicated outside FSDP, and the step averages their gradients
+over the ranks in its sync phase (one all_reduce); ditscale's WanDiT has none.
 """
 
 from __future__ import annotations
@@ -101,6 +110,9 @@ def synchronize(device: torch.device) -> None:
 # Model construction and sharding.
 
 
+IMPLS = ("ditscale", "diffusers")
+
+
 def build_model(
     cfg: WanConfig,
     device: torch.device,
@@ -109,6 +121,8 @@ def build_model(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     lr: float = 1e-4,
+    impl: str = "ditscale",
+    weights: Optional[str] = None,
 ):
     """The DiT, FSDP2-sharded over the default process group, and its AdamW optimizer.
 
@@ -117,23 +131,59 @@ def build_model(
     MLPs are units of their own kept in fp32 (Wan computes the modulation in fp32). The blocks
     and the root do not cast their forward inputs (cast_forward_inputs=False): the modulation
     e0, the gates and the RoPE tables stay fp32. Every rank initialises the same weights from
-    ``seed``."""
+    ``seed``.
+
+    impl: "ditscale" (WanDiT) or "diffusers" (WanTransformer3DModel: random weights from
+    ``seed``, or the local checkpoint folder ``weights``; see the module docstring)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = WanDiT(cfg, fused_adaln=fused_adaln)
+    if impl not in IMPLS:
+        raise ValueError(f"impl: {impl!r} is not one of {', '.join(IMPLS)}")
+    if weights is not None and impl != "diffusers":
+        raise ValueError(f"weights: a checkpoint folder ({weights!r}) needs impl 'diffusers'")
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                               cast_forward_inputs=False)
     mp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    if impl == "diffusers":
+        from . import diffusers_wan
+
+        model = diffusers_wan.build(cfg, device, seed=seed, weights=weights,
+                                    fused_adaln=fused_adaln)
+        units32, replicated = diffusers_wan.fp32_split(model)
+        ignored = set(replicated)
+        for unit in units32:
+            fully_shard(unit, mp_policy=mp32, reshard_after_forward=False, ignored_params=ignored)
+        for block in model.blocks:
+            fully_shard(block, mp_policy=mp, reshard_after_forward=False, ignored_params=ignored)
+        fully_shard(model, mp_policy=mp, reshard_after_forward=False, ignored_params=ignored)
+        return model, _adamw(model, lr)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = WanDiT(cfg, fused_adaln=fused_adaln)
     fully_shard(model.time_embedding, mp_policy=mp32, reshard_after_forward=False)
     fully_shard(model.time_projection, mp_policy=mp32, reshard_after_forward=False)
     for block in model.blocks:
         fully_shard(block, mp_policy=mp, reshard_after_forward=False)
     fully_shard(model, mp_policy=mp, reshard_after_forward=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999),
-                                  weight_decay=0.0, foreach=True)
-    return model, optimizer
+    return model, _adamw(model, lr)
+
+
+def replicated_params(model) -> List[torch.nn.Parameter]:
+    """The trainable parameters FSDP does not manage (not DTensors): replicated on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return [p for p in model.parameters() if p.requires_grad and not isinstance(p, DTensor)]
+
+
+def _adamw(model, lr: float):
+    """AdamW over the FSDP shards, and the replicated parameters as a group of their own (the
+    foreach kernels take one tensor kind per group)."""
+    replicated = replicated_params(model)
+    ids = {id(p) for p in replicated}
+    params = list(model.parameters())
+    if replicated:
+        params = [{"params": [p for p in params if id(p) not in ids]}, {"params": replicated}]
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.0, foreach=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,9 +262,19 @@ class SyntheticData:
         return self.micro_batch(sample_ids, latent_shape(frames, height, width), epoch)
 
 
+def predict(model, mb: MicroBatch) -> torch.Tensor:
+    """The model's velocity for ``mb`` [B, C, T, H, W]: ditscale's WanDiT is called as
+    ``model(x_t, t, text)``, any other model through ``diffusers_wan.forward``."""
+    if isinstance(model, WanDiT):
+        return model(mb.x_t, mb.t, mb.text)
+    from .diffusers_wan import forward
+
+    return forward(model, mb.x_t, mb.t, mb.text)
+
+
 def per_sample_loss(model, mb: MicroBatch) -> torch.Tensor:
     """Flow-matching MSE per sample [B] (fp32): mean over the latent of (v_pred - v)^2."""
-    pred = model(mb.x_t, mb.t, mb.text)
+    pred = predict(model, mb)
     return (pred.float() - mb.target).pow(2).mean(dim=(1, 2, 3, 4))
 
 
@@ -240,7 +300,10 @@ class StepTiming:
 class StepRunner:
     """Runs training steps of an FSDP2 model (see the module docstring)."""
 
-    def __init__(self, model, optimizer, device: torch.device, sync_mode: str = "timed"):
+    def __init__(self, model, optimizer, device: torch.device, sync_mode: str = "timed",
+                 cfg: Optional[WanConfig] = None, dtype: torch.dtype = torch.float32):
+        """cfg: the model's config (default ``model.cfg``; a diffusers model has none); dtype:
+        the compute dtype of the inputs (that of the gradient-sync pass's 1-token batch)."""
         from torch.distributed.fsdp import FSDPModule
 
         if sync_mode not in ("timed", "native"):
@@ -248,21 +311,37 @@ class StepRunner:
         self.model, self.optimizer, self.device = model, optimizer, device
         self.sync_mode = sync_mode
         self.units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        self.replicated = replicated_params(model)
         self._dummy = None
-        self._cfg = model.cfg
+        self._cfg = cfg if cfg is not None else getattr(model, "cfg", None)
+        if self._cfg is None:
+            raise ValueError(f"StepRunner: cfg is required for a {type(model).__name__} "
+                             f"(it has no .cfg)")
+        self._dtype = dtype
 
     def _dummy_batch(self) -> MicroBatch:
         """A 1-token input for the gradient-sync pass."""
         if self._dummy is None:
-            cfg, dev = self._cfg, self.device
-            dtype = self.model.patch_embedding.weight.dtype
+            cfg, dev, dt = self._cfg, self.device, self._dtype
             lt, lh, lw = cfg.patch
             self._dummy = MicroBatch(
-                torch.zeros(1, cfg.in_channels, lt, lh, lw, device=dev),
+                torch.zeros(1, cfg.in_channels, lt, lh, lw, device=dev, dtype=dt),
                 torch.full((1,), 500.0, device=dev),
-                torch.zeros(1, cfg.text_len, cfg.text_dim, device=dev),
+                torch.zeros(1, cfg.text_len, cfg.text_dim, device=dev, dtype=dt),
                 torch.zeros(1, cfg.out_channels, lt, lh, lw, device=dev), [], 0)
         return self._dummy
+
+    def _average_replicated_grads(self) -> None:
+        """Gradients of the replicated parameters averaged over the ranks (as FSDP averages the
+        sharded ones): one all_reduce of their concatenation. A missing gradient counts as 0."""
+        if not self.replicated:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.replicated]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        for p, g in zip(self.replicated, flat.split([q.numel() for q in self.replicated])):
+            p.grad = g.view_as(p).to(p.dtype)
 
     def _set_sync(self, on: bool) -> None:
         self.model.set_requires_gradient_sync(on)
@@ -323,6 +402,7 @@ class StepRunner:
             self._set_sync(True)
             dummy = self._dummy_batch()
             (per_sample_loss(self.model, dummy).sum() * 0.0).backward()
+        self._average_replicated_grads()
         synchronize(dev)
         t4 = time.perf_counter()
         self.optimizer.step()

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Text-to-image / text-to-video with a diffusers pipeline, sequence- and CFG-parallel.
+
+    torchrun --nproc-per-node 4 examples/generate.py --pipeline wan --size full --steps 20
+    torchrun --nproc-per-node 2 examples/generate.py --pipeline flux --weights /ckpt/FLUX.1-dev \\
+        --prompt "a red fox in the snow" --guidance 1.0
+    python examples/generate.py --device cpu --pipeline sd3 --steps 2        (one rank, CPU)
+    torchrun --nproc-per-node 2 examples/generate.py --device cpu --pipeline wan   (gloo)
+
+The pipeline is ``ditscale.diffusers.tiny.make_pipeline(--pipeline, --size)`` (random weights
+from --seed, no download; prompt embeddings made locally by ``make_prompt_embeds``: the output
+is noise-like, the run shows speed and scaling), or with --weights a local diffusers checkpoint
+folder (``load_pipeline``; text encoders included, so --prompt / --negative-prompt are used).
+``ditscale.diffusers.parallelize_pipeline`` makes it parallel over every rank: with guidance
+(--guidance > 1: the CFG scale, ``true_cfg_scale`` for Flux and HunyuanVideo, whose embedded
+guidance keeps its default) on an even rank count, the conditional and unconditional passes
+run on the two halves of the ranks (--no-cfg-parallel: both over all ranks); the image/video
+tokens are sharded over the ranks of each half by --strategy (default auto).
+
+Printed by rank 0: the parallel layout, each step (``step k/n: ms``, the time between step
+callbacks after a device synchronize; step 1 includes the preparation before the loop: text
+encoding, latents, timesteps), and the latency per step (mean) and in total (the whole
+pipeline call: text, steps, VAE decode). Every rank checks that its output is bit-identical to
+rank 0's; rank 0 saves it: a PNG for images, an MP4 for videos (imageio + imageio-ffmpeg; a
+GIF, with a message, when they are missing, or when --out ends in .gif).
+
+Ranges (checked, named in errors): --height, --width [8, 16384] (the pipeline adds its own
+divisibility rule); --frames [1, 1025] (videos; 1 for images); --steps [1, 1000]; --guidance
+[0, 100]; --seed [0, 2^63 - 1]; --fps [1, 240]; --text-tokens [1, 4096]. Defaults: the tiny or
+full shape of the pipeline (``tiny.DEFAULT_SHAPES``), 2 steps tiny / 30 full, each pipeline's
+usual guidance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ditscale._checks import check_int, check_real
+from ditscale.diffusers import parallelize_pipeline
+from ditscale.diffusers import tiny
+from ditscale.diffusers._sp_pipeline import state_of
+
+# The classifier-free guidance scale each pipeline uses by default (Flux and HunyuanVideo:
+# true_cfg_scale, off; their distilled guidance stays on).
+DEFAULT_GUIDANCE = {"flux": 1.0, "hunyuan-video": 1.0, "wan": 5.0, "wan2.2": 4.0, "sd3": 7.0,
+                    "cogvideox": 6.0}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pipeline", choices=tiny.PIPELINES, default="flux")
+    p.add_argument("--weights", default=None, help="a local diffusers checkpoint folder")
+    p.add_argument("--size", choices=tiny.SIZES, default="tiny",
+                   help="random-weight pipeline: tiny (1-2 blocks) or full (real dimensions)")
+    p.add_argument("--prompt", default="a red fox running through fresh snow, golden hour",
+                   help="with --weights")
+    p.add_argument("--negative-prompt", default="", help="with --weights and guidance")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--text-tokens", type=int, default=None,
+                   help="length of the made prompt embeddings (no --weights)")
+    p.add_argument("--strategy", default="auto", help="a ditscale.sp strategy or auto")
+    p.add_argument("--no-cfg-parallel", action="store_true")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda when available")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                   help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--out", default=None, help="default: generate-<pipeline>.png / .mp4")
+    args = p.parse_args(argv)
+    return fill_defaults(args)
+
+
+def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults that depend on the pipeline and size, and the range checks."""
+    video = args.pipeline in tiny.VIDEO_PIPELINES
+    height, width, frames = tiny.DEFAULT_SHAPES[args.pipeline][args.size]
+    args.height = check_int("--height", height if args.height is None else args.height, 8, 16384)
+    args.width = check_int("--width", width if args.width is None else args.width, 8, 16384)
+    args.frames = check_int("--frames", frames if args.frames is None else args.frames, 1,
+                            1025 if video else 1)
+    args.steps = check_int("--steps", (2 if args.size == "tiny" else 30) if args.steps is None
+                           else args.steps, 1, 1000)
+    args.guidance = check_real("--guidance", DEFAULT_GUIDANCE[args.pipeline]
+                               if args.guidance is None else args.guidance, 0.0, 100.0)
+    args.seed = check_int("--seed", args.seed, 0, 2**63 - 1)
+    args.fps = check_int("--fps", args.fps, 1, 240)
+    if args.text_tokens is None:
+        args.text_tokens = tiny.default_text_tokens(args.pipeline, args.size)
+    args.text_tokens = check_int("--text-tokens", args.text_tokens, 1, 4096)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.device == "cuda" else "float32"
+    if args.out is None:
+        args.out = f"generate-{args.pipeline}.{'mp4' if video else 'png'}"
+    ext = os.path.splitext(args.out)[1].lower()
+    allowed = (".mp4", ".gif") if video else (".png",)
+    if ext not in allowed:
+        kind = "a video" if video else "an image"
+        raise ValueError(f"--out: {args.out!r}: {kind} pipeline writes {' or '.join(allowed)}")
+    return args
+
+
+def init_distributed(device: str) -> torch.device:
+    """One process per rank under torchrun (NCCL on CUDA, gloo on CPU); a single process
+    otherwise. Returns this rank's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    if world > 1:
+        timeout = datetime.timedelta(seconds=600)
+        if device == "cuda":
+            dist.init_process_group("nccl", device_id=dev, timeout=timeout)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
+    return dev
+
+
+def build(args, device: torch.device):
+    dtype = DTYPES[args.dtype]
+    if args.weights:
+        return tiny.load_pipeline(args.pipeline, args.weights, device=device, dtype=dtype)
+    return tiny.make_pipeline(args.pipeline, size=args.size, device=device, dtype=dtype,
+                              seed=args.seed)
+
+
+def call_kwargs(args, pipe, device: torch.device) -> dict:
+    """The pipeline call: shape, steps, guidance by the pipeline's own switch, prompt (text
+    with --weights, else made embeddings), the generator (the same seed on every rank)."""
+    kw = dict(height=args.height, width=args.width, num_inference_steps=args.steps,
+              generator=torch.Generator(device=device).manual_seed(args.seed))
+    if args.pipeline in tiny.VIDEO_PIPELINES:
+        kw["num_frames"] = args.frames
+        kw["output_type"] = "np"
+    guided = args.guidance > 1
+    kw["true_cfg_scale" if args.pipeline in ("flux", "hunyuan-video") else "guidance_scale"] = (
+        args.guidance)
+    if args.weights:
+        kw["prompt"] = args.prompt
+        if guided:
+            kw["negative_prompt"] = args.negative_prompt
+    else:
+        kw.update(tiny.make_prompt_embeds(pipe, args.text_tokens, negative=guided,
+                                          seed=args.seed))
+    return kw
+
+
+def layout(pipe, guided: bool, world: int) -> str:
+    halves = state_of(pipe).halves
+    if guided and halves is not None:
+        n = halves.mesh.size
+        return (f"CFG parallel: the cond and uncond passes on 2 halves of {n} rank(s)"
+                + (", each sequence parallel" if n > 1 else ""))
+    return f"sequence parallel over {world} rank(s)" + ("" if guided else " (no guidance)")
+
+
+class StepTimer:
+    """The pipeline's callback_on_step_end: prints ``step k/n: ms`` on rank 0."""
+
+    def __init__(self, steps: int, device: torch.device, rank: int):
+        self.steps, self.device, self.rank = steps, device, rank
+        self.times = []
+        self.last = None
+
+    def start(self) -> None:
+        self._sync()
+        self.last = time.perf_counter()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, pipe, step: int, timestep, callback_kwargs):
+        self._sync()
+        now = time.perf_counter()
+        self.times.append(now - self.last)
+        self.last = now
+        if self.rank == 0:
+            print(f"step {step + 1}/{self.steps}: {1e3 * self.times[-1]:.1f} ms", flush=True)
+        return callback_kwargs
+
+
+def result_array(out, video: bool):
+    """The output as a uint8 array: [H, W, 3] (the first image) or [F, H, W, 3] (the first
+    video)."""
+    import numpy as np
+
+    if video:
+        frames = np.asarray(out.frames[0])
+        return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
+    return np.asarray(out.images[0].convert("RGB"))
+
+
+def check_identical(array, rank: int, world: int) -> None:
+    """Every rank's output has rank 0's bytes (else a RuntimeError on every rank)."""
+    if world == 1:
+        return
+    digest = hashlib.sha256(array.tobytes()).hexdigest()
+    digests = [None] * world
+    dist.all_gather_object(digests, digest)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise RuntimeError(f"ranks {differ} produced another output than rank 0")
+    if rank == 0:
+        print(f"output identical on all {world} ranks (sha256 {digest[:16]})", flush=True)
+
+
+def save(array, path: str, fps: int) -> str:
+    """Writes the image (PNG) or video (MP4, else GIF); returns what was written."""
+    import imageio
+
+    if array.ndim == 3:
+        from PIL import Image
+
+        Image.fromarray(array).save(path)
+        return path
+    if path.lower().endswith(".mp4"):
+        try:
+            import imageio_ffmpeg  # noqa: F401  (the MP4 writer's backend)
+
+            imageio.mimwrite(path, list(array), fps=fps, codec="libx264", macro_block_size=1)
+            return path
+        except ImportError:
+            path = os.path.splitext(path)[0] + ".gif"
+            print(f"imageio-ffmpeg is not installed: writing a GIF instead ({path})",
+                  flush=True)
+    imageio.mimwrite(path, list(array), duration=1000.0 / fps, loop=0)
+    return path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = init_distributed(args.device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    video = args.pipeline in tiny.VIDEO_PIPELINES
+    try:
+        pipe = parallelize_pipeline(build(args, device), cfg_parallel=not args.no_cfg_parallel,
+                                    strategy=args.strategy)
+        kwargs = call_kwargs(args, pipe, device)
+        timer = StepTimer(args.steps, device, rank)
+        if rank == 0:
+            shape = f"{args.height}x{args.width}" + (f", {args.frames} frames" if video else "")
+            print(f"{args.pipeline} ({'weights ' + args.weights if args.weights else args.size}"
+                  f", {args.dtype}, {device.type}): {shape}, {args.steps} steps, guidance "
+                  f"{args.guidance:g}; {layout(pipe, args.guidance > 1, world)}, strategy "
+                  f"{args.strategy}", flush=True)
+        timer.start()
+        begin = time.perf_counter()
+        out = pipe(**kwargs, callback_on_step_end=timer)
+        timer._sync()
+        total = time.perf_counter() - begin
+        array = result_array(out, video)
+        check_identical(array, rank, world)
+        if rank == 0:
+            mean = sum(timer.times) / len(timer.times)
+            print(f"latency: {1e3 * mean:.1f} ms per step (mean of {len(timer.times)}), "
+                  f"{total:.3f} s in total", flush=True)
+            path = save(array, args.out, args.fps)
+            print(f"saved {path} ({'x'.join(map(str, array.shape))})", flush=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ValueError as e:  # bad options: the message names the option
+        print(f"generate.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -8,6 +8,7 @@
 
 #include "ditscale/balance/internal/buckets.h"
 #include "ditscale/balance/internal/partition.h"
+#include "ditscale/balance/internal/prefault.h"
 #include "ditscale/balance/internal/prng.h"
 #include "ditscale/core/error.h"
 #include "ditscale/core/range.h"
@@ -58,6 +59,11 @@ void BuildOnePerRank(Plan& plan) {
   }
 }
 
+// Micro-batches reserved for a balanced plan of `chunks` chunks (splits add about a half).
+size_t ReservedMicroBatches(int64_t chunks) {
+  return static_cast<size_t>(chunks + chunks / 2 + 16);
+}
+
 struct BalanceContext {
   const ShapedManifest* shaped;
   const CostModel* cost;
@@ -103,8 +109,8 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
   std::vector<std::pair<double, int32_t>> heap;
   std::vector<std::vector<int64_t>> lists(w);
   std::vector<int64_t> step_mbs;
-  plan.micro_batches.reserve(chunks.size() + chunks.size() / 2 + 16);
-  plan.work.reserve(chunks.size() + chunks.size() / 2 + 16);
+  plan.micro_batches.reserve(ReservedMicroBatches(static_cast<int64_t>(chunks.size())));
+  plan.work.reserve(ReservedMicroBatches(static_cast<int64_t>(chunks.size())));
   for (int64_t step = 0;; ++step) {
     // Compact the window (drop used-up entries) only when it has grown: amortised O(1).
     if (win.size() > 2 * static_cast<size_t>(ctx.lookahead) + 64) {
@@ -575,12 +581,27 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
     sort_ids();
   }
   std::vector<Chunk> chunks;
+  // Declared after chunks and plan: joined before their arrays are freed.
+  std::jthread prefault;
   {
     int64_t n = 0;
     for (int32_t s = 0; s < num_shapes; ++s) {
       n += (count[s] + plan.batch_size_of_shape[s] - 1) / plan.batch_size_of_shape[s];
     }
     chunks.reserve(n);
+    // Every chunk becomes at least one micro-batch with one entry in work: those pages are
+    // mapped on a helper thread while this one fills them (internal/prefault.h).
+    if (num_samples >= kParallelSamples && std::thread::hardware_concurrency() >= 2) {
+      const size_t mbs = options.policy == Policy::kBalanced ? ReservedMicroBatches(n) : n;
+      plan.micro_batches.reserve(mbs);
+      plan.work.reserve(mbs);
+      prefault = std::jthread([c = chunks.data(), mb = plan.micro_batches.data(),
+                               work = plan.work.data(), n = static_cast<size_t>(n)] {
+        internal::PrefaultForWrite(c, n * sizeof(Chunk));
+        internal::PrefaultForWrite(mb, n * sizeof(MicroBatch));
+        internal::PrefaultForWrite(work, n * sizeof(int64_t));
+      });
+    }
   }
   for (int32_t s = 0; s < num_shapes; ++s) {
     const int64_t b = plan.batch_size_of_shape[s];
@@ -625,6 +646,7 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
     }
     BuildOnePerRank(plan);
   }
+  if (prefault.joinable()) prefault.join();
   if (ids_worker.joinable()) ids_worker.join();
   if (buckets_error) std::rethrow_exception(buckets_error);
   DS_CHECK(buckets.begin == bucket_begin, "bucket bounds differ from the shape counts");

@@ -268,7 +268,15 @@ TEST(Planner, EverySampleExactlyOnceForEveryPolicyAndTail) {
           EXPECT_FALSE(MakePlan(m, cost, o).ok());
           continue;
         }
-        Plan plan = MakePlan(m, cost, o).value();
+        auto made = MakePlan(m, cost, o);
+        if (!made.ok() && t == TailPolicy::kDrop) {
+          // Fewer micro-batches than ranks: 'drop' leaves no step, which is refused.
+          EXPECT_NE(made.failure().message.find("the plan has no step"), std::string::npos)
+              << made.failure().ToString();
+          continue;
+        }
+        ASSERT_TRUE(made.ok()) << made.failure().ToString();
+        Plan plan = std::move(made).value();
         auto times = CheckPlan(m, cost, plan, o);
         int64_t once = 0, repeats = 0;
         for (auto& [id, k] : times) {

@@ -1,6 +1,6 @@
 """Training diffusers' WanTransformer3DModel with ditscale's loop (--model-impl diffusers) on CPU:
-the config maps onto the same parameters as ditscale's WanDiT, the forward adapter is the
-model's own call, the float32 modules stay float32 under bf16 FSDP2, examples/train_dit.py runs
+the config gives ditscale's WanDiT (the same parameters, the same function with WanDiT's weights
+mapped onto it), the forward adapter is the model's own call, the float32 modules stay float32 under bf16 FSDP2, examples/train_dit.py runs
 and learns, two gloo ranks take the same sampler batches as the ditscale path and get the
 dense model's gradient (unequal micro-batch counts, replicated float32 parameters included),
 and --weights loads a local checkpoint or says clearly why it cannot."""
@@ -80,9 +80,39 @@ def single_process(monkeypatch):
 
 # ---- the model ----------------------------------------------------------------------------------
 
-def test_config_gives_the_parameters_of_ditscales_wandit():
-    """Same parameter count and the same multiset of tensor shapes (the Conv3d patch embedding
-    is ditscale's Linear over flattened patches), at tiny and at Wan 2.1 1.3B dimensions."""
+# WanDiT name -> WanTransformer3DModel name (substrings; the attention projections after).
+RENAMES = [("head_modulation", "scale_shift_table"),
+           ("text_embedding.0.", "condition_embedder.text_embedder.linear_1."),
+           ("text_embedding.2.", "condition_embedder.text_embedder.linear_2."),
+           ("time_embedding.0.", "condition_embedder.time_embedder.linear_1."),
+           ("time_embedding.2.", "condition_embedder.time_embedder.linear_2."),
+           ("time_projection.1.", "condition_embedder.time_proj."),
+           (".modulation", ".scale_shift_table"), (".self_attn.", ".attn1."),
+           (".cross_attn.", ".attn2."), (".norm3.", ".norm2."), (".ffn.0.", ".ffn.net.0.proj."),
+           (".ffn.2.", ".ffn.net.2."), ("head.", "proj_out.")]
+PROJECTIONS = [(".q.", ".to_q."), (".k.", ".to_k."), (".v.", ".to_v."), (".o.", ".to_out.0.")]
+
+
+def wandit_to_diffusers(state, cfg):
+    """WanDiT's state_dict under diffusers' names; the Linear patch embedding over (pt, ph, pw,
+    C)-ordered patches becomes the Conv3d weight [D, C, pt, ph, pw]."""
+    out = {}
+    for name, t in state.items():
+        for a, b in RENAMES:
+            name = name.replace(a, b)
+        if ".attn" in name:
+            for a, b in PROJECTIONS:
+                name = name.replace(a, b)
+        if name == "patch_embedding.weight":
+            t = t.view(t.shape[0], *cfg.patch, -1).permute(0, 4, 1, 2, 3)
+        out[name] = t
+    return out
+
+
+def test_config_gives_wandits_model():
+    """The diffusers model of a config has WanDiT's parameters one to one (at tiny and Wan 2.1
+    1.3B dimensions) and, with WanDiT's weights mapped onto it, computes the same velocity to
+    fp32 rounding (rotary split, timestep sinusoid, norms, patch order: all the same)."""
     from diffusers import WanTransformer3DModel
 
     for name in ("tiny", "wan2.1-1.3b"):
@@ -90,10 +120,18 @@ def test_config_gives_the_parameters_of_ditscales_wandit():
         with torch.device("meta"):
             ours = WanDiT(cfg)
             theirs = WanTransformer3DModel(**diffusers_wan.diffusers_config(cfg))
-        a = sorted(p.numel() for p in ours.parameters())
-        b = sorted(p.numel() for p in theirs.parameters())
-        assert a == b, name
-        assert theirs.config.num_attention_heads * theirs.config.attention_head_dim == cfg.dim
+        mapped = wandit_to_diffusers(ours.state_dict(), cfg)
+        assert {k: tuple(v.shape) for k, v in mapped.items()} == \
+            {k: tuple(v.shape) for k, v in theirs.state_dict().items()}, name
+    cfg = make_config("tiny", num_layers=2, head_init_std=0.05)  # a non-zero output head
+    torch.manual_seed(0)
+    ours = WanDiT(cfg)
+    theirs = diffusers_wan.build(cfg, CPU, seed=1)
+    theirs.load_state_dict(wandit_to_diffusers(ours.state_dict(), cfg), strict=True)
+    mb = SyntheticData(cfg, CPU, torch.float32, seed=1).micro_batch([4, 7], (3, 4, 6))
+    with torch.no_grad():
+        want, got = predict(ours, mb), predict(theirs, mb)
+    assert want.norm() > 1 and (got - want).norm() / want.norm() < 1e-5
 
 
 def test_forward_on_a_micro_batch_is_the_models_own_call():

@@ -250,7 +250,7 @@ def fused_adaln_function():
         from ditscale.diffusers import apply_fused_adaln
     except ImportError as e:
         raise RuntimeError(f"fused AdaLN for the diffusers {CLASS_NAME} needs "
-                           f"ditscale.diffusers.apply_fused_adaln (ditscale/diffusers/"
+                           f"ditscale.diffusers.apply_fused_adaln (python/ditscale/diffusers/"
                            f"adaln_wan.py), which does not import: {e}; pass --no-fused-adaln"
                            ) from e
     return apply_fused_adaln

@@ -14,10 +14,10 @@ and no image conditioning (text-to-video). Both models then have the same parame
 for tensor, and compute the same function: with WanDiT's weights mapped onto it (names, and the
 Linear patch embedding as the Conv3d), the diffusers model's velocity is WanDiT's to fp32
 rounding (tested; the 3D RoPE split, theta 10000 (the only value diffusers has), the timestep
-sinusoid, the norms and the patch order agree). Random weights: ``torch.manual_seed(seed)``, then the model is constructed on
-the device, so every rank builds the same weights (diffusers' own initialisation: PyTorch's
-default for the linears and the patch Conv3d, N(0, 1/dim) modulation tables; not Wan's zero
-output head, so the loss starts above 2).
+sinusoid, the norms and the patch order agree). Random weights: ``torch.manual_seed(seed)``,
+then the model is constructed on the device, so every rank builds the same weights (diffusers'
+own initialisation: PyTorch's default for the linears and the patch Conv3d, N(0, 1/dim)
+modulation tables; not Wan's zero output head, so the first losses are above WanDiT's).
 
 Checkpoints (``checkpoint_config`` / ``load``): a local diffusers folder of a
 WanTransformer3DModel (its ``config.json`` and ``diffusion_pytorch_model*.safetensors`` or

@@ -1,14 +1,17 @@
 // Pieces of `ditscale plan` on a generated mixed manifest (1M rows by default; the 10M-row
-// end-to-end run is bench/plan_10m.sh): CSV parse, shaping, M_comp search, each policy's plan,
-// and the simulator. items/s are rows (samples) per second.
+// end-to-end run is bench/balance/plan_10m.sh): CSV parse, shaping, the two fused (what the CLI
+// runs), M_comp search, each policy's plan, and the simulator. items/s are rows (samples) per
+// second.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <string>
 
 #include "ditscale/balance/cost_model.h"
+#include "ditscale/balance/internal/csv_manifest.h"
 #include "ditscale/balance/manifest.h"
 #include "ditscale/balance/planner.h"
+#include "ditscale/balance/shaped_reader.h"
 #include "ditscale/balance/shapes.h"
 #include "ditscale/balance/simulate.h"
 
@@ -76,6 +79,17 @@ void BM_ShapeManifest(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kRows);
 }
 BENCHMARK(BM_ShapeManifest)->Unit(benchmark::kMillisecond);
+
+void BM_ParseAndShapeFused(benchmark::State& state) {
+  for (auto _ : state) {
+    Manifest rows;
+    auto s = internal::ShapeCsvText(Csv(), "bench.csv", Model(), {}, {}, &rows);
+    benchmark::DoNotOptimize(s);
+  }
+  state.SetItemsProcessed(state.iterations() * kRows);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(Csv().size()));
+}
+BENCHMARK(BM_ParseAndShapeFused)->Unit(benchmark::kMillisecond);
 
 void BM_ChooseMComp(benchmark::State& state) {
   const CostModel cost = AnalyticalCost(Model());

@@ -2,26 +2,27 @@
 # The 10M-sample planning benchmark (issue 20 part 3): generate a 10M-row manifest, time one pass
 # of Python's csv module over it (the baseline: it only splits the rows) and
 # `ditscale plan --policy balanced --json --quiet` for 16 ranks (parse + shapes + M_comp search +
-# plan + simulate), each RUNS times (whole process wall and CPU, peak RSS via /usr/bin/time -v),
-# and write the table to bench/results/plan-10m.md. The file's previous results are kept below
-# "## History".
+# plan + simulate), alternately, RUNS times each (whole process wall and CPU, peak RSS via
+# /usr/bin/time -v, the 1-minute load average after each run), and write the table to
+# bench/results/plan-10m.md: the median of each, and the speed-up as the ratio of the medians
+# (and its range over the run pairs). The file's previous results are kept below "## History".
 #
-#   bench/plan_10m.sh [ROWS]            (default 10000000)
+#   bench/balance/plan_10m.sh [ROWS]    (default 10000000)
 # Environment:
 #   DITSCALE  binary (default build/tools/ditscale)
 #   FORM      short (default: 6 columns path,text,num_frames,height,width,fps with a short caption,
 #             ~540 MB; tools/gen_manifest.py --short) or long (8 columns, quoted captions, 1.28 GB)
 #   MANIFEST  default /tmp/ditscale-plan-10m-short.csv (FORM=long: /tmp/ditscale-plan-10m.csv),
 #             generated when missing (--seed 1)
-#   RUNS      timings of each command (default 2); the speed-up uses the best of them
+#   RUNS      timings of each command (default 3); the speed-up uses their medians
 #   COMPARE   1: also time `plan --compare` (the three policies) once
 #   OUT       default bench/results/plan-10m.md
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROWS=${1:-10000000}
 DITSCALE=${DITSCALE:-build/tools/ditscale}
 FORM=${FORM:-short}
-RUNS=${RUNS:-2}
+RUNS=${RUNS:-3}
 COMPARE=${COMPARE:-0}
 case "$FORM" in
   short) GEN_FLAGS=(--short); SUFFIX=-short ;;
@@ -87,7 +88,14 @@ size = os.path.getsize(manifest)
 form_text = ("6 columns path,text,num_frames,height,width,fps, short unquoted caption; "
              "tools/gen_manifest.py --short --seed 1" if form == "short" else
              "8 columns, quoted captions; tools/gen_manifest.py --seed 1")
-best = {k: (min(r[0] for r in v), min(r[1] for r in v)) for k, v in runs.items()}
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+med = {k: (median([r[0] for r in v]), median([r[1] for r in v])) for k, v in runs.items()}
+pairs = [c[0] / o[0] for c, o in zip(runs["csv"], runs["one"])]
 t, c = j["timing_s"], j["timing_cpu_s"]
 p = j["policies"]["balanced"]
 lines = [
@@ -96,11 +104,13 @@ lines = [
     f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
     f"- machine: {cpu_name}, {os.cpu_count()} cores visible, {platform.system()} "
     f"{platform.release()}, shared with other jobs (1-minute load average after each run in "
-    "the table: wall times include that noise, CPU times (user + sys) much less)",
+    "the table: wall times include that noise, CPU times (user + sys) less)",
     f"- manifest: {j['rows_total']:,} rows, {size / 1e6:.0f} MB ({form_text}), "
     f"{j['distinct_shapes']} training shapes, model {j['model']}",
     f"- command: `{cmd}`",
     "- baseline: `python3 -c \"import csv; sum(1 for _ in csv.reader(open(F, newline='')))\"`",
+    "- script: `bench/balance/plan_10m.sh` (the two commands alternately, "
+    f"{len(runs['one'])} runs each)",
     "",
     "| run | command | wall (s) | CPU (s) | peak RSS (MiB) | load |",
     "|---:|---|---:|---:|---:|---:|",
@@ -112,21 +122,21 @@ for name in ("csv", "one", "compare"):
         lines.append(f"| {i + 1} | {label[name]} | {w:.2f} | {cp:.2f} | {r:.0f} | {load} |")
 lines += [
     "",
-    f"Speed-up of `plan --policy balanced` over the csv pass (best of {len(runs['one'])} runs "
-    f"each): **{best['csv'][1] / best['one'][1]:.1f}x CPU**, "
-    f"{best['csv'][0] / best['one'][0]:.1f}x wall; peak RSS "
-    f"{max(r[2] for r in runs['one']):.0f} MiB. Target: >= 5x, <= 1024 MiB.",
+    f"Speed-up of `plan --policy balanced` over the csv pass (medians of {len(runs['one'])} "
+    f"runs each): **{med['csv'][0] / med['one'][0]:.1f}x wall** (run pairs "
+    f"{min(pairs):.1f}x-{max(pairs):.1f}x), {med['csv'][1] / med['one'][1]:.1f}x CPU; peak RSS "
+    f"{max(r[2] for r in runs['one']):.0f} MiB. Target: >= 5x wall, <= 1024 MiB.",
     "",
     "Steps of the last `--policy balanced` run (from its --json timing):",
     "",
     "| step | wall (s) | CPU (s) |",
     "|---|---:|---:|",
-    f"| parse CSV (two threads) | {t['parse']:.2f} | {c['parse']:.2f} |",
-    f"| shapes | {t['shape']:.2f} | {c['shape']:.2f} |",
+    f"| read CSV + map rows to shapes (two threads, fused) | {t['parse']:.2f} | "
+    f"{c['parse']:.2f} |",
     f"| M_comp search | {t['m_comp_search']:.2f} | |",
     f"| plan balanced (+ simulate) | {p['plan_time_s']:.2f} (+ {p['simulate_time_s']:.2f}) | "
-    f"{p['plan_cpu_s']:.2f} |",
-    f"| whole process (in-process timer) | | {c['total']:.2f} |",
+    f"{p['plan_cpu_s']:.2f} (main thread) |",
+    f"| whole process (in-process timer) | {t['total']:.2f} | {c['total']:.2f} |",
     "",
     f"balanced: {p['tokens_per_s_per_gpu']:.0f} tokens/s/GPU, compute CV "
     f"{100 * p['compute_cv']:.2f}%, bubble {100 * p['bubble_fraction']:.2f}%, "

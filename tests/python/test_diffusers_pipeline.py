@@ -238,6 +238,9 @@ def test_refusals():
         dd.parallelize_pipeline(pipe, cfg_parallel=1)
     with pytest.raises(TypeError, match="mesh must be a ditscale.sp.Mesh or None, got tuple"):
         dd.parallelize_pipeline(pipe, mesh=(1, 2))
+    with pytest.raises(ValueError, match="a mesh of 2 ranks needs torch.distributed initialized"):
+        dd.parallelize_pipeline(pipe, mesh=sp.Mesh(1, 2))
+    assert sp_pipeline.state_of(pipe) is None and dd._sp_context.context_of(pipe.transformer) is None
     with pytest.raises(ValueError, match="strategy"):
         dd.parallelize_pipeline(tiny.make_pipeline("wan"), strategy="spiral")
     dd.parallelize_pipeline(pipe)
@@ -319,6 +322,10 @@ def refusals(rank) -> dict:
     out["unpaired"] = _error(lambda: sp_pipeline._run(
         pipe, Unpaired, (), dict(true_cfg_scale=4.0, negative_prompt="x")))
     out["disagree"] = _error(lambda: pipe(**call_kwargs("flux", rank == 0, pipe)))
+    from diffusers import FirstBlockCacheConfig
+
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.2))
+    out["cache"] = _error(lambda: pipe(**call_kwargs("flux", True, pipe)))
     return out
 
 
@@ -336,7 +343,8 @@ def test_every_pipeline_matches_the_single_process_one_under_2_processes():
               "other latents": "another 'hidden_states' than the 'cond' call",
               "grad": "gradients enabled",
               "unpaired": "'cond' transformer call that no 'uncond' call followed",
-              "disagree": "1 of 2 ranks run this pipeline call with guidance"}
+              "disagree": "1 of 2 ranks run this pipeline call with guidance",
+              "cache": "stateful diffusers hooks"}
     for key, text in expect.items():
         assert text in refused[key], (key, refused[key])
 

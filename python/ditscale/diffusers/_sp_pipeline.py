@@ -297,10 +297,6 @@ def _split_call(module, base, state: TransformerState, args, kwargs):
     if torch.is_grad_enabled():
         _fail(state, "runs with gradients enabled (CFG parallelism is for inference: the "
                      "pipelines run under torch.no_grad)")
-    registry = getattr(module, "_diffusers_hook", None)
-    if registry is not None and getattr(registry, "hooks", None):
-        _fail(state, f"has diffusers hooks {sorted(registry.hooks)} (caches keyed by the cond "
-                     f"/ uncond context cannot follow the split)")
     named = _named(state, args, kwargs)
     if state.pipeline.spec.pattern == "batched":
         return _batched(module, base, state, named)
@@ -417,6 +413,18 @@ def _transformer_class(base: type) -> type:
     return _subclass(base, attrs)
 
 
+def _stateful_hooks(module) -> List[str]:
+    """The stateful diffusers hooks (the caches of ``enable_cache``, keyed by the cond / uncond
+    context) on ``module`` and its submodules: "submodule: hook"."""
+    found = []
+    for name, sub in module.named_modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        for hook_name, hook in (getattr(registry, "hooks", None) or {}).items():
+            if getattr(hook, "_is_stateful", False):
+                found.append(f"{name or '(root)'}: {hook_name}")
+    return found
+
+
 def _agree(state: PipelineState, split: bool, device: torch.device) -> None:
     """Every rank of the mesh makes the same choice (else each would wait for the others)."""
     import torch.distributed as dist
@@ -440,6 +448,12 @@ def _run(pipe, base: type, args, kwargs):
     split = state.halves is not None and bool(state.spec.guided(bound.arguments))
     if state.halves is not None:
         _agree(state, split, next(pipe.transformer.parameters()).device)
+    hooks = [h for t in state.transformers for h in _stateful_hooks(t)] if split else []
+    if hooks:
+        raise RuntimeError(f"{WHERE}: CFG parallelism of a {state.family} pipeline: the "
+                           f"transformer has stateful diffusers hooks {hooks} (caches keyed by "
+                           f"the cond / uncond context cannot follow the split); disable the "
+                           f"cache or use cfg_parallel=False")
     state.mode, state.calls = ("split" if split else "plain"), 0
     left = []
     try:
@@ -503,11 +517,16 @@ def parallelize_pipeline(pipe, mesh: Optional[sp.Mesh] = None, cfg_parallel: boo
     elif not isinstance(mesh, sp.Mesh):
         raise TypeError(f"{WHERE}: mesh must be a ditscale.sp.Mesh or None, got "
                         f"{type(mesh).__name__}")
+    if mesh.size > 1 and not (torch.distributed.is_available()
+                              and torch.distributed.is_initialized()):
+        raise ValueError(f"{WHERE}: a mesh of {mesh.size} ranks needs torch.distributed "
+                         f"initialized (one process per rank: NCCL for CUDA, gloo for CPU)")
+    sp.make_config(WHERE, None, strategy=strategy, **options)  # bad options: before any change
     spec = SPECS[family]
     transformers = _transformers(pipe, family, spec)
+    halves = make_halves(mesh) if cfg_parallel else None
     for t in transformers:
         parallelize(t, mesh=mesh, strategy=strategy, **options)
-    halves = make_halves(mesh) if cfg_parallel else None
     base = type(pipe)
     state = PipelineState(family, spec, mesh, halves, inspect.signature(base.__call__),
                           transformers)

@@ -240,7 +240,8 @@ def test_refusals():
         dd.parallelize_pipeline(pipe, mesh=(1, 2))
     with pytest.raises(ValueError, match="a mesh of 2 ranks needs torch.distributed initialized"):
         dd.parallelize_pipeline(pipe, mesh=sp.Mesh(1, 2))
-    assert sp_pipeline.state_of(pipe) is None and dd._sp_context.context_of(pipe.transformer) is None
+    assert sp_pipeline.state_of(pipe) is None  # nothing changed
+    assert dd._sp_context.context_of(pipe.transformer) is None
     with pytest.raises(ValueError, match="strategy"):
         dd.parallelize_pipeline(tiny.make_pipeline("wan"), strategy="spiral")
     dd.parallelize_pipeline(pipe)
@@ -349,7 +350,8 @@ def test_every_pipeline_matches_the_single_process_one_under_2_processes():
         assert text in refused[key], (key, refused[key])
 
 
-HALF_CASES = (("default mesh", None, "ulysses"), ("2x2", (2, 2), "ring"), ("2x2", (2, 2), "auto"))
+HALF_CASES = (("default mesh", None, "ulysses"), ("2x2", (2, 2), "ring"),
+              ("2x2", (2, 2), "auto"))
 
 
 def split_on_halves_of_2(rank, world):

@@ -83,7 +83,7 @@ class PipelineSpec:
 
     pattern: str  # "batched" or "two-call"
     guided: Callable[[Dict[str, Any]], bool]  # the pipeline's criterion on its __call__ args
-    contexts: Tuple[Optional[str], ...]  # cache_context names: two-call (cond, uncond), batched (one)
+    contexts: Tuple[Optional[str], ...]  # cache_context names: (cond, uncond) / the batched one
     batched: Tuple[str, ...] = ()  # batched: the arguments of 2B rows [uncond; cond]
     shared: Tuple[str, ...] = ()  # batched: the other arguments the call may carry
     text: Tuple[str, ...] = ()  # two-call: the arguments the "uncond" call may change

@@ -4,14 +4,17 @@
 diffusers pipeline ``name`` from its components' configs, every weight drawn at random from
 ``seed`` (the same seed gives the same bits on every rank and run):
 
-| name          | pipeline                  | transformer                     | VAE                        | scheduler                       |
-|---------------|---------------------------|---------------------------------|----------------------------|---------------------------------|
-| flux          | FluxPipeline              | FluxTransformer2DModel          | AutoencoderKL              | FlowMatchEulerDiscreteScheduler |
-| sd3           | StableDiffusion3Pipeline  | SD3Transformer2DModel           | AutoencoderKL              | FlowMatchEulerDiscreteScheduler |
-| wan           | WanPipeline (Wan 2.1)     | WanTransformer3DModel           | AutoencoderKLWan           | UniPCMultistepScheduler (flow)  |
-| wan2.2        | WanPipeline (Wan 2.2 A14B)| WanTransformer3DModel x 2 (transformer, transformer_2; boundary_ratio 0.875, tiny 0.95) | AutoencoderKLWan | UniPCMultistepScheduler (flow) |
-| hunyuan-video | HunyuanVideoPipeline      | HunyuanVideoTransformer3DModel  | AutoencoderKLHunyuanVideo  | FlowMatchEulerDiscreteScheduler |
-| cogvideox     | CogVideoXPipeline         | CogVideoXTransformer3DModel     | AutoencoderKLCogVideoX     | CogVideoXDDIMScheduler          |
+- ``flux``: FluxPipeline (FluxTransformer2DModel, AutoencoderKL, FlowMatchEulerDiscreteScheduler)
+- ``sd3``: StableDiffusion3Pipeline (SD3Transformer2DModel, AutoencoderKL,
+  FlowMatchEulerDiscreteScheduler)
+- ``wan``: WanPipeline, Wan 2.1 (WanTransformer3DModel, AutoencoderKLWan,
+  UniPCMultistepScheduler with flow sigmas)
+- ``wan2.2``: WanPipeline, Wan 2.2 A14B (two WanTransformer3DModel: transformer and
+  transformer_2, boundary_ratio 0.875, tiny 0.95; AutoencoderKLWan; UniPCMultistepScheduler)
+- ``hunyuan-video``: HunyuanVideoPipeline (HunyuanVideoTransformer3DModel,
+  AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler)
+- ``cogvideox``: CogVideoXPipeline (CogVideoXTransformer3DModel, AutoencoderKLCogVideoX,
+  CogVideoXDDIMScheduler)
 
 ``size="tiny"``: 1-2 blocks of each kind, 3 heads of dimension 8 (16 for CogVideoX's rotary),
 VAEs of a few channels; a CPU pipeline call takes well under a second (tests, the example).

@@ -1,9 +1,11 @@
 // Builders of sequence-parallel attention schedules (see schedule.h for the data model).
 //
 // N = ulysses_degree (U) * ring_degree (R) ranks. Rank r has Ulysses index u and ring index i
-// (placement, see Placement in schedule.h) and holds image-token shard number i * U + u of the
-// sequence (shards as even as possible: the first S % N shards hold one token more), so that the
-// U shards of a Ulysses group form one contiguous "ring chunk" of the sequence.
+// (placement, see Placement in schedule.h) and holds image-token shard number r of the sequence
+// (shards as even as possible: the first S % N shards hold one token more; ditscale.sp.shard_range);
+// the U shards of the ranks of ring index i form "ring chunk" i (contiguous in the sequence under
+// kUlyssesInner; under kUlyssesOuter a set of shards: the attention is over all tokens, in any
+// order).
 //
 // Strategies:
 //  ulysses          U = N. All-to-all of q, k, v: each rank gathers the full sequence for its head

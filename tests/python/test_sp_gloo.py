@@ -57,6 +57,11 @@ CASES_4 = [
     ("auto", {}, (2, 2), GQA),
     ("ulysses", {}, (1, 4), GQA4),
     ("usp", {}, (2, 2), (2, 13, 5, 6, 3, 16, BF16)),
+    ("ulysses-overlap", {}, (1, 4), (1, 9, 2, 30, 30, 8, F32)),  # 30 heads: 8, 8, 7, 7
+    # 3 heads on U=2: 2, 1; 10 and 14 tokens: 3, 3, 2, 2 and 4, 4, 3, 3 (rank 1 has ring index 1)
+    ("torus", {"chunks": 2}, (2, 2), (1, 10, 3, 3, 3, 8, F32)),
+    ("swiftfusion-tas", {}, (2, 2), (2, 14, 0, 4, 2, 8, F32)),
+    ("ring", {}, (1, 4), (1, 11, 0, 4, 2, 8, F32)),  # receives into its own k, v buffers
 ]
 
 

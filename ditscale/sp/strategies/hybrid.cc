@@ -26,9 +26,22 @@ HybridBuilder::HybridBuilder(const SpMesh& mesh, const SpConfig& resolved,
   kv_size_ = EvenSplit(Hk_, U_);
   kv_begin_.assign(U_, 0);
   for (int u = 1; u < U_; ++u) kv_begin_[u] = kv_begin_[u - 1] + kv_size_[u - 1];
-  shard_size_ = EvenSplit(shape_.seq_tokens, U_ * R_);
+  // Shard i * U + u is the image-token range that ditscale.sp.shard_range gives rank
+  // RankOf(u, i) (the even split by rank, larger shards first), so that every rank holds the
+  // tokens the caller splits for it under every placement (attention runs over all tokens in any
+  // order: a ring chunk need not be contiguous in the sequence).
+  const std::vector<int64_t> by_rank = EvenSplit(shape_.seq_tokens, U_ * R_);
+  std::vector<int64_t> begin_by_rank(U_ * R_, 0);
+  for (int r = 1; r < U_ * R_; ++r) begin_by_rank[r] = begin_by_rank[r - 1] + by_rank[r - 1];
+  shard_size_.assign(U_ * R_, 0);
   shard_begin_.assign(U_ * R_, 0);
-  for (int n = 1; n < U_ * R_; ++n) shard_begin_[n] = shard_begin_[n - 1] + shard_size_[n - 1];
+  for (int i = 0; i < R_; ++i) {
+    for (int u = 0; u < U_; ++u) {
+      const int r = RankOfCoords(cfg_, u, i);
+      shard_size_[i * U_ + u] = by_rank[r];
+      shard_begin_[i * U_ + u] = begin_by_rank[r];
+    }
+  }
 }
 
 int HybridBuilder::RankOf(int u, int i) const { return RankOfCoords(cfg_, u, i); }

@@ -65,10 +65,12 @@ class Op:
 
 @dataclass(frozen=True)
 class Program:
-    """One rank's program: buffers (name, role, init, tokens, heads, width), ops, the input and
-    output buffer indices (-1 = absent) and the units of each stream (lists of op indices)."""
+    """One rank's program: its image tokens, buffers (name, role, init, tokens, heads, width),
+    ops, the input and output buffer indices (-1 = absent) and the units of each stream (lists
+    of op indices)."""
 
     rank: int
+    image_tokens: Tuple[int, int]  # (begin, count) of this rank's image tokens in the sequence
     buffers: Tuple[Tuple[str, str, str, int, int, int], ...]
     ops: Tuple[Op, ...]
     io: Dict[str, int]
@@ -100,8 +102,8 @@ def load_program(raw: dict, description: str) -> Program:
                                    f"for {op.kind} with rank {op.peer} (op #{op.index})")
             seen.add(key)
         written.update(r[0] for r in (op.dst, op.dst_lse) if r is not None and r[0] in inputs)
-    return Program(raw["rank"], tuple(tuple(b) for b in raw["buffers"]), ops, io,
-                   _units(ops), description,
+    return Program(raw["rank"], (raw["image_token_begin"], raw["image_token_count"]),
+                   tuple(tuple(b) for b in raw["buffers"]), ops, io, _units(ops), description,
                    tuple(n for n in sorted(io) if io[n] >= 0 and io[n] in written))
 
 

@@ -123,6 +123,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3],
                  dtype_bytes=q.element_size())
     prog = program(mesh, cfg, shape, where)
+    if prog.image_tokens[1] != q.shape[1]:  # shard_range's split is every schedule's
+        raise RuntimeError(f"{where}: rank {mesh.rank} holds {q.shape[1]} image tokens, the "
+                           f"schedule ({prog.description}) gives it {prog.image_tokens[1]} of "
+                           f"{shape['seq']}")
     out, text_out = cpu_executor.execute(prog, process_group(mesh), q, k, v, joint, TIMEOUT_S)
     out = out.to(q.dtype)
     return out, None if text_out is None else text_out.to(q.dtype)

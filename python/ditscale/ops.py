@@ -23,6 +23,15 @@ The compiled ops live in ``ditscale._C`` (a shared library loaded with
 and the fake (meta) kernels, so the ops can be traced by ``torch.compile(fullgraph=True)``.
 The library is looked up in the package folder, or at ``$DITSCALE_EXT_PATH`` when set.
 
+Host cost. Eagerly, :func:`adaln` and :func:`adaln_gated` do not go through the dispatcher's
+Python autograd kernel that ``torch.library.register_autograd`` installs (its per-call argument
+re-binding, ``fill_defaults``, walks the op schema in Python and cost more than the op itself on
+small tensors): with grad they apply a ``torch.autograd.Function`` per op that runs the same
+setup and backward formulas around the op called below autograd, and without grad they call the
+op below autograd directly. While torch.compile traces (or functorch transforms run) they call
+the registered ops, whose autograd formulas AOTAutograd traces. Same kernels, same saved
+tensors, same bits either way (bench/adaln/host_cost.py measures the cost per call).
+
 ``adaln_reference`` / ``adaln_gated_reference`` are the same functions in plain PyTorch (the
 eager baseline of the benchmark, and the reference of the tests).
 """
@@ -135,25 +144,26 @@ def _packed_rows(*views: torch.Tensor):
     ``mod`` (e.g. ``emb.chunk(6, dim=1)`` of a [B, 6 D] tensor, ``mod[:, i]`` of a [B, 6, D]
     one); else None. The adaln_mod / adaln_gated_mod ops then take ``mod`` itself, so autograd
     gets mod's gradient from the backward's reduction directly instead of a select_backward
-    zero-fill and copy per view and their sum (5 small kernels for two views, 8 for three). Off
-    while torch.compile traces (views' bases are not tracked there)."""
-    if torch.compiler.is_compiling():
-        return None
+    zero-fill and copy per view and their sum (5 small kernels for two views, 8 for three).
+    Eager only (views' bases are not tracked while torch.compile traces)."""
     first = views[0]
     base = first._base
     if base is None or not base.requires_grad or first.dim() != 2:
         return None
-    B, D = first.shape
-    if B == 0 or D == 0 or first.stride(1) != 1 or not base.is_contiguous():
+    shape, stride = first.shape, first.stride()
+    B, D = shape
+    if B == 0 or D == 0 or stride[1] != 1 or not base.is_contiguous():
         return None
-    sb = first.stride(0) if B > 1 else base.numel()
-    if sb <= 0 or sb % D != 0 or base.numel() != B * sb:
+    numel = base.numel()
+    sb = stride[0] if B > 1 else numel
+    if sb <= 0 or sb % D != 0 or numel != B * sb:
         return None
+    origin = base.storage_offset()
     rows = []
     for v in views:
-        if v._base is not base or v.shape != first.shape or v.stride() != first.stride():
+        if v._base is not base or v.stride() != stride or v.shape != shape:
             return None
-        offset = v.storage_offset() - base.storage_offset()
+        offset = v.storage_offset() - origin
         if offset < 0 or offset >= sb or offset % D != 0 or offset // D in rows:
             return None
         rows.append(offset // D)
@@ -163,6 +173,37 @@ def _packed_rows(*views: torch.Tensor):
 def _check_norm(norm: str) -> None:
     if norm not in NORMS:
         raise ValueError(f"ditscale.ops: norm must be one of {NORMS}, got {norm!r}")
+
+
+def _check_eps(eps) -> float:
+    """``eps`` as a float in EPS_RANGE (ValueError / TypeError otherwise); a float in range, the
+    usual case, costs two comparisons."""
+    if type(eps) is float and EPS_RANGE[0] <= eps <= EPS_RANGE[1]:
+        return eps
+    return float(check_real("eps", eps, *EPS_RANGE))
+
+
+def _requires_grad(*tensors) -> bool:
+    """Autograd has to record a call with these inputs (None = an absent optional input;
+    anything else that is not a Tensor is left to the op's own argument error)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            return True
+    return False
+
+
+def _traced() -> bool:
+    """The registered ops (and their torch.library autograd) must be used: torch.compile is
+    tracing, or a functorch transform (vmap, grad) is active."""
+    return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+
+
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+# Per op name, the torch.autograd.Function of the eager path (filled in by _register).
+_EAGER = {}
 
 
 def _mod_broadcast(t: torch.Tensor) -> torch.Tensor:
@@ -208,18 +249,20 @@ def adaln(
     """
     _require()
     _check_norm(norm)
-    eps = check_real("eps", eps, *EPS_RANGE)
+    eps = _check_eps(eps)
     scale = _as_modulation(scale, x, "scale")
     shift = _as_modulation(shift, x, "shift")
-    packed = _packed_rows(scale, shift) if torch.is_grad_enabled() else None
+    if _traced():
+        return torch.ops.ditscale.adaln_fwd(x, scale, shift, weight, bias, norm, eps)[0]
+    if not _requires_grad(x, scale, shift, weight, bias):
+        with _below_autograd():
+            return torch.ops.ditscale.adaln_fwd(x, scale, shift, weight, bias, norm, eps)[0]
+    packed = _packed_rows(scale, shift)
     if packed is not None:
         mod, scale_index, shift_index = packed
-        y, _, _ = torch.ops.ditscale.adaln_mod_fwd(
-            x, mod, scale_index, shift_index, weight, bias, norm, float(eps)
-        )
-        return y
-    y, _, _ = torch.ops.ditscale.adaln_fwd(x, scale, shift, weight, bias, norm, float(eps))
-    return y
+        return _EAGER["adaln_mod_fwd"].apply(x, mod, scale_index, shift_index, weight, bias,
+                                             norm, eps)[0]
+    return _EAGER["adaln_fwd"].apply(x, scale, shift, weight, bias, norm, eps)[0]
 
 
 def adaln_gated(
@@ -250,22 +293,23 @@ def adaln_gated(
     """
     _require()
     _check_norm(norm)
-    eps = check_real("eps", eps, *EPS_RANGE)
+    eps = _check_eps(eps)
     gate = _as_modulation(gate, residual, "gate")
     scale = _as_modulation(scale, residual, "scale")
     shift = _as_modulation(shift, residual, "shift")
-    packed = _packed_rows(gate, scale, shift) if torch.is_grad_enabled() else None
+    args = (residual, gate, branch, scale, shift, weight, bias, norm, eps)
+    if _traced():
+        return torch.ops.ditscale.adaln_gated_fwd(*args)[:2]
+    if not _requires_grad(residual, gate, branch, scale, shift, weight, bias):
+        with _below_autograd():
+            return torch.ops.ditscale.adaln_gated_fwd(*args)[:2]
+    packed = _packed_rows(gate, scale, shift)
     if packed is not None:
         mod, gate_index, scale_index, shift_index = packed
-        h, y, _, _ = torch.ops.ditscale.adaln_gated_mod_fwd(
-            residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm,
-            float(eps),
-        )
-        return h, y
-    h, y, _, _ = torch.ops.ditscale.adaln_gated_fwd(
-        residual, gate, branch, scale, shift, weight, bias, norm, float(eps)
-    )
-    return h, y
+        return _EAGER["adaln_gated_mod_fwd"].apply(
+            residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm, eps
+        )[:2]
+    return _EAGER["adaln_gated_fwd"].apply(*args)[:2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,6 +381,24 @@ def _fake_grad_like(ref: torch.Tensor, t: Optional[torch.Tensor]) -> torch.Tenso
     if t is None:
         return ref.new_empty((0,), dtype=torch.float32)
     return t.new_empty(t.shape)
+
+
+def _register_autograd(name: str, backward, setup) -> None:
+    """The autograd of op ``name`` twice, from one formula: torch.library.register_autograd (what
+    torch.compile traces and direct torch.ops.ditscale calls use) and the eager path's
+    torch.autograd.Function ``_EAGER[name]``, whose forward calls the op below autograd and runs
+    the same ``setup``; both return all of the op's outputs."""
+    op = getattr(torch.ops.ditscale, name).default
+    torch.library.register_autograd("ditscale::" + name, backward, setup_context=setup)
+
+    def forward(ctx, *inputs):
+        with _below_autograd():
+            output = op(*inputs)
+        setup(ctx, inputs, output)
+        return output
+
+    _EAGER[name] = type(f"Eager_{name}", (torch.autograd.Function,),
+                        {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def _register() -> None:
@@ -524,7 +586,7 @@ def _register() -> None:
             None,
         )
 
-    torch.library.register_autograd(lib + "adaln_fwd", _fwd_backward, setup_context=_fwd_setup)
+    _register_autograd("adaln_fwd", _fwd_backward, _fwd_setup)
 
     # ---- adaln_mod_fwd autograd ----
     def _mod_setup(ctx, inputs, output):
@@ -552,7 +614,7 @@ def _register() -> None:
             None,
         )
 
-    torch.library.register_autograd(lib + "adaln_mod_fwd", _mod_backward, setup_context=_mod_setup)
+    _register_autograd("adaln_mod_fwd", _mod_backward, _mod_setup)
 
     # ---- adaln_gated_fwd autograd ----
     def _gated_setup(ctx, inputs, output):
@@ -579,9 +641,7 @@ def _register() -> None:
             None,
         )
 
-    torch.library.register_autograd(
-        lib + "adaln_gated_fwd", _gated_backward, setup_context=_gated_setup
-    )
+    _register_autograd("adaln_gated_fwd", _gated_backward, _gated_setup)
 
     # ---- adaln_gated_mod_fwd autograd ----
     def _gated_mod_setup(ctx, inputs, output):
@@ -613,9 +673,7 @@ def _register() -> None:
             None,
         )
 
-    torch.library.register_autograd(
-        lib + "adaln_gated_mod_fwd", _gated_mod_backward, setup_context=_gated_mod_setup
-    )
+    _register_autograd("adaln_gated_mod_fwd", _gated_mod_backward, _gated_mod_setup)
 
 
 if _load_error is None:

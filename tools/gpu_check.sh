@@ -209,7 +209,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = diffusers ]; then
   # apply_fused_adaln, fwd+bwd, eager and compiled), sp (parallelize at world size 1 vs stock).
   DPARTS=" ${DF_PARTS:-test adaln sp} "
   dhas() { case "$DPARTS" in *" $1 "*) return 0;; esac; return 1; }
-  dhas test && step diffusers-gpu-test 600 $PY -m pytest -q tests/gpu/test_diffusers_gpu.py
+  dhas test && step diffusers-gpu-test 600 env CUDA_DEVICE_MAX_CONNECTIONS=32 $PY -m pytest -q tests/gpu/test_diffusers_gpu.py
   dhas adaln && step diffusers-adaln 600 $PY -m bench.diffusers.adaln_models \
        --models ${DF_ADALN_MODELS:-wan2.1-1.3b,wan2.1-14b,flux} --out-dir "$OUT/diffusers"
   dhas sp && step diffusers-sp-overhead 600 $PY -m bench.diffusers.sp_overhead \

@@ -10,8 +10,12 @@ Skips without a GPU, diffusers or the compiled runtime."""
 
 import os
 
-import pytest
-import torch
+# run_local's ranks wait on CUDA hardware queues: more than two ranks need more queues than the
+# default 8 connections give, set before CUDA starts (run this file in its own pytest process).
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 pytest.importorskip("diffusers")
 
@@ -45,7 +49,6 @@ def _dense(q, k, v, jq, jk, jv):
 def test_run_local_through_model_attention_shapes(model, heads, head_dim, text, strategy, mesh,
                                                    chunks):
     _need_gpu("runtime")
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     from ditscale import sp
     if strategy == "ulysses" and heads % 2:
         pytest.skip("odd head count")

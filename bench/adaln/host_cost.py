@@ -4,7 +4,7 @@ tiny tensors (so that Python, dispatch and autograd bookkeeping dominate, as the
 at ~1,024 tokens), and what each saves for backward at a model's size.
 
     python -m bench.adaln.host_cost [--out bench/results/adaln-host-cost-cpu.md] [--quick]
-        [--saved-tokens 1024] [--saved-dim 1536]
+        [--number N] [--repeat R] [--no-block-compile] [--saved-tokens 1024] [--saved-dim 1536]
 
 Host cost. Workload: x [B, N, D] = [2, 8, 64] float32, LayerNorm without affine, eps 1e-6,
 per-sample modulation as a diffusers model makes it: scale, shift (and gate) are chunks of one
@@ -14,6 +14,9 @@ per-sample modulation as a diffusers model makes it: scale, shift (and gate) are
            eager: F.layer_norm(x, (D,)) * (1 + scale[:, None]) + shift[:, None]
   gated    ours: ditscale.ops.adaln_gated(residual, gate, branch, scale, shift)
            eager: h = residual + gate[:, None] * branch, then the adaln chain of h
+  Wan block  a tiny diffusers WanTransformerBlock (D 64, 2 heads, ffn 128, 16 video and 8
+           context tokens, bf16 with its fp32 norms and table): ours = apply_fused_adaln's
+           forward, eager = the stock block (the whole block: attention and feed-forward too)
 
 Modes: ``fwd no_grad`` (under torch.no_grad), ``fwd grad`` (inputs require grad, the forward
 alone: it builds the autograd graph), ``fwd+bwd`` (forward and ``backward`` of a fixed dy into
@@ -194,9 +197,11 @@ def saved_rows(tokens: int, dim: int):
     return rows
 
 
-def wan_block_pair(tokens: int):
-    """(stock block, fused block, inputs) of Wan 2.1 1.3B's dimensions (one block, random
-    weights, bf16 with diffusers' fp32 modules)."""
+def wan_block_pair(tokens: int, heads: int = 12, head_dim: int = 128, ffn: int = 8960,
+                   context: int = 512):
+    """(stock block, fused block, inputs) of one WanTransformerBlock (default: Wan 2.1 1.3B's
+    dimensions), random weights, bf16 with diffusers' fp32 modules; the video tokens are the
+    nearest 4 x side x side latent's (4 (side / 2)^2)."""
     import copy
 
     from diffusers import WanTransformer3DModel
@@ -205,8 +210,8 @@ def wan_block_pair(tokens: int):
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
-        out_channels=16, text_dim=64, freq_dim=256, ffn_dim=8960, num_layers=1)
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim,
+        in_channels=16, out_channels=16, text_dim=64, freq_dim=256, ffn_dim=ffn, num_layers=1)
     fp32 = {n for n, t in model.state_dict().items()
             if any(k in n.split(".") for k in model._keep_in_fp32_modules)}
     model = model.to(torch.bfloat16)
@@ -217,11 +222,62 @@ def wan_block_pair(tokens: int):
     g = torch.Generator().manual_seed(0)
     side = int(round((tokens / 4) ** 0.5)) * 2  # latent 4 x side x side: 4 (side / 2)^2 tokens
     rotary = model.rope(torch.zeros(1, 16, 4, side, side))
-    S = rotary[0].shape[1]
-    args = (torch.randn(1, S, 1536, generator=g).bfloat16(),
-            torch.randn(1, 512, 1536, generator=g).bfloat16(),
-            torch.randn(1, 6, 1536, generator=g).bfloat16(), rotary)
+    S, D = rotary[0].shape[1], heads * head_dim
+    args = (torch.randn(1, S, D, generator=g).bfloat16(),
+            torch.randn(1, context, D, generator=g).bfloat16(),
+            torch.randn(1, 6, D, generator=g).bfloat16(), rotary)
     return model.blocks[0], fused.blocks[0], args
+
+
+def block_step(block, args, mode: str) -> Callable[[], None]:
+    x, c, t, rot = args
+    grad = mode != "fwd no_grad"
+    x, t = x.clone().requires_grad_(grad), t.clone().requires_grad_(grad)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(x.dtype)
+    if mode == "fwd no_grad":
+        def step():
+            with torch.no_grad():
+                block(x, c, t, rot)
+    elif mode == "fwd grad":
+        def step():
+            block(x, c, t, rot)
+    else:
+        def step():
+            block(x, c, t, rot).backward(dy)
+    return step
+
+
+def block_host_rows(number: int, repeat: int, compiled_too: bool):
+    """Host cost of a tiny WanTransformerBlock (D 64, 2 heads, ffn 128, 16 video and 8 context
+    tokens, bf16): stock vs apply_fused_adaln, eager and (``compiled_too``) under
+    torch.compile(block, fullgraph=True) as diffusers' regional compile does. Compiled, the
+    fused block is measured with the fused ops (_adaln_common.COMPILED_STOCK_MAX_ROWS = 0; by
+    default a block this small runs diffusers' own forward when compiled)."""
+    from ditscale.diffusers import _adaln_common
+
+    stock, fused, args = wan_block_pair(16, heads=2, head_dim=32, ffn=128, context=8)
+    limit = getattr(_adaln_common, "COMPILED_STOCK_MAX_ROWS", None)
+    _adaln_common.COMPILED_STOCK_MAX_ROWS = 0
+    try:
+        return _block_host_rows(stock, fused, args, number, repeat, compiled_too)
+    finally:
+        _adaln_common.COMPILED_STOCK_MAX_ROWS = limit
+
+
+def _block_host_rows(stock, fused, args, number: int, repeat: int, compiled_too: bool):
+    rows = []
+    for compiled in (False, True) if compiled_too else (False,):
+        for mode in MODES:
+            blocks = [torch.compile(b, fullgraph=True, dynamic=False) if compiled else b
+                      for b in (fused, stock)]
+            cells = per_call_us_interleaved([block_step(b, args, mode) for b in blocks],
+                                            max(1, number // 4), repeat)
+            label = f"Wan block{' compiled' if compiled else ''}"
+            rows.append((label, mode, cells[0], cells[1]))
+            print(f"{label:16s} {mode:12s} fused {cells[0]:8.1f} us  stock {cells[1]:8.1f} us",
+                  file=sys.stderr)
+            torch._dynamo.reset()
+    return rows
 
 
 def block_peak_mib(block, args):
@@ -277,7 +333,8 @@ def block_rows(tokens: int):
 
 def table(rows, saved, blocks, tokens: int, dim: int) -> str:
     head = [f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPUs, {torch.get_num_threads()} threads; x [{B}, {N}, {D}] fp32",
+            f"{os.cpu_count()} CPUs, {torch.get_num_threads()} threads; x [{B}, {N}, {D}] fp32; "
+            "Wan block rows: ours = apply_fused_adaln, eager = the stock block",
             "", "| op | mode | ours (us) | eager (us) | eager / ours |", "|---|---|---|---|---|"]
     body = [f"| {k} | {m} | {o:.1f} | {e:.1f} | {e / o:.2f} |" for k, m, o, e in rows]
     mib = 1024.0 * 1024.0
@@ -300,6 +357,8 @@ def parse(argv):
     p.add_argument("--quick", action="store_true", help="fewer calls per repeat (noisier)")
     p.add_argument("--number", type=int, default=0, help="calls per repeat (0: 100, quick 20)")
     p.add_argument("--repeat", type=int, default=15, help="repeats (the smallest is kept)")
+    p.add_argument("--no-block-compile", action="store_true",
+                   help="leave out the compiled Wan block rows (their compiles take minutes)")
     p.add_argument("--saved-tokens", type=int, default=1024)
     p.add_argument("--saved-dim", type=int, default=1536)
     args = p.parse_args(argv)
@@ -319,6 +378,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     number = args.number or (20 if args.quick else 100)
     rows = host_rows(number, args.repeat)
+    rows += block_host_rows(number, args.repeat, compiled_too=not args.no_block_compile)
     saved = saved_rows(args.saved_tokens, args.saved_dim)
     blocks = block_rows(args.saved_tokens)
     text = table(rows, saved, blocks, args.saved_tokens, args.saved_dim)

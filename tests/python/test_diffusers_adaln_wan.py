@@ -9,7 +9,8 @@ inputs, fp32: the output and every parameter's and input's gradient in training 
 runs once patched), the output in inference, with gradient checkpointing and under the one-rank
 sequence-parallel integration; in bf16 (diffusers' fp32 modules kept) the patched output is as
 close to the fp32 model as the stock bf16 one; torch.compile(fullgraph=True) of a patched block
-per modulation form; the state_dict unchanged; remove() restores diffusers' forwards; the
+per modulation form (and diffusers' own forward compiled for a block within
+COMPILED_STOCK_MAX_ROWS); the state_dict unchanged; remove() restores diffusers' forwards; the
 refusals.
 """
 
@@ -142,16 +143,48 @@ def test_bf16_as_close_to_fp32_as_stock(form):
     assert 0 < err_s < 0.05 and err_p <= 1.25 * err_s, (err_p, err_s)
 
 
-@pytest.mark.parametrize("form", ("wan21_t2v", "wan22_ti2v"))
-def test_compiled_block_fullgraph(form):
-    _, patched = patched_pair(form)
-    block = patched.blocks[0]
+def block_args(patched, form):
     context = TEXT + (IMAGE_TOKENS if form == "wan21_i2v" else 0)
     rotary = patched.rope(torch.randn(BATCH, 4, FRAMES, SIDE, SIDE))
     temb_shape = (BATCH, TOKENS, 6, DIM) if form == "wan22_ti2v" else (BATCH, 6, DIM)
-    check_compiled(block, lambda: (leaf(BATCH, TOKENS, DIM, seed=5),
-                                   leaf(BATCH, context, DIM, seed=6),
-                                   leaf(*temb_shape, seed=4), rotary))
+    return lambda: (leaf(BATCH, TOKENS, DIM, seed=5), leaf(BATCH, context, DIM, seed=6),
+                    leaf(*temb_shape, seed=4), rotary)
+
+
+@pytest.mark.parametrize("form", ("wan21_t2v", "wan22_ti2v"))
+def test_compiled_block_fullgraph(form, monkeypatch):
+    from ditscale.diffusers import _adaln_common
+
+    monkeypatch.setattr(_adaln_common, "COMPILED_STOCK_MAX_ROWS", 0)  # the fused ops, compiled
+    _, patched = patched_pair(form)
+    check_compiled(patched.blocks[0], block_args(patched, form))
+
+
+def test_compiled_small_block_runs_the_stock_forward(monkeypatch):
+    """At most COMPILED_STOCK_MAX_ROWS rows: the compiled graph is diffusers' block (no fused op
+    in it), above: the fused ops; eager always the fused ops."""
+    from ditscale.diffusers import _adaln_common
+
+    _, patched = patched_pair("wan21_t2v")
+    block = patched.blocks[0]
+    make_args = block_args(patched, "wan21_t2v")
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    for limit, fused_in_graph in ((BATCH * TOKENS, False), (BATCH * TOKENS - 1, True)):
+        monkeypatch.setattr(_adaln_common, "COMPILED_STOCK_MAX_ROWS", limit)
+        torch._dynamo.reset()
+        seen.clear()
+        compiled = torch.compile(block, fullgraph=True, backend=backend)
+        args = make_args()
+        assert_close(compiled(*args), block(*args), f"limit {limit}", 1e-4)
+        assert len(seen) == 1
+        assert any("ditscale" in t for t in seen[0]) == fused_in_graph, sorted(seen[0])
+    torch._dynamo.reset()
+    check_compiled(block, make_args)  # the stock path compiled (default limit), with gradients
 
 
 def test_state_dict_unchanged_and_remove_restores():

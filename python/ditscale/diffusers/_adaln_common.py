@@ -134,6 +134,24 @@ def unpatch_all(where: str, plan: List[Patch]) -> None:
             del p.module.forward
 
 
+# Under torch.compile, a patched block whose activations have at most this many rows (B * S on
+# this rank) runs diffusers' own forward instead (see compiled_stock). Read at trace time (a
+# change takes effect at the next compile: torch._dynamo guards on it); 0 switches it off.
+COMPILED_STOCK_MAX_ROWS = 2048
+
+
+def compiled_stock(x: torch.Tensor) -> bool:
+    """True while torch.compile traces a block whose activations ``x`` [B, S, D] have at most
+    COMPILED_STOCK_MAX_ROWS rows: the fused forward then calls diffusers' own one. At such sizes
+    a step is host-bound and inductor fuses the stock norm chains into its neighbours' kernels,
+    while every fused op is an opaque call with its own dispatch (issue #22: a Wan 2.1 1.3B step
+    at 1,024 tokens, 4 blocks compiled, 0.71x compiled stock; bench/results/
+    adaln-host-cost-cpu.md: the same on CPU for a tiny block); at 32,760 tokens the fused ops
+    were even. Eager calls always take the fused ops."""
+    return (torch.compiler.is_compiling()
+            and x.shape[0] * x.shape[1] <= COMPILED_STOCK_MAX_ROWS)
+
+
 def constant_modulation(like: torch.Tensor, value: float) -> torch.Tensor:
     """A per-sample ``[B, D]`` float32 tensor of ``value`` for ``like`` [B, S, D]: scale = shift
     = 0 computes a norm without modulation, gate = 1 an ungated residual, through the fused ops

@@ -32,6 +32,11 @@ block with the next block's norm1 (the block loop is diffusers': a block returns
 the next block's normed input would need a side channel that gradient checkpointing, hooks
 between blocks and per-block torch.compile break; it would save one read of h per block).
 
+Under torch.compile, a block of at most ``_adaln_common.COMPILED_STOCK_MAX_ROWS`` rows (B * S,
+2,048) runs diffusers' own forward (compiled, inductor fuses its norm chains with their
+neighbours; the fused ops' per-call dispatch would cost more than they save there); eager calls
+always take the fused ops.
+
 Everything else runs as diffusers has it: attention and its processors (so
 ``ditscale.diffusers.parallelize``'s processors and hooks), the feed-forward, the embedders. Only
 the blocks' ``forward`` is replaced, on the instance: parameters, module names and the
@@ -46,6 +51,7 @@ import torch
 from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
 from .. import ops
+from . import _adaln_common as common
 from ._adaln_common import Patch, check_plan, fused, patch_all, unpatch_all
 
 WHERE = "ditscale.diffusers.apply_fused_adaln (WanTransformer3DModel)"
@@ -115,6 +121,9 @@ def _gated_residual(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor) -
 
 @fused
 def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    if common.compiled_stock(hidden_states):  # compiled and small: diffusers' own forward
+        return WanTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                           rotary_emb)
     m = _modulation(self.scale_shift_table, temb, hidden_states)
     y = ops.adaln(hidden_states, m[_SCALE1], m[_SHIFT1], **_fp32_norm(self.norm1))
     a = self.attn1(y, None, None, rotary_emb)

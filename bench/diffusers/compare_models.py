@@ -82,11 +82,12 @@ def stock_class(family: str):
 
 @dataclass
 class Inputs:
-    noise: object  # initial latents: Flux [1, S, C] (packed), Wan [1, C, F, H, W]
+    noise: object  # initial latents: Flux [1, S, C] packed, model dtype; Wan [1, C, F, H, W] fp32
     cond: dict  # the forward's keyword arguments other than hidden_states and timestep
     uncond: Optional[dict]  # Wan: the negative prompt's (classifier-free guidance)
     tokens: int
     text: int
+    dtype: object  # the transformer's input dtype
 
 
 def make_inputs(family, grid, text, cfg, dtype, device, seed) -> Inputs:
@@ -104,13 +105,15 @@ def make_inputs(family, grid, text, cfg, dtype, device, seed) -> Inputs:
         ids[..., 2] = torch.arange(w)[None, :]
         cond = dict(encoder_hidden_states=rnd(1, text, cfg["joint_attention_dim"]),
                     pooled_projections=rnd(1, cfg["pooled_projection_dim"]),
-                    img_ids=ids.reshape(-1, 3).to(device), txt_ids=torch.zeros(text, 3, device=device),
+                    img_ids=ids.reshape(-1, 3).to(device),
+                    txt_ids=torch.zeros(text, 3, device=device),
                     guidance=torch.full((1,), FLUX_GUIDANCE, device=device))
-        return Inputs(rnd(1, h * w, cfg["in_channels"]), cond, None, h * w, text)
-    noise = rnd(1, cfg["in_channels"], f, 2 * h, 2 * w)
+        return Inputs(rnd(1, h * w, cfg["in_channels"]), cond, None, h * w, text, dtype)
+    # WanPipeline keeps its latents in fp32 and casts the transformer's input
+    noise = rnd(1, cfg["in_channels"], f, 2 * h, 2 * w).float()
     cond = dict(encoder_hidden_states=rnd(1, text, cfg["text_dim"]))
     uncond = dict(encoder_hidden_states=rnd(1, text, cfg["text_dim"]))
-    return Inputs(noise, cond, uncond, f * h * w, text)
+    return Inputs(noise, cond, uncond, f * h * w, text, dtype)
 
 
 def make_scheduler(family: str, tokens: int, steps: int, device):
@@ -154,9 +157,9 @@ def denoise(model, family, inp: Inputs, steps: int, device):
                 tt = (t / 1000).expand(1).to(x.dtype)
                 pred = model(hidden_states=x, timestep=tt, return_dict=False, **inp.cond)[0]
             else:
-                tt = t.expand(1)
-                pred = model(hidden_states=x, timestep=tt, return_dict=False, **inp.cond)[0]
-                neg = model(hidden_states=x, timestep=tt, return_dict=False, **inp.uncond)[0]
+                tt, xin = t.expand(1), x.to(inp.dtype)
+                pred = model(hidden_states=xin, timestep=tt, return_dict=False, **inp.cond)[0]
+                neg = model(hidden_states=xin, timestep=tt, return_dict=False, **inp.uncond)[0]
                 pred = neg + WAN_CFG_SCALE * (pred - neg)
             x = sched.step(pred, t, x, return_dict=False)[0]
         sync(device)

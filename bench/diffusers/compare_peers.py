@@ -22,11 +22,10 @@ B`` builds B of each kind (a shorter run of the same layers). ``--size tiny`` bu
 each kind with 4 heads of 8 (24 image tokens, 8 text tokens) for CPU tests.
 
 A step is what the diffusers pipeline does per step, run directly over the transformer (no text
-encoder, no VAE decode): Flux one forward (guidance embedded, 3.5) and a FlowMatchEuler step
-(the pipeline's dynamic shift); Wan two forwards (classifier-free guidance, scale 5.0, one after
-the other on every rank) and a UniPC step (flow_shift 3.0). Inputs (noise latents, text
-embeddings N(0, 1)) are drawn from ``--seed`` on the CPU; the weights from ``--seed`` on the
-device, the same on every rank and in every launch (checked: ``weights_sum``).
+encoder, no VAE decode): Flux one forward, Wan two (classifier-free guidance), then the
+pipeline's scheduler step (bench/diffusers/compare_models.py). Inputs are drawn from ``--seed``
+on the CPU, the weights from ``--seed`` on the device: the same on every rank and in every
+launch (checked against the baseline: ``weights_sum``).
 
 Rows, all ranks running each in turn:
 - ``stock`` (world size 1 only): the unmodified transformer (diffusers' default attention);
@@ -43,8 +42,9 @@ Rows, all ranks running each in turn:
   subclasses of the diffusers transformers (``xFuserFlux1Transformer2DWrapper``,
   ``xFuserWanTransformer3DWrapper``, loaded with the same state_dict) under its model-parallel
   groups (ulysses_degree, ring_degree) and attention backend cuDNN (no flash-attn needed); at
-  world size 1 one row ``xfuser`` (degrees 1: the dry run of the wiring). xfuser runs sequence
-  parallelism on CUDA only: on CPU at N > 1 the rows are skipped with the reason.
+  world size 1 one row ``xfuser`` (degrees 1: the dry run of the wiring). xfuser needs a GPU:
+  on CPU its rows are skipped with the reason.
+How each row's model is made: bench/diffusers/compare_rows.py.
 
 Columns: ``ms/step`` = the median over the timed steps (after ``--warmup-steps``) of one step's
 wall time, each step ended by a device synchronize, the maximum over the ranks; ``speed-up`` =
@@ -52,11 +52,11 @@ the 1-GPU ``stock`` ms/step of the same case (this launch at world size 1, else
 ``--baseline-json``) / the row's; ``peak GiB`` = the most PyTorch's allocator held during the
 row's steps above what it held before the row's model was made (the row's weights +
 activations + buffers; NCCL's and NVSHMEM's own buffers are not counted; CPU: not measured),
-the maximum over the ranks; ``rel. L2`` = ||x - x_1|| / ||x_1|| of the final latents x against the 1-GPU stock
-run's x_1 (same weights and inputs), fp32.
+the maximum over the ranks; ``rel. L2`` = ||x - x_1|| / ||x_1|| of the final latents x against
+the 1-GPU stock run's x_1 (same weights and inputs), fp32.
 
-Writes ``DIR/compare-peers-TAG.json`` (every row, rewritten after each row so a killed run keeps
-what it finished) and ``DIR/compare-peers-TAG.md``, and prints the table last. At world size 1
+Writes ``DIR/compare-peers-TAG.json`` (every row, rewritten after each case so a killed run
+keeps what it finished) and ``DIR/compare-peers-TAG.md``, and prints the table last. At world size 1
 it also writes the stock run's final latents (``compare-peers-TAG-CASE.pt``, named in the JSON)
 for a later launch's ``--baseline-json``. Exit status 1 if a row failed (skips are not failures).
 """

@@ -11,8 +11,9 @@ returns the reason a row cannot run here, or None.
   (``xFuserFlux1Transformer2DWrapper`` / ``xFuserWanTransformer3DWrapper``) with the master's
   state_dict, under xfuser's model-parallel groups (``initialize_model_parallel``) and runtime
   state (``xFuserArgs(..., attention_backend="CUDNN").create_config()``,
-  ``initialize_runtime_state``), the lightest entry point of xfuser 0.7.0 that takes an existing
-  diffusers transformer (its runner does the same inside ``xFuserFluxModel`` / ``xFuserWan21T2VModel``).
+  ``initialize_runtime_state``), the lightest entry point of xfuser 0.7.0 that takes an
+  existing diffusers transformer (its runner does the same in ``xFuserFluxModel`` and
+  ``xFuserWan21T2VModel``). xfuser needs a GPU; flash-attn is not needed (cuDNN through ATen).
 """
 
 from __future__ import annotations
@@ -104,9 +105,8 @@ def prepare_diffusers(master, kind, world, device):
 
 def xfuser_skip(world, device, cfg, ulysses) -> Optional[str]:
     if device.type != "cuda":
-        return ("xfuser needs a GPU: with a CUDA build of torch it takes the machine for a CUDA "
-                "one (xfuser.envs) and calls torch.cuda.set_device, and its sequence-parallel "
-                "attention takes yunchang's process groups only when CUDA is available")
+        return ("xfuser needs a GPU (with a CUDA build of torch it calls torch.cuda.set_device; "
+                "its USP takes yunchang's process groups only when CUDA is available)")
     try:
         import xfuser  # noqa: F401
     except Exception as e:  # noqa: BLE001 - not installed, or its imports fail

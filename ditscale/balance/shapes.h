@@ -111,9 +111,10 @@ struct ShapedManifest {
 };
 // Throws ditscale::Error as ToTrainShape does, naming the sample id.
 // Cost: one small memo lookup per sample keyed by (training frames, height, width); the shape
-// rule runs once per distinct triple (per sample beyond the memo's 4096 triples). From 2^17
-// samples on, two threads map one half each; the result, and the error (the first bad sample in
-// row order), are those of one pass.
+// rule runs on a miss (a triple not among the last ones seen, internal/shape_mapper.h).
+// ReadShapedManifest (shaped_reader.h) does the same while parsing a CSV file. From 2^17 samples
+// on, two threads map one half each; the result, and the error (the first bad sample in row order),
+// are those of one pass.
 ShapedManifest ShapeManifest(const Manifest& manifest, const ModelPreset& model);
 // The same, moving manifest.ids into the result instead of copying them (80 MB for 10M rows):
 // manifest.ids is left empty, everything else in it untouched.

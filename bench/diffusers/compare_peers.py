@@ -67,6 +67,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
 import re
 import statistics
@@ -240,7 +241,9 @@ def finish_case(rows, name, args, baseline) -> None:
         b = baseline[name]
         for key in ("weights_sum", "tokens", "blocks", "size", "dtype", "steps",
                     "warmup_steps"):
-            if b[key] != rows[0][key]:
+            same = (math.isclose(b[key], rows[0][key], rel_tol=1e-9, abs_tol=1e-9)
+                    if key == "weights_sum" else b[key] == rows[0][key])
+            if not same:
                 raise SystemExit(f"--baseline-json: case {name} has {key} {b[key]!r} there, "
                                  f"{rows[0][key]!r} in this run: not the same weights or inputs")
         base_ms, ref = b["ms"], b["out"]
@@ -291,8 +294,9 @@ def table(rows) -> str:
     for r in rows:
         ranks = f"{r['world']}" + (f" ({r['machines']} machines)" if r["machines"] > 1 else "")
         if r["status"] != "ok":
+            reason = " ".join(r["reason"].replace("|", "/").split())  # one table cell
             lines.append(f"| {r['case']} | {ranks} | {r['row']} | {r['status']} | | | | "
-                         f"{r['reason']} |")
+                         f"{reason} |")
             continue
         note = f"auto chose {r['auto_choice']}" if r.get("auto_choice") else ""
         lines.append(f"| {r['case']} | {ranks} | {r['row']} | {r['ms']:.2f} | "

@@ -468,7 +468,7 @@ void RegisterPlanCommand(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Plan what every data-parallel rank trains on at every step, and simulate it");
-  sub->add_option("--manifest", a->manifest, "Manifest (CSV or JSONL)")->required();
+  sub->add_option("--manifest", a->manifest, "Manifest (CSV, JSONL or Parquet: .parquet, .pq)")->required();
   sub->add_option("--model", a->model, "Model preset name or JSON model file")->required();
   AddNumber(sub, "--world-size", &a->world_size, 1, kMaxWorldSize, "Data-parallel ranks")
       ->required();

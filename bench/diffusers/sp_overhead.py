@@ -17,13 +17,12 @@ printed last and written to DIR/sp-overhead.md (+ .json).
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
 
+from bench.diffusers import cli
 from bench.diffusers import models as M
 from bench.diffusers.timing import measure, rel_l2
 
@@ -111,48 +110,15 @@ def table(rows) -> str:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium",
-                    help=f"comma-separated, of {', '.join(M.MODELS)}")
-    ap.add_argument("--tokens", default="", help="comma-separated token counts")
-    ap.add_argument("--blocks", type=int, default=2, help="blocks of each kind, [1, 64]")
+    ap = cli.parser(__doc__, "flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium", 2, 15.0)
     ap.add_argument("--strategy", default="auto")
-    ap.add_argument("--modes", default="eager,compile")
-    ap.add_argument("--warmup", type=int, default=3, help="[1, 100]")
-    ap.add_argument("--reps", type=int, default=10, help="[3, 1000]")
-    ap.add_argument("--max-s", type=float, default=15.0, help="seconds per variant, (0, 600]")
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
-    args = ap.parse_args(argv)
-    args.models = [m for m in args.models.split(",") if m]
-    bad = [m for m in args.models if m not in M.MODELS]
-    if bad:
-        ap.error(f"--models: {bad} not in {', '.join(M.MODELS)}")
-    args.tokens = [int(t) for t in args.tokens.split(",") if t]
-    if any(not 1 <= t <= 1 << 20 for t in args.tokens):
-        ap.error(f"--tokens: {args.tokens} must be in [1, 1048576]")
-    args.modes = [m for m in args.modes.split(",") if m]
-    if any(m not in ("eager", "compile") for m in args.modes):
-        ap.error(f"--modes: {args.modes} must be eager and/or compile")
-    for name, lo, hi in (("blocks", 1, 64), ("warmup", 1, 100), ("reps", 3, 1000)):
-        if not lo <= getattr(args, name) <= hi:
-            ap.error(f"--{name}: {getattr(args, name)} is out of range [{lo}, {hi}]")
-    if not 0 < args.max_s <= 600:
-        ap.error(f"--max-s: {args.max_s} is out of range (0, 600]")
-    return args
+    return cli.parse(ap, argv)
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     rows = run(args)
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "sp-overhead.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    text = table(rows)
-    with open(os.path.join(args.out_dir, "sp-overhead.md"), "w") as f:
-        f.write(text)
-    print(text)
-    return 1 if any("error" in r for r in rows) else 0
+    return cli.write(args.out_dir, "sp-overhead", rows, table(rows))
 
 
 if __name__ == "__main__":

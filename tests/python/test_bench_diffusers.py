@@ -1,0 +1,38 @@
+"""The diffusers benchmarks' command lines (bench/diffusers/cli.py) and model table, without a
+GPU: ranges refused with their names, the patched grids of the token counts."""
+
+import pytest
+
+pytest.importorskip("diffusers")
+
+from bench.diffusers import adaln_models, models, sp_overhead  # noqa: E402
+
+
+@pytest.mark.parametrize("mod", [adaln_models, sp_overhead])
+@pytest.mark.parametrize("argv,needle", [
+    (["--blocks", "0"], "--blocks: 0 is out of range [1, 64]"),
+    (["--reps", "2"], "--reps: 2 is out of range [3, 1000]"),
+    (["--max-s", "0"], "--max-s: 0.0 is out of range (0, 600]"),
+    (["--models", "flux,nope"], "--models: ['nope']"),
+    (["--tokens", "0"], "--tokens: [0] must be in [1, 1048576]"),
+    (["--tokens", "x"], "--tokens: 'x' is not"),
+    (["--modes", "fast"], "--modes: ['fast']"),
+])
+def test_bad_options_are_named(mod, argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        mod.parse(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_defaults_parse():
+    a = adaln_models.parse([])
+    assert a.models == ["wan2.1-1.3b", "wan2.1-14b", "flux"] and a.sdpa == "flash"
+    assert sp_overhead.parse(["--tokens", "4096"]).tokens == [4096]
+
+
+@pytest.mark.parametrize("tokens", [1024, 4096, 32760, 75600, 17550, 16384, 4099])
+def test_grids_hold_exactly_the_tokens(tokens):
+    for frames_first in (True, False):
+        f, h, w = models._grid(tokens, frames_first)
+        assert f * h * w == tokens

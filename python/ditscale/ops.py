@@ -23,14 +23,17 @@ The compiled ops live in ``ditscale._C`` (a shared library loaded with
 and the fake (meta) kernels, so the ops can be traced by ``torch.compile(fullgraph=True)``.
 The library is looked up in the package folder, or at ``$DITSCALE_EXT_PATH`` when set.
 
-Host cost. Eagerly, :func:`adaln` and :func:`adaln_gated` do not go through the dispatcher's
-Python autograd kernel that ``torch.library.register_autograd`` installs (its per-call argument
-re-binding, ``fill_defaults``, walks the op schema in Python and cost more than the op itself on
-small tensors): with grad they apply a ``torch.autograd.Function`` per op that runs the same
-setup and backward formulas around the op called below autograd, and without grad they call the
-op below autograd directly. While torch.compile traces (or functorch transforms run) they call
-the registered ops, whose autograd formulas AOTAutograd traces. Same kernels, same saved
-tensors, same bits either way (bench/adaln/host_cost.py measures the cost per call).
+``adaln_rows`` / ``adaln_gated_rows`` take per-sample modulation as rows of one [B, K, D]
+tensor directly (the ``adaln_mod`` ops), for blocks that build that tensor themselves.
+
+Host cost. Eagerly, the wrappers do not go through the dispatcher's Python autograd kernel that
+``torch.library.register_autograd`` installs (its per-call argument re-binding, ``fill_defaults``,
+walks the op schema in Python and cost more than the op itself on small tensors): with grad they
+apply a ``torch.autograd.Function`` per op that runs the same setup and backward formulas around
+the op called below autograd (``_adaln_autograd.py``), and without grad they call the op below
+autograd directly. While torch.compile traces (or functorch transforms run) they call the
+registered ops, whose autograd formulas AOTAutograd traces. Same kernels, same saved tensors,
+same bits either way (bench/adaln/host_cost.py measures the cost per call).
 
 ``adaln_reference`` / ``adaln_gated_reference`` are the same functions in plain PyTorch (the
 eager baseline of the benchmark, and the reference of the tests).
@@ -45,6 +48,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ._adaln_autograd import EAGER as _EAGER
+from ._adaln_autograd import register_autograds
 from ._adaln_checks import (
     EPS_RANGE,
     NORMS,
@@ -61,6 +66,8 @@ from ._checks import check_real
 __all__ = [
     "adaln",
     "adaln_gated",
+    "adaln_rows",
+    "adaln_gated_rows",
     "adaln_reference",
     "adaln_gated_reference",
     "is_available",
@@ -202,9 +209,6 @@ def _traced() -> bool:
 
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
-# Per op name, the torch.autograd.Function of the eager path (filled in by _register).
-_EAGER = {}
-
 
 def _mod_broadcast(t: torch.Tensor) -> torch.Tensor:
     """Per-sample [B, D] -> [B, 1, D] for broadcasting against [B, N, D]."""
@@ -312,6 +316,64 @@ def adaln_gated(
     return _EAGER["adaln_gated_fwd"].apply(*args)[:2]
 
 
+def adaln_rows(
+    x: torch.Tensor,
+    mod: torch.Tensor,
+    scale_row: int,
+    shift_row: int,
+    *,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    norm: str = "layernorm",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """:func:`adaln` with per-sample scale and shift given as rows of one modulation tensor:
+    ``scale = mod[:, scale_row]``, ``shift = mod[:, shift_row]``.
+
+    ``mod`` is ``[B, K, D]`` (x's dtype or float32; rows distinct and in [0, K), else the op's
+    RuntimeError). The op reads the rows in place and its backward writes mod's gradient
+    ``[B, K, D]`` directly (zero in the other rows), eagerly and under torch.compile alike: what
+    :func:`adaln` does when it finds its views to be rows of one tensor, without the search.
+    For a block that makes its modulation itself (e.g. ``table + temb`` [B, 6, D])."""
+    _require()
+    _check_norm(norm)
+    eps = _check_eps(eps)
+    args = (x, mod, scale_row, shift_row, weight, bias, norm, eps)
+    if _traced():
+        return torch.ops.ditscale.adaln_mod_fwd(*args)[0]
+    if not _requires_grad(x, mod, weight, bias):
+        with _below_autograd():
+            return torch.ops.ditscale.adaln_mod_fwd(*args)[0]
+    return _EAGER["adaln_mod_fwd"].apply(*args)[0]
+
+
+def adaln_gated_rows(
+    residual: torch.Tensor,
+    branch: torch.Tensor,
+    mod: torch.Tensor,
+    gate_row: int,
+    scale_row: int,
+    shift_row: int,
+    *,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    norm: str = "layernorm",
+    eps: float = 1e-6,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`adaln_gated` with per-sample gate, scale and shift as rows of one ``[B, K, D]``
+    modulation tensor (``mod[:, gate_row]``, ...), as :func:`adaln_rows`. Returns ``(h, y)``."""
+    _require()
+    _check_norm(norm)
+    eps = _check_eps(eps)
+    args = (residual, branch, mod, gate_row, scale_row, shift_row, weight, bias, norm, eps)
+    if _traced():
+        return torch.ops.ditscale.adaln_gated_mod_fwd(*args)[:2]
+    if not _requires_grad(residual, branch, mod, weight, bias):
+        with _below_autograd():
+            return torch.ops.ditscale.adaln_gated_mod_fwd(*args)[:2]
+    return _EAGER["adaln_gated_mod_fwd"].apply(*args)[:2]
+
+
 # ---------------------------------------------------------------------------------------------
 # Pure-PyTorch references (eager baseline).
 
@@ -370,7 +432,8 @@ def adaln_gated_reference(
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake kernels and autograd (registered only when the extension is loaded).
+# Fake kernels (here: the extension names ditscale.ops as their module), then the autograd
+# (_adaln_autograd.py); registered only when the extension is loaded.
 
 
 def _stats_shape(x: torch.Tensor) -> Tuple[int, int]:
@@ -381,24 +444,6 @@ def _fake_grad_like(ref: torch.Tensor, t: Optional[torch.Tensor]) -> torch.Tenso
     if t is None:
         return ref.new_empty((0,), dtype=torch.float32)
     return t.new_empty(t.shape)
-
-
-def _register_autograd(name: str, backward, setup) -> None:
-    """The autograd of op ``name`` twice, from one formula: torch.library.register_autograd (what
-    torch.compile traces and direct torch.ops.ditscale calls use) and the eager path's
-    torch.autograd.Function ``_EAGER[name]``, whose forward calls the op below autograd and runs
-    the same ``setup``; both return all of the op's outputs."""
-    op = getattr(torch.ops.ditscale, name).default
-    torch.library.register_autograd("ditscale::" + name, backward, setup_context=setup)
-
-    def forward(ctx, *inputs):
-        with _below_autograd():
-            output = op(*inputs)
-        setup(ctx, inputs, output)
-        return output
-
-    _EAGER[name] = type(f"Eager_{name}", (torch.autograd.Function,),
-                        {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def _register() -> None:
@@ -551,129 +596,7 @@ def _register() -> None:
             _fake_grad_like(h, bias),
         )
 
-    def _keep_norm(ctx, norm, eps, mean, rstd):
-        """The non-tensor state of every AdaLN op's autograd; mean / rstd get no gradient."""
-        ctx.norm, ctx.eps = norm, eps
-        ctx.mark_non_differentiable(mean, rstd)
-        # Without this autograd fills two [B, N] fp32 zero tensors for mean / rstd on every
-        # backward (two kernels, ~1.7 us on the H200 at B*N = 16384).
-        ctx.set_materialize_grads(False)
-
-    def _affine_grads(weight, bias, dweight, dbias):
-        """The ops return [0] placeholders for an absent weight / bias; autograd wants None."""
-        return (dweight if weight is not None else None, dbias if bias is not None else None)
-
-    # ---- adaln_fwd autograd ----
-    def _fwd_setup(ctx, inputs, output):
-        x, scale, shift, weight, bias, norm, eps = inputs
-        _, mean, rstd = output
-        ctx.save_for_backward(x, scale, shift, weight, bias, mean, rstd)
-        _keep_norm(ctx, norm, eps, mean, rstd)
-
-    def _fwd_backward(ctx, dy, dmean, drstd):
-        x, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
-        if dy is None:  # y is not used downstream: every gradient is zero
-            return None, None, None, None, None, None, None
-        dx, dscale, dshift, dweight, dbias = torch.ops.ditscale.adaln_bwd(
-            dy, x, scale, shift, weight, bias, mean, rstd, ctx.norm, ctx.eps
-        )
-        return (
-            dx,
-            dscale,
-            dshift,
-            *_affine_grads(weight, bias, dweight, dbias),
-            None,
-            None,
-        )
-
-    _register_autograd("adaln_fwd", _fwd_backward, _fwd_setup)
-
-    # ---- adaln_mod_fwd autograd ----
-    def _mod_setup(ctx, inputs, output):
-        x, mod, scale_index, shift_index, weight, bias, norm, eps = inputs
-        _, mean, rstd = output
-        ctx.save_for_backward(x, mod, weight, bias, mean, rstd)
-        ctx.scale_index, ctx.shift_index = scale_index, shift_index
-        _keep_norm(ctx, norm, eps, mean, rstd)
-
-    def _mod_backward(ctx, dy, dmean, drstd):
-        x, mod, weight, bias, mean, rstd = ctx.saved_tensors
-        if dy is None:  # y is not used downstream: every gradient is zero
-            return None, None, None, None, None, None, None, None
-        dx, dmod, dweight, dbias = torch.ops.ditscale.adaln_mod_bwd(
-            dy, x, mod, ctx.scale_index, ctx.shift_index, weight, bias, mean, rstd, ctx.norm,
-            ctx.eps,
-        )
-        return (
-            dx,
-            dmod,
-            None,
-            None,
-            *_affine_grads(weight, bias, dweight, dbias),
-            None,
-            None,
-        )
-
-    _register_autograd("adaln_mod_fwd", _mod_backward, _mod_setup)
-
-    # ---- adaln_gated_fwd autograd ----
-    def _gated_setup(ctx, inputs, output):
-        residual, gate, branch, scale, shift, weight, bias, norm, eps = inputs
-        h, _, mean, rstd = output
-        ctx.save_for_backward(h, gate, branch, scale, shift, weight, bias, mean, rstd)
-        _keep_norm(ctx, norm, eps, mean, rstd)
-
-    def _gated_backward(ctx, dh, dy, dmean, drstd):
-        h, gate, branch, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
-        if dy is None:  # only h is used downstream: y's gradient is zero
-            dy = torch.zeros_like(h)
-        dres, dgate, dbranch, dscale, dshift, dweight, dbias = torch.ops.ditscale.adaln_gated_bwd(
-            dh, dy, h, gate, branch, scale, shift, weight, bias, mean, rstd, ctx.norm, ctx.eps
-        )
-        return (
-            dres,
-            dgate,
-            dbranch,
-            dscale,
-            dshift,
-            *_affine_grads(weight, bias, dweight, dbias),
-            None,
-            None,
-        )
-
-    _register_autograd("adaln_gated_fwd", _gated_backward, _gated_setup)
-
-    # ---- adaln_gated_mod_fwd autograd ----
-    def _gated_mod_setup(ctx, inputs, output):
-        (residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm,
-         eps) = inputs
-        h, _, mean, rstd = output
-        ctx.save_for_backward(h, branch, mod, weight, bias, mean, rstd)
-        ctx.rows = (gate_index, scale_index, shift_index)
-        _keep_norm(ctx, norm, eps, mean, rstd)
-
-    def _gated_mod_backward(ctx, dh, dy, dmean, drstd):
-        h, branch, mod, weight, bias, mean, rstd = ctx.saved_tensors
-        if dh is None and dy is None:
-            return (None,) * 10
-        if dy is None:  # only h is used downstream: y's gradient is zero
-            dy = torch.zeros_like(h)
-        dres, dbranch, dmod, dweight, dbias = torch.ops.ditscale.adaln_gated_mod_bwd(
-            dh, dy, h, branch, mod, *ctx.rows, weight, bias, mean, rstd, ctx.norm, ctx.eps
-        )
-        return (
-            dres,
-            dbranch,
-            dmod,
-            None,
-            None,
-            None,
-            *_affine_grads(weight, bias, dweight, dbias),
-            None,
-            None,
-        )
-
-    _register_autograd("adaln_gated_mod_fwd", _gated_mod_backward, _gated_mod_setup)
+    register_autograds()
 
 
 if _load_error is None:

@@ -3,7 +3,8 @@ per op around the op called below autograd, without grad the op below autograd, 
 dispatcher's torch.library autograd kernel. Checked against the registered ops called directly
 (the path torch.compile traces): bit-identical outputs and gradients for every op (separate and
 packed modulation, affine, rmsnorm, per-token modulation, gated with one or both outputs used),
-the same saved tensors, no graph without grad, and the bench script's pieces on tiny inputs.
+the same saved tensors, no graph without grad, the rows API (ops.adaln_rows / adaln_gated_rows)
+against the views, and the bench script's pieces on tiny inputs.
 """
 
 import pytest
@@ -149,3 +150,56 @@ def test_bench_host_cost_pieces():
     assert by[("adaln", "eager")] > by[("adaln", "ours")]
     text = H.table([("adaln", "fwd grad", 2.0, 3.0)], saved, [("stock", 16, 1.0, None)], 16, 8)
     assert "| adaln | fwd grad | 2.0 | 3.0 | 1.50 |" in text and "| stock | 16 | 1.0 | n/a |" in text
+
+
+@pytest.mark.parametrize("kind", ("adaln", "gated"))
+@pytest.mark.parametrize("grad", (True, False))
+def test_rows_api_equals_the_views(kind, grad):
+    """ops.adaln_rows / adaln_gated_rows on a [B, 6, D] tensor give the bits of ops.adaln /
+    adaln_gated on its row views, and the same gradient of that tensor."""
+    t = leaves(4, per_token=False, affine=True)
+    kw = dict(weight=t["weight"], bias=t["bias"], eps=1e-5)
+    results = []
+    for rows in (True, False):
+        mod = t["emb"].view(B, 6, D) * 1.0  # a non-leaf [B, 6, D], as a block makes it
+        with torch.set_grad_enabled(grad):
+            if kind == "adaln":
+                outs = ((ops.adaln_rows(t["x"], mod, 1, 0, **kw),) if rows else
+                        (ops.adaln(t["x"], mod[:, 1], mod[:, 0], **kw),))
+            else:
+                outs = (ops.adaln_gated_rows(t["x"], t["branch"], mod, 2, 1, 0, **kw) if rows
+                        else ops.adaln_gated(t["x"], mod[:, 2], t["branch"], mod[:, 1],
+                                             mod[:, 0], **kw))
+        grads = None
+        if grad:
+            grads = torch.autograd.grad(sum(o.sum() for o in outs), [t["emb"], t["x"]])
+        results.append(([o.detach() for o in outs], grads))
+    (out_r, g_r), (out_v, g_v) = results
+    assert all(torch.equal(a, b) for a, b in zip(out_r, out_v))
+    if grad:
+        assert all(torch.equal(a, b) for a, b in zip(g_r, g_v))
+
+
+def test_rows_api_errors_and_compile():
+    t = leaves(5, per_token=False, affine=False)
+    mod = t["emb"].view(B, 6, D)
+    with pytest.raises(RuntimeError, match=r"scale_index and shift_index are both 1"):
+        ops.adaln_rows(t["x"], mod, 1, 1)
+    with pytest.raises(RuntimeError, match=r"scale_index = 6 is outside mod's K = 6 rows"):
+        ops.adaln_rows(t["x"], mod, 6, 0)
+    with pytest.raises(ValueError, match=r"norm must be one of"):
+        ops.adaln_gated_rows(t["x"], t["branch"], mod, 2, 1, 0, norm="batchnorm")
+
+    def f(x, branch, emb):
+        m = emb.view(B, 6, D)
+        h, y = ops.adaln_gated_rows(x, branch, m, 2, 1, 0)
+        return ops.adaln_rows(h, m, 4, 3) + y
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    args = (t["x"], t["branch"], t["emb"])
+    out_c, out_e = compiled(*args), f(*args)
+    assert torch.equal(out_c, out_e)
+    g_c = torch.autograd.grad(out_c.sum(), args)
+    g_e = torch.autograd.grad(out_e.sum(), args)
+    assert all(torch.equal(a, b) for a, b in zip(g_c, g_e))

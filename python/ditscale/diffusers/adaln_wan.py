@@ -21,9 +21,10 @@ result rounded once to h's dtype, as diffusers' ``.type_as(hidden_states)`` does
 
 With ``cross_attn_norm=False`` (norm2 is nn.Identity) the second line is the gated residual
 alone (an addcmul). Per-sample modulation is one float32 tensor [B, 9, D] (the six rows, then
-two zero rows and a row of ones for the constants above) whose rows the ops read in place, so
-its gradient comes out of the kernels' reductions (ops.adaln's packed rows); per-token
-modulation is read as strided [B, S, D] views of [B, S, 6, D] (the constants per sample).
+two zero rows and a row of ones for the constants above, made once per device) whose rows the
+ops read in place (ops.adaln_rows / adaln_gated_rows), so its gradient comes out of the kernels'
+reductions; per-token modulation is read as strided [B, S, D] views of [B, S, 6, D] (the
+constants per sample).
 
 Not fused: ``norm_out`` (its norm + modulation is written inline in WanTransformer3DModel.forward,
 not in a module, so fusing it means replacing the model's forward, which the sequence-parallel
@@ -94,21 +95,59 @@ def _fp32_norm(norm) -> dict:
             "norm": "layernorm", "eps": norm.eps}
 
 
-def _modulation(table: torch.Tensor, temb: torch.Tensor, h: torch.Tensor) -> Tuple:
-    """The nine modulation operands (rows _SHIFT1 .. _ONE), each [B, D] or [B, S, D] float32."""
+def _modulation(table: torch.Tensor, temb: torch.Tensor, h: torch.Tensor):
+    """The modulation operands, rows _SHIFT1 .. _ONE: per sample one float32 [B, 9, D] tensor,
+    per token a tuple of nine [B, S, D] / [B, D] float32 tensors."""
     if temb.dim() == 4 and temb.shape[1] == 1:
         temb = temb[:, 0]  # one timestep per sample given as a sequence of one
     if temb.dim() == 3:  # [B, 6, D]
         mod = table + temb.float()
         B, _, D = mod.shape
-        const = mod.new_zeros((B, 3, D))
-        const[:, 2] = 1.0
-        return torch.cat([mod, const], dim=1).unbind(1)
+        return torch.cat([mod, _constant_rows(mod).expand(B, 3, D)], dim=1)
     # [B, S, 6, D]: per-token views; the constants per sample.
     rows = [r.squeeze(2) for r in (table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
     zero = h.new_zeros((h.shape[0], h.shape[2]), dtype=torch.float32)
     one = h.new_ones((h.shape[0], h.shape[2]), dtype=torch.float32)
     return (*rows, zero, zero, one)
+
+
+_CONSTANT_ROWS = {}  # (device, D) -> [1, 3, D] float32 rows 0, 0, 1 (eager calls only)
+
+
+def _constant_rows(like: torch.Tensor) -> torch.Tensor:
+    """[1, 3, D] float32 rows (0, 0, 1) on ``like``'s device: made once per (device, D) for eager
+    calls (two kernels fewer per block), made in the graph while torch.compile traces."""
+    D = like.shape[-1]
+    if torch.compiler.is_compiling():
+        return _make_constant_rows(D, like.device)
+    key = (like.device, D)
+    rows = _CONSTANT_ROWS.get(key)
+    if rows is None:
+        with torch.inference_mode(False), torch.no_grad():
+            rows = _CONSTANT_ROWS[key] = _make_constant_rows(D, like.device)
+    return rows
+
+
+def _make_constant_rows(D: int, device) -> torch.Tensor:
+    rows = torch.zeros((1, 3, D), dtype=torch.float32, device=device)
+    rows[:, 2] = 1.0
+    return rows
+
+
+def _row(m, i: int) -> torch.Tensor:
+    return m[:, i] if isinstance(m, torch.Tensor) else m[i]
+
+
+def _adaln(x, m, scale: int, shift: int, norm) -> torch.Tensor:
+    if isinstance(m, torch.Tensor):  # per sample: rows of one tensor
+        return ops.adaln_rows(x, m, scale, shift, **_fp32_norm(norm))
+    return ops.adaln(x, m[scale], m[shift], **_fp32_norm(norm))
+
+
+def _adaln_gated(h, branch, m, gate: int, scale: int, shift: int, norm):
+    if isinstance(m, torch.Tensor):
+        return ops.adaln_gated_rows(h, branch, m, gate, scale, shift, **_fp32_norm(norm))
+    return ops.adaln_gated(h, m[gate], branch, m[scale], m[shift], **_fp32_norm(norm))
 
 
 def _gated_residual(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -125,13 +164,12 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
         return WanTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
                                            rotary_emb)
     m = _modulation(self.scale_shift_table, temb, hidden_states)
-    y = ops.adaln(hidden_states, m[_SCALE1], m[_SHIFT1], **_fp32_norm(self.norm1))
+    y = _adaln(hidden_states, m, _SCALE1, _SHIFT1, self.norm1)
     a = self.attn1(y, None, None, rotary_emb)
     if isinstance(self.norm2, torch.nn.Identity):
-        h = y = _gated_residual(hidden_states, a, m[_GATE1])
+        h = y = _gated_residual(hidden_states, a, _row(m, _GATE1))
     else:
-        h, y = ops.adaln_gated(hidden_states, m[_GATE1], a, m[_ZERO_A], m[_ZERO_B],
-                               **_fp32_norm(self.norm2))
+        h, y = _adaln_gated(hidden_states, a, m, _GATE1, _ZERO_A, _ZERO_B, self.norm2)
     a = self.attn2(y, encoder_hidden_states, None, None)
-    h, y = ops.adaln_gated(h, m[_ONE], a, m[_SCALE3], m[_SHIFT3], **_fp32_norm(self.norm3))
-    return _gated_residual(h, self.ffn(y), m[_GATE3])
+    h, y = _adaln_gated(h, a, m, _ONE, _SCALE3, _SHIFT3, self.norm3)
+    return _gated_residual(h, self.ffn(y), _row(m, _GATE3))

@@ -22,6 +22,7 @@ torch 2.11's cuDNN backend the backward of Flux's joint attention reads out of b
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from bench.diffusers import cli
@@ -74,6 +75,7 @@ def one_variant(name, tokens, blocks, fused, compiled, args, dtype, dev):
         with torch.no_grad():
             r["out"] = model(**kw)[0].float().cpu()
     del model, kw
+    gc.collect()  # a patched block's forward is bound to the block: a cycle
     torch.cuda.empty_cache()
     return r
 

@@ -17,6 +17,7 @@ printed last and written to DIR/sp-overhead.md (+ .json).
 
 from __future__ import annotations
 
+import gc
 import datetime
 import os
 import sys
@@ -51,6 +52,7 @@ def one_variant(name, tokens, args, parallel, compiled, dtype, dev):
     r["out"] = step().float().cpu()
     del model, run_model, kw
     torch._dynamo.reset()
+    gc.collect()  # a patched block's forward is bound to the block: a cycle
     torch.cuda.empty_cache()
     return r
 

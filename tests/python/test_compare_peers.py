@@ -60,6 +60,13 @@ def test_world1_rows(world1):
     assert (out / "compare-peers-1gpu.md").read_text().startswith("| case | ranks | row |")
 
 
+def _package_parent() -> str:
+    """The folder this process imports ditscale from (the installed package in CI, the source
+    tree with its built extensions in a developer's run): the children import the same one."""
+    import ditscale
+    return os.path.dirname(os.path.dirname(os.path.abspath(ditscale.__file__)))
+
+
 def test_world2_emulated_matches_one_rank(world1, tmp_path):
     base, _ = world1
     port = free_port()
@@ -69,7 +76,7 @@ def test_world2_emulated_matches_one_rank(world1, tmp_path):
         "--strategies", "auto,ulysses,ring,usp,torus", "--emulate-machines", "2",
         "--baseline-json", str(base / "compare-peers-1gpu.json"), "--out-dir", str(tmp_path)]
     env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "python"),
+               PYTHONPATH=os.pathsep.join([_package_parent(), ROOT,
                                            os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -86,31 +86,18 @@ def run(args):
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     dtype = torch.bfloat16
-    rows = []
-    for name in args.models:
-        for tokens in (args.tokens or M.TOKENS[name]):
-            for mode in args.modes:
-                compiled = mode == "compile"
-                row = {"model": name, "tokens": tokens, "mode": mode, "blocks": args.blocks}
-                try:
-                    s = one_variant(name, tokens, args.blocks, False, compiled, args, dtype, dev)
-                    f = one_variant(name, tokens, args.blocks, True, compiled, args, dtype, dev)
-                except Exception as e:  # noqa: BLE001 - one failed row must not lose the others
-                    row["error"] = f"{type(e).__name__}: {e}"[:300]
-                    print(f"[adaln_models] {name} {tokens} {mode}: {row['error']}",
-                          file=sys.stderr, flush=True)
-                    rows.append(row)
-                    continue
-                row.update(stock_ms=s["ms"], fused_ms=f["ms"], speedup=s["ms"] / f["ms"],
-                           stock_peak_gib=s["peak_gib"], fused_peak_gib=f["peak_gib"],
-                           mem_ratio=f["peak_gib"] / max(s["peak_gib"], 1e-9),
-                           rel_l2=rel_l2(f["out"], s["out"]), reps=min(s["reps"], f["reps"]))
-                print(f"[adaln_models] {name} {tokens:>6} {mode:<7} stock {s['ms']:8.2f} ms "
-                      f"fused {f['ms']:8.2f} ms  {row['speedup']:.3f}x  mem "
-                      f"{row['mem_ratio']:.2f}x  rel_l2 {row['rel_l2']:.1e}", flush=True)
-                rows.append(row)
-    return rows
 
+    def compare(name, tokens, compiled):
+        s = one_variant(name, tokens, args.blocks, False, compiled, args, dtype, dev)
+        f = one_variant(name, tokens, args.blocks, True, compiled, args, dtype, dev)
+        row = dict(stock_ms=s["ms"], fused_ms=f["ms"], speedup=s["ms"] / f["ms"],
+                   stock_peak_gib=s["peak_gib"], fused_peak_gib=f["peak_gib"],
+                   mem_ratio=f["peak_gib"] / max(s["peak_gib"], 1e-9),
+                   rel_l2=rel_l2(f["out"], s["out"]), reps=min(s["reps"], f["reps"]))
+        return row, (f"stock {s['ms']:8.2f} ms fused {f['ms']:8.2f} ms  {row['speedup']:.3f}x  "
+                     f"mem {row['mem_ratio']:.2f}x  rel_l2 {row['rel_l2']:.1e}")
+
+    return cli.sweep("adaln_models", args, M.TOKENS, compare)
 
 def table(rows) -> str:
     head = ("| model | tokens | mode | stock ms | fused ms | speed-up | stock peak GiB | "
@@ -118,8 +105,7 @@ def table(rows) -> str:
     lines = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | error: {r['error']} "
-                         f"| | | | | | |")
+            lines.append(cli.error_line(r, 10))
             continue
         lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {r['stock_ms']:.2f} | "
                      f"{r['fused_ms']:.2f} | {r['speedup']:.3f}x | {r['stock_peak_gib']:.2f} | "

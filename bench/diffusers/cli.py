@@ -59,3 +59,34 @@ def write(out_dir: str, stem: str, rows, text: str) -> int:
         f.write(text)
     print(text)
     return 1 if any("error" in r for r in rows) else 0
+
+
+def sweep(who: str, args, default_tokens, compare):
+    """One row per (model, tokens, mode) of ``args``: ``compare(name, tokens, compiled)`` ->
+    (fields, summary) measures the pair (stock and the variant) and its fields fill the row; a
+    pair that raises becomes a row with ``error`` (the others are kept). Each row is logged as
+    ``[who] model tokens mode summary``."""
+    import sys
+
+    rows = []
+    for name in args.models:
+        for tokens in (args.tokens or default_tokens[name]):
+            for mode in args.modes:
+                row = {"model": name, "tokens": tokens, "mode": mode, "blocks": args.blocks}
+                try:
+                    fields, summary = compare(name, tokens, mode == "compile")
+                except Exception as e:  # noqa: BLE001 - one failed row must not lose the others
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"[{who}] {name} {tokens} {mode}: {row['error']}", file=sys.stderr,
+                          flush=True)
+                else:
+                    row.update(fields)
+                    print(f"[{who}] {name} {tokens:>6} {mode:<7} {summary}", flush=True)
+                rows.append(row)
+    return rows
+
+
+def error_line(row, columns: int) -> str:
+    """The table line of a failed row with ``columns`` columns in all."""
+    return (f"| {row['model']} | {row['tokens']} | {row['mode']} | error: {row['error']} |"
+            + " |" * (columns - 4))

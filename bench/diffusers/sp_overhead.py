@@ -67,33 +67,20 @@ def run(args):
     store.close()
     dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=60))
-    rows = []
+
+    def compare(name, tokens, compiled):
+        s = one_variant(name, tokens, args, False, compiled, torch.bfloat16, dev)
+        p = one_variant(name, tokens, args, True, compiled, torch.bfloat16, dev)
+        row = dict(stock_ms=s["ms"], parallel_ms=p["ms"], overhead=p["ms"] / s["ms"] - 1.0,
+                   rel_l2=rel_l2(p["out"], s["out"]), reps=min(s["reps"], p["reps"]))
+        return row, (f"stock {s['ms']:8.2f} ms parallelized {p['ms']:8.2f} ms  overhead "
+                     f"{100 * row['overhead']:+.2f}%  rel_l2 {row['rel_l2']:.1e}")
+
     try:
-        for name in args.models:
-            for tokens in (args.tokens or DEFAULT_TOKENS[name]):
-                for mode in args.modes:
-                    row = {"model": name, "tokens": tokens, "mode": mode, "blocks": args.blocks}
-                    try:
-                        c = mode == "compile"
-                        s = one_variant(name, tokens, args, False, c, torch.bfloat16, dev)
-                        p = one_variant(name, tokens, args, True, c, torch.bfloat16, dev)
-                    except Exception as e:  # noqa: BLE001 - keep the other rows
-                        row["error"] = f"{type(e).__name__}: {e}"[:300]
-                        print(f"[sp_overhead] {name} {tokens} {mode}: {row['error']}",
-                              file=sys.stderr, flush=True)
-                        rows.append(row)
-                        continue
-                    row.update(stock_ms=s["ms"], parallel_ms=p["ms"],
-                               overhead=p["ms"] / s["ms"] - 1.0, rel_l2=rel_l2(p["out"], s["out"]),
-                               reps=min(s["reps"], p["reps"]))
-                    print(f"[sp_overhead] {name} {tokens:>6} {mode:<7} stock {s['ms']:8.2f} ms "
-                          f"parallelized {p['ms']:8.2f} ms  overhead {100 * row['overhead']:+.2f}%"
-                          f"  rel_l2 {row['rel_l2']:.1e}", flush=True)
-                    rows.append(row)
+        return cli.sweep("sp_overhead", args, DEFAULT_TOKENS, compare)
     finally:
         dist.destroy_process_group()
         os.unlink(store.name)
-    return rows
 
 
 def table(rows) -> str:
@@ -102,8 +89,7 @@ def table(rows) -> str:
     lines = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | error: {r['error']} "
-                         f"| | | |")
+            lines.append(cli.error_line(r, 7))
         else:
             lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {r['stock_ms']:.2f} | "
                          f"{r['parallel_ms']:.2f} | {100 * r['overhead']:+.2f}% | "

@@ -36,3 +36,28 @@ def test_grids_hold_exactly_the_tokens(tokens):
     for frames_first in (True, False):
         f, h, w = models._grid(tokens, frames_first)
         assert f * h * w == tokens
+
+
+def test_sweep_keeps_rows_after_a_failed_pair(capsys):
+    from bench.diffusers import cli
+
+    args = adaln_models.parse(["--models", "flux,wan2.1-1.3b", "--tokens", "8", "--modes",
+                               "eager,compile"])
+
+    def compare(name, tokens, compiled):
+        if name == "flux" and compiled:
+            raise RuntimeError("boom")
+        return {"ms": 1.0 + compiled}, f"ms {1 + compiled}"
+
+    rows = cli.sweep("t", args, models.TOKENS, compare)
+    assert [(r["model"], r["mode"]) for r in rows] == [
+        ("flux", "eager"), ("flux", "compile"), ("wan2.1-1.3b", "eager"),
+        ("wan2.1-1.3b", "compile")]
+    assert rows[1]["error"] == "RuntimeError: boom" and "ms" not in rows[1]
+    assert rows[3]["ms"] == 2.0 and rows[0]["blocks"] == 4
+    out = capsys.readouterr()
+    assert "[t] flux 8 compile: RuntimeError: boom" in out.err
+    assert "[t] wan2.1-1.3b      8 compile ms 2" in out.out
+    line = cli.error_line(rows[1], 7)
+    assert line == "| flux | 8 | compile | error: RuntimeError: boom | | | |"
+    assert sp_overhead.table(rows[1:2]).splitlines()[-1] == line

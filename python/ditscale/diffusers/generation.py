@@ -1,0 +1,186 @@
+"""One generation call of a diffusers pipeline: its arguments, its output as bytes.
+
+Shared by ``examples/generate.py`` and ``ditscale.serve``, so that the example, the server and
+a test calling the pipeline directly build the same call and get the same bits.
+
+- :func:`shape_rule` / :func:`shape_error`: the pixel multiple and frame rule of a pipeline
+  (height and width multiples of the VAE's spatial factor times the transformer's patch; video
+  frames ``1 + k * t`` with ``t`` the VAE's temporal factor), checked instead of the pipelines'
+  own silent rounding.
+- :func:`call_kwargs`: the keyword arguments of ``pipe(...)`` for a batch of samples: shape,
+  steps, guidance by the pipeline's own switch, one ``torch.Generator`` per sample (seed
+  ``seeds[i]``), prompt text or prompt embeddings, ``output_type="np"``.
+- :func:`to_uint8`: the pipeline's float output in [0, 1] as uint8 arrays [B, H, W, 3] (images)
+  or [B, F, H, W, 3] (videos), ``round(clip(x, 0, 1) * 255)`` (the rounding of diffusers'
+  ``numpy_to_pil``); :func:`nonfinite` counts NaN / inf values first.
+- :func:`encode_png`, :func:`encode_video`: one sample as PNG / MP4 / GIF bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .tiny import VIDEO_PIPELINES
+
+# The classifier-free guidance scale each pipeline uses by default (Flux and HunyuanVideo:
+# true_cfg_scale, off; their distilled guidance stays on).
+DEFAULT_GUIDANCE = {"flux": 1.0, "hunyuan-video": 1.0, "wan": 5.0, "wan2.2": 4.0, "sd3": 7.0,
+                    "cogvideox": 6.0}
+
+# Pipelines whose CFG switch is ``true_cfg_scale`` (the others: ``guidance_scale``).
+TRUE_CFG = ("flux", "hunyuan-video")
+
+
+@dataclass(frozen=True)
+class ShapeRule:
+    """``pixel_multiple``: height and width must be multiples of it; ``frame_step``: video
+    frame counts are ``1 + k * frame_step`` (0 for an image pipeline: 1 frame)."""
+
+    pixel_multiple: int
+    frame_step: int
+
+
+def shape_rule(name: str, pipe) -> ShapeRule:
+    """The shape rule of the pipeline ``name`` (see :data:`tiny.PIPELINES`) built as ``pipe``."""
+    patch = pipe.transformer.config.patch_size
+    if name == "flux":
+        return ShapeRule(pipe.vae_scale_factor * 2, 0)
+    if name == "sd3":
+        return ShapeRule(pipe.vae_scale_factor * patch, 0)
+    spatial = patch[1] if isinstance(patch, (tuple, list)) else patch
+    return ShapeRule(pipe.vae_scale_factor_spatial * spatial, pipe.vae_scale_factor_temporal)
+
+
+def shape_error(rule: ShapeRule, height: int, width: int, frames: int) -> Optional[str]:
+    """Why (height, width, frames) breaks ``rule`` (a message naming the field), or None."""
+    for field, value in (("height", height), ("width", width)):
+        if value % rule.pixel_multiple:
+            return (f"{field} {value} is not a multiple of {rule.pixel_multiple} (the VAE's "
+                    f"spatial factor times the transformer's patch size)")
+    if rule.frame_step == 0 and frames != 1:
+        return f"frames {frames}: an image pipeline makes 1 frame"
+    if rule.frame_step and (frames - 1) % rule.frame_step:
+        return (f"frames {frames} is not 1 + a multiple of {rule.frame_step} (the VAE's "
+                f"temporal factor)")
+    return None
+
+
+def guidance_kwarg(name: str) -> str:
+    """The pipeline argument carrying the CFG scale of ``name``."""
+    return "true_cfg_scale" if name in TRUE_CFG else "guidance_scale"
+
+
+def generators(seeds: Sequence[int], device: torch.device) -> List[torch.Generator]:
+    """One generator per sample, seeded ``seeds[i]`` (on ``device``: the latents' RNG)."""
+    return [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+
+def call_kwargs(name: str, *, height: int, width: int, frames: int, steps: int,
+                guidance: float, seeds: Sequence[int], device: torch.device,
+                text: Optional[Dict[str, List[str]]] = None,
+                embeds: Optional[Dict[str, torch.Tensor]] = None) -> dict:
+    """The keyword arguments of ``pipe(...)`` for ``len(seeds)`` samples.
+
+    ``text``: ``{"prompt": [...], "negative_prompt": [...]}`` (one string per sample; the
+    pipeline's encoders run), or ``embeds``: the pipeline's ``*prompt_embeds`` arguments with
+    ``len(seeds)`` rows each. A single sample gets a single generator (as a plain pipeline call
+    with ``generator=torch.Generator().manual_seed(seed)``: the same latents either way)."""
+    gens = generators(seeds, device)
+    kw = dict(height=height, width=width, num_inference_steps=steps, output_type="np",
+              generator=gens[0] if len(gens) == 1 else gens)
+    if name in VIDEO_PIPELINES:
+        kw["num_frames"] = frames
+    kw[guidance_kwarg(name)] = guidance
+    if text is not None:
+        kw["prompt"] = text["prompt"]
+        if guidance > 1 and "negative_prompt" in text:
+            kw["negative_prompt"] = text["negative_prompt"]
+    if embeds is not None:
+        kw.update(embeds)
+    return kw
+
+
+def output_array(out, video: bool) -> np.ndarray:
+    """The pipeline's output (``output_type="np"``) as one float array [B, H, W, 3] or
+    [B, F, H, W, 3]."""
+    arr = out.frames if video else out.images
+    if isinstance(arr, torch.Tensor):
+        arr = arr.float().cpu().numpy()
+    return np.asarray(arr)
+
+
+def nonfinite(array: np.ndarray) -> int:
+    """How many values of ``array`` are NaN or infinite."""
+    return int(array.size - np.count_nonzero(np.isfinite(array)))
+
+
+def to_uint8(array: np.ndarray) -> np.ndarray:
+    """Float output in [0, 1] as uint8: ``round(clip(x, 0, 1) * 255)``."""
+    return (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
+def encode_png(image: np.ndarray, level: int = 1) -> bytes:
+    """An image [H, W, 3] uint8 as PNG bytes (zlib ``level`` 0-9: 1 is fast, 9 small)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG", compress_level=level)
+    return buf.getvalue()
+
+
+def encode_video(frames: np.ndarray, fps: int, fmt: str) -> bytes:
+    """A video [F, H, W, 3] uint8 as ``fmt`` ("mp4": H.264 through imageio-ffmpeg, or "gif")
+    bytes. MP4 without imageio-ffmpeg is an ImportError naming the package."""
+    import imageio
+
+    if fmt == "gif":
+        buf = io.BytesIO()
+        imageio.mimwrite(buf, list(frames), format="GIF", duration=1000.0 / fps, loop=0)
+        return buf.getvalue()
+    if fmt != "mp4":
+        raise ValueError(f"encode_video: format {fmt!r} is not mp4 or gif")
+    try:
+        import imageio_ffmpeg  # noqa: F401  (the MP4 writer's backend)
+    except ImportError as e:
+        raise ImportError("encode_video: MP4 needs the imageio-ffmpeg package "
+                          "(pip install imageio-ffmpeg), or ask for gif") from e
+    fd, path = tempfile.mkstemp(suffix=".mp4")
+    os.close(fd)
+    try:
+        imageio.mimwrite(path, list(frames), fps=fps, codec="libx264", macro_block_size=1)
+        with open(path, "rb") as f:
+            return f.read()
+    finally:
+        os.unlink(path)
+
+
+def init_distributed(device: str, timeout_s: float = 600.0) -> torch.device:
+    """One process per rank under torchrun (NCCL on "cuda", gloo on "cpu"; collectives wait at
+    most ``timeout_s`` seconds), a single process otherwise. Returns this rank's device."""
+    import datetime
+
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if device == "cuda":
+            dist.init_process_group("nccl", device_id=dev, timeout=timeout)
+        else:
+            dist.init_process_group("gloo", timeout=timeout)
+    return dev

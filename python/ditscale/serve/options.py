@@ -1,0 +1,140 @@
+"""Options of ``python -m ditscale.serve``, each range-checked (name, value and range in the
+error), and the per-pipeline limits the requests are validated against."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from .._checks import check_int, check_real
+from ..diffusers import tiny
+
+# name -> (max height/width, max frames) per size of random-weight pipeline: what answers in
+# bounded memory (tiny: a CPU in seconds; small/full: one H200).
+SIZE_LIMITS = {"tiny": (256, 33), "small": (2048, 129), "full": (4096, 129)}
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    pipeline: str
+    weights: Optional[str]
+    size: str
+    device: str
+    dtype: str
+    host: str
+    port: int
+    strategy: str
+    cfg_parallel: bool
+    max_queue: int
+    max_batch: int
+    max_size: int
+    max_frames: int
+    max_steps: int
+    steps: int
+    request_timeout_s: float
+    max_body_mib: int
+    max_connections: int
+    heartbeat_s: float
+    group_timeout_s: float
+    shutdown_grace_s: float
+    output_dir: Optional[str]
+    keep_files: int
+    keep_jobs: int
+    png_level: int
+    text_tokens: int
+    warmup: int
+    seed: int
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ditscale.serve",
+                                description="A generation server over a sequence-parallel "
+                                            "diffusers pipeline group (run under torchrun).")
+    a = p.add_argument
+    a("--pipeline", choices=tiny.PIPELINES, required=True)
+    a("--weights", default=None, help="a local diffusers checkpoint folder")
+    a("--size", choices=tiny.SIZES, default="tiny",
+      help="random-weight pipeline: tiny (default), small (real widths, few blocks), full")
+    a("--full-size", action="store_true", help="the same as --size full")
+    a("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+    a("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+      help="default: bfloat16 on cuda, float32 on cpu")
+    a("--host", default="127.0.0.1", help="the address to listen on (default: loopback)")
+    a("--port", type=int, default=8000, help="[0, 65535]; 0: any free port (printed)")
+    a("--strategy", default="auto", help="a ditscale.sp strategy or auto")
+    a("--no-cfg-parallel", action="store_true")
+    a("--max-queue", type=int, default=16, help="queued requests before 429, [1, 100000]")
+    a("--max-batch", type=int, default=1,
+      help="samples per pipeline call, [1, 64] (1: every request alone, bit-reproducible)")
+    a("--max-size", type=int, default=None, help="largest height/width, [8, 16384]")
+    a("--max-frames", type=int, default=None, help="largest frame count, [1, 1025]")
+    a("--max-steps", type=int, default=100, help="[1, 1000]")
+    a("--steps", type=int, default=None, help="default steps of a request, [1, --max-steps]")
+    a("--request-timeout", type=float, default=600.0, help="seconds, (0, 86400]")
+    a("--max-body-mib", type=int, default=64, help="largest request body, [1, 4096] MiB")
+    a("--max-connections", type=int, default=256, help="open connections, [1, 10000]")
+    a("--heartbeat", type=float, default=2.0, help="idle heartbeat seconds, [0.05, 60]")
+    a("--group-timeout", type=float, default=120.0,
+      help="seconds a collective may wait, [5, 3600]; > 5x --heartbeat")
+    a("--shutdown-grace", type=float, default=30.0,
+      help="seconds a running request may take after SIGTERM, [0, 3600]")
+    a("--output-dir", default=None, help="where response_format=url files go "
+                                         "(default: a new folder under the temp dir)")
+    a("--keep-files", type=int, default=1000, help="files kept in --output-dir, [1, 10^6]")
+    a("--keep-jobs", type=int, default=1000, help="finished jobs kept for GET, [1, 10^6]")
+    a("--png-level", type=int, default=1, help="PNG compression, [0, 9]")
+    a("--text-tokens", type=int, default=None,
+      help="T of stand-in prompt embeddings (no text encoder), [1, 4096]")
+    a("--warmup", type=int, default=0, help="pipeline calls before serving, [0, 100]")
+    a("--seed", type=int, default=0, help="random weights' seed, [0, 2^63 - 1]")
+    return p
+
+
+def parse(argv=None, torch_cuda: bool = False) -> ServeOptions:
+    """The options of ``argv``; a bad value is a ValueError naming the option."""
+    ns = parser().parse_args(argv)
+    size = "full" if ns.full_size else ns.size
+    if ns.weights and (ns.full_size or ns.size != "tiny"):
+        raise ValueError("--weights: give a checkpoint folder or --size, not both")
+    device = ns.device or ("cuda" if torch_cuda else "cpu")
+    dtype = ns.dtype or ("bfloat16" if device == "cuda" else "float32")
+    size_cap, frames_cap = SIZE_LIMITS["full" if ns.weights else size]
+    max_steps = check_int("--max-steps", ns.max_steps, 1, 1000)
+    default_steps = 2 if size == "tiny" and not ns.weights else 30
+    heartbeat = check_real("--heartbeat", ns.heartbeat, 0.05, 60.0)
+    group_timeout = check_real("--group-timeout", ns.group_timeout, 5.0, 3600.0)
+    if group_timeout < 5 * heartbeat:
+        raise ValueError(f"--group-timeout: {group_timeout:g} s must be at least 5x --heartbeat "
+                         f"({heartbeat:g} s)")
+    timeout = check_real("--request-timeout", ns.request_timeout, 0.0, 86400.0)
+    if timeout == 0 or not math.isfinite(timeout):
+        raise ValueError(f"--request-timeout: {timeout:g} is out of range (0, 86400]")
+    tokens = ns.text_tokens if ns.text_tokens is not None else tiny.default_text_tokens(
+        ns.pipeline, "full" if ns.weights else size)
+    return ServeOptions(
+        pipeline=ns.pipeline, weights=ns.weights, size=size, device=device, dtype=dtype,
+        host=ns.host, port=check_int("--port", ns.port, 0, 65535), strategy=ns.strategy,
+        cfg_parallel=not ns.no_cfg_parallel,
+        max_queue=check_int("--max-queue", ns.max_queue, 1, 100000),
+        max_batch=check_int("--max-batch", ns.max_batch, 1, 64),
+        max_size=check_int("--max-size", size_cap if ns.max_size is None else ns.max_size,
+                           8, 16384),
+        max_frames=check_int("--max-frames", frames_cap if ns.max_frames is None
+                             else ns.max_frames, 1, 1025),
+        max_steps=max_steps,
+        steps=check_int("--steps", default_steps if ns.steps is None else ns.steps, 1,
+                        max_steps),
+        request_timeout_s=timeout,
+        max_body_mib=check_int("--max-body-mib", ns.max_body_mib, 1, 4096),
+        max_connections=check_int("--max-connections", ns.max_connections, 1, 10000),
+        heartbeat_s=heartbeat, group_timeout_s=group_timeout,
+        shutdown_grace_s=check_real("--shutdown-grace", ns.shutdown_grace, 0.0, 3600.0),
+        output_dir=ns.output_dir,
+        keep_files=check_int("--keep-files", ns.keep_files, 1, 10**6),
+        keep_jobs=check_int("--keep-jobs", ns.keep_jobs, 1, 10**6),
+        png_level=check_int("--png-level", ns.png_level, 0, 9),
+        text_tokens=check_int("--text-tokens", tokens, 1, 4096),
+        warmup=check_int("--warmup", ns.warmup, 0, 100),
+        seed=check_int("--seed", ns.seed, 0, 2**63 - 1))

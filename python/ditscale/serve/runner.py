@@ -1,0 +1,128 @@
+"""What every rank runs for one batch: the pipeline call, and its result checked.
+
+:class:`RunSpec` (built by rank 0 from a batch of jobs, sent to every rank): the shape, steps,
+guidance, one seed per sample, and the text: prompt strings (the pipeline's encoders) or
+prompt embeddings of ``len(seeds)`` rows (CPU tensors; moved to the transformer's device and
+dtype on each rank). :func:`execute` calls the pipeline with them and returns the samples as
+uint8 [B, H, W, 3] (images) or [B, F, H, W, 3] (videos), or raises :class:`RunFailure` with
+the HTTP status and code the jobs fail with.
+
+:class:`StepControl` is the pipeline's ``callback_on_step_end``: after each denoising step
+rank 0 decides (all the batch's jobs cancelled or past their deadline, or the server's
+shutdown grace spent: stop) and broadcasts the decision over the control group, and every rank
+stops at the same step (:class:`Stopped`), so that no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..diffusers import generation, tiny
+from .group import GroupBroken
+from .schema import Request
+
+STOP_NONE, STOP_CANCEL, STOP_TIMEOUT, STOP_SHUTDOWN = 0, 1, 2, 3
+
+
+@dataclass
+class RunSpec:
+    kind: str
+    height: int
+    width: int
+    frames: int
+    steps: int
+    guidance: float
+    seeds: List[int]
+    text: Optional[Dict[str, List[str]]] = None
+    embeds: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Stopped(Exception):
+    """Every rank leaves the pipeline at the same step: ``reason`` one of STOP_*."""
+
+    def __init__(self, reason: int):
+        super().__init__(f"stopped ({reason})")
+        self.reason = reason
+
+
+class RunFailure(Exception):
+    """A batch that failed on a rank: HTTP ``status``, ``code``, message."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def stand_in_embeds(pipe, req: Request, tokens: int) -> Dict[str, torch.Tensor]:
+    """The stand-in embeddings of ``req``'s prompt texts (see ``schema``), CPU float32 [1, ...]
+    (masks int64)."""
+    from .schema import stand_in_seed
+
+    made = tiny.make_prompt_embeds(pipe, tokens, batch=1, negative=req.guided,
+                                   seed=stand_in_seed(req.prompt, req.negative_prompt))
+    return {k: (v if v.dtype == torch.int64 else v.float()).cpu() for k, v in made.items()}
+
+
+def build_spec(pipe, requests: List[Request], stand_in_tokens: int) -> RunSpec:
+    """The batch of ``requests`` (equal ``batch_key``) as one RunSpec: request r's sample i
+    has seed ``r.seed + i`` and r's text."""
+    first = requests[0]
+    seeds = [r.seed + i for r in requests for i in range(r.n)]
+    spec = RunSpec(first.kind, first.height, first.width, first.frames, first.steps,
+                   first.guidance, seeds)
+    if first.text_source == "pipeline":
+        spec.text = {"prompt": [r.prompt for r in requests for _ in range(r.n)],
+                     "negative_prompt": [r.negative_prompt for r in requests for _ in range(r.n)]}
+        return spec
+    parts: Dict[str, List[torch.Tensor]] = {}
+    for r in requests:
+        embeds = r.embeds if r.text_source == "request" else stand_in_embeds(
+            pipe, r, stand_in_tokens)
+        for k, v in embeds.items():
+            parts.setdefault(k, []).append(v.expand(r.n, *v.shape[1:]))
+    spec.embeds = {k: torch.cat(v) for k, v in parts.items()}
+    return spec
+
+
+def _device_embeds(pipe, embeds: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    device, dtype = pipe.transformer.device, pipe.transformer.dtype
+    return {k: v.to(device=device, dtype=v.dtype if v.dtype == torch.int64 else dtype)
+            for k, v in embeds.items()}
+
+
+def execute(pipe, name: str, spec: RunSpec, control: Callable) -> np.ndarray:
+    """Runs ``spec`` on this rank's ``pipe`` (the pipeline ``name``); returns the uint8
+    samples. Raises Stopped (from ``control``) or RunFailure."""
+    device = pipe.transformer.device
+    kw = generation.call_kwargs(
+        name, height=spec.height, width=spec.width, frames=spec.frames, steps=spec.steps,
+        guidance=spec.guidance, seeds=spec.seeds, device=device, text=spec.text,
+        embeds=_device_embeds(pipe, spec.embeds) if spec.embeds else None)
+    try:
+        out = pipe(**kw, callback_on_step_end=control)
+    except (Stopped, GroupBroken):  # every rank stops at this step / the group is gone
+        raise
+    except torch.OutOfMemoryError as e:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise RunFailure(500, "out_of_memory", f"out of memory on the device: "
+                                               f"{str(e).splitlines()[0]}") from None
+    except Exception as e:  # the pipeline's own failure: this batch fails, the group serves on
+        raise RunFailure(500, "generation_failed",
+                         f"the pipeline failed: {type(e).__name__}: {e}") from None
+    array = generation.output_array(out, spec.kind == "video")
+    bad = generation.nonfinite(array)
+    if bad:
+        raise RunFailure(500, "nonfinite", f"the output has {bad} NaN or infinite values of "
+                                           f"{array.size} (numerical overflow in the model)")
+    return generation.to_uint8(array)
+
+
+def digest(array: np.ndarray) -> str:
+    """SHA-256 of the samples' bytes (the ranks compare it: every rank's output is rank 0's)."""
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()

@@ -1,0 +1,356 @@
+"""The server's core: rank 0's worker loop, the other ranks' loop, and a batch's life.
+
+Rank 0 (``Server.serve``): takes the next batch from the :class:`JobStore` (or, idle, sends a
+heartbeat), builds its :class:`RunSpec`, sends it to every rank, runs it like every rank,
+gathers every rank's status and settles the jobs: all ranks succeeded with the same output
+bytes -> each job's samples are encoded (PNG / MP4 / GIF; base64 or a file) on the encoder
+thread while the group runs the next batch; a failure on any rank (out of memory, NaN / inf
+output, the pipeline's exception) -> the batch's jobs fail with 500 and the group serves on; a
+stop at a step (every job cancelled or timed out, or the shutdown grace spent) -> 409 / 504 /
+503. Other ranks (``Server.follow``): receive, run, report, until ``stop``.
+
+A failed collective of the control plane (:class:`GroupBroken`: a rank died) ends the server:
+every unfinished job fails with 503, the log names the failure, the process exits 1.
+``request_shutdown`` (SIGTERM / SIGINT on rank 0): new requests get 503, queued ones fail with
+503, the running batch may finish within ``--shutdown-grace`` seconds (then it stops at a
+step), its results are encoded, then every rank gets ``stop`` and exits 0. Files are written
+under a temporary name and renamed: a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import concurrent.futures
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Deque, List, Optional
+
+import numpy as np
+import torch
+
+from ..diffusers import generation
+from .errors import RequestError
+from .group import ControlGroup, GroupBroken
+from .jobs import Job, JobStore, timeout_error
+from .metrics import Metrics
+from .options import ServeOptions
+from .runner import (STOP_CANCEL, STOP_NONE, STOP_SHUTDOWN, STOP_TIMEOUT, RunFailure, RunSpec,
+                     Stopped, build_spec, digest, execute)
+from .schema import Limits
+
+HEARTBEAT, STOP = {"op": "heartbeat"}, {"op": "stop"}
+
+
+def log(msg: str) -> None:
+    print(f"ditscale.serve: {msg}", file=sys.stderr, flush=True)
+
+
+class StepControl:
+    """``callback_on_step_end`` of a batch (see ``runner``); rank 0 also records progress."""
+
+    def __init__(self, server: "Server", batch: Optional[List[Job]]):
+        self.server, self.batch = server, batch
+
+    def decide(self) -> int:
+        s, now = self.server, time.monotonic()
+        if s.shutdown_deadline is not None and now > s.shutdown_deadline:
+            return STOP_SHUTDOWN
+        live = [j for j in self.batch if not j.cancel_requested and j.deadline > now]
+        if live:
+            return STOP_NONE
+        return STOP_CANCEL if any(j.cancel_requested for j in self.batch) else STOP_TIMEOUT
+
+    def __call__(self, pipe, step: int, timestep, callback_kwargs):
+        if self.batch is not None:  # rank 0
+            for job in self.batch:
+                self.server.store.progress(job, step + 1)
+            flag = self.server.group.step(self.decide())
+        else:
+            flag = self.server.group.step(STOP_NONE)
+        if flag != STOP_NONE:
+            raise Stopped(flag)
+        return callback_kwargs
+
+
+class Server:
+    def __init__(self, pipe, opts: ServeOptions, limits: Limits, group: ControlGroup):
+        self.pipe, self.opts, self.limits, self.group = pipe, opts, limits, group
+        self.device = pipe.transformer.device
+        self.store = JobStore(opts.max_queue, opts.max_batch, opts.keep_jobs)
+        self.metrics = Metrics()
+        self.store.on_finish = self._finished
+        self.shutdown_deadline: Optional[float] = None
+        self.stopping = threading.Event()
+        self.broken: Optional[str] = None
+        self.ranks: List[dict] = []
+        self.encoder = concurrent.futures.ThreadPoolExecutor(1, "ditscale-encode")
+        self.output_dir = opts.output_dir or tempfile.mkdtemp(prefix="ditscale-serve-")
+        os.makedirs(self.output_dir, exist_ok=True)
+        self.files: Deque[str] = collections.deque()
+        self.base_url = ""
+
+    # -- every rank -------------------------------------------------------------------------
+
+    def introduce(self) -> None:
+        """Every rank's pid and device, on every rank (``/health`` shows them)."""
+        me = {"rank": self.group.rank, "pid": os.getpid(), "device": str(self.device),
+              "host": os.uname().nodename}
+        self.ranks = self.group.gather(me)
+
+    def run_once(self, spec: RunSpec, control: StepControl):
+        """(status, samples or None) of this rank for ``spec``."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        begin = time.perf_counter()
+        samples, status = None, {"ok": True}
+        try:
+            samples = execute(self.pipe, self.opts.pipeline, spec, control)
+            if self.group.world > 1:
+                status["digest"] = digest(samples)
+        except Stopped as e:
+            status = {"ok": False, "stopped": e.reason}
+        except RunFailure as e:
+            status = {"ok": False, "status": e.status, "code": e.code, "message": str(e)}
+        status["run_s"] = time.perf_counter() - begin
+        status["rank"] = self.group.rank
+        status["memory"] = self._memory()
+        return status, samples
+
+    def _memory(self) -> dict:
+        if self.device.type != "cuda":
+            return {}
+        return {"allocated": torch.cuda.memory_allocated(self.device),
+                "reserved": torch.cuda.memory_reserved(self.device),
+                "peak": torch.cuda.max_memory_allocated(self.device)}
+
+    def follow(self) -> int:
+        """The loop of ranks > 0; returns the exit code."""
+        try:
+            while True:
+                msg = self.group.recv()
+                if msg["op"] == "stop":
+                    return 0
+                if msg["op"] == "run":
+                    status, _ = self.run_once(msg["spec"], StepControl(self, None))
+                    self.group.gather(status)
+        except GroupBroken as e:
+            log(f"rank {self.group.rank}: {e}; exiting")
+            return 1
+
+    # -- rank 0 -----------------------------------------------------------------------------
+
+    def warmup(self, calls: int) -> None:
+        """``calls`` pipeline calls of the default shape before serving (kernels, autotuning)."""
+        from .schema import Request
+
+        h, w, f = self.limits.default_size
+        for i in range(calls):
+            req = Request(self.limits.video and "video" or "image", h, w, f, self.opts.steps,
+                          self.limits.default_guidance, 1, i, 16, "b64_json",
+                          "mp4" if self.limits.video else "png", self.opts.request_timeout_s,
+                          False, "pipeline" if self.limits.has_encoders else "stand-in",
+                          prompt="warm-up")
+            spec = build_spec(self.pipe, [req], self.opts.text_tokens)
+            self.group.send({"op": "run", "spec": spec})
+            status, _ = self.run_once(spec, _NoStop(self))
+            statuses = self.group.gather(status)
+            failed = [s for s in statuses if not s["ok"]]
+            if failed:
+                raise RuntimeError(f"warm-up call {i + 1} failed on rank {failed[0]['rank']}: "
+                                   f"{failed[0].get('message', failed[0])}")
+            log(f"warm-up {i + 1}/{calls}: {statuses[0]['run_s']:.3f} s")
+
+    def serve(self) -> int:
+        """Rank 0's worker loop until shutdown; returns the exit code."""
+        try:
+            while True:
+                batch = self.store.next_batch(timeout=self.opts.heartbeat_s)
+                self.metrics.set("queue_depth", self.store.depth())
+                if batch:
+                    self._run_batch(batch)
+                elif self.stopping.is_set():
+                    break
+                else:
+                    self.group.send(HEARTBEAT)
+            self.encoder.shutdown(wait=True)
+            self.group.send(STOP)
+            log("stopped: every rank told to exit")
+            return 0
+        except GroupBroken as e:
+            self._broken(str(e))
+            return 1
+
+    def _broken(self, why: str) -> None:
+        self.broken = why
+        log(f"the rank group failed: {why}; failing every unfinished request with 503 and "
+            f"shutting down")
+        err = RequestError(503, f"the server's rank group failed ({why})", code="group_failed")
+        for job in self.store.close(err.message) + list(self.store.running):
+            self.store.fail(job, err)
+        self.encoder.shutdown(wait=True)
+        self.stopping.set()
+
+    def request_shutdown(self, why: str) -> None:
+        """Graceful shutdown (see the module); safe from a signal handler's thread."""
+        if self.stopping.is_set():
+            return
+        log(f"shutting down ({why}): no new requests; the running one has "
+            f"{self.opts.shutdown_grace_s:g} s to finish")
+        self.shutdown_deadline = time.monotonic() + self.opts.shutdown_grace_s
+        err = RequestError(503, "the server is shutting down", code="shutting_down")
+        for job in self.store.close(err.message):
+            self.store.fail(job, err)
+        self.stopping.set()
+
+    def _run_batch(self, batch: List[Job]) -> None:
+        self.metrics.set("running_jobs", len(batch))
+        try:
+            spec = build_spec(self.pipe, [j.request for j in batch], self.opts.text_tokens)
+        except Exception as e:  # the stand-in embeddings: nothing sent yet
+            self._fail_all(batch, RequestError(500, f"preparing the batch failed: {e}",
+                                               code="generation_failed"))
+            return
+        self.group.send({"op": "run", "spec": spec})
+        status, samples = self.run_once(spec, StepControl(self, batch))
+        statuses = self.group.gather(status)
+        try:
+            self._settle(batch, spec, statuses, samples)
+        finally:
+            self.store.batch_done()
+            self.metrics.set("running_jobs", 0)
+
+    def _settle(self, batch: List[Job], spec: RunSpec, statuses: List[dict], samples) -> None:
+        run_s = max(s["run_s"] for s in statuses)
+        self.metrics.observe("run_seconds", run_s)
+        for s in statuses:
+            for kind, value in s["memory"].items():
+                self.metrics.set("gpu_memory_bytes", value, rank=str(s["rank"]), kind=kind)
+        stopped = [s["stopped"] for s in statuses if "stopped" in s]
+        failed = [s for s in statuses if not s["ok"] and "stopped" not in s]
+        if stopped:
+            self._fail_stopped(batch, stopped[0])
+            return
+        if failed:
+            f = failed[0]
+            where = f" (rank {f['rank']})" if self.group.world > 1 else ""
+            self._fail_all(batch, RequestError(f["status"], f["message"] + where, code=f["code"]))
+            return
+        if len({s.get("digest") for s in statuses}) > 1:
+            self._fail_all(batch, RequestError(500, "the ranks produced different outputs",
+                                               code="ranks_disagree"))
+            return
+        self.metrics.inc("steps_total", spec.steps)
+        self.metrics.set("steps_per_second", spec.steps / run_s if run_s > 0 else 0.0)
+        self._hand_out(batch, samples, run_s)
+
+    def _hand_out(self, batch: List[Job], samples: np.ndarray, run_s: float) -> None:
+        """Each live job's samples to the encoder thread; jobs cancelled or timed out while the
+        batch ran fail now."""
+        start, now = 0, time.monotonic()
+        for job in batch:
+            part = samples[start:start + job.request.n]
+            start += job.request.n
+            if job.cancel_requested:
+                self._fail(job, RequestError(409, "cancelled by a client", code="cancelled"))
+            elif job.deadline <= now:
+                self._fail(job, timeout_error(job))
+            else:
+                self.encoder.submit(self._encode, job, part, run_s)
+
+    def _fail_stopped(self, batch: List[Job], reason: int) -> None:
+        for job in batch:
+            if reason == STOP_SHUTDOWN:
+                err = RequestError(503, "the server shut down before the request finished",
+                                   code="shutting_down")
+            elif job.cancel_requested:
+                err = RequestError(409, "cancelled by a client", code="cancelled")
+            else:
+                err = timeout_error(job)
+            self._fail(job, err)
+
+    def _fail_all(self, batch: List[Job], err: RequestError) -> None:
+        log(f"batch of {len(batch)} failed: {err.message}")
+        for job in batch:
+            self._fail(job, err)
+
+    def _fail(self, job: Job, err: RequestError) -> None:
+        self.store.fail(job, err)
+
+    def _finished(self, job: Job) -> None:
+        self.metrics.inc("jobs_total", status=job.status)
+        if job.status == "succeeded":
+            self.metrics.inc("samples_total", job.request.n)
+            self.metrics.observe("job_latency_seconds", time.monotonic() - job.submitted_mono)
+
+    # -- results ----------------------------------------------------------------------------
+
+    def _encode(self, job: Job, samples: np.ndarray, run_s: float) -> None:
+        try:
+            begin = time.perf_counter()
+            items = [self._item(job, i, s) for i, s in enumerate(samples)]
+            req = job.request
+            result = {"created": int(job.created), "id": job.id, "model": self.opts.pipeline,
+                      "object": f"{req.kind}.generation", "data": items, "seed": req.seed,
+                      "size": f"{req.width}x{req.height}", "steps": req.steps,
+                      "guidance": req.guidance, "text_encoder": req.text_source,
+                      "timings": {"queued_s": round(job.started - job.created, 6),
+                                  "run_s": round(run_s, 6),
+                                  "encode_s": round(time.perf_counter() - begin, 6)}}
+            if req.kind == "video":
+                result.update(frames=req.frames, fps=req.fps)
+            self.store.complete(job, result)
+        except Exception as e:  # an encoder failure fails this job alone
+            self._fail(job, RequestError(500, f"encoding the output failed: "
+                                              f"{type(e).__name__}: {e}", code="encode_failed"))
+
+    def _item(self, job: Job, index: int, sample: np.ndarray) -> dict:
+        req = job.request
+        if req.kind == "image":
+            data, ext = generation.encode_png(sample, self.opts.png_level), "png"
+        else:
+            data, ext = generation.encode_video(sample, req.fps, req.output_format), \
+                req.output_format
+        if req.response_format == "b64_json":
+            return {"b64_json": base64.b64encode(data).decode("ascii")}
+        name = f"{job.id}-{index}.{ext}"
+        self._write_file(name, data)
+        return {"url": f"{self.base_url}/v1/files/{name}"}
+
+    def file_path(self, name: str) -> Optional[str]:
+        """The path of the output file ``name`` (already matched against the route's
+        pattern: no separators), or None when it is not (or no longer) there."""
+        path = os.path.join(self.output_dir, name)
+        return path if os.path.isfile(path) else None
+
+    def log_request(self, line: str) -> None:
+        log(line)
+
+    def _write_file(self, name: str, data: bytes) -> None:
+        path = os.path.join(self.output_dir, name)
+        tmp = path + ".part"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        self.files.append(path)
+        while len(self.files) > self.opts.keep_files:
+            old = self.files.popleft()
+            try:
+                os.unlink(old)
+            except FileNotFoundError:
+                pass
+
+
+class _NoStop(StepControl):
+    """The warm-up's control: never stops (the group still exchanges the per-step flag)."""
+
+    def decide(self) -> int:
+        return STOP_NONE
+
+    def __call__(self, pipe, step, timestep, callback_kwargs):
+        if self.server.group.step(STOP_NONE) != STOP_NONE:
+            raise Stopped(STOP_SHUTDOWN)
+        return callback_kwargs

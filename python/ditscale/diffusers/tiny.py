@@ -18,6 +18,9 @@ diffusers pipeline ``name`` from its components' configs, every weight drawn at 
 
 ``size="tiny"``: 1-2 blocks of each kind, 3 heads of dimension 8 (16 for CogVideoX's rotary),
 VAEs of a few channels; a CPU pipeline call takes well under a second (tests, the example).
+``size="small"``: the full models' widths, heads and VAEs with a few blocks
+(:data:`SMALL_BLOCKS`: Flux 2 + 4, SD3 4, Wan 4, HunyuanVideo 2 + 4, CogVideoX 4): a GPU
+smoke test or server benchmark at real layer shapes.
 ``size="full"``: the published models' dimensions and block counts (Flux.1 dev, SD3.5 medium,
 Wan 2.1 1.3B, Wan 2.2 A14B, HunyuanVideo, CogVideoX 5B) with random weights, for GPU benchmarks
 (build them on the GPU: ``device="cuda"``). Weights are cast to ``dtype`` except a model's
@@ -45,7 +48,14 @@ import torch
 from .._checks import check_int
 
 PIPELINES = ("flux", "sd3", "wan", "wan2.2", "hunyuan-video", "cogvideox")
-SIZES = ("tiny", "full")
+SIZES = ("tiny", "small", "full")
+
+# small: the full model's widths, heads and VAE with only these block counts (config keys).
+SMALL_BLOCKS = {"flux": dict(num_layers=2, num_single_layers=4),
+                "sd3": dict(num_layers=4, dual_attention_layers=(0, 1)),
+                "wan": dict(num_layers=4), "wan2.2": dict(num_layers=4),
+                "hunyuan-video": dict(num_layers=2, num_single_layers=4, num_refiner_layers=1),
+                "cogvideox": dict(num_layers=4)}
 VIDEO_PIPELINES = ("wan", "wan2.2", "hunyuan-video", "cogvideox")
 
 # name -> the diffusers pipeline class of that name.
@@ -55,17 +65,18 @@ PIPELINE_CLASSES = {"flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
 
 # name -> size -> (height, width, frames) in pixels / frames (frames 1 for images).
 DEFAULT_SHAPES: Dict[str, Dict[str, Tuple[int, int, int]]] = {
-    "flux": {"tiny": (12, 20, 1), "full": (1024, 1024, 1)},
-    "sd3": {"tiny": (12, 20, 1), "full": (1024, 1024, 1)},
-    "wan": {"tiny": (48, 16, 9), "full": (480, 832, 81)},
-    "wan2.2": {"tiny": (48, 16, 9), "full": (720, 1280, 81)},
-    "hunyuan-video": {"tiny": (48, 16, 9), "full": (544, 960, 61)},
-    "cogvideox": {"tiny": (24, 8, 9), "full": (480, 720, 49)},
+    "flux": {"tiny": (12, 20, 1), "small": (512, 512, 1), "full": (1024, 1024, 1)},
+    "sd3": {"tiny": (12, 20, 1), "small": (512, 512, 1), "full": (1024, 1024, 1)},
+    "wan": {"tiny": (48, 16, 9), "small": (480, 832, 17), "full": (480, 832, 81)},
+    "wan2.2": {"tiny": (48, 16, 9), "small": (480, 832, 17), "full": (720, 1280, 81)},
+    "hunyuan-video": {"tiny": (48, 16, 9), "small": (320, 512, 17), "full": (544, 960, 61)},
+    "cogvideox": {"tiny": (24, 8, 9), "small": (480, 720, 13), "full": (480, 720, 49)},
 }
 
 # name -> size -> text tokens of the prompt embeddings (full: the pipelines' usual lengths).
-TEXT_TOKENS = {"flux": (7, 512), "sd3": (7, 333), "wan": (7, 512), "wan2.2": (7, 512),
-               "hunyuan-video": (7, 256), "cogvideox": (7, 226)}
+TEXT_TOKENS = {"flux": (7, 512, 512), "sd3": (7, 333, 333), "wan": (7, 512, 512),
+               "wan2.2": (7, 512, 512), "hunyuan-video": (7, 256, 256),
+               "cogvideox": (7, 226, 226)}
 
 
 def _check_choice(name: str, value, choices) -> str:
@@ -206,6 +217,14 @@ def _cogvideox(size: str) -> dict:
 
 
 def _parts(name: str, size: str) -> dict:
+    """The components' (class name, config) of ``name`` at ``size``."""
+    if size == "small":
+        parts = _parts(name, "full")
+        cls, config = parts["transformer"]
+        for key in ("transformer", "transformer_2"):
+            if key in parts:
+                parts[key] = (cls, {**config, **SMALL_BLOCKS[name]})
+        return parts
     if name == "flux":
         return _flux(size)
     if name == "sd3":

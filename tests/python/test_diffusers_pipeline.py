@@ -98,7 +98,7 @@ def test_tiny_is_deterministic_and_leaves_the_global_rng_alone():
 def test_tiny_refuses_bad_arguments():
     with pytest.raises(ValueError, match="make_pipeline: name: 'sdxl' is not one of flux"):
         tiny.make_pipeline("sdxl")
-    with pytest.raises(ValueError, match="make_pipeline: size: 'huge' is not one of tiny, full"):
+    with pytest.raises(ValueError, match="make_pipeline: size: 'huge' is not one of tiny, small, full"):
         tiny.make_pipeline("flux", size="huge")
     with pytest.raises(ValueError, match=r"make_pipeline: seed: -1 is out of range"):
         tiny.make_pipeline("flux", seed=-1)

@@ -34,7 +34,6 @@ usual guidance.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import os
 import sys
@@ -44,14 +43,11 @@ import torch
 import torch.distributed as dist
 
 from ditscale._checks import check_int, check_real
-from ditscale.diffusers import parallelize_pipeline
+from ditscale.diffusers import generation, parallelize_pipeline
 from ditscale.diffusers import tiny
+from ditscale.diffusers.generation import DEFAULT_GUIDANCE
 from ditscale.diffusers._sp_pipeline import state_of
 
-# The classifier-free guidance scale each pipeline uses by default (Flux and HunyuanVideo:
-# true_cfg_scale, off; their distilled guidance stays on).
-DEFAULT_GUIDANCE = {"flux": 1.0, "hunyuan-video": 1.0, "wan": 5.0, "wan2.2": 4.0, "sd3": 7.0,
-                    "cogvideox": 6.0}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -115,27 +111,6 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def init_distributed(device: str) -> torch.device:
-    """One process per rank under torchrun (NCCL on CUDA, gloo on CPU); a single process
-    otherwise. Returns this rank's device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
-        dev = torch.device("cuda", local)
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
-    if world > 1:
-        timeout = datetime.timedelta(seconds=600)
-        if device == "cuda":
-            dist.init_process_group("nccl", device_id=dev, timeout=timeout)
-        else:
-            dist.init_process_group("gloo", timeout=timeout)
-    return dev
-
-
 def build(args, device: torch.device):
     dtype = DTYPES[args.dtype]
     if args.weights:
@@ -145,24 +120,20 @@ def build(args, device: torch.device):
 
 
 def call_kwargs(args, pipe, device: torch.device) -> dict:
-    """The pipeline call: shape, steps, guidance by the pipeline's own switch, prompt (text
-    with --weights, else made embeddings), the generator (the same seed on every rank)."""
-    kw = dict(height=args.height, width=args.width, num_inference_steps=args.steps,
-              generator=torch.Generator(device=device).manual_seed(args.seed))
-    if args.pipeline in tiny.VIDEO_PIPELINES:
-        kw["num_frames"] = args.frames
-        kw["output_type"] = "np"
+    """The pipeline call (``generation.call_kwargs``): shape, steps, guidance by the
+    pipeline's own switch, one generator seeded --seed (the same on every rank), prompt text
+    with --weights, else made embeddings."""
     guided = args.guidance > 1
-    kw["true_cfg_scale" if args.pipeline in ("flux", "hunyuan-video") else "guidance_scale"] = (
-        args.guidance)
     if args.weights:
-        kw["prompt"] = args.prompt
-        if guided:
-            kw["negative_prompt"] = args.negative_prompt
+        text = {"prompt": [args.prompt], "negative_prompt": [args.negative_prompt]}
+        embeds = None
     else:
-        kw.update(tiny.make_prompt_embeds(pipe, args.text_tokens, negative=guided,
-                                          seed=args.seed))
-    return kw
+        text = None
+        embeds = tiny.make_prompt_embeds(pipe, args.text_tokens, negative=guided,
+                                         seed=args.seed)
+    return generation.call_kwargs(args.pipeline, height=args.height, width=args.width,
+                                  frames=args.frames, steps=args.steps, guidance=args.guidance,
+                                  seeds=[args.seed], device=device, text=text, embeds=embeds)
 
 
 def layout(pipe, guided: bool, world: int) -> str:
@@ -201,14 +172,8 @@ class StepTimer:
 
 
 def result_array(out, video: bool):
-    """The output as a uint8 array: [H, W, 3] (the first image) or [F, H, W, 3] (the first
-    video)."""
-    import numpy as np
-
-    if video:
-        frames = np.asarray(out.frames[0])
-        return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
-    return np.asarray(out.images[0].convert("RGB"))
+    """The first sample as uint8: [H, W, 3] (an image) or [F, H, W, 3] (a video)."""
+    return generation.to_uint8(generation.output_array(out, video))[0]
 
 
 def check_identical(array, rank: int, world: int) -> None:
@@ -250,12 +215,17 @@ def save(array, path: str, fps: int) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device = init_distributed(args.device)
+    device = generation.init_distributed(args.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     video = args.pipeline in tiny.VIDEO_PIPELINES
     try:
-        pipe = parallelize_pipeline(build(args, device), cfg_parallel=not args.no_cfg_parallel,
+        pipe = build(args, device)
+        wrong = generation.shape_error(generation.shape_rule(args.pipeline, pipe), args.height,
+                                       args.width, args.frames)
+        if wrong:  # the pipelines would round it silently, or fail deep inside
+            raise ValueError(f"--height/--width/--frames: {wrong}")
+        pipe = parallelize_pipeline(pipe, cfg_parallel=not args.no_cfg_parallel,
                                     strategy=args.strategy)
         kwargs = call_kwargs(args, pipe, device)
         timer = StepTimer(args.steps, device, rank)

@@ -65,6 +65,48 @@ void BuildOnePerRank(Plan& plan) {
 // is not used is address space only.
 size_t ReservedMicroBatches(int64_t chunks) { return static_cast<size_t>(2 * chunks + 16); }
 
+// One (rank, slice, samples) entry of a balanced step's LPT assignment.
+struct Assign {
+  int32_t rank;
+  int32_t slice;
+  int64_t count;
+};
+
+// *order = 0..sel.size()-1 sorted by descending work per sample of the slice's shape, ties in
+// slice order (std::stable_sort's order): an insertion sort, the ~20 slices of a step need no
+// buffer.
+void SortByWorkStable(const std::vector<Chunk>& sel, const std::vector<double>& work_of_shape,
+                      std::vector<int32_t>* order) {
+  const int32_t m = static_cast<int32_t>(sel.size());
+  order->resize(m);
+  int32_t* o = order->data();
+  for (int32_t i = 0; i < m; ++i) {
+    const double u = work_of_shape[sel[i].shape];
+    int32_t k = i;
+    for (; k > 0 && work_of_shape[sel[o[k - 1]].shape] < u; --k) o[k] = o[k - 1];
+    o[k] = i;
+  }
+}
+
+// *sorted = `assign` ordered by (rank, slice) (every pair occurs once): counted by rank, then an
+// insertion sort by slice within each rank (a rank holds a few entries). scratch: 2 * w + 1.
+void SortRankMajor(const std::vector<Assign>& assign, int32_t w, std::vector<int32_t>* scratch,
+                   std::vector<Assign>* sorted) {
+  scratch->assign(2 * static_cast<size_t>(w) + 1, 0);
+  int32_t* begin = scratch->data();  // begin[r]: rank r's first position (w + 1 entries)
+  int32_t* end = begin + w + 1;      // end[r]: one past its last entry placed so far
+  for (const Assign& a : assign) ++begin[a.rank + 1];
+  for (int32_t r = 0; r < w; ++r) begin[r + 1] += begin[r];
+  for (int32_t r = 0; r < w; ++r) end[r] = begin[r];
+  sorted->resize(assign.size());
+  Assign* out = sorted->data();
+  for (const Assign& a : assign) {
+    int32_t k = end[a.rank]++;
+    for (; k > begin[a.rank] && out[k - 1].slice > a.slice; --k) out[k] = out[k - 1];
+    out[k] = a;
+  }
+}
+
 struct BalanceContext {
   const ShapedManifest* shaped;
   const CostModel* cost;
@@ -73,6 +115,10 @@ struct BalanceContext {
   double mb_overhead = 0;             // a per micro-batch
   double budget = 0;                  // effective per-rank budget
   int64_t lookahead = 0;              // chunks beyond the cut that may fill gaps
+  // cost->StepTime(count, seq_len of `shape`): the same sum, with Work(S) taken from the table.
+  double StepTime(int64_t count, int32_t shape) const {
+    return cost->a + (cost->a_mb + static_cast<double>(count) * work_of_shape[shape]);
+  }
 };
 
 // Balanced (see planner.h): each step cuts the next world_size * (budget - a_step) seconds of
@@ -82,7 +128,6 @@ struct BalanceContext {
 // A step that is still uneven (> 1%) is improved by pairwise swaps of its micro-batches.
 void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, Plan& plan) {
   const int32_t w = plan.world_size;
-  const auto& shapes = ctx.shaped->shapes;
   const double slack = 1 + 1e-9;
   const double target = static_cast<double>(w) * (ctx.budget - ctx.step_overhead);
   // The stream: chunks[next..] not yet read; win holds read chunks, in order, some partly used.
@@ -93,12 +138,8 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
   // The step's LPT assignment, sparse: (rank, slice, samples) for every pair with samples (about
   // slices + ranks entries, never slices x ranks); slot_of[r] is rank r's entry for the slice
   // being assigned (valid while mark[r] == that slice).
-  struct Assign {
-    int32_t rank;
-    int32_t slice;
-    int64_t count;
-  };
-  std::vector<Assign> assign;
+  std::vector<Assign> assign, sorted;
+  std::vector<int32_t> rank_start;
   std::vector<int32_t> mark(w, -1);
   std::vector<int64_t> slot_of(w, 0), pos;
   std::vector<double> load(w), weights, base(w, ctx.step_overhead), wunit;
@@ -165,11 +206,7 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
     if (sel.empty()) break;
     // 2. LPT over the step's samples.
     const int64_t m = static_cast<int64_t>(sel.size());
-    order.resize(m);
-    for (int64_t i = 0; i < m; ++i) order[i] = static_cast<int32_t>(i);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
-      return ctx.work_of_shape[sel[x].shape] > ctx.work_of_shape[sel[y].shape];
-    });
+    SortByWorkStable(sel, ctx.work_of_shape, &order);
     assign.clear();
     std::fill(mark.begin(), mark.end(), -1);
     load.assign(w, 0.0);
@@ -224,16 +261,14 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
     step_mbs.clear();
     for (int32_t r = 0; r < w; ++r) lists[r].clear();
     // Rank-major, then slice order: the order of the dense (slice x rank) loop it replaces.
-    std::sort(assign.begin(), assign.end(), [](const Assign& x, const Assign& y) {
-      return x.rank != y.rank ? x.rank < y.rank : x.slice < y.slice;
-    });
-    for (const Assign& as : assign) {
+    SortRankMajor(assign, w, &rank_start, &sorted);
+    for (const Assign& as : sorted) {
       const int64_t c = as.count;
       const int32_t i = as.slice;
       if (c == 0) continue;
       const int64_t idx = static_cast<int64_t>(plan.micro_batches.size());
-      plan.micro_batches.push_back(MicroBatch{pos[i], pos[i] + c, sel[i].shape,
-                                              ctx.cost->StepTime(c, shapes[sel[i].shape].seq_len)});
+      plan.micro_batches.push_back(
+          MicroBatch{pos[i], pos[i] + c, sel[i].shape, ctx.StepTime(c, sel[i].shape)});
       pos[i] += c;
       lists[as.rank].push_back(idx);
       step_mbs.push_back(idx);
@@ -289,8 +324,8 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
                 1, static_cast<int64_t>(std::floor((gap - ctx.mb_overhead) * slack / u))));
         if (b == c.end - c.begin) wunit[j] = std::numeric_limits<double>::infinity();
         const int64_t idx = static_cast<int64_t>(plan.micro_batches.size());
-        plan.micro_batches.push_back(MicroBatch{c.begin, c.begin + b, c.shape,
-                                                ctx.cost->StepTime(b, shapes[c.shape].seq_len)});
+        plan.micro_batches.push_back(
+            MicroBatch{c.begin, c.begin + b, c.shape, ctx.StepTime(b, c.shape)});
         if (lists[r].empty()) load[r] += ctx.step_overhead;
         lists[r].push_back(idx);
         c.begin += b;

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "ditscale/balance/internal/buckets.h"
+#include "ditscale/balance/internal/fast_floor.h"
 #include "ditscale/balance/internal/partition.h"
 #include "ditscale/balance/internal/prefault.h"
 #include "ditscale/balance/internal/prng.h"
@@ -16,6 +17,7 @@
 namespace ditscale::balance {
 namespace {
 
+using internal::FastFloor;
 using internal::SplitMix64;
 using internal::StreamKey;
 
@@ -189,7 +191,7 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
         ++i_cut;
         continue;
       }
-      const double fit = std::floor((target - total - ctx.mb_overhead) * slack / u);
+      const double fit = FastFloor((target - total - ctx.mb_overhead) * slack / u);
       int64_t b = fit <= 0 ? 0 : std::min<int64_t>(n, static_cast<int64_t>(fit));
       if (sel.empty() && b == 0) b = 1;  // the budget is at least one sample's cost
       // A split never leaves a micro-batch whose work is below its own overhead a_mb: such a
@@ -246,7 +248,7 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
           // splitting it off onto another rank adds (a_mb = 0: only when all of it fits).
           take = left;
         } else if (cap >= u) {
-          take = std::min<int64_t>(left, static_cast<int64_t>(std::floor(cap * slack / u)));
+          take = std::min<int64_t>(left, static_cast<int64_t>(FastFloor(cap * slack / u)));
           take = std::max<int64_t>(take, 1);
         }
         l += ovh + static_cast<double>(take) * u;
@@ -321,7 +323,7 @@ void BuildBalanced(const std::vector<Chunk>& chunks, const BalanceContext& ctx, 
         const int64_t b = std::min<int64_t>(
             c.end - c.begin,
             std::max<int64_t>(
-                1, static_cast<int64_t>(std::floor((gap - ctx.mb_overhead) * slack / u))));
+                1, static_cast<int64_t>(FastFloor((gap - ctx.mb_overhead) * slack / u))));
         if (b == c.end - c.begin) wunit[j] = std::numeric_limits<double>::infinity();
         const int64_t idx = static_cast<int64_t>(plan.micro_batches.size());
         plan.micro_batches.push_back(

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ditscale/balance/internal/fast_floor.h"
 #include "ditscale/balance/manifest.h"
 #include "ditscale/balance/shapes.h"
 
@@ -55,7 +56,7 @@ class FrameRule {
     if (images_only_ || s.num_frames <= 1) return 1;
     int64_t f = s.num_frames;
     if (target_fps_ > 0 && s.fps > target_fps_) {
-      f = static_cast<int64_t>(std::floor((f - 1) * target_fps_ / s.fps + 1e-9)) + 1;
+      f = static_cast<int64_t>(FastFloor((f - 1) * target_fps_ / s.fps + 1e-9)) + 1;
     }
     f = std::min<int64_t>(f, max_frames_);
     const int64_t k = shift_ >= 0 ? (f - 1) >> shift_ << shift_ : (f - 1) / stride_ * stride_;

@@ -34,24 +34,16 @@ own ``enable_parallelism``, and inputs on a device other than the parameters'.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import torch
 from diffusers.models.attention_processor import (CogVideoXAttnProcessor2_0,
                                                   FusedCogVideoXAttnProcessor2_0)
 from diffusers.models.embeddings import apply_rotary_emb
 
 from ._sp_context import SpContext
-from .sp_wan import bind, check_devices
+from ._sp_hooks import Tokens, argument_names, bind, check_devices, gather_hook
 
 WHERE = "ditscale.diffusers.parallelize (CogVideoXTransformer3DModel)"
 _PROCESSORS = (CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0)
-
-
-@dataclass
-class Tokens:
-    """The video token count S of the forward pass in flight (set by the input hook)."""
-
-    video: int = 0
 
 
 def parallelize(transformer, ctx: SpContext) -> None:
@@ -60,7 +52,7 @@ def parallelize(transformer, ctx: SpContext) -> None:
     tokens = Tokens()
     transformer.register_forward_pre_hook(_input_hook(ctx, tokens, transformer), with_kwargs=True)
     transformer.patch_embed.register_forward_hook(_patch_hook(ctx, tokens))
-    transformer.proj_out.register_forward_hook(_gather_hook(ctx, tokens))
+    transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
     for block in transformer.transformer_blocks:
         block.attn1.set_processor(JointAttentionProcessor(ctx))
 
@@ -89,19 +81,20 @@ def video_tokens(config, latent_shape) -> int:
 
 def _input_hook(ctx: SpContext, tokens: Tokens, transformer):
     """Checks devices, records S, shards ``image_rotary_emb`` (cos, sin) [S, d] by rows."""
+    names = argument_names(transformer.forward)
 
     def hook(module, args, kwargs):
-        named = bind(transformer, args, kwargs)
+        named = bind(names, args, kwargs)
         check_devices(WHERE, named, next(module.parameters()).device)
-        tokens.video = video_tokens(module.config, named["hidden_states"].shape)
-        ctx.local_range(tokens.video)  # refuses fewer video tokens than ranks
+        tokens.image = video_tokens(module.config, named["hidden_states"].shape)
+        ctx.local_range(tokens.image)  # refuses fewer video tokens than ranks
         rotary = named.get("image_rotary_emb")
         if rotary is None or ctx.size == 1:
             return None
         for name, table in zip(("cos", "sin"), rotary):
-            if table.shape[0] != tokens.video:
+            if table.shape[0] != tokens.image:
                 raise ValueError(f"{WHERE}: image_rotary_emb's {name} table has "
-                                 f"{table.shape[0]} rows; the latents have {tokens.video} video "
+                                 f"{table.shape[0]} rows; the latents have {tokens.image} video "
                                  f"tokens")
         named["image_rotary_emb"] = tuple(ctx.shard(table, 0) for table in rotary)
         return (), named
@@ -114,20 +107,13 @@ def _patch_hook(ctx: SpContext, tokens: Tokens):
 
     def hook(module, args, output):
         text = args[0].shape[1]
-        if output.shape[1] - text != tokens.video:
+        if output.shape[1] - text != tokens.image:
             raise ValueError(f"{WHERE}: patch_embed made {output.shape[1] - text} video tokens, "
-                             f"the latents' shape gives {tokens.video}")
+                             f"the latents' shape gives {tokens.image}")
         if ctx.size == 1:
             return None
-        video = ctx.shard(output.narrow(1, text, tokens.video), 1)
+        video = ctx.shard(output.narrow(1, text, tokens.image), 1)
         return torch.cat([output.narrow(1, 0, text), video], 1)
-
-    return hook
-
-
-def _gather_hook(ctx: SpContext, tokens: Tokens):
-    def hook(module, args, output):
-        return ctx.gather(output, 1, tokens.video)
 
     return hook
 

@@ -33,9 +33,7 @@ Refused with a ValueError naming the feature: attention processors other than di
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from diffusers.models.embeddings import apply_rotary_emb
@@ -43,6 +41,8 @@ from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor,
                                                             _get_qkv_projections)
 
 from ._sp_context import SpContext
+from ._sp_hooks import (Tokens, gather_hook, image_shard_hook, input_hook, joint_attention,
+                        refuse_attention_kwargs, shard_after)
 
 WHERE = "ditscale.diffusers.parallelize (FluxTransformer2DModel)"
 
@@ -51,14 +51,6 @@ _REFUSED_ATTENTION_KWARGS = {
     "ip_adapter_image_embeds": "IP-Adapter image embeddings (their attention is not sharded)",
     "attention_mask": "an attention mask (the sequence-parallel attention is unmasked)",
 }
-
-
-@dataclass
-class Tokens:
-    """Token counts of the forward pass in flight (set by the embedders' hooks)."""
-
-    text: int = 0
-    image: int = 0
 
 
 def parallelize(transformer, ctx: SpContext) -> None:
@@ -93,50 +85,7 @@ def _check_model(transformer) -> None:
                              f"processors first)")
 
 
-# ---- hooks (the public ones serve sp_sd3 and sp_hunyuan_video too) ----------------------------
-
-def check_devices(where: str, named: Dict[str, object], device: torch.device) -> None:
-    """Every tensor in ``named`` (argument name -> value) is on ``device``, else a ValueError
-    naming the argument."""
-    for name, value in named.items():
-        if isinstance(value, torch.Tensor) and value.device != device:
-            raise ValueError(f"{where}: {name} is on {value.device}, the transformer's "
-                             f"parameters on {device}")
-
-
-def input_hook(where: str, ctx: SpContext, transformer, refuse: Callable[[dict], None],
-               residual_lists: Tuple[str, ...] = ()):
-    """A forward pre-hook (``with_kwargs=True``) for ``transformer``: binds the call's arguments
-    to their names, checks that every tensor argument is on the parameters' device, calls
-    ``refuse(named)`` (which raises on options the integration cannot honour), and replaces each
-    list of full-sequence residuals [B, S, D] named in ``residual_lists`` (ControlNet samples)
-    by this rank's shards [B, S_r, D]."""
-    names = list(inspect.signature(transformer.forward).parameters)
-
-    def hook(module, args, kwargs):
-        named = dict(zip(names, args))
-        named.update(kwargs)
-        check_devices(where, named, next(module.parameters()).device)
-        refuse(named)
-        changed = False
-        for key in residual_lists:
-            samples = named.get(key)
-            if samples is not None and ctx.size > 1:
-                named[key] = [ctx.shard(s, 1) for s in samples]
-                changed = True
-        return ((), named) if changed else None
-
-    return hook
-
-
-def refuse_attention_kwargs(where: str, named: dict, key: str, refused: Dict[str, str]) -> None:
-    """Raises a ValueError for any entry of ``refused`` (kwarg -> what it is) set in the call's
-    ``named[key]`` (the attention kwargs dict)."""
-    attention_kwargs = named.get(key) or {}
-    for name, what in refused.items():
-        if attention_kwargs.get(name) is not None:
-            raise ValueError(f"{where}: {key}[{name!r}]: {what} is not supported")
-
+# ---- hooks (the shared ones: _sp_hooks) ---------------------------------------------------------
 
 def _refuse_inputs(named: dict) -> None:
     refuse_attention_kwargs(WHERE, named, "joint_attention_kwargs", _REFUSED_ATTENTION_KWARGS)
@@ -145,18 +94,6 @@ def _refuse_inputs(named: dict) -> None:
 def _text_hook(tokens: Tokens):
     def hook(module, args, output):
         tokens.text = output.shape[1]
-
-    return hook
-
-
-def image_shard_hook(ctx: SpContext, tokens: Tokens):
-    """A forward hook for the layer that makes the image tokens [B, S, D]: records S in
-    ``tokens.image`` and returns this rank's [B, S_r, D]."""
-
-    def hook(module, args, output):
-        tokens.image = output.shape[1]
-        ctx.local_range(tokens.image)  # refuses fewer image tokens than ranks
-        return ctx.shard(output, 1)
 
     return hook
 
@@ -174,27 +111,9 @@ def _rotary_hook(ctx: SpContext, tokens: Tokens):
     return hook
 
 
-def gather_hook(ctx: SpContext, tokens: Tokens):
-    """A forward hook for the last token-wise layer: [B, S_r, C] -> the full [B, S, C] on every
-    rank (S = ``tokens.image``)."""
-
-    def hook(module, args, output):
-        return ctx.gather(output, 1, tokens.image)
-
-    return hook
-
-
-def shard_after(ctx: SpContext, x: torch.Tensor, dim: int, keep: int) -> torch.Tensor:
-    """``x`` with its first ``keep`` entries along ``dim`` kept whole and the rest replaced by
-    this rank's shard of them."""
-    head = x.narrow(dim, 0, keep)
-    tail = ctx.shard(x.narrow(dim, keep, x.shape[dim] - keep), dim)
-    return torch.cat([head, tail], dim)
-
-
 # ---- attention ---------------------------------------------------------------------------------
 
-def heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """[B, N, H * d] -> [B, N, H, d]."""
     return x.unflatten(-1, (-1, head_dim))
 
@@ -206,27 +125,6 @@ def _rotate(x: torch.Tensor, rotary: Optional[Tuple[torch.Tensor, torch.Tensor]]
         return x
     cos, sin = (t.narrow(0, begin, count) for t in rotary)
     return apply_rotary_emb(x, (cos, sin), sequence_dim=1)
-
-
-def joint_attention(ctx: SpContext, text: Tuple[torch.Tensor, ...],
-                    image: Tuple[torch.Tensor, ...],
-                    text_first: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Attention of [text; image shard] over all text and image tokens of the mesh.
-
-    ``text``: (q, k, v) [B, T, H, d]; ``image``: (q, k, v) [B, S_r, H, d], rotary already
-    applied. Returns (text_out [B, T, H, d], image_out [B, S_r, H, d]). On one rank this is one
-    attention over the concatenation in the model's own order (``text_first``: [text; image],
-    else [image; text]), as the stock processors compute it."""
-    T = text[0].shape[1]
-    if ctx.size == 1:
-        parts = zip(text, image) if text_first else zip(image, text)
-        out = ctx.attention(*(torch.cat(p, 1) for p in parts))
-        S = out.shape[1] - T
-        return (out[:, :T], out[:, T:]) if text_first else (out[:, S:], out[:, :S])
-    out, text_out = ctx.attention(*(x.contiguous() for x in image),
-                                  joint_q=text[0].contiguous(), joint_k=text[1].contiguous(),
-                                  joint_v=text[2].contiguous())
-    return text_out, out
 
 
 def _refuse_mask(attention_mask) -> None:
@@ -249,8 +147,8 @@ class DoubleStreamProcessor:
             raise ValueError(f"{WHERE}: a double-stream attention needs the text stream")
         q, k, v, tq, tk, tv = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
         d = attn.head_dim
-        image = (attn.norm_q(heads(q, d)), attn.norm_k(heads(k, d)), heads(v, d))
-        text = (attn.norm_added_q(heads(tq, d)), attn.norm_added_k(heads(tk, d)), heads(tv, d))
+        image = (attn.norm_q(_heads(q, d)), attn.norm_k(_heads(k, d)), _heads(v, d))
+        text = (attn.norm_added_q(_heads(tq, d)), attn.norm_added_k(_heads(tk, d)), _heads(tv, d))
         T, S = text[0].shape[1], image[0].shape[1]
         r = image_rotary_emb
         text = (_rotate(text[0], r, 0, T), _rotate(text[1], r, 0, T), text[2])
@@ -278,7 +176,7 @@ class SingleStreamProcessor:
             raise ValueError(f"{WHERE}: a single-stream attention takes one stream")
         q, k, v, _, _, _ = _get_qkv_projections(attn, hidden_states)
         d = attn.head_dim
-        q, k, v = attn.norm_q(heads(q, d)), attn.norm_k(heads(k, d)), heads(v, d)
+        q, k, v = attn.norm_q(_heads(q, d)), attn.norm_k(_heads(k, d)), _heads(v, d)
         n = q.shape[1]
         q, k = _rotate(q, image_rotary_emb, 0, n), _rotate(k, image_rotary_emb, 0, n)
         if self.ctx.size == 1:  # every token is local: one attention, as stock

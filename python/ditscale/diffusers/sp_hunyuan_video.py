@@ -50,7 +50,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 
 from ._sp_context import SpContext
-from .sp_flux import Tokens, gather_hook, image_shard_hook, input_hook, joint_attention
+from ._sp_hooks import Tokens, gather_hook, image_shard_hook, input_hook, joint_attention
 
 WHERE = "ditscale.diffusers.parallelize (HunyuanVideoTransformer3DModel)"
 
@@ -62,7 +62,7 @@ def parallelize(transformer, ctx: SpContext) -> None:
     _check_model(transformer)
     tokens = Tokens()
     transformer.register_forward_pre_hook(
-        input_hook(WHERE, ctx, transformer, lambda named: None), with_kwargs=True)
+        input_hook(WHERE, ctx, transformer), with_kwargs=True)
     transformer.rope.register_forward_hook(_rotary_hook(ctx))
     transformer.x_embedder.register_forward_hook(image_shard_hook(ctx, tokens))
     transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))

@@ -37,8 +37,8 @@ import torch
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 
 from ._sp_context import SpContext
-from .sp_flux import (Tokens, gather_hook, image_shard_hook, input_hook, joint_attention,
-                      refuse_attention_kwargs)
+from ._sp_hooks import (Tokens, gather_hook, image_shard_hook, input_hook, joint_attention,
+                        refuse_attention_kwargs)
 
 WHERE = "ditscale.diffusers.parallelize (SD3Transformer2DModel)"
 

@@ -42,25 +42,16 @@ own ``enable_parallelism``, a model without blocks, a per-token timestep whose l
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor,
                                                            _get_qkv_projections)
 
 from ._sp_context import SpContext
+from ._sp_hooks import Tokens, argument_names, bind, gather_hook, input_hook
 
 WHERE = "ditscale.diffusers.parallelize (WanTransformer3DModel)"
-
-
-@dataclass
-class Tokens:
-    """The video token count S of the forward pass in flight (set by the rope hook, which runs
-    first)."""
-
-    video: int = 0
 
 
 def parallelize(transformer, ctx: SpContext) -> None:
@@ -68,13 +59,13 @@ def parallelize(transformer, ctx: SpContext) -> None:
     docstring."""
     _check_model(transformer)
     tokens = Tokens()
-    transformer.register_forward_pre_hook(_input_hook(transformer), with_kwargs=True)
+    transformer.register_forward_pre_hook(input_hook(WHERE, ctx, transformer), with_kwargs=True)
     transformer.rope.register_forward_hook(_rope_hook(ctx, tokens))
     transformer.condition_embedder.register_forward_pre_hook(
         _timestep_hook(ctx, tokens, transformer.condition_embedder), with_kwargs=True)
     transformer.blocks[0].register_forward_pre_hook(
         _video_shard_hook(ctx, tokens, transformer.blocks[0]), with_kwargs=True)
-    transformer.proj_out.register_forward_hook(_gather_hook(ctx, tokens))
+    transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
     for block in transformer.blocks:
         block.attn1.set_processor(SelfAttentionProcessor(ctx))
 
@@ -97,35 +88,12 @@ def _check_model(transformer) -> None:
 
 # ---- hooks -------------------------------------------------------------------------------------
 
-def bind(module, args: tuple, kwargs: dict) -> Dict[str, object]:
-    """The call's arguments of ``module.forward`` by name (defaults left out)."""
-    return dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
-
-
-def check_devices(where: str, named: Dict[str, object], device: torch.device) -> None:
-    """Every tensor in ``named`` (argument name -> value, tuples and lists looked into) is on
-    ``device``, else a ValueError naming the argument."""
-    for name, value in named.items():
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        for v in values:
-            if isinstance(v, torch.Tensor) and v.device != device:
-                raise ValueError(f"{where}: {name} is on {v.device}, the transformer's "
-                                 f"parameters on {device}")
-
-
-def _input_hook(transformer):
-    def hook(module, args, kwargs):
-        check_devices(WHERE, bind(transformer, args, kwargs), next(module.parameters()).device)
-
-    return hook
-
-
 def _rope_hook(ctx: SpContext, tokens: Tokens):
     """(cos, sin) [1, S, 1, d] -> this rank's [1, S_r, 1, d]; records S."""
 
     def hook(module, args, output):
-        tokens.video = output[0].shape[1]
-        ctx.local_range(tokens.video)  # refuses fewer video tokens than ranks
+        tokens.image = output[0].shape[1]
+        ctx.local_range(tokens.image)  # refuses fewer video tokens than ranks
         if ctx.size == 1:
             return None
         return tuple(ctx.shard(table, 1) for table in output)
@@ -135,17 +103,18 @@ def _rope_hook(ctx: SpContext, tokens: Tokens):
 
 def _timestep_hook(ctx: SpContext, tokens: Tokens, embedder):
     """Per-token timesteps [B * S] (``timestep_seq_len`` S) -> this rank's [B * S_r]."""
+    names = argument_names(embedder.forward)
 
     def hook(module, args, kwargs):
         if ctx.size == 1:
             return None
-        named = bind(embedder, args, kwargs)
+        named = bind(names, args, kwargs)
         seq = named.get("timestep_seq_len")
         if seq is None or seq == 1:
             return None
-        if seq != tokens.video:
+        if seq != tokens.image:
             raise ValueError(f"{WHERE}: timestep has {seq} values per sample; per-token "
-                             f"timesteps need one per video token ({tokens.video}) or one in all")
+                             f"timesteps need one per video token ({tokens.image}) or one in all")
         timestep = named["timestep"]
         per_sample = timestep.unflatten(0, (-1, seq))
         named["timestep"] = ctx.shard(per_sample, 1).flatten()
@@ -157,26 +126,18 @@ def _timestep_hook(ctx: SpContext, tokens: Tokens, embedder):
 
 def _video_shard_hook(ctx: SpContext, tokens: Tokens, block):
     """The first block's ``hidden_states`` [B, S, D] -> this rank's [B, S_r, D]."""
+    names = argument_names(block.forward)
 
     def hook(module, args, kwargs):
         if ctx.size == 1:
             return None
-        named = bind(block, args, kwargs)
+        named = bind(names, args, kwargs)
         x = named["hidden_states"]
-        if x.shape[1] != tokens.video:
+        if x.shape[1] != tokens.image:
             raise ValueError(f"{WHERE}: the first block got {x.shape[1]} video tokens, the rotary "
-                             f"embedding was made for {tokens.video}")
+                             f"embedding was made for {tokens.image}")
         named["hidden_states"] = ctx.shard(x, 1)
         return (), named
-
-    return hook
-
-
-def _gather_hook(ctx: SpContext, tokens: Tokens):
-    """``proj_out``'s [B, S_r, C] -> the full [B, S, C] on every rank."""
-
-    def hook(module, args, output):
-        return ctx.gather(output, 1, tokens.video)
 
     return hook
 

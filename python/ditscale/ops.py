@@ -19,21 +19,22 @@ contiguous last dimension too (a copy is made otherwise).
 
 The compiled ops live in ``ditscale._C`` (a shared library loaded with
 ``torch.ops.load_library``) and are registered as ``torch.ops.ditscale.adaln_fwd`` /
-``adaln_bwd`` / ``adaln_gated_fwd`` / ``adaln_gated_bwd``; this module adds the autograd formulas
-and the fake (meta) kernels, so the ops can be traced by ``torch.compile(fullgraph=True)``.
+``adaln_bwd`` / ``adaln_gated_fwd`` / ``adaln_gated_bwd`` (and the ``adaln_mod`` /
+``adaln_gated_mod`` pairs), with their autograd in C++ (ditscale/torch/adaln_autograd.cc); this
+module adds the fake (meta) kernels, so the ops can be traced by ``torch.compile(fullgraph=True)``.
 The library is looked up in the package folder, or at ``$DITSCALE_EXT_PATH`` when set.
 
 ``adaln_rows`` / ``adaln_gated_rows`` take per-sample modulation as rows of one [B, K, D]
 tensor directly (the ``adaln_mod`` ops), for blocks that build that tensor themselves.
 
-Host cost. Eagerly, the wrappers do not go through the dispatcher's Python autograd kernel that
-``torch.library.register_autograd`` installs (its per-call argument re-binding, ``fill_defaults``,
-walks the op schema in Python and cost more than the op itself on small tensors): with grad they
-apply a ``torch.autograd.Function`` per op that runs the same setup and backward formulas around
-the op called below autograd (``_adaln_autograd.py``), and without grad they call the op below
-autograd directly. While torch.compile traces (or functorch transforms run) they call the
-registered ops, whose autograd formulas AOTAutograd traces. Same kernels, same saved tensors,
-same bits either way (bench/adaln/host_cost.py measures the cost per call).
+Host cost. The forward ops' autograd is a C++ kernel for the Autograd dispatch key: an eager
+call with grad records a C++ autograd node (saving the inputs the backward reads, mean and rstd)
+and its backward calls the backward op, without entering Python; without grad the kernel calls
+the op below autograd. The wrappers call each op's default overload directly, eagerly and while
+torch.compile traces alike (AOTAutograd traces the same C++ autograd); only the packed-row search
+of :func:`adaln` / :func:`adaln_gated` is eager-only. bench/adaln/host_cost.py measures the cost
+per call. torch.func.grad works through the same C++ autograd; vmap runs the ops through
+PyTorch's (per-sample) batching fallback.
 
 ``adaln_reference`` / ``adaln_gated_reference`` are the same functions in plain PyTorch (the
 eager baseline of the benchmark, and the reference of the tests).
@@ -48,8 +49,6 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._adaln_autograd import EAGER as _EAGER
-from ._adaln_autograd import register_autograds
 from ._adaln_checks import (
     EPS_RANGE,
     NORMS,
@@ -79,6 +78,9 @@ __all__ = [
 _OP_NAMES = ("adaln_fwd", "adaln_bwd", "adaln_mod_fwd", "adaln_mod_bwd", "adaln_gated_fwd",
              "adaln_gated_bwd", "adaln_gated_mod_fwd", "adaln_gated_mod_bwd")
 _load_error: Optional[str] = None
+# Op name -> its default overload (torch.ops.ditscale.<name>.default), once the extension is
+# loaded: the wrappers call these (one Python frame less per call than the overload packet).
+_OPS = {}
 
 
 def _library_path() -> Optional[str]:
@@ -190,24 +192,18 @@ def _check_eps(eps) -> float:
     return float(check_real("eps", eps, *EPS_RANGE))
 
 
-def _requires_grad(*tensors) -> bool:
-    """Autograd has to record a call with these inputs (None = an absent optional input;
-    anything else that is not a Tensor is left to the op's own argument error)."""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            return True
-    return False
+def _packed_eager(*views: torch.Tensor):
+    """_packed_rows of ``views`` for an eager call that autograd records (grad mode on, the
+    views require grad, no torch.compile trace or functorch transform), else None."""
+    if not (torch.is_grad_enabled() and views[0].requires_grad) or _traced():
+        return None
+    return _packed_rows(*views)
 
 
 def _traced() -> bool:
-    """The registered ops (and their torch.library autograd) must be used: torch.compile is
-    tracing, or a functorch transform (vmap, grad) is active."""
+    """torch.compile is tracing, or a functorch transform (vmap, grad) is active: views' bases
+    are not what they are eagerly, so no packed-row search."""
     return torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-
-
-_below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
 def _mod_broadcast(t: torch.Tensor) -> torch.Tensor:
@@ -256,17 +252,12 @@ def adaln(
     eps = _check_eps(eps)
     scale = _as_modulation(scale, x, "scale")
     shift = _as_modulation(shift, x, "shift")
-    if _traced():
-        return torch.ops.ditscale.adaln_fwd(x, scale, shift, weight, bias, norm, eps)[0]
-    if not _requires_grad(x, scale, shift, weight, bias):
-        with _below_autograd():
-            return torch.ops.ditscale.adaln_fwd(x, scale, shift, weight, bias, norm, eps)[0]
-    packed = _packed_rows(scale, shift)
+    packed = _packed_eager(scale, shift)
     if packed is not None:
         mod, scale_index, shift_index = packed
-        return _EAGER["adaln_mod_fwd"].apply(x, mod, scale_index, shift_index, weight, bias,
-                                             norm, eps)[0]
-    return _EAGER["adaln_fwd"].apply(x, scale, shift, weight, bias, norm, eps)[0]
+        return _OPS["adaln_mod_fwd"](x, mod, scale_index, shift_index, weight, bias, norm,
+                                     eps)[0]
+    return _OPS["adaln_fwd"](x, scale, shift, weight, bias, norm, eps)[0]
 
 
 def adaln_gated(
@@ -301,19 +292,13 @@ def adaln_gated(
     gate = _as_modulation(gate, residual, "gate")
     scale = _as_modulation(scale, residual, "scale")
     shift = _as_modulation(shift, residual, "shift")
-    args = (residual, gate, branch, scale, shift, weight, bias, norm, eps)
-    if _traced():
-        return torch.ops.ditscale.adaln_gated_fwd(*args)[:2]
-    if not _requires_grad(residual, gate, branch, scale, shift, weight, bias):
-        with _below_autograd():
-            return torch.ops.ditscale.adaln_gated_fwd(*args)[:2]
-    packed = _packed_rows(gate, scale, shift)
+    packed = _packed_eager(gate, scale, shift)
     if packed is not None:
         mod, gate_index, scale_index, shift_index = packed
-        return _EAGER["adaln_gated_mod_fwd"].apply(
-            residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, norm, eps
-        )[:2]
-    return _EAGER["adaln_gated_fwd"].apply(*args)[:2]
+        return _OPS["adaln_gated_mod_fwd"](residual, branch, mod, gate_index, scale_index,
+                                           shift_index, weight, bias, norm, eps)[:2]
+    return _OPS["adaln_gated_fwd"](residual, gate, branch, scale, shift, weight, bias, norm,
+                                   eps)[:2]
 
 
 def adaln_rows(
@@ -338,13 +323,7 @@ def adaln_rows(
     _require()
     _check_norm(norm)
     eps = _check_eps(eps)
-    args = (x, mod, scale_row, shift_row, weight, bias, norm, eps)
-    if _traced():
-        return torch.ops.ditscale.adaln_mod_fwd(*args)[0]
-    if not _requires_grad(x, mod, weight, bias):
-        with _below_autograd():
-            return torch.ops.ditscale.adaln_mod_fwd(*args)[0]
-    return _EAGER["adaln_mod_fwd"].apply(*args)[0]
+    return _OPS["adaln_mod_fwd"](x, mod, scale_row, shift_row, weight, bias, norm, eps)[0]
 
 
 def adaln_gated_rows(
@@ -365,13 +344,8 @@ def adaln_gated_rows(
     _require()
     _check_norm(norm)
     eps = _check_eps(eps)
-    args = (residual, branch, mod, gate_row, scale_row, shift_row, weight, bias, norm, eps)
-    if _traced():
-        return torch.ops.ditscale.adaln_gated_mod_fwd(*args)[:2]
-    if not _requires_grad(residual, branch, mod, weight, bias):
-        with _below_autograd():
-            return torch.ops.ditscale.adaln_gated_mod_fwd(*args)[:2]
-    return _EAGER["adaln_gated_mod_fwd"].apply(*args)[:2]
+    return _OPS["adaln_gated_mod_fwd"](residual, branch, mod, gate_row, scale_row, shift_row,
+                                       weight, bias, norm, eps)[:2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,8 +406,8 @@ def adaln_gated_reference(
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake kernels (here: the extension names ditscale.ops as their module), then the autograd
-# (_adaln_autograd.py); registered only when the extension is loaded.
+# Fake kernels (here: the extension names ditscale.ops as their module); registered only when
+# the extension is loaded, which also registers the ops' C++ autograd.
 
 
 def _stats_shape(x: torch.Tensor) -> Tuple[int, int]:
@@ -596,7 +570,8 @@ def _register() -> None:
             _fake_grad_like(h, bias),
         )
 
-    register_autograds()
+    for name in _OP_NAMES:
+        _OPS[name] = getattr(torch.ops.ditscale, name).default
 
 
 if _load_error is None:

@@ -1,10 +1,15 @@
-"""The eager path of ditscale.ops.adaln / adaln_gated (CPU): with grad a torch.autograd.Function
-per op around the op called below autograd, without grad the op below autograd, instead of the
-dispatcher's torch.library autograd kernel. Checked against the registered ops called directly
-(the path torch.compile traces): bit-identical outputs and gradients for every op (separate and
-packed modulation, affine, rmsnorm, per-token modulation, gated with one or both outputs used),
-the same saved tensors, no graph without grad, the rows API (ops.adaln_rows / adaln_gated_rows)
-against the views, and the bench script's pieces on tiny inputs.
+"""The eager path of ditscale.ops.adaln / adaln_gated (CPU): the forward ops' autograd is C++
+(ditscale/torch/adaln_autograd.cc, the Autograd dispatch key). Checked against
+
+- the registered ops called directly, packed as ops.adaln packs (the wrappers' own logic);
+- the previous Python autograd, kept here as the reference (``PyAutograd``: a
+  torch.autograd.Function per forward op calling the op below autograd, saving the same tensors
+  and calling the same backward op): bit-identical outputs and gradients for every op (separate
+  and packed modulation, affine, rmsnorm, per-token modulation, gated with one or both outputs
+  used), the same saved tensors;
+
+and: no graph without grad, saved tensors released after backward and version-checked, the rows
+API (ops.adaln_rows / adaln_gated_rows) against the views, and the bench script's pieces.
 """
 
 import pytest
@@ -17,6 +22,99 @@ if not ops.is_available():
     pytest.skip(f"ditscale ops unavailable: {ops.load_error()}", allow_module_level=True)
 
 B, N, D = 2, 5, 16
+
+
+# ---- the previous Python autograd of the forward ops (the reference of the C++ one) ----------
+
+def _affine(weight, bias, dweight, dbias):
+    return (dweight if weight is not None else None, dbias if bias is not None else None)
+
+
+def _keep(ctx, norm, eps, mean, rstd):
+    ctx.norm, ctx.eps = norm, eps
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)
+
+
+def _fwd(ctx, x, scale, shift, weight, bias, norm, eps):
+    out = _below("adaln_fwd", x, scale, shift, weight, bias, norm, eps)
+    ctx.save_for_backward(x, scale, shift, weight, bias, *out[1:])
+    _keep(ctx, norm, eps, *out[1:])
+    return out
+
+
+def _fwd_bwd(ctx, dy, _m, _r):
+    x, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
+    if dy is None:
+        return (None,) * 7
+    dx, ds, dt, dw, db = torch.ops.ditscale.adaln_bwd(dy, x, scale, shift, weight, bias, mean,
+                                                       rstd, ctx.norm, ctx.eps)
+    return dx, ds, dt, *_affine(weight, bias, dw, db), None, None
+
+
+def _mod(ctx, x, mod, si, ti, weight, bias, norm, eps):
+    out = _below("adaln_mod_fwd", x, mod, si, ti, weight, bias, norm, eps)
+    ctx.save_for_backward(x, mod, weight, bias, *out[1:])
+    ctx.rows = (si, ti)
+    _keep(ctx, norm, eps, *out[1:])
+    return out
+
+
+def _mod_bwd(ctx, dy, _m, _r):
+    x, mod, weight, bias, mean, rstd = ctx.saved_tensors
+    if dy is None:
+        return (None,) * 8
+    dx, dmod, dw, db = torch.ops.ditscale.adaln_mod_bwd(dy, x, mod, *ctx.rows, weight, bias,
+                                                         mean, rstd, ctx.norm, ctx.eps)
+    return dx, dmod, None, None, *_affine(weight, bias, dw, db), None, None
+
+
+def _gated(ctx, residual, gate, branch, scale, shift, weight, bias, norm, eps):
+    out = _below("adaln_gated_fwd", residual, gate, branch, scale, shift, weight, bias, norm, eps)
+    ctx.save_for_backward(out[0], gate, branch, scale, shift, weight, bias, *out[2:])
+    _keep(ctx, norm, eps, *out[2:])
+    return out
+
+
+def _gated_bwd(ctx, dh, dy, _m, _r):
+    h, gate, branch, scale, shift, weight, bias, mean, rstd = ctx.saved_tensors
+    dy = torch.zeros_like(h) if dy is None else dy
+    dr, dg, dbr, ds, dt, dw, db = torch.ops.ditscale.adaln_gated_bwd(
+        dh, dy, h, gate, branch, scale, shift, weight, bias, mean, rstd, ctx.norm, ctx.eps)
+    return dr, dg, dbr, ds, dt, *_affine(weight, bias, dw, db), None, None
+
+
+def _gated_mod(ctx, residual, branch, mod, gi, si, ti, weight, bias, norm, eps):
+    out = _below("adaln_gated_mod_fwd", residual, branch, mod, gi, si, ti, weight, bias, norm,
+                 eps)
+    ctx.save_for_backward(out[0], branch, mod, weight, bias, *out[2:])
+    ctx.rows = (gi, si, ti)
+    _keep(ctx, norm, eps, *out[2:])
+    return out
+
+
+def _gated_mod_bwd(ctx, dh, dy, _m, _r):
+    h, branch, mod, weight, bias, mean, rstd = ctx.saved_tensors
+    if dh is None and dy is None:
+        return (None,) * 10
+    dy = torch.zeros_like(h) if dy is None else dy
+    dr, dbr, dmod, dw, db = torch.ops.ditscale.adaln_gated_mod_bwd(
+        dh, dy, h, branch, mod, *ctx.rows, weight, bias, mean, rstd, ctx.norm, ctx.eps)
+    return dr, dbr, dmod, None, None, None, *_affine(weight, bias, dw, db), None, None
+
+
+def _below(name, *args):
+    with torch._C._AutoDispatchBelowAutograd():
+        return getattr(torch.ops.ditscale, name)(*args)
+
+
+PyAutograd = {
+    name: type(f"Py_{name}", (torch.autograd.Function,),
+               {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+    for name, fwd, bwd in (("adaln_fwd", _fwd, _fwd_bwd), ("adaln_mod_fwd", _mod, _mod_bwd),
+                           ("adaln_gated_fwd", _gated, _gated_bwd),
+                           ("adaln_gated_mod_fwd", _gated_mod, _gated_mod_bwd))
+}
 
 
 def leaves(seed: int, per_token: bool, affine: bool):
@@ -42,22 +140,28 @@ def via_ops(kind, t, norm):
     return ops.adaln_gated(t["x"], gate, t["branch"], scale, shift, **kw)
 
 
-def via_registered(kind, t, norm):
-    """The registered ops with their torch.library autograd, packed as ops.adaln packs."""
+def via_registered(kind, t, norm, call=None):
+    """The registered ops (their C++ autograd), packed as ops.adaln packs; ``call(name, *args)``
+    replaces the op call (e.g. by the Python reference autograd)."""
+    call = call or (lambda name, *a: getattr(torch.ops.ditscale, name)(*a))
     shift, scale, gate = chunks(t["emb"])[:3]
     w, b = t.get("weight"), t.get("bias")
     packed = t["emb"].dim() == 2
     if kind == "adaln":
         if packed:
             mod = t["emb"].view(B, 6, D)
-            return (torch.ops.ditscale.adaln_mod_fwd(t["x"], mod, 1, 0, w, b, norm, 1e-5)[0],)
-        return (torch.ops.ditscale.adaln_fwd(t["x"], scale, shift, w, b, norm, 1e-5)[0],)
+            return (call("adaln_mod_fwd", t["x"], mod, 1, 0, w, b, norm, 1e-5)[0],)
+        return (call("adaln_fwd", t["x"], scale, shift, w, b, norm, 1e-5)[0],)
     if packed:
         mod = t["emb"].view(B, 6, D)
-        return torch.ops.ditscale.adaln_gated_mod_fwd(t["x"], t["branch"], mod, 2, 1, 0, w, b,
-                                                      norm, 1e-5)[:2]
-    return torch.ops.ditscale.adaln_gated_fwd(t["x"], gate, t["branch"], scale, shift, w, b, norm,
-                                              1e-5)[:2]
+        return call("adaln_gated_mod_fwd", t["x"], t["branch"], mod, 2, 1, 0, w, b, norm,
+                    1e-5)[:2]
+    return call("adaln_gated_fwd", t["x"], gate, t["branch"], scale, shift, w, b, norm, 1e-5)[:2]
+
+
+def via_python_autograd(kind, t, norm):
+    """The same calls through the previous Python autograd (PyAutograd)."""
+    return via_registered(kind, t, norm, lambda name, *a: PyAutograd[name].apply(*a))
 
 
 def run(fn, kind, t, norm, used):
@@ -76,31 +180,83 @@ CASES = [(kind, norm, per_token, affine, used)
          for used in useds]
 
 
-@pytest.mark.parametrize("kind,norm,per_token,affine,used", CASES)
-def test_eager_path_bit_identical_to_registered_ops(kind, norm, per_token, affine, used):
-    t = leaves(0, per_token, affine)
-    out_e, grad_e = run(via_ops, kind, t, norm, used)
-    out_r, grad_r = run(via_registered, kind, t, norm, used)
-    for a, b in zip(out_e, out_r):
+def assert_same(got, want, names):
+    (out_g, grad_g), (out_w, grad_w) = got, want
+    for a, b in zip(out_g, out_w):
         assert torch.equal(a, b)
-    for name, a, b in zip(t, grad_e, grad_r):
+    for name, a, b in zip(names, grad_g, grad_w):
         assert (a is None) == (b is None), name
         if a is not None:
             assert torch.equal(a, b), name
 
 
-def test_eager_path_is_the_function_and_saves_what_the_registered_op_saves():
-    t = leaves(1, per_token=False, affine=True)
+@pytest.mark.parametrize("kind,norm,per_token,affine,used", CASES)
+def test_eager_path_bit_identical_to_registered_ops(kind, norm, per_token, affine, used):
+    t = leaves(0, per_token, affine)
+    assert_same(run(via_ops, kind, t, norm, used), run(via_registered, kind, t, norm, used), t)
+
+
+@pytest.mark.parametrize("kind,norm,per_token,affine,used", CASES)
+def test_cpp_autograd_bit_identical_to_python_autograd(kind, norm, per_token, affine, used):
+    t = leaves(6, per_token, affine)
+    assert_same(run(via_registered, kind, t, norm, used),
+                run(via_python_autograd, kind, t, norm, used), t)
+
+
+@pytest.mark.parametrize("kind", ("adaln", "gated"))
+@pytest.mark.parametrize("per_token", (False, True))
+def test_cpp_autograd_saves_what_the_python_autograd_saved(kind, per_token):
+    t = leaves(1, per_token=per_token, affine=True)
     saved = {}
-    for who, fn in (("eager", via_ops), ("registered", via_registered)):
+    for who, fn in (("cpp", via_ops), ("python", via_python_autograd)):
         shapes = []
         with torch.autograd.graph.saved_tensors_hooks(
                 lambda x: shapes.append((tuple(x.shape), x.dtype)) or x, lambda x: x):
-            y = fn("gated", t, "layernorm")[1]
+            y = fn(kind, t, "layernorm")[-1]
         saved[who] = shapes
-        if who == "eager":
-            assert type(y.grad_fn).__name__ == "Eager_adaln_gated_mod_fwdBackward"
-    assert saved["eager"] == saved["registered"] and saved["eager"]
+        if who == "cpp":
+            name = "Gated" if kind == "gated" else ""
+            mod = "" if per_token else "Mod"
+            assert y.grad_fn.name() == f"DitscaleAdaLN{name}{mod}Backward"
+            edges = {"adaln": 5, "gated": 7}[kind] - (0 if per_token else 1 + (kind == "gated"))
+            assert len(y.grad_fn.next_functions) == edges  # the tensor inputs
+    assert saved["cpp"] == saved["python"] and saved["cpp"]
+
+
+def test_cpp_autograd_releases_and_version_checks_saved_tensors():
+    t = leaves(7, per_token=False, affine=False)
+    h, y = via_ops("gated", t, "layernorm")
+    (y.sum() + h.sum()).backward(retain_graph=True)
+    first = t["emb"].grad.clone()
+    (y.sum() + h.sum()).backward()  # retained: the same gradient again
+    assert torch.equal(t["emb"].grad, 2 * first)
+    with pytest.raises(RuntimeError, match=r"backward through the graph a second time"):
+        y.sum().backward()
+    (y,) = via_ops("adaln", t, "rmsnorm")
+    with torch.no_grad():
+        t["x"].mul_(2.0)  # a saved input modified in place
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_functorch_grad_and_vmap():
+    """torch.func.grad goes through the C++ node as through autograd; vmap (no grad) runs the op
+    per sample through PyTorch's batching fallback."""
+    t = {k: v.detach() for k, v in leaves(8, per_token=False, affine=False).items()}
+    mod = t["emb"].view(B, 6, D)
+
+    def loss(x, m):
+        h, y = ops.adaln_gated_rows(x, t["branch"], m, 2, 1, 0)
+        return (h * y).sum()
+
+    got = torch.func.grad(loss, argnums=(0, 1))(t["x"], mod)
+    x, m = t["x"].clone().requires_grad_(), mod.clone().requires_grad_()
+    want = torch.autograd.grad(loss(x, m), (x, m))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    shift, scale = chunks(t["emb"])[:2]
+    got = torch.func.vmap(lambda x, s, b: ops.adaln(x[None], s[None], b[None])[0])(
+        t["x"], scale, shift)
+    assert torch.equal(got, ops.adaln(t["x"], scale, shift))
 
 
 def test_no_grad_and_inference_record_nothing():

@@ -13,6 +13,15 @@ built with the same seed (the same weights) and run on the same inputs. Columns:
 parallelized ms (median CUDA-event time of a forward as called), overhead (parallelized / stock
 - 1; the integration's target is < 2%), and the outputs' relative L2 difference. The table is
 printed last and written to DIR/sp-overhead.md (+ .json).
+
+``--device cpu``: the host time instead, on CPU (no GPU), of the same pair at world size 1 on the
+tiny configs of ``ditscale.diffusers.tiny`` (3 heads of 8, 1-2 blocks; ``--tokens`` image/video
+tokens, default 16; 8 text tokens), fp32, one intra-op thread, eager: compute is negligible, so
+``time.thread_time`` of a forward is what Python, the hooks and the dispatch cost. Columns: stock
+and parallelized us per forward (the least of ``--reps`` samples of ``--inner`` forwards each, the
+two models taking turns),
+the difference per forward and per attention call, and whether the outputs are bit-identical.
+Written to DIR/sp-host-cpu.md (+ .json).
 """
 
 from __future__ import annotations
@@ -83,6 +92,144 @@ def run(args):
         os.unlink(store.name)
 
 
+# ---- --device cpu: host time of the tiny models ---------------------------------------------------
+
+# bench model name -> ditscale.diffusers.tiny pipeline name.
+TINY = {"flux": "flux", "wan2.1-1.3b": "wan", "wan2.1-14b": "wan",
+        "hunyuan-video": "hunyuan-video", "cogvideox-5b": "cogvideox", "sd3.5-medium": "sd3"}
+TINY_TEXT = 8
+
+
+def tiny_model(name):
+    """The tiny transformer of bench model ``name`` (fp32, CPU, eval), seed 0."""
+    from ditscale.diffusers import tiny
+
+    return tiny.make_pipeline(TINY[name], "tiny").transformer
+
+
+def tiny_inputs(name, model, tokens, batch=1):
+    """Keyword arguments of the tiny ``model.forward`` with ``tokens`` image/video tokens (one
+    frame or row of patches as the model's patching allows) and TINY_TEXT text tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    cfg = model.config
+    rnd = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    t = torch.full((batch,), 500.0)
+    family = TINY[name]
+    if family == "flux":
+        ids = torch.stack([torch.zeros(tokens), torch.arange(tokens) // 4,
+                           torch.arange(tokens) % 4], 1)
+        return dict(hidden_states=rnd(batch, tokens, cfg.in_channels),
+                    encoder_hidden_states=rnd(batch, TINY_TEXT, cfg.joint_attention_dim),
+                    pooled_projections=rnd(batch, cfg.pooled_projection_dim), timestep=t / 1000,
+                    img_ids=ids, txt_ids=torch.zeros(TINY_TEXT, 3),
+                    guidance=torch.full((batch,), 3.5), return_dict=False)
+    if family == "sd3":
+        return dict(hidden_states=rnd(batch, cfg.in_channels, 2, 2 * tokens),
+                    encoder_hidden_states=rnd(batch, TINY_TEXT, cfg.joint_attention_dim),
+                    pooled_projections=rnd(batch, cfg.pooled_projection_dim), timestep=t,
+                    return_dict=False)
+    if family == "wan":
+        return dict(hidden_states=rnd(batch, cfg.in_channels, 1, 2, 2 * tokens), timestep=t,
+                    encoder_hidden_states=rnd(batch, TINY_TEXT, cfg.text_dim), return_dict=False)
+    if family == "hunyuan-video":
+        return dict(hidden_states=rnd(batch, cfg.in_channels, 1, 2, 2 * tokens), timestep=t,
+                    encoder_hidden_states=rnd(batch, TINY_TEXT, cfg.text_embed_dim),
+                    encoder_attention_mask=torch.ones(batch, TINY_TEXT, dtype=torch.int64),
+                    pooled_projections=rnd(batch, cfg.pooled_projection_dim),
+                    guidance=torch.full((batch,), 6000.0), return_dict=False)
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed  # cogvideox
+
+    cos, sin = get_3d_rotary_pos_embed(embed_dim=cfg.attention_head_dim,
+                                       crops_coords=((0, 0), (1, tokens)),
+                                       grid_size=(1, tokens), temporal_size=1)
+    return dict(hidden_states=rnd(batch, 1, cfg.in_channels, 2, 2 * tokens),
+                encoder_hidden_states=rnd(batch, TINY_TEXT, cfg.text_embed_dim),
+                timestep=t.long(), image_rotary_emb=(cos, sin), return_dict=False)
+
+
+def attention_calls(model) -> int:
+    """The attention modules a forward of ``model`` runs (diffusers' AttentionModuleMixin), the
+    text refiner's included."""
+    return sum(1 for m in model.modules()
+               if hasattr(m, "processor") and hasattr(m, "set_processor"))
+
+
+def host_us(fns, reps, inner):
+    """The least thread (CPU) time of one call of each of ``fns`` in us: ``reps`` samples of
+    ``inner`` calls each, the functions taking turns sample by sample (a busy phase of a shared
+    machine hits them alike; the least sample is the one it disturbed least), after ``inner``
+    warm-up calls each."""
+    import time
+
+    for fn in fns:
+        for _ in range(inner):
+            fn()
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.thread_time_ns()
+            for _ in range(inner):
+                fn()
+            best[i] = min(best[i], (time.thread_time_ns() - t0) / inner / 1e3)
+    return best
+
+
+def host_pair(name, tokens, args):
+    """(row fields, summary) of stock vs parallelized ``name`` at world size 1, host time."""
+    import torch
+
+    import ditscale.diffusers as dd
+
+    stock = tiny_model(name)
+    parallel = dd.parallelize(tiny_model(name), strategy=args.strategy)
+    kw = tiny_inputs(name, stock, tokens)
+    with torch.no_grad():
+        outs = [m(**kw)[0] for m in (stock, parallel)]
+        s_us, p_us = host_us([lambda: stock(**kw), lambda: parallel(**kw)], args.reps, args.inner)
+    calls = attention_calls(stock)
+    extra = p_us - s_us
+    row = dict(stock_us=s_us, parallel_us=p_us, extra_us=extra, attention_calls=calls,
+               extra_per_attention_us=extra / calls,
+               identical=bool(torch.equal(outs[0], outs[1])))
+    return row, (f"stock {s_us:8.1f} us parallelized {p_us:8.1f} us  extra {extra:+7.1f} us "
+                 f"({extra / calls:+.1f} per attention, {calls} calls)  "
+                 f"identical {row['identical']}")
+
+
+def run_host_cpu(args):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = tempfile.NamedTemporaryFile(prefix="sp_host_", delete=False)
+    store.close()
+    dist.init_process_group("gloo", init_method=f"file://{store.name}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    tokens = {name: (16,) for name in TINY}
+    try:
+        return cli.sweep("sp_host_cpu", args, tokens, lambda n, t, _c: host_pair(n, t, args))
+    finally:
+        dist.destroy_process_group()
+        os.unlink(store.name)
+
+
+def host_table(rows) -> str:
+    head = ("| model (tiny) | tokens | stock us | parallelized us | extra us | attention calls | "
+            "extra us / attention | bit-identical |\n|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        if "error" in r:
+            lines.append(cli.error_line(r, 8))
+        else:
+            lines.append(f"| {r['model']} | {r['tokens']} | {r['stock_us']:.1f} | "
+                         f"{r['parallel_us']:.1f} | {r['extra_us']:+.1f} | "
+                         f"{r['attention_calls']} | {r['extra_per_attention_us']:+.1f} | "
+                         f"{r['identical']} |")
+    return head + "\n".join(lines) + "\n"
+
+
 def table(rows) -> str:
     head = ("| model | tokens | mode | stock ms | parallelized ms | overhead | rel. L2 |\n"
             "|---|---|---|---|---|---|---|\n")
@@ -100,11 +247,23 @@ def table(rows) -> str:
 def parse(argv):
     ap = cli.parser(__doc__, "flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium", 2, 15.0)
     ap.add_argument("--strategy", default="auto")
-    return cli.parse(ap, argv)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: host time of the tiny models (see above)")
+    ap.add_argument("--inner", type=int, default=20, help="--device cpu: calls per sample, "
+                    "[1, 10000]")
+    args = cli.parse(ap, argv)
+    if not 1 <= args.inner <= 10000:
+        ap.error(f"--inner: {args.inner} is out of range [1, 10000]")
+    if args.device == "cpu":
+        args.modes = ["eager"]
+    return args
 
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.device == "cpu":
+        rows = run_host_cpu(args)
+        return cli.write(args.out_dir, "sp-host-cpu", rows, host_table(rows))
     rows = run(args)
     return cli.write(args.out_dir, "sp-overhead", rows, table(rows))
 

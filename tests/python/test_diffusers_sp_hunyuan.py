@@ -10,8 +10,9 @@ What is compared: the model's output (the video tokens, all of them) against the
 unparallelized module on the same inputs, and the text stream after each block at the valid
 text positions (the padded positions are keys for nobody under the stock mask and never reach
 the output; there the integration leaves attention outputs of zero, see sp_hunyuan_video).
-Under 2 and 4 gloo processes for every strategy; at one rank, plus the state_dict and the
-refusals, in this process.
+Under 2 and 4 gloo processes for every strategy; at one rank (the stock processors, bit for
+bit, and the sequence-parallel processors' own path), plus the state_dict and the refusals, in
+this process.
 """
 
 import copy
@@ -124,9 +125,10 @@ def test_one_rank_matches_the_stock_module_and_keeps_the_state_dict():
     before = model.state_dict()
     params = [id(p) for p in model.parameters()]
     assert dd.parallelize(model) is model
-    for valid in VALID_TEXT:
+    for valid in VALID_TEXT:  # the stock processors at one rank: the same bits
         inputs = make_inputs(valid)
-        assert errors_against(model, run(base, inputs), inputs, valid) <= 1e-6, valid
+        (out, texts), (ref, ref_texts) = run(model, inputs), run(base, inputs)
+        assert torch.equal(out, ref) and all(map(torch.equal, texts, ref_texts)), valid
     after = model.state_dict()
     assert list(after) == list(before)
     for key, tensor in before.items():
@@ -134,8 +136,37 @@ def test_one_rank_matches_the_stock_module_and_keeps_the_state_dict():
     assert [id(p) for p in model.parameters()] == params
 
 
+class ShardedPath:
+    """A processor that always takes the sequence-parallel path of the integration's processor
+    ``proc`` (on one rank the integration runs the stock processor instead; the shard, rotary and
+    gather hooks it leaves out there are identities at one rank)."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    # The stock signature: diffusers' Attention drops keyword arguments __call__ does not name.
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        return self.proc.sharded(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                 image_rotary_emb)
+
+
+def sharded_path(model):
+    for block in list(model.transformer_blocks) + list(model.single_transformer_blocks):
+        block.attn.set_processor(ShardedPath(block.attn.processor))
+    return model
+
+
+def test_one_rank_sharded_path_matches_the_stock_module():
+    base = make_model()
+    model = sharded_path(dd.parallelize(copy.deepcopy(base)))
+    for valid in VALID_TEXT:
+        inputs = make_inputs(valid)
+        assert errors_against(model, run(base, inputs), inputs, valid) <= 1e-6, valid
+
+
 def test_padded_text_positions_get_zero_attention():
-    model = dd.parallelize(make_model())
+    model = sharded_path(dd.parallelize(make_model()))
     block = model.transformer_blocks[0]
     seen = []
     block.attn.register_forward_hook(lambda m, a, out: seen.append(out[1]))
@@ -161,7 +192,7 @@ def test_refuses_what_it_cannot_shard():
     mask = torch.ones(BATCH, 1, 1, 15 + TEXT, dtype=torch.bool)
     mask[0, 0, 0, 2] = False
     with pytest.raises(ValueError, match="masking video tokens"):
-        attn(x, torch.randn(BATCH, TEXT, 40), attention_mask=mask)
+        attn.processor.sharded(attn, x, torch.randn(BATCH, TEXT, 40), attention_mask=mask)
 
     with pytest.raises(ValueError, match="token_replace"):
         dd.parallelize(make_model(image_condition_type="token_replace"))

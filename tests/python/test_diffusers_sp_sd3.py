@@ -105,8 +105,8 @@ def test_one_rank_matches_the_stock_module_and_keeps_the_state_dict():
         assert dd.parallelize(model) is model
         out = model(**inputs).sample
         out_skip = model(**inputs, skip_layers=[1]).sample
-    assert relative_error(out, ref) <= 1e-6
-    assert relative_error(out_skip, ref_skip) <= 1e-6
+    assert torch.equal(out, ref)  # the stock processors at one rank: the same bits
+    assert torch.equal(out_skip, ref_skip)
     after = model.state_dict()
     assert list(after) == list(before)
     for key, tensor in before.items():

@@ -3,6 +3,12 @@
 the device check and refusals of the model's input, the shard of the image/video tokens where
 the embedder makes them, the gather of the last token-wise layer, and the joint attention of
 [text; image shard] through ``SpContext.attention``.
+
+World size 1: a family registers the input hook only (the device check and the refusals); the
+shard, rotary and gather hooks would return their input unchanged, so they are left out, and the
+attention processors run the stock processor they replaced (:class:`OneRankStock`). The
+parallelized module then costs the stock module's host time plus one hook and one Python call
+per attention (bench/results/diffusers-sp-host-cpu.md).
 """
 
 from __future__ import annotations
@@ -140,3 +146,19 @@ def joint_attention(ctx: SpContext, text: Tuple[torch.Tensor, ...],
                                   joint_v=text[2].contiguous())
     return text_out, out
 
+
+
+class OneRankStock:
+    """Base of the integration's attention processors. ``stock`` is the diffusers processor the
+    integration replaced (with the attention backend it was set to). On a mesh of one rank a
+    processor's ``__call__`` makes its refusals and then runs ``stock``: ``ditscale.sp.attention``
+    of one rank is one SDPA over all tokens, which the stock processor already computes, so the
+    module computes exactly what the stock module computes (bit-identical, the same kernels, the
+    same graph under ``torch.compile``) for the cost of one Python call. On more ranks it runs
+    ``sharded``, the sequence-parallel attention, which also runs on one rank (through the
+    one-rank paths of :func:`joint_attention` and ``SpContext``): the tests compare it with
+    ``stock`` in one process."""
+
+    def __init__(self, ctx: SpContext, stock):
+        self.ctx = ctx
+        self.stock = stock

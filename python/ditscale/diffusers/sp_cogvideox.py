@@ -26,6 +26,10 @@ the text stays replicated on every rank):
   layer, whose output is the narrowest; norm_final and norm_out are token-wise with a per-sample
   modulation, so they run on the shard).
 
+On one rank (mesh of size 1) only the input hook (device check, refusals) is registered and the
+processors run the stock CogVideoXAttnProcessor2_0 or FusedCogVideoXAttnProcessor2_0 they
+replaced (``_sp_hooks.OneRankStock``): the output is the stock module's, bit for bit.
+
 Refused with a ValueError naming the feature: attention processors other than diffusers'
 ``CogVideoXAttnProcessor2_0`` / ``FusedCogVideoXAttnProcessor2_0``, an ``attention_mask`` in
 ``attention_kwargs``, rotary tables whose row count is not S, a model already under diffusers'
@@ -40,7 +44,7 @@ from diffusers.models.attention_processor import (CogVideoXAttnProcessor2_0,
 from diffusers.models.embeddings import apply_rotary_emb
 
 from ._sp_context import SpContext
-from ._sp_hooks import Tokens, argument_names, bind, check_devices, gather_hook
+from ._sp_hooks import OneRankStock, Tokens, argument_names, bind, check_devices, gather_hook
 
 WHERE = "ditscale.diffusers.parallelize (CogVideoXTransformer3DModel)"
 _PROCESSORS = (CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0)
@@ -51,10 +55,12 @@ def parallelize(transformer, ctx: SpContext) -> None:
     _check_model(transformer)
     tokens = Tokens()
     transformer.register_forward_pre_hook(_input_hook(ctx, tokens, transformer), with_kwargs=True)
+    for block in transformer.transformer_blocks:
+        block.attn1.set_processor(JointAttentionProcessor(ctx, block.attn1.processor))
+    if ctx.size == 1:  # every token is local: the hooks below would change nothing
+        return
     transformer.patch_embed.register_forward_hook(_patch_hook(ctx, tokens))
     transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
-    for block in transformer.transformer_blocks:
-        block.attn1.set_processor(JointAttentionProcessor(ctx))
 
 
 def _check_model(transformer) -> None:
@@ -86,10 +92,12 @@ def _input_hook(ctx: SpContext, tokens: Tokens, transformer):
     def hook(module, args, kwargs):
         named = bind(names, args, kwargs)
         check_devices(WHERE, named, next(module.parameters()).device)
+        if ctx.size == 1:
+            return None
         tokens.image = video_tokens(module.config, named["hidden_states"].shape)
         ctx.local_range(tokens.image)  # refuses fewer video tokens than ranks
         rotary = named.get("image_rotary_emb")
-        if rotary is None or ctx.size == 1:
+        if rotary is None:
             return None
         for name, table in zip(("cos", "sin"), rotary):
             if table.shape[0] != tokens.image:
@@ -140,18 +148,23 @@ def _projections(attn, x: torch.Tensor):
     return attn.to_q(x), attn.to_k(x), attn.to_v(x)
 
 
-class JointAttentionProcessor:
+class JointAttentionProcessor(OneRankStock):
     """``attn1`` of a ``CogVideoXBlock``: video shard [B, S_r, D] and text [B, T, D] ->
-    (video out [B, S_r, D], text out [B, T, D])."""
-
-    def __init__(self, ctx: SpContext):
-        self.ctx = ctx
+    (video out [B, S_r, D], text out [B, T, D]); on one rank the stock processor (see
+    OneRankStock)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
                  image_rotary_emb=None):
         if attention_mask is not None:
             raise ValueError(f"{WHERE}: attention_kwargs['attention_mask']: an attention mask is "
                              f"not supported (the sequence-parallel attention is unmasked)")
+        if self.ctx.size == 1:
+            return self.stock(attn, hidden_states, encoder_hidden_states,
+                              image_rotary_emb=image_rotary_emb)
+        return self.sharded(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+
+    def sharded(self, attn, hidden_states, encoder_hidden_states, image_rotary_emb=None):
+        """The sequence-parallel attention (any mesh size)."""
         T = encoder_hidden_states.shape[1]
         x = torch.cat([encoder_hidden_states, hidden_states], 1)
         q, k, v = (y.unflatten(-1, (attn.heads, -1)) for y in _projections(attn, x))

@@ -25,6 +25,10 @@ the text stays replicated):
 - ``proj_out``'s output [B, S_r, C_out] -> gathered to [B, S, C_out] on every rank (the last
   token-wise layer, whose output is the narrowest).
 
+On one rank (mesh of size 1) only the input hook (device check, refusals) is registered and the
+processors run the stock FluxAttnProcessor they replaced (``_sp_hooks.OneRankStock``): the
+output is the stock module's, bit for bit.
+
 Refused with a ValueError naming the feature: attention processors other than diffusers'
 ``FluxAttnProcessor`` (IP-Adapter, custom processors), ``ip_adapter_image_embeds`` and
 ``attention_mask`` in ``joint_attention_kwargs``, a model already under diffusers' own
@@ -41,8 +45,8 @@ from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor,
                                                             _get_qkv_projections)
 
 from ._sp_context import SpContext
-from ._sp_hooks import (Tokens, gather_hook, image_shard_hook, input_hook, joint_attention,
-                        refuse_attention_kwargs, shard_after)
+from ._sp_hooks import (OneRankStock, Tokens, gather_hook, image_shard_hook, input_hook,
+                        joint_attention, refuse_attention_kwargs, shard_after)
 
 WHERE = "ditscale.diffusers.parallelize (FluxTransformer2DModel)"
 
@@ -61,14 +65,16 @@ def parallelize(transformer, ctx: SpContext) -> None:
         input_hook(WHERE, ctx, transformer, _refuse_inputs,
                    ("controlnet_block_samples", "controlnet_single_block_samples")),
         with_kwargs=True)
+    for block in transformer.transformer_blocks:
+        block.attn.set_processor(DoubleStreamProcessor(ctx, block.attn.processor))
+    for block in transformer.single_transformer_blocks:
+        block.attn.set_processor(SingleStreamProcessor(ctx, block.attn.processor, tokens))
+    if ctx.size == 1:  # every token is local: the hooks below would change nothing
+        return
     transformer.context_embedder.register_forward_hook(_text_hook(tokens))
     transformer.x_embedder.register_forward_hook(image_shard_hook(ctx, tokens))
     transformer.pos_embed.register_forward_hook(_rotary_hook(ctx, tokens))
     transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
-    for block in transformer.transformer_blocks:
-        block.attn.set_processor(DoubleStreamProcessor(ctx))
-    for block in transformer.single_transformer_blocks:
-        block.attn.set_processor(SingleStreamProcessor(ctx, tokens))
 
 
 def _check_model(transformer) -> None:
@@ -133,16 +139,21 @@ def _refuse_mask(attention_mask) -> None:
                          f"is not supported")
 
 
-class DoubleStreamProcessor:
+class DoubleStreamProcessor(OneRankStock):
     """The attention of a ``FluxTransformerBlock``: image stream [B, S_r, D] and text stream
-    [B, T, D] -> (image out [B, S_r, D], text out [B, T, D])."""
-
-    def __init__(self, ctx: SpContext):
-        self.ctx = ctx
+    [B, T, D] -> (image out [B, S_r, D], text out [B, T, D]); on one rank the stock
+    FluxAttnProcessor (see OneRankStock)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
         _refuse_mask(attention_mask)
+        if self.ctx.size == 1:
+            return self.stock(attn, hidden_states, encoder_hidden_states=encoder_hidden_states,
+                              image_rotary_emb=image_rotary_emb)
+        return self.sharded(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+
+    def sharded(self, attn, hidden_states, encoder_hidden_states, image_rotary_emb):
+        """The sequence-parallel attention (any mesh size)."""
         if encoder_hidden_states is None or attn.added_kv_proj_dim is None:
             raise ValueError(f"{WHERE}: a double-stream attention needs the text stream")
         q, k, v, tq, tk, tv = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
@@ -161,17 +172,25 @@ class DoubleStreamProcessor:
         return image_out, attn.to_add_out(text_out.contiguous())
 
 
-class SingleStreamProcessor:
+class SingleStreamProcessor(OneRankStock):
     """The attention of a ``FluxSingleTransformerBlock``: the stream [text; image shard]
-    [B, T + S_r, D] -> [B, T + S_r, H * d] (no output projection: the block's proj_out)."""
+    [B, T + S_r, D] -> [B, T + S_r, H * d] (no output projection: the block's proj_out); on one
+    rank the stock FluxAttnProcessor (see OneRankStock)."""
 
-    def __init__(self, ctx: SpContext, tokens: Tokens):
-        self.ctx = ctx
+    def __init__(self, ctx: SpContext, stock, tokens: Tokens):
+        super().__init__(ctx, stock)
         self.tokens = tokens
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
         _refuse_mask(attention_mask)
+        if self.ctx.size == 1:
+            return self.stock(attn, hidden_states, encoder_hidden_states=encoder_hidden_states,
+                              image_rotary_emb=image_rotary_emb)
+        return self.sharded(attn, hidden_states, encoder_hidden_states, image_rotary_emb)
+
+    def sharded(self, attn, hidden_states, encoder_hidden_states, image_rotary_emb):
+        """The sequence-parallel attention (any mesh size)."""
         if encoder_hidden_states is not None:
             raise ValueError(f"{WHERE}: a single-stream attention takes one stream")
         q, k, v, _, _, _ = _get_qkv_projections(attn, hidden_states)

@@ -35,6 +35,12 @@ is read once per forward pass (one device-to-host copy of [B, S_r + T] booleans,
 block's; the same tensor object reaches every block); a mask that hides video tokens or valid
 text tokens after a padded one is refused.
 
+On one rank (mesh of size 1) only the input hook (device check, refusals) is registered and the
+processors run the stock HunyuanVideoAttnProcessor2_0 they replaced
+(``_sp_hooks.OneRankStock``): the output is the stock module's, bit for bit (the stock masked
+attention: the text stream is the stock one at the padded positions too, and the mask is not
+read on the host).
+
 Refused with a ValueError naming the feature: ``image_condition_type="token_replace"`` (its
 first-frame tokens are modulated apart by global position), attention processors other than
 diffusers' ``HunyuanVideoAttnProcessor2_0`` on the blocks, a model already under diffusers'
@@ -50,7 +56,8 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 
 from ._sp_context import SpContext
-from ._sp_hooks import Tokens, gather_hook, image_shard_hook, input_hook, joint_attention
+from ._sp_hooks import (OneRankStock, Tokens, gather_hook, image_shard_hook, input_hook,
+                        joint_attention)
 
 WHERE = "ditscale.diffusers.parallelize (HunyuanVideoTransformer3DModel)"
 
@@ -63,12 +70,14 @@ def parallelize(transformer, ctx: SpContext) -> None:
     tokens = Tokens()
     transformer.register_forward_pre_hook(
         input_hook(WHERE, ctx, transformer), with_kwargs=True)
+    valid = _ValidText()  # one for every block: the mask is read once per forward pass
+    for block in list(transformer.transformer_blocks) + list(transformer.single_transformer_blocks):
+        block.attn.set_processor(JointProcessor(ctx, block.attn.processor, valid))
+    if ctx.size == 1:  # every token is local: the hooks below would change nothing
+        return
     transformer.rope.register_forward_hook(_rotary_hook(ctx))
     transformer.x_embedder.register_forward_hook(image_shard_hook(ctx, tokens))
     transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
-    processor = JointProcessor(ctx)
-    for block in list(transformer.transformer_blocks) + list(transformer.single_transformer_blocks):
-        block.attn.set_processor(processor)
 
 
 def _check_model(transformer) -> None:
@@ -142,16 +151,27 @@ def _qkv(attn, x: torch.Tensor, added: bool) -> QKV:
     return q, k, v
 
 
-class JointProcessor:
+class JointProcessor(OneRankStock):
     """The attention of both block kinds: video stream [B, S_r, D] and text stream [B, T, D] ->
-    (video out, text out), each through the module's output projection where it has one."""
+    (video out, text out), each through the module's output projection where it has one. On
+    one rank the stock HunyuanVideoAttnProcessor2_0 (see OneRankStock). ``valid``: the
+    _ValidText every block's processor shares."""
 
-    def __init__(self, ctx: SpContext):
-        self.ctx = ctx
-        self.valid = _ValidText()
+    def __init__(self, ctx: SpContext, stock, valid: "_ValidText"):
+        super().__init__(ctx, stock)
+        self.valid = valid
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
+        if self.ctx.size == 1:
+            return self.stock(attn, hidden_states, encoder_hidden_states=encoder_hidden_states,
+                              attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+        return self.sharded(attn, hidden_states, encoder_hidden_states, attention_mask,
+                            image_rotary_emb)
+
+    def sharded(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                image_rotary_emb=None):
+        """The sequence-parallel attention (any mesh size)."""
         if encoder_hidden_states is None:
             raise ValueError(f"{WHERE}: a block attention needs the text stream")
         B, S, T = hidden_states.shape[0], hidden_states.shape[1], encoder_hidden_states.shape[1]

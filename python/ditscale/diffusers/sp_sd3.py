@@ -21,6 +21,10 @@ in PatchEmbed's row-major patch order; the text stays replicated):
 - ``proj_out``'s output [B, S_r, p * p * C_out] -> gathered to [B, S, p * p * C_out] on every
   rank before the stock unpatchify.
 
+On one rank (mesh of size 1) only the input hook (device check, refusals) is registered and the
+processors run the stock JointAttnProcessor2_0 they replaced (``_sp_hooks.OneRankStock``): the
+output is the stock module's, bit for bit.
+
 ``skip_layers`` (skip-layer guidance: whole blocks left out) is honoured as is: skipping a block
 skips its attention on every rank alike. Refused with a ValueError naming the feature: attention
 processors other than diffusers' ``JointAttnProcessor2_0`` (fused QKV projections, IP-Adapter,
@@ -37,8 +41,8 @@ import torch
 from diffusers.models.attention_processor import JointAttnProcessor2_0
 
 from ._sp_context import SpContext
-from ._sp_hooks import (Tokens, gather_hook, image_shard_hook, input_hook, joint_attention,
-                        refuse_attention_kwargs)
+from ._sp_hooks import (OneRankStock, Tokens, gather_hook, image_shard_hook, input_hook,
+                        joint_attention, refuse_attention_kwargs)
 
 WHERE = "ditscale.diffusers.parallelize (SD3Transformer2DModel)"
 
@@ -55,13 +59,12 @@ def parallelize(transformer, ctx: SpContext) -> None:
     transformer.register_forward_pre_hook(
         input_hook(WHERE, ctx, transformer, _refuse_inputs, ("block_controlnet_hidden_states",)),
         with_kwargs=True)
+    for _, attn in list(_attentions(transformer)):
+        attn.set_processor(JointProcessor(ctx, attn.processor))
+    if ctx.size == 1:  # every token is local: the hooks below would change nothing
+        return
     transformer.pos_embed.register_forward_hook(image_shard_hook(ctx, tokens))
     transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
-    processor = JointProcessor(ctx)
-    for block in transformer.transformer_blocks:
-        block.attn.set_processor(processor)
-        if block.attn2 is not None:
-            block.attn2.set_processor(processor)
 
 
 def _attentions(transformer):
@@ -103,18 +106,22 @@ def _qkv(attn, x: torch.Tensor, added: bool) -> Tuple[torch.Tensor, ...]:
     return q, k, v
 
 
-class JointProcessor:
+class JointProcessor(OneRankStock):
     """``attn`` of a JointTransformerBlock: image stream [B, S_r, D] and text stream [B, T, D]
     -> (image out [B, S_r, D], text out [B, T, D]; not projected when ``context_pre_only``);
-    ``attn2`` (no text stream): [B, S_r, D] -> [B, S_r, D]."""
-
-    def __init__(self, ctx: SpContext):
-        self.ctx = ctx
+    ``attn2`` (no text stream): [B, S_r, D] -> [B, S_r, D]. On one rank the stock
+    JointAttnProcessor2_0 (see OneRankStock)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None):
         if attention_mask is not None:
             raise ValueError(f"{WHERE}: attention_mask: "
                              f"{_REFUSED_ATTENTION_KWARGS['attention_mask']} is not supported")
+        if self.ctx.size == 1:
+            return self.stock(attn, hidden_states, encoder_hidden_states=encoder_hidden_states)
+        return self.sharded(attn, hidden_states, encoder_hidden_states)
+
+    def sharded(self, attn, hidden_states, encoder_hidden_states=None):
+        """The sequence-parallel attention (any mesh size)."""
         image = _qkv(attn, hidden_states, added=False)
         dtype = image[0].dtype
         if encoder_hidden_states is None:

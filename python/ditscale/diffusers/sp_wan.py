@@ -34,6 +34,10 @@ the context stays replicated):
 - ``proj_out``'s output [B, S_r, p_t p_h p_w C_out] -> gathered to [B, S, ...] on every rank
   (the last token-wise layer, whose output is the narrowest); the stock unpatchify follows.
 
+On one rank (mesh of size 1) only the input hook (device check, refusals) is registered and the
+processors run the stock WanAttnProcessor they replaced (``_sp_hooks.OneRankStock``): the output
+is the stock module's, bit for bit.
+
 Refused with a ValueError naming the feature: attention processors other than diffusers'
 ``WanAttnProcessor``, an ``attention_mask`` given to ``attn1``, a model already under diffusers'
 own ``enable_parallelism``, a model without blocks, a per-token timestep whose length is neither
@@ -49,7 +53,7 @@ from diffusers.models.transformers.transformer_wan import (WanAttnProcessor,
                                                            _get_qkv_projections)
 
 from ._sp_context import SpContext
-from ._sp_hooks import Tokens, argument_names, bind, gather_hook, input_hook
+from ._sp_hooks import OneRankStock, Tokens, argument_names, bind, gather_hook, input_hook
 
 WHERE = "ditscale.diffusers.parallelize (WanTransformer3DModel)"
 
@@ -60,14 +64,16 @@ def parallelize(transformer, ctx: SpContext) -> None:
     _check_model(transformer)
     tokens = Tokens()
     transformer.register_forward_pre_hook(input_hook(WHERE, ctx, transformer), with_kwargs=True)
+    for block in transformer.blocks:
+        block.attn1.set_processor(SelfAttentionProcessor(ctx, block.attn1.processor))
+    if ctx.size == 1:  # every token is local: the hooks below would change nothing
+        return
     transformer.rope.register_forward_hook(_rope_hook(ctx, tokens))
     transformer.condition_embedder.register_forward_pre_hook(
         _timestep_hook(ctx, tokens, transformer.condition_embedder), with_kwargs=True)
     transformer.blocks[0].register_forward_pre_hook(
         _video_shard_hook(ctx, tokens, transformer.blocks[0]), with_kwargs=True)
     transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
-    for block in transformer.blocks:
-        block.attn1.set_processor(SelfAttentionProcessor(ctx))
 
 
 def _check_model(transformer) -> None:
@@ -156,18 +162,23 @@ def rotate_interleaved(x: torch.Tensor, rotary: Tuple[torch.Tensor, torch.Tensor
     return out
 
 
-class SelfAttentionProcessor:
+class SelfAttentionProcessor(OneRankStock):
     """``attn1`` of a ``WanTransformerBlock``: this rank's video tokens [B, S_r, D] ->
-    [B, S_r, D], attending over the video tokens of every rank."""
-
-    def __init__(self, ctx: SpContext):
-        self.ctx = ctx
+    [B, S_r, D], attending over the video tokens of every rank; on one rank the stock
+    WanAttnProcessor (see OneRankStock)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  rotary_emb=None):
         if attention_mask is not None:
             raise ValueError(f"{WHERE}: attention_mask: a mask over the video tokens is not "
                              f"supported (the sequence-parallel attention is unmasked)")
+        if self.ctx.size == 1:
+            return self.stock(attn, hidden_states, encoder_hidden_states=encoder_hidden_states,
+                              rotary_emb=rotary_emb)
+        return self.sharded(attn, hidden_states, encoder_hidden_states, rotary_emb)
+
+    def sharded(self, attn, hidden_states, encoder_hidden_states, rotary_emb):
+        """The sequence-parallel attention (any mesh size)."""
         if encoder_hidden_states is not None:
             raise ValueError(f"{WHERE}: attn1 is a self-attention; it got a context")
         q, k, v = _get_qkv_projections(attn, hidden_states, None)

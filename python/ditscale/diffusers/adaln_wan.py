@@ -88,11 +88,15 @@ def _plan(transformer) -> List[Patch]:
 
 def _fp32_norm(norm) -> dict:
     """ops keyword arguments of a FP32LayerNorm: its weight and bias as float32, as its forward
-    reads them (a no-op for the float32 parameters diffusers keeps; a bf16 cast model's are
+    reads them (the float32 parameters diffusers keeps as they are; a bf16 cast model's
     converted)."""
-    w, b = norm.weight, norm.bias
-    return {"weight": None if w is None else w.float(), "bias": None if b is None else b.float(),
-            "norm": "layernorm", "eps": norm.eps}
+    return {"weight": _fp32(norm.weight), "bias": _fp32(norm.bias), "norm": "layernorm",
+            "eps": norm.eps}
+
+
+def _fp32(t):
+    """t as float32 (None stays None); no call for a float32 tensor (the usual case)."""
+    return t if t is None or t.dtype == torch.float32 else t.float()
 
 
 def _modulation(table: torch.Tensor, temb: torch.Tensor, h: torch.Tensor):
@@ -101,7 +105,9 @@ def _modulation(table: torch.Tensor, temb: torch.Tensor, h: torch.Tensor):
     if temb.dim() == 4 and temb.shape[1] == 1:
         temb = temb[:, 0]  # one timestep per sample given as a sequence of one
     if temb.dim() == 3:  # [B, 6, D]
-        mod = table + temb.float()
+        # = table + temb.float() (stock): with a float32 operand the sum is computed in float32
+        # and bf16 / fp16 -> fp32 is exact, so the cast is only needed when neither is float32.
+        mod = table + (temb if torch.float32 in (temb.dtype, table.dtype) else temb.float())
         B, _, D = mod.shape
         return torch.cat([mod, _constant_rows(mod).expand(B, 3, D)], dim=1)
     # [B, S, 6, D]: per-token views; the constants per sample.
@@ -134,8 +140,13 @@ def _make_constant_rows(D: int, device) -> torch.Tensor:
     return rows
 
 
-def _row(m, i: int) -> torch.Tensor:
-    return m[:, i] if isinstance(m, torch.Tensor) else m[i]
+def _gate(m, i: int) -> torch.Tensor:
+    """Row i of the modulation for broadcasting against [B, S, D]: [B, 1, D] of the per-sample
+    [B, 9, D] tensor (one narrow), or the per-token [B, S, D] / constant [B, D] operand."""
+    if isinstance(m, torch.Tensor):
+        return m.narrow(1, i, 1)
+    g = m[i]
+    return g.unsqueeze(1) if g.dim() == 2 else g
 
 
 def _adaln(x, m, scale: int, shift: int, norm) -> torch.Tensor:
@@ -151,11 +162,10 @@ def _adaln_gated(h, branch, m, gate: int, scale: int, shift: int, norm):
 
 
 def _gated_residual(h: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """``(h.float() + branch.float() * gate).type_as(h)`` as one addcmul (gate [B, D] or
+    """``(h.float() + branch.float() * gate).type_as(h)`` as one addcmul (gate [B, 1, D] or
     [B, S, D] float32: type promotion computes it in float32 without fp32 copies of h and
     branch, and autograd saves branch in its own dtype), then the rounding to h's dtype."""
-    g = gate.unsqueeze(1) if gate.dim() == 2 else gate
-    return torch.addcmul(h, branch, g).to(h.dtype)
+    return torch.addcmul(h, branch, gate).to(h.dtype)
 
 
 @fused
@@ -167,9 +177,9 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     y = _adaln(hidden_states, m, _SCALE1, _SHIFT1, self.norm1)
     a = self.attn1(y, None, None, rotary_emb)
     if isinstance(self.norm2, torch.nn.Identity):
-        h = y = _gated_residual(hidden_states, a, _row(m, _GATE1))
+        h = y = _gated_residual(hidden_states, a, _gate(m, _GATE1))
     else:
         h, y = _adaln_gated(hidden_states, a, m, _GATE1, _ZERO_A, _ZERO_B, self.norm2)
     a = self.attn2(y, encoder_hidden_states, None, None)
     h, y = _adaln_gated(h, a, m, _ONE, _SCALE3, _SHIFT3, self.norm3)
-    return _gated_residual(h, self.ffn(y), _row(m, _GATE3))
+    return _gated_residual(h, self.ffn(y), _gate(m, _GATE3))

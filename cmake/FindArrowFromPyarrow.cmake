@@ -1,15 +1,16 @@
-# Locates Arrow C++ and Parquet for the Parquet manifest reader
-# (ditscale/balance/internal/parquet_manifest.cc): a system Arrow first (find_package(Parquet
-# CONFIG), e.g. Debian's or conda's libarrow-dev / libparquet-dev), else the pyarrow wheel of
-# Python3_EXECUTABLE, which ships the headers (pyarrow.get_include()) and the shared libraries
-# (libarrow.so.<N>, libparquet.so.<N> in pyarrow.get_library_dirs(); no unversioned names unless
-# pyarrow.create_library_symlinks() was run, so they are linked by full path, which needs no
-# change to the Python environment).
+# Locates Arrow C++ and Parquet for the Parquet manifest reader (the plugin module
+# libditscale_parquet.so of ditscale/balance/parquet/arrow_reader.cc): a system Arrow first
+# (find_package(Parquet CONFIG), e.g. Debian's or conda's libarrow-dev / libparquet-dev), else
+# the pyarrow wheel of Python3_EXECUTABLE, which ships the headers (pyarrow.get_include()) and
+# the shared libraries (libarrow.so.<N>, libparquet.so.<N> in pyarrow.get_library_dirs(); no
+# unversioned names unless pyarrow.create_library_symlinks() was run, so they are linked by full
+# path, which needs no change to the Python environment).
 #
 # Sets DITSCALE_HAVE_PARQUET and, when ON, the INTERFACE target ditscale_parquet_dep (headers as
 # SYSTEM, the two libraries, and for the wheel an RPATH entry for its folder in every binary or
-# module that links it, installed ones included: the folder is on no loader path; the libraries
-# themselves carry RUNPATH $ORIGIN, so libparquet finds libarrow beside it).
+# module that links it (the plugin module and the Parquet tests), installed ones included: the
+# folder is on no loader path; the libraries themselves carry RUNPATH $ORIGIN, so libparquet
+# finds libarrow beside it).
 #
 # ABI: pyarrow's wheels are built with the C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=1, the default
 # of g++ >= 5) against libstdc++ 3.4.22 or older; a small program calling

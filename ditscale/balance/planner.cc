@@ -531,7 +531,11 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
                           std::numeric_limits<int64_t>::max())) {
     return Failure::InvalidArgument(*e);
   }
-  if (shaped.shape_of.size() != shaped.ids.size()) {
+  if (shaped.ids_dense && !shaped.ids.empty()) {
+    return Failure::InvalidArgument("shaped manifest: ids_dense but ids has " +
+                                    std::to_string(shaped.ids.size()) + " entries");
+  }
+  if (!shaped.ids_dense && shaped.shape_of.size() != shaped.ids.size()) {
     return Failure::InvalidArgument("shaped manifest: shape_of has " +
                                     std::to_string(shaped.shape_of.size()) +
                                     " entries but ids has " + std::to_string(shaped.ids.size()));

@@ -77,9 +77,13 @@ ShapedManifest JoinShaped(std::vector<RowSink>* parts, const std::string& source
   }
   internal::MergedShapes merged = internal::MergeShapes(lists);
   ShapedManifest out;
+  out.ids_dense = true;  // the ids are 0..n-1 unless some part skipped a row
+  for (const RowSink& p : *parts) out.ids_dense = out.ids_dense && p.dense_ids;
   auto write_ids = [&] { out.ids = JoinIds(*parts, n); };
   std::jthread ids_worker;
-  if (n >= kParallelSamples && std::thread::hardware_concurrency() >= 2) {
+  if (out.ids_dense) {
+    // nothing to write
+  } else if (n >= kParallelSamples && std::thread::hardware_concurrency() >= 2) {
     ids_worker = std::jthread(write_ids);
   } else {
     write_ids();

@@ -17,7 +17,9 @@ namespace ditscale::balance {
 
 // Reads the manifest at `path` (the rules, limits and failures of ReadManifest) and groups its
 // samples by training shape for `model` (ShapeManifest). *rows gets the manifest's source,
-// rows_total, rows_skipped and skipped_examples; its samples and ids stay empty.
+// rows_total, rows_skipped and skipped_examples; its samples and ids stay empty. A CSV file
+// without skipped rows gives ids_dense (ids empty, entry i is sample id i); ShapedManifest::id
+// reads either form.
 // A Failure is what ReadManifest gives (the file, a bad row in strict mode, a limit, out of
 // memory); a sample the model refuses throws ditscale::Error as ShapeManifest does ("<file>:
 // sample id <id>: ..."), the first such sample in row order, and only when the read succeeds.

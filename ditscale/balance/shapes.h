@@ -108,6 +108,11 @@ struct ShapedManifest {
   std::vector<int32_t> shape_of;   // per Manifest entry: index into shapes
   std::vector<int64_t> ids;        // per entry: sample id (copied from Manifest::ids)
   std::vector<int64_t> count;      // per shape: number of samples
+  // True: entry i has sample id i and `ids` is empty (ReadShapedManifest of a CSV file in which
+  // no row was skipped: 80 MB for 10M rows neither written nor read). ShapeManifest never sets it.
+  bool ids_dense = false;
+  // The sample id of entry i, either way.
+  int64_t id(size_t i) const { return ids_dense ? static_cast<int64_t>(i) : ids[i]; }
 };
 // Throws ditscale::Error as ToTrainShape does, naming the sample id.
 // Cost: one small memo lookup per sample keyed by (training frames, height, width); the shape

@@ -23,8 +23,12 @@ Buckets SortAndShuffle(const ShapedManifest& shaped, uint64_t seed, int64_t epoc
   std::vector<int64_t> pos(b.begin.begin(), b.begin.end() - 1);
   b.ids.resize(n);
   const int32_t* shape_of = shaped.shape_of.data();
-  const int64_t* ids = shaped.ids.data();
-  for (int64_t i = 0; i < n; ++i) b.ids[pos[shape_of[i]]++] = ids[i];
+  if (shaped.ids_dense) {
+    for (int64_t i = 0; i < n; ++i) b.ids[pos[shape_of[i]]++] = i;
+  } else {
+    const int64_t* ids = shaped.ids.data();
+    for (int64_t i = 0; i < n; ++i) b.ids[pos[shape_of[i]]++] = ids[i];
+  }
   // Every bucket has a stream of its own and its own ids: the buckets are shuffled on two
   // threads (the largest first, each to the part with fewer ids so far), with the same result.
   auto shuffle = [&](int64_t s) {

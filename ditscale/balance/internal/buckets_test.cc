@@ -66,6 +66,20 @@ TEST(Buckets, TwoThreadSortAndShuffleIsOnePass) {
   }
 }
 
+TEST(Buckets, DenseIdsAreTheRowNumbers) {
+  for (int64_t n : {int64_t{1000}, int64_t{1} << 18}) {
+    ShapedManifest stored = SkewedShapes(n);
+    for (int64_t i = 0; i < n; ++i) stored.ids[i] = i;
+    ShapedManifest dense = stored;
+    dense.ids.clear();
+    dense.ids_dense = true;
+    const Buckets want = SortAndShuffle(stored, 9, 4);
+    const Buckets got = SortAndShuffle(dense, 9, 4);
+    EXPECT_EQ(got.begin, want.begin) << "n = " << n;
+    EXPECT_EQ(got.ids, want.ids) << "n = " << n;
+  }
+}
+
 TEST(Buckets, MakePlanIdsAreTheShuffledBuckets) {
   const ShapedManifest s = SkewedShapes(int64_t{1} << 18);
   CostModel cost;

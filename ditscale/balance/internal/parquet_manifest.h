@@ -25,9 +25,12 @@
 // naming the file with Arrow's words. Never throws (Arrow's exceptions and std::bad_alloc become
 // Failures).
 //
+// Arrow is linked only into the plugin module libditscale_parquet.so (internal/parquet_plugin.h),
+// which these functions load on their first call: when it cannot be loaded, every function
+// returns a Failure naming the file, the module and why, and ParquetSupported() is false.
 // Built without Arrow (DITSCALE_PARQUET=OFF or no Arrow found), every function returns the
-// Failure "built without Parquet support ..." naming the file (and leaves a stream untouched, to
-// be released by its owner).
+// Failure "built without Parquet support ..." naming the file. Either way a stream is left
+// untouched, to be released by its owner.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +46,7 @@ namespace ditscale::balance::internal {
 
 inline constexpr int64_t kParquetBatchRows = 65536;
 
-// Whether this build reads Parquet (Arrow C++ was found).
+// Whether this build reads Parquet (Arrow C++ was found and the reader module loads).
 bool ParquetSupported();
 
 // Reads the Parquet file `path`.

@@ -1,7 +1,8 @@
 // The Parquet manifest reader: the same rows, field rules, messages (with the row as the line)
 // and skip behaviour as the CSV reader; the schema's columns and types; files that are not
 // Parquet; the Arrow-stream entry; the "built without Parquet support" failure of a build
-// without Arrow. Files are written with Arrow's Parquet writer.
+// without Arrow; the reader module's loading (internal/parquet_plugin.h). Files are written with
+// Arrow's Parquet writer.
 #include "ditscale/balance/internal/parquet_manifest.h"
 
 #include <fcntl.h>
@@ -9,12 +10,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ditscale/balance/internal/parquet_plugin.h"
 #include "ditscale/balance/manifest.h"
 
 #if DITSCALE_HAVE_PARQUET
@@ -48,6 +51,37 @@ TEST(ParquetManifest, BuiltWithoutParquetSaysSoNamingTheFile) {
 }
 
 #else
+
+TEST(ParquetPlugin, TheBuildsModuleLoadsWithThisLayout) {
+  const internal::ParquetPluginLoad& load = internal::ParquetPlugin();
+  ASSERT_NE(load.table, nullptr) << load.error;
+  EXPECT_EQ(load.table->version, internal::kParquetTableVersion);
+  EXPECT_TRUE(internal::ParquetSupported());
+}
+
+TEST(ParquetPlugin, AModuleThatCannotLoadIsNamedWithTheLoadersWords) {
+  const std::string missing = TempPath("nowhere/libditscale_parquet.so");
+  const std::string not_elf = TempPath("not_a_module.so");
+  std::ofstream(not_elf) << "not an ELF file";
+  auto load = internal::LoadParquetPlugin({missing, not_elf});
+  EXPECT_EQ(load.table, nullptr);
+  EXPECT_NE(load.error.find(missing), std::string::npos) << load.error;
+  EXPECT_NE(load.error.find(not_elf), std::string::npos) << load.error;
+  EXPECT_EQ(internal::LoadParquetPlugin({}).error, "no place to look for it");
+  // A loadable library without the table (the C library) is refused too.
+  load = internal::LoadParquetPlugin({"libc.so.6"});
+  EXPECT_EQ(load.table, nullptr);
+  EXPECT_NE(load.error.find("no ditscale_parquet_reader_table"), std::string::npos) << load.error;
+  // The first candidate that loads wins; the failures before it are forgotten.
+  const std::vector<std::string> found = internal::ParquetPluginCandidates();
+  ASSERT_FALSE(found.empty());
+  std::vector<std::string> tried = {missing};
+  tried.insert(tried.end(), found.begin(), found.end());
+  load = internal::LoadParquetPlugin(tried);
+  EXPECT_NE(load.table, nullptr) << load.error;
+  EXPECT_EQ(load.error, "");
+  std::remove(not_elf.c_str());
+}
 
 // One column: its name, Arrow type and cells (nullopt: null), written in the type.
 struct Col {

@@ -8,11 +8,13 @@ under ``torch.compile`` of the whole module, at the models' typical token counts
 
 World size 1: a one-rank process group (gloo on a file store: no NCCL communicator is needed
 for one rank) so that ``parallelize`` builds its mesh as under torchrun; the attention then runs
-on the rank itself (ditscale.sp's one-rank path). The stock and the parallelized models are
-built with the same seed (the same weights) and run on the same inputs. Columns: stock and
-parallelized ms (median CUDA-event time of a forward as called), overhead (parallelized / stock
-- 1; the integration's target is < 2%), and the outputs' relative L2 difference. The table is
-printed last and written to DIR/sp-overhead.md (+ .json).
+on the rank itself (at one rank the processors call the stock ones). The stock and the
+parallelized models are built with the same seed (the same weights), both kept, and run on the
+same inputs in alternating rounds (``--reps`` rounds of 5 forwards each, after ``--warmup``
+forwards of both: the GPU's clock ramp and host noise hit both alike). Columns: stock and
+parallelized ms (median CUDA-event time of a forward as called), overhead (the median over the
+rounds of parallelized / stock - 1; the integration's target is < 2%), and the outputs' relative
+L2 difference. The table is printed last and written to DIR/sp-overhead.md (+ .json).
 
 ``--device cpu``: the host time instead, on CPU (no GPU), of the same pair at world size 1 on the
 tiny configs of ``ditscale.diffusers.tiny`` (3 heads of 8, 1-2 blocks; ``--tokens`` image/video
@@ -34,14 +36,15 @@ import tempfile
 
 from bench.diffusers import cli
 from bench.diffusers import models as M
-from bench.diffusers.timing import measure, rel_l2
+from bench.diffusers.timing import measure_pair, rel_l2
 
 DEFAULT_TOKENS = {"flux": (4096, 16384), "wan2.1-1.3b": (32760, 75600),
                   "wan2.1-14b": (32760,), "hunyuan-video": (32760,), "cogvideox-5b": (17550,),
                   "sd3.5-medium": (16384,)}
 
 
-def one_variant(name, tokens, args, parallel, compiled, dtype, dev):
+def build(name, args, parallel, compiled, dtype, dev):
+    """(model, the callable to time) of ``name``: stock or parallelized, eager or compiled."""
     import torch
 
     import ditscale.diffusers as dd
@@ -50,20 +53,7 @@ def one_variant(name, tokens, args, parallel, compiled, dtype, dev):
     model.eval()
     if parallel:
         dd.parallelize(model, strategy=args.strategy)
-    run_model = torch.compile(model) if compiled else model
-    kw = M.inputs(name, model, tokens, 1, dtype, dev, seed=1)
-
-    def step():
-        with torch.no_grad():
-            return run_model(**kw)[0]
-
-    r = measure(step, warmup=args.warmup, reps=args.reps, max_s=args.max_s)
-    r["out"] = step().float().cpu()
-    del model, run_model, kw
-    torch._dynamo.reset()
-    gc.collect()  # a patched block's forward is bound to the block: a cycle
-    torch.cuda.empty_cache()
-    return r
+    return model, (torch.compile(model) if compiled else model)
 
 
 def run(args):
@@ -78,11 +68,27 @@ def run(args):
                             timeout=datetime.timedelta(seconds=60))
 
     def compare(name, tokens, compiled):
-        s = one_variant(name, tokens, args, False, compiled, torch.bfloat16, dev)
-        p = one_variant(name, tokens, args, True, compiled, torch.bfloat16, dev)
-        row = dict(stock_ms=s["ms"], parallel_ms=p["ms"], overhead=p["ms"] / s["ms"] - 1.0,
-                   rel_l2=rel_l2(p["out"], s["out"]), reps=min(s["reps"], p["reps"]))
-        return row, (f"stock {s['ms']:8.2f} ms parallelized {p['ms']:8.2f} ms  overhead "
+        # Both built (the same seed: the same weights), then timed in alternating rounds.
+        stock, run_stock = build(name, args, False, compiled, torch.bfloat16, dev)
+        parallel, run_parallel = build(name, args, True, compiled, torch.bfloat16, dev)
+        kw = M.inputs(name, stock, tokens, 1, torch.bfloat16, dev, seed=1)
+
+        def step(fn):
+            with torch.no_grad():
+                return fn(**kw)[0]
+
+        try:
+            r = measure_pair(lambda: step(run_stock), lambda: step(run_parallel),
+                             warmup=args.warmup, rounds=args.reps, reps=5, max_s=args.max_s)
+            outs = [step(fn).float().cpu() for fn in (run_stock, run_parallel)]
+        finally:
+            del stock, parallel, run_stock, run_parallel, kw
+            torch._dynamo.reset()
+            gc.collect()  # a patched block's forward is bound to the block: a cycle
+            torch.cuda.empty_cache()
+        row = dict(stock_ms=r["a_ms"], parallel_ms=r["b_ms"], overhead=r["ratio"] - 1.0,
+                   rel_l2=rel_l2(outs[1], outs[0]), rounds=r["rounds"])
+        return row, (f"stock {r['a_ms']:8.2f} ms parallelized {r['b_ms']:8.2f} ms  overhead "
                      f"{100 * row['overhead']:+.2f}%  rel_l2 {row['rel_l2']:.1e}")
 
     try:

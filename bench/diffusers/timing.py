@@ -3,6 +3,12 @@ CUDA graphs: Python, autograd and dispatch included), for the diffusers benchmar
 
 ``measure(step, warmup, reps, max_s)`` -> dict(ms=median CUDA-event time of ``step()``,
 ms_min, reps, peak_gib=peak memory allocated during a step above what was allocated before it).
+
+``measure_pair(a, b, warmup, rounds, reps, max_s)``: two steps that do the same work by
+different code (a stock module and its variant), timed in alternating rounds of ``reps`` calls
+each (a, b, a, b, ...) after a warm-up of both, so that the GPU's clock ramp and a busy host hit
+both alike -> dict(a_ms, b_ms: medians over every call; ratio: the median over the rounds of
+b's round median / a's, rounds).
 """
 
 from __future__ import annotations
@@ -35,6 +41,41 @@ def measure(step, warmup: int = 3, reps: int = 10, max_s: float = 20.0) -> dict:
     peak = (torch.cuda.max_memory_allocated() - base) / GiB
     return {"ms": statistics.median(times), "ms_min": min(times), "reps": len(times),
             "peak_gib": peak}
+
+
+def _round(step, reps: int) -> list:
+    import torch
+
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def measure_pair(a, b, warmup: int = 3, rounds: int = 8, reps: int = 5,
+                 max_s: float = 20.0) -> dict:
+    import torch
+
+    for _ in range(warmup):
+        a()
+        b()
+    torch.cuda.synchronize()
+    all_a, all_b, ratios = [], [], []
+    deadline = time.perf_counter() + max_s
+    for r in range(rounds):
+        ta, tb = _round(a, reps), _round(b, reps)
+        all_a += ta
+        all_b += tb
+        ratios.append(statistics.median(tb) / statistics.median(ta))
+        if r >= 2 and time.perf_counter() > deadline:
+            break
+    return {"a_ms": statistics.median(all_a), "b_ms": statistics.median(all_b),
+            "ratio": statistics.median(ratios), "rounds": len(ratios)}
 
 
 def rel_l2(a, b) -> float:

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The one-GPU lease's command for the diffusers integration and the server (issues 21, 22, 24):
+# every phase under its own `timeout`, logs under $LOGS, a short table printed last, and what
+# comes back in $OUT kept to a few files (the lease returns at most 8): logs.tar.gz and the
+# result tables.
+#
+#   PHASES="wheels build test sp" bench/diffusers/h200_run.sh        (nvidia-h200, carry .whl)
+#
+# PHASES (default "wheels build test sp adaln"):
+#   wheels    .whl/*.whl into /tmp/site (diffusers 0.42.1, importlib_metadata; the image has the
+#             rest)
+#   build     ditscale with CUDA + Torch (tools/gpu_check.sh's build, BUILD_MODE default py)
+#   test      tests/gpu/test_diffusers_gpu.py
+#   sp        bench.diffusers.sp_overhead: parallelize at world size 1 vs stock, eager and
+#             compiled (SP_MODELS, SP_TOKENS, SP_ARGS)
+#   adaln     bench.diffusers.adaln_models: stock vs apply_fused_adaln, fwd+bwd (ADALN_MODELS,
+#             ADALN_TOKENS, ADALN_ARGS)
+#   train     NPROC=1 MODEL_IMPL=diffusers tools/gpu_train.sh sweep fit train report with the
+#             runs balanced and balanced-nofused (TRAIN_BUDGET_S, SWEEP_BUDGET_S)
+#   serve     bench.serve.bench_serve (SERVE_ARGS)
+#   generate  examples/generate.py on the GPU (flux, small, 4 steps)
+# PHASE_S: the timeout of each benchmark phase in seconds (default 300).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/h200-out}
+LOGS=${LOGS:-/tmp/h200-logs}
+PHASES=${PHASES:-wheels build test sp adaln}
+PHASE_S=${PHASE_S:-300}
+mkdir -p "$OUT" "$LOGS"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=32
+PY=${PYTHON:-python3}
+has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
+ROWS=()
+phase() {  # phase NAME TIMEOUT_S CMD...: logged to $LOGS/NAME.log, a row in the table
+  local name=$1 t=$2; shift 2
+  local t0=$(date +%s)
+  echo "== $name: $*"
+  timeout --signal=TERM --kill-after=15 "$t" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$? dt=$(( $(date +%s) - t0 ))
+  tail -n 12 "$LOGS/$name.log"
+  if [ $rc -eq 0 ]; then ROWS+=("$(printf '| %-18s | %-4s | %s |' "$name" ok "${dt}s")")
+  else ROWS+=("$(printf '| %-18s | %-4s | %s |' "$name" FAIL "rc=$rc ${dt}s ($name.log)")"); fi
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$LOGS/gpu.txt" 2>&1
+git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/gpu.txt"
+has wheels && phase wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
+  --no-cache-dir --upgrade --target /tmp/site .whl/diffusers-*.whl .whl/importlib_metadata-*.whl
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+has build && phase build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
+  bash tools/gpu_check.sh build
+has test && phase test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py
+has sp && phase sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \
+  --models "${SP_MODELS:-flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium}" \
+  --tokens "${SP_TOKENS:-4096}" ${SP_ARGS:---reps 8 --max-s 6} --out-dir "$OUT"
+has adaln && phase adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
+  --models "${ADALN_MODELS:-wan2.1-1.3b}" --tokens "${ADALN_TOKENS:-1024,32760}" \
+  ${ADALN_ARGS:---reps 10 --max-s 8} --out-dir "$OUT"
+has train && phase train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
+  TRAIN_RUNS="balanced balanced-nofused" TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-45} \
+  SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-90} OUT="$LOGS/train" \
+  bash tools/gpu_train.sh sweep fit train report
+[ -f "$LOGS/train/train-diffusers-h200x1.md" ] && cp "$LOGS/train/train-diffusers-h200x1.md" "$OUT/"
+has serve && phase serve "$PHASE_S" $PY -m bench.serve.bench_serve ${SERVE_ARGS:-} \
+  --out-dir "$OUT"
+has generate && phase generate 240 $PY examples/generate.py --pipeline flux --size small \
+  --steps 4 --out "$LOGS/flux-small.png"
+
+tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
+echo
+echo "== h200_run ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
+printf '| %-18s | %-4s | %s |\n' phase result detail
+printf '|%s|%s|%s|\n' "--------------------" "------" "-----------------"
+for r in "${ROWS[@]}"; do echo "$r"; done
+for f in "$OUT"/sp-overhead.md "$OUT"/adaln-models.md "$OUT"/serve*.md; do
+  [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
+done
+exit 0

@@ -27,7 +27,7 @@ import sys
 
 from bench.diffusers import cli
 from bench.diffusers import models as M
-from bench.diffusers.timing import measure, rel_l2
+from bench.diffusers.timing import OTHER, kernel_breakdown, measure, rel_l2
 
 
 def blocks_of(model):
@@ -72,6 +72,8 @@ def one_variant(name, tokens, blocks, fused, compiled, args, dtype, dev):
                "efficient": SDPBackend.EFFICIENT_ATTENTION}[args.sdpa]
     with sdpa_kernel([backend]):
         r = measure(step, warmup=args.warmup, reps=args.reps, max_s=args.max_s)
+        if args.profile:
+            r["kernels"] = kernel_breakdown(step)
         with torch.no_grad():
             r["out"] = model(**kw)[0].float().cpu()
     del model, kw
@@ -94,6 +96,8 @@ def run(args):
                    stock_peak_gib=s["peak_gib"], fused_peak_gib=f["peak_gib"],
                    mem_ratio=f["peak_gib"] / max(s["peak_gib"], 1e-9),
                    rel_l2=rel_l2(f["out"], s["out"]), reps=min(s["reps"], f["reps"]))
+        if args.profile:
+            row["stock_kernels"], row["fused_kernels"] = s["kernels"], f["kernels"]
         return row, (f"stock {s['ms']:8.2f} ms fused {f['ms']:8.2f} ms  {row['speedup']:.3f}x  "
                      f"mem {row['mem_ratio']:.2f}x  rel_l2 {row['rel_l2']:.1e}")
 
@@ -110,6 +114,26 @@ def table(rows) -> str:
         lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {r['stock_ms']:.2f} | "
                      f"{r['fused_ms']:.2f} | {r['speedup']:.3f}x | {r['stock_peak_gib']:.2f} | "
                      f"{r['fused_peak_gib']:.2f} | {r['mem_ratio']:.2f} | {r['rel_l2']:.1e} |")
+    return head + "\n".join(lines) + "\n" + kernel_table(rows)
+
+
+def kernel_table(rows) -> str:
+    """With --profile: GPU kernel ms per step by category, stock -> fused, and the bound on
+    what fusing the norms can save: the stock step's non-GEMM, non-attention kernel time."""
+    rows = [r for r in rows if "stock_kernels" in r]
+    if not rows:
+        return ""
+    cats = [c for c in rows[0]["stock_kernels"] if c != "total"]
+    head = ("\nGPU kernel time per step (torch.profiler), stock -> fused, ms:\n\n| model | tokens "
+            "| mode | " + " | ".join(cats) + " | kernels total | step (as called) | stock "
+            f"{OTHER} / step |\n|" + "---|" * (len(cats) + 6) + "\n")
+    lines = []
+    for r in rows:
+        s, f = r["stock_kernels"], r["fused_kernels"]
+        cells = " | ".join(f"{s[c]:.2f} -> {f[c]:.2f}" for c in cats)
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {cells} | "
+                     f"{s['total']:.2f} -> {f['total']:.2f} | {r['stock_ms']:.2f} -> "
+                     f"{r['fused_ms']:.2f} | {100 * s[OTHER] / r['stock_ms']:.1f}% |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -117,6 +141,8 @@ def parse(argv):
     ap = cli.parser(__doc__, "wan2.1-1.3b,wan2.1-14b,flux", 4, 20.0)
     ap.add_argument("--sdpa", default="flash", choices=["flash", "cudnn", "efficient"],
                     help="the SDPA backend of every attention (see the module docstring)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also the GPU kernel time per step by category (torch.profiler)")
     return cli.parse(ap, argv)
 
 

@@ -9,6 +9,10 @@ different code (a stock module and its variant), timed in alternating rounds of 
 each (a, b, a, b, ...) after a warm-up of both, so that the GPU's clock ramp and a busy host hit
 both alike -> dict(a_ms, b_ms: medians over every call; ratio: the median over the rounds of
 b's round median / a's, rounds).
+
+``kernel_breakdown(step, steps)``: the GPU kernel time of ``step()`` per call by category
+(attention, GEMM, ditscale's AdaLN kernels, everything else: the elementwise, norm and reduction
+kernels that AdaLN fusion can remove at most), from torch.profiler, in ms.
 """
 
 from __future__ import annotations
@@ -76,6 +80,47 @@ def measure_pair(a, b, warmup: int = 3, rounds: int = 8, reps: int = 5,
             break
     return {"a_ms": statistics.median(all_a), "b_ms": statistics.median(all_b),
             "ratio": statistics.median(ratios), "rounds": len(ratios)}
+
+
+# Kernel-name fragments (lower case) of each category, tried in this order.
+KERNEL_CATEGORIES = (
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+    ("adaln (ditscale)", ("adaln",)),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma", "sm90_", "splitk")),
+)
+OTHER = "elementwise, norms, reductions"
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    for category, parts in KERNEL_CATEGORIES:
+        if any(p in low for p in parts):
+            return category
+    return OTHER
+
+
+def kernel_breakdown(step, steps: int = 2) -> dict:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    out = {c: 0.0 for c, _ in KERNEL_CATEGORIES}
+    out[OTHER] = 0.0
+    for e in prof.events():
+        if e.device_type != DeviceType.CUDA:
+            continue
+        us = getattr(e, "device_time", None)
+        if us is None:
+            us = e.cuda_time
+        out[kernel_category(e.name)] += us / 1e3 / steps
+    out["total"] = sum(out.values())
+    return out
 
 
 def rel_l2(a, b) -> float:

@@ -9,8 +9,10 @@ time and peak memory in one run.
 
 Per (model, tokens, mode) the stock and the patched model are built with the same seed (the same
 weights) and run on the same inputs; a step is forward, ``out.backward(dy)`` and zeroing the
-gradients (``set_to_none``), timed as called (median CUDA-event time). Columns: stock and fused
-ms, speed-up (stock / fused), peak memory above the model and inputs (GiB) and its ratio
+gradients (``set_to_none``), timed as called (median CUDA-event time), the two models built
+side by side and timed in alternating rounds (``--reps`` rounds of 3 steps after ``--warmup``
+steps of each). Columns: stock and fused ms, speed-up (the median over the rounds of stock /
+fused), peak memory of a step above the model and inputs (GiB, each model alone) and its ratio
 (fused / stock), and the output's relative L2 difference to stock. The markdown table is printed
 last and written to DIR/adaln-models.md with the raw rows in DIR/adaln-models.json.
 
@@ -27,7 +29,7 @@ import sys
 
 from bench.diffusers import cli
 from bench.diffusers import models as M
-from bench.diffusers.timing import OTHER, kernel_breakdown, measure, rel_l2
+from bench.diffusers.timing import GiB, OTHER, kernel_breakdown, measure_pair, rel_l2
 
 
 def blocks_of(model):
@@ -49,37 +51,79 @@ def build(name, blocks, fused, compiled, dtype, dev):
     return model
 
 
-def one_variant(name, tokens, blocks, fused, compiled, args, dtype, dev):
+class Variant:
+    """A built model (stock or fused, eager or compiled), its inputs and ``step()``: forward,
+    ``out.backward(dy)``, gradients zeroed (``set_to_none``)."""
+
+    def __init__(self, name, tokens, blocks, fused, compiled, dtype, dev):
+        import torch
+
+        self.model = build(name, blocks, fused, compiled, dtype, dev)
+        self.kw = M.inputs(name, self.model, tokens, 1, dtype, dev, seed=1)
+        self.kw["hidden_states"].requires_grad_(True)
+        with torch.no_grad():
+            probe = self.model(**self.kw)[0]  # (its shape only)
+        self.dy = torch.randn(probe.shape, generator=torch.Generator(device=dev).manual_seed(2),
+                              device=dev, dtype=probe.dtype)
+
+    def step(self):
+        out = self.model(**self.kw)[0]
+        out.backward(self.dy)
+        self.model.zero_grad(set_to_none=True)
+        self.kw["hidden_states"].grad = None
+
+    def output(self):
+        import torch
+
+        with torch.no_grad():
+            return self.model(**self.kw)[0].float().cpu()
+
+
+def peak_gib(v: Variant) -> float:
+    """The peak memory of one step of ``v`` above what was allocated before it."""
     import torch
 
-    model = build(name, blocks, fused, compiled, dtype, dev)
-    kw = M.inputs(name, model, tokens, 1, dtype, dev, seed=1)
-    kw["hidden_states"].requires_grad_(True)
-    with torch.no_grad():
-        probe = model(**kw)[0]  # (its shape only)
-    dy = torch.randn(probe.shape, generator=torch.Generator(device=dev).manual_seed(2),
-                     device=dev, dtype=probe.dtype)
+    v.step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    v.step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / GiB
 
-    def step():
-        out = model(**kw)[0]
-        out.backward(dy)
-        model.zero_grad(set_to_none=True)
-        kw["hidden_states"].grad = None
 
+def compare_pair(name, tokens, compiled, args, dtype, dev):
+    """Stock and fused built side by side (the same seed: the same weights), each one's peak
+    memory alone, then their steps timed in alternating rounds (timing.measure_pair: the clock
+    ramp and host noise hit both alike), and with --profile their kernel time by category."""
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                "efficient": SDPBackend.EFFICIENT_ATTENTION}[args.sdpa]
-    with sdpa_kernel([backend]):
-        r = measure(step, warmup=args.warmup, reps=args.reps, max_s=args.max_s)
-        if args.profile:
-            r["kernels"] = kernel_breakdown(step)
-        with torch.no_grad():
-            r["out"] = model(**kw)[0].float().cpu()
-    del model, kw
-    gc.collect()  # a patched block's forward is bound to the block: a cycle
-    torch.cuda.empty_cache()
-    return r
+    stock = fused = None
+    try:
+        with sdpa_kernel([backend]):
+            stock = Variant(name, tokens, args.blocks, False, compiled, dtype, dev)
+            fused = Variant(name, tokens, args.blocks, True, compiled, dtype, dev)
+            mem = [peak_gib(v) for v in (stock, fused)]
+            r = measure_pair(stock.step, fused.step, warmup=args.warmup, rounds=args.reps,
+                             reps=3, max_s=args.max_s)
+            kernels = ([kernel_breakdown(v.step) for v in (stock, fused)] if args.profile
+                       else None)
+            outs = [v.output() for v in (stock, fused)]
+    finally:
+        del stock, fused
+        gc.collect()  # a patched block's forward is bound to the block: a cycle
+        torch.cuda.empty_cache()
+    row = dict(stock_ms=r["a_ms"], fused_ms=r["b_ms"], speedup=1.0 / r["ratio"],
+               stock_peak_gib=mem[0], fused_peak_gib=mem[1],
+               mem_ratio=mem[1] / max(mem[0], 1e-9), rel_l2=rel_l2(outs[1], outs[0]),
+               rounds=r["rounds"])
+    if kernels:
+        row["stock_kernels"], row["fused_kernels"] = kernels
+    return row, (f"stock {r['a_ms']:8.2f} ms fused {r['b_ms']:8.2f} ms  {row['speedup']:.3f}x  "
+                 f"mem {row['mem_ratio']:.2f}x  rel_l2 {row['rel_l2']:.1e}")
 
 
 def run(args):
@@ -87,21 +131,10 @@ def run(args):
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    dtype = torch.bfloat16
+    return cli.sweep("adaln_models", args, M.TOKENS,
+                     lambda name, tokens, compiled: compare_pair(name, tokens, compiled, args,
+                                                                 torch.bfloat16, dev))
 
-    def compare(name, tokens, compiled):
-        s = one_variant(name, tokens, args.blocks, False, compiled, args, dtype, dev)
-        f = one_variant(name, tokens, args.blocks, True, compiled, args, dtype, dev)
-        row = dict(stock_ms=s["ms"], fused_ms=f["ms"], speedup=s["ms"] / f["ms"],
-                   stock_peak_gib=s["peak_gib"], fused_peak_gib=f["peak_gib"],
-                   mem_ratio=f["peak_gib"] / max(s["peak_gib"], 1e-9),
-                   rel_l2=rel_l2(f["out"], s["out"]), reps=min(s["reps"], f["reps"]))
-        if args.profile:
-            row["stock_kernels"], row["fused_kernels"] = s["kernels"], f["kernels"]
-        return row, (f"stock {s['ms']:8.2f} ms fused {f['ms']:8.2f} ms  {row['speedup']:.3f}x  "
-                     f"mem {row['mem_ratio']:.2f}x  rel_l2 {row['rel_l2']:.1e}")
-
-    return cli.sweep("adaln_models", args, M.TOKENS, compare)
 
 def table(rows) -> str:
     head = ("| model | tokens | mode | stock ms | fused ms | speed-up | stock peak GiB | "
@@ -123,7 +156,7 @@ def kernel_table(rows) -> str:
     rows = [r for r in rows if "stock_kernels" in r]
     if not rows:
         return ""
-    cats = [c for c in rows[0]["stock_kernels"] if c != "total"]
+    cats = [c for c in rows[0]["stock_kernels"] if c not in ("total", "top_other")]
     head = ("\nGPU kernel time per step (torch.profiler), stock -> fused, ms:\n\n| model | tokens "
             "| mode | " + " | ".join(cats) + " | kernels total | step (as called) | stock "
             f"{OTHER} / step |\n|" + "---|" * (len(cats) + 6) + "\n")

@@ -12,7 +12,8 @@ b's round median / a's, rounds).
 
 ``kernel_breakdown(step, steps)``: the GPU kernel time of ``step()`` per call by category
 (attention, GEMM, ditscale's AdaLN kernels, everything else: the elementwise, norm and reduction
-kernels that AdaLN fusion can remove at most), from torch.profiler, in ms.
+kernels that AdaLN fusion can remove at most), from torch.profiler, in ms, and ``top_other``:
+the 8 largest kernels of the last category (name, ms).
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ def kernel_category(name: str) -> str:
     return OTHER
 
 
+def short_kernel_name(name: str, limit: int = 140) -> str:
+    """A kernel's name without the namespaces that every ATen kernel repeats."""
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "c10::"):
+        name = name.replace(noise, "")
+    return name[:limit]
+
+
 def kernel_breakdown(step, steps: int = 2) -> dict:
     import torch
     from torch.autograd import DeviceType
@@ -112,14 +120,20 @@ def kernel_breakdown(step, steps: int = 2) -> dict:
         torch.cuda.synchronize()
     out = {c: 0.0 for c, _ in KERNEL_CATEGORIES}
     out[OTHER] = 0.0
+    other = {}
     for e in prof.events():
         if e.device_type != DeviceType.CUDA:
             continue
         us = getattr(e, "device_time", None)
         if us is None:
             us = e.cuda_time
-        out[kernel_category(e.name)] += us / 1e3 / steps
+        category = kernel_category(e.name)
+        out[category] += us / 1e3 / steps
+        if category == OTHER:
+            key = short_kernel_name(e.name)
+            other[key] = other.get(key, 0.0) + us / 1e3 / steps
     out["total"] = sum(out.values())
+    out["top_other"] = sorted(other.items(), key=lambda kv: -kv[1])[:8]
     return out
 
 

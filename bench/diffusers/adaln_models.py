@@ -137,17 +137,12 @@ def run(args):
 
 
 def table(rows) -> str:
-    head = ("| model | tokens | mode | stock ms | fused ms | speed-up | stock peak GiB | "
-            "fused peak GiB | mem ratio | rel. L2 |\n|---|---|---|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in rows:
-        if "error" in r:
-            lines.append(cli.error_line(r, 10))
-            continue
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {r['stock_ms']:.2f} | "
-                     f"{r['fused_ms']:.2f} | {r['speedup']:.3f}x | {r['stock_peak_gib']:.2f} | "
-                     f"{r['fused_peak_gib']:.2f} | {r['mem_ratio']:.2f} | {r['rel_l2']:.1e} |")
-    return head + "\n".join(lines) + "\n" + kernel_table(rows)
+    columns = ("model", "tokens", "mode", "stock ms", "fused ms", "speed-up", "stock peak GiB",
+               "fused peak GiB", "mem ratio", "rel. L2")
+    return cli.markdown(rows, columns, lambda r: (
+        r["model"], str(r["tokens"]), r["mode"], f"{r['stock_ms']:.2f}", f"{r['fused_ms']:.2f}",
+        f"{r['speedup']:.3f}x", f"{r['stock_peak_gib']:.2f}", f"{r['fused_peak_gib']:.2f}",
+        f"{r['mem_ratio']:.2f}", f"{r['rel_l2']:.1e}")) + kernel_table(rows)
 
 
 def kernel_table(rows) -> str:

@@ -86,6 +86,16 @@ def sweep(who: str, args, default_tokens, compare):
     return rows
 
 
+def markdown(rows, columns, cells) -> str:
+    """A markdown table: the header ``columns``, then per row ``cells(row)`` (the cells as
+    strings) or, for a row with ``error``, its error line."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        lines.append(error_line(r, len(columns)) if "error" in r
+                     else "| " + " | ".join(cells(r)) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def error_line(row, columns: int) -> str:
     """The table line of a failed row with ``columns`` columns in all."""
     return (f"| {row['model']} | {row['tokens']} | {row['mode']} | error: {row['error']} |"

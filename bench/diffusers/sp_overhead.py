@@ -222,32 +222,19 @@ def run_host_cpu(args):
 
 
 def host_table(rows) -> str:
-    head = ("| model (tiny) | tokens | stock us | parallelized us | extra us | attention calls | "
-            "extra us / attention | bit-identical |\n|---|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in rows:
-        if "error" in r:
-            lines.append(cli.error_line(r, 8))
-        else:
-            lines.append(f"| {r['model']} | {r['tokens']} | {r['stock_us']:.1f} | "
-                         f"{r['parallel_us']:.1f} | {r['extra_us']:+.1f} | "
-                         f"{r['attention_calls']} | {r['extra_per_attention_us']:+.1f} | "
-                         f"{r['identical']} |")
-    return head + "\n".join(lines) + "\n"
+    columns = ("model (tiny)", "tokens", "stock us", "parallelized us", "extra us",
+               "attention calls", "extra us / attention", "bit-identical")
+    return cli.markdown(rows, columns, lambda r: (
+        r["model"], str(r["tokens"]), f"{r['stock_us']:.1f}", f"{r['parallel_us']:.1f}",
+        f"{r['extra_us']:+.1f}", str(r["attention_calls"]), f"{r['extra_per_attention_us']:+.1f}",
+        str(r["identical"])))
 
 
 def table(rows) -> str:
-    head = ("| model | tokens | mode | stock ms | parallelized ms | overhead | rel. L2 |\n"
-            "|---|---|---|---|---|---|---|\n")
-    lines = []
-    for r in rows:
-        if "error" in r:
-            lines.append(cli.error_line(r, 7))
-        else:
-            lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {r['stock_ms']:.2f} | "
-                         f"{r['parallel_ms']:.2f} | {100 * r['overhead']:+.2f}% | "
-                         f"{r['rel_l2']:.1e} |")
-    return head + "\n".join(lines) + "\n"
+    columns = ("model", "tokens", "mode", "stock ms", "parallelized ms", "overhead", "rel. L2")
+    return cli.markdown(rows, columns, lambda r: (
+        r["model"], str(r["tokens"]), r["mode"], f"{r['stock_ms']:.2f}",
+        f"{r['parallel_ms']:.2f}", f"{100 * r['overhead']:+.2f}%", f"{r['rel_l2']:.1e}"))
 
 
 def parse(argv):

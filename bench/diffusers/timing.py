@@ -35,12 +35,7 @@ def measure(step, warmup: int = 3, reps: int = 10, max_s: float = 20.0) -> dict:
     times = []
     deadline = time.perf_counter() + max_s
     for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(_time_one(step))
         if i >= 2 and time.perf_counter() > deadline:
             break
     peak = (torch.cuda.max_memory_allocated() - base) / GiB
@@ -48,18 +43,20 @@ def measure(step, warmup: int = 3, reps: int = 10, max_s: float = 20.0) -> dict:
             "peak_gib": peak}
 
 
-def _round(step, reps: int) -> list:
+def _time_one(step) -> float:
+    """The CUDA-event time of one ``step()`` in ms."""
     import torch
 
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _round(step, reps: int) -> list:
+    return [_time_one(step) for _ in range(reps)]
 
 
 def measure_pair(a, b, warmup: int = 3, rounds: int = 8, reps: int = 5,

@@ -4,9 +4,10 @@ Shared by ``examples/generate.py`` and ``ditscale.serve``, so that the example, 
 a test calling the pipeline directly build the same call and get the same bits.
 
 - :func:`shape_rule` / :func:`shape_error`: the pixel multiple and frame rule of a pipeline
-  (height and width multiples of the VAE's spatial factor times the transformer's patch; video
-  frames ``1 + k * t`` with ``t`` the VAE's temporal factor), checked instead of the pipelines'
-  own silent rounding.
+  (height and width multiples of the VAE's spatial factor times the transformer's patch, SD3's
+  at most its position embedding's side; video frames ``1 + k * t`` with ``t`` the VAE's
+  temporal factor, twice it for CogVideoX 1.0), checked instead of the pipelines' own silent
+  rounding or late failure.
 - :func:`call_kwargs`: the keyword arguments of ``pipe(...)`` for a batch of samples: shape,
   steps, guidance by the pipeline's own switch, one ``torch.Generator`` per sample (seed
   ``seeds[i]``), prompt text or prompt embeddings, ``output_type="np"``.
@@ -41,10 +42,13 @@ TRUE_CFG = ("flux", "hunyuan-video")
 @dataclass(frozen=True)
 class ShapeRule:
     """``pixel_multiple``: height and width must be multiples of it; ``frame_step``: video
-    frame counts are ``1 + k * frame_step`` (0 for an image pipeline: 1 frame)."""
+    frame counts are ``1 + k * frame_step`` (0 for an image pipeline: 1 frame);
+    ``max_side``: the largest height or width the model's position embedding covers (0: no
+    such limit)."""
 
     pixel_multiple: int
     frame_step: int
+    max_side: int = 0
 
 
 def shape_rule(name: str, pipe) -> ShapeRule:
@@ -52,10 +56,16 @@ def shape_rule(name: str, pipe) -> ShapeRule:
     patch = pipe.transformer.config.patch_size
     if name == "flux":
         return ShapeRule(pipe.vae_scale_factor * 2, 0)
-    if name == "sd3":
-        return ShapeRule(pipe.vae_scale_factor * patch, 0)
+    if name == "sd3":  # a learned position embedding of pos_embed_max_size^2 patches
+        multiple = pipe.vae_scale_factor * patch
+        return ShapeRule(multiple, 0, pipe.transformer.config.pos_embed_max_size * multiple)
     spatial = patch[1] if isinstance(patch, (tuple, list)) else patch
-    return ShapeRule(pipe.vae_scale_factor_spatial * spatial, pipe.vae_scale_factor_temporal)
+    temporal = pipe.vae_scale_factor_temporal
+    if name == "cogvideox" and pipe.transformer.config.patch_size_t is None:
+        # CogVideoX 1.0's decoder doubles the frames of each latent pair after the first of an
+        # odd count: an even latent count (frames 1 + 4 * odd) comes back with extra frames
+        temporal *= 2
+    return ShapeRule(pipe.vae_scale_factor_spatial * spatial, temporal)
 
 
 def shape_error(rule: ShapeRule, height: int, width: int, frames: int) -> Optional[str]:
@@ -64,11 +74,15 @@ def shape_error(rule: ShapeRule, height: int, width: int, frames: int) -> Option
         if value % rule.pixel_multiple:
             return (f"{field} {value} is not a multiple of {rule.pixel_multiple} (the VAE's "
                     f"spatial factor times the transformer's patch size)")
+    for field, value in (("height", height), ("width", width)):
+        if rule.max_side and value > rule.max_side:
+            return (f"{field} {value} is above {rule.max_side} (the largest the model's position "
+                    f"embedding covers)")
     if rule.frame_step == 0 and frames != 1:
         return f"frames {frames}: an image pipeline makes 1 frame"
     if rule.frame_step and (frames - 1) % rule.frame_step:
         return (f"frames {frames} is not 1 + a multiple of {rule.frame_step} (the VAE's "
-                f"temporal factor)")
+                f"temporal factor; CogVideoX 1.0: twice it)")
     return None
 
 

@@ -23,17 +23,21 @@ import os
 import signal
 import sys
 import threading
+import time
+from typing import Optional
 
 import torch
 
 from ..diffusers import generation, parallelize_pipeline, tiny
 from .group import ControlGroup, GroupBroken
-from .http import make_http_server
-from .options import ServeOptions, parse
+from .http import HttpServer, make_http_server
+from .options import SIZE_LIMITS, ServeOptions, parse
 from .schema import Limits
 from .server import Server, log
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+REPEAT_S = 1.0  # a SIGINT this long after the first one exits at once
+DRAIN_S = 10.0  # how long a shutdown waits for the answers being written
 
 
 def build_pipeline(opts: ServeOptions, device: torch.device):
@@ -51,34 +55,62 @@ def limits_of(pipe, opts: ServeOptions) -> Limits:
     rule = generation.shape_rule(opts.pipeline, pipe)
     width, pooled = tiny._text_dims(pipe)
     size = "full" if opts.weights else opts.size
-    if opts.max_size < rule.pixel_multiple:
-        raise ValueError(f"--max-size: {opts.max_size} is below the pipeline's pixel multiple "
+    max_size = opts.max_size
+    if max_size is None:  # the size's cap, within the model's
+        max_size = SIZE_LIMITS[size][0]
+        if rule.max_side:
+            max_size = min(max_size, rule.max_side)
+        max_size -= max_size % rule.pixel_multiple
+    elif rule.max_side and max_size > rule.max_side:
+        raise ValueError(f"--max-size: {max_size} is above {rule.max_side}, the largest side "
+                         f"the {opts.pipeline} model's position embedding covers")
+    if max_size < rule.pixel_multiple:
+        raise ValueError(f"--max-size: {max_size} is below the pipeline's pixel multiple "
                          f"{rule.pixel_multiple}")
     video = opts.pipeline in tiny.VIDEO_PIPELINES
+    default = tiny.DEFAULT_SHAPES[opts.pipeline][size]
+    if max(default[:2]) > max_size:
+        raise ValueError(f"--max-size: {max_size} is below the default size "
+                         f"{default[1]}x{default[0]} of {opts.pipeline} ({size})")
+    if video:
+        frames = default[2] - (default[2] - 1) % rule.frame_step  # the frame rule's, below
+        if frames != default[2]:
+            log(f"default frames: {frames} ({default[2]} breaks the frame rule 1 + "
+                f"k * {rule.frame_step} of {opts.pipeline})")
+        if frames > opts.max_frames:
+            raise ValueError(f"--max-frames: {opts.max_frames} is below the default frame "
+                             f"count {frames} of {opts.pipeline} ({size})")
+        default = (default[0], default[1], frames)
     return Limits(
         pipeline=opts.pipeline, video=video, pixel_multiple=rule.pixel_multiple,
         frame_step=rule.frame_step, text_width=width, pooled_width=pooled,
         has_mask=opts.pipeline == "hunyuan-video",
         has_encoders=getattr(pipe, "text_encoder", None) is not None,
-        default_size=tiny.DEFAULT_SHAPES[opts.pipeline][size], default_steps=opts.steps,
-        default_guidance=generation.DEFAULT_GUIDANCE[opts.pipeline], max_size=opts.max_size,
+        default_size=default, default_steps=opts.steps,
+        default_guidance=generation.DEFAULT_GUIDANCE[opts.pipeline], max_size=max_size,
         max_frames=opts.max_frames if video else 1, max_steps=opts.max_steps,
         max_batch=opts.max_batch, max_timeout_s=opts.request_timeout_s,
         stand_in_tokens=opts.text_tokens)
 
 
 def _signals(server: Server, rank: int) -> None:
-    """Rank 0: SIGTERM / SIGINT shut down gracefully (a second SIGINT exits at once). Other
-    ranks ignore both and wait for rank 0's stop (torchrun signals every rank)."""
+    """Rank 0: SIGTERM / SIGINT shut down gracefully; a SIGINT at least REPEAT_S seconds after
+    the first exits at once (a user's second Ctrl-C; one a launcher relays right after the
+    terminal's own is not taken for it). Other ranks ignore both and wait for rank 0's stop
+    (torchrun signals every rank)."""
     if rank != 0:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return
+    first = []
 
     def on_signal(signum, frame):
-        if signum == signal.SIGINT and server.stopping.is_set():
+        now = time.monotonic()
+        if signum == signal.SIGINT and first and now - first[0] >= REPEAT_S:
             log("second SIGINT: exiting now")
             os._exit(130)
+        if not first:
+            first.append(now)
         threading.Thread(target=server.request_shutdown, args=(signal.Signals(signum).name,),
                          daemon=True).start()
 
@@ -86,8 +118,20 @@ def _signals(server: Server, rank: int) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
-def _serve_http(server: Server, opts: ServeOptions) -> int:
-    httpd = make_http_server(server, opts.host, opts.port)
+def _bind(opts: ServeOptions, rank: int) -> Optional[HttpServer]:
+    """Rank 0's listening socket, bound before the pipeline is built (a taken port fails
+    fast); connections wait in the backlog until serving starts."""
+    if rank != 0:
+        return None
+    try:
+        return make_http_server(None, opts.host, opts.port)
+    except OSError as e:
+        raise ValueError(f"--host {opts.host} --port {opts.port}: cannot listen there: "
+                         f"{e.strerror or e}") from None
+
+
+def _serve_http(server: Server, httpd: HttpServer, opts: ServeOptions) -> int:
+    httpd.attach(server)
     host, port = httpd.server_address[:2]
     server.base_url = f"http://{host}:{port}"
     thread = threading.Thread(target=httpd.serve_forever, name="ditscale-http", daemon=True)
@@ -97,25 +141,34 @@ def _serve_http(server: Server, opts: ServeOptions) -> int:
     try:
         return server.serve()
     finally:
-        httpd.shutdown()
+        httpd.shutdown()  # no new requests; the answers being written go out first
+        if not httpd.drain(DRAIN_S):
+            log(f"{httpd.inflight} answer(s) still being written after {DRAIN_S:g} s")
         httpd.server_close()
+        server.close()
 
 
 def run(opts: ServeOptions) -> int:
     device = generation.init_distributed(opts.device, opts.group_timeout_s)
     group = ControlGroup(opts.group_timeout_s)
-    pipe = build_pipeline(opts, device)
-    server = Server(pipe, opts, limits_of(pipe, opts), group)
-    _signals(server, group.rank)
+    httpd = _bind(opts, group.rank)
     try:
+        pipe = build_pipeline(opts, device)
+        server = Server(pipe, opts, limits_of(pipe, opts), group)
+        _signals(server, group.rank)
         server.introduce()
         if group.rank != 0:
             return server.follow()
         server.warmup(opts.warmup)
-        return _serve_http(server, opts)
+        code = _serve_http(server, httpd, opts)
+        httpd = None
+        return code
     except GroupBroken as e:
         log(f"rank {group.rank}: {e}")
         return 1
+    finally:
+        if httpd is not None:
+            httpd.server_close()
 
 
 def main(argv=None) -> int:

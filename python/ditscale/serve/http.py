@@ -26,6 +26,7 @@ import json
 import re
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional, Tuple
 
@@ -33,10 +34,9 @@ from .errors import RequestError
 from .jobs import Job
 from .schema import parse_request
 
-JOB_PATH = re.compile(r"^/v1/jobs/(gen-[0-9a-f]{16})(/events|/cancel)?$")
-FILE_PATH = re.compile(r"^/v1/files/(gen-[0-9a-f]{16}-[0-9]{1,2}\.(png|mp4|gif))$")
 CONTENT_TYPES = {"png": "image/png", "mp4": "video/mp4", "gif": "image/gif"}
 SSE_KEEPALIVE_S = 15.0
+IDLE_TIMEOUT_S = 60.0
 
 
 def _reject_constant(name: str):
@@ -47,6 +47,8 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "ditscale-serve"
     core = None  # the Server, set by make_http_server
+    disable_nagle_algorithm = True  # headers and body leave at once (no delayed-ACK stall)
+    timeout = IDLE_TIMEOUT_S  # a connection silent this long (idle, or a stalled body) closes
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -73,43 +75,50 @@ class Handler(BaseHTTPRequestHandler):
         if job is not None:
             body["id"] = job.id
         headers = {"Retry-After": "1"} if err.status in (429, 503) else None
-        if err.status in (411, 413):
+        unread = not self._body_read and self.headers.get("Content-Length", "0") != "0"
+        if err.status in (411, 413) or unread:  # the body left unread ends the connection
             self.close_connection = True
             headers = {**(headers or {}), "Connection": "close"}
         self._json(err.status, body, headers)
 
-    def _route(self) -> str:
-        """The path with ids replaced (the metrics' endpoint label)."""
-        path = self.path.split("?", 1)[0]
-        path = JOB_PATH.sub(lambda m: "/v1/jobs/{id}" + (m.group(2) or ""), path)
-        return FILE_PATH.sub("/v1/files/{name}", path)
-
     def _dispatch(self, table: dict) -> None:
-        self._status, begin = 0, time.perf_counter()
+        self._status, self._body_read, self._label = 0, False, "other"
+        begin = time.perf_counter()
         path = self.path.split("?", 1)[0]
+        self.server.enter()
         try:
             for pattern, fn in table.items():
                 m = re.match(pattern, path)
                 if m:
+                    self._label = route_label(path)
                     fn(*m.groups())
                     break
             else:
                 known = any(re.match(p, path) for t in (GET_ROUTES, POST_ROUTES, DELETE_ROUTES)
                             for p in t)
                 raise RequestError(405 if known else 404,
-                                   f"{self.command} {path}: " + ("method not allowed" if known
-                                                                else "no such route"),
+                                   f"{self.command} {path[:200]}: " + (
+                                       "method not allowed" if known else "no such route"),
                                    code="method_not_allowed" if known else "not_found")
         except RequestError as e:
             self._error(e)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
             self._status = 499
+        except Exception as e:  # a bug of ours: the client still gets an answer, the log says
+            self.core.log_request(f"internal error on {self.command} {path[:200]}: "
+                                  f"{traceback.format_exc()}")
+            try:
+                self._error(RequestError(500, f"internal error: {type(e).__name__}: {e}",
+                                         code="internal_error"))
+            except OSError:
+                self.close_connection = True
         finally:
+            self.server.leave()
             self._done(begin)
 
     def _done(self, begin: float) -> None:
-        route = self._route()
+        route = self._label
         self.core.metrics.inc("requests_total", endpoint=f"{self.command} {route}",
                               status=str(self._status))
         if route not in ("/health", "/metrics"):
@@ -133,9 +142,14 @@ class Handler(BaseHTTPRequestHandler):
         ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             self.rfile.read(int(length))
+            self._body_read = True
             raise RequestError(415, f"Content-Type: {ctype or '(none)'!r}, expected "
                                     f"application/json", code="unsupported_media_type")
         raw = self.rfile.read(int(length))
+        self._body_read = True
+        if len(raw) != int(length):
+            raise RequestError(400, f"body: {len(raw)} bytes, Content-Length said {length}",
+                               code="invalid_body")
         try:
             return json.loads(raw, parse_constant=_reject_constant)
         except json.JSONDecodeError as e:
@@ -172,8 +186,18 @@ class Handler(BaseHTTPRequestHandler):
                    "text/plain; version=0.0.4; charset=utf-8")
 
     def models(self):
+        lim = self.core.limits
         self._json(200, {"object": "list", "data": [
-            {"id": self.core.opts.pipeline, "object": "model", "owned_by": "ditscale"}]})
+            {"id": self.core.opts.pipeline, "object": "model", "owned_by": "ditscale",
+             "kind": "video" if lim.video else "image",
+             "limits": {"pixel_multiple": lim.pixel_multiple, "max_size": lim.max_size,
+                        "frame_step": lim.frame_step, "max_frames": lim.max_frames,
+                        "max_steps": lim.max_steps, "max_n": lim.max_batch,
+                        "max_timeout": lim.max_timeout_s},
+             "defaults": {"size": f"{lim.default_size[1]}x{lim.default_size[0]}",
+                          "frames": lim.default_size[2], "steps": lim.default_steps,
+                          "guidance": lim.default_guidance},
+             "text_encoders": lim.has_encoders}]})
 
     def images(self):
         self._generate("image")
@@ -249,23 +273,56 @@ class Handler(BaseHTTPRequestHandler):
             self.core.store.wait(job, version, timeout=1.0)
 
 
+JOB_ID = r"(gen-[0-9a-f]{16})"
 GET_ROUTES = {r"^/health$": "health", r"^/metrics$": "metrics", r"^/v1/models$": "models",
-              r"^/v1/jobs/(gen-[0-9a-f]{16})(/events)?$": "job",
+              rf"^/v1/jobs/{JOB_ID}(/events)?$": "job",
               r"^/v1/files/(gen-[0-9a-f]{16}-[0-9]{1,2}\.(png|mp4|gif))$": "file"}
 POST_ROUTES = {r"^/v1/images/generations$": "images", r"^/v1/videos/generations$": "videos",
-               r"^/v1/jobs/(gen-[0-9a-f]{16})(/cancel)$": "cancel"}
-DELETE_ROUTES = {r"^/v1/jobs/(gen-[0-9a-f]{16})()$": "cancel"}
+               rf"^/v1/jobs/{JOB_ID}(/cancel)$": "cancel"}
+DELETE_ROUTES = {rf"^/v1/jobs/{JOB_ID}()$": "cancel"}
+FILE_NAME = re.compile(r"gen-[0-9a-f]{16}-[0-9]{1,2}\.(png|mp4|gif)")
+JOB_NAME = re.compile(r"gen-[0-9a-f]{16}")
+
+
+def route_label(path: str) -> str:
+    """The metrics' endpoint label of a routed path: ids as {id}, files as {name} (a bounded
+    set of labels; unrouted paths are "other")."""
+    return JOB_NAME.sub("{id}", FILE_NAME.sub("{name}", path))
 
 
 class HttpServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``limit`` at once (beyond: 503 and close)."""
+    """A thread per connection, at most ``limit`` at once (beyond: 503 and close). Requests
+    being answered are counted (``enter`` / ``leave``), so that a shutdown can let their
+    answers out first (``drain``)."""
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # the listen backlog: bursts of clients are not refused
 
     def __init__(self, address: Tuple[str, int], handler, limit: int):
         self.limit, self.active, self.lock = limit, 0, threading.Lock()
+        self.inflight, self.idle = 0, threading.Condition(self.lock)
         super().__init__(address, handler)
+
+    def attach(self, core) -> None:
+        """Routes requests to ``core`` (a ``server.Server``) from now on."""
+        self.RequestHandlerClass.core = core
+        self.limit = core.opts.max_connections
+
+    def enter(self) -> None:
+        with self.lock:
+            self.inflight += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.inflight -= 1
+            self.idle.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Waits until no request is being answered, at most ``timeout`` seconds; True when
+        none is."""
+        with self.lock:
+            return self.idle.wait_for(lambda: self.inflight == 0, timeout=timeout)
 
     def process_request(self, request, client_address):
         with self.lock:
@@ -293,8 +350,11 @@ class HttpServer(ThreadingHTTPServer):
                 self.active -= 1
 
 
-def make_http_server(core, host: str, port: int) -> HttpServer:
-    """The HTTP server of ``core`` (a ``server.Server``) bound to ``host``:``port``."""
-    handler = type("BoundHandler", (Handler,), {"core": core})
-    return HttpServer((host, port), handler, core.opts.max_connections)
-
+def make_http_server(core, host: str, port: int, max_connections: int = 256) -> HttpServer:
+    """An HTTP server bound to ``host``:``port`` (listening: connections wait in the backlog
+    until ``serve_forever``) for ``core`` (a ``server.Server``; None: ``attach`` it later)."""
+    handler = type("BoundHandler", (Handler,), {"core": None})
+    httpd = HttpServer((host, port), handler, max_connections)
+    if core is not None:
+        httpd.attach(core)
+    return httpd

@@ -97,6 +97,7 @@ class JobStore:
 
     def get(self, job_id: str) -> Job:
         with self.cond:
+            self._expire_queued()
             job = self.jobs.get(job_id)
         if job is None:
             raise RequestError(404, f"no job {job_id!r} (unknown, or finished long ago)",
@@ -116,10 +117,13 @@ class JobStore:
         return job
 
     def wait(self, job: Job, version: int, timeout: float) -> int:
-        """Blocks until ``job.version`` differs from ``version`` or ``timeout`` seconds pass;
-        returns the version now."""
+        """Blocks until ``job.version`` differs from ``version`` or ``timeout`` seconds pass
+        (a queued job past its deadline fails with 504 by then); returns the version now."""
         with self.cond:
-            self.cond.wait_for(lambda: job.version != version, timeout=timeout)
+            if job.status == "queued":
+                timeout = max(0.0, min(timeout, job.deadline - time.monotonic()))
+            if not self.cond.wait_for(lambda: job.version != version, timeout=timeout):
+                self._expire_queued()
             return job.version
 
     # -- the worker's side ----------------------------------------------------------------
@@ -136,9 +140,10 @@ class JobStore:
             batch, samples = [first], first.request.n
             key = first.request.batch_key()
             for job in list(self.queue):
-                if samples + job.request.n > self.max_batch:
+                if samples == self.max_batch:
                     break
-                if job.request.batch_key() == key:
+                if (job.request.batch_key() == key
+                        and samples + job.request.n <= self.max_batch):
                     self.queue.remove(job)
                     batch.append(job)
                     samples += job.request.n
@@ -162,6 +167,8 @@ class JobStore:
 
     def complete(self, job: Job, result: dict) -> None:
         with self.cond:
+            if job.done:  # failed meanwhile (the group broke)
+                return
             job.step = job.request.steps
             job.result = result
             self._finish(job, "succeeded", None)

@@ -10,10 +10,16 @@ from typing import Optional
 
 from .._checks import check_int, check_real
 from ..diffusers import tiny
+from ..sp.config import STRATEGIES
 
 # name -> (max height/width, max frames) per size of random-weight pipeline: what answers in
-# bounded memory (tiny: a CPU in seconds; small/full: one H200).
+# bounded memory (tiny: a CPU in seconds; small/full: one H200). The default of --max-size and
+# --max-frames; the model may allow less (SD3's position embedding: see cli.limits_of).
 SIZE_LIMITS = {"tiny": (256, 33), "small": (2048, 129), "full": (4096, 129)}
+
+# torchrun SIGKILLs its ranks 30 s after it forwards a signal to them: the default grace stays
+# below that, so that the running request can end and the ranks exit by themselves.
+DEFAULT_SHUTDOWN_GRACE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -29,7 +35,7 @@ class ServeOptions:
     cfg_parallel: bool
     max_queue: int
     max_batch: int
-    max_size: int
+    max_size: Optional[int]  # None: the size's SIZE_LIMITS cap, within the model's (cli)
     max_frames: int
     max_steps: int
     steps: int
@@ -55,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--pipeline", choices=tiny.PIPELINES, required=True)
     a("--weights", default=None, help="a local diffusers checkpoint folder")
-    a("--size", choices=tiny.SIZES, default="tiny",
+    a("--size", choices=tiny.SIZES, default=None,
       help="random-weight pipeline: tiny (default), small (real widths, few blocks), full")
     a("--full-size", action="store_true", help="the same as --size full")
     a("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
@@ -63,13 +69,17 @@ def parser() -> argparse.ArgumentParser:
       help="default: bfloat16 on cuda, float32 on cpu")
     a("--host", default="127.0.0.1", help="the address to listen on (default: loopback)")
     a("--port", type=int, default=8000, help="[0, 65535]; 0: any free port (printed)")
-    a("--strategy", default="auto", help="a ditscale.sp strategy or auto")
+    a("--strategy", default="auto", choices=STRATEGIES + ("auto",),
+      help="the sequence-parallel strategy (default: auto, the planner's choice)")
     a("--no-cfg-parallel", action="store_true")
     a("--max-queue", type=int, default=16, help="queued requests before 429, [1, 100000]")
     a("--max-batch", type=int, default=1,
       help="samples per pipeline call, [1, 64] (1: every request alone, bit-reproducible)")
-    a("--max-size", type=int, default=None, help="largest height/width, [8, 16384]")
-    a("--max-frames", type=int, default=None, help="largest frame count, [1, 1025]")
+    a("--max-size", type=int, default=None,
+      help="largest height/width, [8, 16384] (default: tiny 256, small 2048, full 4096, "
+           "within what the model allows)")
+    a("--max-frames", type=int, default=None,
+      help="largest frame count, [1, 1025] (default: tiny 33, small and full 129)")
     a("--max-steps", type=int, default=100, help="[1, 1000]")
     a("--steps", type=int, default=None, help="default steps of a request, [1, --max-steps]")
     a("--request-timeout", type=float, default=600.0, help="seconds, (0, 86400]")
@@ -78,8 +88,9 @@ def parser() -> argparse.ArgumentParser:
     a("--heartbeat", type=float, default=2.0, help="idle heartbeat seconds, [0.05, 60]")
     a("--group-timeout", type=float, default=120.0,
       help="seconds a collective may wait, [5, 3600]; > 5x --heartbeat")
-    a("--shutdown-grace", type=float, default=30.0,
-      help="seconds a running request may take after SIGTERM, [0, 3600]")
+    a("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
+      help="seconds a running request may take after SIGTERM, [0, 3600] (default 20: "
+           "torchrun kills its ranks 30 s after forwarding a signal)")
     a("--output-dir", default=None, help="where response_format=url files go "
                                          "(default: a new folder under the temp dir)")
     a("--keep-files", type=int, default=1000, help="files kept in --output-dir, [1, 10^6]")
@@ -95,12 +106,14 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv=None, torch_cuda: bool = False) -> ServeOptions:
     """The options of ``argv``; a bad value is a ValueError naming the option."""
     ns = parser().parse_args(argv)
-    size = "full" if ns.full_size else ns.size
-    if ns.weights and (ns.full_size or ns.size != "tiny"):
-        raise ValueError("--weights: give a checkpoint folder or --size, not both")
+    if ns.weights and (ns.full_size or ns.size is not None):
+        raise ValueError("--weights: give a checkpoint folder or --size / --full-size, not both")
+    if ns.full_size and ns.size not in (None, "full"):
+        raise ValueError(f"--full-size: given with --size {ns.size}")
+    size = "full" if ns.full_size else (ns.size or "tiny")
     device = ns.device or ("cuda" if torch_cuda else "cpu")
     dtype = ns.dtype or ("bfloat16" if device == "cuda" else "float32")
-    size_cap, frames_cap = SIZE_LIMITS["full" if ns.weights else size]
+    frames_cap = SIZE_LIMITS["full" if ns.weights else size][1]
     max_steps = check_int("--max-steps", ns.max_steps, 1, 1000)
     default_steps = 2 if size == "tiny" and not ns.weights else 30
     heartbeat = check_real("--heartbeat", ns.heartbeat, 0.05, 60.0)
@@ -119,13 +132,13 @@ def parse(argv=None, torch_cuda: bool = False) -> ServeOptions:
         cfg_parallel=not ns.no_cfg_parallel,
         max_queue=check_int("--max-queue", ns.max_queue, 1, 100000),
         max_batch=check_int("--max-batch", ns.max_batch, 1, 64),
-        max_size=check_int("--max-size", size_cap if ns.max_size is None else ns.max_size,
-                           8, 16384),
+        max_size=None if ns.max_size is None else check_int("--max-size", ns.max_size, 8,
+                                                            16384),
         max_frames=check_int("--max-frames", frames_cap if ns.max_frames is None
                              else ns.max_frames, 1, 1025),
         max_steps=max_steps,
-        steps=check_int("--steps", default_steps if ns.steps is None else ns.steps, 1,
-                        max_steps),
+        steps=check_int("--steps", min(default_steps, max_steps) if ns.steps is None
+                        else ns.steps, 1, max_steps),
         request_timeout_s=timeout,
         max_body_mib=check_int("--max-body-mib", ns.max_body_mib, 1, 4096),
         max_connections=check_int("--max-connections", ns.max_connections, 1, 10000),

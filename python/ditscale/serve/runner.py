@@ -1,9 +1,10 @@
 """What every rank runs for one batch: the pipeline call, and its result checked.
 
 :class:`RunSpec` (built by rank 0 from a batch of jobs, sent to every rank): the shape, steps,
-guidance, one seed per sample, and the text: prompt strings (the pipeline's encoders) or
-prompt embeddings of ``len(seeds)`` rows (CPU tensors; moved to the transformer's device and
-dtype on each rank). :func:`execute` calls the pipeline with them and returns the samples as
+guidance, one seed per sample, and the text: prompt strings (the pipeline's encoders), the
+requests' prompt embeddings of ``len(seeds)`` rows (CPU tensors; moved to the transformer's
+device and dtype on each rank), or one stand-in seed per sample (each rank makes the stand-in
+embeddings itself, cached). :func:`execute` calls the pipeline with them and returns the samples as
 uint8 [B, H, W, 3] (images) or [B, F, H, W, 3] (videos), or raises :class:`RunFailure` with
 the HTTP status and code the jobs fail with.
 
@@ -15,6 +16,7 @@ stops at the same step (:class:`Stopped`), so that no rank is left waiting in a 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -24,8 +26,9 @@ import torch
 
 from ..diffusers import generation, tiny
 from .group import GroupBroken
-from .schema import Request
+from .schema import Request, stand_in_seed
 
+STAND_IN_CACHE = 8
 STOP_NONE, STOP_CANCEL, STOP_TIMEOUT, STOP_SHUTDOWN = 0, 1, 2, 3
 
 
@@ -38,8 +41,11 @@ class RunSpec:
     steps: int
     guidance: float
     seeds: List[int]
-    text: Optional[Dict[str, List[str]]] = None
-    embeds: Dict[str, torch.Tensor] = field(default_factory=dict)
+    text: Optional[Dict[str, List[str]]] = None  # the pipeline's encoders: one text per sample
+    embeds: Dict[str, torch.Tensor] = field(default_factory=dict)  # the requests' embeddings
+    stand_in: List[int] = field(default_factory=list)  # stand-in embeddings: a seed per sample
+    stand_in_tokens: int = 0
+    requests: int = 1  # how many requests the batch holds (reported in each result)
 
 
 class Stopped(Exception):
@@ -58,34 +64,40 @@ class RunFailure(Exception):
         self.status, self.code = status, code
 
 
-def stand_in_embeds(pipe, req: Request, tokens: int) -> Dict[str, torch.Tensor]:
-    """The stand-in embeddings of ``req``'s prompt texts (see ``schema``), CPU float32 [1, ...]
-    (masks int64)."""
-    from .schema import stand_in_seed
-
-    made = tiny.make_prompt_embeds(pipe, tokens, batch=1, negative=req.guided,
-                                   seed=stand_in_seed(req.prompt, req.negative_prompt))
-    return {k: (v if v.dtype == torch.int64 else v.float()).cpu() for k, v in made.items()}
+@functools.lru_cache(maxsize=STAND_IN_CACHE)
+def _stand_in(pipe, tokens: int, guided: bool, seed: int) -> Dict[str, torch.Tensor]:
+    return tiny.make_prompt_embeds(pipe, tokens, batch=1, negative=guided, seed=seed)
 
 
-def build_spec(pipe, requests: List[Request], stand_in_tokens: int) -> RunSpec:
+def stand_in_embeds(pipe, seeds: List[int], tokens: int, guided: bool) -> Dict[str, torch.Tensor]:
+    """The stand-in embeddings of a batch (see ``schema``), one row per sample's seed
+    (``schema.stand_in_seed`` of its texts), on the transformer's device and dtype (masks
+    int64). Every rank makes them itself (nothing to send); the last STAND_IN_CACHE prompts'
+    are kept, so that a repeated prompt costs nothing."""
+    rows = [_stand_in(pipe, tokens, guided, s) for s in seeds]
+    return {k: torch.cat([r[k] for r in rows]) for k in rows[0]}  # a copy: the cache's stay
+
+
+def build_spec(requests: List[Request], stand_in_tokens: int) -> RunSpec:
     """The batch of ``requests`` (equal ``batch_key``) as one RunSpec: request r's sample i
     has seed ``r.seed + i`` and r's text."""
     first = requests[0]
     seeds = [r.seed + i for r in requests for i in range(r.n)]
     spec = RunSpec(first.kind, first.height, first.width, first.frames, first.steps,
-                   first.guidance, seeds)
+                   first.guidance, seeds, requests=len(requests))
     if first.text_source == "pipeline":
         spec.text = {"prompt": [r.prompt for r in requests for _ in range(r.n)],
                      "negative_prompt": [r.negative_prompt for r in requests for _ in range(r.n)]}
-        return spec
-    parts: Dict[str, List[torch.Tensor]] = {}
-    for r in requests:
-        embeds = r.embeds if r.text_source == "request" else stand_in_embeds(
-            pipe, r, stand_in_tokens)
-        for k, v in embeds.items():
-            parts.setdefault(k, []).append(v.expand(r.n, *v.shape[1:]))
-    spec.embeds = {k: torch.cat(v) for k, v in parts.items()}
+    elif first.text_source == "stand-in":
+        spec.stand_in = [stand_in_seed(r.prompt, r.negative_prompt) for r in requests
+                         for _ in range(r.n)]
+        spec.stand_in_tokens = stand_in_tokens
+    else:
+        parts: Dict[str, List[torch.Tensor]] = {}
+        for r in requests:
+            for k, v in r.embeds.items():
+                parts.setdefault(k, []).append(v.expand(r.n, *v.shape[1:]))
+        spec.embeds = {k: torch.cat(v) for k, v in parts.items()}
     return spec
 
 
@@ -95,15 +107,25 @@ def _device_embeds(pipe, embeds: Dict[str, torch.Tensor]) -> Dict[str, torch.Ten
             for k, v in embeds.items()}
 
 
+def spec_embeds(pipe, spec: RunSpec) -> Optional[Dict[str, torch.Tensor]]:
+    """The prompt embeddings of ``spec`` on the pipeline's device (None: the pipeline encodes
+    ``spec.text``)."""
+    if spec.stand_in:
+        return stand_in_embeds(pipe, spec.stand_in, spec.stand_in_tokens, spec.guidance > 1)
+    if spec.embeds:
+        return _device_embeds(pipe, spec.embeds)
+    return None
+
+
 def execute(pipe, name: str, spec: RunSpec, control: Callable) -> np.ndarray:
     """Runs ``spec`` on this rank's ``pipe`` (the pipeline ``name``); returns the uint8
     samples. Raises Stopped (from ``control``) or RunFailure."""
     device = pipe.transformer.device
-    kw = generation.call_kwargs(
-        name, height=spec.height, width=spec.width, frames=spec.frames, steps=spec.steps,
-        guidance=spec.guidance, seeds=spec.seeds, device=device, text=spec.text,
-        embeds=_device_embeds(pipe, spec.embeds) if spec.embeds else None)
     try:
+        kw = generation.call_kwargs(
+            name, height=spec.height, width=spec.width, frames=spec.frames, steps=spec.steps,
+            guidance=spec.guidance, seeds=spec.seeds, device=device, text=spec.text,
+            embeds=spec_embeds(pipe, spec))
         out = pipe(**kw, callback_on_step_end=control)
     except (Stopped, GroupBroken):  # every rank stops at this step / the group is gone
         raise

@@ -44,7 +44,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -168,28 +168,30 @@ def _kind(v) -> str:
 
 
 def _size(body: dict, lim: Limits) -> Tuple[int, int]:
-    """(height, width) from ``size`` "WxH" or ``width`` / ``height``."""
+    """(height, width) from ``size`` "WxH" or ``width`` / ``height``; an error names the field
+    the client gave."""
     if "size" in body and ("width" in body or "height" in body):
         raise bad("size", "give size or width and height, not both")
     dh, dw, _ = lim.default_size
+    m = lim.pixel_multiple
     if "size" in body:
         s = body["size"]
         parts = s.lower().split("x") if isinstance(s, str) else []
-        if len(parts) != 2 or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 6
+                                      for p in parts):
             raise bad("size", f"{s!r} is not \"<width>x<height>\" (e.g. \"1024x768\")")
         w, h = int(parts[0]), int(parts[1])
-        body = {"width": w, "height": h}
-        names = ("size", "size")
+        named = (("size", "height", h), ("size", "width", w))
     else:
-        names = ("height", "width")
-    m = lim.pixel_multiple
-    h = _int(body, "height", m, lim.max_size, dh)
-    w = _int(body, "width", m, lim.max_size, dw)
-    for name, field_name, v in ((names[0], "height", h), (names[1], "width", w)):
+        named = (("height", "height", _int(body, "height", m, lim.max_size, dh)),
+                 ("width", "width", _int(body, "width", m, lim.max_size, dw)))
+    for name, what, v in named:
+        if not m <= v <= lim.max_size:
+            raise bad(name, f"{what} {v} is out of range [{m}, {lim.max_size}]")
         if v % m:
-            raise bad(name, f"{field_name} {v} is not a multiple of {m} (the pipeline's VAE "
-                            f"factor times its patch size)")
-    return h, w
+            raise bad(name, f"{what} {v} is not a multiple of {m} (the pipeline's VAE factor "
+                            f"times its patch size)")
+    return named[0][2], named[1][2]
 
 
 def _frames(body: dict, lim: Limits) -> int:
@@ -198,7 +200,7 @@ def _frames(body: dict, lim: Limits) -> int:
     f = _int(body, "frames", 1, lim.max_frames, lim.default_size[2])
     if (f - 1) % lim.frame_step:
         raise bad("frames", f"{f} is not 1 + a multiple of {lim.frame_step} (the VAE's "
-                            f"temporal factor)")
+                            f"temporal factor; CogVideoX: twice it)")
     return f
 
 
@@ -211,12 +213,15 @@ def decode_tensor(name: str, value, max_numel: int) -> torch.Tensor:
         t = _decode_b64(name, value, max_numel)
     elif isinstance(value, list):
         try:
-            arr = np.asarray(value, dtype=np.float64)
+            arr = np.asarray(value)
         except (ValueError, TypeError) as e:
             raise bad(name, f"not a rectangular nested list of numbers ({e})") from None
+        if arr.dtype.kind not in "iuf":
+            raise bad(name, f"not a rectangular nested list of numbers (found {arr.dtype})")
         if arr.size > max_numel:
             raise bad(name, f"{arr.size} values, at most {max_numel}")
-        t = torch.from_numpy(arr.astype(np.float32))
+        with np.errstate(over="ignore"):  # beyond float32: inf, refused below
+            t = torch.from_numpy(arr.astype(np.float32))
     else:
         raise bad(name, f"expected a nested list or an object with shape, dtype and b64, "
                         f"got {_kind(value)}")
@@ -288,6 +293,9 @@ def _check_embed_shapes(out: Dict[str, torch.Tensor], prefix: str, lim: Limits) 
         raise bad(name, f"shape {list(e.shape)}, expected [1, T, {lim.text_width}]")
     if not 1 <= e.shape[1] <= MAX_TEXT_TOKENS:
         raise bad(name, f"{e.shape[1]} tokens, expected [1, {MAX_TEXT_TOKENS}]")
+    if prefix and e.shape[1] != out["prompt_embeds"].shape[1]:
+        raise bad(name, f"{e.shape[1]} tokens; prompt_embeds has {out['prompt_embeds'].shape[1]} "
+                        f"(the two must have the same length)")
     pooled = prefix + "pooled_prompt_embeds"
     if lim.pooled_width:
         p = out.get(pooled)
@@ -304,9 +312,18 @@ def _check_embed_shapes(out: Dict[str, torch.Tensor], prefix: str, lim: Limits) 
             m = torch.ones(1, e.shape[1])
         if list(m.shape) != [1, e.shape[1]] or not bool(((m == 0) | (m == 1)).all()):
             raise bad(mask, f"expected [1, {e.shape[1]}] of 0 and 1")
+        if not bool(m.any()):
+            raise bad(mask, "has no 1 (no valid text token)")
         out[mask] = m.to(torch.int64)
     elif mask in out:
         raise bad(mask, f"{lim.pipeline} takes no attention mask")
+
+
+def embed_fields(lim: Limits) -> Tuple[str, ...]:
+    """The prompt-embedding fields the served pipeline takes."""
+    bases = ["prompt_embeds"] + (["pooled_prompt_embeds"] if lim.pooled_width else []) + (
+        ["prompt_attention_mask"] if lim.has_mask else [])
+    return tuple(p + b for p in ("", "negative_") for b in bases)
 
 
 def stand_in_seed(prompt: str, negative: str) -> int:
@@ -328,8 +345,7 @@ def parse_request(body, kind: str, lim: Limits) -> Request:
         raise RequestError(400, f"this server runs {lim.pipeline}, "
                                 f"{'a video' if lim.video else 'an image'} pipeline: use "
                                 f"POST /v1/{endpoint}/generations", code="wrong_endpoint")
-    allowed = (VIDEO_FIELDS if lim.video else IMAGE_FIELDS) | {
-        p + b for p in ("", "negative_") for b in EMBED_FIELDS}
+    allowed = (VIDEO_FIELDS if lim.video else IMAGE_FIELDS) | set(embed_fields(lim))
     for name in body:
         if name not in allowed:
             raise RequestError(400, f"{name}: unknown field (the accepted fields are "

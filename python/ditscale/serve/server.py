@@ -23,6 +23,7 @@ import base64
 import collections
 import concurrent.futures
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -88,8 +89,13 @@ class Server:
         self.broken: Optional[str] = None
         self.ranks: List[dict] = []
         self.encoder = concurrent.futures.ThreadPoolExecutor(1, "ditscale-encode")
-        self.output_dir = opts.output_dir or tempfile.mkdtemp(prefix="ditscale-serve-")
-        os.makedirs(self.output_dir, exist_ok=True)
+        # rank 0 writes the response_format=url files; a folder made here is removed by close()
+        self.own_output_dir = opts.output_dir is None and group.rank == 0
+        self.output_dir = opts.output_dir or ""
+        if self.own_output_dir:
+            self.output_dir = tempfile.mkdtemp(prefix="ditscale-serve-")
+        elif group.rank == 0:
+            os.makedirs(self.output_dir, exist_ok=True)
         self.files: Deque[str] = collections.deque()
         self.base_url = ""
 
@@ -154,9 +160,9 @@ class Server:
                           "mp4" if self.limits.video else "png", self.opts.request_timeout_s,
                           False, "pipeline" if self.limits.has_encoders else "stand-in",
                           prompt="warm-up")
-            spec = build_spec(self.pipe, [req], self.opts.text_tokens)
+            spec = build_spec([req], self.opts.text_tokens)
             self.group.send({"op": "run", "spec": spec})
-            status, _ = self.run_once(spec, _NoStop(self))
+            status, _ = self.run_once(spec, StepControl(self, None))
             statuses = self.group.gather(status)
             failed = [s for s in statuses if not s["ok"]]
             if failed:
@@ -165,9 +171,15 @@ class Server:
             log(f"warm-up {i + 1}/{calls}: {statuses[0]['run_s']:.3f} s")
 
     def serve(self) -> int:
-        """Rank 0's worker loop until shutdown; returns the exit code."""
+        """Rank 0's worker loop until shutdown; returns the exit code. Under torchrun, the
+        launcher's exit (SIGKILL: it forwards no signal then) shuts the server down too: its
+        ranks run in sessions of their own and would serve on."""
+        launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
         try:
             while True:
+                if launcher is not None and os.getppid() != launcher:
+                    self.request_shutdown(f"the launcher (pid {launcher}) exited")
+                    launcher = None
                 batch = self.store.next_batch(timeout=self.opts.heartbeat_s)
                 self.metrics.set("queue_depth", self.store.depth())
                 if batch:
@@ -208,12 +220,7 @@ class Server:
 
     def _run_batch(self, batch: List[Job]) -> None:
         self.metrics.set("running_jobs", len(batch))
-        try:
-            spec = build_spec(self.pipe, [j.request for j in batch], self.opts.text_tokens)
-        except Exception as e:  # the stand-in embeddings: nothing sent yet
-            self._fail_all(batch, RequestError(500, f"preparing the batch failed: {e}",
-                                               code="generation_failed"))
-            return
+        spec = build_spec([j.request for j in batch], self.opts.text_tokens)
         self.group.send({"op": "run", "spec": spec})
         status, samples = self.run_once(spec, StepControl(self, batch))
         statuses = self.group.gather(status)
@@ -245,9 +252,10 @@ class Server:
             return
         self.metrics.inc("steps_total", spec.steps)
         self.metrics.set("steps_per_second", spec.steps / run_s if run_s > 0 else 0.0)
-        self._hand_out(batch, samples, run_s)
+        self._hand_out(batch, samples, run_s, len(spec.seeds))
 
-    def _hand_out(self, batch: List[Job], samples: np.ndarray, run_s: float) -> None:
+    def _hand_out(self, batch: List[Job], samples: np.ndarray, run_s: float,
+                  batch_samples: int) -> None:
         """Each live job's samples to the encoder thread; jobs cancelled or timed out while the
         batch ran fail now."""
         start, now = 0, time.monotonic()
@@ -259,7 +267,8 @@ class Server:
             elif job.deadline <= now:
                 self._fail(job, timeout_error(job))
             else:
-                self.encoder.submit(self._encode, job, part, run_s)
+                self.encoder.submit(self._encode, job, part, run_s,
+                                    {"requests": len(batch), "samples": batch_samples})
 
     def _fail_stopped(self, batch: List[Job], reason: int) -> None:
         for job in batch:
@@ -288,7 +297,10 @@ class Server:
 
     # -- results ----------------------------------------------------------------------------
 
-    def _encode(self, job: Job, samples: np.ndarray, run_s: float) -> None:
+    def _encode(self, job: Job, samples: np.ndarray, run_s: float, batch: dict) -> None:
+        if job.cancel_requested:
+            self._fail(job, RequestError(409, "cancelled by a client", code="cancelled"))
+            return
         try:
             begin = time.perf_counter()
             items = [self._item(job, i, s) for i, s in enumerate(samples)]
@@ -297,6 +309,7 @@ class Server:
                       "object": f"{req.kind}.generation", "data": items, "seed": req.seed,
                       "size": f"{req.width}x{req.height}", "steps": req.steps,
                       "guidance": req.guidance, "text_encoder": req.text_source,
+                      "batch": batch,
                       "timings": {"queued_s": round(job.started - job.created, 6),
                                   "run_s": round(run_s, 6),
                                   "encode_s": round(time.perf_counter() - begin, 6)}}
@@ -320,6 +333,12 @@ class Server:
         self._write_file(name, data)
         return {"url": f"{self.base_url}/v1/files/{name}"}
 
+    def close(self) -> None:
+        """After serving: the default output folder (a temporary one) is removed; a given
+        --output-dir keeps its files."""
+        if self.own_output_dir:
+            shutil.rmtree(self.output_dir, ignore_errors=True)
+
     def file_path(self, name: str) -> Optional[str]:
         """The path of the output file ``name`` (already matched against the route's
         pattern: no separators), or None when it is not (or no longer) there."""
@@ -342,15 +361,3 @@ class Server:
                 os.unlink(old)
             except FileNotFoundError:
                 pass
-
-
-class _NoStop(StepControl):
-    """The warm-up's control: never stops (the group still exchanges the per-step flag)."""
-
-    def decide(self) -> int:
-        return STOP_NONE
-
-    def __call__(self, pipe, step, timestep, callback_kwargs):
-        if self.server.group.step(STOP_NONE) != STOP_NONE:
-            raise Stopped(STOP_SHUTDOWN)
-        return callback_kwargs

@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""What ``python -m ditscale.serve`` costs over calling the pipeline directly, and what it
+serves under concurrent clients, on one device (one rank).
+
+    python -m bench.serve.bench_serve [--pipelines flux,wan] [--size small] [--device cuda]
+        [--steps N] [--height H --width W --frames F] [--clients 1,4,16] [--requests 32]
+        [--max-s 240] [--out-dir DIR]
+
+For each pipeline, in one run: the server is started (one process, ``--max-batch 1``: every
+request alone, as the direct loop; startup waits on its "listening on http://HOST:PORT" line)
+while this process builds the same pipeline the same way (``ditscale.serve.cli.
+build_pipeline`` of the server's own options: the same random weights, the same
+``parallelize_pipeline``). Then, after ``--warmup`` calls of each:
+
+- direct: ``pipe(**generation.call_kwargs(...))`` in a loop with a request's arguments (its
+  shape, steps, guidance, a new seed each call, the server's stand-in prompt embeddings of the
+  same prompt), plus the server's output path: the NaN check, ``to_uint8`` and
+  ``encode_png`` / ``encode_video`` (mp4). ``call`` is the pipeline call alone (through its
+  numpy output), ``call+encode`` the whole; base64, JSON and HTTP are left to the server's side
+  of the comparison;
+- server, 1 client: the same request over HTTP (urllib, a fresh connection each, the JSON
+  answer parsed), in ``--rounds`` rounds alternating with the direct loop (the device's clock
+  and the host's noise hit both alike); overhead = server p50 / direct call+encode p50 - 1
+  (the issue's target: < 3%);
+- server, C clients (``--clients``): C threads in a closed loop (each sends its next request
+  when its last is answered), ``--requests`` in all: requests/s (answered / wall time) and
+  p50 / p99 latency (submission to parsed answer).
+
+``--requests`` is per phase; ``--max-s`` bounds the whole run: after the warm-up calls the
+counts shrink to fit (never below the largest client count), and the log says so. Rows go to
+DIR/serve.json, the table to DIR/serve.md, printed last. ``--device cpu`` with ``--size tiny``
+runs in seconds (the CI smoke test); on the GPU: ``--pipelines flux,wan --size small``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from bench.common import REPO
+
+PIPELINES = ("flux", "sd3", "wan", "wan2.2", "hunyuan-video", "cogvideox")
+PROMPT = "a red fox running through fresh snow"
+STEM = "serve"
+
+
+# ---- options ------------------------------------------------------------------------------
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pipelines", default="flux,wan", help=f"comma-separated, of "
+                    f"{', '.join(PIPELINES)}")
+    ap.add_argument("--size", choices=("tiny", "small", "full"), default="small")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                    help="default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="[1, 1000] (default: the server's, 30 small/full, 2 tiny)")
+    ap.add_argument("--height", type=int, default=None, help="[8, 16384] (default: the size's)")
+    ap.add_argument("--width", type=int, default=None, help="[8, 16384] (default: the size's)")
+    ap.add_argument("--frames", type=int, default=None,
+                    help="videos, [1, 1025] (default: the size's)")
+    ap.add_argument("--clients", default="1,4,16", help="concurrent clients, each in [1, 256]")
+    ap.add_argument("--requests", type=int, default=32, help="requests per phase, [1, 10000]")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="alternating direct / 1-client rounds, [1, 20]")
+    ap.add_argument("--warmup", type=int, default=2, help="calls of each before timing, [0, 100]")
+    ap.add_argument("--response-format", choices=("b64_json", "url"), default="b64_json")
+    ap.add_argument("--max-s", type=float, default=240.0,
+                    help="seconds for the whole run, (0, 3600]")
+    ap.add_argument("--startup-s", type=float, default=300.0,
+                    help="seconds a server may take to listen, (0, 1800]")
+    ap.add_argument("--out-dir", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    args.pipelines = [p for p in args.pipelines.split(",") if p]
+    bad = [p for p in args.pipelines if p not in PIPELINES]
+    if not args.pipelines or bad:
+        ap.error(f"--pipelines: {bad or args.pipelines} not in {', '.join(PIPELINES)}")
+    try:
+        args.clients = [int(c) for c in args.clients.split(",") if c]
+    except ValueError:
+        ap.error(f"--clients: {args.clients!r} is not a comma-separated list of integers")
+    if not args.clients or any(not 1 <= c <= 256 for c in args.clients):
+        ap.error(f"--clients: {args.clients} must each be in [1, 256]")
+    for name, lo, hi in (("steps", 1, 1000), ("height", 8, 16384), ("width", 8, 16384),
+                         ("frames", 1, 1025), ("requests", 1, 10000), ("rounds", 1, 20),
+                         ("warmup", 0, 100)):
+        v = getattr(args, name)
+        if v is not None and not lo <= v <= hi:
+            ap.error(f"--{name}: {v} is out of range [{lo}, {hi}]")
+    for name, hi in (("max_s", 3600.0), ("startup_s", 1800.0)):
+        v = getattr(args, name)
+        if not (math.isfinite(v) and 0 < v <= hi):
+            ap.error(f"--{name.replace('_', '-')}: {v:g} is out of range (0, {hi:g}]")
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    return args
+
+
+# ---- the server ---------------------------------------------------------------------------
+
+def _env() -> dict:
+    import ditscale
+
+    env = dict(os.environ)
+    package_dir = os.path.dirname(os.path.dirname(ditscale.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_dir, str(REPO),
+                                                    env.get("PYTHONPATH")) if p)
+    return env
+
+
+class Server:
+    """``python -m ditscale.serve`` in a child process; ``url`` once ``listening()``."""
+
+    def __init__(self, argv, log_dir: str):
+        self.log_path = os.path.join(log_dir, "server.log")
+        self.log_file = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "ditscale.serve"] + argv,
+                                     env=_env(), stdout=self.log_file,
+                                     stderr=subprocess.STDOUT)
+        self.url = None
+
+    def log(self, tail: int = 3000) -> str:
+        with open(self.log_path) as f:
+            return f.read()[-tail:]
+
+    def listening(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in self.log(1 << 20).splitlines():
+                if "ditscale.serve: listening on http://" in line:
+                    self.url = line.split("listening on ")[1].split()[0]
+                    return self.url
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not listen within {timeout:g} s:\n"
+                                   f"{self.log()}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # graceful: it exits by itself
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        self.log_file.close()
+
+
+def post(url: str, path: str, body: dict, timeout: float = 600.0):
+    """(latency s, status, parsed answer) of one request on a fresh connection."""
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    begin = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, answer = r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        status, answer = e.code, json.loads(e.read() or b"{}")
+    return time.perf_counter() - begin, status, answer
+
+
+# ---- one pipeline -------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, name: str, args):
+        from ditscale.diffusers import tiny
+
+        self.name, self.args = name, args
+        self.video = name in tiny.VIDEO_PIPELINES
+        h, w, f = tiny.DEFAULT_SHAPES[name][args.size]
+        self.height, self.width = args.height or h, args.width or w
+        self.frames = (args.frames or f) if self.video else 1
+        self.argv = ["--pipeline", name, "--size", args.size, "--device", args.device,
+                     "--dtype", args.dtype, "--port", "0", "--max-batch", "1",
+                     "--max-queue", str(2 * max(args.clients) + 2)]
+        if args.steps is not None:
+            self.argv += ["--steps", str(args.steps), "--max-steps", str(max(args.steps, 100))]
+        self.seed = 0
+
+    # -- the direct side --------------------------------------------------------------------
+
+    def build_direct(self):
+        import torch
+
+        from ditscale.diffusers import generation
+        from ditscale.serve import cli, options, runner, schema
+
+        opts = options.parse(self.argv, torch.cuda.is_available())
+        device = generation.init_distributed(opts.device)
+        self.pipe = cli.build_pipeline(opts, device)
+        self.limits = cli.limits_of(self.pipe, opts)
+        self.steps, self.guidance = opts.steps, self.limits.default_guidance
+        self.embeds = runner.stand_in_embeds(self.pipe, [schema.stand_in_seed(PROMPT, "")],
+                                             opts.text_tokens, self.guidance > 1)
+        self.png_level, self.device = opts.png_level, device
+
+    def direct(self):
+        """(call s, call+encode s) of one direct call with the next seed."""
+        import torch
+
+        from ditscale.diffusers import generation
+
+        self.seed += 1
+        kw = generation.call_kwargs(
+            self.name, height=self.height, width=self.width, frames=self.frames,
+            steps=self.steps, guidance=self.guidance, seeds=[self.seed], device=self.device,
+            embeds=self.embeds)
+        begin = time.perf_counter()
+        with torch.no_grad():
+            array = generation.output_array(self.pipe(**kw), self.video)
+        called = time.perf_counter() - begin
+        if generation.nonfinite(array):
+            raise RuntimeError("the direct call's output has NaN or infinite values")
+        samples = generation.to_uint8(array)
+        if self.video:
+            data = generation.encode_video(samples[0], 16, "mp4")
+        else:
+            data = generation.encode_png(samples[0], self.png_level)
+        self.last_direct = (self.seed, samples[0], data)
+        return called, time.perf_counter() - begin
+
+    # -- the server side --------------------------------------------------------------------
+
+    def body(self) -> dict:
+        self.seed += 1
+        body = {"prompt": PROMPT, "seed": self.seed, "steps": self.steps,
+                "size": f"{self.width}x{self.height}",
+                "response_format": self.args.response_format}
+        if self.video:
+            body["frames"] = self.frames
+        return body
+
+    def request(self):
+        """(latency s, the answer) of one request; an error answer raises."""
+        kind = "videos" if self.video else "images"
+        latency, status, answer = post(self.url, f"/v1/{kind}/generations", self.body())
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {answer.get('error', answer)}")
+        return latency, answer
+
+    def clients(self, count: int, total: int):
+        """C closed-loop clients, ``total`` requests in all: (wall s, latencies, answers)."""
+        per = [total // count + (i < total % count) for i in range(count)]
+        bodies = [[self.body() for _ in range(n)] for n in per]
+        kind = "videos" if self.video else "images"
+        results, errors, lock = [], [], threading.Lock()
+        start = threading.Barrier(count + 1)
+
+        def client(mine):
+            start.wait()
+            for body in mine:
+                try:
+                    latency, status, answer = post(self.url, f"/v1/{kind}/generations", body)
+                except Exception as e:  # noqa: BLE001 - counted, reported in the row
+                    status, answer, latency = None, {"error": repr(e)}, 0.0
+                with lock:
+                    if status == 200:
+                        results.append((latency, answer))
+                    else:
+                        errors.append(f"{status}: {answer.get('error', answer)}"[:200])
+
+        threads = [threading.Thread(target=client, args=(b,), daemon=True) for b in bodies]
+        for t in threads:
+            t.start()
+        start.wait()
+        begin = time.perf_counter()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - begin, results, errors
+
+
+def pct(values, q: float) -> float:
+    """The q-quantile (nearest rank) of ``values``."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def summary(latencies) -> dict:
+    return {"requests": len(latencies), "p50_ms": 1e3 * pct(latencies, 0.5),
+            "p99_ms": 1e3 * pct(latencies, 0.99), "mean_ms": 1e3 * statistics.fmean(latencies)}
+
+
+def server_timings(answers) -> dict:
+    """Mean of the server's own timings (its pipeline call, its encoding)."""
+    return {f"server_{k}_ms": 1e3 * statistics.fmean(a["timings"][k] for a in answers)
+            for k in ("run_s", "encode_s")}
+
+
+def run_pipeline(name: str, args, deadline: float, log_dir: str):
+    """The rows of ``name`` (see the module)."""
+    b = Bench(name, args)
+    shape = f"{b.height}x{b.width}" + (f"x{b.frames}" if b.video else "")
+    server = Server(b.argv, log_dir)
+    try:
+        b.build_direct()  # while the server starts
+        b.url = server.listening(max(1.0, min(args.startup_s, deadline - time.monotonic())))
+        common = {"pipeline": name, "size": args.size, "shape": shape, "steps": b.steps,
+                  "guidance": b.guidance, "device": args.device, "dtype": args.dtype}
+        log = lambda msg: print(f"[serve {name}] {msg}", file=sys.stderr, flush=True)  # noqa
+        for _ in range(args.warmup):
+            b.direct()
+            b.request()
+        # a request's time, from one more of each: the counts the budget allows (each phase
+        # takes about n requests' time: the clients share one device)
+        each = (b.direct()[1] + b.request()[0]) / 2
+        phases = 2 + len([c for c in args.clients if c > 1])  # direct + 1 client + the others
+        left = deadline - time.monotonic()
+        n = max(max(args.clients), min(args.requests, int(left / (phases * each))))
+        if n < args.requests:
+            log(f"--requests {args.requests} -> {n} per phase (--max-s: {left:.0f} s left, "
+                f"{each:.3f} s a request)")
+        same = _same_output(b)
+        # direct and 1 client, alternating rounds
+        calls, wholes, latencies, answers = [], [], [], []
+        per_round = [n // args.rounds + (i < n % args.rounds) for i in range(args.rounds)]
+        for k in per_round:
+            for _ in range(k):
+                call, whole = b.direct()
+                calls.append(call)
+                wholes.append(whole)
+            for _ in range(k):
+                latency, answer = b.request()
+                latencies.append(latency)
+                answers.append(answer)
+        rows = [{**common, "mode": "direct", "clients": 1, **summary(wholes),
+                 "call_p50_ms": 1e3 * pct(calls, 0.5), "call_p99_ms": 1e3 * pct(calls, 0.99),
+                 "req_per_s": len(wholes) / sum(wholes)}]
+        direct_p50 = rows[0]["p50_ms"]
+        one_client = {**common, "mode": "server", "clients": 1, **summary(latencies),
+                      "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
+                      "same_output": same}
+        one_client["overhead"] = one_client["p50_ms"] / direct_p50 - 1
+        rows.append(one_client)
+        log(f"direct p50 {direct_p50:.1f} ms (call {rows[0]['call_p50_ms']:.1f}), server "
+            f"p50 {one_client['p50_ms']:.1f} ms: overhead {100 * one_client['overhead']:+.2f}%")
+        for count in args.clients:
+            if count == 1:
+                continue
+            wall, results, errors = b.clients(count, n)
+            row = {**common, "mode": "server", "clients": count, "errors": len(errors)}
+            if results:
+                row.update(summary([r[0] for r in results]))
+                row.update(server_timings([r[1] for r in results]))
+                row["req_per_s"] = len(results) / wall
+            if errors:
+                row["error"] = errors[0]
+            rows.append(row)
+            log(f"{count} clients: {row.get('req_per_s', 0):.2f} req/s, p50 "
+                f"{row.get('p50_ms', 0):.1f} ms, p99 {row.get('p99_ms', 0):.1f} ms"
+                + (f", {len(errors)} errors" if errors else ""))
+        memory = _peak_memory(b.url)
+        for row in rows[1:]:
+            row["server_peak_gib"] = memory
+        return rows
+    finally:
+        server.stop()
+
+
+def _same_output(b: Bench):
+    """Whether the server's image for a seed is the direct call's (images, b64_json); None
+    where it cannot say (videos: MP4 is lossy; url answers)."""
+    if b.video or b.args.response_format != "b64_json":
+        return None
+    seed, sample, data = b.last_direct
+    body = b.body()
+    body["seed"] = seed
+    _, status, answer = post(b.url, "/v1/images/generations", body)
+    return status == 200 and base64.b64decode(answer["data"][0]["b64_json"]) == data
+
+
+def _peak_memory(url: str):
+    """The server's peak device memory of its last batch (GiB), from /metrics."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("ditscale_serve_gpu_memory_bytes") and 'kind="peak"' in line:
+            return round(float(line.rsplit(" ", 1)[1]) / 2**30, 3)
+    return None
+
+
+# ---- the table ----------------------------------------------------------------------------
+
+def table(rows, args) -> str:
+    def ms(row, key):
+        return f"{row[key]:.1f}" if key in row else ""
+
+    lines = [f"# ditscale.serve against the pipeline called directly ({args.device}, "
+             f"{args.dtype}, size {args.size}, response {args.response_format})", "",
+             "| pipeline | shape | steps | mode | clients | requests | req/s | p50 ms | "
+             "p99 ms | call p50 ms | server run ms | overhead | same output |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        head = (f"| {r['pipeline']} | {r.get('shape', '')} | {r.get('steps', '')} | "
+                f"{r['mode']} | {r.get('clients', '')} |")
+        if "p50_ms" not in r:
+            lines.append(f"{head} error: {r.get('error', '?')} |" + " |" * 7)
+            continue
+        over = f"{100 * r['overhead']:+.2f}%" if "overhead" in r else ""
+        same = {True: "yes", False: "NO", None: ""}[r.get("same_output")]
+        lines.append(f"{head} {r['requests']} | {r['req_per_s']:.2f} | {ms(r, 'p50_ms')} | "
+                     f"{ms(r, 'p99_ms')} | {ms(r, 'call_p50_ms')} | {ms(r, 'server_run_s_ms')} | "
+                     f"{over} | {same} |")
+    lines += ["", "direct: the pipeline call + NaN check + to_uint8 + PNG / MP4 encoding, one "
+              "call after another (call: the pipeline call alone); server: submission to "
+              "parsed JSON answer over loopback HTTP, closed-loop clients (server run: its "
+              "pipeline call); overhead: server p50 / direct p50 - 1 at 1 client (target "
+              "< 3%); same output: the server's PNG of a seed has the direct call's bytes."]
+    errors = [r for r in rows if "error" in r and "p50_ms" in r]
+    lines += [f"- {r['pipeline']} {r['clients']} clients: {r['errors']} failed requests, e.g. "
+              f"{r['error']}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    deadline = time.monotonic() + args.max_s
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as log_dir:
+        for i, name in enumerate(args.pipelines):
+            # an equal share of what is left for each pipeline still to run
+            share = (deadline - time.monotonic()) / (len(args.pipelines) - i)
+            try:
+                rows += run_pipeline(name, args, time.monotonic() + share, log_dir)
+            except Exception as e:  # noqa: BLE001 - one failed pipeline keeps the others' rows
+                rows.append({"pipeline": name, "mode": "server", "error":
+                             f"{type(e).__name__}: {e}"[:2000]})
+                print(f"[serve {name}] {rows[-1]['error']}", file=sys.stderr, flush=True)
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, f"{STEM}.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    text = table(rows, args)
+    with open(os.path.join(args.out_dir, f"{STEM}.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -91,8 +91,8 @@ def parser() -> argparse.ArgumentParser:
     a("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
       help="seconds a running request may take after SIGTERM, [0, 3600] (default 20: "
            "torchrun kills its ranks 30 s after forwarding a signal)")
-    a("--output-dir", default=None, help="where response_format=url files go "
-                                         "(default: a new folder under the temp dir)")
+    a("--output-dir", default=None, help="where response_format=url files go (default: a "
+                                         "new folder under the temp dir, removed at exit)")
     a("--keep-files", type=int, default=1000, help="files kept in --output-dir, [1, 10^6]")
     a("--keep-jobs", type=int, default=1000, help="finished jobs kept for GET, [1, 10^6]")
     a("--png-level", type=int, default=1, help="PNG compression, [0, 9]")

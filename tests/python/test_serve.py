@@ -15,6 +15,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,8 +53,9 @@ class Served:
 
     def __init__(self, args, nproc: int, log_path):
         if nproc > 1:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", str(nproc), "-m", "ditscale.serve"]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                   "-m", "ditscale.serve"]
         else:
             cmd = [sys.executable, "-m", "ditscale.serve"]
         self.log_path = str(log_path)
@@ -98,6 +100,12 @@ class Served:
                 pass
         self.proc.wait(30)
         self.log_file.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _children(pid: int):

@@ -375,3 +375,14 @@ def test_run_spec_of_a_batch():
     assert spec.embeds["prompt_embeds"].shape == (3, 3, 16) and not spec.stand_in
     assert spec.embeds["prompt_embeds"][:, 0, 0].tolist() == [0.0, 0.0, 1.0]
     assert spec.embeds["pooled_prompt_embeds"][:, 0].tolist() == [0.0, 0.0, 1.0]
+
+
+def test_wait_done_wakes_once_finished_and_expires_queued_jobs():
+    store = jobs.JobStore(max_queue=10, max_batch=1)
+    job = store.submit(req())
+    late = store.submit(req(timeout=0.05))
+    threading.Timer(0.05, lambda: store.fail(job, RequestError(409, "x", code="cancelled"))).start()
+    begin = time.monotonic()
+    assert store.wait_done(job, timeout=5) and time.monotonic() - begin < 2
+    assert store.wait_done(late, timeout=5) and late.error.code == "timeout"
+    assert not store.wait_done(store.submit(req()), timeout=0.01)

@@ -211,9 +211,8 @@ class Handler(BaseHTTPRequestHandler):
         if request.async_:
             self._json(202, job.view(), {"Location": f"/v1/jobs/{job.id}"})
             return
-        version = 0
-        while not job.done:
-            version = self.core.store.wait(job, version, timeout=1.0)
+        while not self.core.store.wait_done(job, timeout=1.0):
+            pass
         self._answer(job)
 
     def _answer(self, job: Job):

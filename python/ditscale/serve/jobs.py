@@ -2,8 +2,9 @@
 
 A :class:`Job` is one request: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` |
 ``cancelled`` (a queued job can be cancelled, or time out, before it runs). Every change bumps
-``job.version`` and wakes the threads waiting on the store's condition (the blocking POST, the
-server-sent events of ``/v1/jobs/{id}/events``).
+``job.version`` and wakes the threads waiting on the store's condition (the server-sent events
+of ``/v1/jobs/{id}/events``); a blocking POST waits on the job's own ``finished_event`` (woken
+once, not at each denoising step, which would take the GIL from the pipeline's loop).
 
 :class:`JobStore`: ``submit`` adds a queued job or raises 429 when ``max_queue`` jobs already
 wait (the running batch does not count); ``next_batch`` hands the worker the oldest queued job
@@ -42,6 +43,7 @@ class Job:
     cancel_requested: bool = False
     version: int = 0
     submitted_mono: float = field(default_factory=time.monotonic)
+    finished_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def done(self) -> bool:
@@ -115,6 +117,17 @@ class JobStore:
             elif job.status == "running":
                 job.cancel_requested = True
         return job
+
+    def wait_done(self, job: Job, timeout: float) -> bool:
+        """Blocks until ``job`` is finished (woken once, not at each step) or ``timeout``
+        seconds pass (a queued job past its deadline fails with 504 by then); True when
+        finished."""
+        if job.status == "queued":
+            timeout = max(0.0, min(timeout, job.deadline - time.monotonic()))
+        if not job.finished_event.wait(timeout):
+            with self.cond:
+                self._expire_queued()
+        return job.done
 
     def wait(self, job: Job, version: int, timeout: float) -> int:
         """Blocks until ``job.version`` differs from ``version`` or ``timeout`` seconds pass
@@ -201,6 +214,7 @@ class JobStore:
     def _finish(self, job: Job, status: str, error: Optional[RequestError]) -> None:
         job.status, job.error, job.finished = status, error, time.time()
         self._changed(job)
+        job.finished_event.set()
         if self.on_finish is not None:
             self.on_finish(job)
         self.finished.append(job.id)

@@ -4,7 +4,7 @@ serves under concurrent clients, on one device (one rank).
 
     python -m bench.serve.bench_serve [--pipelines flux,wan] [--size small] [--device cuda]
         [--steps N] [--height H --width W --frames F] [--clients 1,4,16] [--requests 32]
-        [--max-s 240] [--out-dir DIR]
+        [--max-s 180] [--out-dir DIR]
 
 For each pipeline, in one run: the server is started (one process, ``--max-batch 1``: every
 request alone, as the direct loop; startup waits on its "listening on http://HOST:PORT" line)
@@ -26,9 +26,11 @@ build_pipeline`` of the server's own options: the same random weights, the same
   when its last is answered), ``--requests`` in all: requests/s (answered / wall time) and
   p50 / p99 latency (submission to parsed answer).
 
-``--requests`` is per phase; ``--max-s`` bounds the whole run: after the warm-up calls the
-counts shrink to fit (never below the largest client count), and the log says so. Rows go to
-DIR/serve.json, the table to DIR/serve.md, printed last. ``--device cpu`` with ``--size tiny``
+``--requests`` is per phase; ``--max-s`` bounds the whole run (each pipeline an equal share of
+what is left): after the warm-up calls the counts shrink to fit (never below 4), a client count
+above the count, or a phase that would overrun the share, is skipped, and the log says so.
+Rows go to DIR/serve.json, the table to DIR/serve.md (both rewritten after each pipeline, and
+on SIGTERM), printed last. ``--device cpu`` with ``--size tiny``
 runs in seconds (the CI smoke test); on the GPU: ``--pipelines flux,wan --size small``.
 """
 
@@ -54,6 +56,7 @@ from bench.common import REPO
 PIPELINES = ("flux", "sd3", "wan", "wan2.2", "hunyuan-video", "cogvideox")
 PROMPT = "a red fox running through fresh snow"
 STEM = "serve"
+MIN_REQUESTS = 4  # per phase, whatever --max-s says (fewer: no p50 worth the name)
 
 
 # ---- options ------------------------------------------------------------------------------
@@ -79,7 +82,7 @@ def parse(argv=None) -> argparse.Namespace:
                     help="alternating direct / 1-client rounds, [1, 20]")
     ap.add_argument("--warmup", type=int, default=2, help="calls of each before timing, [0, 100]")
     ap.add_argument("--response-format", choices=("b64_json", "url"), default="b64_json")
-    ap.add_argument("--max-s", type=float, default=240.0,
+    ap.add_argument("--max-s", type=float, default=180.0,
                     help="seconds for the whole run, (0, 3600]")
     ap.add_argument("--startup-s", type=float, default=300.0,
                     help="seconds a server may take to listen, (0, 1800]")
@@ -301,17 +304,20 @@ def server_timings(answers) -> dict:
             for k in ("run_s", "encode_s")}
 
 
-def run_pipeline(name: str, args, deadline: float, log_dir: str):
-    """The rows of ``name`` (see the module)."""
+def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> None:
+    """Appends the rows of ``name`` (see the module) to ``rows`` as they are measured."""
     b = Bench(name, args)
     shape = f"{b.height}x{b.width}" + (f"x{b.frames}" if b.video else "")
     server = Server(b.argv, log_dir)
+
+    def log(msg):
+        print(f"[serve {name}] {msg}", file=sys.stderr, flush=True)
+
     try:
         b.build_direct()  # while the server starts
         b.url = server.listening(max(1.0, min(args.startup_s, deadline - time.monotonic())))
         common = {"pipeline": name, "size": args.size, "shape": shape, "steps": b.steps,
                   "guidance": b.guidance, "device": args.device, "dtype": args.dtype}
-        log = lambda msg: print(f"[serve {name}] {msg}", file=sys.stderr, flush=True)  # noqa
         for _ in range(args.warmup):
             b.direct()
             b.request()
@@ -320,15 +326,18 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str):
         each = (b.direct()[1] + b.request()[0]) / 2
         phases = 2 + len([c for c in args.clients if c > 1])  # direct + 1 client + the others
         left = deadline - time.monotonic()
-        n = max(max(args.clients), min(args.requests, int(left / (phases * each))))
+        n = max(MIN_REQUESTS, min(args.requests, int(left / (phases * each))))
         if n < args.requests:
             log(f"--requests {args.requests} -> {n} per phase (--max-s: {left:.0f} s left, "
                 f"{each:.3f} s a request)")
         same = _same_output(b)
-        # direct and 1 client, alternating rounds
+        # direct and 1 client, alternating rounds (at least one; no new round past the budget)
         calls, wholes, latencies, answers = [], [], [], []
         per_round = [n // args.rounds + (i < n % args.rounds) for i in range(args.rounds)]
-        for k in per_round:
+        for i, k in enumerate(per_round):
+            if i and time.monotonic() + 2 * k * each > deadline:
+                log(f"rounds {i + 1}-{args.rounds} left out (--max-s)")
+                break
             for _ in range(k):
                 call, whole = b.direct()
                 calls.append(call)
@@ -337,22 +346,28 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str):
                 latency, answer = b.request()
                 latencies.append(latency)
                 answers.append(answer)
-        rows = [{**common, "mode": "direct", "clients": 1, **summary(wholes),
-                 "call_p50_ms": 1e3 * pct(calls, 0.5), "call_p99_ms": 1e3 * pct(calls, 0.99),
-                 "req_per_s": len(wholes) / sum(wholes)}]
-        direct_p50 = rows[0]["p50_ms"]
+        direct = {**common, "mode": "direct", "clients": 1, **summary(wholes),
+                  "call_p50_ms": 1e3 * pct(calls, 0.5), "call_p99_ms": 1e3 * pct(calls, 0.99),
+                  "req_per_s": len(wholes) / sum(wholes)}
         one_client = {**common, "mode": "server", "clients": 1, **summary(latencies),
                       "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
                       "same_output": same}
-        one_client["overhead"] = one_client["p50_ms"] / direct_p50 - 1
-        rows.append(one_client)
-        log(f"direct p50 {direct_p50:.1f} ms (call {rows[0]['call_p50_ms']:.1f}), server "
+        one_client["overhead"] = one_client["p50_ms"] / direct["p50_ms"] - 1
+        rows += [direct, one_client]
+        log(f"direct p50 {direct['p50_ms']:.1f} ms (call {direct['call_p50_ms']:.1f}), server "
             f"p50 {one_client['p50_ms']:.1f} ms: overhead {100 * one_client['overhead']:+.2f}%")
         for count in args.clients:
             if count == 1:
                 continue
+            row = {**common, "mode": "server", "clients": count}
+            if count > n or time.monotonic() + n * each > deadline + 0.25 * n * each:
+                row["skipped"] = (f"{count} clients > {n} requests" if count > n
+                                  else "--max-s spent")
+                log(f"{count} clients: skipped ({row['skipped']})")
+                rows.append(row)
+                continue
             wall, results, errors = b.clients(count, n)
-            row = {**common, "mode": "server", "clients": count, "errors": len(errors)}
+            row["errors"] = len(errors)
             if results:
                 row.update(summary([r[0] for r in results]))
                 row.update(server_timings([r[1] for r in results]))
@@ -364,9 +379,9 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str):
                 f"{row.get('p50_ms', 0):.1f} ms, p99 {row.get('p99_ms', 0):.1f} ms"
                 + (f", {len(errors)} errors" if errors else ""))
         memory = _peak_memory(b.url)
-        for row in rows[1:]:
-            row["server_peak_gib"] = memory
-        return rows
+        for row in rows:
+            if row["pipeline"] == name and row["mode"] == "server":
+                row["server_peak_gib"] = memory
     finally:
         server.stop()
 
@@ -411,7 +426,8 @@ def table(rows, args) -> str:
         head = (f"| {r['pipeline']} | {r.get('shape', '')} | {r.get('steps', '')} | "
                 f"{r['mode']} | {r.get('clients', '')} |")
         if "p50_ms" not in r:
-            lines.append(f"{head} error: {r.get('error', '?')} |" + " |" * 7)
+            what = f"skipped: {r['skipped']}" if "skipped" in r else f"error: {r.get('error')}"
+            lines.append(f"{head} {what} |" + " |" * 7)
             continue
         over = f"{100 * r['overhead']:+.2f}%" if "overhead" in r else ""
         same = {True: "yes", False: "NO", None: ""}[r.get("same_output")]
@@ -429,27 +445,44 @@ def table(rows, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
-    deadline = time.monotonic() + args.max_s
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-serve-") as log_dir:
-        for i, name in enumerate(args.pipelines):
-            # an equal share of what is left for each pipeline still to run
-            share = (deadline - time.monotonic()) / (len(args.pipelines) - i)
-            try:
-                rows += run_pipeline(name, args, time.monotonic() + share, log_dir)
-            except Exception as e:  # noqa: BLE001 - one failed pipeline keeps the others' rows
-                rows.append({"pipeline": name, "mode": "server", "error":
-                             f"{type(e).__name__}: {e}"[:2000]})
-                print(f"[serve {name}] {rows[-1]['error']}", file=sys.stderr, flush=True)
+class Interrupted(Exception):
+    """SIGTERM (a lease's timeout): the rows so far are written."""
+
+
+def _on_term(signum, frame):
+    raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
+
+
+def write(rows, args) -> str:
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, f"{STEM}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     text = table(rows, args)
     with open(os.path.join(args.out_dir, f"{STEM}.md"), "w") as f:
         f.write(text)
-    print(text)
+    return text
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    deadline = time.monotonic() + args.max_s
+    signal.signal(signal.SIGTERM, _on_term)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as log_dir:
+        for i, name in enumerate(args.pipelines):
+            # an equal share of what is left for each pipeline still to run
+            share = (deadline - time.monotonic()) / (len(args.pipelines) - i)
+            try:
+                run_pipeline(name, args, time.monotonic() + share, log_dir, rows)
+            except Exception as e:  # noqa: BLE001 - one failed pipeline keeps the others' rows
+                rows.append({"pipeline": name, "mode": "server", "error":
+                             f"{type(e).__name__}: {e}"[:2000]})
+                print(f"[serve {name}] {rows[-1]['error']}", file=sys.stderr, flush=True)
+                if isinstance(e, Interrupted):
+                    break
+            finally:
+                write(rows, args)  # what is measured survives a later failure
+    print(write(rows, args))
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -239,11 +239,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def file(self, name: str, ext: str):
         path = self.core.file_path(name)
-        if path is None:
+        try:
+            if path is None:
+                raise FileNotFoundError(name)
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:  # never written, or removed (--keep-files), even just now
             raise RequestError(404, f"no file {name!r} (unknown, or removed: --keep-files)",
-                               code="not_found")
-        with open(path, "rb") as f:
-            data = f.read()
+                               code="not_found") from None
         self._send(200, data, CONTENT_TYPES[ext])
 
     def _events(self, job: Job):

@@ -92,12 +92,11 @@ def _input_hook(ctx: SpContext, tokens: Tokens, transformer):
     def hook(module, args, kwargs):
         named = bind(names, args, kwargs)
         check_devices(WHERE, named, next(module.parameters()).device)
-        if ctx.size == 1:
-            return None
+        # The mesh's size is read per call: a CFG-parallel pipeline runs a pass on a half of it.
         tokens.image = video_tokens(module.config, named["hidden_states"].shape)
         ctx.local_range(tokens.image)  # refuses fewer video tokens than ranks
         rotary = named.get("image_rotary_emb")
-        if rotary is None:
+        if rotary is None or ctx.size == 1:
             return None
         for name, table in zip(("cos", "sin"), rotary):
             if table.shape[0] != tokens.image:

@@ -70,7 +70,7 @@ DEFAULT_SHAPES: Dict[str, Dict[str, Tuple[int, int, int]]] = {
     "wan": {"tiny": (48, 16, 9), "small": (480, 832, 17), "full": (480, 832, 81)},
     "wan2.2": {"tiny": (48, 16, 9), "small": (480, 832, 17), "full": (720, 1280, 81)},
     "hunyuan-video": {"tiny": (48, 16, 9), "small": (320, 512, 17), "full": (544, 960, 61)},
-    "cogvideox": {"tiny": (24, 8, 9), "small": (480, 720, 13), "full": (480, 720, 49)},
+    "cogvideox": {"tiny": (24, 8, 9), "small": (480, 720, 17), "full": (480, 720, 49)},
 }
 
 # name -> size -> text tokens of the prompt embeddings (full: the pipelines' usual lengths).

@@ -15,9 +15,9 @@ build_pipeline`` of the server's own options: the same random weights, the same
 - direct: ``pipe(**generation.call_kwargs(...))`` in a loop with a request's arguments (its
   shape, steps, guidance, a new seed each call, the server's stand-in prompt embeddings of the
   same prompt), plus the server's output path: the NaN check, ``to_uint8`` and
-  ``encode_png`` / ``encode_video`` (mp4). ``call`` is the pipeline call alone (through its
-  numpy output), ``call+encode`` the whole; base64, JSON and HTTP are left to the server's side
-  of the comparison;
+  ``encode_png`` / ``encode_video`` (``--video-format``, mp4 by default). ``call`` is the
+  pipeline call alone (through its numpy output), ``call+encode`` the whole; base64, JSON and
+  HTTP are left to the server's side of the comparison;
 - server, 1 client: the same request over HTTP (urllib, a fresh connection each, the JSON
   answer parsed), in ``--rounds`` rounds alternating with the direct loop (the device's clock
   and the host's noise hit both alike); overhead = server p50 / direct call+encode p50 - 1
@@ -82,6 +82,9 @@ def parse(argv=None) -> argparse.Namespace:
                     help="alternating direct / 1-client rounds, [1, 20]")
     ap.add_argument("--warmup", type=int, default=2, help="calls of each before timing, [0, 100]")
     ap.add_argument("--response-format", choices=("b64_json", "url"), default="b64_json")
+    ap.add_argument("--video-format", choices=("mp4", "gif"), default="mp4",
+                    help="the videos' container, server and direct alike (mp4 needs "
+                         "imageio-ffmpeg)")
     ap.add_argument("--max-s", type=float, default=180.0,
                     help="seconds for the whole run, (0, 3600]")
     ap.add_argument("--startup-s", type=float, default=300.0,
@@ -231,7 +234,7 @@ class Bench:
             raise RuntimeError("the direct call's output has NaN or infinite values")
         samples = generation.to_uint8(array)
         if self.video:
-            data = generation.encode_video(samples[0], 16, "mp4")
+            data = generation.encode_video(samples[0], 16, self.args.video_format)
         else:
             data = generation.encode_png(samples[0], self.png_level)
         self.last_direct = (self.seed, samples[0], data)
@@ -246,6 +249,7 @@ class Bench:
                 "response_format": self.args.response_format}
         if self.video:
             body["frames"] = self.frames
+            body["output_format"] = self.args.video_format
         return body
 
     def request(self):

@@ -16,7 +16,8 @@
 #   adaln     bench.diffusers.adaln_models: stock vs apply_fused_adaln, fwd+bwd (ADALN_MODELS,
 #             ADALN_TOKENS, ADALN_ARGS)
 #   train     NPROC=1 MODEL_IMPL=diffusers tools/gpu_train.sh sweep fit train report with the
-#             runs balanced and balanced-nofused (TRAIN_BUDGET_S, SWEEP_BUDGET_S)
+#             runs balanced and balanced-nofused (TRAIN_BUDGET_S, SWEEP_BUDGET_S; TRAIN_STAGES
+#             the stages, M_MEM passed through)
 #   serve     bench.serve.bench_serve (SERVE_ARGS)
 #   generate  examples/generate.py on the GPU (flux, small, 4 steps)
 # PHASE_S: the timeout of each benchmark phase in seconds (default 300).
@@ -60,7 +61,7 @@ has adaln && phase adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
 has train && phase train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
   TRAIN_RUNS="balanced balanced-nofused" TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-45} \
   SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-90} OUT="$LOGS/train" \
-  bash tools/gpu_train.sh sweep fit train report
+  bash tools/gpu_train.sh ${TRAIN_STAGES:-sweep fit train report}
 [ -f "$LOGS/train/train-diffusers-h200x1.md" ] && cp "$LOGS/train/train-diffusers-h200x1.md" "$OUT/"
 has serve && phase serve "$PHASE_S" $PY -m bench.serve.bench_serve ${SERVE_ARGS:-} \
   --out-dir "$OUT"

@@ -11,18 +11,9 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-declare -a ROWS
-row() { ROWS+=("$(printf '| %-34s | %-6s | %s |' "$1" "$2" "$3")"); }
-step() {  # step NAME TIMEOUT_S CMD...  -> logs to $OUT/NAME.log, records pass/fail
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s)
-  echo "== $name: $*"
-  timeout --signal=TERM --kill-after=10 "$t" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$? dt=$(( $(date +%s) - t0 ))
-  tail -n 25 "$OUT/$name.log"
-  if [ $rc -eq 0 ]; then row "$name" ok "${dt}s"; else row "$name" "FAIL" "rc=$rc ${dt}s (see $name.log)"; fi
-  return $rc
-}
+# step NAME TIMEOUT_S CMD... -> $OUT/NAME.log and a row of the table (tools/steps.sh)
+source tools/steps.sh
+STEP_LOG_DIR=$OUT STEP_TAIL=25
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
@@ -219,9 +210,7 @@ fi
 
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
-printf '| %-34s | %-6s | %s |\n' step result detail
-printf '|%s|%s|%s|\n' "------------------------------------" "--------" "-----------------"
-for r in "${ROWS[@]}"; do echo "$r"; done
+print_rows
 [ -f "$OUT/adaln-h200.md" ] && tail -n 30 "$OUT/adaln-h200.md"
 for f in "$OUT"/diffusers/adaln-models.md "$OUT"/diffusers/sp-overhead.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }

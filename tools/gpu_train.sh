@@ -73,18 +73,9 @@ else
   echo "{\"base\": \"$SHAPE_BASE\", \"max_frames\": $MAX_FRAMES}" > "$SHAPE_MODEL"
 fi
 
-declare -a ROWS
-row() { ROWS+=("$(printf '| %-28s | %-6s | %s |' "$1" "$2" "$3")"); }
-step() {  # step NAME TIMEOUT_S CMD...  -> $WORK/NAME.log, a row in the final table
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s)
-  echo "== $name: $*"
-  timeout --signal=TERM --kill-after=15 "$t" "$@" >"$WORK/$name.log" 2>&1
-  local rc=$? dt=$(( $(date +%s) - t0 ))
-  tail -n 20 "$WORK/$name.log"
-  if [ $rc -eq 0 ]; then row "$name" ok "${dt}s"; else row "$name" FAIL "rc=$rc ${dt}s ($name.log)"; fi
-  return $rc
-}
+# step NAME TIMEOUT_S CMD... -> $WORK/NAME.log and a row of the table (tools/steps.sh)
+source "$ROOT/tools/steps.sh"
+STEP_LOG_DIR=$WORK
 # The launcher (a command, so that `timeout` can run it): torchrun on NPROC GPUs, python for one.
 if [ "$NPROC" -gt 1 ]; then
   LAUNCH=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC")
@@ -329,9 +320,7 @@ done
 cp -f "$WORK"/*.log "$WORK"/*.csv "$WORK"/*.json "$WORK"/*.jsonl "$WORK"/gpu.txt "$OUT"/ 2>/dev/null
 echo
 echo "== summary ($GPU_NAME x$NPROC, work dir $WORK)"
-printf '| %-28s | %-6s | %s |\n' step result detail
-printf '|%s|%s|%s|\n' "------------------------------" "--------" "------------------"
-for r in "${ROWS[@]}"; do echo "$r"; done
+print_rows
 for f in "$OUT"/train-h200x*.md "$OUT"/train-diffusers-h200x*.md; do
   [ -f "$f" ] && { echo; echo "== $f"; grep '^|' "$f"; }
 done

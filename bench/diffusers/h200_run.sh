@@ -32,17 +32,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 PY=${PYTHON:-python3}
 has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
-ROWS=()
-phase() {  # phase NAME TIMEOUT_S CMD...: logged to $LOGS/NAME.log, a row in the table
-  local name=$1 t=$2; shift 2
-  local t0=$(date +%s)
-  echo "== $name: $*"
-  timeout --signal=TERM --kill-after=15 "$t" "$@" >"$LOGS/$name.log" 2>&1
-  local rc=$? dt=$(( $(date +%s) - t0 ))
-  tail -n 12 "$LOGS/$name.log"
-  if [ $rc -eq 0 ]; then ROWS+=("$(printf '| %-18s | %-4s | %s |' "$name" ok "${dt}s")")
-  else ROWS+=("$(printf '| %-18s | %-4s | %s |' "$name" FAIL "rc=$rc ${dt}s ($name.log)")"); fi
-}
+# phase NAME TIMEOUT_S CMD...: $LOGS/NAME.log and a row of the table (tools/steps.sh)
+source tools/steps.sh
+STEP_LOG_DIR=$LOGS STEP_TAIL=12
+phase() { step "$@"; }
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$LOGS/gpu.txt" 2>&1
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/gpu.txt"
@@ -71,9 +64,7 @@ has generate && phase generate 240 $PY examples/generate.py --pipeline flux --si
 tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
 echo
 echo "== h200_run ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
-printf '| %-18s | %-4s | %s |\n' phase result detail
-printf '|%s|%s|%s|\n' "--------------------" "------" "-----------------"
-for r in "${ROWS[@]}"; do echo "$r"; done
+print_rows
 for f in "$OUT"/sp-overhead.md "$OUT"/adaln-models.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done

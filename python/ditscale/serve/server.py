@@ -252,12 +252,13 @@ class Server:
             return
         self.metrics.inc("steps_total", spec.steps)
         self.metrics.set("steps_per_second", spec.steps / run_s if run_s > 0 else 0.0)
-        self._hand_out(batch, samples, run_s, len(spec.seeds))
+        self._hand_out(batch, samples, run_s, {"requests": spec.requests,
+                                                "samples": len(spec.seeds)})
 
     def _hand_out(self, batch: List[Job], samples: np.ndarray, run_s: float,
-                  batch_samples: int) -> None:
-        """Each live job's samples to the encoder thread; jobs cancelled or timed out while the
-        batch ran fail now."""
+                  shared: dict) -> None:
+        """Each live job's samples to the encoder thread (``shared``: the batch's size, reported
+        in every result); jobs cancelled or timed out while the batch ran fail now."""
         start, now = 0, time.monotonic()
         for job in batch:
             part = samples[start:start + job.request.n]
@@ -267,8 +268,7 @@ class Server:
             elif job.deadline <= now:
                 self._fail(job, timeout_error(job))
             else:
-                self.encoder.submit(self._encode, job, part, run_s,
-                                    {"requests": len(batch), "samples": batch_samples})
+                self.encoder.submit(self._encode, job, part, run_s, shared)
 
     def _fail_stopped(self, batch: List[Job], reason: int) -> None:
         for job in batch:

@@ -275,15 +275,15 @@ class Handler(BaseHTTPRequestHandler):
             self.core.store.wait(job, version, timeout=1.0)
 
 
-JOB_ID = r"(gen-[0-9a-f]{16})"
+JOB_ID = r"gen-[0-9a-f]{16}"  # jobs.JobStore.submit's ids
+FILE = JOB_ID + r"-[0-9]{1,2}\.(png|mp4|gif)"  # Server._item's file names
 GET_ROUTES = {r"^/health$": "health", r"^/metrics$": "metrics", r"^/v1/models$": "models",
-              rf"^/v1/jobs/{JOB_ID}(/events)?$": "job",
-              r"^/v1/files/(gen-[0-9a-f]{16}-[0-9]{1,2}\.(png|mp4|gif))$": "file"}
+              rf"^/v1/jobs/({JOB_ID})(/events)?$": "job", rf"^/v1/files/({FILE})$": "file"}
 POST_ROUTES = {r"^/v1/images/generations$": "images", r"^/v1/videos/generations$": "videos",
-               rf"^/v1/jobs/{JOB_ID}(/cancel)$": "cancel"}
-DELETE_ROUTES = {rf"^/v1/jobs/{JOB_ID}()$": "cancel"}
-FILE_NAME = re.compile(r"gen-[0-9a-f]{16}-[0-9]{1,2}\.(png|mp4|gif)")
-JOB_NAME = re.compile(r"gen-[0-9a-f]{16}")
+               rf"^/v1/jobs/({JOB_ID})(/cancel)$": "cancel"}
+DELETE_ROUTES = {rf"^/v1/jobs/({JOB_ID})()$": "cancel"}
+FILE_NAME = re.compile(FILE)
+JOB_NAME = re.compile(JOB_ID)
 
 
 def route_label(path: str) -> str:

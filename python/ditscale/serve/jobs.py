@@ -122,9 +122,7 @@ class JobStore:
         """Blocks until ``job`` is finished (woken once, not at each step) or ``timeout``
         seconds pass (a queued job past its deadline fails with 504 by then); True when
         finished."""
-        if job.status == "queued":
-            timeout = max(0.0, min(timeout, job.deadline - time.monotonic()))
-        if not job.finished_event.wait(timeout):
+        if not job.finished_event.wait(_until_deadline(job, timeout)):
             with self.cond:
                 self._expire_queued()
         return job.done
@@ -133,9 +131,8 @@ class JobStore:
         """Blocks until ``job.version`` differs from ``version`` or ``timeout`` seconds pass
         (a queued job past its deadline fails with 504 by then); returns the version now."""
         with self.cond:
-            if job.status == "queued":
-                timeout = max(0.0, min(timeout, job.deadline - time.monotonic()))
-            if not self.cond.wait_for(lambda: job.version != version, timeout=timeout):
+            if not self.cond.wait_for(lambda: job.version != version,
+                                      timeout=_until_deadline(job, timeout)):
                 self._expire_queued()
             return job.version
 
@@ -224,6 +221,13 @@ class JobStore:
     def _changed(self, job: Job) -> None:
         job.version += 1
         self.cond.notify_all()
+
+
+def _until_deadline(job: Job, timeout: float) -> float:
+    """``timeout``, cut to the deadline of a job still queued (whose waiter then fails it)."""
+    if job.status == "queued":
+        return max(0.0, min(timeout, job.deadline - time.monotonic()))
+    return timeout
 
 
 def timeout_error(job: Job) -> RequestError:

@@ -32,33 +32,33 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 PY=${PYTHON:-python3}
 has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
-# phase NAME TIMEOUT_S CMD...: $LOGS/NAME.log and a row of the table (tools/steps.sh)
+# step NAME TIMEOUT_S CMD...: $LOGS/NAME.log and a row of the table (tools/steps.sh)
 source tools/steps.sh
 STEP_LOG_DIR=$LOGS STEP_TAIL=12
-phase() { step "$@"; }
+
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$LOGS/gpu.txt" 2>&1
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/gpu.txt"
-has wheels && phase wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
+has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
   --no-cache-dir --upgrade --target /tmp/site .whl/diffusers-*.whl .whl/importlib_metadata-*.whl
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-has build && phase build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
+has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
   bash tools/gpu_check.sh build
-has test && phase test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py
-has sp && phase sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \
+has test && step test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py
+has sp && step sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \
   --models "${SP_MODELS:-flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium}" \
   --tokens "${SP_TOKENS:-4096}" ${SP_ARGS:---reps 8 --max-s 6} --out-dir "$OUT"
-has adaln && phase adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
+has adaln && step adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
   --models "${ADALN_MODELS:-wan2.1-1.3b}" --tokens "${ADALN_TOKENS:-1024,32760}" \
   ${ADALN_ARGS:---reps 10 --max-s 8} --out-dir "$OUT"
-has train && phase train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
+has train && step train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
   TRAIN_RUNS="balanced balanced-nofused" TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-45} \
   SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-90} OUT="$LOGS/train" \
   bash tools/gpu_train.sh ${TRAIN_STAGES:-sweep fit train report}
 [ -f "$LOGS/train/train-diffusers-h200x1.md" ] && cp "$LOGS/train/train-diffusers-h200x1.md" "$OUT/"
-has serve && phase serve "$PHASE_S" $PY -m bench.serve.bench_serve ${SERVE_ARGS:-} \
+has serve && step serve "$PHASE_S" $PY -m bench.serve.bench_serve ${SERVE_ARGS:-} \
   --out-dir "$OUT"
-has generate && phase generate 240 $PY examples/generate.py --pipeline flux --size small \
+has generate && step generate 240 $PY examples/generate.py --pipeline flux --size small \
   --steps 4 --out "$LOGS/flux-small.png"
 
 tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null

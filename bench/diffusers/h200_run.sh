@@ -36,7 +36,6 @@ has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
 source tools/steps.sh
 STEP_LOG_DIR=$LOGS STEP_TAIL=12
 
-
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$LOGS/gpu.txt" 2>&1
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/gpu.txt"
 has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \

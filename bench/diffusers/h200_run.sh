@@ -18,7 +18,11 @@
 #   train     NPROC=1 MODEL_IMPL=diffusers tools/gpu_train.sh sweep fit train report with the
 #             runs balanced and balanced-nofused (TRAIN_BUDGET_S, SWEEP_BUDGET_S; TRAIN_STAGES
 #             the stages, M_MEM passed through)
-#   serve     bench.serve.bench_serve (SERVE_ARGS)
+#   serve     bench.serve.bench_serve (SERVE_ARGS); SERVE_PYSPY=1: under py-spy (its wheel in
+#             .whl/), both processes sampled, and bench.serve.pyspy_compare's table of where
+#             the server's pipeline call differs from the direct one (serve-pyspy.md)
+#   serve-busy  the same with the server variant bench.serve.busy_worker (SERVE_BUSY_ARGS;
+#             serve-busy.md)
 #   generate  examples/generate.py on the GPU (flux, small, 4 steps)
 # PHASE_S: the timeout of each benchmark phase in seconds (default 300).
 set -uo pipefail
@@ -55,8 +59,16 @@ has train && step train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
   SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-90} OUT="$LOGS/train" \
   bash tools/gpu_train.sh ${TRAIN_STAGES:-sweep fit train report}
 [ -f "$LOGS/train/train-diffusers-h200x1.md" ] && cp "$LOGS/train/train-diffusers-h200x1.md" "$OUT/"
-has serve && step serve "$PHASE_S" $PY -m bench.serve.bench_serve ${SERVE_ARGS:-} \
+SPY=()
+[ "${SERVE_PYSPY:-0}" = 1 ] && SPY=(/tmp/site/bin/py-spy record --subprocesses --idle --threads
+  --nonblocking -r 200 -f raw -o "$LOGS/serve-pyspy.txt" --)
+has serve && step serve "$PHASE_S" "${SPY[@]}" $PY -m bench.serve.bench_serve ${SERVE_ARGS:-} \
   --out-dir "$OUT"
+[ -f "$LOGS/serve-pyspy.txt" ] && $PY -m bench.serve.pyspy_compare "$LOGS/serve-pyspy.txt" \
+  > "$OUT/serve-pyspy.md" 2>&1
+has serve-busy && step serve-busy "$PHASE_S" $PY -m bench.serve.bench_serve \
+  --server-module bench.serve.busy_worker ${SERVE_BUSY_ARGS:-} --out-dir "$LOGS/serve-busy"
+[ -f "$LOGS/serve-busy/serve.md" ] && cp "$LOGS/serve-busy/serve.md" "$OUT/serve-busy.md"
 has generate && step generate 240 $PY examples/generate.py --pipeline flux --size small \
   --steps 4 --out "$LOGS/flux-small.png"
 

@@ -41,6 +41,7 @@ import base64
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -82,10 +83,14 @@ def parse(argv=None) -> argparse.Namespace:
                     help="alternating direct / 1-client rounds, [1, 20]")
     ap.add_argument("--warmup", type=int, default=2, help="calls of each before timing, [0, 100]")
     ap.add_argument("--response-format", choices=("b64_json", "url"), default="b64_json")
-    ap.add_argument("--direct-gap-ms", type=float, default=0.0,
-                    help="idle ms after each direct call, [0, 10000] (the server at 1 client "
-                         "idles between requests: this tells whether the idle alone slows the "
-                         "next call)")
+    ap.add_argument("--direct-gap-ms", default="0",
+                    help="idle ms after each direct call, comma-separated, each in [0, 10000]: "
+                         "a direct row per gap, all in the same alternating rounds (the server "
+                         "at 1 client idles between requests: this tells whether the idle "
+                         "alone slows the next call); the overhead is against the first")
+    ap.add_argument("--server-module", default="ditscale.serve",
+                    help="the module run as the server (python -m MODULE): an experiment's "
+                         "variant of ditscale.serve, e.g. bench.serve.busy_worker")
     ap.add_argument("--video-format", choices=("mp4", "gif"), default="mp4",
                     help="the videos' container, server and direct alike (mp4 needs "
                          "imageio-ffmpeg)")
@@ -115,8 +120,16 @@ def parse(argv=None) -> argparse.Namespace:
         v = getattr(args, name)
         if not (math.isfinite(v) and 0 < v <= hi):
             ap.error(f"--{name.replace('_', '-')}: {v:g} is out of range (0, {hi:g}]")
-    if not (math.isfinite(args.direct_gap_ms) and 0 <= args.direct_gap_ms <= 10000):
-        ap.error(f"--direct-gap-ms: {args.direct_gap_ms:g} is out of range [0, 10000]")
+    try:
+        args.direct_gap_ms = [float(g) for g in args.direct_gap_ms.split(",") if g]
+    except ValueError:
+        ap.error(f"--direct-gap-ms: {args.direct_gap_ms!r} is not a comma-separated list of "
+                 f"numbers")
+    if not args.direct_gap_ms or any(not (math.isfinite(g) and 0 <= g <= 10000)
+                                     for g in args.direct_gap_ms):
+        ap.error(f"--direct-gap-ms: {args.direct_gap_ms} must each be in [0, 10000]")
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", args.server_module):
+        ap.error(f"--server-module: {args.server_module!r} is not a module name")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     return args
 
@@ -136,10 +149,10 @@ def _env() -> dict:
 class Server:
     """``python -m ditscale.serve`` in a child process; ``url`` once ``listening()``."""
 
-    def __init__(self, argv, log_dir: str):
+    def __init__(self, module: str, argv, log_dir: str):
         self.log_path = os.path.join(log_dir, "server.log")
         self.log_file = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "ditscale.serve"] + argv,
+        self.proc = subprocess.Popen([sys.executable, "-m", module] + argv,
                                      env=_env(), stdout=self.log_file,
                                      stderr=subprocess.STDOUT)
         self.url = None
@@ -318,7 +331,7 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> 
     """Appends the rows of ``name`` (see the module) to ``rows`` as they are measured."""
     b = Bench(name, args)
     shape = f"{b.height}x{b.width}" + (f"x{b.frames}" if b.video else "")
-    server = Server(b.argv, log_dir)
+    server = Server(args.server_module, b.argv, log_dir)
 
     def log(msg):
         print(f"[serve {name}] {msg}", file=sys.stderr, flush=True)
@@ -341,31 +354,39 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> 
             log(f"--requests {args.requests} -> {n} per phase (--max-s: {left:.0f} s left, "
                 f"{each:.3f} s a request)")
         same = _same_output(b)
-        # direct and 1 client, alternating rounds (at least one; no new round past the budget)
-        calls, wholes, latencies, answers = [], [], [], []
+        # direct (one loop per gap) and 1 client, alternating rounds (at least one; no new
+        # round past the budget)
+        gaps = args.direct_gap_ms
+        calls, wholes = [[] for _ in gaps], [[] for _ in gaps]
+        latencies, answers = [], []
         per_round = [n // args.rounds + (i < n % args.rounds) for i in range(args.rounds)]
         for i, k in enumerate(per_round):
-            if i and time.monotonic() + 2 * k * each > deadline:
+            if i and time.monotonic() + (len(gaps) + 1) * k * each > deadline:
                 log(f"rounds {i + 1}-{args.rounds} left out (--max-s)")
                 break
-            for _ in range(k):
-                call, whole = b.direct()
-                calls.append(call)
-                wholes.append(whole)
-                time.sleep(args.direct_gap_ms / 1e3)  # outside the timed call
+            for g, gap in enumerate(gaps):
+                for _ in range(k):
+                    call, whole = b.direct()
+                    calls[g].append(call)
+                    wholes[g].append(whole)
+                    time.sleep(gap / 1e3)  # outside the timed call
             for _ in range(k):
                 latency, answer = b.request()
                 latencies.append(latency)
                 answers.append(answer)
-        direct = {**common, "mode": "direct", "clients": 1, **summary(wholes),
-                  "gap_ms": args.direct_gap_ms,
-                  "call_p50_ms": 1e3 * pct(calls, 0.5), "call_p99_ms": 1e3 * pct(calls, 0.99),
-                  "req_per_s": len(wholes) / sum(wholes)}
+        directs = [{**common, "mode": "direct", "clients": 1, **summary(w), "gap_ms": gap,
+                    "call_p50_ms": 1e3 * pct(c, 0.5), "call_p99_ms": 1e3 * pct(c, 0.99),
+                    "req_per_s": len(w) / sum(w)}
+                   for gap, c, w in zip(gaps, calls, wholes)]
+        direct = directs[0]
         one_client = {**common, "mode": "server", "clients": 1, **summary(latencies),
                       "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
                       "same_output": same}
         one_client["overhead"] = one_client["p50_ms"] / direct["p50_ms"] - 1
-        rows += [direct, one_client]
+        rows += directs + [one_client]
+        for d in directs[1:]:
+            log(f"direct with {d['gap_ms']:g} ms idle after each call: p50 {d['p50_ms']:.1f} ms "
+                f"(call {d['call_p50_ms']:.1f})")
         log(f"direct p50 {direct['p50_ms']:.1f} ms (call {direct['call_p50_ms']:.1f}), server "
             f"p50 {one_client['p50_ms']:.1f} ms: overhead {100 * one_client['overhead']:+.2f}%")
         for count in args.clients:
@@ -429,6 +450,13 @@ def table(rows, args) -> str:
     def ms(row, key):
         return f"{row[key]:.1f}" if key in row else ""
 
+    def mode(row):
+        if row.get("gap_ms"):
+            return f"direct, {row['gap_ms']:g} ms idle between calls"
+        if row["mode"] == "server" and args.server_module != "ditscale.serve":
+            return f"server ({args.server_module})"
+        return row["mode"]
+
     lines = [f"# ditscale.serve against the pipeline called directly ({args.device}, "
              f"{args.dtype}, size {args.size}, response {args.response_format})", "",
              "| pipeline | shape | steps | mode | clients | requests | req/s | p50 ms | "
@@ -436,7 +464,7 @@ def table(rows, args) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = (f"| {r['pipeline']} | {r.get('shape', '')} | {r.get('steps', '')} | "
-                f"{r['mode']} | {r.get('clients', '')} |")
+                f"{mode(r)} | {r.get('clients', '')} |")
         if "p50_ms" not in r:
             what = f"skipped: {r['skipped']}" if "skipped" in r else f"error: {r.get('error')}"
             lines.append(f"{head} {what} |" + " |" * 7)

@@ -678,20 +678,44 @@ def test_shutdown_grace_stops_the_running_request(tmp_path):
 
 
 def test_the_benchmark_runs_on_the_cpu(tmp_path):
+    # with the experiment's options: a second direct loop idling 5 ms after each call, and the
+    # busy-worker variant of the server (its answers are the stock server's)
     proc = subprocess.run(
         [sys.executable, "-m", "bench.serve.bench_serve", "--device", "cpu", "--size", "tiny",
          "--pipelines", "sd3", "--requests", "4", "--clients", "1,2", "--steps", "1",
-         "--warmup", "1", "--rounds", "1", "--max-s", "90", "--out-dir", str(tmp_path)],
+         "--warmup", "1", "--rounds", "1", "--max-s", "90", "--direct-gap-ms", "0,5",
+         "--server-module", "bench.serve.busy_worker", "--out-dir", str(tmp_path)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "serve.json").read_text())
-    assert [(r["mode"], r["clients"]) for r in rows] == [("direct", 1), ("server", 1),
-                                                         ("server", 2)]
+    assert [(r["mode"], r["clients"], r.get("gap_ms")) for r in rows] == [
+        ("direct", 1, 0.0), ("direct", 1, 5.0), ("server", 1, None), ("server", 2, None)]
     assert all(r["requests"] == 4 and r["p50_ms"] > 0 and r["p99_ms"] >= r["p50_ms"]
                for r in rows)
-    assert rows[0]["call_p50_ms"] <= rows[0]["p50_ms"] and rows[2]["errors"] == 0
-    assert rows[1]["same_output"] is True  # the server's image is the direct call's
-    assert rows[1]["overhead"] == pytest.approx(rows[1]["p50_ms"] / rows[0]["p50_ms"] - 1)
+    assert rows[0]["call_p50_ms"] <= rows[0]["p50_ms"] and rows[3]["errors"] == 0
+    assert rows[2]["same_output"] is True  # the server's image is the direct call's
+    assert rows[2]["overhead"] == pytest.approx(rows[2]["p50_ms"] / rows[0]["p50_ms"] - 1)
     table = (tmp_path / "serve.md").read_text()
-    assert "| sd3 | 12x20 | 1 | server | 1 | 4 |" in table
+    assert "| sd3 | 12x20 | 1 | server (bench.serve.busy_worker) | 1 | 4 |" in table
+    assert "| sd3 | 12x20 | 1 | direct, 5 ms idle between calls | 1 | 4 |" in table
     assert proc.stdout.rstrip().endswith(table.rstrip().splitlines()[-1])  # printed last
+
+
+def test_the_profile_comparison_splits_the_two_sides(tmp_path):
+    from bench.serve import pyspy_compare
+
+    call = "FluxPipeline.__call__ (diffusers/pipelines/flux/pipeline_flux.py:900)"
+    direct = "process 1:\"bench\";thread (1): MainThread;Bench.direct (bench/serve/bench_serve.py:240)"
+    server = "process 2:\"serve\";thread (2): MainThread;execute (ditscale/serve/runner.py:129)"
+    step = "FluxTransformer2DModel.forward (diffusers/models/transformers/transformer_flux.py:7)"
+    profile = tmp_path / "p.txt"
+    profile.write_text(f"{direct};{call};{step} 10\n{server};{call};{step} 12\n"
+                       f"{server};{call};DiffusionPipeline._execution_device (x.py:1) 5\n"
+                       f"{server};JobStore.next_batch (ditscale/serve/jobs.py:145) 99\n")
+    totals, by_line, by_leaf = pyspy_compare.compare(str(profile), 1)
+    assert totals == {"direct": 10, "server": 17}  # the idle worker's stack is not a call
+    assert by_line["server"][step] == 12 and by_line["direct"][step] == 10
+    assert by_leaf["server"]["DiffusionPipeline._execution_device (x.py:1)"] == 5
+    profile.write_text("not a profile line\n")
+    with pytest.raises(ValueError, match=r"p.txt:1: not a 'frames count' line"):
+        pyspy_compare.compare(str(profile), 1)

@@ -19,9 +19,11 @@ build_pipeline`` of the server's own options: the same random weights, the same
   pipeline call alone (through its numpy output), ``call+encode`` the whole; base64, JSON and
   HTTP are left to the server's side of the comparison;
 - server, 1 client: the same request over HTTP (urllib, a fresh connection each, the JSON
-  answer parsed), in ``--rounds`` rounds alternating with the direct loop (the device's clock
-  and the host's noise hit both alike); overhead = server p50 / direct call+encode p50 - 1
-  (the issue's target: < 3%);
+  answer parsed), alternating with the direct loop (by default one call of each in turn;
+  ``--rounds`` R: R rounds of n / R calls of each), so that the device's clock and the host's
+  drift hit both alike; overhead = server p50 / direct call+encode p50 - 1 (the issue's
+  target: < 3%), and paired = the median over i of request i / direct call i - 1 (the two of
+  a round: what the host's drift between rounds cannot move);
 - server, C clients (``--clients``): C threads in a closed loop (each sends its next request
   when its last is answered), ``--requests`` in all: requests/s (answered / wall time) and
   p50 / p99 latency (submission to parsed answer).
@@ -79,8 +81,9 @@ def parse(argv=None) -> argparse.Namespace:
                     help="videos, [1, 1025] (default: the size's)")
     ap.add_argument("--clients", default="1,4,16", help="concurrent clients, each in [1, 256]")
     ap.add_argument("--requests", type=int, default=32, help="requests per phase, [1, 10000]")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="alternating direct / 1-client rounds, [1, 20]")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="alternating direct / 1-client rounds, [1, 10000] (default: one call "
+                         "of each per round, the finest alternation)")
     ap.add_argument("--warmup", type=int, default=2, help="calls of each before timing, [0, 100]")
     ap.add_argument("--response-format", choices=("b64_json", "url"), default="b64_json")
     ap.add_argument("--direct-gap-ms", default="0",
@@ -111,7 +114,7 @@ def parse(argv=None) -> argparse.Namespace:
     if not args.clients or any(not 1 <= c <= 256 for c in args.clients):
         ap.error(f"--clients: {args.clients} must each be in [1, 256]")
     for name, lo, hi in (("steps", 1, 1000), ("height", 8, 16384), ("width", 8, 16384),
-                         ("frames", 1, 1025), ("requests", 1, 10000), ("rounds", 1, 20),
+                         ("frames", 1, 1025), ("requests", 1, 10000), ("rounds", 1, 10000),
                          ("warmup", 0, 100)):
         v = getattr(args, name)
         if v is not None and not lo <= v <= hi:
@@ -359,10 +362,13 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> 
         gaps = args.direct_gap_ms
         calls, wholes = [[] for _ in gaps], [[] for _ in gaps]
         latencies, answers = [], []
-        per_round = [n // args.rounds + (i < n % args.rounds) for i in range(args.rounds)]
+        rounds = n if args.rounds is None else min(args.rounds, n)
+        if rounds != (args.rounds or n):
+            log(f"--rounds {args.rounds} -> {rounds} (one call of each a round at least)")
+        per_round = [n // rounds + (i < n % rounds) for i in range(rounds)]
         for i, k in enumerate(per_round):
             if i and time.monotonic() + (len(gaps) + 1) * k * each > deadline:
-                log(f"rounds {i + 1}-{args.rounds} left out (--max-s)")
+                log(f"rounds {i + 1}-{rounds} left out (--max-s)")
                 break
             for g, gap in enumerate(gaps):
                 for _ in range(k):
@@ -383,12 +389,17 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> 
                       "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
                       "same_output": same}
         one_client["overhead"] = one_client["p50_ms"] / direct["p50_ms"] - 1
+        # the i-th request against the i-th direct call of the same round: the host's drift
+        # between rounds cancels
+        one_client["paired_overhead"] = statistics.median(
+            s / d for s, d in zip(latencies, wholes[0])) - 1
         rows += directs + [one_client]
         for d in directs[1:]:
             log(f"direct with {d['gap_ms']:g} ms idle after each call: p50 {d['p50_ms']:.1f} ms "
                 f"(call {d['call_p50_ms']:.1f})")
         log(f"direct p50 {direct['p50_ms']:.1f} ms (call {direct['call_p50_ms']:.1f}), server "
-            f"p50 {one_client['p50_ms']:.1f} ms: overhead {100 * one_client['overhead']:+.2f}%")
+            f"p50 {one_client['p50_ms']:.1f} ms: overhead {100 * one_client['overhead']:+.2f}% "
+            f"(paired {100 * one_client['paired_overhead']:+.2f}%)")
         for count in args.clients:
             if count == 1:
                 continue
@@ -460,25 +471,27 @@ def table(rows, args) -> str:
     lines = [f"# ditscale.serve against the pipeline called directly ({args.device}, "
              f"{args.dtype}, size {args.size}, response {args.response_format})", "",
              "| pipeline | shape | steps | mode | clients | requests | req/s | p50 ms | "
-             "p99 ms | call p50 ms | server run ms | overhead | same output |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "p99 ms | call p50 ms | server run ms | overhead | paired | same output |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = (f"| {r['pipeline']} | {r.get('shape', '')} | {r.get('steps', '')} | "
                 f"{mode(r)} | {r.get('clients', '')} |")
         if "p50_ms" not in r:
             what = f"skipped: {r['skipped']}" if "skipped" in r else f"error: {r.get('error')}"
-            lines.append(f"{head} {what} |" + " |" * 7)
+            lines.append(f"{head} {what} |" + " |" * 8)
             continue
         over = f"{100 * r['overhead']:+.2f}%" if "overhead" in r else ""
+        paired = f"{100 * r['paired_overhead']:+.2f}%" if "paired_overhead" in r else ""
         same = {True: "yes", False: "NO", None: ""}[r.get("same_output")]
         lines.append(f"{head} {r['requests']} | {r['req_per_s']:.2f} | {ms(r, 'p50_ms')} | "
                      f"{ms(r, 'p99_ms')} | {ms(r, 'call_p50_ms')} | {ms(r, 'server_run_s_ms')} | "
-                     f"{over} | {same} |")
+                     f"{over} | {paired} | {same} |")
     lines += ["", "direct: the pipeline call + NaN check + to_uint8 + PNG / MP4 encoding, one "
               "call after another (call: the pipeline call alone); server: submission to "
               "parsed JSON answer over loopback HTTP, closed-loop clients (server run: its "
               "pipeline call); overhead: server p50 / direct p50 - 1 at 1 client (target "
-              "< 3%); same output: the server's PNG of a seed has the direct call's bytes."]
+              "< 3%); paired: the median of request i / direct call i - 1 (alternating); "
+              "same output: the server's PNG of a seed has the direct call's bytes."]
     errors = [r for r in rows if "error" in r and "p50_ms" in r]
     lines += [f"- {r['pipeline']} {r['clients']} clients: {r['errors']} failed requests, e.g. "
               f"{r['error']}" for r in errors]

@@ -7,8 +7,9 @@
 #   PHASES="wheels build test sp" bench/diffusers/h200_run.sh        (nvidia-h200, carry .whl)
 #
 # PHASES (default "wheels build test sp adaln"):
-#   wheels    .whl/*.whl into /tmp/site (diffusers 0.42.1, importlib_metadata; the image has the
-#             rest)
+#   wheels    .whl/*.whl into /tmp/site (diffusers 0.42.1, importlib_metadata; py-spy and
+#             imageio-ffmpeg 0.7.0's manylinux2014 wheel (29 MB: MP4 for the server's videos)
+#             when there; the image has the rest)
 #   build     ditscale with CUDA + Torch (tools/gpu_check.sh's build, BUILD_MODE default py)
 #   test      tests/gpu/test_diffusers_gpu.py
 #   sp        bench.diffusers.sp_overhead: parallelize at world size 1 vs stock, eager and
@@ -44,7 +45,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$LOGS/gpu.tx
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/gpu.txt"
 has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
   --no-cache-dir --upgrade --target /tmp/site .whl/diffusers-*.whl .whl/importlib_metadata-*.whl \
-  $(ls .whl/py_spy-*.whl 2>/dev/null)
+  $(ls .whl/py_spy-*.whl .whl/imageio_ffmpeg-*.whl 2>/dev/null)
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
   bash tools/gpu_check.sh build

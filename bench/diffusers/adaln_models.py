@@ -16,14 +16,16 @@ fused), peak memory of a step above the model and inputs (GiB, each model alone)
 (fused / stock), and the output's relative L2 difference to stock. The markdown table is printed
 last and written to DIR/adaln-models.md with the raw rows in DIR/adaln-models.json.
 
-Attention runs on one SDPA backend for stock and fused alike (``--sdpa``, default flash): with
-torch 2.11's cuDNN backend the backward of Flux's joint attention reads out of bounds
+Attention runs on one SDPA backend for stock and fused alike (``--sdpa``, default flash;
+``default`` leaves the choice to PyTorch, as users' runs do): with torch 2.11's cuDNN backend
+(PyTorch's default choice on an H200) the backward of Flux's joint attention reads out of bounds
 (compute-sanitizer: ``cudnn::fusion::compute_dot_do_o_specialized``, stock model, 4,608 tokens,
 24 x 128 heads) and fails with CUBLAS_STATUS_EXECUTION_FAILED.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 
@@ -99,11 +101,12 @@ def compare_pair(name, tokens, compiled, args, dtype, dev):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-               "efficient": SDPBackend.EFFICIENT_ATTENTION}[args.sdpa]
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
     stock = fused = None
     try:
-        with sdpa_kernel([backend]):
+        with (contextlib.nullcontext() if args.sdpa == "default"
+              else sdpa_kernel([backends[args.sdpa]])):
             stock = Variant(name, tokens, args.blocks, False, compiled, dtype, dev)
             fused = Variant(name, tokens, args.blocks, True, compiled, dtype, dev)
             mem = [peak_gib(v) for v in (stock, fused)]
@@ -126,11 +129,28 @@ def compare_pair(name, tokens, compiled, args, dtype, dev):
                  f"mem {row['mem_ratio']:.2f}x  rel_l2 {row['rel_l2']:.1e}")
 
 
+def default_sdpa_kernels(dev) -> str:
+    """The attention kernels PyTorch's default SDPA choice runs (forward and backward of one
+    [1, 12, 1024, 128] bf16 call, Wan 1.3B's heads), by name: what ``--sdpa default`` measured."""
+    import torch
+
+    q, k, v = (torch.randn(1, 12, 1024, 128, device=dev, dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+        torch.cuda.synchronize(dev)
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    keys = ("sdpa", "flash", "fmha", "cudnn", "attention")
+    return ", ".join(sorted(n[:60] for n in names if any(w in n.lower() for w in keys)))
+
+
 def run(args):
     import torch
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
+    if args.sdpa == "default":
+        print(f"[adaln_models] --sdpa default runs: {default_sdpa_kernels(dev)}", flush=True)
     return cli.sweep("adaln_models", args, M.TOKENS,
                      lambda name, tokens, compiled: compare_pair(name, tokens, compiled, args,
                                                                  torch.bfloat16, dev))
@@ -167,8 +187,10 @@ def kernel_table(rows) -> str:
 
 def parse(argv):
     ap = cli.parser(__doc__, "wan2.1-1.3b,wan2.1-14b,flux", 4, 20.0)
-    ap.add_argument("--sdpa", default="flash", choices=["flash", "cudnn", "efficient"],
-                    help="the SDPA backend of every attention (see the module docstring)")
+    ap.add_argument("--sdpa", default="flash", choices=["flash", "cudnn", "efficient", "default"],
+                    help="the SDPA backend of every attention (see the module docstring); "
+                         "default: PyTorch's own choice (cuDNN for these shapes on an H200 "
+                         "with torch 2.11), the backend users get")
     ap.add_argument("--profile", action="store_true",
                     help="also the GPU kernel time per step by category (torch.profiler)")
     return cli.parse(ap, argv)

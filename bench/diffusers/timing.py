@@ -83,7 +83,7 @@ def measure_pair(a, b, warmup: int = 3, rounds: int = 8, reps: int = 5,
 # Kernel-name fragments (lower case) of each category, tried in this order.
 KERNEL_CATEGORIES = (
     ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
-    ("adaln (ditscale)", ("adaln",)),
+    ("adaln, rotary (ditscale)", ("adaln", "rotary_kernel")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma", "sm90_", "splitk")),
 )
 OTHER = "elementwise, norms, reductions"

@@ -41,6 +41,8 @@
 #include <tuple>
 #include <utility>
 
+#include "ditscale/torch/autograd_util.h"
+
 namespace ditscale::torch_ext {
 namespace {
 
@@ -53,12 +55,6 @@ using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
 using Tensor4 = std::tuple<Tensor, Tensor, Tensor, Tensor>;
 using Tensor5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
 using Tensor7 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-
-// The op's typed handle, looked up once (the schemas are defined by adaln_ops.cc at load).
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> typed_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 OptTensor as_optional(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
@@ -102,11 +98,6 @@ struct AdaLNNode : Node {
     static_cast<T*>(this)->release_own();
   }
 };
-
-template <typename T>
-std::shared_ptr<T> new_node() {
-  return std::shared_ptr<T>(new T(), torch::autograd::deleteNode);
-}
 
 // ---- adaln_fwd ----
 

@@ -69,6 +69,8 @@ __all__ = [
     "adaln_gated_rows",
     "adaln_reference",
     "adaln_gated_reference",
+    "rotary",
+    "rotary_reference",
     "is_available",
     "load_error",
     "NORMS",
@@ -76,7 +78,7 @@ __all__ = [
 ]
 
 _OP_NAMES = ("adaln_fwd", "adaln_bwd", "adaln_mod_fwd", "adaln_mod_bwd", "adaln_gated_fwd",
-             "adaln_gated_bwd", "adaln_gated_mod_fwd", "adaln_gated_mod_bwd")
+             "adaln_gated_bwd", "adaln_gated_mod_fwd", "adaln_gated_mod_bwd", "rotary")
 _load_error: Optional[str] = None
 # Op name -> its default overload (torch.ops.ditscale.<name>.default), once the extension is
 # loaded: the wrappers call these (one Python frame less per call than the overload packet).
@@ -410,6 +412,30 @@ def adaln_gated_reference(
 # the extension is loaded, which also registers the ops' C++ autograd.
 
 
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of interleaved pairs (diffusers' Wan convention), one kernel.
+
+    ``x`` [B, S, H, Dh] (Dh even; bf16, fp16, fp32, or fp64 on the CPU; any strides with a
+    contiguous last dimension), ``cos`` / ``sin`` float32 [1 or B, S, 1, Dh] (or without the
+    head axis). For each pair (a, b) = (x[2j], x[2j + 1]) with c = cos[2j], s = sin[2j + 1]:
+    y[2j] = a*c - b*s, y[2j + 1] = a*s + b*c, in float32 (each product and sum rounded on its
+    own), rounded once to x's dtype: the bits of :func:`rotary_reference`. Returns a new
+    contiguous tensor. Differentiable in x (C++ autograd: the backward is the inverse rotation,
+    one kernel; only cos and sin are saved); cos and sin get no gradient (one that requires
+    grad is a RuntimeError). Errors name the argument (RuntimeError from the op)."""
+    _require()
+    return _OPS["rotary"](x, cos, sin, False)
+
+
+def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`rotary` in plain PyTorch (the arithmetic of diffusers' WanAttnProcessor): the
+    products and sums as separate float32 ops, then one cast to x's dtype."""
+    pairs = x.unflatten(-1, (-1, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2).to(x.dtype)
+
+
 def _stats_shape(x: torch.Tensor) -> Tuple[int, int]:
     return (x.shape[0], x.shape[1])
 
@@ -569,6 +595,18 @@ def _register() -> None:
             _fake_grad_like(h, weight),
             _fake_grad_like(h, bias),
         )
+
+    @torch.library.register_fake(lib + "rotary")
+    def _(x, cos, sin, inverse=False):
+        torch._check(x.dim() == 4, lambda: f"ditscale.ops.rotary: x must be [B, S, H, Dh], "
+                                           f"got shape {tuple(x.shape)}")
+        torch._check(x.shape[3] >= 2 and x.shape[3] % 2 == 0,
+                     lambda: f"ditscale.ops.rotary: x's head dim (its last) must be even and "
+                             f">= 2, got {x.shape[3]}")
+        for name, f in (("cos", cos), ("sin", sin)):
+            torch._check(f.dtype == torch.float32,
+                         lambda: f"ditscale.ops.rotary: {name} must be float32, got {f.dtype}")
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
     for name in _OP_NAMES:
         _OPS[name] = getattr(torch.ops.ditscale, name).default

@@ -108,10 +108,60 @@ def test_gradient_checkpointing_matches_stock():
 
 
 @pytest.mark.parametrize("form", ("wan21_t2v", "wan22_ti2v"))
-def test_one_rank_sequence_parallel_composes(form):
+@pytest.mark.parametrize("order", ("parallelize_first", "fused_first"))
+def test_one_rank_sequence_parallel_composes(form, order):
+    from ditscale.diffusers.rotary_wan import RotaryWanAttnProcessor
+
     stock = make_model(form)
-    both = dd.apply_fused_adaln(dd.parallelize(copy.deepcopy(stock), strategy="ulysses"))
+    if order == "parallelize_first":
+        both = dd.apply_fused_adaln(dd.parallelize(copy.deepcopy(stock), strategy="ulysses"))
+    else:  # the sequence-parallel processor wraps (and on one rank runs) the rotary one
+        both = dd.parallelize(dd.apply_fused_adaln(copy.deepcopy(stock)), strategy="ulysses")
+        assert all(type(b.attn1.processor.stock) is RotaryWanAttnProcessor for b in both.blocks)
     check_training(stock, both, make_inputs(form), sample)
+
+
+def test_self_attention_rotates_with_the_op_and_remove_restores_the_processors(monkeypatch):
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    from ditscale.diffusers import rotary_wan
+
+    stock = make_model("wan21_t2v")
+    patched = copy.deepcopy(stock)
+    originals = [b.attn1.processor for b in patched.blocks]
+    patched.set_attention_backend("native")  # a backend set before apply is carried over
+    dd.apply_fused_adaln(patched)
+    assert all(type(b.attn1.processor) is rotary_wan.RotaryWanAttnProcessor and
+               type(b.attn2.processor) is WanAttnProcessor for b in patched.blocks)
+    assert all(b.attn1.processor._attention_backend == "native" for b in patched.blocks)
+    calls = []
+    real = ops.rotary
+    monkeypatch.setattr(ops, "rotary", lambda *a: calls.append(a[0].shape) or real(*a))
+    check_training(stock, patched, make_inputs("wan21_t2v"), sample)
+    assert len(calls) == 2 * len(patched.blocks)  # q and k of every block, once each
+    dd.apply_fused_adaln(patched)  # twice = once: not wrapped again
+    assert all(b.attn1.processor.stock is o for b, o in zip(patched.blocks, originals))
+    dd.remove_fused_adaln(patched)
+    assert all(b.attn1.processor is o and o._attention_backend == "native"
+               for b, o in zip(patched.blocks, originals))
+
+
+def test_self_attention_falls_back_to_stock_for_frequencies_the_op_does_not_take():
+    from ditscale.diffusers import rotary_wan
+
+    stock, patched = patched_pair("wan21_t2v")
+    block = patched.blocks[0]
+    x = torch.randn(BATCH, TOKENS, DIM)
+    angles = torch.rand(1, TOKENS, 1, 8)
+    for cos, sin in ((angles.cos().double(), angles.sin().double()),  # not float32
+                     (angles.cos().requires_grad_(), angles.sin())):  # trainable
+        assert not rotary_wan.op_applies(x, (cos, sin))
+        assert torch.equal(block.attn1(x, rotary_emb=(cos, sin)),
+                           stock.blocks[0].attn1(x, rotary_emb=(cos, sin)))
+    cos, sin = angles.cos(), angles.sin()
+    assert rotary_wan.op_applies(x, (cos, sin))
+    assert torch.equal(block.attn1(x, rotary_emb=(cos, sin)),  # the op's path: the same bits
+                       stock.blocks[0].attn1(x, rotary_emb=(cos, sin)))
 
 
 def bf16_like_diffusers(model):

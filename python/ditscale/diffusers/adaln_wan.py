@@ -38,10 +38,13 @@ Under torch.compile, a block of at most ``_adaln_common.COMPILED_STOCK_MAX_ROWS`
 neighbours; the fused ops' per-call dispatch would cost more than they save there); eager calls
 always take the fused ops.
 
-Everything else runs as diffusers has it: attention and its processors (so
-``ditscale.diffusers.parallelize``'s processors and hooks), the feed-forward, the embedders. Only
-the blocks' ``forward`` is replaced, on the instance: parameters, module names and the
-state_dict are unchanged; :func:`remove` restores diffusers' forwards.
+The self-attention's rotary embedding: every block's ``attn1`` whose processor is diffusers' own
+``WanAttnProcessor`` gets ``rotary_wan.RotaryWanAttnProcessor`` (the same attention, q and k
+rotated by one ``ops.rotary`` kernel each; see that module). Everything else runs as diffusers
+has it: the other processors (so ``ditscale.diffusers.parallelize``'s processors and hooks), the
+feed-forward, the embedders. Only the blocks' ``forward`` and those processors are replaced, on
+the instance: parameters, module names and the state_dict are unchanged; :func:`remove`
+restores diffusers' forwards and processors.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
 from .. import ops
 from . import _adaln_common as common
+from . import rotary_wan
 from ._adaln_common import Patch, check_plan, fused, patch_all, unpatch_all
 
 WHERE = "ditscale.diffusers.apply_fused_adaln (WanTransformer3DModel)"
@@ -69,11 +73,16 @@ def apply(transformer) -> None:
     plan = _plan(transformer)
     check_plan(WHERE, plan)
     patch_all(plan)
+    for block in transformer.blocks:
+        rotary_wan.install(block)
 
 
 def remove(transformer) -> None:
-    """Restores diffusers' forwards (a no-op for blocks that are not patched)."""
+    """Restores diffusers' forwards and self-attention processors (a no-op for blocks that are
+    not patched)."""
     unpatch_all(WHERE, _plan(transformer))
+    for block in transformer.blocks:
+        rotary_wan.uninstall(block)
 
 
 def _plan(transformer) -> List[Patch]:

@@ -39,14 +39,14 @@ processors run the stock WanAttnProcessor they replaced (``_sp_hooks.OneRankStoc
 is the stock module's, bit for bit.
 
 Refused with a ValueError naming the feature: attention processors other than diffusers'
-``WanAttnProcessor``, an ``attention_mask`` given to ``attn1``, a model already under diffusers'
+``WanAttnProcessor`` (and, on ``attn1``, ``apply_fused_adaln``'s ``RotaryWanAttnProcessor``,
+which computes the same attention and is the "stock" processor the one-rank path runs), an ``attention_mask`` given to ``attn1``, a model already under diffusers'
 own ``enable_parallelism``, a model without blocks, a per-token timestep whose length is neither
 1 nor S, and inputs on a device other than the parameters'.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
 
 import torch
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor,
@@ -54,6 +54,8 @@ from diffusers.models.transformers.transformer_wan import (WanAttnProcessor,
 
 from ._sp_context import SpContext
 from ._sp_hooks import OneRankStock, Tokens, argument_names, bind, gather_hook, input_hook
+from . import rotary_wan
+from .rotary_wan import RotaryWanAttnProcessor
 
 WHERE = "ditscale.diffusers.parallelize (WanTransformer3DModel)"
 
@@ -76,6 +78,12 @@ def parallelize(transformer, ctx: SpContext) -> None:
     transformer.proj_out.register_forward_hook(gather_hook(ctx, tokens))
 
 
+# The processors the integration replaces (attn1) or keeps (attn2): diffusers' own, and on attn1
+# apply_fused_adaln's, which computes the same attention (rotary_wan).
+_STOCK_PROCESSORS = {"attn1": (WanAttnProcessor, RotaryWanAttnProcessor),
+                     "attn2": (WanAttnProcessor,)}
+
+
 def _check_model(transformer) -> None:
     if getattr(transformer, "_parallel_config", None) is not None:
         raise ValueError(f"{WHERE}: the model is already parallelized by diffusers' "
@@ -86,7 +94,7 @@ def _check_model(transformer) -> None:
     for i, block in enumerate(transformer.blocks):
         for name in ("attn1", "attn2"):
             processor = getattr(block, name).processor
-            if type(processor) is not WanAttnProcessor:
+            if type(processor) not in _STOCK_PROCESSORS[name]:
                 raise ValueError(f"{WHERE}: blocks[{i}].{name}'s attention processor is "
                                  f"{type(processor).__name__}; only diffusers' WanAttnProcessor "
                                  f"can be sequence-parallelized")
@@ -150,18 +158,6 @@ def _video_shard_hook(ctx: SpContext, tokens: Tokens, block):
 
 # ---- attention ---------------------------------------------------------------------------------
 
-def rotate_interleaved(x: torch.Tensor, rotary: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """``x`` [B, S_r, H, d] rotated as Wan rotates: each pair (x_2i, x_2i+1) by the angle whose
-    cosine is cos[..., 2i] and sine sin[..., 2i+1] (tables [1, S_r, 1, d], each value repeated
-    for both members of its pair). Computed in the tables' precision, returned in x's dtype."""
-    cos, sin = rotary[0][..., 0::2], rotary[1][..., 1::2]
-    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
-    out = torch.empty_like(x)  # written in place, pair by pair: no tensor of the tables' dtype
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = even * sin + odd * cos
-    return out
-
-
 class SelfAttentionProcessor(OneRankStock):
     """``attn1`` of a ``WanTransformerBlock``: this rank's video tokens [B, S_r, D] ->
     [B, S_r, D], attending over the video tokens of every rank; on one rank the stock
@@ -185,7 +181,7 @@ class SelfAttentionProcessor(OneRankStock):
         q, k = attn.norm_q(q), attn.norm_k(k)
         q, k, v = (x.unflatten(2, (attn.heads, -1)) for x in (q, k, v))
         if rotary_emb is not None:
-            q, k = rotate_interleaved(q, rotary_emb), rotate_interleaved(k, rotary_emb)
+            q, k = rotary_wan.rotate(q, rotary_emb), rotary_wan.rotate(k, rotary_emb)
         if self.ctx.size > 1:
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = self.ctx.attention(q, k, v).flatten(2, 3).type_as(q)

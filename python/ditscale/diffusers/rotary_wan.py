@@ -1,0 +1,115 @@
+"""Wan's self-attention with the rotary embedding as one ditscale kernel (``ops.rotary``).
+
+diffusers' ``WanAttnProcessor`` rotates q and k with a chain of float32 elementwise ops per
+tensor (two strided views, four products, a sum and a difference in float32, two strided copies
+into x's dtype) and autograd records each of them; on one H200 at 32,760 tokens that chain is
+~16 ms of a 4-block forward+backward step of Wan 2.1 1.3B (bench/results/diffusers-adaln-h200.md).
+:class:`RotaryWanAttnProcessor` computes the same attention with ``ops.rotary``: one kernel per
+tensor forward (the same bits: float32 products and sums, one rounding), one backward kernel
+(the inverse rotation), and only cos / sin saved for the backward.
+
+It is installed by ``ditscale.diffusers.apply_fused_adaln`` on every block's ``attn1`` whose
+processor is diffusers' own ``WanAttnProcessor`` (removed by ``remove_fused_adaln``), and is
+the stock processor in every other case, by calling it:
+
+- under ``torch.compile`` (inductor fuses the stock chain with its neighbours itself);
+- without ``rotary_emb``, with an image context (I2V's ``add_k_proj``: not on ``attn1``), or with
+  frequencies the op does not take (not float32, requiring grad, another device);
+- when the compiled ops are not available.
+
+:func:`rotate` is the rotation alone (the op where it applies, else the formula), for the
+sequence-parallel processor's own attention.
+
+Composition: ``ditscale.diffusers.parallelize`` accepts it where it accepts ``WanAttnProcessor``
+(its one-rank path runs it; its multi-rank path computes the attention itself); diffusers'
+``set_attention_backend`` sets this processor's backend as the stock one's.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
+
+from .. import ops
+
+_CARRIED = ("_attention_backend", "_parallel_config")  # instance settings of a processor
+
+
+def _carry(src, dst) -> None:
+    """The attention backend / parallel config set on ``src`` (instance attributes), onto
+    ``dst``."""
+    for name in _CARRIED:
+        if name in vars(src):
+            setattr(dst, name, vars(src)[name])
+
+
+class RotaryWanAttnProcessor(WanAttnProcessor):
+    """``WanAttnProcessor`` with ``ops.rotary`` for q and k (see the module)."""
+
+    def __init__(self, stock: WanAttnProcessor):
+        super().__init__()
+        self.stock = stock
+        _carry(stock, self)
+
+    def restore(self) -> WanAttnProcessor:
+        """The processor this one replaced, with this one's backend settings."""
+        _carry(self, self.stock)
+        return self.stock
+
+    def __call__(self, attn, hidden_states: torch.Tensor,
+                 encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None,
+                 rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if (rotary_emb is None or attn.add_k_proj is not None
+                or not op_applies(hidden_states, rotary_emb)):
+            return WanAttnProcessor.__call__(self, attn, hidden_states, encoder_hidden_states,
+                                             attention_mask, rotary_emb)
+        q, k, v = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        cos, sin = rotary_emb
+        q = ops.rotary(attn.norm_q(q).unflatten(2, (attn.heads, -1)), cos, sin)
+        k = ops.rotary(attn.norm_k(k).unflatten(2, (attn.heads, -1)), cos, sin)
+        v = v.unflatten(2, (attn.heads, -1))
+        out = dispatch_attention_fn(
+            q, k, v, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config if encoder_hidden_states is None else None)
+        out = out.flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def op_applies(x: torch.Tensor, rotary_emb) -> bool:
+    """True when ``ops.rotary`` can rotate ``x`` (or tensors of its dtype and device) by
+    ``rotary_emb``: an eager call (not under torch.compile), the compiled ops available, x
+    bf16 / fp16 / fp32, cos and sin float32 tensors on x's device that require no grad."""
+    if torch.compiler.is_compiling() or not ops.is_available() or x.dtype not in _DTYPES:
+        return False
+    return all(isinstance(f, torch.Tensor) and f.dtype == torch.float32 and not f.requires_grad
+               and f.device == x.device for f in rotary_emb)
+
+
+def rotate(x: torch.Tensor, rotary_emb) -> torch.Tensor:
+    """``x`` [B, S, H, Dh] rotated as Wan rotates it (``rotary_emb`` = (cos, sin), [1 or B, S,
+    1, Dh]): ``ops.rotary`` where :func:`op_applies`, else the same formula in PyTorch
+    (``ops.rotary_reference``); the same bits either way."""
+    if op_applies(x, rotary_emb):
+        return ops.rotary(x, *rotary_emb)
+    return ops.rotary_reference(x, *rotary_emb)
+
+
+def install(block) -> None:
+    """``block.attn1``'s stock processor -> :class:`RotaryWanAttnProcessor` (any other
+    processor, ours included, stays)."""
+    processor = block.attn1.processor
+    if type(processor) is WanAttnProcessor:
+        block.attn1.set_processor(RotaryWanAttnProcessor(processor))
+
+
+def uninstall(block) -> None:
+    """Undoes :func:`install` (a no-op where ours is not the processor)."""
+    processor = block.attn1.processor
+    if type(processor) is RotaryWanAttnProcessor:
+        block.attn1.set_processor(processor.restore())

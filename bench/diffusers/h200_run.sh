@@ -11,7 +11,7 @@
 #             imageio-ffmpeg 0.7.0's manylinux2014 wheel (29 MB: MP4 for the server's videos)
 #             when there; the image has the rest)
 #   build     ditscale with CUDA + Torch (tools/gpu_check.sh's build, BUILD_MODE default py)
-#   test      tests/gpu/test_diffusers_gpu.py
+#   test      tests/gpu/test_diffusers_gpu.py (TEST_ARGS: more pytest arguments, e.g. -k rotary)
 #   sp        bench.diffusers.sp_overhead: parallelize at world size 1 vs stock, eager and
 #             compiled (SP_MODELS, SP_TOKENS, SP_ARGS)
 #   adaln     bench.diffusers.adaln_models: stock vs apply_fused_adaln, fwd+bwd (ADALN_MODELS,
@@ -49,7 +49,8 @@ has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-co
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
   bash tools/gpu_check.sh build
-has test && step test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py
+has test && step test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py \
+  ${TEST_ARGS:-}
 has sp && step sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \
   --models "${SP_MODELS:-flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium}" \
   --tokens "${SP_TOKENS:-4096}" ${SP_ARGS:---reps 8 --max-s 6} --out-dir "$OUT"

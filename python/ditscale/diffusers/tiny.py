@@ -34,8 +34,9 @@ gives each pipeline's default (height, width, frames) per size: the tiny ones gi
 counts (15 for the images, 9 for the videos).
 
 ``load_pipeline(name, weights_dir, device, dtype)`` loads a local diffusers checkpoint folder
-(``from_pretrained(..., local_files_only=True)``: no download); a missing folder, index or
-component is a ValueError naming the folder.
+(``from_pretrained(..., local_files_only=True)``: no download); components saved as None
+(a checkpoint without text encoders) stay None; a missing folder, index or component, or
+another pipeline's checkpoint, is a ValueError naming the folder.
 """
 
 from __future__ import annotations
@@ -360,11 +361,38 @@ def default_text_tokens(name: str, size: str) -> int:
 
 # ---- local checkpoints --------------------------------------------------------------------------
 
+def _index_components(cls, weights_dir: str, where: str) -> dict:
+    """None for each component of ``cls`` that ``weights_dir``'s model_index.json lists as
+    ``[null, null]`` (what ``save_pretrained`` writes for a None component, e.g. a pipeline
+    saved without text encoders; ``from_pretrained`` refuses such a checkpoint unless the
+    component is passed). An index of another pipeline class is a ValueError (``from_pretrained``
+    would build ``cls`` around the other pipeline's models, or fail deep inside)."""
+    import inspect
+    import json
+
+    try:
+        with open(os.path.join(weights_dir, "model_index.json")) as f:
+            index = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{where}: cannot read its model_index.json: {e}") from e
+    if not isinstance(index, dict):
+        raise ValueError(f"{where}: its model_index.json is not a JSON object")
+    saved = index.get("_class_name")
+    if saved is not None and saved != cls.__name__:
+        raise ValueError(f"{where} holds a {saved} checkpoint (model_index.json), not a "
+                         f"{cls.__name__}")
+    names = inspect.signature(cls.__init__).parameters
+    return {k: None for k, v in index.items()
+            if k in names and isinstance(v, (list, tuple)) and v
+            and all(x is None for x in v)}
+
+
 def load_pipeline(name: str, weights_dir: str, device="cpu", dtype=torch.float32):
     """The pipeline ``name`` from the local diffusers checkpoint folder ``weights_dir`` (its
     ``model_index.json`` and component folders), on ``device`` in ``dtype``; nothing is
-    downloaded. A missing folder or file, or a checkpoint of another pipeline class, is a
-    ValueError naming the folder."""
+    downloaded. Components the checkpoint was saved without (``[null, null]`` in its index,
+    e.g. no text encoders) stay None. A missing folder or file, or a checkpoint of another
+    pipeline class, is a ValueError naming the folder."""
     import diffusers
 
     _check_choice("load_pipeline: name", name, PIPELINES)
@@ -374,8 +402,9 @@ def load_pipeline(name: str, weights_dir: str, device="cpu", dtype=torch.float32
     if not os.path.isfile(os.path.join(weights_dir, "model_index.json")):
         raise ValueError(f"{where} has no model_index.json (not a diffusers checkpoint folder)")
     cls = getattr(diffusers, PIPELINE_CLASSES[name])
+    absent = _index_components(cls, weights_dir, where)
     try:
-        pipe = cls.from_pretrained(weights_dir, local_files_only=True, dtype=dtype)
+        pipe = cls.from_pretrained(weights_dir, local_files_only=True, dtype=dtype, **absent)
     except (OSError, ValueError, EnvironmentError) as e:
         raise ValueError(f"{where}: cannot load a {cls.__name__} from it: {e}") from e
     if name == "wan2.2" and getattr(pipe, "transformer_2", None) is None:

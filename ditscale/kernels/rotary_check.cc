@@ -24,15 +24,15 @@ void rotary_check(const RotaryParams& p, bool for_gpu) {
                p.x_stride_b % 2 == 0 && p.x_stride_s % 2 == 0 && p.x_stride_h % 2 == 0,
            "rotary: p.x_stride_b/s/h must be even and >= 0, got (", p.x_stride_b, ", ",
            p.x_stride_s, ", ", p.x_stride_h, ")");
-  DS_CHECK(p.freq_stride_b == 0 || p.freq_stride_b == p.seq_len * p.head_dim,
-           "rotary: p.freq_stride_b must be 0 or seq_len * head_dim = ", p.seq_len * p.head_dim,
-           ", got ", p.freq_stride_b);
   // Every index fits int64 and a row's pairs fit int32 (the kernel's per-row loop).
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max() / 8;
   DS_CHECK(p.heads <= kMax / p.head_dim && p.batch <= kMax / p.seq_len &&
                p.batch * p.seq_len <= kMax / (p.heads * p.head_dim),
            "rotary: B * S * H * Dh = ", p.batch, " * ", p.seq_len, " * ", p.heads, " * ",
            p.head_dim, " overflows");
+  DS_CHECK(p.freq_stride_b == 0 || p.freq_stride_b == p.seq_len * p.head_dim,
+           "rotary: p.freq_stride_b must be 0 or seq_len * head_dim = ", p.seq_len * p.head_dim,
+           ", got ", p.freq_stride_b);
   DS_CHECK(p.heads * p.head_dim / 2 <= std::numeric_limits<std::int32_t>::max(),
            "rotary: H * Dh / 2 = ", p.heads * p.head_dim / 2, " is above 2^31 - 1");
 }

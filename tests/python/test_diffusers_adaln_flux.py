@@ -210,10 +210,49 @@ def test_gradient_checkpointing_matches_stock():
     check_training(stock, patched, make_inputs(), sample)
 
 
-def test_one_rank_sequence_parallel_composes():
+@pytest.mark.parametrize("order", ("parallelize_first", "fused_first"))
+def test_one_rank_sequence_parallel_composes(order):
+    from ditscale.diffusers.rotary_flux import RotaryFluxAttnProcessor
+
     stock = make_model()
-    both = dd.apply_fused_adaln(dd.parallelize(copy.deepcopy(stock), strategy="ulysses"))
+    if order == "parallelize_first":
+        both = dd.apply_fused_adaln(dd.parallelize(copy.deepcopy(stock), strategy="ulysses"))
+    else:  # the sequence-parallel processors wrap (and on one rank run) the rotary ones
+        both = dd.parallelize(dd.apply_fused_adaln(copy.deepcopy(stock)), strategy="ulysses")
+        blocks = list(both.transformer_blocks) + list(both.single_transformer_blocks)
+        assert all(type(b.attn.processor.stock) is RotaryFluxAttnProcessor for b in blocks)
     check_training(stock, both, make_inputs(), sample)
+
+
+def test_attention_rotates_with_the_op_bit_for_bit_and_remove_restores(monkeypatch):
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    from ditscale.diffusers.rotary_flux import RotaryFluxAttnProcessor
+
+    stock, patched = patched_pair()
+    blocks = list(patched.transformer_blocks) + list(patched.single_transformer_blocks)
+    originals = [b.attn.processor.stock for b in blocks]
+    assert all(type(p) is FluxAttnProcessor for p in originals)
+    assert all(type(b.attn.processor) is RotaryFluxAttnProcessor for b in blocks)
+    calls = []
+    real = ops.rotary
+    monkeypatch.setattr(ops, "rotary", lambda *a: calls.append(a[0].shape) or real(*a))
+    # each attention alone, stock vs patched processor, on the model's own rotary tables: the
+    # same bits (FluxPosEmbed's tables hold each value twice, see rotary_flux)
+    tables = stock.pos_embed(torch.cat([make_inputs()["txt_ids"], make_inputs()["img_ids"]]))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(BATCH, IMAGE, DIM, generator=g)
+    c = torch.randn(BATCH, TEXT, DIM, generator=g)
+    for mine, theirs in ((patched.transformer_blocks[0].attn, stock.transformer_blocks[0].attn),):
+        a, b = mine(x, c, image_rotary_emb=tables), theirs(x, c, image_rotary_emb=tables)
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    joint = torch.cat([c, x], dim=1)
+    mine, theirs = patched.single_transformer_blocks[0].attn, stock.single_transformer_blocks[0].attn
+    assert torch.equal(mine(joint, image_rotary_emb=tables), theirs(joint, image_rotary_emb=tables))
+    assert len(calls) == 4  # q and k of each attention
+    check_training(stock, patched, make_inputs(), sample)
+    dd.remove_fused_adaln(patched)
+    assert all(b.attn.processor is p for b, p in zip(blocks, originals))
 
 
 def test_state_dict_unchanged_and_remove_restores():

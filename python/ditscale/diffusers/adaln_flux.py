@@ -25,10 +25,13 @@ Single-stream block (``single_transformer_blocks``), on h = [c; x] [B, T + S, D]
 
     scale, shift = linear(silu(temb).to(x.dtype)).chunk(2);  y = LN(x) * (1 + scale) + shift
 
-Everything else (attention and its processor, so the sequence-parallel integration's processors
-and hooks, IP-Adapter outputs, the fp16 clip) runs as diffusers has it. The patch replaces each
-block's and norm_out's ``forward`` on the instance only: parameters, module names and the
-state_dict are unchanged, and :func:`remove` restores diffusers' forwards.
+The attention's rotary embedding: every block's ``attn`` whose processor is diffusers' own
+``FluxAttnProcessor`` gets ``rotary_flux.RotaryFluxAttnProcessor`` (the same attention, q and k
+rotated by one ``ops.rotary`` kernel each; see that module). Everything else (other processors,
+so the sequence-parallel integration's processors and hooks, IP-Adapter outputs, the fp16 clip)
+runs as diffusers has it. The patch replaces each block's and norm_out's ``forward`` and those
+processors on the instance only: parameters, module names and the state_dict are unchanged, and
+:func:`remove` restores diffusers' forwards and processors.
 
 Numerics: the kernels compute in fp32 and round once to x's dtype; fp32 modulation (or an fp32
 weight of the norm) is read as fp32. The outputs keep x's dtype where diffusers' broadcasting
@@ -48,6 +51,7 @@ from diffusers.models.transformers.transformer_flux import (FluxSingleTransforme
                                                             FluxTransformerBlock)
 
 from .. import ops
+from . import rotary_flux
 from ._adaln_common import (Patch, check_plan, clip_fp16, continuous_patch, fused, gated_ff,
                             norm_options, patch_all, unpatch_all, zero_modulation)
 
@@ -61,11 +65,14 @@ def apply(transformer) -> None:
     plan = _plan(transformer)
     check_plan(WHERE, plan)
     patch_all(plan)
+    rotary_flux.install(transformer)
 
 
 def remove(transformer) -> None:
-    """Restores diffusers' forwards (a no-op for modules that are not patched)."""
+    """Restores diffusers' forwards and attention processors (a no-op for modules that are not
+    patched)."""
     unpatch_all(WHERE, _plan(transformer))
+    rotary_flux.uninstall(transformer)
 
 
 def _plan(transformer) -> List[Patch]:

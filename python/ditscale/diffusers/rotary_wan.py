@@ -32,16 +32,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
 
 from .. import ops
-
-_CARRIED = ("_attention_backend", "_parallel_config")  # instance settings of a processor
-
-
-def _carry(src, dst) -> None:
-    """The attention backend / parallel config set on ``src`` (instance attributes), onto
-    ``dst``."""
-    for name in _CARRIED:
-        if name in vars(src):
-            setattr(dst, name, vars(src)[name])
+from ._rotary_common import carry, op_applies
 
 
 class RotaryWanAttnProcessor(WanAttnProcessor):
@@ -50,11 +41,11 @@ class RotaryWanAttnProcessor(WanAttnProcessor):
     def __init__(self, stock: WanAttnProcessor):
         super().__init__()
         self.stock = stock
-        _carry(stock, self)
+        carry(stock, self)
 
     def restore(self) -> WanAttnProcessor:
         """The processor this one replaced, with this one's backend settings."""
-        _carry(self, self.stock)
+        carry(self, self.stock)
         return self.stock
 
     def __call__(self, attn, hidden_states: torch.Tensor,
@@ -76,19 +67,6 @@ class RotaryWanAttnProcessor(WanAttnProcessor):
             parallel_config=self._parallel_config if encoder_hidden_states is None else None)
         out = out.flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
-
-
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def op_applies(x: torch.Tensor, rotary_emb) -> bool:
-    """True when ``ops.rotary`` can rotate ``x`` (or tensors of its dtype and device) by
-    ``rotary_emb``: an eager call (not under torch.compile), the compiled ops available, x
-    bf16 / fp16 / fp32, cos and sin float32 tensors on x's device that require no grad."""
-    if torch.compiler.is_compiling() or not ops.is_available() or x.dtype not in _DTYPES:
-        return False
-    return all(isinstance(f, torch.Tensor) and f.dtype == torch.float32 and not f.requires_grad
-               and f.device == x.device for f in rotary_emb)
 
 
 def rotate(x: torch.Tensor, rotary_emb) -> torch.Tensor:

@@ -30,7 +30,8 @@ processors run the stock FluxAttnProcessor they replaced (``_sp_hooks.OneRankSto
 output is the stock module's, bit for bit.
 
 Refused with a ValueError naming the feature: attention processors other than diffusers'
-``FluxAttnProcessor`` (IP-Adapter, custom processors), ``ip_adapter_image_embeds`` and
+``FluxAttnProcessor`` and ``apply_fused_adaln``'s ``RotaryFluxAttnProcessor`` (the same
+attention; the one-rank path runs it) (IP-Adapter, custom processors), ``ip_adapter_image_embeds`` and
 ``attention_mask`` in ``joint_attention_kwargs``, a model already under diffusers' own
 ``enable_parallelism``, and inputs on a device other than the parameters'.
 """
@@ -47,6 +48,7 @@ from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor,
 from ._sp_context import SpContext
 from ._sp_hooks import (OneRankStock, Tokens, gather_hook, image_shard_hook, input_hook,
                         joint_attention, refuse_attention_kwargs, shard_after)
+from .rotary_flux import RotaryFluxAttnProcessor
 
 WHERE = "ditscale.diffusers.parallelize (FluxTransformer2DModel)"
 
@@ -84,7 +86,7 @@ def _check_model(transformer) -> None:
     blocks = list(transformer.transformer_blocks) + list(transformer.single_transformer_blocks)
     for i, block in enumerate(blocks):
         processor = block.attn.processor
-        if type(processor) is not FluxAttnProcessor:
+        if type(processor) not in (FluxAttnProcessor, RotaryFluxAttnProcessor):
             raise ValueError(f"{WHERE}: block {i}'s attention processor is "
                              f"{type(processor).__name__}; only diffusers' FluxAttnProcessor "
                              f"can be sequence-parallelized (unload IP-Adapters and custom "

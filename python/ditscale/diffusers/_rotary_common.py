@@ -1,5 +1,5 @@
 """Shared pieces of the rotary processors (``rotary_wan``, ``rotary_flux``): when ``ops.rotary``
-can take a call, and carrying a processor's instance settings over when it is swapped."""
+can take a call, and :class:`Replacing`, the processor's hold on the stock one it replaced."""
 
 from __future__ import annotations
 
@@ -28,3 +28,18 @@ def carry(src, dst) -> None:
     for name in _CARRIED:
         if name in vars(src):
             setattr(dst, name, vars(src)[name])
+
+
+class Replacing:
+    """Mixin of a processor that replaced diffusers' ``stock`` one on a module: it keeps it,
+    takes over its backend settings, and gives it back (with the settings made meanwhile, e.g.
+    by ``set_attention_backend``) on :meth:`restore`."""
+
+    def _replace(self, stock) -> None:
+        self.stock = stock
+        carry(stock, self)
+
+    def restore(self):
+        """The processor this one replaced, with this one's backend settings."""
+        carry(self, self.stock)
+        return self.stock

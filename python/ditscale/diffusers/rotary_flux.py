@@ -30,21 +30,15 @@ from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor, F
                                                             _get_qkv_projections)
 
 from .. import ops
-from ._rotary_common import carry, op_applies
+from ._rotary_common import Replacing, op_applies
 
 
-class RotaryFluxAttnProcessor(FluxAttnProcessor):
+class RotaryFluxAttnProcessor(Replacing, FluxAttnProcessor):
     """``FluxAttnProcessor`` with ``ops.rotary`` for q and k (see the module)."""
 
     def __init__(self, stock: FluxAttnProcessor):
         super().__init__()
-        self.stock = stock
-        carry(stock, self)
-
-    def restore(self) -> FluxAttnProcessor:
-        """The processor this one replaced, with this one's backend settings."""
-        carry(self, self.stock)
-        return self.stock
+        self._replace(stock)
 
     def __call__(self, attn, hidden_states: torch.Tensor,
                  encoder_hidden_states: torch.Tensor = None,

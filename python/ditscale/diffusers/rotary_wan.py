@@ -32,21 +32,15 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
 
 from .. import ops
-from ._rotary_common import carry, op_applies
+from ._rotary_common import Replacing, op_applies
 
 
-class RotaryWanAttnProcessor(WanAttnProcessor):
+class RotaryWanAttnProcessor(Replacing, WanAttnProcessor):
     """``WanAttnProcessor`` with ``ops.rotary`` for q and k (see the module)."""
 
     def __init__(self, stock: WanAttnProcessor):
         super().__init__()
-        self.stock = stock
-        carry(stock, self)
-
-    def restore(self) -> WanAttnProcessor:
-        """The processor this one replaced, with this one's backend settings."""
-        carry(self, self.stock)
-        return self.stock
+        self._replace(stock)
 
     def __call__(self, attn, hidden_states: torch.Tensor,
                  encoder_hidden_states: torch.Tensor | None = None,

@@ -73,16 +73,14 @@ def apply(transformer) -> None:
     plan = _plan(transformer)
     check_plan(WHERE, plan)
     patch_all(plan)
-    for block in transformer.blocks:
-        rotary_wan.install(block)
+    rotary_wan.install(transformer)
 
 
 def remove(transformer) -> None:
     """Restores diffusers' forwards and self-attention processors (a no-op for blocks that are
     not patched)."""
     unpatch_all(WHERE, _plan(transformer))
-    for block in transformer.blocks:
-        rotary_wan.uninstall(block)
+    rotary_wan.uninstall(transformer)
 
 
 def _plan(transformer) -> List[Patch]:

@@ -72,16 +72,18 @@ def rotate(x: torch.Tensor, rotary_emb) -> torch.Tensor:
     return ops.rotary_reference(x, *rotary_emb)
 
 
-def install(block) -> None:
-    """``block.attn1``'s stock processor -> :class:`RotaryWanAttnProcessor` (any other
+def install(transformer) -> None:
+    """Every block's stock ``attn1`` processor -> :class:`RotaryWanAttnProcessor` (any other
     processor, ours included, stays)."""
-    processor = block.attn1.processor
-    if type(processor) is WanAttnProcessor:
-        block.attn1.set_processor(RotaryWanAttnProcessor(processor))
+    for block in transformer.blocks:
+        processor = block.attn1.processor
+        if type(processor) is WanAttnProcessor:
+            block.attn1.set_processor(RotaryWanAttnProcessor(processor))
 
 
-def uninstall(block) -> None:
+def uninstall(transformer) -> None:
     """Undoes :func:`install` (a no-op where ours is not the processor)."""
-    processor = block.attn1.processor
-    if type(processor) is RotaryWanAttnProcessor:
-        block.attn1.set_processor(processor.restore())
+    for block in transformer.blocks:
+        processor = block.attn1.processor
+        if type(processor) is RotaryWanAttnProcessor:
+            block.attn1.set_processor(processor.restore())

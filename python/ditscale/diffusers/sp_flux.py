@@ -31,9 +31,10 @@ output is the stock module's, bit for bit.
 
 Refused with a ValueError naming the feature: attention processors other than diffusers'
 ``FluxAttnProcessor`` and ``apply_fused_adaln``'s ``RotaryFluxAttnProcessor`` (the same
-attention; the one-rank path runs it) (IP-Adapter, custom processors), ``ip_adapter_image_embeds`` and
-``attention_mask`` in ``joint_attention_kwargs``, a model already under diffusers' own
-``enable_parallelism``, and inputs on a device other than the parameters'.
+attention; the one-rank path runs it), such as IP-Adapter and custom processors;
+``ip_adapter_image_embeds`` and ``attention_mask`` in ``joint_attention_kwargs``, a model
+already under diffusers' own ``enable_parallelism``, and inputs on a device other than the
+parameters'.
 """
 
 from __future__ import annotations

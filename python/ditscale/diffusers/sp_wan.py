@@ -40,13 +40,13 @@ is the stock module's, bit for bit.
 
 Refused with a ValueError naming the feature: attention processors other than diffusers'
 ``WanAttnProcessor`` (and, on ``attn1``, ``apply_fused_adaln``'s ``RotaryWanAttnProcessor``,
-which computes the same attention and is the "stock" processor the one-rank path runs), an ``attention_mask`` given to ``attn1``, a model already under diffusers'
-own ``enable_parallelism``, a model without blocks, a per-token timestep whose length is neither
+which computes the same attention and is the "stock" processor the one-rank path runs), an
+``attention_mask`` given to ``attn1``, a model already under diffusers' own
+``enable_parallelism``, a model without blocks, a per-token timestep whose length is neither
 1 nor S, and inputs on a device other than the parameters'.
 """
 
 from __future__ import annotations
-
 
 import torch
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor,

@@ -171,18 +171,32 @@ def kernel_table(rows) -> str:
     rows = [r for r in rows if "stock_kernels" in r]
     if not rows:
         return ""
-    cats = [c for c in rows[0]["stock_kernels"] if c not in ("total", "top_other")]
-    head = ("\nGPU kernel time per step (torch.profiler), stock -> fused, ms:\n\n| model | tokens "
-            "| mode | " + " | ".join(cats) + " | kernels total | step (as called) | stock "
-            f"{OTHER} / step |\n|" + "---|" * (len(cats) + 6) + "\n")
+    cats = [c for c in rows[0]["stock_kernels"]
+            if c not in ("total", "top_other", "idle", "top_gaps")]
+    head = ("\nGPU kernel time per step (torch.profiler), stock -> fused, ms (idle: no kernel "
+            "running, within and between the profiled steps):\n\n| model | tokens "
+            "| mode | " + " | ".join(cats) + " | kernels total | idle | step (as called) | stock "
+            f"{OTHER} / step |\n|" + "---|" * (len(cats) + 7) + "\n")
     lines = []
     for r in rows:
         s, f = r["stock_kernels"], r["fused_kernels"]
         cells = " | ".join(f"{s[c]:.2f} -> {f[c]:.2f}" for c in cats)
         lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {cells} | "
-                     f"{s['total']:.2f} -> {f['total']:.2f} | {r['stock_ms']:.2f} -> "
+                     f"{s['total']:.2f} -> {f['total']:.2f} | "
+                     f"{s.get('idle', 0.0):.2f} -> {f.get('idle', 0.0):.2f} | {r['stock_ms']:.2f} -> "
                      f"{r['fused_ms']:.2f} | {100 * s[OTHER] / r['stock_ms']:.1f}% |")
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n" + gap_lists(rows)
+
+
+def gap_lists(rows) -> str:
+    """The fused step's longest idle gaps per row (ms, the kernels before and after)."""
+    out = []
+    for r in rows:
+        gaps = r["fused_kernels"].get("top_gaps") or []
+        if gaps:
+            out.append(f"\nLongest idle gaps, fused {r['model']} {r['tokens']} {r['mode']}:\n")
+            out += [f"- {ms:.3f} ms: {before} -> {after}" for ms, before, after in gaps]
+    return "\n".join(out) + ("\n" if out else "")
 
 
 def parse(argv):

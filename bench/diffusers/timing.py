@@ -13,7 +13,8 @@ b's round median / a's, rounds).
 ``kernel_breakdown(step, steps)``: the GPU kernel time of ``step()`` per call by category
 (attention, GEMM, ditscale's AdaLN kernels, everything else: the elementwise, norm and reduction
 kernels that AdaLN fusion can remove at most), from torch.profiler, in ms, and ``top_other``:
-the 8 largest kernels of the last category (name, ms).
+the 8 largest kernels of the last category (name, ms), ``idle`` (ms per step when no kernel
+runs) and ``top_gaps`` (the longest of those gaps: ms, the kernels before and after).
 """
 
 from __future__ import annotations
@@ -118,9 +119,8 @@ def kernel_breakdown(step, steps: int = 2) -> dict:
     out = {c: 0.0 for c, _ in KERNEL_CATEGORIES}
     out[OTHER] = 0.0
     other = {}
-    for e in prof.events():
-        if e.device_type != DeviceType.CUDA:
-            continue
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    for e in kernels:
         us = getattr(e, "device_time", None)
         if us is None:
             us = e.cuda_time
@@ -131,7 +131,32 @@ def kernel_breakdown(step, steps: int = 2) -> dict:
             other[key] = other.get(key, 0.0) + us / 1e3 / steps
     out["total"] = sum(out.values())
     out["top_other"] = sorted(other.items(), key=lambda kv: -kv[1])[:8]
+    out.update(idle_gaps(kernels, steps))
     return out
+
+
+def idle_gaps(kernels, steps: int) -> dict:
+    """The GPU's idle time between the profiled kernels: ``idle`` (ms per step: the span from the
+    first kernel's start to the last one's end less the time some kernel ran) and ``top_gaps``,
+    the 8 longest gaps as (ms, kernel before, kernel after). Kernels on several streams may
+    overlap; a gap is time when none runs."""
+    spans = sorted((e.time_range.start, e.time_range.end, short_kernel_name(e.name, 60))
+                   for e in kernels)
+    if not spans:
+        return {"idle": 0.0, "top_gaps": []}
+    busy, gaps = 0.0, []
+    cur_start, cur_end, cur_name = spans[0]
+    for start, end, name in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append(((start - cur_end) / 1e3, cur_name, name))
+            cur_start = start
+        if end >= cur_end:
+            cur_end, cur_name = end, name
+    busy += cur_end - cur_start
+    span = cur_end - spans[0][0]
+    return {"idle": (span - busy) / 1e3 / steps,
+            "top_gaps": sorted(gaps, key=lambda g: -g[0])[:8]}
 
 
 def rel_l2(a, b) -> float:

@@ -61,3 +61,22 @@ def test_sweep_keeps_rows_after_a_failed_pair(capsys):
     line = cli.error_line(rows[1], 7)
     assert line == "| flux | 8 | compile | error: RuntimeError: boom | | | |"
     assert sp_overhead.table(rows[1:2]).splitlines()[-1] == line
+
+
+class _Kernel:
+    def __init__(self, start, end, name):
+        self.time_range = type("R", (), {"start": start, "end": end})()
+        self.name = name
+
+
+def test_idle_gaps_count_time_when_no_kernel_runs():
+    from bench.diffusers.timing import idle_gaps
+
+    # a [0, 10], b [5, 20] (overlapping on a second stream), c [50, 60], d [61, 100]: busy 20 +
+    # 10 + 39 = 69 of a 100 us span -> 31 us idle in 2 gaps (30 us b -> c, 1 us c -> d).
+    ks = [_Kernel(50, 60, "c"), _Kernel(0, 10, "a"), _Kernel(61, 100, "d"), _Kernel(5, 20, "b")]
+    out = idle_gaps(ks, steps=1)
+    assert out["idle"] == pytest.approx(0.031)
+    assert out["top_gaps"] == [(pytest.approx(0.030), "b", "c"), (pytest.approx(0.001), "c", "d")]
+    assert idle_gaps(ks, steps=2)["idle"] == pytest.approx(0.0155)
+    assert idle_gaps([], steps=1) == {"idle": 0.0, "top_gaps": []}

@@ -16,6 +16,8 @@
 #             compiled (SP_MODELS, SP_TOKENS, SP_ARGS)
 #   adaln     bench.diffusers.adaln_models: stock vs apply_fused_adaln, fwd+bwd (ADALN_MODELS,
 #             ADALN_TOKENS, ADALN_ARGS)
+#   saved     bench.diffusers.saved_tensors: what compiled blocks keep for the backward, stock vs
+#             fused, and inductor's fwd-left / peak memory (SAVED_MODELS, SAVED_TOKENS)
 #   train     NPROC=1 MODEL_IMPL=diffusers tools/gpu_train.sh sweep fit train report with the
 #             runs balanced and balanced-nofused (TRAIN_BUDGET_S, SWEEP_BUDGET_S; TRAIN_STAGES
 #             the stages, M_MEM passed through)
@@ -57,6 +59,8 @@ has sp && step sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \
 has adaln && step adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
   --models "${ADALN_MODELS:-wan2.1-1.3b}" --tokens "${ADALN_TOKENS:-1024,32760}" \
   ${ADALN_ARGS:---reps 10 --max-s 8} --out-dir "$OUT"
+has saved && step saved "$PHASE_S" $PY -m bench.diffusers.saved_tensors \
+  --models "${SAVED_MODELS:-wan2.1-1.3b}" --tokens "${SAVED_TOKENS:-32760}" --out-dir "$OUT"
 has train && step train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
   TRAIN_RUNS="balanced balanced-nofused" TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-45} \
   SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-90} OUT="$LOGS/train" \
@@ -79,7 +83,7 @@ tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
 echo
 echo "== h200_run ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
 print_rows
-for f in "$OUT"/sp-overhead.md "$OUT"/adaln-models.md "$OUT"/serve*.md; do
+for f in "$OUT"/sp-overhead.md "$OUT"/adaln-models.md "$OUT"/saved-tensors.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done
 exit 0

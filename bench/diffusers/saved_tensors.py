@@ -26,13 +26,15 @@ from bench.diffusers.timing import GiB
 MB = 1e6
 
 
-def _recording_backend(saved: list):
+def _recording_backend(saved: list, graphs: list):
     """An AOTAutograd backend that runs the partitioned graphs as traced and appends each forward
-    graph's saved tensors (outputs past the user outputs) as (op, shape, dtype, bytes)."""
+    graph's saved tensors (outputs past the user outputs) as (op, shape, dtype, bytes), and each
+    forward graph's node count to ``graphs`` (more graphs than blocks: a graph break)."""
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
     def fw(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
         out = next(n for n in gm.graph.nodes if n.op == "output")
         for arg in out.args[0]:
             val = getattr(arg, "meta", {}).get("val") if arg is not None else None
@@ -100,8 +102,9 @@ def _memory(model, kw, dev):
 def measure(name, tokens, blocks, fused, dtype, dev) -> dict:
     import torch
 
-    saved = []
-    model, kw = _variant(name, tokens, blocks, fused, _recording_backend(saved), dtype, dev)
+    saved, graphs = [], []
+    model, kw = _variant(name, tokens, blocks, fused, _recording_backend(saved, graphs), dtype,
+                         dev)
     out = model(**kw)[0]
     out.float().sum().backward()
     del model, kw, out
@@ -119,6 +122,7 @@ def measure(name, tokens, blocks, fused, dtype, dev) -> dict:
         g[0] += 1
         g[1] += nbytes
     return {"variant": "fused" if fused else "stock", "tokens": tokens,
+            "graphs": len(graphs),
             "saved_mb": sum(s[3] for s in saved) / MB, "fwd_gib": fwd, "peak_gib": peak,
             "groups": sorted(([op, list(shape), dt, n, b / MB]
                               for (op, shape, dt), (n, b) in groups.items()),
@@ -126,10 +130,11 @@ def measure(name, tokens, blocks, fused, dtype, dev) -> dict:
 
 
 def table(rows) -> str:
-    lines = ["| model | tokens | variant | saved MB (partitioner) | fwd left GiB (inductor) | "
-             "peak GiB (inductor) |", "|---|---|---|---|---|---|"]
+    lines = ["| model | tokens | variant | fwd graphs | saved MB (partitioner) | "
+             "fwd left GiB (inductor) | peak GiB (inductor) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['tokens']} | {r['variant']} | {r['saved_mb']:.1f} | "
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['variant']} | {r['graphs']} | "
+                     f"{r['saved_mb']:.1f} | "
                      f"{r['fwd_gib']:.3f} | {r['peak_gib']:.3f} |")
     for r in rows:
         lines.append(f"\nSaved tensors, {r['model']} {r['tokens']} {r['variant']} (op, shape, "

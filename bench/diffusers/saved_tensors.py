@@ -27,24 +27,51 @@ MB = 1e6
 
 
 def _recording_backend(saved: list, graphs: list):
-    """An AOTAutograd backend that runs the partitioned graphs as traced and appends each forward
-    graph's saved tensors (outputs past the user outputs) as (op, shape, dtype, bytes), and each
+    """An AOTAutograd backend that runs the partitioned graphs as traced and records what the
+    forward hands the backward: each backward graph's inputs other than the incoming gradients
+    (``tangents_*``), found by name among the forward graphs' nodes, appended to ``saved`` as
+    (op, shape, dtype, bytes), graph inputs (weights, the block's input) and views of them left
+    out; and each
     forward graph's node count to ``graphs`` (more graphs than blocks: a graph break)."""
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
+    forward_nodes = []
+
     def fw(gm, example_inputs):
         graphs.append(len(gm.graph.nodes))
-        out = next(n for n in gm.graph.nodes if n.op == "output")
-        for arg in out.args[0]:
-            val = getattr(arg, "meta", {}).get("val") if arg is not None else None
-            if hasattr(val, "numel") and arg.op != "placeholder":
-                saved.append((_op_name(arg), tuple(val.shape), str(val.dtype).replace("torch.", ""),
-                              val.numel() * val.element_size()))
+        forward_nodes.append({n.name: n for n in gm.graph.nodes})
         return make_boxed_func(gm.forward)
 
-    return aot_autograd(fw_compiler=fw, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+    def bw(gm, example_inputs):
+        for ph in (n for n in gm.graph.nodes if n.op == "placeholder"):
+            node = next((f[ph.name] for f in reversed(forward_nodes) if ph.name in f), None)
+            val = ph.meta.get("val")
+            if ph.name.startswith("tangents") or node is None or not hasattr(val, "numel") \
+                    or _base(node).op == "placeholder":
+                continue
+            saved.append((_op_name(node), tuple(val.shape), str(val.dtype).replace("torch.", ""),
+                          val.numel() * val.element_size()))
+        return make_boxed_func(gm.forward)
+
+    return aot_autograd(fw_compiler=fw, bw_compiler=bw,
                         partition_fn=min_cut_rematerialization_partition)
+
+
+_VIEWS = ("view", "detach", "alias", "permute", "t", "transpose", "unsqueeze", "squeeze", "expand",
+          "slice", "select", "as_strided", "_unsafe_view")
+
+
+def _target_name(node) -> str:
+    parts = str(node.target).split(".")
+    return parts[1] if len(parts) >= 3 else str(node.target)
+
+
+def _base(node):
+    """The node a chain of views starts from (``node`` itself when it is no view)."""
+    while node.op == "call_function" and _target_name(node) in _VIEWS and node.args:
+        node = node.args[0]
+    return node
 
 
 def _op_name(node) -> str:
@@ -54,9 +81,8 @@ def _op_name(node) -> str:
 
     if node.target is operator.getitem:
         return f"{_op_name(node.args[0])}[{node.args[1]}]"
-    parts = str(node.target).split(".")
-    name = parts[1] if len(parts) >= 3 else str(node.target)
-    if name in ("view", "detach", "alias", "permute") and node.args:
+    name = _target_name(node)
+    if name in _VIEWS and node.args:
         return f"{name}({_op_name(node.args[0])})"
     return name
 

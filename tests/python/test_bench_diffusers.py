@@ -80,3 +80,25 @@ def test_idle_gaps_count_time_when_no_kernel_runs():
     assert out["top_gaps"] == [(pytest.approx(0.030), "b", "c"), (pytest.approx(0.001), "c", "d")]
     assert idle_gaps(ks, steps=2)["idle"] == pytest.approx(0.0155)
     assert idle_gaps([], steps=1) == {"idle": 0.0, "top_gaps": []}
+
+
+def test_recording_backend_lists_what_the_forward_saves():
+    """saved_tensors' backend on y = sin(2x) @ w: the partitioner hands the backward sin's output
+    (transposed, for w's gradient; cos(2x) is recomputed from x); neither the output [8, 3] nor
+    the graph inputs x and w (nor w's transpose, a view of an input) are listed, and the compiled
+    function computes the eager result."""
+    import torch
+
+    from bench.diffusers import saved_tensors
+
+    saved, graphs = [], []
+    fn = torch.compile(lambda x, w: (x * 2).sin() @ w,
+                       backend=saved_tensors._recording_backend(saved, graphs))
+    x = torch.randn(8, 4, requires_grad=True)
+    w = torch.randn(4, 3, requires_grad=True)
+    out = fn(x, w)
+    assert torch.allclose(out, (x * 2).sin() @ w)
+    out.sum().backward()
+    torch._dynamo.reset()
+    assert graphs and len(graphs) == 1
+    assert saved == [("t(sin)", (4, 8), "float32", 128)], saved

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(fwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
         load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
         load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), br);
 #pragma unroll
-        for (int e = 0; e < V; ++e) v[j][e] = round_to<T>(fmaf(g[e], br[e], r[e]));
+        for (int e = 0; e < V; ++e) v[j][e] = gated_h<T>(r[e], g[e], br[e]);
         store_vec<V>(static_cast<T*>(a.h) + row * a.d + d, v[j]);
       } else {
         load_vec<V>(static_cast<const T*>(a.x.data) + view_offset(a.x, b, n, d), v[j]);
@@ -159,9 +159,8 @@ __global__ void __launch_bounds__(kGeneralThreads) adaln_fwd_general_kernel(cons
       const float r = to_f(static_cast<const T*>(a.x.data)[view_offset(a.x, b, n, d)]);
       const float g = load_any<T>(a.gate.data, a.gate.f32, view_offset(a.gate, b, n, d));
       const float br = to_f(static_cast<const T*>(a.branch.data)[view_offset(a.branch, b, n, d)]);
-      const T ht = from_f<T>(fmaf(g, br, r));
-      h[d] = ht;
-      val = to_f(ht);
+      val = gated_h<T>(r, g, br);
+      h[d] = from_f<T>(val);
     } else {
       val = input(d);
     }

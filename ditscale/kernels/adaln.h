@@ -17,6 +17,10 @@
 //   RMSNorm:   dx = rstd * (dxhat - xhat * mean_d(dxhat * xhat))
 //   gated: dh = dh_out + dx (dh_out may be absent); dresidual = dh; dbranch = dh * gate;
 //          dgate = dh * branch (summed over n when the gate is per sample)
+//   The gated backward does not read a saved h: it recomputes h = residual + gate * branch from
+//   the forward's inputs with the forward's arithmetic and rounding (the same bits), so a
+//   training step keeps no copy of h for this op (it reads branch for dgate anyway: the same
+//   bytes as reading h).
 //
 // Layout conventions. Every [B, N, D] input is a strided view (RowsView): element (b, n, d) is at
 // `data + b * stride_b + n * stride_n + d` in ELEMENTS of its dtype; the last dimension is
@@ -98,12 +102,13 @@ struct AdaLNFwdParams : AdaLNConfig {
 // Backward. Inputs are what the forward saw/saved; every gradient output is optional (null = not
 // wanted) except dx. Gradients have the dtype of the input they belong to.
 struct AdaLNBwdParams : AdaLNConfig {
-  RowsView x;                   // input of the norm: x (plain) or the forward's h (gated)
+  RowsView x;                   // plain variant: the norm's input; must be null when gated
+  RowsView residual;            // gated variant: the forward's residual (h is recomputed)
   const float* mean = nullptr;  // [B * N] fp32 from the forward (GPU reads them; the CPU
   const float* rstd = nullptr;  //  reference recomputes the statistics in fp64 and may get null)
   RowsView dy;                  // gradient of y, [B, N, D] (dtype == dtype)
   RowsView dh_out;              // gated only, optional: gradient of h from downstream
-  RowsView branch;              // gated only, required when dgate is wanted
+  RowsView branch;              // gated only, required (h = residual + gate * branch)
 
   void* dx = nullptr;       // out, required: [B, N, D] contiguous; gated: d residual (= dh)
   void* dbranch = nullptr;  // out, gated: [B, N, D] contiguous, `dtype`

@@ -72,6 +72,11 @@ __global__ void __launch_bounds__(bwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
       const std::int64_t d = static_cast<std::int64_t>(vi) * V;
       float dy[V], sc[V], w[V], bi[V];
       load_vec<V>(static_cast<const T*>(a.x.data) + view_offset(a.x, b, n, d), xh[j]);
+      if (a.gated) {
+        float br[V];
+        load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), br);
+        recompute_h_vec<V, T>(a, b, n, d, br, xh[j]);
+      }
       load_vec<V>(static_cast<const T*>(a.dy.data) + view_offset(a.dy, b, n, d), dy);
       load_view_vec<V, T>(a.scale, view_offset(a.scale, b, n, d), sc);
       fill(w, 1.f);
@@ -112,9 +117,9 @@ __global__ void __launch_bounds__(bwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
       float dx[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) dx[e] = rstd * (dxh[j][e] - fmaf(xh[j][e], c2, c1));
-      if (a.gate.data != nullptr) {
+      if (a.gated) {
         gated_dx_vec<V, T>(a, b, n, d, out, first,
-                           slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, dx);
+                           slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, nullptr, dx);
       }
       store_vec<V>(static_cast<T*>(a.dx) + out, dx);
     }
@@ -162,9 +167,16 @@ __global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(cons
     const float mean = a.mean[row];
     const float rstd = a.rstd[row];
     const bool first = n == n0;
+    // The norm's input at d: x, or h recomputed from residual, gate and branch (gated).
+    auto input = [&](std::int64_t d) {
+      const float x = to_f(static_cast<const T*>(a.x.data)[view_offset(a.x, b, n, d)]);
+      if (!a.gated) return x;
+      return gated_h<T>(x, load_any<T>(a.gate.data, a.gate.f32, view_offset(a.gate, b, n, d)),
+                        to_f(static_cast<const T*>(a.branch.data)[view_offset(a.branch, b, n, d)]));
+    };
     // Element d: xhat, dy * (1 + scale), weight and bias.
     auto element = [&](std::int64_t d, float& xhat, float& dy, float& gy, float& w, float& bi) {
-      xhat = (to_f(static_cast<const T*>(a.x.data)[view_offset(a.x, b, n, d)]) - mean) * rstd;
+      xhat = (input(d) - mean) * rstd;
       dy = to_f(static_cast<const T*>(a.dy.data)[view_offset(a.dy, b, n, d)]);
       gy = dy * (1.f + load_any<T>(a.scale.data, a.scale.f32, view_offset(a.scale, b, n, d)));
       w = a.weight != nullptr ? load_any<T>(a.weight, a.affine_f32, d) : 1.f;
@@ -193,7 +205,7 @@ __global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(cons
       element(d, xhat, dy, gy, w, bi);
       float dx = rstd * (gy * w - fmaf(xhat, c2, c1));
       const std::int64_t out = row * a.d + d;
-      if (a.gate.data != nullptr) {
+      if (a.gated) {
         if (a.dh_out.data != nullptr) {
           dx += to_f(static_cast<const T*>(a.dh_out.data)[view_offset(a.dh_out, b, n, d)]);
         }
@@ -201,7 +213,7 @@ __global__ void __launch_bounds__(kGeneralThreads) adaln_bwd_general_kernel(cons
           const float g = load_any<T>(a.gate.data, a.gate.f32, view_offset(a.gate, b, n, d));
           static_cast<T*>(a.dbranch)[out] = from_f<T>(dx * g);
         }
-        if (a.branch.data != nullptr) {
+        if (a.ws_dgate != nullptr || a.dgate_tok != nullptr) {
           const float dg =
               dx * to_f(static_cast<const T*>(a.branch.data)[view_offset(a.branch, b, n, d)]);
           accumulate(a.ws_dgate, d, first, dg);
@@ -289,9 +301,11 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
   store_any<T>(job.out, job.out_f32, (job.over_batch ? 0 : b * job.out_sb) + d, total);
 }
 
-// Dynamic shared memory of the pipelined backward (adaln_bwd_pipe.cuh): the ring, then the slots.
-std::size_t bwd_pipe_smem(int stages, int threads, int vecs, int num_slots, std::int64_t dim) {
-  return static_cast<std::size_t>(stages) * 2 * threads * vecs * 16 +
+// Dynamic shared memory of the pipelined backward (adaln_bwd_pipe.cuh): the ring (`streams` rows
+// of chunks a stage: 2, gated 3), then the slots.
+std::size_t bwd_pipe_smem(int stages, int streams, int threads, int vecs, int num_slots,
+                          std::int64_t dim) {
+  return static_cast<std::size_t>(stages) * streams * threads * vecs * 16 +
          static_cast<std::size_t>(num_slots) * dim * sizeof(float);
 }
 
@@ -302,7 +316,8 @@ template <typename T, int kVecs, int kStages, bool kLean, int kRegCap = 0>
 void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int threads,
                      std::int64_t batch, std::int64_t max_tiles, cudaStream_t stream) {
   auto* kernel = adaln_bwd_pipe_kernel<T, kVecs, kStages, kLean, kRegCap>;
-  const std::size_t smem = bwd_pipe_smem(kStages, threads, kVecs, num_slots, a.d);
+  const int streams = !kLean && a.gated ? 3 : 2;
+  const std::size_t smem = bwd_pipe_smem(kStages, streams, threads, kVecs, num_slots, a.d);
   const std::int64_t resident = resident_blocks(kernel, threads, smem);
   const std::int64_t want = std::clamp<std::int64_t>(resident / batch, 1, max_tiles);
   a.rows_per_tile = (a.n + want - 1) / want;
@@ -320,7 +335,7 @@ void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int thre
 // 6 -> 8 / 3 -> 4 blocks) 1-3 points slower.
 bool bwd_reg_capped(int threads, int num_slots, std::int64_t dim) {
   constexpr int kVecs = 4;
-  const std::size_t smem = bwd_pipe_smem(2, threads, kVecs, num_slots, dim);
+  const std::size_t smem = bwd_pipe_smem(2, 2, threads, kVecs, num_slots, dim);
   const int uncapped =
       blocks_per_sm(adaln_bwd_pipe_kernel<__nv_bfloat16, kVecs, 2, true>, threads, smem);
   return uncapped <= 2 &&
@@ -342,11 +357,11 @@ BwdArgs bwd_args(const AdaLNBwdParams& p, const BwdWorkspaceLayout& layout) {
   a.rows_per_tile = layout.rows_per_tile;
   a.num_tiles = layout.num_tiles;
   a.rms = p.norm == NormType::kRMSNorm;
-  a.x = to_dev(p.x);
+  a.gated = gated;
+  a.x = to_dev(gated ? p.residual : p.x);
   a.dy = to_dev(p.dy);
   a.dh_out = to_dev(p.dh_out);
-  // branch is read only to form dgate.
-  a.branch = p.dgate != nullptr ? to_dev(p.branch) : DevView{};
+  a.branch = to_dev(p.branch);
   a.gate = to_dev(p.gate);
   a.scale = to_dev(p.scale);
   a.shift = to_dev(p.shift);

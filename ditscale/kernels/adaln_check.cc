@@ -133,7 +133,6 @@ void adaln_check(const AdaLNBwdParams& p, bool for_gpu) {
   check_config(p, s, for_gpu);
   check_view(p.scale, s, "scale", p.dtype, true, true);
   check_view(p.shift, s, "shift", p.dtype, true, true);
-  check_view(p.x, s, "x", p.dtype, false, true);
   check_view(p.dy, s, "dy", p.dtype, false, true);
   DS_CHECK(p.dx != nullptr, s, ".dx is null but required");
   if (for_gpu) {
@@ -158,10 +157,14 @@ void adaln_check(const AdaLNBwdParams& p, bool for_gpu) {
   const bool gated = p.gate.data != nullptr;
   check_dmod(p, s);
   if (gated) {
+    check_absent(p.x, s, "x", "in the gated variant (h is recomputed from residual)");
+    check_view(p.residual, s, "residual", p.dtype, false, true);
     check_view(p.gate, s, "gate", p.dtype, true, true);
     check_view(p.dh_out, s, "dh_out", p.dtype, false, false);
-    check_view(p.branch, s, "branch", p.dtype, false, p.dgate != nullptr);
+    check_view(p.branch, s, "branch", p.dtype, false, true);
   } else {
+    check_view(p.x, s, "x", p.dtype, false, true);
+    check_absent(p.residual, s, "residual", "without a gate");
     check_absent(p.dh_out, s, "dh_out", "without a gate");
     check_absent(p.branch, s, "branch", "without a gate");
     DS_CHECK(p.dbranch == nullptr && p.dgate == nullptr, s,

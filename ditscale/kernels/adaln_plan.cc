@@ -157,7 +157,8 @@ BwdPlan choose_bwd_plan(const AdaLNBwdParams& p, const AdaLNTuning& tune) {
   const int vec = vec_width(p.dtype);
   const std::int64_t B = p.batch, N = p.seq_len, nvec = p.dim / vec;
   const bool aligned =
-      p.dim % vec == 0 && view_aligned(p.x, B, N) && view_aligned(p.dy, B, N) &&
+      p.dim % vec == 0 && view_aligned(p.x, B, N) && view_aligned(p.residual, B, N) &&
+      view_aligned(p.dy, B, N) &&
       view_aligned(p.dh_out, B, N) && view_aligned(p.branch, B, N) && view_aligned(p.gate, B, N) &&
       view_aligned(p.scale, B, N) && aligned16(p.weight) && aligned16(p.bias) && aligned16(p.dx) &&
       aligned16(p.dbranch) && aligned16(p.dscale) && aligned16(p.dshift) && aligned16(p.dgate);
@@ -174,9 +175,11 @@ BwdPlan choose_bwd_plan(const AdaLNBwdParams& p, const AdaLNTuning& tune) {
         nvec, kBwdVecCandidates, kNumBwdVecCandidates,
         [&](int k) { return bwd_pipe_max_threads(k * vec); }, target);
     const std::int64_t slots = layout.dgate + layout.dweight + layout.dbias;
-    // Sized for the deepest ring any instantiation had (4), which keeps the plans of every shape
-    // as they were measured.
-    const std::int64_t smem = std::int64_t{4} * 2 * v.threads * v.vecs * 16 + slots * p.dim * 4;
+    // Sized for the deepest ring any instantiation had (4 stages of 2 streams), which keeps the
+    // plans of every shape as they were measured; the gated ring is 3 stages of 3 (residual, dy,
+    // branch: h is recomputed).
+    const std::int64_t ring_chunks = p.gate.data != nullptr ? 3 * 3 : 4 * 2;
+    const std::int64_t smem = ring_chunks * v.threads * v.vecs * 16 + slots * p.dim * 4;
     if (v.vecs != 0 && smem <= kMaxPipeSmemBytes) {
       plan.kernel = BwdKernel::kPipe;
       plan.vecs = v.vecs;

@@ -78,7 +78,7 @@ std::string fwd(const Layout& l, bool tma = true, AdaLNTuning tune = {}) {
 std::string bwd(const Layout& l, AdaLNTuning tune = {}) {
   AdaLNBwdParams p;
   fill_config(l, p);
-  p.x = rows_view(l, l.misalign);
+  (l.gated ? p.residual : p.x) = rows_view(l, l.misalign);
   p.dy = rows_view(l, 1u << 30);
   p.dx = at_mut(2u << 30);
   p.dscale = at_mut(3u << 30);

@@ -59,6 +59,13 @@ double affine_at(const void* data, DType dtype, std::int64_t d, double absent) {
   return data == nullptr ? absent : load_as_double(data, dtype, d);
 }
 
+// h = residual + gate * branch at (b, n, d) in fp64, before its rounding to the dtype: the
+// forward stores it, the backward recomputes it (the gated variants of both param structs).
+template <typename Params>
+double gated_h(const Params& p, std::int64_t b, std::int64_t n, std::int64_t d) {
+  return at(p.residual, b, n, d) + at(p.gate, b, n, d) * at(p.branch, b, n, d);
+}
+
 }  // namespace
 
 void adaln_forward_ref(const AdaLNFwdParams& p) {
@@ -71,7 +78,7 @@ void adaln_forward_ref(const AdaLNFwdParams& p) {
       const std::int64_t row = b * N + n;
       for (std::int64_t d = 0; d < D; ++d) {
         if (gated) {
-          const double h = at(p.residual, b, n, d) + at(p.gate, b, n, d) * at(p.branch, b, n, d);
+          const double h = gated_h(p, b, n, d);
           store_from_double(p.h, p.dtype, row * D + d, h);
           v[d] = round_to(p.dtype, h);
         } else {
@@ -110,7 +117,7 @@ void adaln_backward_ref(const AdaLNBwdParams& p) {
     for (std::int64_t n = 0; n < N; ++n) {
       const std::int64_t row = b * N + n;
       for (std::int64_t d = 0; d < D; ++d) {
-        v[d] = at(p.x, b, n, d);
+        v[d] = gated ? round_to(p.dtype, gated_h(p, b, n, d)) : at(p.x, b, n, d);
         dy[d] = at(p.dy, b, n, d);
       }
       const RowStats st = row_stats(v, p.norm, p.eps);

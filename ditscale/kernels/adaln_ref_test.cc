@@ -285,8 +285,9 @@ TEST(AdaLNRef, BackwardMatchesFiniteDifferences) {
       AdaLNBwdParams p;
       pr.fill_config(p);
       const RowsView dense{nullptr, DType::kFloat64, pr.N * pr.D, pr.D};
-      p.x = dense;
-      p.x.data = v.gated ? pr.h.data() : pr.x.data();
+      RowsView& in = v.gated ? p.residual : p.x;  // gated: h is recomputed from residual
+      in = dense;
+      in.data = v.gated ? pr.residual.data() : pr.x.data();
       p.dy = dense;
       p.dy.data = cy.data();
       const std::size_t per = v.per_token ? rows : static_cast<std::size_t>(pr.B * pr.D);
@@ -396,7 +397,7 @@ TEST(AdaLNRef, BackwardWritesStridedPerSampleGradients) {
   auto gated_params = [&](std::vector<double>& dx, std::vector<double>& dbranch) {
     AdaLNBwdParams q;
     gp.fill_config(q);
-    q.x = {gp.h.data(), DType::kFloat64, gp.N * gp.D, gp.D};
+    q.residual = {gp.residual.data(), DType::kFloat64, gp.N * gp.D, gp.D};
     q.dy = {dy.data(), DType::kFloat64, gp.N * gp.D, gp.D};
     q.branch = {gp.branch.data(), DType::kFloat64, gp.N * gp.D, gp.D};
     q.dx = dx.data();
@@ -513,6 +514,105 @@ TEST(AdaLNRef, BackwardZeroesTheUnwrittenRowsOfDmod) {
 }
 
 // ---- validation and workspace ----
+
+// The gated backward recomputes h from residual, gate and branch with the forward's rounding: on
+// bf16 rows its dx, dscale and dshift are bit-identical to the plain backward of the forward's
+// stored h (the norm's input), and it rejects an h handed in as x.
+TEST(AdaLNRef, GatedBackwardRecomputesTheForwardsH) {
+  std::mt19937_64 rng(13);
+  const std::int64_t N = 5, D = 40;
+  const auto rows = static_cast<std::size_t>(N * D);
+  auto bf16_vec = [&](double lo, double hi) {
+    std::vector<std::uint16_t> v(rows);
+    const std::vector<double> src = random_vec(rng, rows, lo, hi);
+    for (std::size_t i = 0; i < rows; ++i) v[i] = float_to_bf16_bits(static_cast<float>(src[i]));
+    return v;
+  };
+  const std::vector<std::uint16_t> residual = bf16_vec(-2, 3), branch = bf16_vec(-1, 1);
+  const std::vector<std::uint16_t> dy = bf16_vec(-1, 1);
+  std::vector<float> gate(D), scale(D), shift(D);
+  for (std::int64_t d = 0; d < D; ++d) {
+    gate[d] = 0.37f + 0.011f * static_cast<float>(d);
+    scale[d] = 0.02f * static_cast<float>(d) - 0.3f;
+    shift[d] = 0.5f - 0.01f * static_cast<float>(d);
+  }
+  auto config = [&](AdaLNConfig& c) {
+    c.batch = 1;
+    c.seq_len = N;
+    c.dim = D;
+    c.dtype = DType::kBFloat16;
+    c.scale = {scale.data(), DType::kFloat32, D, 0};
+    c.shift = {shift.data(), DType::kFloat32, D, 0};
+  };
+  const RowsView dense{nullptr, DType::kBFloat16, N * D, D};
+  auto view = [&](const std::vector<std::uint16_t>& v) {
+    RowsView r = dense;
+    r.data = v.data();
+    return r;
+  };
+  std::vector<std::uint16_t> h(rows), y(rows);
+  std::vector<float> mean(N), rstd(N);
+  AdaLNFwdParams f;
+  config(f);
+  f.gate = {gate.data(), DType::kFloat32, D, 0};
+  f.residual = view(residual);
+  f.branch = view(branch);
+  f.h = h.data();
+  f.y = y.data();
+  f.mean = mean.data();
+  f.rstd = rstd.data();
+  adaln_forward_ref(f);
+
+  struct Grads {
+    std::vector<std::uint16_t> dx, dbranch;
+    std::vector<float> dscale, dshift, dgate;
+  };
+  auto run = [&](bool gated, Grads& g) {
+    g.dx.assign(rows, 0);
+    g.dbranch.assign(rows, 0);
+    g.dscale.assign(D, 0.f);
+    g.dshift.assign(D, 0.f);
+    g.dgate.assign(D, 0.f);
+    AdaLNBwdParams p;
+    config(p);
+    p.dy = view(dy);
+    p.mean = mean.data();
+    p.rstd = rstd.data();
+    p.dx = g.dx.data();
+    p.dscale = g.dscale.data();
+    p.dshift = g.dshift.data();
+    if (gated) {
+      p.gate = f.gate;
+      p.residual = view(residual);
+      p.branch = view(branch);
+      p.dbranch = g.dbranch.data();
+      p.dgate = g.dgate.data();
+    } else {
+      p.x = view(h);
+    }
+    adaln_backward_ref(p);
+    return p;
+  };
+  Grads plain, gated;
+  run(false, plain);
+  AdaLNBwdParams p = run(true, gated);
+  EXPECT_EQ(gated.dx, plain.dx);
+  EXPECT_EQ(gated.dscale, plain.dscale);
+  EXPECT_EQ(gated.dshift, plain.dshift);
+  for (std::size_t i = 0; i < rows; ++i) {  // dbranch = dx * gate (dh_out absent)
+    const double want = bf16_bits_to_float(plain.dx[i]) * gate[i % D];
+    ASSERT_NEAR(bf16_bits_to_float(gated.dbranch[i]), want, std::abs(want) * 0x1p-7 + 1e-30) << i;
+  }
+  AdaLNBwdParams bad = p;
+  bad.x = view(h);
+  expect_bwd_throws(bad, "AdaLNBwdParams.x.data must be null");
+  bad = p;
+  bad.residual = RowsView{};
+  expect_bwd_throws(bad, "AdaLNBwdParams.residual");
+  bad = p;
+  bad.branch = RowsView{};
+  expect_bwd_throws(bad, "AdaLNBwdParams.branch");
+}
 
 TEST(AdaLNRef, RejectsBadParamsNamingTheField) {
   std::mt19937_64 rng(5);

@@ -15,12 +15,14 @@
 //     rstd; backward adaln_bwd.
 //   adaln_mod_fwd: edges x, mod, weight?, bias?; saves x, mod, weight, bias, mean, rstd (and the
 //     row indices); backward adaln_mod_bwd.
-//   adaln_gated_fwd: edges residual, gate, branch, scale, shift, weight?, bias?; saves h (its
-//     output), gate, branch, scale, shift, weight, bias, mean, rstd; backward adaln_gated_bwd.
-//   adaln_gated_mod_fwd: edges residual, branch, mod, weight?, bias?; saves h, branch, mod,
-//     weight, bias, mean, rstd (and the row indices); backward adaln_gated_mod_bwd.
-// (the tensors and their order of the previous Python autograd; absent weight / bias saved as
-// nothing).
+//   adaln_gated_fwd: edges residual, gate, branch, scale, shift, weight?, bias?; saves residual,
+//     gate, branch, scale, shift, weight, bias, mean, rstd; backward adaln_gated_bwd.
+//   adaln_gated_mod_fwd: edges residual, branch, mod, weight?, bias?; saves residual, branch,
+//     mod, weight, bias, mean, rstd (and the row indices); backward adaln_gated_mod_bwd.
+// (absent weight / bias saved as nothing). The gated nodes save no output: their backward
+// recomputes h = residual + gate * branch (adaln.h), so h is freed as soon as nothing downstream
+// holds it, and the residual (a block's input, most often held for another backward anyway) is
+// kept instead.
 //
 // Unused outputs: a plain op whose y gets no gradient returns none; a gated op whose y gets none
 // passes dy = zeros (dh may be absent), and one whose h and y get none returns none. Absent
@@ -212,19 +214,19 @@ using AdaLNGatedBwdSig = Tensor7(const OptTensor&, const Tensor&, const Tensor&,
                                  double);
 
 struct AdaLNGatedBackward : AdaLNNode<AdaLNGatedBackward> {
-  SavedVariable h, gate, branch, scale, shift;  // h: this node's output
+  SavedVariable residual, gate, branch, scale, shift;
   std::string name() const override { return "DitscaleAdaLNGatedBackward"; }
   void release_own() {
-    for (SavedVariable* v : {&h, &gate, &branch, &scale, &shift}) v->reset_data();
+    for (SavedVariable* v : {&residual, &gate, &branch, &scale, &shift}) v->reset_data();
   }
   variable_list backward(const variable_list& grads) {
     const Tensor& dh = grads[0];
     if (!dh.defined() && !grads[1].defined()) return variable_list(7);
-    const Tensor hv = h.unpack(shared_from_this());
-    const Tensor dy = grads[1].defined() ? grads[1] : at::zeros_like(hv);  // only h used
+    const Tensor res = residual.unpack();
+    const Tensor dy = grads[1].defined() ? grads[1] : at::zeros_like(res);  // only h used
     static const auto op = typed_op<AdaLNGatedBwdSig>("ditscale::adaln_gated_bwd");
     auto [dres, dgate, dbranch, dscale, dshift, dweight, dbias] =
-        op.call(as_optional(dh), dy, hv, gate.unpack(), branch.unpack(), scale.unpack(),
+        op.call(as_optional(dh), dy, res, gate.unpack(), branch.unpack(), scale.unpack(),
                 shift.unpack(), as_optional(s.weight.unpack()), as_optional(s.bias.unpack()),
                 s.mean.unpack(), s.rstd.unpack(), s.norm, s.eps);
     return {std::move(dres),
@@ -259,7 +261,7 @@ Tensor4 adaln_gated_fwd_autograd(c10::DispatchKeySet ks, const Tensor& residual,
       torch::autograd::collect_next_edges(residual, gate, branch, scale, shift, weight, bias));
   torch::autograd::set_history(std::get<0>(out), node);  // h: input 0 of the node
   torch::autograd::set_history(std::get<1>(out), node);  // y: input 1
-  node->h = SavedVariable(std::get<0>(out), true);
+  node->residual = SavedVariable(residual, false);
   node->gate = SavedVariable(gate, false);
   node->branch = SavedVariable(branch, false);
   node->scale = SavedVariable(scale, false);
@@ -278,22 +280,22 @@ using AdaLNGatedModBwdSig = Tensor5(const OptTensor&, const Tensor&, const Tenso
                                     c10::string_view, double);
 
 struct AdaLNGatedModBackward : AdaLNNode<AdaLNGatedModBackward> {
-  SavedVariable h, branch, mod;  // h: this node's output
+  SavedVariable residual, branch, mod;
   int64_t gate_index = 0, scale_index = 0, shift_index = 0;
   std::string name() const override { return "DitscaleAdaLNGatedModBackward"; }
   void release_own() {
-    h.reset_data();
+    residual.reset_data();
     branch.reset_data();
     mod.reset_data();
   }
   variable_list backward(const variable_list& grads) {
     const Tensor& dh = grads[0];
     if (!dh.defined() && !grads[1].defined()) return variable_list(5);
-    const Tensor hv = h.unpack(shared_from_this());
-    const Tensor dy = grads[1].defined() ? grads[1] : at::zeros_like(hv);  // only h used
+    const Tensor res = residual.unpack();
+    const Tensor dy = grads[1].defined() ? grads[1] : at::zeros_like(res);  // only h used
     static const auto op = typed_op<AdaLNGatedModBwdSig>("ditscale::adaln_gated_mod_bwd");
     auto [dres, dbranch, dmod, dweight, dbias] =
-        op.call(as_optional(dh), dy, hv, branch.unpack(), mod.unpack(), gate_index, scale_index,
+        op.call(as_optional(dh), dy, res, branch.unpack(), mod.unpack(), gate_index, scale_index,
                 shift_index, as_optional(s.weight.unpack()), as_optional(s.bias.unpack()),
                 s.mean.unpack(), s.rstd.unpack(), s.norm, s.eps);
     return {std::move(dres), std::move(dbranch), std::move(dmod),
@@ -323,7 +325,7 @@ Tensor4 adaln_gated_mod_fwd_autograd(c10::DispatchKeySet ks, const Tensor& resid
   node->set_next_edges(torch::autograd::collect_next_edges(residual, branch, mod, weight, bias));
   torch::autograd::set_history(std::get<0>(out), node);  // h: input 0 of the node
   torch::autograd::set_history(std::get<1>(out), node);  // y: input 1
-  node->h = SavedVariable(std::get<0>(out), true);
+  node->residual = SavedVariable(residual, false);
   node->branch = SavedVariable(branch, false);
   node->mod = SavedVariable(mod, false);
   node->gate_index = gate_index;

@@ -115,7 +115,7 @@ struct AdaLNOps {
     return {c.h, c.y, c.mean, c.rstd};
   }
 
-  static Tensor7 adaln_gated_bwd(const OptTensor& dh, const Tensor& dy, const Tensor& h,
+  static Tensor7 adaln_gated_bwd(const OptTensor& dh, const Tensor& dy, const Tensor& residual,
                                  const Tensor& gate, const Tensor& branch, const Tensor& scale,
                                  const Tensor& shift, const OptTensor& weight,
                                  const OptTensor& bias, const Tensor& mean, const Tensor& rstd,
@@ -123,7 +123,7 @@ struct AdaLNOps {
     const char* op = "ditscale::adaln_gated_bwd";
     check_same_device(op, {{"dh", dh},
                            {"dy", dy},
-                           {"h", h},
+                           {"residual", residual},
                            {"gate", gate},
                            {"branch", branch},
                            {"scale", scale},
@@ -132,9 +132,9 @@ struct AdaLNOps {
                            {"bias", bias},
                            {"mean", mean},
                            {"rstd", rstd}});
-    AdaLNBackwardCall c = prepare_adaln_backward(op, true, dh, dy, h, gate, branch, scale, shift,
-                                                 weight, bias, mean, rstd, norm, eps);
-    backward(c, h);
+    AdaLNBackwardCall c = prepare_adaln_backward(op, true, dh, dy, residual, gate, branch, scale,
+                                                 shift, weight, bias, mean, rstd, norm, eps);
+    backward(c, residual);
     return {c.dx, c.dgate, c.dbranch, c.dscale, c.dshift, c.dweight, c.dbias};
   }
 
@@ -155,7 +155,7 @@ struct AdaLNOps {
     return {c.h, c.y, c.mean, c.rstd};
   }
 
-  static Tensor5 adaln_gated_mod_bwd(const OptTensor& dh, const Tensor& dy, const Tensor& h,
+  static Tensor5 adaln_gated_mod_bwd(const OptTensor& dh, const Tensor& dy, const Tensor& residual,
                                      const Tensor& branch, const Tensor& mod, int64_t gate_index,
                                      int64_t scale_index, int64_t shift_index,
                                      const OptTensor& weight, const OptTensor& bias,
@@ -164,7 +164,7 @@ struct AdaLNOps {
     const char* op = "ditscale::adaln_gated_mod_bwd";
     check_same_device(op, {{"dh", dh},
                            {"dy", dy},
-                           {"h", h},
+                           {"residual", residual},
                            {"branch", branch},
                            {"mod", mod},
                            {"weight", weight},
@@ -172,9 +172,9 @@ struct AdaLNOps {
                            {"mean", mean},
                            {"rstd", rstd}});
     AdaLNBackwardCall c =
-        prepare_packed_adaln_backward(op, dh, dy, h, branch, mod, gate_index, scale_index,
+        prepare_packed_adaln_backward(op, dh, dy, residual, branch, mod, gate_index, scale_index,
                                       shift_index, weight, bias, mean, rstd, norm, eps);
-    backward(c, h);
+    backward(c, residual);
     return {c.dx, c.dbranch, c.dmod, c.dweight, c.dbias};
   }
 

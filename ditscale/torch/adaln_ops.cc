@@ -22,10 +22,13 @@
 // adaln_gated_mod_fwd(residual, branch, mod, gate_index, scale_index, shift_index, weight?,
 //   bias?, norm, eps) -> (h, y, mean, rstd): adaln_gated_fwd with gate / scale / shift as rows of
 //   mod [B, K, D].
-// adaln_gated_mod_bwd(dh?, dy, h, branch, mod, gate_index, scale_index, shift_index, weight?,
-//   bias?, mean, rstd, norm, eps) -> (dresidual, dbranch, dmod, dweight, dbias).
-// adaln_gated_bwd(dh?, dy, h, gate, branch, scale, shift, weight?, bias?, mean, rstd, norm, eps)
-//   -> (dresidual, dgate, dbranch, dscale, dshift, dweight, dbias).
+// adaln_gated_mod_bwd(dh?, dy, residual, branch, mod, gate_index, scale_index, shift_index,
+//   weight?, bias?, mean, rstd, norm, eps) -> (dresidual, dbranch, dmod, dweight, dbias).
+// adaln_gated_bwd(dh?, dy, residual, gate, branch, scale, shift, weight?, bias?, mean, rstd, norm,
+//   eps) -> (dresidual, dgate, dbranch, dscale, dshift, dweight, dbias).
+// The gated backward ops take the forward's residual, not its output h: they recompute h =
+// residual + gate * branch with the forward's rounding, so autograd (and AOTAutograd's partition
+// under torch.compile) keeps no copy of h for them.
 // Layouts and checks: see adaln_prepare.h.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -69,7 +72,7 @@ TORCH_LIBRARY(ditscale, m) {
       "Tensor? weight, Tensor? bias, str norm, float eps) -> (Tensor h, Tensor y, Tensor mean, "
       "Tensor rstd)");
   m.def(
-      "adaln_gated_bwd(Tensor? dh, Tensor dy, Tensor h, Tensor gate, Tensor branch, "
+      "adaln_gated_bwd(Tensor? dh, Tensor dy, Tensor residual, Tensor gate, Tensor branch, "
       "Tensor scale, Tensor shift, Tensor? weight, Tensor? bias, Tensor mean, Tensor rstd, "
       "str norm, float eps) -> (Tensor dresidual, Tensor dgate, Tensor dbranch, Tensor dscale, "
       "Tensor dshift, Tensor dweight, Tensor dbias)");
@@ -78,7 +81,7 @@ TORCH_LIBRARY(ditscale, m) {
       "int scale_index, int shift_index, Tensor? weight, Tensor? bias, str norm, float eps) -> "
       "(Tensor h, Tensor y, Tensor mean, Tensor rstd)");
   m.def(
-      "adaln_gated_mod_bwd(Tensor? dh, Tensor dy, Tensor h, Tensor branch, Tensor mod, "
+      "adaln_gated_mod_bwd(Tensor? dh, Tensor dy, Tensor residual, Tensor branch, Tensor mod, "
       "int gate_index, int scale_index, int shift_index, Tensor? weight, Tensor? bias, "
       "Tensor mean, Tensor rstd, str norm, float eps) -> (Tensor dresidual, Tensor dbranch, "
       "Tensor dmod, Tensor dweight, Tensor dbias)");

@@ -209,7 +209,7 @@ AdaLNBackwardCall prepare_backward(const char* op, bool gated, const OptTensor& 
                                    const OptTensor& weight_in, const OptTensor& bias_in,
                                    const at::Tensor& mean_in, const at::Tensor& rstd_in,
                                    std::string_view norm, double eps, bool modulation_grads) {
-  const char* xname = gated ? "h" : "x";
+  const char* xname = gated ? "residual" : "x";
   check_x(op, xname, x_in);
   AdaLNBackwardCall c;
   at::Tensor x = last_dim_contiguous(x_in) ? x_in : x_in.contiguous();
@@ -234,7 +234,7 @@ AdaLNBackwardCall prepare_backward(const char* op, bool gated, const OptTensor& 
   fill_config(op, p, x, weight, bias, norm, eps);
   p.scale = modulation_view(scale);
   p.shift = modulation_view(shift);
-  p.x = rows_view(x);
+  (gated ? p.residual : p.x) = rows_view(x);
   p.dy = rows_view(dy);
   p.mean = mean.data_ptr<float>();
   p.rstd = rstd.data_ptr<float>();
@@ -297,7 +297,7 @@ AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTe
 ModRows packed_modulation(const char* op, const at::Tensor& mod, int64_t scale_index,
                           int64_t shift_index, const at::Tensor& x,
                           std::optional<int64_t> gate_index) {
-  // x (plain) / residual / h (gated): fully checked by prepare_adaln_*; here only its sizes.
+  // x (plain) / residual (gated): fully checked by prepare_adaln_*; here only its sizes.
   TORCH_CHECK(x.defined() && x.dim() == 3, op, ": the activations must be [B, N, D], got ",
               x.defined() ? x.sizes() : at::IntArrayRef{});
   TORCH_CHECK(

@@ -88,9 +88,10 @@ AdaLNForwardCall prepare_adaln_forward(const char* op, bool gated, const at::Ten
                                        const OptTensor& weight, const OptTensor& bias,
                                        std::string_view norm, double eps);
 
-// Checks and allocates the backward. `x` is the norm's input (plain: x; gated: the forward's
-// h). Gated only: dh (optional), gate, branch. `eps` is the forward's (the CPU reference
-// recomputes the statistics from x).
+// Checks and allocates the backward. `x` is the forward's input (plain: x, the norm's input;
+// gated: residual, from which the kernels recompute h = residual + gate * branch). Gated only: dh
+// (optional), gate, branch. `eps` is the forward's (the CPU reference recomputes the statistics
+// from the norm's input).
 AdaLNBackwardCall prepare_adaln_backward(const char* op, bool gated, const OptTensor& dh,
                                          const at::Tensor& dy, const at::Tensor& x,
                                          const OptTensor& gate, const OptTensor& branch,

@@ -524,29 +524,31 @@ def _register() -> None:
 
     @torch.library.register_fake(lib + "adaln_gated_mod_bwd")
     def _adaln_gated_mod_bwd_fake(
-        dh, dy, h, branch, mod, gate_index, scale_index, shift_index, weight, bias, mean, rstd,
-        norm, eps,
+        dh, dy, residual, branch, mod, gate_index, scale_index, shift_index, weight, bias, mean,
+        rstd, norm, eps,
     ):
         op = lib + "adaln_gated_mod_bwd"
-        check_devices(op, (("dh", dh), ("dy", dy), ("h", h), ("branch", branch), ("mod", mod),
-                            ("weight", weight), ("bias", bias), ("mean", mean), ("rstd", rstd)))
-        check_config(op, "h", h, norm, eps)
-        check_mod_rows(op, mod, h, (("scale_index", scale_index), ("shift_index", shift_index),
-                                     ("gate_index", gate_index)))
+        check_devices(op, (("dh", dh), ("dy", dy), ("residual", residual), ("branch", branch),
+                            ("mod", mod), ("weight", weight), ("bias", bias), ("mean", mean),
+                            ("rstd", rstd)))
+        check_config(op, "residual", residual, norm, eps)
+        check_mod_rows(op, mod, residual, (("scale_index", scale_index),
+                                           ("shift_index", shift_index),
+                                           ("gate_index", gate_index)))
         for name, t in (("dy", dy), ("branch", branch), ("dh", dh)):
             if t is not None:
-                check_rows(op, name, t, h)
-        check_modulation(op, "scale", mod[:, scale_index], h)
-        check_affine(op, h, weight, bias)
-        check_stats(op, h, mean, rstd)
-        dres = torch.empty_like(h, memory_format=torch.contiguous_format)
-        dbranch = torch.empty_like(h, memory_format=torch.contiguous_format)
+                check_rows(op, name, t, residual)
+        check_modulation(op, "scale", mod[:, scale_index], residual)
+        check_affine(op, residual, weight, bias)
+        check_stats(op, residual, mean, rstd)
+        dres = torch.empty_like(residual, memory_format=torch.contiguous_format)
+        dbranch = torch.empty_like(residual, memory_format=torch.contiguous_format)
         return (
             dres,
             dbranch,
             mod.new_empty(mod.shape),
-            _fake_grad_like(h, weight),
-            _fake_grad_like(h, bias),
+            _fake_grad_like(residual, weight),
+            _fake_grad_like(residual, bias),
         )
 
     @torch.library.register_fake(lib + "adaln_gated_fwd")
@@ -570,30 +572,30 @@ def _register() -> None:
 
     @torch.library.register_fake(lib + "adaln_gated_bwd")
     def _adaln_gated_bwd_fake(
-        dh, dy, h, gate, branch, scale, shift, weight, bias, mean, rstd, norm, eps
+        dh, dy, residual, gate, branch, scale, shift, weight, bias, mean, rstd, norm, eps
     ):
         op = lib + "adaln_gated_bwd"
-        check_devices(op, (("dh", dh), ("dy", dy), ("h", h), ("gate", gate), ("branch", branch),
-                            ("scale", scale), ("shift", shift), ("weight", weight),
-                            ("bias", bias), ("mean", mean), ("rstd", rstd)))
-        check_config(op, "h", h, norm, eps)
+        check_devices(op, (("dh", dh), ("dy", dy), ("residual", residual), ("gate", gate),
+                            ("branch", branch), ("scale", scale), ("shift", shift),
+                            ("weight", weight), ("bias", bias), ("mean", mean), ("rstd", rstd)))
+        check_config(op, "residual", residual, norm, eps)
         for name, t in (("dy", dy), ("branch", branch), ("dh", dh)):
             if t is not None:
-                check_rows(op, name, t, h)
+                check_rows(op, name, t, residual)
         for name, t in (("gate", gate), ("scale", scale), ("shift", shift)):
-            check_modulation(op, name, t, h)
-        check_affine(op, h, weight, bias)
-        check_stats(op, h, mean, rstd)
-        dres = torch.empty_like(h, memory_format=torch.contiguous_format)
-        dbranch = torch.empty_like(h, memory_format=torch.contiguous_format)
+            check_modulation(op, name, t, residual)
+        check_affine(op, residual, weight, bias)
+        check_stats(op, residual, mean, rstd)
+        dres = torch.empty_like(residual, memory_format=torch.contiguous_format)
+        dbranch = torch.empty_like(residual, memory_format=torch.contiguous_format)
         return (
             dres,
             gate.new_empty(gate.shape),
             dbranch,
             scale.new_empty(scale.shape),
             shift.new_empty(shift.shape),
-            _fake_grad_like(h, weight),
-            _fake_grad_like(h, bias),
+            _fake_grad_like(residual, weight),
+            _fake_grad_like(residual, bias),
         )
 
     @torch.library.register_fake(lib + "rotary")

@@ -239,12 +239,13 @@ def _op_args(name, B=2, N=5, D=8, K=6):
                               bias=None, mean=mean, rstd=rstd, norm="rmsnorm", eps=1e-6),
         "adaln_gated_fwd": dict(residual=x, gate=s, branch=r, scale=t, shift=s, weight=w,
                                 bias=None, norm="layernorm", eps=1e-6),
-        "adaln_gated_bwd": dict(dh=r, dy=r, h=x, gate=s, branch=r, scale=t, shift=s, weight=None,
-                                bias=w, mean=mean, rstd=rstd, norm="layernorm", eps=1e-6),
+        "adaln_gated_bwd": dict(dh=r, dy=r, residual=x, gate=s, branch=r, scale=t, shift=s,
+                                weight=None, bias=w, mean=mean, rstd=rstd, norm="layernorm",
+                                eps=1e-6),
         "adaln_gated_mod_fwd": dict(residual=x, branch=r, mod=mod, gate_index=2, scale_index=1,
                                     shift_index=0, weight=None, bias=None, norm="layernorm",
                                     eps=1e-6),
-        "adaln_gated_mod_bwd": dict(dh=r, dy=r, h=x, branch=r, mod=mod, gate_index=2,
+        "adaln_gated_mod_bwd": dict(dh=r, dy=r, residual=x, branch=r, mod=mod, gate_index=2,
                                     scale_index=1, shift_index=0, weight=w, bias=w, mean=mean,
                                     rstd=rstd, norm="layernorm", eps=1e-6),
     }
@@ -539,7 +540,7 @@ def test_opcheck_gated_packed_modulation_ops():
     for dh in (None, torch.randn_like(h)):
         torch.library.opcheck(
             torch.ops.ditscale.adaln_gated_mod_bwd.default,
-            (dh, torch.randn_like(y), h, branch, mod, 5, 4, 3, None, None, mean, rstd, "rmsnorm",
+            (dh, torch.randn_like(y), x, branch, mod, 5, 4, 3, None, None, mean, rstd, "rmsnorm",
              1e-6),
         )
 

@@ -38,14 +38,28 @@ __device__ __forceinline__ void accumulate_vec(float* acc, bool first, const flo
   store_vec<V>(acc, old);
 }
 
+// h of the 16-byte vector at feature d of row (b, n) from its residual (in `x`, replaced) and
+// branch: gated_h, the forward's arithmetic.
+template <int V, typename T>
+__device__ __forceinline__ void recompute_h_vec(const BwdArgs& a, std::int64_t b, std::int64_t n,
+                                                std::int64_t d, const float (&br)[V],
+                                                float (&x)[V]) {
+  float g[V];
+  load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
+#pragma unroll
+  for (int e = 0; e < V; ++e) x[e] = gated_h<T>(x[e], g[e], br[e]);
+}
+
 // The gated part of dx for the 16-byte vector at feature d of row (b, n) (output offset `out`):
 // adds the downstream dh, writes dbranch = gate * dx, and forms dgate = branch * dx, accumulated
 // in the thread's own shared-memory slot `dgate_acc` (null: not reduced) and written per token
-// where asked. Shared by both backward kernels.
+// where asked. `branch`: the row's branch values when the caller has them (null: loaded here).
+// Shared by both backward kernels.
 template <int V, typename T>
 __device__ __forceinline__ void gated_dx_vec(const BwdArgs& a, std::int64_t b, std::int64_t n,
                                              std::int64_t d, std::int64_t out, bool first,
-                                             float* dgate_acc, float (&dx)[V]) {
+                                             float* dgate_acc, const float* branch,
+                                             float (&dx)[V]) {
   if (a.dh_out.data != nullptr) {
     float dh[V];
     load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
@@ -59,9 +73,14 @@ __device__ __forceinline__ void gated_dx_vec(const BwdArgs& a, std::int64_t b, s
     for (int e = 0; e < V; ++e) g[e] *= dx[e];
     store_vec<V>(static_cast<T*>(a.dbranch) + out, g);
   }
-  if (a.branch.data != nullptr) {
+  if (dgate_acc != nullptr || a.dgate_tok != nullptr) {
     float dg[V];
-    load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
+    if (branch != nullptr) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) dg[e] = branch[e];
+    } else {
+      load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), dg);
+    }
 #pragma unroll
     for (int e = 0; e < V; ++e) dg[e] *= dx[e];
     if (dgate_acc != nullptr) accumulate_vec<V>(dgate_acc, first, dg);
@@ -78,7 +97,8 @@ struct SmemSlots {
 // Launch bound of an instantiation: bwd_pipe_bound (adaln_plan.h; kRegCap > 0: the
 // register-capped instantiation, kBwdRegCap).
 
-// Dynamic shared memory: ring [kStages][2 (x, dy)][tpr * kVecs] 16-byte chunks, then the slots
+// Dynamic shared memory: ring [kStages][streams][tpr * kVecs] 16-byte chunks (streams: x, dy;
+// gated: residual, dy, branch: h is recomputed from residual and branch), then the slots
 // [slots.{dgate,dweight,dbias}][D] fp32 (slots.dscale / slots.dshift are unused here: those
 // accumulate in registers).
 //
@@ -100,8 +120,10 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
   const int tx = threadIdx.x;
   const int nvec = static_cast<int>(a.d / V);
   const int row_vecs = tpr * kVecs;
+  const bool gated = !kLean && a.gated;
+  const int streams = gated ? 3 : 2;
   uint4* const mine = bwd_smem + tx;
-  float* const acc_smem = reinterpret_cast<float*>(bwd_smem + kStages * 2 * row_vecs);
+  float* const acc_smem = reinterpret_cast<float*>(bwd_smem + kStages * streams * row_vecs);
   const std::int64_t b = blockIdx.x / a.num_tiles;
   const std::int64_t tile = blockIdx.x - b * a.num_tiles;
   const std::int64_t n0 = tile * a.rows_per_tile;
@@ -111,12 +133,12 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
   const T* const dyb = static_cast<const T*>(a.dy.data) + b * a.dy.sb;
   const bool scale_per_token = a.scale.sn != 0;
   const bool affine = !kLean && (a.weight != nullptr || a.bias != nullptr);
-  const bool gated = !kLean && a.gate.data != nullptr;
+  const T* const brb = gated ? static_cast<const T*>(a.branch.data) + b * a.branch.sb : nullptr;
   auto slot = [&](int s, std::int64_t d) { return acc_smem + s * a.d + d; };
 
   auto issue = [&](std::int64_t n, int stage) {
     if (n < n1) {
-      uint4* dst = mine + stage * 2 * row_vecs;
+      uint4* dst = mine + stage * streams * row_vecs;
       const T* px = xb + n * a.x.sn;
       const T* pdy = dyb + n * a.dy.sn;
 #pragma unroll
@@ -125,6 +147,7 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
         if (vi < nvec) {
           cp_async16(dst + j * tpr, px + vi * V);
           cp_async16(dst + row_vecs + j * tpr, pdy + vi * V);
+          if (gated) cp_async16(dst + 2 * row_vecs + j * tpr, brb + n * a.branch.sn + vi * V);
         }
       }
     }
@@ -171,7 +194,7 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
     }
     issue(n + P, stage == 0 ? P : stage - 1);
     cp_async_wait<P>();
-    const uint4* cur = mine + stage * 2 * row_vecs;
+    const uint4* cur = mine + stage * streams * row_vecs;
     if (scale_per_token) load_g1(n);
 
     // Pass 1: sums of dxhat and dxhat * xhat; per-feature gradients.
@@ -212,6 +235,11 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
         float x[V], dy[V], w[V], bi[V];
         load_smem_vec<V, T>(cur + j * tpr, x);
         load_smem_vec<V, T>(cur + row_vecs + j * tpr, dy);
+        if (gated) {
+          float br[V];
+          load_smem_vec<V, T>(cur + 2 * row_vecs + j * tpr, br);
+          recompute_h_vec<V, T>(a, b, n, d, br, x);
+        }
         fill(w, 1.f);
         fill(bi, 0.f);
         if (affine) {
@@ -270,9 +298,13 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
         if (vi >= nvec) continue;
         const std::int64_t d = static_cast<std::int64_t>(vi) * V;
         const std::int64_t out = row * a.d + d;
-        float x[V], dy[V], w[V];
+        float x[V], dy[V], w[V], br[V];
         load_smem_vec<V, T>(cur + j * tpr, x);
         load_smem_vec<V, T>(cur + row_vecs + j * tpr, dy);
+        if (gated) {
+          load_smem_vec<V, T>(cur + 2 * row_vecs + j * tpr, br);
+          recompute_h_vec<V, T>(a, b, n, d, br, x);
+        }
         fill(w, 1.f);
         if (affine && a.weight != nullptr) {
           load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
@@ -286,7 +318,7 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
         }
         if (gated) {
           gated_dx_vec<V, T>(a, b, n, d, out, first,
-                             slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, dx);
+                             slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, br, dx);
         }
         store_vec<V>(static_cast<T*>(a.dx) + out, dx);
       }

@@ -47,7 +47,9 @@ struct BwdArgs {
   std::int64_t rows_per_tile = 0;
   std::int64_t num_tiles = 0;
   bool rms = false;
-  DevView x, dy, dh_out, branch, gate, scale, shift;
+  bool gated = false;
+  DevView x;  // plain: x; gated: residual (h = residual + gate * branch is recomputed)
+  DevView dy, dh_out, branch, gate, scale, shift;
   const void* weight = nullptr;
   const void* bias = nullptr;
   bool affine_f32 = false;
@@ -94,6 +96,13 @@ __device__ __forceinline__ void fill(float (&v)[V], float value) {
 template <typename T>
 __device__ __forceinline__ float round_to(float v) {
   return to_f(from_f<T>(v));
+}
+
+// The gated residual h = residual + gate * branch as the forward stores it (one fp32 FMA, rounded
+// to T): the backward recomputes it with this same function, so it sees the forward's bits.
+template <typename T>
+__device__ __forceinline__ float gated_h(float residual, float gate, float branch) {
+  return round_to<T>(fmaf(gate, branch, residual));
 }
 
 // V elements of E at p (16-byte aligned, V * sizeof(E) a multiple of 16) -> float.

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(fwd_pipe_max_threads(kVecs * 16 / sizeof(T), k
             load_smem_vec<V, T>(cur + slot_stride + j * tpr, br);
             load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), gt);
 #pragma unroll
-            for (int e = 0; e < V; ++e) v[i][j][e] = round_to<T>(fmaf(gt[e], br[e], v[i][j][e]));
+            for (int e = 0; e < V; ++e) v[i][j][e] = gated_h<T>(v[i][j][e], gt[e], br[e]);
             store_vec<V>(static_cast<T*>(a.h) + static_cast<std::int64_t>(row) * a.d + d, v[i][j]);
           }
         } else {

@@ -11,6 +11,9 @@
 #             imageio-ffmpeg 0.7.0's manylinux2014 wheel (29 MB: MP4 for the server's videos)
 #             when there; the image has the rest)
 #   build     ditscale with CUDA + Torch (tools/gpu_check.sh's build, BUILD_MODE default py)
+#   kernels   the AdaLN kernels' own GPU tests: tests/gpu/adaln_gpu_test (CUDA gtest against the
+#             CPU reference, every kernel path; that target alone, CMake with CUDA) and
+#             tests/gpu/test_adaln_cuda.py (the torch ops against the CPU fp64 ops)
 #   test      tests/gpu/test_diffusers_gpu.py (TEST_ARGS: more pytest arguments, e.g. -k rotary)
 #   sp        bench.diffusers.sp_overhead: parallelize at world size 1 vs stock, eager and
 #             compiled (SP_MODELS, SP_TOKENS, SP_ARGS)
@@ -51,6 +54,14 @@ has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-co
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
   bash tools/gpu_check.sh build
+if has kernels; then
+  step kernels-build 400 bash -c "cmake -S . -B build-gpu-adaln -G Ninja -DDITSCALE_CUDA=ON \
+    -DDITSCALE_TORCH=OFF -DDITSCALE_CUDA_ARCHS=90a -DDITSCALE_BUILD_BENCHMARKS=OFF \
+    -DPython3_EXECUTABLE=$(command -v $PY) && cmake --build build-gpu-adaln -j$(nproc) \
+    --target adaln_gpu_test" \
+    && step kernels-gtest 300 build-gpu-adaln/tests/gpu/adaln_gpu_test
+  step kernels-pytest 400 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_adaln_cuda.py
+fi
 has test && step test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py \
   ${TEST_ARGS:-}
 has sp && step sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \

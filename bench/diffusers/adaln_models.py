@@ -31,7 +31,8 @@ import sys
 
 from bench.diffusers import cli
 from bench.diffusers import models as M
-from bench.diffusers.timing import GiB, OTHER, kernel_breakdown, measure_pair, rel_l2
+from bench.diffusers.timing import (GiB, OTHER, kernel_breakdown, measure_pair, rel_l2,
+                                    synced_step_edges)
 
 
 def blocks_of(model):
@@ -112,8 +113,8 @@ def compare_pair(name, tokens, compiled, args, dtype, dev):
             mem = [peak_gib(v) for v in (stock, fused)]
             r = measure_pair(stock.step, fused.step, warmup=args.warmup, rounds=args.reps,
                              reps=3, max_s=args.max_s)
-            kernels = ([kernel_breakdown(v.step) for v in (stock, fused)] if args.profile
-                       else None)
+            kernels = ([dict(kernel_breakdown(v.step), **synced_step_edges(v.step))
+                        for v in (stock, fused)] if args.profile else None)
             outs = [v.output() for v in (stock, fused)]
     finally:
         del stock, fused
@@ -172,18 +173,23 @@ def kernel_table(rows) -> str:
     if not rows:
         return ""
     cats = [c for c in rows[0]["stock_kernels"]
-            if c not in ("total", "top_other", "idle", "top_gaps")]
+            if c not in ("total", "top_other", "idle", "top_gaps", "lead", "tail")]
     head = ("\nGPU kernel time per step (torch.profiler), stock -> fused, ms (idle: no kernel "
-            "running, within and between the profiled steps):\n\n| model | tokens "
-            "| mode | " + " | ".join(cats) + " | kernels total | idle | step (as called) | stock "
-            f"{OTHER} / step |\n|" + "---|" * (len(cats) + 7) + "\n")
+            "running, within and between the profiled steps; lead / tail: the GPU waiting on the "
+            "host before a step's first kernel and after its last one, each step run alone as "
+            "timed):\n\n| model | tokens | mode | " + " | ".join(cats) + " | kernels total | idle "
+            f"| lead | tail | step (as called) | stock {OTHER} / step |\n|"
+            + "---|" * (len(cats) + 9) + "\n")
     lines = []
     for r in rows:
         s, f = r["stock_kernels"], r["fused_kernels"]
         cells = " | ".join(f"{s[c]:.2f} -> {f[c]:.2f}" for c in cats)
         lines.append(f"| {r['model']} | {r['tokens']} | {r['mode']} | {cells} | "
                      f"{s['total']:.2f} -> {f['total']:.2f} | "
-                     f"{s.get('idle', 0.0):.2f} -> {f.get('idle', 0.0):.2f} | {r['stock_ms']:.2f} -> "
+                     f"{s.get('idle', 0.0):.2f} -> {f.get('idle', 0.0):.2f} | "
+                     f"{s.get('lead', 0.0):.2f} -> {f.get('lead', 0.0):.2f} | "
+                     f"{s.get('tail', 0.0):.2f} -> {f.get('tail', 0.0):.2f} | "
+                     f"{r['stock_ms']:.2f} -> "
                      f"{r['fused_ms']:.2f} | {100 * s[OTHER] / r['stock_ms']:.1f}% |")
     return head + "\n".join(lines) + "\n" + gap_lists(rows)
 

@@ -10,6 +10,9 @@ each (a, b, a, b, ...) after a warm-up of both, so that the GPU's clock ramp and
 both alike -> dict(a_ms, b_ms: medians over every call; ratio: the median over the rounds of
 b's round median / a's, rounds).
 
+``synced_step_edges(step, steps)``: the ms a timed step's GPU waits on the host before its first
+kernel (``lead``) and after its last one (``tail``), which ``idle`` does not see.
+
 ``kernel_breakdown(step, steps)``: the GPU kernel time of ``step()`` per call by category
 (attention, GEMM, ditscale's AdaLN kernels, everything else: the elementwise, norm and reduction
 kernels that AdaLN fusion can remove at most), from torch.profiler, in ms, and ``top_other``:
@@ -157,6 +160,57 @@ def idle_gaps(kernels, steps: int) -> dict:
     span = cur_end - spans[0][0]
     return {"idle": (span - busy) / 1e3 / steps,
             "top_gaps": sorted(gaps, key=lambda g: -g[0])[:8]}
+
+
+MARKERS = ("spin", "sleep")  # torch.cuda._sleep's kernel: the markers of synced_step_edges
+
+
+def synced_step_edges(step, steps: int = 3) -> dict:
+    """What a timed step (``_time_one``: the GPU idle when it starts, synchronised after it)
+    spends with the GPU waiting on the host at its two ends, which ``idle`` (measured over
+    back-to-back steps) does not see: each step runs alone between two marker kernels
+    (``torch.cuda._sleep``, launched just before and just after ``step()``), and
+    ``marker_edges`` reads the profile -> dict(lead, tail: ms per step)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(1000)
+            step()
+            torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+    spans = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+             if e.device_type == DeviceType.CUDA]
+    return marker_edges(spans)
+
+
+def marker_edges(spans) -> dict:
+    """From (start us, end us, name) kernel spans where each step's kernels sit between a pair of
+    marker kernels (a name containing one of MARKERS): ``lead``, the mean ms from the opening marker's end
+    to the step's first kernel (the host's work before its first launch), and ``tail``, from
+    the step's last kernel end to the closing marker's start (host work after its last launch);
+    a step without kernels counts its whole gap as lead."""
+    spans = sorted(spans)
+    marks = [i for i, (_, _, name) in enumerate(spans)
+             if any(m in name.lower() for m in MARKERS)]
+    if len(marks) < 2 or len(marks) % 2:
+        raise ValueError(f"marker_edges: {len(marks)} marker kernels, expected pairs")
+    leads, tails = [], []
+    for a, b in zip(marks[::2], marks[1::2]):
+        inner = spans[a + 1:b]
+        if not inner:
+            leads.append(spans[b][0] - spans[a][1])
+            tails.append(0.0)
+            continue
+        leads.append(max(0.0, inner[0][0] - spans[a][1]))
+        tails.append(max(0.0, spans[b][0] - max(e for _, e, _ in inner)))
+    n = len(leads)
+    return {"lead": sum(leads) / n / 1e3, "tail": sum(tails) / n / 1e3}
 
 
 def rel_l2(a, b) -> float:

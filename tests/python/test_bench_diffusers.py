@@ -82,6 +82,20 @@ def test_idle_gaps_count_time_when_no_kernel_runs():
     assert idle_gaps([], steps=1) == {"idle": 0.0, "top_gaps": []}
 
 
+def test_marker_edges_measure_the_host_gaps_at_both_ends_of_a_step():
+    from bench.diffusers.timing import marker_edges
+
+    spans = [(0, 10, "spin_kernel"), (40, 50, "gemm"), (55, 70, "adaln"), (100, 110, "spin_kernel"),
+             (200, 210, "spin_kernel"), (230, 240, "gemm"), (250, 255, "spin_kernel")]
+    out = marker_edges(spans)
+    assert out["lead"] == pytest.approx((30 + 20) / 2 / 1e3)  # 10 -> 40, 210 -> 230
+    assert out["tail"] == pytest.approx((30 + 10) / 2 / 1e3)  # 70 -> 100, 240 -> 250
+    empty = marker_edges([(0, 10, "spin_kernel"), (25, 30, "spin_kernel")])
+    assert empty == {"lead": pytest.approx(0.015), "tail": 0.0}
+    with pytest.raises(ValueError, match="3 marker kernels"):
+        marker_edges(spans[:4] + spans[4:5])
+
+
 def test_recording_backend_lists_what_the_forward_saves():
     """saved_tensors' backend on y = sin(2x) @ w: the partitioner hands the backward sin's output
     (transposed, for w's gradient; cos(2x) is recomputed from x); neither the output [8, 3] nor

@@ -173,7 +173,7 @@ def kernel_table(rows) -> str:
     if not rows:
         return ""
     cats = [c for c in rows[0]["stock_kernels"]
-            if c not in ("total", "top_other", "idle", "top_gaps", "lead", "tail")]
+            if c not in ("total", "top_other", "top_ours", "idle", "top_gaps", "lead", "tail")]
     head = ("\nGPU kernel time per step (torch.profiler), stock -> fused, ms (idle: no kernel "
             "running, within and between the profiled steps; lead / tail: the GPU waiting on the "
             "host before a step's first kernel and after its last one, each step run alone as "
@@ -195,9 +195,15 @@ def kernel_table(rows) -> str:
 
 
 def gap_lists(rows) -> str:
-    """The fused step's longest idle gaps per row (ms, the kernels before and after)."""
+    """The fused step's ditscale kernels (ms per step, calls) and longest idle gaps per row (ms,
+    the kernels before and after)."""
     out = []
     for r in rows:
+        ours = r["fused_kernels"].get("top_ours") or []
+        if ours:
+            out.append(f"\nditscale kernels, fused {r['model']} {r['tokens']} {r['mode']} "
+                       "(ms per step, calls per step):\n")
+            out += [f"- {ms:.3f} ms x{calls}: {name}" for name, ms, calls in ours]
         gaps = r["fused_kernels"].get("top_gaps") or []
         if gaps:
             out.append(f"\nLongest idle gaps, fused {r['model']} {r['tokens']} {r['mode']}:\n")

@@ -16,7 +16,8 @@ kernel (``lead``) and after its last one (``tail``), which ``idle`` does not see
 ``kernel_breakdown(step, steps)``: the GPU kernel time of ``step()`` per call by category
 (attention, GEMM, ditscale's AdaLN kernels, everything else: the elementwise, norm and reduction
 kernels that AdaLN fusion can remove at most), from torch.profiler, in ms, and ``top_other``:
-the 8 largest kernels of the last category (name, ms), ``idle`` (ms per step when no kernel
+the 8 largest kernels of the last category (name, ms), ``top_ours``: ditscale's 10 largest
+(name with its template arguments, ms, calls per step), ``idle`` (ms per step when no kernel
 runs) and ``top_gaps`` (the longest of those gaps: ms, the kernels before and after).
 """
 
@@ -121,7 +122,7 @@ def kernel_breakdown(step, steps: int = 2) -> dict:
         torch.cuda.synchronize()
     out = {c: 0.0 for c, _ in KERNEL_CATEGORIES}
     out[OTHER] = 0.0
-    other = {}
+    other, ours = {}, {}
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     for e in kernels:
         us = getattr(e, "device_time", None)
@@ -132,8 +133,13 @@ def kernel_breakdown(step, steps: int = 2) -> dict:
         if category == OTHER:
             key = short_kernel_name(e.name)
             other[key] = other.get(key, 0.0) + us / 1e3 / steps
+        elif category == KERNEL_CATEGORIES[1][0]:
+            ms, calls = ours.get(short_kernel_name(e.name, 160), (0.0, 0))
+            ours[short_kernel_name(e.name, 160)] = (ms + us / 1e3 / steps, calls + 1)
     out["total"] = sum(out.values())
     out["top_other"] = sorted(other.items(), key=lambda kv: -kv[1])[:8]
+    out["top_ours"] = [(name, ms, calls // steps) for name, (ms, calls)
+                       in sorted(ours.items(), key=lambda kv: -kv[1][0])[:10]]
     out.update(idle_gaps(kernels, steps))
     return out
 
@@ -191,9 +197,10 @@ def synced_step_edges(step, steps: int = 3) -> dict:
 
 def marker_edges(spans) -> dict:
     """From (start us, end us, name) kernel spans where each step's kernels sit between a pair of
-    marker kernels (a name containing one of MARKERS): ``lead``, the mean ms from the opening marker's end
-    to the step's first kernel (the host's work before its first launch), and ``tail``, from
-    the step's last kernel end to the closing marker's start (host work after its last launch);
+    marker kernels (a name containing one of MARKERS): ``lead``, the mean ms from the opening
+    marker's end to the step's first kernel (the host's work before its first launch), and
+    ``tail``, from the step's last kernel end to the closing marker's start (host work after its
+    last launch);
     a step without kernels counts its whole gap as lead."""
     spans = sorted(spans)
     marks = [i for i, (_, _, name) in enumerate(spans)

@@ -96,6 +96,19 @@ def test_marker_edges_measure_the_host_gaps_at_both_ends_of_a_step():
         marker_edges(spans[:4] + spans[4:5])
 
 
+def test_gap_lists_name_the_fused_steps_own_kernels_and_gaps():
+    from bench.diffusers.adaln_models import gap_lists
+
+    row = {"model": "wan2.1-1.3b", "tokens": 32760, "mode": "compile",
+           "fused_kernels": {"top_ours": [("adaln_bwd_pipe_kernel<bf16, 3, 3, false>", 1.25, 8)],
+                             "top_gaps": [(0.5, "gemm", "adaln")]}}
+    text = gap_lists([row])
+    assert "ditscale kernels, fused wan2.1-1.3b 32760 compile" in text
+    assert "- 1.250 ms x8: adaln_bwd_pipe_kernel<bf16, 3, 3, false>" in text
+    assert "- 0.500 ms: gemm -> adaln" in text
+    assert gap_lists([{**row, "fused_kernels": {}}]) == ""
+
+
 def test_recording_backend_lists_what_the_forward_saves():
     """saved_tensors' backend on y = sin(2x) @ w: the partitioner hands the backward sin's output
     (transposed, for w's gradient; cos(2x) is recomputed from x); neither the output [8, 3] nor

@@ -61,6 +61,7 @@ from ._adaln_checks import (
     check_stats,
 )
 from ._checks import check_real
+from ._compile_cache import tag_compile_caches
 
 __all__ = [
     "adaln",
@@ -98,21 +99,28 @@ def _library_path() -> Optional[str]:
 
 
 def _load() -> None:
+    """Loads ditscale._C once, then keys torch.compile's caches to this build (graphs cached by
+    another build of ditscale are not replayed: ditscale._compile_cache)."""
     global _load_error
-    if all(hasattr(torch.ops.ditscale, n) for n in _OP_NAMES):
-        return  # already loaded (e.g. by another import path)
     path = _library_path()
+    if not all(hasattr(torch.ops.ditscale, n) for n in _OP_NAMES):  # not loaded by another path
+        _load_error = _load_library(path)
+    tag_compile_caches(path if _load_error is None else None)
+
+
+def _load_library(path: Optional[str]) -> Optional[str]:
+    """Loads the extension at ``path``; None, or why it could not be loaded."""
     if path is None:
-        _load_error = (
+        return (
             "ditscale._C (the PyTorch extension) was not found next to "
             f"{os.path.abspath(__file__)}; build the package with torch installed "
             "(`pip install --no-build-isolation .`) or set DITSCALE_EXT_PATH"
         )
-        return
     try:
         torch.ops.load_library(path)
     except OSError as e:  # wrong torch version, missing CUDA runtime, ...
-        _load_error = f"loading {path} failed: {e}"
+        return f"loading {path} failed: {e}"
+    return None
 
 
 _load()

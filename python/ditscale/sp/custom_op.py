@@ -35,6 +35,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .. import ops as _ops  # noqa: F401  keys torch.compile's caches to this build of ditscale
 from .config import Config
 from .meshes import Mesh
 

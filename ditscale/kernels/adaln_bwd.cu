@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(bwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
       for (int e = 0; e < V; ++e) dx[e] = rstd * (dxh[j][e] - fmaf(xh[j][e], c2, c1));
       if (a.gated) {
         gated_dx_vec<V, T>(a, b, n, d, out, first,
-                           slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, nullptr, dx);
+                           slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, nullptr, nullptr,
+                           dx);
       }
       store_vec<V>(static_cast<T*>(a.dx) + out, dx);
     }
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(kReduceCols* kReduceRows)
 }
 
 // Dynamic shared memory of the pipelined backward (adaln_bwd_pipe.cuh): the ring (`streams` rows
-// of chunks a stage: 2, gated 3), then the slots.
+// of chunks a stage: bwd_pipe_streams), then the slots.
 std::size_t bwd_pipe_smem(int stages, int streams, int threads, int vecs, int num_slots,
                           std::int64_t dim) {
   return static_cast<std::size_t>(stages) * streams * threads * vecs * 16 +
@@ -316,7 +317,7 @@ template <typename T, int kVecs, int kStages, bool kLean, int kRegCap = 0>
 void launch_bwd_pipe(BwdArgs& a, const SmemSlots& slots, int num_slots, int threads,
                      std::int64_t batch, std::int64_t max_tiles, cudaStream_t stream) {
   auto* kernel = adaln_bwd_pipe_kernel<T, kVecs, kStages, kLean, kRegCap>;
-  const int streams = !kLean && a.gated ? 3 : 2;
+  const int streams = bwd_pipe_streams(!kLean && a.gated, a.dh_out.data != nullptr);
   const std::size_t smem = bwd_pipe_smem(kStages, streams, threads, kVecs, num_slots, a.d);
   const std::int64_t resident = resident_blocks(kernel, threads, smem);
   const std::int64_t want = std::clamp<std::int64_t>(resident / batch, 1, max_tiles);
@@ -418,6 +419,12 @@ void launch_bwd_main(const BwdPlan& plan, BwdArgs& a, const BwdWorkspaceLayout& 
     }
     const std::int64_t tiles = layout.num_tiles;
     if (!plan.lean) {
+      if constexpr (sizeof(T) == 2) {
+        if (plan.stages == 2) {
+          launch_bwd_pipe<T, kVecs, 2, false>(a, slots, used, plan.threads, batch, tiles, stream);
+          return;
+        }
+      }
       launch_bwd_pipe<T, kVecs, 3, false>(a, slots, used, plan.threads, batch, tiles, stream);
     } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if constexpr (kVecs == 4) {

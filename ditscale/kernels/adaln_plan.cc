@@ -166,26 +166,32 @@ BwdPlan choose_bwd_plan(const AdaLNBwdParams& p, const AdaLNTuning& tune) {
   BwdPlan plan;
   // Pipelined kernel: dscale / dshift partials in registers, the others in shared-memory slots.
   // Threads per row: 128 for lean 16-bit rows of more than 3 KB (3 vectors x 128 instead of
-  // 4 x 96 at D = 3072, +5-6 points, notes v9), 64 otherwise (notes v8). Two-row ring for lean
-  // bf16 (+1 to +16 points over 3, notes v9), else 3.
+  // 4 x 96 at D = 3072, +5-6 points, notes v9), 96 for gated 16-bit rows, 64 otherwise (notes
+  // v8). Two-row ring for lean bf16 (+1 to +16 points over 3, notes v9) and gated 16-bit rows,
+  // else 3. Gated bf16 at D = 1536 (2 x 96 with a two-row ring against 3 x 64 with three rows;
+  // the ring carries dh_out too): 67% -> 85-86% of the copy rate (notes v14).
   plan.lean = p.gate.data == nullptr && p.weight == nullptr && p.bias == nullptr;
   if (aligned && tune.pipelined) {
-    const int target = plan.lean && vec == 8 && nvec > 192 ? 128 : 64;
+    const bool gated = p.gate.data != nullptr;
+    const bool gated16 = gated && p.dtype != DType::kFloat32;
+    const int target = plan.lean && vec == 8 && nvec > 192 ? 128 : (gated16 ? 96 : 64);
+    const int stages = (plan.lean && p.dtype == DType::kBFloat16) || gated16 ? 2 : 3;
     const VecPlan v = choose_vec_plan(
         nvec, kBwdVecCandidates, kNumBwdVecCandidates,
         [&](int k) { return bwd_pipe_max_threads(k * vec); }, target);
     const std::int64_t slots = layout.dgate + layout.dweight + layout.dbias;
     // Sized for the deepest ring any instantiation had (4 stages of 2 streams), which keeps the
-    // plans of every shape as they were measured; the gated ring is 3 stages of 3 (residual, dy,
-    // branch: h is recomputed).
-    const std::int64_t ring_chunks = p.gate.data != nullptr ? 3 * 3 : 4 * 2;
+    // plans of every shape as they were measured; the gated ring is `stages` rows of 3 or 4
+    // (bwd_pipe_streams: residual, dy, branch, dh_out; h is recomputed).
+    const std::int64_t ring_chunks =
+        gated ? stages * bwd_pipe_streams(true, p.dh_out.data != nullptr) : 4 * 2;
     const std::int64_t smem = ring_chunks * v.threads * v.vecs * 16 + slots * p.dim * 4;
     if (v.vecs != 0 && smem <= kMaxPipeSmemBytes) {
       plan.kernel = BwdKernel::kPipe;
       plan.vecs = v.vecs;
       plan.threads = v.threads;
       const bool lean_bf16 = plan.lean && p.dtype == DType::kBFloat16;
-      plan.stages = lean_bf16 ? 2 : 3;
+      plan.stages = stages;
       plan.reg_cap_candidate = lean_bf16 && v.vecs == 4;
       return plan;
     }

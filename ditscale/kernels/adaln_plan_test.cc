@@ -204,10 +204,16 @@ TEST(AdaLNPlan, BackwardOfTheBenchmarkShapes) {
 }
 
 TEST(AdaLNPlan, BackwardOfOtherLayouts) {
-  Layout full = dim(3072);  // gated + affine: not lean, ring of 3, 64 threads per row
+  Layout full = dim(3072);  // gated + affine, 16-bit: not lean, ring of 2, ~96 threads per row
   full.gated = true;
   full.affine = true;
-  EXPECT_EQ(bwd(full), "pipe 4x96 s3");
+  EXPECT_EQ(bwd(full), "pipe 4x96 s2");
+  Layout wan = dim(1536);  // Wan 2.1 1.3B's gated ops: 2 vectors x 96 threads, ring of 2
+  wan.gated = true;
+  EXPECT_EQ(bwd(wan), "pipe 2x96 s2");
+  Layout gated32 = wan;  // fp32 gated rows keep the ring of 3 and the target of 64 threads
+  gated32.dtype = gated32.mod_dtype = DType::kFloat32;
+  EXPECT_EQ(bwd(gated32), "pipe 4x96 s3");
   Layout f32 = dim(3072);
   f32.dtype = f32.mod_dtype = DType::kFloat32;
   EXPECT_EQ(bwd(f32), "pipe 4x192 s3 lean");

@@ -78,6 +78,7 @@ struct Case {
   NormType norm = NormType::kLayerNorm;
   bool per_token = false;
   bool gated = false;
+  bool no_dh = false;  // gated without dh_out (nothing downstream of h needs a gradient)
   bool affine = false;
   std::int64_t B = 2, N = 77, D = 1000;
   std::int64_t x_pad = 0;  // x / residual / branch / dy rows are D + x_pad apart (strided)
@@ -89,7 +90,7 @@ struct Case {
   std::string name() const {
     return std::string(dtype_name(dtype)) + (mod_f32 ? " mod=f32" : "") +
            (norm == NormType::kRMSNorm ? " RMS" : " LN") +
-           (per_token ? " per-token" : " per-sample") + (gated ? " gated" : "") +
+           (per_token ? " per-token" : " per-sample") + (gated ? " gated" : "") + (no_dh ? " no-dh" : "") +
            (affine ? " affine" : "") + " B=" + std::to_string(B) + " N=" + std::to_string(N) +
            " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad) + "/" +
            std::to_string(b_pad) + (dmod_rows > 0 ? " dmod=" + std::to_string(dmod_rows) : "");
@@ -211,7 +212,7 @@ void run_case(const Case& c) {
     config(p, device);
     if (c.gated) {
       p.residual = rows(x, device);  // h is recomputed (from the forward's inputs)
-      p.dh_out = rows(dh_out, device);
+      if (!c.no_dh) p.dh_out = rows(dh_out, device);
       p.branch = rows(branch, device);
     } else {
       p.x = rows(x, device);
@@ -330,6 +331,7 @@ TEST(AdaLNGpu, Fp32ModulationAffineAndGated) {
           c.affine = (mask & 1) != 0;
           c.gated = (mask & 2) != 0;
           c.per_token = per_token;
+          c.no_dh = c.gated && mod_f32 != per_token;  // the 3- and 4-row rings of the backward
           c.norm = mask == 2 ? NormType::kRMSNorm : NormType::kLayerNorm;
           c.D = 1536;
           c.N = 45;
@@ -491,6 +493,8 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
       full.B = 2;
       full.N = 29;
       full.D = 1536;
+      run_case(full);
+      full.no_dh = true;  // the backward's ring without dh_out
       run_case(full);
     }
   }

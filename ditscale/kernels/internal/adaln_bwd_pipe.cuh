@@ -5,8 +5,9 @@
 // ~100 registers per thread in blocks of up to 512 threads (one resident block per SM), and loaded
 // each row only when the previous one was done: the SMs waited on memory most of the time. Here:
 // - blocks of ~128 threads, each thread owning kVecs 16-byte feature vectors;
-// - x and dy of the rows kStages - 1 ahead stream into a per-thread shared-memory ring with
-//   cp.async (adaln_device.cuh), so loads are always in flight;
+// - x and dy of the rows kStages - 1 ahead (gated: residual, dy, branch and dh_out, every
+//   [B, N, D] input) stream into a per-thread shared-memory ring with cp.async
+//   (adaln_device.cuh), so loads are always in flight;
 // - the row data is not kept in registers across the reduction: the second pass re-reads the
 //   thread's own chunks from the ring and recomputes xhat and dxhat (cheap arithmetic);
 // - per-sample (1 + scale) and the dscale/dshift accumulators live in registers; the rarer
@@ -53,18 +54,21 @@ __device__ __forceinline__ void recompute_h_vec(const BwdArgs& a, std::int64_t b
 // The gated part of dx for the 16-byte vector at feature d of row (b, n) (output offset `out`):
 // adds the downstream dh, writes dbranch = gate * dx, and forms dgate = branch * dx, accumulated
 // in the thread's own shared-memory slot `dgate_acc` (null: not reduced) and written per token
-// where asked. `branch`: the row's branch values when the caller has them (null: loaded here).
-// Shared by both backward kernels.
+// where asked. `branch` / `dh`: the row's branch / dh_out values when the caller has them (null:
+// loaded here; dh only where a.dh_out is present). Shared by both backward kernels.
 template <int V, typename T>
 __device__ __forceinline__ void gated_dx_vec(const BwdArgs& a, std::int64_t b, std::int64_t n,
                                              std::int64_t d, std::int64_t out, bool first,
                                              float* dgate_acc, const float* branch,
-                                             float (&dx)[V]) {
-  if (a.dh_out.data != nullptr) {
-    float dh[V];
-    load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh);
+                                             const float* dh, float (&dx)[V]) {
+  if (dh != nullptr) {
 #pragma unroll
     for (int e = 0; e < V; ++e) dx[e] += dh[e];
+  } else if (a.dh_out.data != nullptr) {
+    float dh_row[V];
+    load_vec<V>(static_cast<const T*>(a.dh_out.data) + view_offset(a.dh_out, b, n, d), dh_row);
+#pragma unroll
+    for (int e = 0; e < V; ++e) dx[e] += dh_row[e];
   }
   if (a.dbranch != nullptr) {
     float g[V];
@@ -97,8 +101,9 @@ struct SmemSlots {
 // Launch bound of an instantiation: bwd_pipe_bound (adaln_plan.h; kRegCap > 0: the
 // register-capped instantiation, kBwdRegCap).
 
-// Dynamic shared memory: ring [kStages][streams][tpr * kVecs] 16-byte chunks (streams: x, dy;
-// gated: residual, dy, branch: h is recomputed from residual and branch), then the slots
+// Dynamic shared memory: ring [kStages][streams][tpr * kVecs] 16-byte chunks (streams, in this
+// order: x, dy; gated: residual, dy, branch (h is recomputed from residual and branch) and
+// dh_out where present: bwd_pipe_streams), then the slots
 // [slots.{dgate,dweight,dbias}][D] fp32 (slots.dscale / slots.dshift are unused here: those
 // accumulate in registers).
 //
@@ -121,7 +126,8 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
   const int nvec = static_cast<int>(a.d / V);
   const int row_vecs = tpr * kVecs;
   const bool gated = !kLean && a.gated;
-  const int streams = gated ? 3 : 2;
+  const bool has_dh = gated && a.dh_out.data != nullptr;
+  const int streams = bwd_pipe_streams(gated, has_dh);
   uint4* const mine = bwd_smem + tx;
   float* const acc_smem = reinterpret_cast<float*>(bwd_smem + kStages * streams * row_vecs);
   const std::int64_t b = blockIdx.x / a.num_tiles;
@@ -134,6 +140,7 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
   const bool scale_per_token = a.scale.sn != 0;
   const bool affine = !kLean && (a.weight != nullptr || a.bias != nullptr);
   const T* const brb = gated ? static_cast<const T*>(a.branch.data) + b * a.branch.sb : nullptr;
+  const T* const dhb = has_dh ? static_cast<const T*>(a.dh_out.data) + b * a.dh_out.sb : nullptr;
   auto slot = [&](int s, std::int64_t d) { return acc_smem + s * a.d + d; };
 
   auto issue = [&](std::int64_t n, int stage) {
@@ -148,6 +155,7 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
           cp_async16(dst + j * tpr, px + vi * V);
           cp_async16(dst + row_vecs + j * tpr, pdy + vi * V);
           if (gated) cp_async16(dst + 2 * row_vecs + j * tpr, brb + n * a.branch.sn + vi * V);
+          if (has_dh) cp_async16(dst + 3 * row_vecs + j * tpr, dhb + n * a.dh_out.sn + vi * V);
         }
       }
     }
@@ -298,13 +306,14 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
         if (vi >= nvec) continue;
         const std::int64_t d = static_cast<std::int64_t>(vi) * V;
         const std::int64_t out = row * a.d + d;
-        float x[V], dy[V], w[V], br[V];
+        float x[V], dy[V], w[V], br[V], dh[V];
         load_smem_vec<V, T>(cur + j * tpr, x);
         load_smem_vec<V, T>(cur + row_vecs + j * tpr, dy);
         if (gated) {
           load_smem_vec<V, T>(cur + 2 * row_vecs + j * tpr, br);
           recompute_h_vec<V, T>(a, b, n, d, br, x);
         }
+        if (has_dh) load_smem_vec<V, T>(cur + 3 * row_vecs + j * tpr, dh);
         fill(w, 1.f);
         if (affine && a.weight != nullptr) {
           load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
@@ -318,7 +327,8 @@ __global__ void __launch_bounds__(bwd_pipe_bound(kVecs * 16 / sizeof(T), kRegCap
         }
         if (gated) {
           gated_dx_vec<V, T>(a, b, n, d, out, first,
-                             slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, br, dx);
+                             slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, br,
+                             has_dh ? dh : nullptr, dx);
         }
         store_vec<V>(static_cast<T*>(a.dx) + out, dx);
       }

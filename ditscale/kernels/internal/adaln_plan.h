@@ -57,6 +57,12 @@ constexpr int bwd_vec_max_threads(int elems) { return elems <= 8 ? 512 : 256; }
 // Pipelined backward: elements per thread -> block size cap (registers without spills).
 constexpr int bwd_pipe_max_threads(int elems) { return elems <= 8 ? 512 : (elems <= 32 ? 256 : 0); }
 
+// Rows of 16-byte chunks per stage of the pipelined backward's ring: x and dy; gated: residual,
+// dy and branch (h is recomputed from them), and dh_out where the caller passes it.
+constexpr int bwd_pipe_streams(bool gated, bool has_dh) {
+  return gated ? (has_dh ? 4 : 3) : 2;
+}
+
 // The pipelined backward's register-capped instantiation (lean bf16, two-row ring, 4 vectors per
 // thread): its launch bound caps the registers at kBwdRegCap per thread so that more blocks fit
 // per SM (a few bytes spilled). Launch bound of an instantiation: the plan's thread cap, or with
@@ -154,7 +160,7 @@ struct BwdPlan {
   BwdKernel kernel = BwdKernel::kGeneral;
   int vecs = 0;       // 16-byte vectors per thread; 0: general
   int threads = 0;    // threads per row (= per block)
-  int stages = 0;     // pipe: ring depth in rows (2 lean bf16, else 3)
+  int stages = 0;     // pipe: ring depth in rows (2 lean bf16 and gated 16-bit, else 3)
   bool lean = false;  // pipe: no affine, no gate (those paths compiled out)
   // pipe: the register-capped instantiation (kBwdRegCap) is a candidate; the launcher takes it
   // where the occupancy calculator fits more of its blocks per SM than of the uncapped one's,

@@ -3,6 +3,10 @@
 // the speed-of-light of a pass that reads x and writes y. Prints one table row per shape:
 //   variant B N D | copy ms GB/s | fwd ms GB/s %copy | bwd ms GB/s %copy | fwd+bwd ms
 // Bytes counted: copy and forward 2 * |x|; backward 3 * |x| (reads x, dy; writes dx).
+// --gated: the gated ops of a DiT block instead (h = residual + gate * branch, then the AdaLN of
+// h; gate, scale and shift rows of the [B, 6, D] tensor; dgate reduced, dh_out given): forward
+// 4 * |x| (reads residual, branch; writes h, y), backward 6 * |x| (reads residual, branch, dy,
+// dh_out; writes dresidual, dbranch), the bytes of the fused kernels' speed-of-light.
 // Times are medians of per-launch CUDA-event timings after a warm-up.
 //
 // Usage: adaln_kernel_bench [--quick] [--variants LIST]
@@ -16,6 +20,7 @@
 //               the library: bench/results/adaln-kernel-notes.md, "Removed variants".
 //               Default `auto,pipe`.
 //   --fwd-only  skip the backward timings (columns show 0)
+//   --gated     time the gated forward and backward (above)
 //   --shapes    B:N:D,... instead of the default shapes (e.g. one shape under Nsight Compute)
 #include <cuda_runtime.h>
 
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
   using namespace ditscale::kernels;
   bool quick = false;
   bool fwd_only = false;
+  bool gated = false;
   std::string variants = "auto,pipe";
   std::string shapes_arg;
   for (int i = 1; i < argc; ++i) {
@@ -111,13 +117,15 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg == "--fwd-only") {
       fwd_only = true;
+    } else if (arg == "--gated") {
+      gated = true;
     } else if (arg == "--variants" && i + 1 < argc) {
       variants = argv[++i];
     } else if (arg == "--shapes" && i + 1 < argc) {
       shapes_arg = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--fwd-only] [--variants auto,base,pipe,pdl=0,...] "
+                   "usage: %s [--quick] [--fwd-only] [--gated] [--variants auto,base,pipe,pdl=0,...] "
                    "[--shapes B:N:D,...]\n",
                    argv[0]);
       return 2;
@@ -134,7 +142,8 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+  std::printf("device: %s (%d SMs)%s\n", prop.name, prop.multiProcessorCount,
+              gated ? ", gated ops (fwd 4 |x|, bwd 6 |x|)" : "");
   std::printf("%-10s %2s %6s %5s | %7s %6s | %7s %6s %6s | %7s %6s %6s | %7s\n", "variant", "B",
               "N", "D", "copy_ms", "GB/s", "fwd_ms", "GB/s", "%copy", "bwd_ms", "GB/s", "%copy",
               "f+b_ms");
@@ -173,12 +182,18 @@ int main(int argc, char** argv) {
         const std::size_t elems = static_cast<std::size_t>(B * N * D);
         const std::size_t xbytes = elems * 2;
         Buf x(xbytes), y(xbytes), dy(xbytes), dx(xbytes), copy(xbytes);
+        Buf branch(gated ? xbytes : 0), h(gated ? xbytes : 0), dh(gated ? xbytes : 0),
+            dbranch(gated ? xbytes : 0), dgate(gated ? B * D * 2 : 0);
         Buf mod(static_cast<std::size_t>(B * 6 * D) * 2);
         Buf mean(B * N * 4), rstd(B * N * 4);
         Buf dscale(B * D * 2), dshift(B * D * 2);
         fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(x.p), elems, 1u);
         fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(dy.p), elems, 2u);
         fill_pattern<<<64, 256>>>(static_cast<std::uint16_t*>(mod.p), B * 6 * D, 3u);
+        if (gated) {
+          fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(branch.p), elems, 4u);
+          fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(dh.p), elems, 5u);
+        }
         check(cudaGetLastError(), "fill_pattern");
 
         AdaLNFwdParams f;
@@ -189,6 +204,13 @@ int main(int argc, char** argv) {
         f.shift = {mod.p, DType::kBFloat16, 6 * D, 0};
         f.scale = {static_cast<std::uint16_t*>(mod.p) + D, DType::kBFloat16, 6 * D, 0};
         f.x = {x.p, DType::kBFloat16, N * D, D};
+        if (gated) {
+          f.gate = {static_cast<std::uint16_t*>(mod.p) + 2 * D, DType::kBFloat16, 6 * D, 0};
+          f.residual = f.x;
+          f.x = {};
+          f.branch = {branch.p, DType::kBFloat16, N * D, D};
+          f.h = h.p;
+        }
         f.y = y.p;
         f.mean = static_cast<float*>(mean.p);
         f.rstd = static_cast<float*>(rstd.p);
@@ -196,6 +218,13 @@ int main(int argc, char** argv) {
         AdaLNBwdParams b;
         static_cast<AdaLNConfig&>(b) = static_cast<const AdaLNConfig&>(f);
         b.x = f.x;
+        if (gated) {
+          b.residual = f.residual;
+          b.branch = f.branch;
+          b.dh_out = {dh.p, DType::kBFloat16, N * D, D};
+          b.dbranch = dbranch.p;
+          b.dgate = dgate.p;
+        }
         b.mean = f.mean;
         b.rstd = f.rstd;
         b.dy = {dy.p, DType::kBFloat16, N * D, D};
@@ -214,8 +243,8 @@ int main(int argc, char** argv) {
           internal::adaln_tuning() = v.tuning;
           const double fwd_ms = time_ms([&] { adaln_forward_cuda(f, nullptr); });
           const double bwd_ms = fwd_only ? 0.0 : time_ms([&] { adaln_backward_cuda(b, nullptr); });
-          const double fwd_bw = 2.0 * xbytes / fwd_ms * gbps;
-          const double bwd_bw = fwd_only ? 0.0 : 3.0 * xbytes / bwd_ms * gbps;
+          const double fwd_bw = (gated ? 4.0 : 2.0) * xbytes / fwd_ms * gbps;
+          const double bwd_bw = fwd_only ? 0.0 : (gated ? 6.0 : 3.0) * xbytes / bwd_ms * gbps;
           std::printf(
               "%-10s %2lld %6lld %5lld | %7.3f %6.0f | %7.3f %6.0f %5.1f%% | %7.3f %6.0f %5.1f%% | "
               "%7.3f\n",

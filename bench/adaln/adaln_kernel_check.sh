@@ -8,7 +8,9 @@
 #     QUICK_VARIANTS  forward only, B = 1, N in {16384, 65536}, D in {1536, 3072, 5120}
 #                     (default none)
 # Variants: see bench/adaln/adaln_kernel_bench.cu. Environment: SANITIZE=0 skips memcheck,
-# RACECHECK=1 adds a racecheck run, MEMCHECK_FILTER picks the memcheck tests, PROBE="ARGS" runs
+# RACECHECK=1 adds a racecheck run, MEMCHECK_FILTER picks the memcheck tests, FULL_SHAPES
+# (B:N:D,...) replaces the full timings' shapes, GATED_SHAPES adds the gated ops' timings
+# (`--gated --variants auto,base` on those shapes), PROBE="ARGS" runs
 # $BIN/bench/adaln_probe ARGS last (bench/probes/adaln_probe.cu; e.g. PROBE="--modes stats,pipe,lib
 # --hints 0"; PROBE=all: defaults).
 set -uo pipefail
@@ -62,9 +64,16 @@ if [ -n "$QUICK" ]; then
   cat "$OUT/bench_quick.log"
 fi
 if [ "$FULL" != none ]; then
-  timeout 200 "$BENCH" --variants "$FULL" >"$OUT/bench.log" 2>&1
+  timeout 200 "$BENCH" --variants "$FULL" ${FULL_SHAPES:+--shapes "$FULL_SHAPES"} \
+    >"$OUT/bench.log" 2>&1
   echo "== bench rc=$?"
   cat "$OUT/bench.log"
+fi
+if [ -n "${GATED_SHAPES:-}" ]; then
+  timeout 200 "$BENCH" --gated --variants auto,base --shapes "$GATED_SHAPES" \
+    >"$OUT/bench_gated.log" 2>&1
+  echo "== bench gated rc=$?"
+  cat "$OUT/bench_gated.log"
 fi
 if [ -n "${PROBE:-}" ] && [ -x "$PROBE_BIN" ]; then
   read -r -a probe_args <<<"${PROBE/#all/}"

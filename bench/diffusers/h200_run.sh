@@ -13,7 +13,9 @@
 #   build     ditscale with CUDA + Torch (tools/gpu_check.sh's build, BUILD_MODE default py)
 #   kernels   the AdaLN kernels' own GPU tests: tests/gpu/adaln_gpu_test (CUDA gtest against the
 #             CPU reference, every kernel path; that target alone, CMake with CUDA) and
-#             tests/gpu/test_adaln_cuda.py (the torch ops against the CPU fp64 ops)
+#             tests/gpu/test_adaln_cuda.py (the torch ops against the CPU fp64 ops); between
+#             them bench/adaln's kernel timings, plain and --gated (KERNEL_SHAPES B:N:D,...),
+#             in adaln-kernels.txt
 #   test      tests/gpu/test_diffusers_gpu.py (TEST_ARGS: more pytest arguments, e.g. -k rotary)
 #   sp        bench.diffusers.sp_overhead: parallelize at world size 1 vs stock, eager and
 #             compiled (SP_MODELS, SP_TOKENS, SP_ARGS)
@@ -56,10 +58,14 @@ has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
   bash tools/gpu_check.sh build
 if has kernels; then
   step kernels-build 400 bash -c "cmake -S . -B build-gpu-adaln -G Ninja -DDITSCALE_CUDA=ON \
-    -DDITSCALE_TORCH=OFF -DDITSCALE_CUDA_ARCHS=90a -DDITSCALE_BUILD_BENCHMARKS=OFF \
+    -DDITSCALE_TORCH=OFF -DDITSCALE_CUDA_ARCHS=90a -DDITSCALE_BUILD_BENCHMARKS=ON \
     -DPython3_EXECUTABLE=$(command -v $PY) && cmake --build build-gpu-adaln -j$(nproc) \
-    --target adaln_gpu_test" \
-    && step kernels-gtest 300 build-gpu-adaln/tests/gpu/adaln_gpu_test
+    --target adaln_gpu_test adaln_kernel_bench" \
+    && step kernels-gtest 300 build-gpu-adaln/tests/gpu/adaln_gpu_test \
+    && step kernels-bench 200 bash -c "for g in '' --gated; do \
+      build-gpu-adaln/bench/adaln_kernel_bench \$g --variants auto,base \
+      --shapes ${KERNEL_SHAPES:-1:32760:1536,1:75600:1536,1:32760:5120,1:75600:5120}; done \
+      | tee $OUT/adaln-kernels.txt"
   step kernels-pytest 400 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_adaln_cuda.py
 fi
 has test && step test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py \
@@ -94,7 +100,7 @@ tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
 echo
 echo "== h200_run ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
 print_rows
-for f in "$OUT"/sp-overhead.md "$OUT"/adaln-models.md "$OUT"/saved-tensors.md "$OUT"/serve*.md; do
+for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/adaln-models.md "$OUT"/saved-tensors.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done
 exit 0

@@ -124,10 +124,11 @@ int main(int argc, char** argv) {
     } else if (arg == "--shapes" && i + 1 < argc) {
       shapes_arg = argv[++i];
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--quick] [--fwd-only] [--gated] [--variants auto,base,pipe,pdl=0,...] "
-                   "[--shapes B:N:D,...]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--quick] [--fwd-only] [--gated] [--variants auto,base,pipe,pdl=0,...] "
+          "[--shapes B:N:D,...]\n",
+          argv[0]);
       return 2;
     }
   }

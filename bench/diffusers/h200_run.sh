@@ -100,7 +100,8 @@ tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
 echo
 echo "== h200_run ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
 print_rows
-for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/adaln-models.md "$OUT"/saved-tensors.md "$OUT"/serve*.md; do
+for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/adaln-models.md \
+  "$OUT"/saved-tensors.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done
 exit 0

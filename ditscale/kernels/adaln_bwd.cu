@@ -119,8 +119,7 @@ __global__ void __launch_bounds__(bwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
       for (int e = 0; e < V; ++e) dx[e] = rstd * (dxh[j][e] - fmaf(xh[j][e], c2, c1));
       if (a.gated) {
         gated_dx_vec<V, T>(a, b, n, d, out, first,
-                           slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, nullptr, nullptr,
-                           dx);
+                           slots.dgate >= 0 ? slot(slots.dgate, d) : nullptr, nullptr, nullptr, dx);
       }
       store_vec<V>(static_cast<T*>(a.dx) + out, dx);
     }

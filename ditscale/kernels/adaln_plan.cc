@@ -158,10 +158,10 @@ BwdPlan choose_bwd_plan(const AdaLNBwdParams& p, const AdaLNTuning& tune) {
   const std::int64_t B = p.batch, N = p.seq_len, nvec = p.dim / vec;
   const bool aligned =
       p.dim % vec == 0 && view_aligned(p.x, B, N) && view_aligned(p.residual, B, N) &&
-      view_aligned(p.dy, B, N) &&
-      view_aligned(p.dh_out, B, N) && view_aligned(p.branch, B, N) && view_aligned(p.gate, B, N) &&
-      view_aligned(p.scale, B, N) && aligned16(p.weight) && aligned16(p.bias) && aligned16(p.dx) &&
-      aligned16(p.dbranch) && aligned16(p.dscale) && aligned16(p.dshift) && aligned16(p.dgate);
+      view_aligned(p.dy, B, N) && view_aligned(p.dh_out, B, N) && view_aligned(p.branch, B, N) &&
+      view_aligned(p.gate, B, N) && view_aligned(p.scale, B, N) && aligned16(p.weight) &&
+      aligned16(p.bias) && aligned16(p.dx) && aligned16(p.dbranch) && aligned16(p.dscale) &&
+      aligned16(p.dshift) && aligned16(p.dgate);
   const BwdWorkspaceLayout layout = bwd_workspace_layout(p);
   BwdPlan plan;
   // Pipelined kernel: dscale / dshift partials in registers, the others in shared-memory slots.
@@ -174,8 +174,9 @@ BwdPlan choose_bwd_plan(const AdaLNBwdParams& p, const AdaLNTuning& tune) {
   if (aligned && tune.pipelined) {
     const bool gated = p.gate.data != nullptr;
     const bool gated16 = gated && p.dtype != DType::kFloat32;
+    const bool lean_bf16 = plan.lean && p.dtype == DType::kBFloat16;
     const int target = plan.lean && vec == 8 && nvec > 192 ? 128 : (gated16 ? 96 : 64);
-    const int stages = (plan.lean && p.dtype == DType::kBFloat16) || gated16 ? 2 : 3;
+    const int stages = lean_bf16 || gated16 ? 2 : 3;
     const VecPlan v = choose_vec_plan(
         nvec, kBwdVecCandidates, kNumBwdVecCandidates,
         [&](int k) { return bwd_pipe_max_threads(k * vec); }, target);
@@ -190,7 +191,6 @@ BwdPlan choose_bwd_plan(const AdaLNBwdParams& p, const AdaLNTuning& tune) {
       plan.kernel = BwdKernel::kPipe;
       plan.vecs = v.vecs;
       plan.threads = v.threads;
-      const bool lean_bf16 = plan.lean && p.dtype == DType::kBFloat16;
       plan.stages = stages;
       plan.reg_cap_candidate = lean_bf16 && v.vecs == 4;
       return plan;

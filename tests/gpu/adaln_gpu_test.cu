@@ -90,10 +90,11 @@ struct Case {
   std::string name() const {
     return std::string(dtype_name(dtype)) + (mod_f32 ? " mod=f32" : "") +
            (norm == NormType::kRMSNorm ? " RMS" : " LN") +
-           (per_token ? " per-token" : " per-sample") + (gated ? " gated" : "") + (no_dh ? " no-dh" : "") +
-           (affine ? " affine" : "") + " B=" + std::to_string(B) + " N=" + std::to_string(N) +
-           " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad) + "/" +
-           std::to_string(b_pad) + (dmod_rows > 0 ? " dmod=" + std::to_string(dmod_rows) : "");
+           (per_token ? " per-token" : " per-sample") + (gated ? " gated" : "") +
+           (no_dh ? " no-dh" : "") + (affine ? " affine" : "") + " B=" + std::to_string(B) +
+           " N=" + std::to_string(N) + " D=" + std::to_string(D) + " pad=" + std::to_string(x_pad) +
+           "/" + std::to_string(b_pad) +
+           (dmod_rows > 0 ? " dmod=" + std::to_string(dmod_rows) : "");
   }
 };
 

@@ -59,8 +59,8 @@ __device__ __forceinline__ void recompute_h_vec(const BwdArgs& a, std::int64_t b
 template <int V, typename T>
 __device__ __forceinline__ void gated_dx_vec(const BwdArgs& a, std::int64_t b, std::int64_t n,
                                              std::int64_t d, std::int64_t out, bool first,
-                                             float* dgate_acc, const float* branch,
-                                             const float* dh, float (&dx)[V]) {
+                                             float* dgate_acc, const float* branch, const float* dh,
+                                             float (&dx)[V]) {
   if (dh != nullptr) {
 #pragma unroll
     for (int e = 0; e < V; ++e) dx[e] += dh[e];

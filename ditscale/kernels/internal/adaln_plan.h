@@ -59,9 +59,7 @@ constexpr int bwd_pipe_max_threads(int elems) { return elems <= 8 ? 512 : (elems
 
 // Rows of 16-byte chunks per stage of the pipelined backward's ring: x and dy; gated: residual,
 // dy and branch (h is recomputed from them), and dh_out where the caller passes it.
-constexpr int bwd_pipe_streams(bool gated, bool has_dh) {
-  return gated ? (has_dh ? 4 : 3) : 2;
-}
+constexpr int bwd_pipe_streams(bool gated, bool has_dh) { return gated ? (has_dh ? 4 : 3) : 2; }
 
 // The pipelined backward's register-capped instantiation (lean bf16, two-row ring, 4 vectors per
 // thread): its launch bound caps the registers at kBwdRegCap per thread so that more blocks fit

@@ -21,11 +21,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # matplotlib: the report plots' test; diffusers (pinned) with transformers (its pipelines import
 # it): the integration ditscale.diffusers and its tests; pyarrow: Parquet manifests; imageio +
-# imageio-ffmpeg: examples/generate.py's MP4 output; accelerate: diffusers' from_pretrained.
+# imageio-ffmpeg: examples/generate.py's MP4 output; accelerate: diffusers' from_pretrained;
+# fastapi + uvicorn + pydantic + prometheus-client (+ httpx for its test client): the server;
+# av (PyAV): probing and decoding users' media; tensorboard + tqdm: training logs and progress.
 echo "== pip install (torch==2.11.0, numpy, pytest, pybind11, scikit-build-core, nvshmem headers, safetensors, matplotlib, diffusers==0.42.1, transformers, pyarrow, imageio)"
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   torch==2.11.0 numpy pytest pybind11 scikit-build-core nvidia-nvshmem-cu13 safetensors matplotlib \
-  diffusers==0.42.1 transformers==5.24.0 pyarrow==26.0.1 imageio==2.38.2 imageio-ffmpeg==0.8.1 accelerate==1.16.0
+  diffusers==0.42.1 transformers==5.24.0 pyarrow==26.0.1 imageio==2.38.2 imageio-ffmpeg==0.8.1 accelerate==1.16.0 \
+  fastapi==0.163.2 uvicorn==0.54.0 pydantic==2.14.3 prometheus-client==0.26.0 httpx==0.28.1 \
+  av==18.1.0 tensorboard==2.21.0 tqdm==4.70.1
 echo "== configure + build (C++ core, CLI, tests, benchmarks; CUDA kernels if nvcc is present)"
 cmake -S . -B build -G Ninja -DPython3_EXECUTABLE="$PWD/.venv/bin/python" -DDITSCALE_TORCH=OFF >/dev/null
 cmake --build build -j"$(nproc)"

@@ -5,9 +5,9 @@ a test calling the pipeline directly build the same call and get the same bits.
 
 - :func:`shape_rule` / :func:`shape_error`: the pixel multiple and frame rule of a pipeline
   (height and width multiples of the VAE's spatial factor times the transformer's patch, SD3's
-  at most its position embedding's side; video frames ``1 + k * t`` with ``t`` the VAE's
-  temporal factor, twice it for CogVideoX 1.0), checked instead of the pipelines' own silent
-  rounding or late failure.
+  at most its position embedding's side, Wan's sides and frames within its rotary table;
+  video frames ``1 + k * t`` with ``t`` the VAE's temporal factor, twice it for CogVideoX 1.0),
+  checked instead of the pipelines' own silent rounding or late failure.
 - :func:`call_kwargs`: the keyword arguments of ``pipe(...)`` for a batch of samples: shape,
   steps, guidance by the pipeline's own switch, one ``torch.Generator`` per sample (seed
   ``seeds[i]``), prompt text or prompt embeddings, ``output_type="np"``.
@@ -43,12 +43,28 @@ TRUE_CFG = ("flux", "hunyuan-video")
 class ShapeRule:
     """``pixel_multiple``: height and width must be multiples of it; ``frame_step``: video
     frame counts are ``1 + k * frame_step`` (0 for an image pipeline: 1 frame);
-    ``max_side``: the largest height or width the model's position embedding covers (0: no
-    such limit)."""
+    ``max_side``: the largest height or width the model's position table covers (0: no such
+    limit); ``max_frames``: the largest frame count it covers (0: none); ``limit``: what sets
+    those two (named in :func:`shape_error`'s message)."""
 
     pixel_multiple: int
     frame_step: int
     max_side: int = 0
+    max_frames: int = 0
+    limit: str = "the model's position embedding"
+
+
+def _wan_rule(pipe, multiple: int, temporal: int) -> ShapeRule:
+    """Wan's rotary table (``WanRotaryPosEmbed``) has ``rope_max_seq_len`` rows per axis, indexed
+    by the patched latent's frames, rows and columns: ``(h / multiple) <= M`` and
+    ``latent_frames // p_t <= M`` with ``latent_frames = 1 + (frames - 1) / temporal``; the
+    smaller table of Wan 2.2's two transformers counts."""
+    models = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
+    rows = min(int(m.config.rope_max_seq_len) for m in models)
+    p_t = int(pipe.transformer.config.patch_size[0])
+    latent_frames = (rows + 1) * p_t - 1
+    return ShapeRule(multiple, temporal, rows * multiple, 1 + (latent_frames - 1) * temporal,
+                     f"Wan's rotary table, rope_max_seq_len {rows} patches per axis")
 
 
 def shape_rule(name: str, pipe) -> ShapeRule:
@@ -61,28 +77,36 @@ def shape_rule(name: str, pipe) -> ShapeRule:
         return ShapeRule(multiple, 0, pipe.transformer.config.pos_embed_max_size * multiple)
     spatial = patch[1] if isinstance(patch, (tuple, list)) else patch
     temporal = pipe.vae_scale_factor_temporal
+    multiple = pipe.vae_scale_factor_spatial * spatial
+    if name in ("wan", "wan2.2"):
+        return _wan_rule(pipe, multiple, temporal)
     if name == "cogvideox" and pipe.transformer.config.patch_size_t is None:
         # CogVideoX 1.0's decoder doubles the frames of each latent pair after the first of an
         # odd count: an even latent count (frames 1 + 4 * odd) comes back with extra frames
         temporal *= 2
-    return ShapeRule(pipe.vae_scale_factor_spatial * spatial, temporal)
+    return ShapeRule(multiple, temporal)
 
 
 def shape_error(rule: ShapeRule, height: int, width: int, frames: int) -> Optional[str]:
-    """Why (height, width, frames) breaks ``rule`` (a message naming the field), or None."""
+    """Why (height, width, frames) breaks ``rule`` (a message naming the field, its value and
+    the allowed range), or None."""
     for field, value in (("height", height), ("width", width)):
         if value % rule.pixel_multiple:
             return (f"{field} {value} is not a multiple of {rule.pixel_multiple} (the VAE's "
                     f"spatial factor times the transformer's patch size)")
     for field, value in (("height", height), ("width", width)):
         if rule.max_side and value > rule.max_side:
-            return (f"{field} {value} is above {rule.max_side} (the largest the model's position "
-                    f"embedding covers)")
+            return (f"{field} {value} is above {rule.max_side}: out of range "
+                    f"[{rule.pixel_multiple}, {rule.max_side}] (the largest side covered by "
+                    f"{rule.limit})")
     if rule.frame_step == 0 and frames != 1:
         return f"frames {frames}: an image pipeline makes 1 frame"
     if rule.frame_step and (frames - 1) % rule.frame_step:
         return (f"frames {frames} is not 1 + a multiple of {rule.frame_step} (the VAE's "
                 f"temporal factor; CogVideoX 1.0: twice it)")
+    if rule.max_frames and frames > rule.max_frames:
+        return (f"frames {frames} is above {rule.max_frames}: out of range "
+                f"[1, {rule.max_frames}] (the most frames covered by {rule.limit})")
     return None
 
 

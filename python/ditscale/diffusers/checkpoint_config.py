@@ -1,0 +1,160 @@
+"""A checkpoint folder's transformer and VAE configs, checked before any weight is allocated.
+
+:func:`check_checkpoint` reads each component's ``config.json`` (at most :data:`MAX_CONFIG_BYTES`)
+and checks every field against its class's table in ``checkpoint_ranges`` (type and range);
+then it builds the model on the meta device (``accelerate.init_empty_weights``: no storage) to
+count the bytes its parameters and buffers take in the requested dtype (``accelerate``'s
+``compute_module_sizes``) and refuses a checkpoint whose components together exceed the memory
+available (host RAM; on CUDA also the device's free memory). Each error is a ValueError naming
+the file, the field, the value and its range. ``tiny.load_pipeline`` calls it first; see
+docs/diffusers.md (local checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Optional
+
+import torch
+
+from .._checks import check_int, check_real
+from .checkpoint_ranges import COMPONENTS, RANGES, Field
+
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB
+MAX_STR = 64
+
+
+def _fail_type(name: str, want: str, value) -> None:
+    raise ValueError(f"{name}: expected {want}, got {type(value).__name__} {value!r:.80}")
+
+
+def _check_scalar(name: str, kind: str, spec: Field, value) -> None:
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail_type(name, f"an integer in [{spec.lo}, {spec.hi}]", value)
+        check_int(name, value, spec.lo, spec.hi)
+    elif kind == "real":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail_type(name, f"a number in [{spec.lo:g}, {spec.hi:g}]", value)
+        check_real(name, value, spec.lo, spec.hi)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            _fail_type(name, "true or false", value)
+    elif not isinstance(value, str):
+        _fail_type(name, "a string", value)
+    elif spec.choices and value not in spec.choices:
+        raise ValueError(f"{name}: {value!r:.80} is not one of {', '.join(spec.choices)}")
+    elif len(value) > MAX_STR:
+        raise ValueError(f"{name}: a string of {len(value)} characters is out of range "
+                         f"[0, {MAX_STR}]")
+
+
+def check_field(name: str, spec: Field, value) -> None:
+    """``value`` (parsed JSON) fits ``spec``, else a ValueError naming ``name``, the value and
+    the range."""
+    if value is None:
+        if not spec.null:
+            raise ValueError(f"{name}: null is not allowed (give a value, or leave the field "
+                             f"out for the class default)")
+        return
+    if not spec.kind.endswith("s"):
+        _check_scalar(name, spec.kind, spec, value)
+        return
+    if not isinstance(value, list):
+        _fail_type(name, f"a list of {spec.count[0]} to {spec.count[1]} {spec.kind}", value)
+    lo, hi = spec.count
+    if not lo <= len(value) <= hi:
+        raise ValueError(f"{name}: a list of {len(value)} items is out of range [{lo}, {hi}]")
+    for i, item in enumerate(value):
+        _check_scalar(f"{name}[{i}]", spec.kind[:-1], spec, item)
+
+
+def read_config(path: str) -> dict:
+    """The JSON object in ``path`` (a ValueError naming it when missing, too large or not a
+    JSON object)."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path}: {size} bytes is out of range [0, {MAX_CONFIG_BYTES}]")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read a JSON config: {e}") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+def check_config(cls_name: str, config: dict, where: str) -> None:
+    """Every constructor field of ``cls_name`` in ``config`` fits its range (fields the class
+    does not take, such as ``_class_name``, are ignored, as diffusers ignores them)."""
+    table = RANGES[cls_name]
+    for key, value in config.items():
+        if key in table:
+            check_field(f"{where}: {key}", table[key], value)
+
+
+def model_bytes(cls_name: str, config: dict, dtype: torch.dtype, where: str) -> int:
+    """The bytes of ``cls_name(**config)``'s parameters and buffers in ``dtype``, from a build on
+    the meta device (a failing build: a ValueError naming ``where``)."""
+    import diffusers
+    from accelerate import init_empty_weights
+    from accelerate.utils import compute_module_sizes
+
+    try:
+        with init_empty_weights(include_buffers=True):
+            model = getattr(diffusers, cls_name).from_config(config)
+    except Exception as e:  # the class's own consistency checks (any exception type)
+        raise ValueError(f"{where}: diffusers cannot build a {cls_name} from it: "
+                         f"{type(e).__name__}: {e}") from e
+    return int(compute_module_sizes(model, dtype=dtype)[""])
+
+
+def available_bytes(device) -> int:
+    """Host memory available now, and on a CUDA ``device`` the smaller of it and the device's
+    free memory (``from_pretrained`` loads on the host, then the pipeline moves)."""
+    import psutil
+
+    free = int(psutil.virtual_memory().available)
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        free = min(free, int(torch.cuda.mem_get_info(device)[0]))
+    return free
+
+
+def _index_class(index: dict, key: str) -> Optional[str]:
+    entry = index.get(key)
+    if not isinstance(entry, (list, tuple)) or len(entry) != 2 or entry[1] is None:
+        return None  # absent or saved as None: from_pretrained decides
+    return str(entry[1])
+
+
+def check_checkpoint(name: str, weights_dir: str, index: dict, dtype: torch.dtype = torch.float32,
+                     device="cpu", memory_bytes: Optional[int] = None) -> Dict[str, int]:
+    """Checks the transformer(s) and VAE of the pipeline ``name``'s checkpoint folder
+    ``weights_dir`` (``index``: its parsed model_index.json) against ``checkpoint_ranges`` and
+    their bytes in ``dtype`` against ``memory_bytes`` (default :func:`available_bytes` of
+    ``device``). Returns {component: bytes}; a ValueError names the file, field, value, range."""
+    sizes = {}
+    for key, expected in COMPONENTS[name].items():
+        cls_name = _index_class(index, key)
+        if cls_name is None:
+            continue
+        path = os.path.join(weights_dir, key, "config.json")
+        if cls_name != expected:
+            raise ValueError(f"{os.path.join(weights_dir, 'model_index.json')}: {key}: "
+                             f"{cls_name!r} is not {expected!r}, the {name} pipeline's {key}")
+        config = read_config(path)
+        check_config(cls_name, config, path)
+        sizes[key] = model_bytes(cls_name, config, dtype, path)
+    limit = available_bytes(device) if memory_bytes is None else memory_bytes
+    total = sum(sizes.values())
+    if total > limit:
+        parts = ", ".join(f"{k} {v / 2**30:.3g} GiB" for k, v in sizes.items())
+        raise ValueError(f"{weights_dir}: its configs describe {total / 2**30:.3g} GiB of "
+                         f"weights in {str(dtype).replace('torch.', '')} ({parts}): out of range "
+                         f"[0, {limit / 2**30:.3g}] GiB, the memory available"
+                         + ("" if memory_bytes is not None else f" on {device}"))
+    return sizes
+

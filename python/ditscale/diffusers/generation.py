@@ -15,19 +15,26 @@ a test calling the pipeline directly build the same call and get the same bits.
   or [B, F, H, W, 3] (videos), ``round(clip(x, 0, 1) * 255)`` (the rounding of diffusers'
   ``numpy_to_pil``); :func:`nonfinite` counts NaN / inf values first.
 - :func:`encode_png`, :func:`encode_video`: one sample as PNG / MP4 / GIF bytes.
+- :func:`timed_call`: the call timed per stage (``stage_timer.StageTimer``: text encoding,
+  denoising and each step, VAE decode; the caller adds output encoding).
+- :func:`has_text_encoders`, :func:`stand_in_seed`: a checkpoint saved without text encoders
+  gets stand-in embeddings seeded by the prompt texts; :func:`check_output_dir`: an output
+  folder checked at startup.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from .stage_timer import StageTimer
 from .tiny import VIDEO_PIPELINES
 
 # The classifier-free guidance scale each pipeline uses by default (Flux and HunyuanVideo:
@@ -143,6 +150,64 @@ def call_kwargs(name: str, *, height: int, width: int, frames: int, steps: int,
     if embeds is not None:
         kw.update(embeds)
     return kw
+
+
+def timed_call(pipe, kwargs: dict, device, on_step=None) -> Tuple[object, StageTimer]:
+    """``pipe(**kwargs)`` timed per stage: (its output, the :class:`StageTimer`). ``on_step``:
+    the caller's ``callback_on_step_end`` (called after each step is timed). The caller adds
+    its own stages (``with timer.stage("output_encoding"): ...``); ``timer.as_dict()`` then
+    gives seconds per stage: ``text_encoding``, ``denoising`` (and ``steps``: a list, one per
+    step), ``vae_decode``, ``other`` (latents, timesteps, post-processing), ``pipeline`` (the
+    whole call), ``output_encoding`` (see ``stage_timer.KEYS``)."""
+    timer = StageTimer(device)
+    with timer.attach(pipe):
+        out = pipe(**kwargs, callback_on_step_end=timer.step_callback(on_step))
+    return out, timer
+
+
+def has_text_encoders(pipe, where: str) -> bool:
+    """True when every text encoder and tokenizer of ``pipe`` is loaded, False when none is
+    (prompts then get stand-in embeddings: :func:`stand_in_seed`); a checkpoint with some but
+    not all of them (e.g. CLIP without T5) is a ValueError naming ``where`` and the missing
+    ones, since every prompt would fail inside the pipeline."""
+    parts = {k: v is not None for k, v in pipe.components.items()
+             if k.startswith(("text_encoder", "tokenizer"))}
+    if parts and all(parts.values()):
+        return True
+    if any(parts.values()):
+        missing = sorted(k for k, present in parts.items() if not present)
+        raise ValueError(f"{where}: the checkpoint has some of the pipeline's text encoders / "
+                         f"tokenizers but not {', '.join(missing)}: give all of them, or none "
+                         f"(prompts then get stand-in embeddings)")
+    return False
+
+
+def stand_in_seed(prompt: str, negative: str) -> int:
+    """The seed of a prompt's stand-in embeddings (``tiny.make_prompt_embeds``) when the
+    pipeline has no text encoders: 63 bits of SHA-256 of the two texts (UTF-8), so that the
+    same texts give the same output in the example and the server."""
+    digest = hashlib.sha256(prompt.encode() + b"\0" + negative.encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def check_output_dir(name: str, path: str) -> str:
+    """``path`` as an absolute folder that exists (created if missing) and takes new files (a
+    temporary file is created and removed there), else a ValueError naming the option
+    ``name``, the path and why (a file in the way, a read-only or virtual file system such
+    as /proc, no permission)."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ValueError(f"{name}: {path!r} is not a folder path")
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ditscale-write-check-"):
+            pass
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) \
+            else (e.strerror or str(e))
+        raise ValueError(f"{name}: {path!r} is not a folder where files can be written "
+                         f"({why})") from e
+    return path
 
 
 def output_array(out, video: bool) -> np.ndarray:

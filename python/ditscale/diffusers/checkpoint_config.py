@@ -7,7 +7,7 @@ count the bytes its parameters and buffers take in the requested dtype (``accele
 ``compute_module_sizes``) and refuses a checkpoint whose components together exceed the memory
 available (host RAM; on CUDA also the device's free memory). Each error is a ValueError naming
 the file, the field, the value and its range. ``tiny.load_pipeline`` calls it first; see
-docs/diffusers.md (local checkpoints).
+docs/diffusers/pipelines.md (local checkpoints).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 range (every constructor argument of the class is listed; a test holds the tables to the
 signatures). ``checkpoint_config`` checks a ``config.json`` against them before any module is
 built; the bounds are generous (the largest published models sit well inside), the memory a
-config implies is bounded separately. See docs/diffusers.md (local checkpoints).
+config implies is bounded separately. See docs/diffusers/pipelines.md (local checkpoints).
 """
 
 from __future__ import annotations

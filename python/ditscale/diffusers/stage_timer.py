@@ -6,7 +6,7 @@ encoding (inside ``pipe.encode_prompt``), the denoising loop (from the first tra
 forward to the last step callback) and each step, the VAE decode (inside ``pipe.vae.decode``),
 and around the caller's own work (``with timer.stage("output_encoding"):``). On CUDA every
 boundary synchronizes the device first, so a stage's seconds are its kernels' too. The keys of
-:meth:`StageTimer.as_dict` are :data:`KEYS`; see docs/diffusers.md (per-stage timings).
+:meth:`StageTimer.as_dict` are :data:`KEYS`; see docs/diffusers/pipelines.md (per-stage timings).
 """
 
 from __future__ import annotations

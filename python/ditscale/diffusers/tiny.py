@@ -34,9 +34,10 @@ gives each pipeline's default (height, width, frames) per size: the tiny ones gi
 counts (15 for the images, 9 for the videos).
 
 ``load_pipeline(name, weights_dir, device, dtype)`` loads a local diffusers checkpoint folder
-(``from_pretrained(..., local_files_only=True)``: no download); components saved as None
-(a checkpoint without text encoders) stay None; a missing folder, index or component, or
-another pipeline's checkpoint, is a ValueError naming the folder.
+(``from_pretrained(..., local_files_only=True)``: no download) after checking its component
+configs (``checkpoint_config``); components saved as None (a checkpoint without text
+encoders) stay None; a missing folder, index or component, another pipeline's checkpoint, or
+a config out of its ranges or of the memory available, is a ValueError naming the file.
 """
 
 from __future__ import annotations

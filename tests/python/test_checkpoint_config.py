@@ -20,7 +20,7 @@ pytest.importorskip("accelerate")
 
 from ditscale.diffusers import tiny  # noqa: E402
 from ditscale.diffusers.checkpoint_config import (check_checkpoint, check_config,  # noqa: E402
-                                                   read_config)
+                                                   files_bytes, model_bytes, read_config)
 from ditscale.diffusers.checkpoint_ranges import COMPONENTS, RANGES  # noqa: E402
 
 
@@ -89,9 +89,9 @@ def test_the_memory_a_config_implies_is_bounded_before_allocation(saved, tmp_pat
     folder, _ = _mutated(saved, tmp_path, "flux", "transformer", num_layers=200,
                          attention_head_dim=1024, num_attention_heads=64)
     rss = psutil.Process().memory_info().rss
-    with pytest.raises(ValueError, match=re.escape(str(folder)) + r": its configs describe "
-                       r"1.16e\+05 GiB of weights in float32 \(transformer 1.16e\+05 GiB, vae "
-                       r".*\): out of range \[0, .*\] GiB, the memory available on cpu"):
+    with pytest.raises(ValueError, match=re.escape(str(folder)) + r": its components take "
+                       r"1.16e\+05 GiB in float32 \(transformer 1.16e\+05 GiB, vae .*\): out "
+                       r"of range \[0, .*\] GiB, the memory available on cpu"):
         tiny.load_pipeline("flux", str(folder))
     assert psutil.Process().memory_info().rss - rss < 512 << 20
     # the bound is the caller's to set: the tiny checkpoint's few kB pass, 1 kB does not
@@ -164,3 +164,24 @@ def test_the_published_and_tiny_configs_pass(name):
             if key in parts:
                 assert parts[key][0] == cls_name
                 check_config(cls_name, json.loads(json.dumps(parts[key][1])), key)
+
+
+def test_components_without_a_table_count_by_their_weight_files(saved, tmp_path):
+    """The safetensors headers give the bytes in the requested dtype: the transformer's files
+    agree with its meta-device build; a text encoder folder adds its own to the bound."""
+    folder = saved / "flux" / "transformer"
+    config = read_config(str(folder / "config.json"))
+    for dtype in (torch.float32, torch.bfloat16):
+        assert files_bytes(str(folder), dtype) == model_bytes(
+            "FluxTransformer2DModel", config, dtype, "x")
+    copy = tmp_path / "flux-encoders"
+    shutil.copytree(saved / "flux", copy)
+    shutil.copytree(folder, copy / "text_encoder")  # stands for an encoder's weight files
+    index = read_config(str(copy / "model_index.json"))
+    index["text_encoder"] = ["transformers", "CLIPTextModel"]
+    sizes = check_checkpoint("flux", str(copy), index)
+    assert sizes["text_encoder"] == sizes["transformer"]
+    (copy / "text_encoder" / "diffusion_pytorch_model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match="text_encoder/diffusion_pytorch_model.safetensors: "
+                       "cannot read its safetensors header"):
+        check_checkpoint("flux", str(copy), index)

@@ -4,8 +4,9 @@
 and checks every field against its class's table in ``checkpoint_ranges`` (type and range);
 then it builds the model on the meta device (``accelerate.init_empty_weights``: no storage) to
 count the bytes its parameters and buffers take in the requested dtype (``accelerate``'s
-``compute_module_sizes``) and refuses a checkpoint whose components together exceed the memory
-available (host RAM; on CUDA also the device's free memory). Each error is a ValueError naming
+``compute_module_sizes``); other components (text encoders) count by their safetensors
+headers. A checkpoint whose components together exceed the memory available (host RAM; on
+CUDA also the device's free memory) is refused. Each error is a ValueError naming
 the file, the field, the value and its range. ``tiny.load_pipeline`` calls it first; see
 docs/diffusers/pipelines.md (local checkpoints).
 """
@@ -13,6 +14,7 @@ docs/diffusers/pipelines.md (local checkpoints).
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Dict, Optional
 
@@ -123,6 +125,37 @@ def available_bytes(device) -> int:
     return free
 
 
+def files_bytes(folder: str, dtype: torch.dtype) -> int:
+    """The bytes the weight files in ``folder`` take once loaded in ``dtype``: for safetensors
+    files the element counts in their headers (floating tensors in ``dtype``, others as
+    stored), for other weight files (``.bin``, ``.pt``) their size on disk. For components
+    without a range table (text encoders)."""
+    from safetensors import safe_open
+
+    total = 0
+    size = torch.empty((), dtype=dtype).element_size()
+    for entry in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        path = os.path.join(folder, entry)
+        if entry.endswith(".safetensors"):
+            try:
+                with safe_open(path, "pt") as f:
+                    for key in f.keys():
+                        part = f.get_slice(key)
+                        kind = getattr(torch, _SAFETENSORS_DTYPES.get(part.get_dtype(), "uint8"))
+                        each = size if kind.is_floating_point else kind.itemsize
+                        total += math.prod(part.get_shape()) * each
+            except Exception as e:  # a damaged header: safetensors' own error types
+                raise ValueError(f"{path}: cannot read its safetensors header: {e}") from e
+        elif entry.endswith((".bin", ".pt", ".pth", ".ckpt")):
+            total += os.path.getsize(path)
+    return total
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                       "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+                       "U8": "uint8", "BOOL": "bool"}
+
+
 def _index_class(index: dict, key: str) -> Optional[str]:
     entry = index.get(key)
     if not isinstance(entry, (list, tuple)) or len(entry) != 2 or entry[1] is None:
@@ -148,12 +181,17 @@ def check_checkpoint(name: str, weights_dir: str, index: dict, dtype: torch.dtyp
         config = read_config(path)
         check_config(cls_name, config, path)
         sizes[key] = model_bytes(cls_name, config, dtype, path)
+    for key in index:  # text encoders and other components with weights
+        if key not in COMPONENTS[name] and not key.startswith("_") and _index_class(index, key):
+            size = files_bytes(os.path.join(weights_dir, key), dtype)
+            if size:  # schedulers and tokenizers have no weights
+                sizes[key] = size
     limit = available_bytes(device) if memory_bytes is None else memory_bytes
     total = sum(sizes.values())
     if total > limit:
         parts = ", ".join(f"{k} {v / 2**30:.3g} GiB" for k, v in sizes.items())
-        raise ValueError(f"{weights_dir}: its configs describe {total / 2**30:.3g} GiB of "
-                         f"weights in {str(dtype).replace('torch.', '')} ({parts}): out of range "
+        raise ValueError(f"{weights_dir}: its components take {total / 2**30:.3g} GiB in "
+                         f"{str(dtype).replace('torch.', '')} ({parts}): out of range "
                          f"[0, {limit / 2**30:.3g}] GiB, the memory available"
                          + ("" if memory_bytes is not None else f" on {device}"))
     return sizes

@@ -103,6 +103,23 @@ def test_the_memory_a_config_implies_is_bounded_before_allocation(saved, tmp_pat
         tiny.load_pipeline("flux", str(saved / "flux"), memory_bytes=1024)
 
 
+def test_the_scheduler_and_huge_numbers_are_bounded(saved, tmp_path):
+    folder = tmp_path / "wan-scheduler"
+    shutil.copytree(saved / "wan", folder)
+    path = str(folder / "scheduler" / "scheduler_config.json")
+    config = json.loads(open(path).read())
+    with open(path, "w") as f:
+        json.dump({**config, "num_train_timesteps": 10**12}, f)
+    with pytest.raises(ValueError, match=re.escape(path) + ": num_train_timesteps: "
+                       "1000000000000 is out of range \\[1, 100000\\]"):
+        tiny.load_pipeline("wan", str(folder))
+    config_path = str(folder / "transformer" / "config.json")
+    with open(config_path, "w") as f:  # 5000 digits: Python's int parser refuses them
+        f.write('{"num_layers": ' + "9" * 5000 + "}")
+    with pytest.raises(ValueError, match=re.escape(config_path) + ": cannot read a JSON config"):
+        tiny.load_pipeline("wan", str(folder))
+
+
 def test_a_config_asking_for_more_than_the_weights_hold_is_refused(saved, tmp_path):
     folder, _ = _mutated(saved, tmp_path, "flux", "transformer", num_layers=2)
     with pytest.raises(ValueError, match=re.escape(os.path.join(str(folder), "transformer"))

@@ -21,7 +21,7 @@ from typing import Dict, Optional
 import torch
 
 from .._checks import check_int, check_real
-from .checkpoint_ranges import COMPONENTS, RANGES, Field
+from .checkpoint_ranges import COMPONENTS, RANGES, SCHEDULER, Field
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB
 MAX_STR = 64
@@ -81,17 +81,18 @@ def read_config(path: str) -> dict:
             raise ValueError(f"{path}: {size} bytes is out of range [0, {MAX_CONFIG_BYTES}]")
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
-    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON, UTF-8, digits
         raise ValueError(f"{path}: cannot read a JSON config: {e}") from e
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
     return config
 
 
-def check_config(cls_name: str, config: dict, where: str) -> None:
-    """Every constructor field of ``cls_name`` in ``config`` fits its range (fields the class
-    does not take, such as ``_class_name``, are ignored, as diffusers ignores them)."""
-    table = RANGES[cls_name]
+def check_config(cls_name: str, config: dict, where: str, table=None) -> None:
+    """Every constructor field of ``cls_name`` in ``config`` fits its range in ``table``
+    (default ``RANGES[cls_name]``; fields the class does not take, such as ``_class_name``,
+    are ignored, as diffusers ignores them)."""
+    table = RANGES[cls_name] if table is None else table
     for key, value in config.items():
         if key in table:
             check_field(f"{where}: {key}", table[key], value)
@@ -163,12 +164,10 @@ def _index_class(index: dict, key: str) -> Optional[str]:
     return str(entry[1])
 
 
-def check_checkpoint(name: str, weights_dir: str, index: dict, dtype: torch.dtype = torch.float32,
-                     device="cpu", memory_bytes: Optional[int] = None) -> Dict[str, int]:
-    """Checks the transformer(s) and VAE of the pipeline ``name``'s checkpoint folder
-    ``weights_dir`` (``index``: its parsed model_index.json) against ``checkpoint_ranges`` and
-    their bytes in ``dtype`` against ``memory_bytes`` (default :func:`available_bytes` of
-    ``device``). Returns {component: bytes}; a ValueError names the file, field, value, range."""
+def _component_bytes(name: str, weights_dir: str, index: dict, dtype) -> Dict[str, int]:
+    """{component: bytes in ``dtype``} after each component's config is checked: the range
+    tables and a meta build for the transformer(s) and VAE, :data:`SCHEDULER` for the
+    scheduler, the weight files' headers for the rest."""
     sizes = {}
     for key, expected in COMPONENTS[name].items():
         cls_name = _index_class(index, key)
@@ -181,11 +180,24 @@ def check_checkpoint(name: str, weights_dir: str, index: dict, dtype: torch.dtyp
         config = read_config(path)
         check_config(cls_name, config, path)
         sizes[key] = model_bytes(cls_name, config, dtype, path)
+    if _index_class(index, "scheduler"):
+        path = os.path.join(weights_dir, "scheduler", "scheduler_config.json")
+        check_config("scheduler", read_config(path), path, SCHEDULER)
     for key in index:  # text encoders and other components with weights
         if key not in COMPONENTS[name] and not key.startswith("_") and _index_class(index, key):
             size = files_bytes(os.path.join(weights_dir, key), dtype)
             if size:  # schedulers and tokenizers have no weights
                 sizes[key] = size
+    return sizes
+
+
+def check_checkpoint(name: str, weights_dir: str, index: dict, dtype: torch.dtype = torch.float32,
+                     device="cpu", memory_bytes: Optional[int] = None) -> Dict[str, int]:
+    """Checks the components of the pipeline ``name``'s checkpoint folder ``weights_dir``
+    (``index``: its parsed model_index.json) against ``checkpoint_ranges`` and their bytes in
+    ``dtype`` together against ``memory_bytes`` (default :func:`available_bytes` of
+    ``device``). Returns {component: bytes}; a ValueError names the file, field, value, range."""
+    sizes = _component_bytes(name, weights_dir, index, dtype)
     limit = available_bytes(device) if memory_bytes is None else memory_bytes
     total = sum(sizes.values())
     if total > limit:
@@ -195,4 +207,3 @@ def check_checkpoint(name: str, weights_dir: str, index: dict, dtype: torch.dtyp
                          f"[0, {limit / 2**30:.3g}] GiB, the memory available"
                          + ("" if memory_bytes is not None else f" on {device}"))
     return sizes
-

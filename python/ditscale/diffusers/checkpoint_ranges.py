@@ -3,9 +3,10 @@
 :data:`RANGES` maps a diffusers class name (the transformers and VAEs of the pipelines of
 :data:`ditscale.diffusers.tiny.PIPELINES`) to ``{config field: Field}``: its JSON type and
 range (every constructor argument of the class is listed; a test holds the tables to the
-signatures). ``checkpoint_config`` checks a ``config.json`` against them before any module is
-built; the bounds are generous (the largest published models sit well inside), the memory a
-config implies is bounded separately. See docs/diffusers/pipelines.md (local checkpoints).
+signatures); :data:`SCHEDULER` bounds the fields that size a scheduler's tables.
+``checkpoint_config`` checks a ``config.json`` against them before any module is built; the
+bounds are generous (the largest published models sit well inside), the memory a config
+implies is bounded separately. See docs/diffusers/pipelines.md (local checkpoints).
 """
 
 from __future__ import annotations
@@ -147,6 +148,13 @@ RANGES: Dict[str, Dict[str, Field]] = {
         shift_factor=SHIFT, latents_mean=STATS, latents_std=STATS, force_upcast=Bool(),
         use_quant_conv=Bool(), use_post_quant_conv=Bool(), invert_scale_latents=Bool()),
 }
+
+# Any scheduler's fields that size what it allocates (the step tables), checked where present:
+# the schedulers' classes vary between checkpoints, these names do not.
+SCHEDULER: Dict[str, Field] = dict(
+    num_train_timesteps=Int(1, 100000), trained_betas=Reals(0.0, 1.0, (1, 100000), null=True),
+    solver_order=Int(1, 3), steps_offset=Int(0, 100000), base_image_seq_len=Int(1, 1 << 24),
+    max_image_seq_len=Int(1, 1 << 24))
 
 # pipeline name -> component -> the class its checkpoint folder must hold (where the index
 # lists the component).

@@ -32,8 +32,8 @@ Ranges (checked, named in errors): --height, --width [8, 16384] (the pipeline ad
 divisibility rule and limits: SD3's position embedding, Wan's rotary table); --frames
 [1, 1025] (videos; 1 for images; Wan: within its rotary table); --steps [1, 1000]; --guidance
 [0, 100]; --seed [0, 2^63 - 1]; --fps [1, 240]; --text-tokens [1, 4096]. Defaults: the tiny or
-full shape of the pipeline (``tiny.DEFAULT_SHAPES``), 2 steps tiny / 30 full, each pipeline's
-usual guidance.
+full shape of the pipeline (``tiny.DEFAULT_SHAPES``; --size: tiny, with --weights full), 2 steps
+tiny / 30 full, each pipeline's usual guidance.
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pipeline", choices=tiny.PIPELINES, default="flux")
     p.add_argument("--weights", default=None, help="a local diffusers checkpoint folder")
-    p.add_argument("--size", choices=tiny.SIZES, default="tiny",
-                   help="random-weight pipeline: tiny (1-2 blocks) or full (real dimensions)")
+    p.add_argument("--size", choices=tiny.SIZES, default=None,
+                   help="random-weight pipeline: tiny (1-2 blocks, the default) or full (real "
+                        "dimensions); with --weights: whose default shape and steps to use "
+                        "(default full)")
     p.add_argument("--prompt", default="a red fox running through fresh snow, golden hour",
                    help="with --weights")
     p.add_argument("--negative-prompt", default="", help="with --weights and guidance")
@@ -87,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """The defaults that depend on the pipeline and size, and the range checks."""
     video = args.pipeline in tiny.VIDEO_PIPELINES
+    if args.size is None:
+        args.size = "full" if args.weights else "tiny"
     height, width, frames = tiny.DEFAULT_SHAPES[args.pipeline][args.size]
     args.height = check_int("--height", height if args.height is None else args.height, 8, 16384)
     args.width = check_int("--width", width if args.width is None else args.width, 8, 16384)
@@ -99,8 +103,7 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.seed = check_int("--seed", args.seed, 0, 2**63 - 1)
     args.fps = check_int("--fps", args.fps, 1, 240)
     if args.text_tokens is None:
-        args.text_tokens = tiny.default_text_tokens(args.pipeline,
-                                                    "full" if args.weights else args.size)
+        args.text_tokens = tiny.default_text_tokens(args.pipeline, args.size)
     args.text_tokens = check_int("--text-tokens", args.text_tokens, 1, 4096)
     for option, text in (("--prompt", args.prompt), ("--negative-prompt", args.negative_prompt)):
         try:

@@ -93,6 +93,10 @@ def test_defaults_follow_the_pipeline_and_size():
     assert (args.height, args.width, args.frames, args.steps) == (24, 8, 9, 2)
     assert args.guidance == 6.0 and args.out == "generate-cogvideox.mp4"
     assert args.dtype == "float32" and args.text_tokens == 7
+    # a checkpoint: the published model's shape, steps and text length unless told otherwise
+    args = _example().parse_args(["--device", "cpu", "--pipeline", "flux", "--weights", "x"])
+    assert (args.size, args.height, args.width, args.steps, args.text_tokens) == (
+        "full", 1024, 1024, 30, 512)
 
 
 def test_missing_weights_folder_is_named(tmp_path):
@@ -158,8 +162,8 @@ def test_a_checkpoint_without_text_encoders_takes_stand_in_embeddings(no_encoder
 
     out = tmp_path / "fox.png"
     assert _example().main(["--device", "cpu", "--pipeline", "flux", "--weights",
-                            str(no_encoders / "flux"), "--prompt", "a fox", "--seed", "5",
-                            "--out", str(out)]) == 0
+                            str(no_encoders / "flux"), "--size", "tiny", "--text-tokens", "512",
+                            "--prompt", "a fox", "--seed", "5", "--out", str(out)]) == 0
     assert "has no text encoders: --prompt gets stand-in embeddings of 512 tokens" in \
         capsys.readouterr().out
     pipe = tiny.load_pipeline("flux", str(no_encoders / "flux"))
@@ -179,7 +183,8 @@ def test_bad_runs_exit_2_with_a_message(no_encoders, tmp_path):
     a_file.write_text("")
     bad_config = str(no_encoders / "bad" / "transformer" / "config.json")
     runs = {
-        "weights": (["--pipeline", "flux", "--weights", str(no_encoders / "bad")],
+        "weights": (["--pipeline", "flux", "--size", "tiny", "--weights",
+                     str(no_encoders / "bad")],
                     f"{bad_config}: num_layers: expected an integer in [1, 256], got str '2'"),
         "rotary": (["--pipeline", "wan", "--height", "16384", "--frames", "1"],
                    "--height/--width/--frames: height 16384 is above 1024: out of range "

@@ -20,7 +20,8 @@ pytest.importorskip("accelerate")
 
 from ditscale.diffusers import tiny  # noqa: E402
 from ditscale.diffusers.checkpoint_config import (check_checkpoint, check_config,  # noqa: E402
-                                                   files_bytes, model_bytes, read_config)
+                                                   check_sums, files_bytes, model_bytes,
+                                                   read_config)
 from ditscale.diffusers.checkpoint_ranges import COMPONENTS, RANGES  # noqa: E402
 
 
@@ -58,6 +59,10 @@ def _mutated(saved, tmp_path, name, component, **fields):
      "[1, 256]"),
     ("flux", "transformer", dict(axes_dims_rope=[2] * 9), "axes_dims_rope: a list of 9 items is "
      "out of range [1, 4]"),
+    ("flux", "transformer", dict(axes_dims_rope=[2, 2, 2]), "axes_dims_rope: [2, 2, 2] sums to "
+     "6, not attention_head_dim 8 (the rotary axes split the head dimension)"),
+    ("flux", "transformer", dict(attention_head_dim=16), "axes_dims_rope: [2, 2, 4] sums to 8, "
+     "not attention_head_dim 16"),
     ("flux", "vae", dict(block_out_channels=[8, -8]), "block_out_channels[1]: -8 is out of "
      "range [1, 8192]"),
     ("flux", "vae", dict(down_block_types=["Nope"] * 2), "down_block_types[0]: 'Nope' is not "
@@ -87,7 +92,8 @@ def test_the_memory_a_config_implies_is_bounded_before_allocation(saved, tmp_pat
 
     # every field in range, together ~10^5 GiB of weights: refused by the memory bound
     folder, _ = _mutated(saved, tmp_path, "flux", "transformer", num_layers=200,
-                         attention_head_dim=1024, num_attention_heads=64)
+                         attention_head_dim=1024, num_attention_heads=64,
+                         axes_dims_rope=[256, 384, 384])
     rss = psutil.Process().memory_info().rss
     with pytest.raises(ValueError, match=re.escape(str(folder)) + r": its components take "
                        r"1.16e\+05 GiB in float32 \(transformer 1.16e\+05 GiB, vae .*\): out "
@@ -180,7 +186,9 @@ def test_the_published_and_tiny_configs_pass(name):
         for key, cls_name in COMPONENTS[name].items():
             if key in parts:
                 assert parts[key][0] == cls_name
-                check_config(cls_name, json.loads(json.dumps(parts[key][1])), key)
+                config = json.loads(json.dumps(parts[key][1]))
+                check_config(cls_name, config, key)
+                check_sums(cls_name, config, key)
 
 
 def test_components_without_a_table_count_by_their_weight_files(saved, tmp_path):

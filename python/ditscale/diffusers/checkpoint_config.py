@@ -21,7 +21,7 @@ from typing import Dict, Optional
 import torch
 
 from .._checks import check_int, check_real
-from .checkpoint_ranges import COMPONENTS, RANGES, SCHEDULER, Field
+from .checkpoint_ranges import COMPONENTS, RANGES, SCHEDULER, SUMS, Field
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB
 MAX_STR = 64
@@ -96,6 +96,24 @@ def check_config(cls_name: str, config: dict, where: str, table=None) -> None:
     for key, value in config.items():
         if key in table:
             check_field(f"{where}: {key}", table[key], value)
+
+
+def check_sums(cls_name: str, config: dict, where: str) -> None:
+    """The :data:`SUMS` relation of ``cls_name`` holds (fields absent from ``config`` take the
+    class defaults), else a ValueError naming both fields and their values."""
+    if cls_name not in SUMS:
+        return
+    import inspect
+
+    import diffusers
+
+    defaults = inspect.signature(getattr(diffusers, cls_name).__init__).parameters
+    parts, whole = SUMS[cls_name]
+    axes = config.get(parts, defaults[parts].default)
+    dim = config.get(whole, defaults[whole].default)
+    if sum(axes) != dim:
+        raise ValueError(f"{where}: {parts}: {list(axes)} sums to {sum(axes)}, not {whole} "
+                         f"{dim} (the rotary axes split the head dimension)")
 
 
 def model_bytes(cls_name: str, config: dict, dtype: torch.dtype, where: str) -> int:
@@ -179,6 +197,7 @@ def _component_bytes(name: str, weights_dir: str, index: dict, dtype) -> Dict[st
                              f"{cls_name!r} is not {expected!r}, the {name} pipeline's {key}")
         config = read_config(path)
         check_config(cls_name, config, path)
+        check_sums(cls_name, config, path)
         sizes[key] = model_bytes(cls_name, config, dtype, path)
     if _index_class(index, "scheduler"):
         path = os.path.join(weights_dir, "scheduler", "scheduler_config.json")

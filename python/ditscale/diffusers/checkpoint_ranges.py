@@ -3,7 +3,8 @@
 :data:`RANGES` maps a diffusers class name (the transformers and VAEs of the pipelines of
 :data:`ditscale.diffusers.tiny.PIPELINES`) to ``{config field: Field}``: its JSON type and
 range (every constructor argument of the class is listed; a test holds the tables to the
-signatures); :data:`SCHEDULER` bounds the fields that size a scheduler's tables.
+signatures); :data:`SUMS` relates fields that must agree; :data:`SCHEDULER` bounds the fields
+that size a scheduler's tables.
 ``checkpoint_config`` checks a ``config.json`` against them before any module is built; the
 bounds are generous (the largest published models sit well inside), the memory a config
 implies is bounded separately. See docs/diffusers/pipelines.md (local checkpoints).
@@ -12,7 +13,7 @@ implies is bounded separately. See docs/diffusers/pipelines.md (local checkpoint
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,13 @@ RANGES: Dict[str, Dict[str, Field]] = {
         use_quant_conv=Bool(), use_post_quant_conv=Bool(), invert_scale_latents=Bool()),
 }
 
+# class -> (list field, field): the list's sum must equal the field (the rotary axes split the
+# head dimension; diffusers checks it only inside the first forward).
+SUMS: Dict[str, Tuple[str, str]] = {
+    "FluxTransformer2DModel": ("axes_dims_rope", "attention_head_dim"),
+    "HunyuanVideoTransformer3DModel": ("rope_axes_dim", "attention_head_dim"),
+}
+
 # Any scheduler's fields that size what it allocates (the step tables), checked where present:
 # the schedulers' classes vary between checkpoints, these names do not.
 SCHEDULER: Dict[str, Field] = dict(
@@ -170,7 +178,3 @@ COMPONENTS: Dict[str, Dict[str, str]] = {
     "cogvideox": dict(transformer="CogVideoXTransformer3DModel", vae="AutoencoderKLCogVideoX"),
 }
 
-
-def field_of(cls_name: str, key: str) -> Optional[Field]:
-    """The range of ``key`` in ``cls_name``'s config, or None (not a constructor argument)."""
-    return RANGES[cls_name].get(key)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the fused AdaLN op on one GPU against eager PyTorch, torch.compile and a copy.
 
-    python -m bench.adaln.bench_adaln [--out bench/results/adaln-h200.md] [--quick]
+    python -m bench.adaln.bench_adaln [--out bench/results/adaln_h200_2026-12.md] [--quick]
 
 Workload: x [B, N, D] bf16, per-sample modulation (scale/shift as strided [B, D] chunks of a
 [B, 6, D] tensor, as Wan 2.1 produces them), LayerNorm without affine, eps 1e-6;
@@ -270,7 +270,7 @@ def tables(rows, with_compile, header):
             f"| {r['mem_ours'] - r['out_mib']:.3f} | {r['mem_eager']:.1f} "
             f"| {fmt(r.get('mem_compile'), 1)} |"
         )
-    # targets of issue 3 (speed at N >= 16384; memory everywhere)
+    # the targets (speed at N >= 16384; memory everywhere)
     mem_extra = max((r["mem_ours"] - r["out_mib"]) * MiB / (r["B"] * r["N"]) for r in rows)
     line = f"Forward memory above the output: max {mem_extra:.2f} bytes/row (target 8)."
     big = [r for r in rows if r["N"] >= 16384]

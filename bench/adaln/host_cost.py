@@ -3,7 +3,7 @@
 tiny tensors (so that Python, dispatch and autograd bookkeeping dominate, as they do on a GPU
 at ~1,024 tokens), and what each saves for backward at a model's size.
 
-    python -m bench.adaln.host_cost [--out bench/results/adaln-host-cost-cpu.md] [--quick]
+    python -m bench.adaln.host_cost [--out bench/results/adaln-host-cost_cpu_2026-12.md] [--quick]
         [--number N] [--repeat R] [--no-block-compile] [--saved-tokens 1024] [--saved-dim 1536]
 
 Host cost. Workload: x [B, N, D] = [2, 8, 64] float32, LayerNorm without affine, eps 1e-6,

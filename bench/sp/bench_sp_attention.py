@@ -116,7 +116,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4], help="torus chunk counts")
     p.add_argument("--head-chunks", type=int, nargs="+", default=[1],
                    help="ulysses head-chunk counts (1 = plain Ulysses; 2 and 4 measured no "
-                   "faster on 2 H200s over NVLink, sp-h200x2.md)")
+                   "faster on 2 H200s over NVLink, sp-attention_h200x2_2026-12.md)")
     p.add_argument("--transports", nargs="+", default=None,
                    help="nccl, nvshmem (puts on every link) and/or nvshmem-intra (puts within "
                    "machines, NCCL between them); default: nccl nvshmem on NVLink, nccl "

@@ -27,7 +27,7 @@ What is fitted (see fit_link / fit_attention):
     for messages >= 4 MiB (the protocol regime that the layers' 10-400 MB transfers run in).
   * attention: t = launch + F * Wave(q) / (attention_flops * Eff(q) * Eff(kv)),
     Eff(t) = t / (t + h), Wave = ceil(W) / W for W = heads * ceil(q / 128) / SMs (the partial
-    last wave of CTAs costs a full one; bench/results/sp-attn-split-h200/):
+    last wave of CTAs costs a full one; lab/results/sp-attn-split_h200_2026-12/):
     attention_flops in closed form for each h, h by a log-grid search refined by golden section,
     minimising the squared RELATIVE error (times span four orders of magnitude).
 The NCCL small-message time on NVLink becomes two_sided_sync_us (+ the preset's 5 us intra
@@ -125,8 +125,8 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float],
 # The attention model is the simulator's own (Topology::WaveFactor / AttentionSeconds in
 # ditscale/sp/topology.cc, bound as ditscale._core.sp_wave_factor / sp_attention_seconds): one
 # formula for the fit and the prediction. The wave model's tile (query rows per CTA of cuDNN's
-# forward kernel; measured on the H200: bench/results/sp-attn-split-h200/, steps every 11 tiles x
-# 12 heads = 132 CTAs = the SM count) is Topology's default, passed explicitly.
+# forward kernel; measured on the H200: lab/results/sp-attn-split_h200_2026-12/, steps every 11
+# tiles x 12 heads = 132 CTAs = the SM count) is Topology's default, passed explicitly.
 ATTENTION_TILE_TOKENS = 128
 
 
@@ -527,7 +527,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     if not a.no_p2p:
         # Up to the sizes a layer moves (S = 65,536: ~100 MB per tensor and peer): on the socket
         # link a 400 MB layer exchange ran at ~2.0 GB/s where 64 MiB messages ran at 2.25-2.38
-        # (sp-h200x2.md), and the simulator's meas/pred rose with S.
+        # (sp-attention_h200x2_2026-12.md), and the simulator's meas/pred rose with S.
         top = 256 * MIB
         sizes = [4 * KIB * 4**i for i in range(12) if 4 * KIB * 4**i <= top]
         doc["p2p"] = m.p2p(sizes, budget_bytes=(512 * MIB if emulated else GIB))

@@ -1,6 +1,6 @@
 """Markdown report (and a PNG bar chart) of the SwiftFusion attention benchmark.
 
-  python -m bench.sp.report RESULTS.json [MORE.json ...] --out bench/results/sp-h200x2.md \
+  python -m bench.sp.report RESULTS.json [MORE.json ...] --out bench/results/sp-attention_h200x2_2026-12.md \
       [--calib-dir DIR] [--png FILE.png] [--ditscale PATH] [--summary]
 
 RESULTS are the files of bench_sp_attention.py (one per launch: NVLink, emulated machines).

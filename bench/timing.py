@@ -122,7 +122,7 @@ def _sampler(clock: str, sync: Optional[Callable[[], None]]):
 
 
 def _settings(clock, warmup, reps, calls, max_s, min_reps, reps_name):
-    """The checked settings: (clock, min_reps, deadline or None)."""
+    """The checked settings: (clock, min_reps, max_s or None)."""
     clock = default_clock() if clock is None else clock
     if clock not in CLOCKS:
         raise ValueError(f"clock: {clock!r} is not one of {', '.join(CLOCKS)}")
@@ -131,22 +131,23 @@ def _settings(clock, warmup, reps, calls, max_s, min_reps, reps_name):
     check_int("calls", calls, 1, MAX_REPS)
     min_reps = min(3, reps) if min_reps is None else check_int(f"min_{reps_name}", min_reps, 1,
                                                                reps)
-    deadline = None
     if max_s is not None:
-        deadline = time.perf_counter() + check_real("max_s", max_s, 1e-6, MAX_S)
+        max_s = check_real("max_s", max_s, 1e-6, MAX_S)
     if clock == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ValueError("clock: 'cuda' needs a CUDA device; use 'wall' or 'thread'")
-    return clock, min_reps, deadline
+    return clock, min_reps, max_s
 
 
-def _synchronize(clock: str) -> None:
+def _warmed_up(clock: str, max_s: Optional[float]) -> Optional[float]:
+    """After the warm-up: the GPU drained; the deadline of the timed part (or None)."""
     if clock == "cuda":
         import torch
 
         torch.cuda.synchronize()
+    return None if max_s is None else time.perf_counter() + max_s
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10,
@@ -158,10 +159,10 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, reps: int = 10,
     ``max_s`` seconds have passed and ``min_reps`` samples are taken, default min(3, reps)).
     ``before_each`` runs before each sample, outside the timed span (an L2 flush, a barrier);
     ``reduce`` maps each sample (a max over ranks)."""
-    clock, min_reps, deadline = _settings(clock, warmup, reps, calls, max_s, min_reps, "reps")
+    clock, min_reps, max_s = _settings(clock, warmup, reps, calls, max_s, min_reps, "reps")
     for _ in range(warmup):
         fn()
-    _synchronize(clock)
+    deadline = _warmed_up(clock, max_s)
     sample = _sampler(clock, sync)
     out = []
     for _ in range(reps):
@@ -183,13 +184,13 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, warmup: int = 3, ro
     each takes ``reps`` samples of ``calls`` calls in turn (a, a, b, b, a, a, ...)."""
     if not fns:
         raise ValueError("fns: no function to time")
-    clock, min_rounds, deadline = _settings(clock, warmup, rounds, calls, max_s, min_rounds,
-                                            "rounds")
+    clock, min_rounds, max_s = _settings(clock, warmup, rounds, calls, max_s, min_rounds,
+                                         "rounds")
     check_int("reps", reps, 1, MAX_REPS)
     for _ in range(warmup):
         for fn in fns:
             fn()
-    _synchronize(clock)
+    deadline = _warmed_up(clock, max_s)
     sample = _sampler(clock, sync)
     samples = [[] for _ in fns]
     round_medians = []

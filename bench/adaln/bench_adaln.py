@@ -26,21 +26,22 @@ The markdown tables are printed last and written to --out.
 """
 
 import argparse
-import datetime
 import os
-import statistics
 import sys
 import time
 
 import torch
 
+from bench import reporter
+from bench.timing import time_fn
 from ditscale import ops
 
 MiB = 1024.0 * 1024.0
 
 
 class Timer:
-    """Median CUDA-event time of fn, with an L2 flush (a 256 MiB memset) before each rep.
+    """Median CUDA-event time of fn (bench.timing), with an L2 flush (a 256 MiB memset) before
+    each rep.
 
     fn is captured once into a CUDA graph (after warm-up) and the graph's replays are timed, so
     the numbers are GPU time without Python/autograd launch overhead (which otherwise dominates
@@ -75,23 +76,10 @@ class Timer:
 
     def __call__(self, fn, graph=True):
         run = (self._capture(fn) if graph else None) or fn
-        for _ in range(self.warmup):
-            run()
-        torch.cuda.synchronize()
-        times = []
-        t_end = time.perf_counter() + self.max_s
-        for i in range(self.reps):
-            self.flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-            if i >= 4 and time.perf_counter() > t_end:
-                break
+        t = time_fn(run, warmup=self.warmup, reps=self.reps, max_s=self.max_s,
+                    min_reps=min(5, self.reps), clock="cuda", before_each=self.flush.zero_)
         self._keep = None
-        return statistics.median(times)
+        return t.median_ms
 
 
 def peak_above_inputs_mib(fn):
@@ -332,14 +320,11 @@ def main(argv=None):
     if with_compile and a.warm_cache > 0:
         warm_cache(shapes, a.warm_cache)
     timer = Timer(a.warmup, a.reps, a.max_s)
-    dev = torch.cuda.get_device_name()
-    header = (
-        f"## Fused AdaLN, {dev}, bf16, per-sample modulation, LayerNorm\n\n"
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-        f"{datetime.date.today().isoformat()}; `python -m bench.adaln.bench_adaln`; "
-        "median CUDA-event times with L2 flushed; forward: the faster of a CUDA-graph replay and "
-        "a direct call, forward+backward: CUDA-graph replays (launch overhead excluded); "
-        "copy = `y.copy_(x)`."
+    header = "\n".join(reporter.header_lines(
+        "Fused AdaLN, bf16, per-sample modulation, LayerNorm")) + "\n" + (
+        f"CUDA {torch.version.cuda}; median CUDA-event times (bench.timing) with L2 flushed; "
+        "forward: the faster of a CUDA-graph replay and a direct call, forward+backward: "
+        "CUDA-graph replays (launch overhead excluded); copy = `y.copy_(x)`."
     )
     rows = []
     t0 = time.perf_counter()

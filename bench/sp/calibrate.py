@@ -60,7 +60,9 @@ from typing import Optional, Sequence
 
 from ditscale import _core
 
+from bench import reporter
 from bench.common import find_cli, flux_call_inputs
+from bench.timing import time_fn
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
@@ -347,19 +349,16 @@ class Measurer:
         return float(t.item())
 
     def timed(self, fn, iters: int, warmup: int = 2) -> float:
-        """Seconds per call of fn (CUDA events, barrier first), max over ranks."""
+        """Seconds per call of fn (bench.timing: CUDA events, barrier first), max over ranks."""
         torch = self.torch
-        for _ in range(warmup):
-            fn()
-        self.dist.barrier(device_ids=[self.local_rank])
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        return self.max_over_ranks(s.elapsed_time(e) / 1e3 / iters)
+
+        def barrier():
+            self.dist.barrier(device_ids=[self.local_rank])
+            torch.cuda.synchronize()
+
+        t = time_fn(fn, warmup=warmup, reps=1, calls=iters, clock="cuda", before_each=barrier,
+                    reduce=self.max_over_ranks)
+        return t.median_ms / 1e3
 
     def exchange(self, sbuf, rbuf) -> None:
         """One two-way send/recv with the peer (both directions at once), waited for."""
@@ -518,7 +517,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     m = Measurer(a)
     t0 = time.monotonic()
     emulated = a.emulate_machines > 1
-    doc = {"kind": "ditscale-sp-calibration-raw", "version": 1,
+    doc = {"kind": "ditscale-sp-calibration-raw", "version": 1, "header": reporter.header(),
            "link": "emulated" if emulated else "nvlink", "world_size": m.world,
            "emulate_machines": a.emulate_machines, "host": socket.gethostname(),
            "gpu": torch.cuda.get_device_name(m.dev), "torch": torch.__version__,

@@ -91,6 +91,9 @@ def test_max_s_stops_after_min_reps(clock):
     assert t.reps == 4 and len(calls) == 4
     fn, _ = steps_of(clock, [400] * 10)
     assert timing.time_fn(fn, warmup=0, reps=10, max_s=1.0, clock="wall").reps == 3
+    # the budget starts after the warm-up: 5 s of warm-up, then 10 samples of 50 ms fit in 1 s
+    fn, _ = steps_of(clock, [5000] + [50] * 10)
+    assert timing.time_fn(fn, warmup=1, reps=10, max_s=1.0, clock="wall").reps == 10
 
 
 def test_sync_brackets_a_wall_sample(clock):

@@ -11,8 +11,8 @@
 # RACECHECK=1 adds a racecheck run, MEMCHECK_FILTER picks the memcheck tests, FULL_SHAPES
 # (B:N:D,...) replaces the full timings' shapes, GATED_SHAPES adds the gated ops' timings
 # (`--gated --variants auto,base` on those shapes), PROBE="ARGS" runs
-# $BIN/lab/adaln_probe ARGS last (lab/probes/adaln_probe.cu, an experiment; e.g. PROBE="--modes stats,pipe,lib
-# --hints 0"; PROBE=all: defaults).
+# $BIN/lab/adaln_probe ARGS last (lab/probes/adaln_probe.cu, an experiment; e.g.
+# PROBE="--modes stats,pipe,lib --hints 0"; PROBE=all: defaults).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}

@@ -407,7 +407,8 @@ class Measurer:
             torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)
 
         def once(beside: bool) -> tuple[float, float]:
-            """(transfer s, attention s) of one round; attention s is 0 when not run."""
+            """(transfer s, attention s) of one round; attention s is 0 when not run. Two spans
+            on two streams at once, so events of its own rather than bench.timing's one span."""
             self.dist.barrier(device_ids=[self.local_rank])
             torch.cuda.synchronize()
             a0, a1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

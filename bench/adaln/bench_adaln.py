@@ -175,7 +175,7 @@ def warm_cache(shapes, jobs):
     """Compiles the shapes in `jobs` child processes so the timed run hits inductor's caches."""
     import subprocess
 
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     procs, bad = [], 0
     for B, N, D in shapes:  # one process per shape, at most `jobs` at a time
         if len(procs) >= jobs:
@@ -185,7 +185,7 @@ def warm_cache(shapes, jobs):
         procs.append(subprocess.Popen(cmd))
     bad += sum(p.wait() != 0 for p in procs)
     print(f"[warm-cache] compiled {len(shapes)} shapes, {jobs} processes at a time, "
-          f"{time.perf_counter() - t0:.1f} s, {bad} failed", flush=True)
+          f"{time.monotonic() - t0:.1f} s, {bad} failed", flush=True)
 
 
 def fmt(v, nd=3):
@@ -327,14 +327,14 @@ def main(argv=None):
         "CUDA-graph replays (launch overhead excluded); copy = `y.copy_(x)`."
     )
     rows = []
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     for B in a.B:
         for N in a.N:
             for D in a.D:
                 r = bench_shape(B, N, D, timer, compiled, with_compile)
                 rows.append(r)
                 print(
-                    f"[{time.perf_counter() - t0:6.1f}s] B={B} N={N} D={D}: fwd ours "
+                    f"[{time.monotonic() - t0:6.1f}s] B={B} N={N} D={D}: fwd ours "
                     f"{r['fwd_ours']:.3f} eager {r['fwd_eager']:.3f} compile "
                     f"{fmt(r.get('fwd_compile'))} copy {r['fwd_copy']:.3f} | fwd+bwd ours "
                     f"{r['fb_ours']:.3f} eager {r['fb_eager']:.3f} compile "

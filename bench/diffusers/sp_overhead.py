@@ -19,7 +19,7 @@ L2 difference. The table is printed last and written to DIR/sp-overhead.md (+ .j
 ``--device cpu``: the host time instead, on CPU (no GPU), of the same pair at world size 1 on the
 tiny configs of ``ditscale.diffusers.tiny`` (3 heads of 8, 1-2 blocks; ``--tokens`` image/video
 tokens, default 16; 8 text tokens), fp32, one intra-op thread, eager: compute is negligible, so
-``time.thread_time`` of a forward is what Python, the hooks and the dispatch cost. Columns: stock
+this thread's CPU time of a forward is what Python, the hooks and the dispatch cost. Columns: stock
 and parallelized us per forward (the least of ``--reps`` samples of ``--inner`` forwards each, the
 two models taking turns),
 the difference per forward and per attention call, and whether the outputs are bit-identical.

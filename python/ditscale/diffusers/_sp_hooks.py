@@ -8,7 +8,7 @@ World size 1: a family registers the input hook only (the device check and the r
 shard, rotary and gather hooks would return their input unchanged, so they are left out, and the
 attention processors run the stock processor they replaced (:class:`OneRankStock`). The
 parallelized module then costs the stock module's host time plus one hook and one Python call
-per attention (bench/results/diffusers-sp-host_cpu_2026-12.md). On a larger mesh every hook is
+per attention (bench/results/diffusers-sp-host-cpu.md). On a larger mesh every hook is
 registered and reads the mesh's size per call: a CFG-parallel pipeline (``_sp_pipeline``) runs
 each pass on a half of the mesh, which may be one rank, where the hooks pass their input through
 and the processors run the stock one.

@@ -46,7 +46,7 @@ into the peer's memory.
 compute stream in a CUDA green context of the largest SM partition that leaves k (on an H200,
 k = 4 -> 128 of 132 SMs), so that kernels of the comm streams (NCCL's send/recv, packs, NVSHMEM's
 puts) run beside cuDNN's attention calls instead of after them, for a few % of compute
-(lab/results/sp-smpart_h200_2026-12/). ``strategy="auto"`` lets the planner choose it (it pays where
+(bench/results/sp-smpart-h200/). ``strategy="auto"`` lets the planner choose it (it pays where
 transfers are kernels on a slow link: emulated machines); an explicit strategy uses
 ``$DITSCALE_SP_COMM_SMS`` (default 0: the whole GPU computes).
 

@@ -103,3 +103,26 @@ def test_composes_with_fused_adaln_rotary_processor():
     assert torch.equal(fam.run(model, inputs), ref)
     dd.unparallelize(model)
     assert model.blocks[0].attn1.processor is rotary
+
+
+def test_a_plan_is_checked_whole_before_any_change_and_undone_only_as_installed():
+    """The plan machinery (_sp_plan): a plan naming a module the model lacks changes nothing;
+    unparallelize refuses (changing nothing) when a processor was replaced after parallelize."""
+    import dataclasses
+
+    from ditscale.diffusers import _sp_context, _sp_plan, sp_wan
+    from diffusers_sp_harness import hook_count, processors
+
+    model = TestWan().make_model("wan2.1", 1)
+    stock = processors(model)
+    plan = dataclasses.replace(sp_wan.PLAN, hooks={**sp_wan.PLAN.hooks, "nope": _sp_plan.Gather()})
+    ctx = _sp_context.make_context("test", None, "auto", {})
+    with pytest.raises(ValueError, match="the model has no 'nope' module"):
+        _sp_plan.apply(plan, model, ctx)
+    assert hook_count(model) == 0 and processors(model) == stock
+    assert _sp_plan.record_of(model) is None
+    dd.parallelize(model)
+    model.blocks[0].attn1.set_processor(stock["blocks.0.attn1"])
+    with pytest.raises(ValueError, match="replaced after parallelize"):
+        dd.unparallelize(model)
+    assert hook_count(model) == 1 and _sp_plan.record_of(model) is not None

@@ -36,7 +36,8 @@ DIFFUSERS_MODULES: Dict[str, str] = {
     "WanTransformer3DModel": "diffusers.models.transformers.transformer_wan",
     "HunyuanVideoTransformer3DModel": "diffusers.models.transformers.transformer_hunyuan_video",
     "FluxPipeline": "diffusers.pipelines.flux.pipeline_flux",
-    "StableDiffusion3Pipeline": "diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3",
+    "StableDiffusion3Pipeline":
+        "diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3",
     "CogVideoXPipeline": "diffusers.pipelines.cogvideo.pipeline_cogvideox",
     "WanPipeline": "diffusers.pipelines.wan.pipeline_wan",
     "HunyuanVideoPipeline": "diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video",

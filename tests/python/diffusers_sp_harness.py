@@ -5,10 +5,11 @@ A family's test file defines ``class TestX(SpFamilyTests)`` giving its small con
 the mixin supplies the cases: one rank bit-identical to the stock module (state_dict and
 parameters kept), unparallelize giving the stock module back bit for bit, parallelizing twice
 and undoing what was not done refused, a look-alike class refused, inputs on another device and
-custom processors refused, training on one rank allowed; and ONE gloo spawn of 4 ranks that runs
-every strategy on the 4 ranks and on two groups of 2 against the single-process module, the
-training refusal, unparallelize after a multi-rank run, fewer tokens than ranks, and the
-family's own multi-rank checks (``multi_rank_checks``). See docs/diffusers.md.
+custom processors refused, training on one rank allowed, torch.compile(fullgraph=True) at one
+rank; and ONE gloo spawn of 4 ranks that runs every strategy on the 4 ranks and on two groups
+of 2 against the single-process module, the training refusal, unparallelize after a multi-rank
+run, fewer tokens than ranks, and the family's own multi-rank checks (``multi_rank_checks``).
+See docs/diffusers.md.
 """
 
 from __future__ import annotations
@@ -183,6 +184,15 @@ class SpFamilyTests:
         out = model(**inputs)
         (out[0] if isinstance(out, tuple) else out.sample).sum().backward()
         assert any(p.grad is not None and bool(p.grad.abs().sum()) for p in model.parameters())
+
+    def test_compiles_without_graph_breaks_at_one_rank(self):
+        kind = self.KINDS[0]
+        model, inputs = self.make_model(kind), self.make_inputs(kind)
+        ref = self.run(model, inputs)
+        dd.parallelize(model)
+        torch._dynamo.reset()
+        assert self.error(self.run(torch.compile(model, backend="aot_eager", fullgraph=True),
+                                   inputs), ref, kind) <= 1e-6
 
     # ---- several processes: one spawn ---------------------------------------------------------
 

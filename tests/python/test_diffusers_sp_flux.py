@@ -62,17 +62,6 @@ def test_fused_qkv_projections():
     assert fam.error(fam.run(model, inputs), ref, "") <= 1e-5
 
 
-def test_compiles_without_graph_breaks_at_one_rank():
-    fam = TestFlux()
-    model, inputs = fam.make_model(), fam.make_inputs()
-    with torch.no_grad():
-        ref = model(**inputs).sample
-        dd.parallelize(model)
-        torch._dynamo.reset()
-        out = torch.compile(model, backend="aot_eager", fullgraph=True)(**inputs).sample
-    assert fam.error(out, ref, "") <= 1e-6
-
-
 def test_refuses_attention_kwargs_it_cannot_honour():
     fam = TestFlux()
     model = dd.parallelize(fam.make_model())

@@ -61,14 +61,3 @@ def test_refuses_attention_kwargs_and_fused_projections():
     model.fuse_qkv_projections()
     with pytest.raises(ValueError, match="FusedJointAttnProcessor2_0"):
         dd.parallelize(model)
-
-
-def test_compiles_without_graph_breaks_at_one_rank():
-    fam = TestSD3()
-    model, inputs = fam.make_model(), fam.make_inputs()
-    with torch.no_grad():
-        ref = model(**inputs).sample
-        dd.parallelize(model)
-        torch._dynamo.reset()
-        out = torch.compile(model, backend="aot_eager", fullgraph=True)(**inputs).sample
-    assert fam.error(out, ref, "") <= 1e-6

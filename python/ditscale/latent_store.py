@@ -74,7 +74,7 @@ class StoreMeta:
     version: int = VERSION
 
     def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = {"format": self.format, "version": self.version, **dataclasses.asdict(self)}
         d["vae_stride"], d["patch"] = list(self.vae_stride), list(self.patch)
         d["shards"] = [dataclasses.asdict(s) for s in self.shards]
         return d

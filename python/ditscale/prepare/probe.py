@@ -70,6 +70,8 @@ def _count(container, stream) -> Union[int, str]:
 
 def probe(item: Item) -> Union[Probe, str]:
     """The item's Probe, or the reason it cannot be used."""
+    if not os.path.isfile(item.file):
+        return "no such file"
     try:
         if _size(item) == 0:
             return "empty file"

@@ -1,11 +1,11 @@
 """Decoding one sample into the pixel tensor its latent is encoded from.
 
 ``load_clip(item, probe, shape, model_fps)`` decodes the item and keeps ``shape["frames"]``
-frames resampled by timestamp: output frame j is the decoded frame nearest (ties: the earlier)
-to t_0 + j / r, with r = model_fps when the clip's fps is above it (else the clip's own fps: no
-resampling) and t_0 the first frame's time. Each kept frame is resized (bilinear, antialiased)
-by s = max(H_b / H, W_b / W), so that it covers the bucket H_b x W_b with its aspect ratio
-kept, then center-cropped to the bucket, and scaled to [-1, 1] (x / 127.5 - 1).
+frames resampled by timestamp: output frame j is the decoded frame nearest to t_0 + j / r
+(ties, within 1 ns: the earlier), with r = model_fps when the clip's fps is above it (else the
+clip's own fps: no resampling) and t_0 the first frame's time. Each kept frame is resized
+(bilinear, antialiased) by s = max(H_b / H, W_b / W), so that it covers the bucket H_b x W_b
+with its aspect ratio kept, then center-cropped to the bucket, and scaled to [-1, 1] (x / 127.5 - 1).
 Returns float32 [3, frames, H_b, W_b]. A clip that decodes differently from its probe is a
 ValueError naming it. See [docs/prepare.md](../../../docs/prepare.md#frames).
 """
@@ -21,6 +21,8 @@ import torch.nn.functional as F
 
 from .discover import Item
 from .probe import Probe, open_media
+
+_TIE_S = 1e-9   # frames this close to equally near a target time are a tie: the earlier wins
 
 
 def target_times(probe: Probe, frames: int, t0: float, model_fps: float) -> List[float]:
@@ -49,7 +51,7 @@ def _select(frames_iter, targets: List[float], fps: float):
         t = frame.time if frame.time is not None else n / fps
         while len(chosen) < len(targets) and t >= targets[len(chosen)]:
             want = targets[len(chosen)]
-            take_prev = prev is not None and want - prev[0] <= t - want
+            take_prev = prev is not None and want - prev[0] <= t - want + _TIE_S
             chosen.append(prev[1] if take_prev else frame)
         prev = (t, frame)
         n += 1

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 import torch
 from tqdm import tqdm

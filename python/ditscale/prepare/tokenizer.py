@@ -4,7 +4,7 @@ Token ids: 0 ``<pad>``, 1 ``</s>`` (appended to every text, as UMT5's tokenizer 
 ``<unk>``, then one id per byte (3..258) of the UTF-8 text, through the ``tokenizers`` library's
 byte-level pre-tokenizer and a BPE model without merges. It gives the random encoder
 deterministic, caption-dependent inputs; a real text encoder comes with its own tokenizer
-(``--text-encoder DIR``). See [docs/prepare.md](../../../docs/prepare.md#text-encoder).
+(``--text-encoder DIR``). See [docs/prepare.md](../../../docs/prepare.md#encoders).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ reports, and an interrupted run resuming to the same bytes without redoing finis
 import csv
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -12,7 +15,7 @@ import ditscale
 from ditscale import latent_store as ls
 from ditscale.prepare import PrepareOptions, prepare
 from ditscale.prepare import group as prepare_group
-from gloo_util import run_gloo
+from gloo_util import free_port, run_gloo
 from media_util import make_corpus
 
 SHARD = 8
@@ -128,9 +131,26 @@ def test_interrupted_run_resumes(corpus, one_rank, tmp_path, monkeypatch):
 
 
 def test_resume_refuses_other_settings(corpus, one_rank, tmp_path):
-    import shutil
     out = tmp_path / "copy"
     shutil.copytree(one_rank[0], out)
     with pytest.raises(prepare_group.RankError, match="started with other inputs or settings"):
         prepare(PrepareOptions(input=corpus.root, out=str(out), model="tiny", shard_size=4,
                                progress=False))
+
+
+def test_torchrun_cli_equals_one_rank(tmp_path):
+    """The command line under torchrun (the ranks make their own gloo group) against one rank
+    in this process."""
+    c = make_corpus(tmp_path / "m", videos=3, images=2, bad=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = ["-m", "ditscale.prepare", "--input", c.root, "--model", "tiny", "--device", "cpu",
+            "--shard-size", "2", "--no-progress", "--timeout-s", "300"]
+    prepare(PrepareOptions(input=c.root, out=str(tmp_path / "a"), model="tiny", shard_size=2,
+                           progress=False))
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(free_port()), *args, "--out",
+                          str(tmp_path / "b")], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert two.returncode == 0, two.stderr
+    assert "5 good, 3 bad" in two.stdout and "3 shards" in two.stdout
+    assert tree(tmp_path / "a") == tree(tmp_path / "b")

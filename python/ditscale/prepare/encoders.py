@@ -51,7 +51,8 @@ def load_vae(preset: Preset, folder, device: str, dtype: torch.dtype, seed: int)
         source = os.path.abspath(folder)
     else:
         torch.manual_seed(seed)
-        vae = AutoencoderKLWan(**preset.vae_config())
+        with torch.device(device):   # drawn where it runs: a full-size model in seconds
+            vae = AutoencoderKLWan(**preset.vae_config())
         source = f"random:{preset.name}"
     cfg = vae.config
     if getattr(cfg, "patch_size", None) not in (None, 1) or getattr(cfg, "is_residual", False):
@@ -91,7 +92,9 @@ def load_text_encoder(preset: Preset, folder, device: str, dtype: torch.dtype, s
         source = os.path.abspath(folder)
     else:
         torch.manual_seed(seed)
-        enc = UMT5EncoderModel(UMT5Config(**preset.umt5, pad_token_id=0, eos_token_id=1))
+        config = UMT5Config(**preset.umt5, pad_token_id=0, eos_token_id=1)
+        with torch.device(device):
+            enc = UMT5EncoderModel._from_config(config, dtype=dtype)
         tokenizer = byte_tokenizer()
         source = f"random:{preset.name}"
     if enc.config.d_model != preset.text_dim():

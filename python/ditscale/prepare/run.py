@@ -85,6 +85,9 @@ def _settings(opts: PrepareOptions, preset: Preset) -> dict:
 
 def _check_resume(store: str, fp: str, rank: int, world: int) -> None:
     path = os.path.join(store, PLAN_JSON)
+    if len(set(group.gather(world, fp))) > 1:
+        raise ValueError("--input: the ranks found different inputs (files changing while "
+                         "they were read?)")
     error = None
     if os.path.isfile(path):
         with open(path) as f:

@@ -6,6 +6,7 @@ marker and sha256 match) is kept; the encoders are loaded only when there is a s
 
 from __future__ import annotations
 
+import time
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -23,11 +24,11 @@ class Encoders:
     """The VAE (with its latents_mean / std) and the text encoder with its tokenizer."""
 
     def __init__(self, preset: Preset, opts, device: torch.device):
-        dtype = _DTYPES[opts.dtype]
-        self.vae, _ = encoders.load_vae(preset, opts.vae, device, dtype, opts.seed)
+        self.vae, _ = encoders.load_vae(preset, opts.vae, device, _DTYPES[opts.vae_dtype],
+                                        opts.seed)
         self.stats = encoders.vae_stats(self.vae, device)
         self.text, self.tokenizer, _ = encoders.load_text_encoder(
-            preset, opts.text_encoder, device, dtype, opts.seed)
+            preset, opts.text_encoder, device, _DTYPES[opts.dtype], opts.seed)
         self.preset = preset
 
     def encode(self, samples: Sequence[Sample], on_sample) -> List[Tuple[torch.Tensor, ...]]:
@@ -52,9 +53,10 @@ class Encoders:
 
 
 def encode_shards(store: str, samples: Sequence[Sample], mine: Sequence[Tuple[int, int, int]],
-                  make_encoders, bar) -> Tuple[Dict[int, ls.ShardInfo], int, int]:
-    """({index: ShardInfo} of this rank's shards, shards kept from before, samples encoded).
-    ``make_encoders()`` builds the Encoders (called at most once)."""
+                  make_encoders, bar) -> Tuple[Dict[int, ls.ShardInfo], int, int, float]:
+    """({index: ShardInfo} of this rank's shards, shards kept from before, samples encoded,
+    seconds encoding them (after the encoders are loaded)). ``make_encoders()`` builds the
+    Encoders (called at most once)."""
     infos: Dict[int, ls.ShardInfo] = {}
     todo = []
     for k, first, count in mine:
@@ -65,9 +67,9 @@ def encode_shards(store: str, samples: Sequence[Sample], mine: Sequence[Tuple[in
             infos[k] = done
     bar.reset(total=sum(c for _, _, c in todo))
     enc = make_encoders() if todo else None
-    encoded = 0
+    encoded, start = 0, time.monotonic()
     for k, first, count in todo:
         pairs = enc.encode(samples[first:first + count], lambda: bar.update(1))
         infos[k] = ls.write_shard(store, k, first, pairs)
         encoded += count
-    return infos, len(mine) - len(todo), encoded
+    return infos, len(mine) - len(todo), encoded, time.monotonic() - start

@@ -294,6 +294,12 @@ class LatentStore:
     def __len__(self) -> int:
         return self.meta.num_samples
 
+    def __getstate__(self) -> dict:
+        """Pickled without its open shards (DataLoader workers started by spawn open their own)."""
+        state = self.__dict__.copy()
+        state["_open"] = {}
+        return state
+
     @property
     def shape_model(self) -> str:
         """The ``model`` argument for ditscale._core.train_shape, BalancedBatchSampler and

@@ -193,3 +193,19 @@ def test_cli_errors_are_one_line(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "--input: " in r.stderr and "no such file or folder" in r.stderr
+
+
+def test_prefetched_keeps_order_and_errors():
+    from ditscale.prepare.shards import prefetched
+    assert list(prefetched(lambda x: x * x, range(7))) == [0, 1, 4, 9, 16, 25, 36]
+    assert list(prefetched(lambda x: x, [])) == [] and list(prefetched(str, [5], 3)) == ["5"]
+
+    def fail_at_3(x):
+        if x == 3:
+            raise ValueError("three")
+        return x
+    got = []
+    with pytest.raises(ValueError, match="three"):
+        for x in prefetched(fail_at_3, range(6)):
+            got.append(x)
+    assert got == [0, 1, 2]

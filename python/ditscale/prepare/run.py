@@ -161,9 +161,13 @@ def _run(opts: PrepareOptions, rank: int, world: int) -> dict:
                                                world)
     rep = {"inputs": len(items) + len(bad) - len(probe_bad), "good": len(samples),
            "bad_list": bad}
+    error = None
     if rank == 0:
-        _finish(store, preset, opts, samples, infos, rep)
-    group.barrier(world)
+        try:
+            _finish(store, preset, opts, samples, infos, rep)
+        except Exception as e:  # noqa: BLE001 (carried to every rank)
+            error = _error_of(e)
+    group.gather(world, None, error)
     seconds = time.monotonic() - start
     out = {"store": store, "inputs": rep["inputs"], "good": len(samples), "bad": len(bad),
            "shards": len(shards), "reused": reused, "encoded": encoded,

@@ -1,13 +1,16 @@
 """Encoding this rank's shards: decode each sample, encode it with the VAE and its caption with
 the text encoder, check the latent's shape, and write the shard (latent_store.write_shard: a
-tmp file renamed, then its done marker). A shard already finished by an earlier run (its done
+tmp file renamed, then its done marker). A thread decodes up to PREFETCH clips ahead of the
+VAE, so that decoding overlaps encoding (the results do not depend on it). A shard already finished by an earlier run (its done
 marker and sha256 match) is kept; the encoders are loaded only when there is a shard to encode.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import torch
 
@@ -18,6 +21,20 @@ from .plan import Sample
 from .presets import Preset
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PREFETCH = 2    # clips decoded ahead of the VAE
+
+
+def prefetched(fn: Callable, args: Iterable, depth: int = PREFETCH) -> Iterator:
+    """fn(a) for each a of args, in order, computed by one thread at most ``depth`` ahead."""
+    it = iter(args)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pending = collections.deque(pool.submit(fn, a) for a in
+                                    (x for _, x in zip(range(depth), it)))
+        while pending:
+            done = pending.popleft()
+            for a in (x for _, x in zip(range(1), it)):
+                pending.append(pool.submit(fn, a))
+            yield done.result()
 
 
 class Encoders:
@@ -38,8 +55,9 @@ class Encoders:
                                       self.preset.max_text_tokens)
         out = []
         channels = self.vae.config.z_dim
-        for s, text in zip(samples, texts):
-            clip = load_clip(s.item, s.probe, s.shape, self.preset.fps)
+        clips = prefetched(lambda s: load_clip(s.item, s.probe, s.shape, self.preset.fps),
+                           samples)
+        for s, text, clip in zip(samples, texts, clips):
             latent = encoders.encode_video(self.vae, self.stats, clip).cpu()
             t, hw = self.vae.config.scale_factor_temporal, self.vae.config.scale_factor_spatial
             want = (channels, (s.shape["frames"] - 1) // t + 1, s.shape["height"] // hw,

@@ -338,7 +338,12 @@ class LatentStore:
             self._open, self._pid = {}, os.getpid()
         h = self._open.get(k)
         if h is None:
-            h = safe_open(os.path.join(self.path, self.meta.shards[k].file), framework="pt")
+            file = self.meta.shards[k].file
+            try:
+                h = safe_open(os.path.join(self.path, file), framework="pt")
+            except Exception as e:  # safetensors' own error type for a damaged header
+                raise ValueError(f"{self.path}: shard {file} is not a safetensors file: "
+                                 f"{e}") from None
             self._open[k] = h
         return h
 

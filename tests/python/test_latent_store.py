@@ -170,6 +170,18 @@ def test_a_shard_of_the_wrong_model(tmp_path):
         s[3]
 
 
+def test_a_damaged_shard(tmp_path):
+    store, _ = make_store(tmp_path)
+    with open(os.path.join(store, "shards", "00001.safetensors"), "wb") as f:
+        f.write(b"\xff" * 16)
+    s = ls.LatentStore(store)
+    s[0]
+    with pytest.raises(ValueError, match="shard shards/00001.safetensors is not a safetensors"):
+        s[3]
+    with pytest.raises(ValueError, match="00001.safetensors: sha256 differs"):
+        ls.LatentStore(store, verify=True)
+
+
 def test_pickles_without_open_shards(tmp_path):
     import pickle
     store, samples = make_store(tmp_path)

@@ -139,6 +139,7 @@ class _Run:
                                             dtype=torch.float32))
         self.done = [threading.Event() for _ in prog.ops]
         self.failed = threading.Event()
+        self.inference = torch.is_inference_mode_enabled()  # the caller's, for every stream
         self.error: Optional[BaseException] = None
         self.lock = threading.Lock()
 
@@ -194,32 +195,41 @@ class _Run:
                 dst.copy_(land)
 
     def run_stream(self, stream: int) -> None:
+        # Grad and inference modes are thread-local: every stream runs without autograd (the
+        # executor has no backward: a graph of its copies alone would give wrong gradients) and
+        # in the caller's inference mode, whose buffers (inference tensors) it writes. no_grad goes
+        # inside: inference_mode(False) turns grad mode on.
         try:
-            for unit in self.prog.units[stream]:
-                ops = [self.prog.ops[i] for i in unit]
-                for op in ops:
-                    if not self.wait_deps(op):
-                        return
-                posted = [(op, self.start(op)) for op in ops]
-                for op, p in posted:
-                    if p is not None:
-                        self.finish(op, p)
-                for op in ops:
-                    self.done[op.index].set()
-                if self.failed.is_set():
-                    return
+            with torch.inference_mode(self.inference), torch.no_grad():  # this order: see above
+                self._run_units(stream)
         except BaseException as e:  # re-raised by the caller's thread
             self.fail(e)
 
+    def _run_units(self, stream: int) -> None:
+        for unit in self.prog.units[stream]:
+            ops = [self.prog.ops[i] for i in unit]
+            for op in ops:
+                if not self.wait_deps(op):
+                    return
+            posted = [(op, self.start(op)) for op in ops]
+            for op, p in posted:
+                if p is not None:
+                    self.finish(op, p)
+            for op in ops:
+                self.done[op.index].set()
+            if self.failed.is_set():
+                return
 
+
+@torch.no_grad()
 def execute(prog: Program, pg, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             joint: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
             timeout_s: float = 120.0) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Runs ``prog`` on this rank: q [B, S_local, H, d], k, v [B, S_local, Hk, d] (this rank's
     image tokens), ``joint`` = (text q, k, v) [B, T, H or Hk, d] or None; ``pg`` the process
     group (ranks of the program = its ranks). Returns (out [B, S_local, H, d], text_out
-    [B, T, H, d] or None), float32. A transfer that does not complete within ``timeout_s`` is a
-    RuntimeError naming the op."""
+    [B, T, H, d] or None), float32, never requiring grad. A transfer that does not complete
+    within ``timeout_s`` is a RuntimeError naming the op."""
     f32 = {"q": q, "k": k, "v": v}
     if joint is not None:
         f32.update(text_q=joint[0], text_k=joint[1], text_v=joint[2])

@@ -146,8 +146,8 @@ def check_call(op: str, x_name: str, x, norm, eps, *, devices, rows=(), mods=(),
     """Every check of one AdaLN op's arguments, in the op body's order: the devices of
     ``devices`` ((name, tensor or None) pairs), x (named ``x_name``), norm and eps, ``mod``'s
     rows ``mod_rows`` ((name, index) pairs), the [B, N, D] tensors ``rows`` (None skipped), the
-    modulation tensors ``mods``, the affine weight and bias, the forward's ``stats`` (mean,
-    rstd). The one check behind every fake kernel (ditscale._fake_kernels)."""
+    modulation tensors ``mods`` (a row index instead of a tensor: that row of ``mod``, taken once
+    the rows are checked), the affine weight and bias, the forward's ``stats`` (mean, rstd). The one check behind every fake kernel (ditscale._fake_kernels)."""
     check_devices(op, devices)
     check_config(op, x_name, x, norm, eps)
     if mod is not None:
@@ -156,7 +156,7 @@ def check_call(op: str, x_name: str, x, norm, eps, *, devices, rows=(), mods=(),
         if t is not None:
             check_rows(op, name, t, x)
     for name, t in mods:
-        check_modulation(op, name, t, x)
+        check_modulation(op, name, t if isinstance(t, torch.Tensor) else mod[:, t], x)
     check_affine(op, x, weight, bias)
     if stats is not None:
         check_stats(op, x, *stats)

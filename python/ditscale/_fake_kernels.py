@@ -1,8 +1,8 @@
 """Fake (meta) kernels of the ops of ``ditscale._C``, so that ``torch.compile(fullgraph=True)``
 traces them: each checks its arguments through one shared check (``_adaln_checks.check_call``,
 the op bodies' checks with the same messages) and returns empty outputs of the right shapes,
-dtypes and devices. Registered by ditscale._extension once the extension is loaded (which also
-registers the ops' C++ autograd). docs/adaln.md, "torch.compile".
+dtypes and devices. Registered by ditscale._extension once the extension is loaded, or on import
+when the ops are already there (the ops' set_python_module names this module). docs/adaln.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def adaln_mod_fwd(x, mod, scale_index, shift_index, weight, bias, norm, eps):
     check_call(_NS + "adaln_mod_fwd", "x", x, norm, eps, weight=weight, bias=bias,
                devices=(("x", x), ("mod", mod), ("weight", weight), ("bias", bias)),
                mod=mod, mod_rows=rows,
-               mods=(("scale", mod[:, scale_index]), ("shift", mod[:, shift_index])))
+               mods=(("scale", scale_index), ("shift", shift_index)))
     return (_rows_like(x), *_stats(x))
 
 
@@ -64,8 +64,8 @@ def adaln_mod_bwd(dy, x, mod, scale_index, shift_index, weight, bias, mean, rstd
     check_call(_NS + "adaln_mod_bwd", "x", x, norm, eps, weight=weight, bias=bias,
                devices=(("dy", dy), ("x", x), ("mod", mod), ("weight", weight), ("bias", bias),
                         ("mean", mean), ("rstd", rstd)),
-               mod=mod, mod_rows=rows, rows=(("dy", dy),),
-               mods=(("scale", mod[:, scale_index]),), stats=(mean, rstd))
+               mod=mod, mod_rows=rows, rows=(("dy", dy),), mods=(("scale", scale_index),),
+               stats=(mean, rstd))
     return _rows_like(x), mod.new_empty(mod.shape), _grad_like(x, weight), _grad_like(x, bias)
 
 
@@ -102,8 +102,7 @@ def adaln_gated_mod_fwd(residual, branch, mod, gate_index, scale_index, shift_in
                mod=mod, mod_rows=(("scale_index", scale_index), ("shift_index", shift_index),
                                   ("gate_index", gate_index)),
                rows=(("branch", branch),),
-               mods=(("gate", mod[:, gate_index]), ("scale", mod[:, scale_index]),
-                     ("shift", mod[:, shift_index])))
+               mods=(("gate", gate_index), ("scale", scale_index), ("shift", shift_index)))
     return (_rows_like(residual), _rows_like(residual), *_stats(residual))
 
 
@@ -117,7 +116,7 @@ def adaln_gated_mod_bwd(dh, dy, residual, branch, mod, gate_index, scale_index, 
                mod=mod, mod_rows=(("scale_index", scale_index), ("shift_index", shift_index),
                                   ("gate_index", gate_index)),
                rows=(("dy", dy), ("branch", branch), ("dh", dh)),
-               mods=(("scale", mod[:, scale_index]),), stats=(mean, rstd))
+               mods=(("scale", scale_index),), stats=(mean, rstd))
     return (_rows_like(residual), _rows_like(residual), mod.new_empty(mod.shape),
             _grad_like(residual, weight), _grad_like(residual, bias))
 
@@ -138,7 +137,20 @@ _FAKES = (adaln_fwd, adaln_bwd, adaln_mod_fwd, adaln_mod_bwd, adaln_gated_fwd, a
           adaln_gated_mod_fwd, adaln_gated_mod_bwd, rotary)
 
 
+_registered = False
+
+
 def register() -> None:
-    """Registers every fake kernel (each under its function's name)."""
-    for fake in _FAKES:
-        torch.library.register_fake(_NS + fake.__name__)(fake)
+    """Registers every fake kernel (each under its function's name), once; the ops must be
+    loaded."""
+    global _registered
+    if not _registered:
+        for fake in _FAKES:
+            torch.library.register_fake(_NS + fake.__name__)(fake)
+        _registered = True
+
+
+# The ops name this module as their fakes' home (set_python_module in adaln_ops.cc): torch imports
+# it when it needs a fake kernel, also where _C was loaded without ditscale._extension.
+if hasattr(torch.ops.ditscale, "adaln_fwd"):
+    register()

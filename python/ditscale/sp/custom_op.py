@@ -1,31 +1,16 @@
-"""``torch.ops.ditscale_sp.attention``: the multi-rank ditscale.sp.attention as a registered torch
-custom op with a fake (meta) kernel, so that ``torch.compile`` (fullgraph too) traces a model
-through it instead of breaking the graph at the attention.
+"""``torch.ops.ditscale_sp.attention``: the multi-rank ditscale.sp.attention as a torch custom op
+with a fake kernel, so that ``torch.compile`` (fullgraph too) traces through it. Schema::
 
-Schema::
+    attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k, Tensor? joint_v,
+              str group_name, int machines, int gpus_per_machine, str config) -> (Tensor, Tensor)
 
-    ditscale_sp::attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k,
-                           Tensor? joint_v, str group_name, int machines,
-                           int gpus_per_machine, str config) -> (Tensor, Tensor)
-
-- q [B, S_local, H, D], k, v [B, S_local, Hk, D]: this rank's image tokens; joint_* [B, T, H or
-  Hk, D] (all text tokens) or None.
-- ``group_name``, ``machines``, ``gpus_per_machine``: the mesh (:func:`mesh_args`): its process
-  group by name ("" = the default group; a schema cannot carry the group object itself, and a
-  registry filled while Dynamo traces would be filled only after the graph has run).
-- ``config``: the ditscale.sp.Config as text (config.config_text: the one encoding, which C++
-  parses too), after make_config (environment applied), so the op is a function of its
-  arguments.
-- Returns (out [B, S_local, H, D], joint_out [B, T, H, D]); without joint_q, joint_out is
-  [B, 0, H, D]. Both new tensors of q's dtype and device (the fake kernel says so).
-
-The real kernel (CompositeExplicitAutograd: one for every device) is
-dispatch.distributed_attention: the GPU runtime for CUDA tensors, the CPU executor over gloo for
-CPU tensors. The op has no backward yet: its Autograd kernel refuses inputs that require grad
-(NotImplementedError: sequence-parallel training is not supported yet). It is a
-``torch.library.Library`` FRAGMENT of the namespace "ditscale_sp", apart from the C++ library
-"ditscale" of ditscale._C; not ``torch.library.custom_op``, whose eager calls import
-torch._dynamo on first use (seconds) and cost about 10 us more per call.
+q [B, S_local, H, D], k, v [B, S_local, Hk, D], joint_* [B, T, H or Hk, D] or None; the mesh as
+its process group's name ("" = default) and shape (:func:`mesh_args`: constants of a graph); the
+Config as its one text (config.config_text, after make_config). Returns new tensors (out, joint_out
+[B, T or 0, H, D]). Kernel: dispatch.distributed_attention (one for every device); Autograd: refuses
+inputs that require grad (no backward yet). A ``torch.library.Library`` fragment, not
+``torch.library.custom_op`` (whose eager calls import torch._dynamo and cost ~10 us more).
+docs/sp.md ("torch.compile").
 """
 
 from __future__ import annotations

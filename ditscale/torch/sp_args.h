@@ -3,7 +3,7 @@
 // (the strategy name parsed into an sp::Strategy here: this is an edge, strategy.h). Shared by
 // the bindings of ditscale._core (python/src/sp_bindings.cc, sp_schedule_bindings.cc: no torch),
 // which also export the ranges below to Python, and the torch ops of the GPU runtime
-// (sp_config_dict.h). Header-only so that _core needs no torch sources.
+// (sp_config_text.h: the same text with the experiment variant's entries). Header-only so that _core needs no torch sources.
 //
 // The text (ditscale/sp/config.py: config_text writes it): "key=value" entries joined by ';',
 // each key once, e.g. "strategy=torus;transport=nccl;ulysses_degree=0;ring_degree=0;chunks=2;
@@ -88,7 +88,10 @@ inline bool IsSpKey(std::string_view key) {
 
 // The fields of the text encoding (see the top of this file); throws ditscale::Error "config:
 // ..." naming the entry or key, or "<key>: '<v>' is not an integer". Ranges are SpConfigOf's.
-inline SpFields SpFieldsOfText(std::string_view text) {
+// Keys that are not the encoding's go to `extra` when given (the torch ops' engine and signal),
+// else are an error.
+inline SpFields SpFieldsOfText(std::string_view text,
+                               std::map<std::string, std::string>* extra = nullptr) {
   std::map<std::string, std::string, std::less<>> entries;
   for (std::size_t pos = 0; pos <= text.size();) {
     std::size_t end = text.find(';', pos);
@@ -132,7 +135,9 @@ inline SpFields SpFieldsOfText(std::string_view text) {
   }
   if (known != entries.size()) {
     for (const auto& entry : entries) {
-      if (!IsSpKey(entry.first)) throw Error("config: unknown key '" + entry.first + "'");
+      if (IsSpKey(entry.first)) continue;
+      if (extra == nullptr) throw Error("config: unknown key '" + entry.first + "'");
+      extra->emplace(entry.first, entry.second);
     }
   }
   return f;

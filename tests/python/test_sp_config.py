@@ -1,8 +1,8 @@
 """ditscale.sp's one configuration (sp.Config, make_config, the environment overrides, the ranges
 exported by C++, the one text encoding that C++ parses), the experiment variants kept out of it
 (ditscale._experimental.sp_variants), the planning bindings of ditscale._core (keyword-only,
-dicts, range errors, no torch or _C needed) and the configuration dict of the GPU runtime's torch
-ops (parsed before any GPU is touched)."""
+dicts, range errors, no torch or _C needed) and the configuration text of the GPU runtime's
+torch ops (parsed before any GPU is touched)."""
 import dataclasses
 import os
 import re
@@ -102,7 +102,7 @@ def test_one_text_encoding_read_by_python_and_cpp(cfg):
                       "ulysses_degree": cfg.ulysses_degree, "ring_degree": cfg.ring_degree,
                       "chunks": cfg.torus_chunks, "ulysses_chunks": cfg.ulysses_chunks,
                       "comm_sms": cfg.comm_sms, "topology": cfg.topology}
-    assert sp.config.op_fields(cfg) == {k: str(v) for k, v in parsed.items() if k != "topology"}
+    assert sp.config.resolved_text(cfg) == text
 
 
 def test_text_encoding_errors_name_the_entry():
@@ -133,7 +133,7 @@ def test_experiment_variants_live_apart(monkeypatch):
     monkeypatch.setenv(v.ENV_SIGNAL, "copy")
     monkeypatch.setenv(v.ENV_NET_CHANNELS, "8")
     assert v.current() == v.Variant("nvshmem", "copy", 8)
-    assert v.current().op_fields() == {"engine": "nvshmem", "signal": "copy"}
+    assert v.current().op_text() == "engine=nvshmem;signal=copy"
     v.set_current(v.Variant(engine="copy-engine"))
     try:
         assert v.current() == v.Variant("copy-engine", "write", 0)
@@ -281,23 +281,30 @@ def _runtime_ops():
     return torch.ops.ditscale
 
 
-def test_runtime_ops_parse_the_config_dict_first():
+def test_runtime_ops_parse_the_config_text_first():
     ops = _runtime_ops()
-    from ditscale.sp.gpu_runtime import run_fields
-    good = run_fields(sp.make_config("t", strategy="torus", chunks=2))
+    from ditscale.sp.gpu_runtime import run_text
+    text = run_text(sp.make_config("t", strategy="torus", chunks=2))
+    assert text.endswith(";engine=auto;signal=write")
+    good = dict(item.split("=", 1) for item in text.split(";"))
     assert set(good) == {"strategy", "transport", "ulysses_degree", "ring_degree", "chunks",
-                         "ulysses_chunks", "comm_sms", "engine", "signal"}
+                         "ulysses_chunks", "comm_sms", "topology", "engine", "signal"}
+
+    def as_text(fields):
+        return ";".join(f"{k}={v}" for k, v in fields.items())
 
     def replay(fields, **kw):
         args = dict(machines=2, gpus_per_machine=2, rank=0, batch=1, seq=1024, text=0, heads=8,
                     kv_heads=0, head_dim=64, iters=1, warmup=0)
         args.update(kw)
-        return ops.sp_replay_compute(fields, *args.values())
+        return ops.sp_replay_compute(as_text(fields), *args.values())
 
     for fields, text in (
-            (dict(good, extra="1"), "unknown configuration key 'extra'"),
+            (dict(good, extra="1"), "config: unknown key 'extra'"),
             ({k: v for k, v in good.items() if k != "signal"},
-             "the configuration misses the key 'signal'"),
+             "config: the key 'signal' is missing"),
+            ({k: v for k, v in good.items() if k != "comm_sms"},
+             "config: the key 'comm_sms' is missing"),
             (dict(good, chunks="2x"), "chunks: '2x' is not an integer"),
             (dict(good, chunks=""), "chunks: '' is not an integer"),
             (dict(good, chunks="0"), "chunks: 0 is out of range [1, 4096]"),

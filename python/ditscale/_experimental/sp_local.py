@@ -11,7 +11,7 @@ import torch
 
 from .._checks import check_int, check_real
 from ..sp.config import Config, make_config
-from ..sp.gpu_runtime import require, run_fields
+from ..sp.gpu_runtime import require, run_text
 from ..sp.meshes import MAX_MACHINES, Mesh
 from ..sp.planning import layer_shape
 
@@ -66,7 +66,7 @@ def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise RuntimeError(f"{where}: the extension was built without the CUDA "
                            "sequence-parallel runtime")
     first, last, text_out, info = torch.ops.ditscale.sp_run_local(
-        run_fields(cfg), mesh.machines, mesh.gpus_per_machine, q, k, v, joint_q, joint_k, joint_v,
+        run_text(cfg), mesh.machines, mesh.gpus_per_machine, q, k, v, joint_q, joint_k, joint_v,
         layers, timeout_s)
     return first, last, (text_out if joint_q is not None else None), info
 
@@ -97,6 +97,6 @@ def replay_compute(strategy: Optional[str] = None, *, config: Optional[Config] =
     warmup = _checked(where, check_int, "warmup", warmup, 0, 10000)
     require()
     ms, text_tl = torch.ops.ditscale.sp_replay_compute(
-        run_fields(cfg), mesh.machines, mesh.gpus_per_machine, rank, shape["batch"], shape["seq"],
+        run_text(cfg), mesh.machines, mesh.gpus_per_machine, rank, shape["batch"], shape["seq"],
         shape["text"], shape["heads"], shape["kv_heads"], shape["head_dim"], iters, warmup)
     return ms.tolist(), text_tl

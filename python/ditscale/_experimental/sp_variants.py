@@ -46,9 +46,9 @@ class Variant:
         _choice("signal", self.signal, SIGNALS)
         check_int("net_channels_per_peer", self.net_channels_per_peer, 0, MAX_NET_CHANNELS)
 
-    def op_fields(self) -> Dict[str, str]:
-        """The entries of the torch ops' configuration dict (ditscale/torch/sp_config_dict.h)."""
-        return {"engine": self.engine, "signal": self.signal}
+    def op_text(self) -> str:
+        """Its entries of the torch ops' configuration text (ditscale/torch/sp_config_text.h)."""
+        return f"engine={self.engine};signal={self.signal}"
 
 
 _SET: Optional[Variant] = None

@@ -201,12 +201,9 @@ def _value_of_text(key: str, text: str):
         raise ValueError(f"{key}: {text!r} is not an integer") from None
 
 
-def op_fields(cfg: Config) -> Dict[str, str]:
-    """The configuration as the torch ops of the GPU runtime take it: the entries of
-    :func:`config_text` as a str -> str dict (ditscale/torch/sp_config_dict.h; without topology).
-    ``cfg``: from make_config, with a strategy and comm_sms chosen."""
+def resolved_text(cfg: Config) -> str:
+    """:func:`config_text` of a configuration the runtime can run: a strategy and comm_sms chosen
+    (not "auto"; ``cfg`` from make_config, then the planner's choice)."""
     if cfg.strategy == "auto" or cfg.comm_sms is None:
-        raise ValueError("op_fields: the configuration has no strategy or comm_sms chosen yet")
-    fields = dict(item.split("=", 1) for item in config_text(cfg).split(";"))
-    del fields["topology"]
-    return fields
+        raise ValueError("the configuration has no strategy or comm_sms chosen yet")
+    return config_text(cfg)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from .. import _extension  # loads ditscale._C (the ops and the SpRuntime class)
 from .._experimental import sp_variants
-from .config import Config, make_config, op_fields
+from .config import Config, make_config, resolved_text
 from .meshes import Mesh
 from .planning import best_for_transport, plan, planned_config
 
@@ -94,10 +94,11 @@ def _existing_runtime(mesh: Mesh, device: Optional[torch.device]) -> _Runtime:
     return _runtime(mesh, device, sp_variants.current().net_channels_per_peer)
 
 
-def run_fields(cfg: Config) -> Dict[str, str]:
-    """The torch ops' configuration dict: config.op_fields and the experiment variant's engine
-    and signal (ditscale._experimental.sp_variants; the defaults unless a benchmark sets them)."""
-    return dict(op_fields(cfg), **sp_variants.current().op_fields())
+def run_text(cfg: Config) -> str:
+    """The torch ops' configuration text (ditscale/torch/sp_config_text.h): the Config's text
+    and the experiment variant's engine and signal (ditscale._experimental.sp_variants; the
+    defaults unless a benchmark sets them)."""
+    return f"{resolved_text(cfg)};{sp_variants.current().op_text()}"
 
 
 def attention(q, k, v, joint, mesh: Mesh, cfg: Config, where: str):
@@ -123,7 +124,7 @@ def attention(q, k, v, joint, mesh: Mesh, cfg: Config, where: str):
         cfg = planned_config(cfg, best)
     if cfg.one_sided:
         rt.ensure_nvshmem()
-    out, jout = rt.obj.attention(run_fields(cfg), seq_total, q, k, v, joint_q, joint_k, joint_v)
+    out, jout = rt.obj.attention(run_text(cfg), seq_total, q, k, v, joint_q, joint_k, joint_v)
     return out, (jout if joint is not None else None)
 
 
@@ -151,7 +152,7 @@ def describe(mesh: Mesh, strategy: Optional[str] = None, *, config: Optional[Con
     cfg = _ran_config("ditscale.sp.describe", config, dict(
         strategy=strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
         chunks=chunks, ulysses_chunks=ulysses_chunks, transport=transport))
-    return _existing_runtime(mesh, device).obj.describe(run_fields(cfg))
+    return _existing_runtime(mesh, device).obj.describe(run_text(cfg))
 
 
 def set_trace(mesh: Mesh, on: bool = True, device: Optional[torch.device] = None,
@@ -175,4 +176,4 @@ def timeline(mesh: Mesh, strategy: Optional[str] = None, *, config: Optional[Con
     cfg = _ran_config("ditscale.sp.timeline", config, dict(
         strategy=strategy, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
         chunks=chunks, ulysses_chunks=ulysses_chunks, transport=transport))
-    return _existing_runtime(mesh, device).obj.timeline(run_fields(cfg))
+    return _existing_runtime(mesh, device).obj.timeline(run_text(cfg))

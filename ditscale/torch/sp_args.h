@@ -3,7 +3,8 @@
 // (the strategy name parsed into an sp::Strategy here: this is an edge, strategy.h). Shared by
 // the bindings of ditscale._core (python/src/sp_bindings.cc, sp_schedule_bindings.cc: no torch),
 // which also export the ranges below to Python, and the torch ops of the GPU runtime
-// (sp_config_text.h: the same text with the experiment variant's entries). Header-only so that _core needs no torch sources.
+// (sp_config_text.h: the same text with the experiment variant's entries). Header-only so that
+// _core needs no torch sources.
 //
 // The text (ditscale/sp/config.py: config_text writes it): "key=value" entries joined by ';',
 // each key once, e.g. "strategy=torus;transport=nccl;ulysses_degree=0;ring_degree=0;chunks=2;

@@ -1,6 +1,6 @@
 // The GPU executor's one-GPU diagnostics, no process group (torch.ops.ditscale.*, driven by
-// python/ditscale/_experimental/sp_local.py). `config`: the ops' configuration text (sp_config_text.h);
-// machines, gpus_per_machine: [1, 65536].
+// python/ditscale/_experimental/sp_local.py). `config`: the ops' configuration text
+// (sp_config_text.h); machines, gpus_per_machine: [1, 65536].
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
 // The sequence-parallel attention runtime as a TorchScript class,
-// `torch.classes.ditscale.SpRuntime` (driven by python/ditscale/sp/runtime.py): one per process
+// `torch.classes.ditscale.SpRuntime` (driven by python/ditscale/sp/gpu_runtime.py): one per process
 // group. It owns the NCCL communicators (one per comm stream kind: intra-machine and
 // inter-machine), the NVSHMEM state (optional, created on first use of a one-sided strategy),
 // cuDNN attention through ATen as the executor's attention backend (sp_aten_attention.h), and

@@ -208,8 +208,9 @@ void BindSp(py::module_& m) {
       arg("config"),
       "The simulator's candidate record of one configuration (text, with its topology) for one "
       "attention layer.");
-  m.def("sp_config_fields", &SpConfigFields,
-        "The configuration's strategies, transports and integer ranges (ditscale/torch/sp_args.h).");
+  m.def(
+      "sp_config_fields", &SpConfigFields,
+      "The configuration's strategies, transports and integer ranges (ditscale/torch/sp_args.h).");
   m.def("sp_parse_config", &SpParseConfig, arg("config"),
         "The configuration text parsed and checked as the runtime does: {field: value}.");
 }

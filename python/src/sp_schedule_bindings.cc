@@ -138,9 +138,9 @@ void BindSpSchedule(py::module_& m) {
       [](int64_t machines, int64_t gpus_per_machine, int64_t batch, int64_t seq, int64_t text,
          int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
          const std::string& config, int64_t rank) {
-        return SpRankProgram(
-            machines, gpus_per_machine,
-            ShapeOf(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes), config, rank);
+        return SpRankProgram(machines, gpus_per_machine,
+                             ShapeOf(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
+                             config, rank);
       },
       py::kw_only(), arg("machines"), arg("gpus_per_machine"), arg("batch"), arg("seq"),
       arg("text"), arg("heads"), arg("kv_heads") = 0, arg("head_dim"), arg("dtype_bytes") = 2,

@@ -241,9 +241,11 @@ int main(int argc, char** argv) {
         const double gbps = 1e-6;  // bytes per ms -> GB/s
         const double copy_bw = 2.0 * xbytes / copy_ms * gbps;
         for (const Variant& v : vs) {
-          internal::adaln_tuning() = v.tuning;
-          const double fwd_ms = time_ms([&] { adaln_forward_cuda(f, nullptr); });
-          const double bwd_ms = fwd_only ? 0.0 : time_ms([&] { adaln_backward_cuda(b, nullptr); });
+          const double fwd_ms =
+              time_ms([&] { internal::adaln_forward_cuda_tuned(f, nullptr, v.tuning); });
+          const double bwd_ms = fwd_only ? 0.0 : time_ms([&] {
+            internal::adaln_backward_cuda_tuned(b, nullptr, v.tuning);
+          });
           const double fwd_bw = (gated ? 4.0 : 2.0) * xbytes / fwd_ms * gbps;
           const double bwd_bw = fwd_only ? 0.0 : (gated ? 6.0 : 3.0) * xbytes / bwd_ms * gbps;
           std::printf(
@@ -253,7 +255,6 @@ int main(int argc, char** argv) {
               static_cast<long long>(D), copy_ms, copy_bw, fwd_ms, fwd_bw, 100.0 * fwd_bw / copy_bw,
               bwd_ms, bwd_bw, 100.0 * bwd_bw / copy_bw, fwd_ms + bwd_ms);
         }
-        internal::adaln_tuning() = internal::AdaLNTuning{};
       }
     }
   }

@@ -14,7 +14,6 @@ The tables are printed and written to --out (markdown).
 
 import argparse
 import datetime
-import os
 import sys
 
 import torch
@@ -94,14 +93,11 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("profile_adaln: no CUDA device, nothing to do")
         return 0
-    # With programmatic dependent launch a kernel starts early and waits for the one before it,
-    # so its span would include that wait; per-kernel times need it off (read at the first op).
-    pdl_note = "programmatic dependent launch on (DITSCALE_ADALN_TUNING set by the caller)"
-    if "DITSCALE_ADALN_TUNING" not in os.environ:
-        os.environ["DITSCALE_ADALN_TUNING"] = "pdl=0"
-        pdl_note = ("programmatic dependent launch off (DITSCALE_ADALN_TUNING=pdl=0: with it, a "
-                    "kernel's span would include its wait for the previous kernel); "
-                    "bench_adaln.py times the default, PDL on")
+    # With programmatic dependent launch (the kernels' default) a kernel starts early and waits
+    # for the one before it, so its span includes that wait; the library has no switch for it
+    # (the kernel benchmark's `--variants pdl=0` times the kernels without it).
+    pdl_note = ("programmatic dependent launch on (a kernel's span includes its wait for the "
+                "previous kernel; adaln_kernel_bench --variants pdl=0 times them without)")
     timer = Timer(warmup=3, reps=args.reps, max_s=1.0)
     compiled = torch.compile(ops.adaln_reference, dynamic=False)
     lines = [f"## Kernels of one forward+backward (CUDA-graph replay, L2 flushed), "

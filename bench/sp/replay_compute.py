@@ -2,10 +2,11 @@
 
     python -m bench.sp.replay_compute --out DIR [--seq 65536 36864] [--mesh 1x2]
 
-The GPU executor runs one rank's schedule with every transfer skipped (ditscale.sp.replay_compute):
-its attention calls, LSE merges and copies, exactly as issued on a real mesh, as if the links were
-free. Against the rank's share of one GPU's attention (the same SDPA call on the full sequence
-divided by the mesh size, timed in the same run) this is what a schedule's cuts cost in compute,
+The GPU executor runs one rank's schedule with every transfer skipped
+(ditscale._experimental.sp_local.replay_compute): its attention calls, LSE merges and copies,
+exactly as issued on a real mesh, as if the links were free. Against the rank's share of one
+GPU's attention (the same SDPA call on the full sequence divided by the mesh size, timed in the
+same run) this is what a schedule's cuts cost in compute,
 measured without the mesh: the floor each strategy could reach on a perfect link.
 
 Writes DIR/replay-compute.json and DIR/replay-compute.md; prints the table and, for each
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("replay_compute: no CUDA device", file=sys.stderr)
         return 2
-    from ditscale import sp
+    from ditscale._experimental import sp_local
 
     machines, gpus = (int(x) for x in args.mesh.split("x"))
     world = machines * gpus
@@ -68,10 +69,13 @@ def main(argv=None) -> int:
             for strategy, chunks in CONFIGS:
                 for rank in ranks:
                     try:
-                        ms, tl = sp.replay_compute(
+                        head = strategy == "ulysses"  # its chunks are head chunks
+                        ms, tl = sp_local.replay_compute(
                             strategy, machines=machines, gpus_per_machine=gpus, rank=rank,
                             seq=seq, text=args.text, heads=args.heads, head_dim=args.head_dim,
-                            chunks=chunks, ulysses_degree=world if strategy == "torus" else 0,
+                            chunks=None if head else chunks,
+                            ulysses_chunks=chunks if head else None,
+                            ulysses_degree=world if strategy == "torus" else 0,
                             iters=1, warmup=1)
                     except RuntimeError as e:  # e.g. more head chunks than heads
                         print(f"  {strategy} c{chunks}: {e}", flush=True)

@@ -365,14 +365,19 @@ FwdArgs fwd_args(const AdaLNFwdParams& p, const FwdPlan& plan) {
 }  // namespace internal
 
 // Choose the plan (adaln_plan.h), then launch its instantiation.
-void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
-  using namespace internal;
+void internal::adaln_forward_cuda_tuned(const AdaLNFwdParams& p, void* stream,
+                                        const AdaLNTuning& tuning) {
+  const ScopedAdaLNTuning scope(tuning);
   adaln_check(p, /*for_gpu=*/true);
-  const FwdPlan plan = choose_fwd_plan(p, tma_available(), adaln_tuning());
+  const FwdPlan plan = choose_fwd_plan(p, tma_available(), tuning);
   const FwdArgs a = fwd_args(p, plan);
   dispatch_dtype(p.dtype, [&](auto tag) {
     launch_fwd<typename decltype(tag)::type>(plan, a, p, static_cast<cudaStream_t>(stream));
   });
+}
+
+void adaln_forward_cuda(const AdaLNFwdParams& p, void* stream) {
+  internal::adaln_forward_cuda_tuned(p, stream, internal::AdaLNTuning{});
 }
 
 }  // namespace ditscale::kernels

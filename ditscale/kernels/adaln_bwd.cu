@@ -497,10 +497,11 @@ void launch_bwd_reduce(const AdaLNBwdParams& p, const BwdArgs& a,
 
 // Choose the plan (adaln_plan.h), then launch: the zero fill of dmod where needed, the main
 // kernel, the reduction of the partials.
-void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
-  using namespace internal;
+void internal::adaln_backward_cuda_tuned(const AdaLNBwdParams& p, void* stream,
+                                         const AdaLNTuning& tuning) {
+  const ScopedAdaLNTuning scope(tuning);
   adaln_check(p, /*for_gpu=*/true);
-  const BwdPlan plan = choose_bwd_plan(p, adaln_tuning());
+  const BwdPlan plan = choose_bwd_plan(p, tuning);
   const BwdWorkspaceLayout layout = bwd_workspace_layout(p);
   BwdArgs a = bwd_args(p, layout);
   auto* cu_stream = static_cast<cudaStream_t>(stream);
@@ -511,6 +512,10 @@ void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
     launch_bwd_main<T>(plan, a, layout, p.batch, cu_stream);
     launch_bwd_reduce<T>(p, a, zero_rows, zeroed, cu_stream);
   });
+}
+
+void adaln_backward_cuda(const AdaLNBwdParams& p, void* stream) {
+  internal::adaln_backward_cuda_tuned(p, stream, internal::AdaLNTuning{});
 }
 
 }  // namespace ditscale::kernels

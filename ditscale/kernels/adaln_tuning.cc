@@ -1,9 +1,9 @@
-// The AdaLN launchers' process-wide knobs and their DITSCALE_ADALN_TUNING override (see
-// internal/adaln_tuning.h). Plain C++: built with or without CUDA.
+// The AdaLN launchers' plan override: the tuning of the launch in progress on this thread and the
+// parser of the benchmark's variants (see internal/adaln_tuning.h). Plain C++: built with or
+// without CUDA.
 #include "ditscale/kernels/internal/adaln_tuning.h"
 
 #include <charconv>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -61,13 +61,19 @@ void apply_adaln_tuning(AdaLNTuning& t, const char* text, const char* source) {
   }
 }
 
-AdaLNTuning& adaln_tuning() {
-  static AdaLNTuning tuning = [] {
-    AdaLNTuning t;
-    apply_adaln_tuning(t, std::getenv("DITSCALE_ADALN_TUNING"), "DITSCALE_ADALN_TUNING");
-    return t;
-  }();
-  return tuning;
+namespace {
+thread_local const AdaLNTuning* current_tuning = nullptr;
+}  // namespace
+
+const AdaLNTuning& adaln_tuning() {
+  static const AdaLNTuning defaults{};
+  return current_tuning != nullptr ? *current_tuning : defaults;
 }
+
+ScopedAdaLNTuning::ScopedAdaLNTuning(const AdaLNTuning& tuning) : previous_(current_tuning) {
+  current_tuning = &tuning;
+}
+
+ScopedAdaLNTuning::~ScopedAdaLNTuning() { current_tuning = previous_; }
 
 }  // namespace ditscale::kernels::internal

@@ -1,4 +1,5 @@
-// The DITSCALE_ADALN_TUNING parser: fields set by name, errors name the variable and the entry.
+// The parser of the AdaLN plan override (the kernel benchmark's --variants): fields set by name,
+// errors name the source and the entry.
 #include "ditscale/kernels/internal/adaln_tuning.h"
 
 #include <gtest/gtest.h>
@@ -28,14 +29,14 @@ TEST(AdaLNTuning, RejectsBadEntriesNamingThem) {
   auto expect_throw = [](const char* text, const std::string& needle) {
     AdaLNTuning t;
     try {
-      apply_adaln_tuning(t, text, "DITSCALE_ADALN_TUNING");
+      apply_adaln_tuning(t, text, "--variants");
       ADD_FAILURE() << "no throw for '" << text << "'";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_throw("pdl=1,fast=1", "DITSCALE_ADALN_TUNING: entry 'fast=1': no AdaLN tuning knob");
-  expect_throw("pdl", "DITSCALE_ADALN_TUNING: entry 'pdl' is not name=value");
+  expect_throw("pdl=1,fast=1", "--variants: entry 'fast=1': no AdaLN tuning knob");
+  expect_throw("pdl", "--variants: entry 'pdl' is not name=value");
   expect_throw("pdl=on", "entry 'pdl=on': 'on' is not an integer");
   expect_throw("pdl=", "entry 'pdl=': '' is not an integer");
   expect_throw("bwd_stages=2x", "'2x' is not an integer");

@@ -9,7 +9,7 @@
 // SavedVariables (version-checked, visible to saved_tensors_hooks, released after backward). mean
 // and rstd get no history (not differentiable). The Node's apply calls the backward op through
 // the dispatcher, so AOTAutograd (torch.compile) traces the same ops as eager runs them; the
-// fake kernels stay in Python (python/ditscale/ops.py).
+// fake kernels stay in Python (python/ditscale/_fake_kernels.py).
 //
 //   adaln_fwd: edges x, scale, shift, weight?, bias?; saves x, scale, shift, weight, bias, mean,
 //     rstd; backward adaln_bwd.

@@ -1,7 +1,8 @@
 // Schemas of the fused AdaLN ops (torch.ops.ditscale.*) and their CPU backend, which runs the
 // fp64-accumulating reference of ditscale/kernels (the op bodies, shared with the CUDA backend of
-// adaln_cuda.cc, are in adaln_impl.h). Autograd formulas and fake kernels are registered from
-// Python (python/ditscale/ops.py), which names itself below through set_python_module.
+// adaln_cuda.cc, are in adaln_impl.h). Autograd formulas are in adaln_autograd.cc; the fake
+// kernels are registered from Python (python/ditscale/_fake_kernels.py), named below through
+// set_python_module (torch imports it when it needs a fake kernel).
 //
 // Every op is functional: outputs are new tensors, no input is mutated or aliased, so the
 // schemas carry no alias annotations ((a!) / (a)); that is what lets torch.compile and
@@ -52,7 +53,7 @@ struct CpuAdaLN {
 }  // namespace ditscale::torch_ext
 
 TORCH_LIBRARY(ditscale, m) {
-  m.set_python_module("ditscale.ops");
+  m.set_python_module("ditscale._fake_kernels");
   m.def(
       "adaln_fwd(Tensor x, Tensor scale, Tensor shift, Tensor? weight, Tensor? bias, str norm, "
       "float eps) -> (Tensor y, Tensor mean, Tensor rstd)");

@@ -4,8 +4,8 @@
 // Every user-facing check lives here (devices, dtypes, shapes, strides, eps, norm), with a
 // TORCH_CHECK message naming the op, the argument and its value. The device check is one call for
 // all tensor arguments (check_same_device), made first by every op body (adaln_impl.h) on CPU and
-// CUDA alike; the fake kernels (python/ditscale/ops.py) raise the same text for meta / fake
-// tensors. The prepared call holds a params struct of
+// CUDA alike; the fake kernels (python/ditscale/_fake_kernels.py) raise the same text for meta /
+// fake tensors. The prepared call holds a params struct of
 // ditscale/kernels/adaln.h pointing into tensors it keeps alive (the outputs, and the contiguous
 // copies made of inputs whose last dimension was not contiguous).
 //
@@ -37,7 +37,8 @@ namespace ditscale::torch_ext {
 
 using OptTensor = std::optional<at::Tensor>;
 
-// The documented range of eps (python/ditscale/ops.py: EPS_RANGE): the kernels add it in fp32.
+// The documented range of eps (python/ditscale/_adaln_checks.py: EPS_RANGE): the kernels add it
+// in fp32.
 inline constexpr double kMinEps = 1e-30;
 inline constexpr double kMaxEps = 1e30;
 

@@ -1,6 +1,6 @@
 // Schema of the torch op ditscale::rotary (rotary embedding of interleaved pairs, see
 // ditscale/kernels/rotary.h and rotary_impl.h) and its CPU backend. Its autograd is in
-// rotary_autograd.cc, its fake kernel in python/ditscale/ops.py.
+// rotary_autograd.cc, its fake kernel in python/ditscale/_fake_kernels.py.
 //
 // rotary(x, cos, sin, inverse=False) -> y: functional (y is new; nothing aliased or mutated).
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
 // The GPU executor's one-GPU diagnostics, no process group (torch.ops.ditscale.*, driven by
-// python/ditscale/sp/local.py). `config`: the ops' configuration dict (sp_config_dict.h);
-// machines, gpus_per_machine: [1, 65536].
+// python/ditscale/_experimental/sp_local.py). `config`: the ops' configuration text
+// (sp_config_text.h); machines, gpus_per_machine: [1, 65536].
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <tuple>
 
-#include "ditscale/torch/sp_config_dict.h"
+#include "ditscale/torch/sp_config_text.h"
 
 namespace ditscale::torch_ext {
 
@@ -19,7 +19,7 @@ namespace ditscale::torch_ext {
 // meaningless. Returns (ms of each of `iters` [1, 10000] timed layers after `warmup`
 // [0, 10000], the traced per-unit timeline of one more layer). Measures, on one GPU, what a
 // schedule's cuts cost in compute.
-std::tuple<at::Tensor, std::string> sp_replay_compute(SpConfigDict config, int64_t machines,
+std::tuple<at::Tensor, std::string> sp_replay_compute(SpConfigText config, int64_t machines,
                                                       int64_t gpus_per_machine, int64_t rank,
                                                       int64_t batch, int64_t seq, int64_t text,
                                                       int64_t heads, int64_t kv_heads,
@@ -36,7 +36,7 @@ std::tuple<at::Tensor, std::string> sp_replay_compute(SpConfigDict config, int64
 // Fails after timeout_s when the ranks do not finish (a Wait whose signal never came; the
 // streams stay blocked: exit the process). Checks the executor and the strategies on one GPU.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::string> sp_run_local(
-    SpConfigDict config, int64_t machines, int64_t gpus_per_machine, at::Tensor q, at::Tensor k,
+    SpConfigText config, int64_t machines, int64_t gpus_per_machine, at::Tensor q, at::Tensor k,
     at::Tensor v, std::optional<at::Tensor> tq, std::optional<at::Tensor> tk,
     std::optional<at::Tensor> tv, int64_t layers, double timeout_s);
 

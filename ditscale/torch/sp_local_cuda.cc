@@ -26,7 +26,7 @@ namespace ditscale::torch_ext {
 using at::Tensor;
 
 std::tuple<Tensor, Tensor, Tensor, std::string> sp_run_local(
-    SpConfigDict config, int64_t machines, int64_t gpus_per_machine, Tensor q, Tensor k, Tensor v,
+    SpConfigText config, int64_t machines, int64_t gpus_per_machine, Tensor q, Tensor k, Tensor v,
     std::optional<Tensor> tq, std::optional<Tensor> tk, std::optional<Tensor> tv, int64_t layers,
     double timeout_s) {
   const char* who = "ditscale.sp.run_local";

@@ -18,7 +18,7 @@ namespace ditscale::torch_ext {
 
 using at::Tensor;
 
-std::tuple<Tensor, std::string> sp_replay_compute(SpConfigDict config, int64_t machines,
+std::tuple<Tensor, std::string> sp_replay_compute(SpConfigText config, int64_t machines,
                                                   int64_t gpus_per_machine, int64_t rank,
                                                   int64_t batch, int64_t seq, int64_t text,
                                                   int64_t heads, int64_t kv_heads, int64_t head_dim,

@@ -1,10 +1,10 @@
 // The sequence-parallel attention runtime as a TorchScript class,
-// `torch.classes.ditscale.SpRuntime` (driven by python/ditscale/sp/runtime.py): one per process
+// `torch.classes.ditscale.SpRuntime` (driven by python/ditscale/sp/gpu_runtime.py): one per process
 // group. It owns the NCCL communicators (one per comm stream kind: intra-machine and
 // inter-machine), the NVSHMEM state (optional, created on first use of a one-sided strategy),
 // cuDNN attention through ATen as the executor's attention backend (sp_aten_attention.h), and
 // one GpuExecutor per (configuration, shape, dtype), created on first use and reused.
-// Configurations are the ops' str -> str dicts (sp_config_dict.h). Compiled only when
+// Configurations are the ops' configuration texts (sp_config_text.h). Compiled only when
 // ditscale's CUDA kernels are built and torch has CUDA.
 #pragma once
 
@@ -22,7 +22,7 @@
 #include "ditscale/runtime/gpu_executor.h"
 #include "ditscale/sp/schedule.h"
 #include "ditscale/torch/sp_aten_attention.h"
-#include "ditscale/torch/sp_config_dict.h"
+#include "ditscale/torch/sp_config_text.h"
 
 namespace ditscale::torch_ext {
 
@@ -44,7 +44,7 @@ struct SpRuntime : torch::CustomClassHolder {
   // Runs one attention layer; returns [out, text_out] (text_out empty when there are no joint
   // tokens). q, k, v: [B, S_local, H, D] CUDA tensors of this rank's shard; seq_total: S of all
   // ranks; text_*: [B, T, H, D] or undefined.
-  std::vector<at::Tensor> attention(SpConfigDict config, int64_t seq_total, at::Tensor q,
+  std::vector<at::Tensor> attention(SpConfigText config, int64_t seq_total, at::Tensor q,
                                     at::Tensor k, at::Tensor v, std::optional<at::Tensor> tq,
                                     std::optional<at::Tensor> tk, std::optional<at::Tensor> tv);
 
@@ -53,14 +53,14 @@ struct SpRuntime : torch::CustomClassHolder {
 
   // The schedule of the cached executors of a configuration (every shape it ran) as text
   // (PrintPlan), with transport, engine, SM partition, arena bytes and the attention backend.
-  std::string describe(SpConfigDict config);
+  std::string describe(SpConfigText config);
 
   // Tracing (diagnosis): every executor records per-unit timing events while on.
   void set_trace(bool on);
 
   // The per-unit timeline of the last traced layer of a configuration (every shape that ran
   // traced), as text (runtime::PrintTimeline); waits for that layer.
-  std::string timeline(SpConfigDict config);
+  std::string timeline(SpConfigText config);
 
   int64_t executors() const { return static_cast<int64_t>(executors_.size()); }
   void clear() { executors_.clear(); }

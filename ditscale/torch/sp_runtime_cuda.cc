@@ -53,7 +53,7 @@ void SpRuntime::init_nvshmem(Tensor id) {
   process_shmem = shmem_;
 }
 
-std::vector<Tensor> SpRuntime::attention(SpConfigDict config, int64_t seq_total, Tensor q, Tensor k,
+std::vector<Tensor> SpRuntime::attention(SpConfigText config, int64_t seq_total, Tensor q, Tensor k,
                                          Tensor v, std::optional<Tensor> tq,
                                          std::optional<Tensor> tk, std::optional<Tensor> tv) {
   const char* who = "ditscale.sp.attention";
@@ -97,7 +97,7 @@ void SpRuntime::synchronize(double timeout_s) {
   stream.synchronize();
 }
 
-std::string SpRuntime::describe(SpConfigDict config) {
+std::string SpRuntime::describe(SpConfigText config) {
   const std::string layer = RunArgsOf(config, "ditscale.sp.describe").LayerKey();
   std::ostringstream os;
   for (auto& [key, e] : executors_) {
@@ -120,7 +120,7 @@ void SpRuntime::set_trace(bool on) {
   for (auto& [key, e] : executors_) e.executor->SetTrace(on);
 }
 
-std::string SpRuntime::timeline(SpConfigDict config) {
+std::string SpRuntime::timeline(SpConfigText config) {
   const std::string layer = RunArgsOf(config, "ditscale.sp.timeline").LayerKey();
   std::ostringstream os;
   for (auto& [key, e] : executors_) {

@@ -1,4 +1,5 @@
-"""Argument checks of the AdaLN fake (meta) kernels registered by ``ditscale.ops``.
+"""Argument checks of the AdaLN fake (meta) kernels (ditscale._fake_kernels): check_call, one
+function for every op.
 
 They repeat the op bodies' checks (ditscale/torch/adaln_impl.h, adaln_prepare.cc) with the same
 messages, so that meta tensors, fake tensors and tensors of mixed devices fail as the CPU / CUDA
@@ -138,3 +139,24 @@ def check_mod_rows(op: str, mod, x, rows) -> None:
                     f"{op}: {other} and {name} are both {index} (each modulation must be a "
                     f"different row of mod)"
                 )
+
+
+def check_call(op: str, x_name: str, x, norm, eps, *, devices, rows=(), mods=(), weight=None,
+               bias=None, stats=None, mod=None, mod_rows=()) -> None:
+    """Every check of one AdaLN op's arguments, in the op body's order: the devices of
+    ``devices`` ((name, tensor or None) pairs), x (named ``x_name``), norm and eps, ``mod``'s
+    rows ``mod_rows`` ((name, index) pairs), the [B, N, D] tensors ``rows`` (None skipped), the
+    modulation tensors ``mods`` (a row index instead of a tensor: that row of ``mod``, taken once
+    the rows are checked), the affine weight and bias, the forward's ``stats`` (mean, rstd). The one check behind every fake kernel (ditscale._fake_kernels)."""
+    check_devices(op, devices)
+    check_config(op, x_name, x, norm, eps)
+    if mod is not None:
+        check_mod_rows(op, mod, x, mod_rows)
+    for name, t in rows:
+        if t is not None:
+            check_rows(op, name, t, x)
+    for name, t in mods:
+        check_modulation(op, name, t if isinstance(t, torch.Tensor) else mod[:, t], x)
+    check_affine(op, x, weight, bias)
+    if stats is not None:
+        check_stats(op, x, *stats)

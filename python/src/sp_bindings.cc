@@ -1,12 +1,14 @@
-// Bindings of the sequence-parallel planner and simulator (ditscale/sp): `_core.sp_plan` and
-// `_core.sp_predict`, called by ditscale.sp.plan / predict (and strategy="auto"). Planning needs
+// Bindings of the sequence-parallel planner and simulator (ditscale/sp): `_core.sp_plan`,
+// `_core.sp_predict`, `_core.sp_config_fields`, `_core.sp_parse_config`, called by
+// ditscale.sp.plan / predict / Config (and strategy="auto"). Planning needs
 // neither torch nor CUDA. Keyword-only arguments; results are Python dicts (the JSON records of
 // sp::PlanCandidateJson converted value by value). Failures raise ditscale._core.Error naming
 // the argument or field.
 //
 // The layer: batch [1, 65536], seq [1, 2^40], text [0, 2^40], heads [1, 65536], kv_heads
 // [0, 65536] (0 = heads), head_dim [1, 4096], dtype_bytes [1, 8]; the mesh: machines and
-// gpus_per_machine [1, 65536]. The configuration fields: ditscale/torch/sp_args.h.
+// gpus_per_machine [1, 65536]. The configuration: one text (its encoding, fields and ranges:
+// ditscale/torch/sp_args.h), whose ranges `_core.sp_config_fields` exports to ditscale.sp.Config.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -122,11 +124,13 @@ py::dict SpPlan(int64_t machines, int64_t gpus, const Layer& layer, const std::s
   return ToPython(j).cast<py::dict>();
 }
 
-// The simulated candidate of one configuration (its "predicted_layer_s" is the layer time).
-py::dict SpPredict(int64_t machines, int64_t gpus, const Layer& layer, const std::string& topology,
-                   const torch_ext::SpFields& fields) {
+// The simulated candidate of one configuration (its "predicted_layer_s" is the layer time):
+// `config` in the text encoding of sp_args.h, with its topology.
+py::dict SpPredict(int64_t machines, int64_t gpus, const Layer& layer, const std::string& config) {
+  const torch_ext::SpFields fields = torch_ext::SpFieldsOfText(config);
   const sp::SpConfig cfg = torch_ext::SpConfigOf(fields);
-  const sp::Topology topo = LoadTopo(topology, machines, gpus);
+  if (fields.topology.empty()) throw Error("config: the key 'topology' is missing");
+  const sp::Topology topo = LoadTopo(fields.topology, machines, gpus);
   const sp::Workload w = AttentionWorkload(layer);
   nlohmann::json j;
   {
@@ -136,6 +140,37 @@ py::dict SpPredict(int64_t machines, int64_t gpus, const Layer& layer, const std
     j = sp::PlanCandidateJson(c.value());
   }
   return ToPython(j).cast<py::dict>();
+}
+
+// What ditscale.sp.Config takes from C++ instead of copying it: {"strategies": [...],
+// "transports": [...], "ranges": {field: (lo, hi)}} (sp_args.h).
+py::dict SpConfigFields() {
+  py::dict ranges;
+  for (const torch_ext::SpIntField& f : torch_ext::kSpIntFields) {
+    ranges[py::str(f.name)] = py::make_tuple(f.lo, f.hi);
+  }
+  py::list transports;
+  for (const char* name : torch_ext::kTransportNames) transports.append(py::str(name));
+  py::dict d;
+  d["strategies"] = sp::StrategyNames();
+  d["transports"] = transports;
+  d["ranges"] = ranges;
+  return d;
+}
+
+// The text encoding parsed and checked as the runtime does: {field: value} (topology "" when
+// absent). For tests of the encoding that ditscale.sp writes.
+py::dict SpParseConfig(const std::string& config) {
+  const torch_ext::SpFields f = torch_ext::SpFieldsOfText(config);
+  torch_ext::SpConfigOf(f);
+  py::dict d;
+  d["strategy"] = f.strategy;
+  d["transport"] = f.transport;
+  for (const torch_ext::SpIntField& field : torch_ext::kSpIntFields) {
+    d[py::str(field.name)] = f.*field.member;
+  }
+  d["topology"] = f.topology;
+  return d;
 }
 
 }  // namespace
@@ -164,19 +199,20 @@ void BindSp(py::module_& m) {
       "sp_predict",
       [](int64_t machines, int64_t gpus_per_machine, int64_t batch, int64_t seq, int64_t text,
          int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
-         const std::string& topology, const std::string& strategy, const std::string& transport,
-         int64_t ulysses_degree, int64_t ring_degree, int64_t chunks, int64_t ulysses_chunks,
-         int64_t comm_sms) {
-        return SpPredict(
-            machines, gpus_per_machine, {batch, seq, text, heads, kv_heads, head_dim, dtype_bytes},
-            topology,
-            {strategy, transport, ulysses_degree, ring_degree, chunks, ulysses_chunks, comm_sms});
+         const std::string& config) {
+        return SpPredict(machines, gpus_per_machine,
+                         {batch, seq, text, heads, kv_heads, head_dim, dtype_bytes}, config);
       },
       py::kw_only(), arg("machines"), arg("gpus_per_machine"), arg("batch"), arg("seq"),
       arg("text"), arg("heads"), arg("kv_heads") = 0, arg("head_dim"), arg("dtype_bytes") = 2,
-      arg("topology"), arg("strategy"), arg("transport") = "nccl", arg("ulysses_degree") = 0,
-      arg("ring_degree") = 0, arg("chunks") = 1, arg("ulysses_chunks") = 1, arg("comm_sms") = 0,
-      "The simulator's candidate record of one configuration for one attention layer.");
+      arg("config"),
+      "The simulator's candidate record of one configuration (text, with its topology) for one "
+      "attention layer.");
+  m.def(
+      "sp_config_fields", &SpConfigFields,
+      "The configuration's strategies, transports and integer ranges (ditscale/torch/sp_args.h).");
+  m.def("sp_parse_config", &SpParseConfig, arg("config"),
+        "The configuration text parsed and checked as the runtime does: {field: value}.");
 }
 
 }  // namespace ditscale::python

@@ -6,7 +6,7 @@
 // Arguments (keyword-only): the mesh (machines, gpus_per_machine [1, 65536]), the layer (batch
 // [1, 65536], seq [1, 2^40], text [0, 2^40], heads [1, 65536], kv_heads [0, 65536] (0 = heads),
 // head_dim [1, 4096], dtype_bytes [1, 8]), a resolved configuration (strategy named, not "auto";
-// the fields of ditscale/torch/sp_args.h) and rank [0, machines * gpus_per_machine).
+// config: the text encoding of ditscale/torch/sp_args.h) and rank [0, machines * gpus_per_machine).
 //
 // Result: {"rank", "ulysses_degree", "ring_degree", "image_token_begin", "image_token_count",
 //   "q", "k", "v", "out", "text_q", "text_k", "text_v", "text_out" (buffer indices, -1 = absent),
@@ -113,11 +113,11 @@ py::dict ProgramDict(const sp::Schedule& s, int rank) {
 }
 
 py::dict SpRankProgram(int64_t machines, int64_t gpus, const sp::AttentionShape& shape,
-                       const torch_ext::SpFields& fields, int64_t rank) {
+                       const std::string& config, int64_t rank) {
   CheckRange("machines", static_cast<long long>(machines), 1, 65536);
   CheckRange("gpus_per_machine", static_cast<long long>(gpus), 1, 65536);
   CheckRange("rank", static_cast<long long>(rank), 0, machines * gpus - 1);
-  const sp::SpConfig cfg = torch_ext::SpConfigOf(fields);
+  const sp::SpConfig cfg = torch_ext::SpConfigOf(torch_ext::SpFieldsOfText(config));
   sp::SpMesh mesh;
   mesh.machines = static_cast<int>(machines);
   mesh.gpus_per_machine = static_cast<int>(gpus);
@@ -137,17 +137,14 @@ void BindSpSchedule(py::module_& m) {
       "sp_rank_program",
       [](int64_t machines, int64_t gpus_per_machine, int64_t batch, int64_t seq, int64_t text,
          int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t dtype_bytes,
-         const std::string& strategy, const std::string& transport, int64_t ulysses_degree,
-         int64_t ring_degree, int64_t chunks, int64_t ulysses_chunks, int64_t rank) {
-        return SpRankProgram(
-            machines, gpus_per_machine,
-            ShapeOf(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
-            {strategy, transport, ulysses_degree, ring_degree, chunks, ulysses_chunks, 0}, rank);
+         const std::string& config, int64_t rank) {
+        return SpRankProgram(machines, gpus_per_machine,
+                             ShapeOf(batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
+                             config, rank);
       },
       py::kw_only(), arg("machines"), arg("gpus_per_machine"), arg("batch"), arg("seq"),
       arg("text"), arg("heads"), arg("kv_heads") = 0, arg("head_dim"), arg("dtype_bytes") = 2,
-      arg("strategy"), arg("transport") = "nccl", arg("ulysses_degree") = 0, arg("ring_degree") = 0,
-      arg("chunks") = 1, arg("ulysses_chunks") = 1, arg("rank"),
+      arg("config"), arg("rank"),
       "One rank's program (buffers and ops) of the schedule of a resolved configuration.");
 }
 

@@ -107,7 +107,8 @@ struct Input {
   }
 };
 
-void run_case(const Case& c) {
+// `tuning`: the launchers' plan override (internal/adaln_tuning.h); the defaults by default.
+void run_case(const Case& c, const internal::AdaLNTuning& tuning = {}) {
   SCOPED_TRACE(c.name());
   std::mt19937_64 rng(run_seed() ^ std::hash<std::string>{}(c.name()));
   const DType t = c.dtype;
@@ -173,7 +174,7 @@ void run_case(const Case& c) {
     p.mean = device ? static_cast<float*>(mean.ptr) : mean_ref.data();
     p.rstd = device ? static_cast<float*>(rstd.ptr) : rstd_ref.data();
     if (device) {
-      ASSERT_NO_THROW(adaln_forward_cuda(p, nullptr));
+      ASSERT_NO_THROW(internal::adaln_forward_cuda_tuned(p, nullptr, tuning));
       DS_CHECK_CUDA(cudaDeviceSynchronize());
     } else {
       adaln_forward_ref(p);
@@ -254,7 +255,7 @@ void run_case(const Case& c) {
     DevBuf ws(adaln_backward_workspace_bytes(p));
     p.workspace = ws.ptr;
     p.workspace_bytes = ws.bytes;
-    ASSERT_NO_THROW(adaln_backward_cuda(p, nullptr));
+    ASSERT_NO_THROW(internal::adaln_backward_cuda_tuned(p, nullptr, tuning));
     DS_CHECK_CUDA(cudaDeviceSynchronize());
     g = Grads{dx.download(), dbr.download(), dsc.download(), dsh.download(),
               dg.download(), dw.download(),  db.download()};
@@ -421,9 +422,6 @@ TEST(AdaLNGpu, LargeRowsAndSequences) {
 TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
   SKIP_WITHOUT_GPU();
   using internal::AdaLNTuning;
-  struct Restore {
-    ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
-  } restore;
   std::vector<AdaLNTuning> tunings;
   for (int kernel : {0, 1, 2}) {
     for (int grid : {0, 1, 3, 7}) {
@@ -438,7 +436,6 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
   base.pipelined = false;
   tunings.push_back(base);
   for (const AdaLNTuning& t : tunings) {
-    internal::adaln_tuning() = t;
     SCOPED_TRACE("kernel " + std::to_string(t.fwd_kernel) + " grid " +
                  std::to_string(t.max_resident_blocks) + " pdl " + std::to_string(t.pdl) +
                  (t.pipelined ? "" : " base"));
@@ -448,7 +445,7 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
       plain.B = 3;
       plain.N = 41;
       plain.D = 3072;
-      run_case(plain);
+      run_case(plain, t);
       Case tok;  // per token, RMS, one warp per row (several rows per block)
       tok.dtype = dt;
       tok.norm = NormType::kRMSNorm;
@@ -456,7 +453,7 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
       tok.B = 2;
       tok.N = 37;
       tok.D = 256;
-      run_case(tok);
+      run_case(tok, t);
       Case tok2;  // per token, RMS, 2 vectors per bf16 thread: per-thread stores (bulk copies)
       tok2.dtype = dt;
       tok2.norm = NormType::kRMSNorm;
@@ -464,7 +461,7 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
       tok2.B = 2;
       tok2.N = 21;
       tok2.D = 2048;
-      run_case(tok2);
+      run_case(tok2, t);
       // Per sample, no affine: 4 vectors per bf16 backward thread (160 threads), the
       // register-capped candidate.
       Case lean;
@@ -472,20 +469,20 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
       lean.B = 2;
       lean.N = 23;
       lean.D = 5120;
-      run_case(lean);
+      run_case(lean, t);
       Case wide;  // per sample with affine, 5 vectors per bf16 thread
       wide.dtype = dt;
       wide.affine = true;
       wide.B = 3;
       wide.N = 17;
       wide.D = 5120;
-      run_case(wide);
+      run_case(wide, t);
       Case reload;  // fp16 / fp32: coefficients recomputed per row in the bulk-copy kernel
       reload.dtype = dt;
       reload.B = 2;
       reload.N = 13;
       reload.D = 6144;
-      run_case(reload);
+      run_case(reload, t);
       Case full;  // gated + affine with fp32 modulation
       full.dtype = dt;
       full.mod_f32 = true;
@@ -494,9 +491,9 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
       full.B = 2;
       full.N = 29;
       full.D = 1536;
-      run_case(full);
+      run_case(full, t);
       full.no_dh = true;  // the backward's ring without dh_out
-      run_case(full);
+      run_case(full, t);
     }
   }
 }
@@ -507,14 +504,10 @@ TEST(AdaLNGpu, PipelinedKernelsSmallGridsAndBaseline) {
 TEST(AdaLNGpu, BulkCopyForwardLayouts) {
   SKIP_WITHOUT_GPU();
   using internal::AdaLNTuning;
-  struct Restore {
-    ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
-  } restore;
   for (int grid : {0, 1, 3}) {
     AdaLNTuning t;
     t.fwd_kernel = 2;
     t.max_resident_blocks = grid;
-    internal::adaln_tuning() = t;
     SCOPED_TRACE("grid " + std::to_string(grid));
     for (DType dt : kDtypes) {
       for (std::int64_t d : {1536, 1024}) {
@@ -524,21 +517,21 @@ TEST(AdaLNGpu, BulkCopyForwardLayouts) {
         c.N = 37;
         c.D = d;
         c.affine = d == 1024;
-        run_case(c);
+        run_case(c, t);
         Case rms = c;  // RMS, per token, one row per sample
         rms.norm = NormType::kRMSNorm;
         rms.per_token = true;
         rms.N = 1;
         rms.B = 5;
-        run_case(rms);
+        run_case(rms, t);
         Case rows = c;  // contiguous rows, padded samples
         rows.b_pad = 8;
         rows.N = 5;
-        run_case(rows);
+        run_case(rows, t);
         Case strided = c;  // no two rows contiguous
         strided.x_pad = 8;
         strided.N = 19;
-        run_case(strided);
+        run_case(strided, t);
       }
     }
   }
@@ -553,13 +546,9 @@ TEST(AdaLNGpu, BulkCopyForwardLayouts) {
 TEST(AdaLNGpu, WarpPerRowForward) {
   SKIP_WITHOUT_GPU();
   using internal::AdaLNTuning;
-  struct Restore {
-    ~Restore() { internal::adaln_tuning() = AdaLNTuning{}; }
-  } restore;
   for (int grid : {0, 1, 2, 3}) {
     AdaLNTuning t;
     t.max_resident_blocks = grid;
-    internal::adaln_tuning() = t;
     SCOPED_TRACE("grid " + std::to_string(grid));
     for (DType dt : kDtypes) {
       for (std::int64_t d : {64, 1000, 1536, 2048}) {
@@ -569,31 +558,31 @@ TEST(AdaLNGpu, WarpPerRowForward) {
         c.N = 37;
         c.D = d;
         c.affine = d == 1000;
-        run_case(c);
+        run_case(c, t);
         Case tok = c;  // per token in x's dtype, no affine: packed, all with the x loads
         tok.per_token = true;
         tok.affine = false;
-        run_case(tok);
+        run_case(tok, t);
         Case rms = c;  // per token fp32, one row per sample: coefficients at use
         rms.norm = NormType::kRMSNorm;
         rms.per_token = true;
         rms.mod_f32 = true;
         rms.N = 1;
         rms.B = 5;
-        run_case(rms);
+        run_case(rms, t);
         Case padded = c;  // padded rows and samples
         padded.x_pad = 8;
         padded.b_pad = 16;
         padded.N = 19;
         padded.affine = false;
-        run_case(padded);
+        run_case(padded, t);
       }
       Case gated;  // gated: not the warp kernel's
       gated.dtype = dt;
       gated.gated = true;
       gated.D = 1536;
       gated.N = 21;
-      run_case(gated);
+      run_case(gated, t);
     }
   }
 }

@@ -1,5 +1,6 @@
 """The one-sided strategies through the GPU executor's copy-engine engine, every rank in one
-process on one GPU (ditscale.sp.run_local), against fp32 attention over the full sequence.
+process on one GPU (ditscale._experimental.sp_local.run_local),
+against fp32 attention over the full sequence.
 
     CUDA_DEVICE_MAX_CONNECTIONS=32 [DITSCALE_SP_CE_SIGNAL=copy] python tests/gpu/sp_local_check.py [--quick] [--comm-sms 4]
 
@@ -37,7 +38,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("sp_local_check: no CUDA device", file=sys.stderr)
         return 2
-    import ditscale.sp as sp
+    from ditscale._experimental import sp_local
 
     dev = torch.device("cuda", 0)
     meshes = [(1, 2), (1, 4), (2, 1), (2, 2)]
@@ -77,9 +78,11 @@ def main(argv=None):
                 print(f"      {name} ...", flush=True)
                 faulthandler.dump_traceback_later(120, exit=True)
                 try:
-                    first, last, tout, info = sp.run_local(
+                    head = strategy == "ulysses"  # its chunks are head chunks
+                    first, last, tout, info = sp_local.run_local(
                         q, k, v, strategy=strategy, machines=machines, gpus_per_machine=gpus,
-                        chunks=chunks, layers=3, timeout_s=60, comm_sms=args.comm_sms, **joint)
+                        chunks=None if head else chunks, ulysses_chunks=chunks if head else None,
+                        layers=3, timeout_s=60, comm_sms=args.comm_sms, **joint)
                     rel = (first.float() - ref[:, T:]).abs().max().item() / scale
                     if T:
                         rel = max(rel, (tout.float() - ref[:, :T].unsqueeze(0)).abs().max().item()

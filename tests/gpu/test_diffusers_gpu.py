@@ -2,8 +2,8 @@
 
 - every family's ``parallelize`` at world size 1 on CUDA (bf16, real head sizes, one block of
   each kind) gives the stock module's output;
-- ``sp.run_local`` (every rank of a strategy in this process, the real GPU executor) through the
-  attention shapes the integration produces for each model (heads, head_dim, joint text tokens,
+- ``ditscale._experimental.sp_local.run_local`` (every rank of a strategy in this process, the
+  real GPU executor) through the attention shapes the integration produces for each model (heads, head_dim, joint text tokens,
   uneven token shards) against dense attention.
 
 Skips without a GPU, diffusers or the compiled runtime."""
@@ -49,7 +49,7 @@ def _dense(q, k, v, jq, jk, jv):
 def test_run_local_through_model_attention_shapes(model, heads, head_dim, text, strategy, mesh,
                                                    chunks):
     _need_gpu("runtime")
-    from ditscale import sp
+    from ditscale._experimental import sp_local
     if strategy == "ulysses" and heads % 2:
         pytest.skip("odd head count")
     g = torch.Generator(device="cuda").manual_seed(heads * 131 + text)
@@ -61,7 +61,7 @@ def test_run_local_through_model_attention_shapes(model, heads, head_dim, text, 
     q, k, v = (rnd(1, S, heads, head_dim) for _ in range(3))
     joint = [rnd(1, text, heads, head_dim) for _ in range(3)] if text else [None] * 3
     inputs = [t.clone() for t in (q, k, v)]
-    first, _, text_out, _ = sp.run_local(
+    first, _, text_out, _ = sp_local.run_local(
         q, k, v, strategy=strategy, machines=mesh[0], gpus_per_machine=mesh[1],
         chunks=chunks if strategy == "torus" else None, joint_q=joint[0], joint_k=joint[1],
         joint_v=joint[2])

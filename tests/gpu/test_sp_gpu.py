@@ -50,10 +50,13 @@ def test_replay_compute_runs_one_ranks_schedule(strategy, chunks, mesh, rank, tr
     """The compute-only replay (one GPU, transfers skipped) runs every kind of schedule, one-sided
     ones without NVSHMEM, and its trace holds exactly the rank's attention calls."""
     _need_one_gpu()
-    from ditscale import sp
-    ms, tl = sp.replay_compute(strategy, machines=mesh[0], gpus_per_machine=mesh[1], rank=rank,
-                               seq=3000, text=40, heads=8, kv_heads=4, head_dim=64,
-                               chunks=chunks, transport=transport, iters=2, warmup=1)
+    from ditscale._experimental.sp_local import replay_compute
+    head = strategy == "ulysses"  # its chunks are head chunks
+    ms, tl = replay_compute(strategy, machines=mesh[0], gpus_per_machine=mesh[1], rank=rank,
+                            seq=3000, text=40, heads=8, kv_heads=4, head_dim=64,
+                            chunks=None if head else chunks,
+                            ulysses_chunks=chunks if head else None, transport=transport,
+                            iters=2, warmup=1)
     assert len(ms) == 2 and all(t > 0 for t in ms)
     torch.cuda.synchronize()
     calls = [ln for ln in tl.splitlines() if "] Attention '" in ln]
@@ -61,8 +64,8 @@ def test_replay_compute_runs_one_ranks_schedule(strategy, chunks, mesh, rank, tr
     if strategy == "ulysses-overlap":
         assert sum("overlap" in ln for ln in calls) == 3, tl
     with pytest.raises(RuntimeError, match="rank"):
-        sp.replay_compute(strategy, machines=mesh[0], gpus_per_machine=mesh[1],
-                          rank=mesh[0] * mesh[1], seq=3000, heads=8, head_dim=64)
+        replay_compute(strategy, machines=mesh[0], gpus_per_machine=mesh[1],
+                       rank=mesh[0] * mesh[1], seq=3000, heads=8, head_dim=64)
 
 
 def test_copy_engine_ranks_in_one_process_match_dense():
@@ -85,15 +88,15 @@ def test_sm_partition_runs_the_compute_stream_on_fewer_sms():
     leaves no SM for compute is refused naming comm_sms); every rank of a one-process run on
     partitions matches dense attention."""
     _need_one_gpu()
-    from ditscale import sp
+    from ditscale._experimental.sp_local import replay_compute
     kw = dict(machines=1, gpus_per_machine=2, seq=8192, text=64, heads=8, head_dim=128,
               iters=3, warmup=1)
-    whole, _ = sp.replay_compute("ulysses", **kw)
-    part, _ = sp.replay_compute("ulysses", comm_sms=4, **kw)
+    whole, _ = replay_compute("ulysses", **kw)
+    part, _ = replay_compute("ulysses", comm_sms=4, **kw)
     assert min(part) >= 0.9 * min(whole), (part, whole)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with pytest.raises(RuntimeError, match="comm_sms"):
-        sp.replay_compute("ulysses", comm_sms=sms, **kw)
+        replay_compute("ulysses", comm_sms=sms, **kw)
     env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="32", PYTHONUNBUFFERED="1")
     r = subprocess.run([sys.executable, os.path.join(HERE, "sp_local_check.py"), "--quick",
                         "--comm-sms", "4"], env=env, capture_output=True, text=True, timeout=600)

@@ -15,6 +15,7 @@ import torch
 
 import ditscale.ops as dops
 from ditscale import _compile_cache as cc
+from ditscale import _extension
 
 pytestmark = pytest.mark.skipif(not dops.is_available(), reason=str(dops.load_error()))
 
@@ -49,7 +50,7 @@ def test_build_id_of_a_synthetic_elf(tmp_path, endian):
 
 
 def test_build_id_of_the_loaded_extension_matches_readelf():
-    path = dops._library_path()
+    path = _extension.library_path()
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf (binutils) is not installed")
@@ -99,11 +100,11 @@ def test_fingerprint_follows_sources_and_libraries(tmp_path):
 def test_importing_the_ops_tags_the_caches_once_keeping_the_users_tag():
     import torch.compiler.config as compiler_config
 
-    tag = cc.compile_cache_tag(dops._library_path())
+    tag = cc.compile_cache_tag(_extension.library_path())
     assert tag in compiler_config.cache_key_tag.split(";")
     with compiler_config.patch(cache_key_tag="users-tag"):
-        assert cc.tag_compile_caches(dops._library_path()) == "users-tag;" + tag
-        assert cc.tag_compile_caches(dops._library_path()) == "users-tag;" + tag
+        assert cc.tag_compile_caches(_extension.library_path()) == "users-tag;" + tag
+        assert cc.tag_compile_caches(_extension.library_path()) == "users-tag;" + tag
 
 
 def test_another_build_is_a_cache_miss(tmp_path, monkeypatch):

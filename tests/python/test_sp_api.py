@@ -105,12 +105,12 @@ def test_plan_and_predict_use_the_simulator():
     assert slow > 2 * fast
     # Ulysses in head chunks: same bytes, the all-to-all pipelined; more chunks than kv heads per
     # rank is refused naming the field.
-    chunked = sp.predict(sp.Mesh(1, 2), strategy="ulysses", chunks=2, batch=1, seq=65536,
-                         text=512, heads=24, head_dim=128)
+    chunked = sp.predict(sp.Mesh(1, 2), strategy="ulysses", ulysses_chunks=2, batch=1,
+                         seq=65536, text=512, heads=24, head_dim=128)
     assert 0 < chunked <= fast * 1.05
     with pytest.raises(RuntimeError, match="ulysses_chunks"):
-        sp.predict(sp.Mesh(1, 2), strategy="ulysses", chunks=13, batch=1, seq=1024, text=0,
-                   heads=24, head_dim=64)
+        sp.predict(sp.Mesh(1, 2), strategy="ulysses", ulysses_chunks=13, batch=1, seq=1024,
+                   text=0, heads=24, head_dim=64)
     with pytest.raises(ValueError, match="strategy: 'nonsense' is not one of"):
         sp.predict(mesh, strategy="nonsense", batch=1, seq=1024, text=0, heads=8, head_dim=64)
 
@@ -212,17 +212,18 @@ def test_timeline_and_describe_validate_the_transport():
 
 
 def test_run_local_validates_its_arguments_before_the_gpu():
+    from ditscale._experimental import sp_local
     q = torch.zeros(1, 8, 2, 4)
     with pytest.raises(ValueError, match="go together"):
-        sp.run_local(q, q, q, strategy="ring", gpus_per_machine=2, joint_q=q)
+        sp_local.run_local(q, q, q, strategy="ring", gpus_per_machine=2, joint_q=q)
     with pytest.raises(ValueError, match="strategy: 'auto' is not a configuration"):
-        sp.run_local(q, q, q, strategy="auto", gpus_per_machine=2)
+        sp_local.run_local(q, q, q, strategy="auto", gpus_per_machine=2)
     with pytest.raises(ValueError, match="run_local: layers: 0 is out of range"):
-        sp.run_local(q, q, q, strategy="ring", gpus_per_machine=2, layers=0)
+        sp_local.run_local(q, q, q, strategy="ring", gpus_per_machine=2, layers=0)
     with pytest.raises(ValueError, match="replay_compute: iters: 0 is out of range"):
-        sp.replay_compute("ring", machines=1, gpus_per_machine=2, seq=64, heads=2, iters=0)
+        sp_local.replay_compute("ring", machines=1, gpus_per_machine=2, seq=64, heads=2, iters=0)
     with pytest.raises(ValueError, match="replay_compute: heads: 0 is out of range"):
-        sp.replay_compute("ring", machines=1, gpus_per_machine=2, seq=64, heads=0)
+        sp_local.replay_compute("ring", machines=1, gpus_per_machine=2, seq=64, heads=0)
 
 
 def test_comm_sms_from_the_environment(monkeypatch):

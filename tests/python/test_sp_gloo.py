@@ -2,7 +2,8 @@
 against dense attention of the gathered inputs (float64 on one process): every strategy and chunk
 count on meshes 1 x 2, 2 x 1, 1 x 4 and 2 x 2, strategy "auto", odd token counts, joint text, GQA,
 uneven Ulysses head groups, batch 2, float32 / bfloat16 / float16; the errors (one-sided transport
-on CPU, mixed devices, shapes that differ within the call or across ranks); torch.compile with
+on CPU, mixed devices, shapes that differ within the call or across ranks, inputs that require
+grad on more than one rank); torch.compile with
 fullgraph=True through the custom op torch.ops.ditscale_sp.attention on 1 and 2 ranks.
 
 Each world size is one run_gloo call whose children run every case (spawning and importing torch
@@ -161,7 +162,7 @@ def test_every_strategy_matches_dense(world, cases):
 def _errors(rank, world):
     """Each failing call's message (or None when it did not fail), on every rank."""
     import ditscale.sp as sp
-    from ditscale.sp import runtime
+    from ditscale.sp import gpu_runtime
     mesh = sp.Mesh(1, world)
     q = torch.randn(1, 4 + rank, 2, 8)
     caught = {}
@@ -185,7 +186,7 @@ def _errors(rank, world):
     # Rank r holds 4 + r tokens: 4 + 5 are not shard_range's 5 + 4.
     expect("shards", lambda: sp.attention(q, q, q, mesh=mesh, strategy="ring"))
     cfg = sp.make_config("test", strategy="ring")
-    expect("cuda-gloo", lambda: runtime._gpu_attention(q, q, q, None, mesh, cfg, "w"))
+    expect("cuda-gloo", lambda: gpu_runtime.attention(q, q, q, None, mesh, cfg, "w"))
     d = 8 if rank == 0 else 16
     p = torch.randn(1, 4, 2, d)
     expect("ranks", lambda: sp.attention(p, p, p, mesh=mesh, strategy="ring"))
@@ -205,6 +206,76 @@ def test_errors_name_the_problem():
         assert "CUDA tensors need an NCCL process group, the mesh's group has backend 'gloo'" \
             in caught["cuda-gloo"]
         assert "disagree on the layer's head_dim: rank 0 has 8, rank 1 16" in caught["ranks"]
+
+
+def _grad(rank, world):
+    """On 2 ranks: inputs that require grad are refused (every rank, before any collective);
+    the same inputs under no_grad, detached or in inference mode run and match dense attention."""
+    import ditscale.sp as sp
+    from ditscale.sp import custom_op
+    from ditscale.sp.config import config_text
+    mesh = sp.Mesh(1, world)
+    q, k, v, _ = _inputs((1, 9, 0, 2, 2, 8, F32), 3)
+    begin, count = sp.shard_range(9, world, rank)
+    mine = [x[:, begin:begin + count].clone().requires_grad_() for x in (q, k, v)]
+    ref = _dense(q, k, v)[:, begin:begin + count]
+    refused = []
+    for which in range(3):  # only one of q, k, v requiring grad is refused too
+        args = [t if i == which else t.detach() for i, t in enumerate(mine)]
+        try:
+            sp.attention(*args, mesh=mesh, strategy="ring")
+            refused.append(None)
+        except NotImplementedError as e:
+            refused.append(str(e))
+    try:
+        sp.attention(*mine, mesh=mesh, strategy="ring", joint_q=mine[0], joint_k=mine[1],
+                     joint_v=mine[2])
+        refused.append(None)
+    except NotImplementedError as e:
+        refused.append(str(e))
+    with torch.no_grad():
+        no_grad = sp.attention(*mine, mesh=mesh, strategy="ring")
+    with torch.inference_mode():
+        inference = sp.attention(*mine, mesh=mesh, strategy="ring")
+    detached = sp.attention(*(t.detach() for t in mine), mesh=mesh, strategy="ring")
+    # The op itself: refused with grad on (never a partial graph), run without.
+    args = (None, None, None, *custom_op.mesh_args(mesh),
+            config_text(sp.make_config("t", strategy="ring")))
+    try:
+        custom_op.attention_op(*mine, *args)
+        refused.append(None)
+    except NotImplementedError as e:
+        refused.append(str(e))
+    with torch.no_grad():
+        direct = custom_op.attention_op(*mine, *args)[0]
+    outs = (no_grad, inference, detached, direct)
+    errs = [(o.double() - ref).abs().max().item() for o in outs]
+    return refused, errs, [o.requires_grad for o in outs]
+
+
+def test_inputs_requiring_grad_are_refused_on_two_ranks():
+    for refused, errs, requires_grad in run_gloo(_grad, 2, timeout_s=90):
+        for name, msg in zip(("q", "k", "v"), refused):
+            assert msg is not None and msg.startswith(f"ditscale.sp.attention: {name} require")
+            assert "on a mesh of 2 ranks: sequence-parallel training is not supported yet" in msg
+        assert "q, k, v, joint_q, joint_k, joint_v require grad" in refused[3]
+        assert refused[4].startswith("ditscale_sp::attention: q, k, v require grad on a mesh "
+                                     "of 2 ranks: sequence-parallel training is not supported")
+        assert max(errs) < 2e-5 and requires_grad == [False] * 4
+
+
+def test_one_rank_attention_is_differentiable():
+    import ditscale.sp as sp
+    q, k, v, _ = _inputs((1, 7, 3, 4, 2, 8, F32), 5)
+    mine = [x.clone().requires_grad_() for x in (q, k, v)]
+    dense = [x.clone().double().requires_grad_() for x in (q, k, v)]
+    out, text_out = sp.attention(mine[0][:, 3:], mine[1][:, 3:], mine[2][:, 3:],
+                                 mesh=sp.Mesh(1, 1), joint_q=mine[0][:, :3],
+                                 joint_k=mine[1][:, :3], joint_v=mine[2][:, :3])
+    torch.cat([text_out, out], 1).square().sum().backward()
+    _dense(*dense).square().sum().backward()
+    for got, want in zip(mine, dense):
+        assert (got.grad.double() - want.grad).abs().max().item() < 1e-4
 
 
 def _compiled(rank, world):
@@ -264,19 +335,9 @@ def test_one_sided_transport_on_cpu_without_a_process_group():
     assert sp.attention(q, q, q, mesh=sp.Mesh(1, 1), transport="nvshmem").shape == q.shape
 
 
-def test_config_text_round_trip():
-    from ditscale.sp import Config
-    from ditscale.sp.custom_op import config_of_text, config_text
-    for cfg in (Config(), Config(strategy="torus", chunks=3, topology="p4de", comm_sms=4),
-                Config(strategy="ulysses", ulysses_chunks=2, transport="nvshmem-intra")):
-        assert config_of_text(config_text(cfg)) == cfg
-    with pytest.raises(ValueError, match="config 'strategy=1'"):
-        config_of_text("strategy=1")
-
-
 def test_attention_config_memo_follows_the_environment(monkeypatch):
     from ditscale.sp import Config, make_config
-    from ditscale.sp.runtime import _attention_config
+    from ditscale.sp.api import _attention_config
     monkeypatch.delenv("DITSCALE_SP_COMM_SMS", raising=False)
     ring = Config(strategy="ring")
     assert _attention_config("w", ring, {}) == make_config("w", ring)
@@ -295,17 +356,23 @@ def test_rank_program_binding_and_loader():
     from ditscale.sp import cpu_executor
     layer = dict(machines=1, gpus_per_machine=2, batch=1, seq=9, text=2, heads=3, kv_heads=3,
                  head_dim=8, dtype_bytes=4)
-    raw = _core.sp_rank_program(**layer, strategy="ring", rank=1)
+    from ditscale.sp.config import config_text
+    import ditscale.sp as sp
+
+    def text(**fields):
+        return config_text(sp.make_config("t", strategy="ring", **fields))
+
+    raw = _core.sp_rank_program(**layer, config=text(), rank=1)
     assert (raw["rank"], raw["ring_degree"], raw["image_token_count"]) == (1, 2, 4)
     prog = cpu_executor.load_program(raw, "ring")
     kinds = {op.kind for op in prog.ops}
     assert {"Send", "Recv", "Attention", "Merge"} <= kinds
     assert sorted(i for units in prog.units for u in units for i in u) == list(range(len(prog.ops)))
     with pytest.raises(_core.Error, match=r"rank: 2 is out of range \[0, 1\]"):
-        _core.sp_rank_program(**layer, strategy="ring", rank=2)
+        _core.sp_rank_program(**layer, config=text(), rank=2)
     with pytest.raises(_core.Error, match="strategy: 'auto' is not one of"):
-        _core.sp_rank_program(**layer, strategy="auto", rank=0)
-    one_sided = _core.sp_rank_program(**layer, strategy="ring", transport="nvshmem", rank=0)
+        _core.sp_rank_program(**layer, config=text().replace("=ring", "=auto"), rank=0)
+    one_sided = _core.sp_rank_program(**layer, config=text(transport="nvshmem"), rank=0)
     with pytest.raises(ValueError, match="is a (Put|Signal|Wait): the CPU executor runs "
                                          "two-sided transports only"):
         cpu_executor.load_program(one_sided, "ring nvshmem")

@@ -1,6 +1,7 @@
-// Process-wide knobs of the AdaLN CUDA launchers for A/B runs and tests. Defaults are the tuned
-// choices; production code never changes them. Not thread-safe: set them before launching, from
-// one thread. Plain C++, no CUDA headers.
+// The AdaLN CUDA launchers' plan override for A/B runs and tests: an explicit argument of
+// adaln_forward_cuda_tuned / adaln_backward_cuda_tuned (the public adaln_forward_cuda /
+// adaln_backward_cuda use the defaults, the tuned choices). No process-wide state, no environment
+// variable. Plain C++, no CUDA headers.
 //
 // Only the knobs that an A/B run or a test still needs are left: the search knobs of the
 // kernel tuning (ring depths, rows per thread or per group, store and hint variants, vector and
@@ -8,6 +9,11 @@
 // are fixed in choose_fwd_plan / choose_bwd_plan (adaln_plan.h) and the measurements are in
 // lab/adaln-kernel-notes.md ("Removed variants").
 #pragma once
+
+namespace ditscale::kernels {
+struct AdaLNFwdParams;
+struct AdaLNBwdParams;
+}  // namespace ditscale::kernels
 
 namespace ditscale::kernels::internal {
 
@@ -31,15 +37,31 @@ struct AdaLNTuning {
   int max_resident_blocks = 0;
 };
 
-// The process-wide knobs (defined in adaln_tuning.cc). Their first use reads the environment
-// variable DITSCALE_ADALN_TUNING, e.g. "pdl=0,fwd_kernel=1" (field names of AdaLNTuning, integer
-// values: `pipelined` 0 or 1, `fwd_kernel` 0-3, `pdl` 0 or 1, `max_resident_blocks` >= 0), so that
-// a Python benchmark can compare variants one process each; an unknown name, a malformed value or
-// one out of its range throws ditscale::Error naming the variable and the entry.
-AdaLNTuning& adaln_tuning();
+// The tuning of the AdaLN launch in progress on this thread (what the launchers' helpers read):
+// the override of the *_tuned call below, else the defaults AdaLNTuning{}. Read-only.
+const AdaLNTuning& adaln_tuning();
 
-// Applies "name=value,name=value" to `t` (the parser behind DITSCALE_ADALN_TUNING; `source` names
-// the text's origin in errors).
+// adaln_forward_cuda / adaln_backward_cuda (adaln.h) with the plan override `tuning` (for the
+// kernel benchmark's variants and the GPU tests' small grids); `tuning` is read for the call only.
+void adaln_forward_cuda_tuned(const AdaLNFwdParams& p, void* stream, const AdaLNTuning& tuning);
+void adaln_backward_cuda_tuned(const AdaLNBwdParams& p, void* stream, const AdaLNTuning& tuning);
+
+// Makes `tuning` this thread's adaln_tuning() for its lifetime (the *_tuned calls use it).
+class ScopedAdaLNTuning {
+ public:
+  explicit ScopedAdaLNTuning(const AdaLNTuning& tuning);
+  ~ScopedAdaLNTuning();
+  ScopedAdaLNTuning(const ScopedAdaLNTuning&) = delete;
+  ScopedAdaLNTuning& operator=(const ScopedAdaLNTuning&) = delete;
+
+ private:
+  const AdaLNTuning* previous_;
+};
+
+// Applies "name=value,name=value" to `t` (field names of AdaLNTuning, integer values:
+// `pipelined` 0 or 1, `fwd_kernel` 0-3, `pdl` 0 or 1, `max_resident_blocks` >= 0; the kernel
+// benchmark's --variants); an unknown name, a malformed value or one out of its range throws
+// ditscale::Error naming `source` and the entry.
 void apply_adaln_tuning(AdaLNTuning& t, const char* text, const char* source);
 
 }  // namespace ditscale::kernels::internal

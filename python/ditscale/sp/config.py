@@ -1,10 +1,10 @@
-"""The one configuration of ditscale.sp: :class:`Config`, validated when made, and the
-environment variables that override its unset fields (read here and nowhere else; the table of
-every DITSCALE_* variable is docs/configuration.md).
-
-Every entry point (attention, plan, predict, describe, timeline, run_local, replay_compute)
-takes ``config=`` and, for compatibility, the same fields as keyword overrides; :func:`make_config`
-is the one code path that turns both into a Config. No torch needed.
+"""The one configuration of ditscale.sp: :class:`Config` (what a user chooses: strategy,
+degrees, chunks, transport, comm_sms, topology), validated when made against the ranges that
+C++ exports (``_core.sp_config_fields``); :func:`make_config`, the one path from ``config=`` and
+keyword overrides to a Config, filling unset fields from the environment (read here and nowhere
+else: docs/configuration.md); and the one text encoding of a Config (:func:`config_text`,
+:func:`config_of_text`) that the custom op carries and C++ parses (ditscale/torch/sp_args.h).
+Experiment variants of the runtime are not here: ditscale._experimental.sp_variants. No torch.
 """
 
 from __future__ import annotations
@@ -12,31 +12,22 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
+from .. import _core
 from .._checks import check_int
 
-STRATEGIES = ("ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas", "torus")
-# nccl: Send/Recv everywhere; nvshmem: puts with signals on every link; nvshmem-intra: puts
-# within machines, NCCL Send/Recv between them.
-TRANSPORTS = ("nccl", "nvshmem", "nvshmem-intra")
-# How one-sided transfers run (runtime::OneSidedEngine): auto = copy-engine.
-ENGINES = ("auto", "copy-engine", "nvshmem")
-# How the copy-engine engine signals: a stream write into the peer's word, or an 8-byte copy.
-SIGNALS = ("write", "copy")
-
-MAX_DEGREE = 65536  # ulysses_degree, ring_degree (ditscale/torch/sp_args.h: kMaxDegree)
-MAX_CHUNKS = 4096  # chunks, ulysses_chunks (kMaxChunks)
-MAX_COMM_SMS = 4096  # comm_sms (kMaxCommSms)
-MAX_NET_CHANNELS = 64  # net_channels_per_peer
+# The strategies, transports and integer ranges are C++'s (ditscale/torch/sp_args.h), exported by
+# _core rather than copied here.
+_FIELDS = _core.sp_config_fields()
+STRATEGIES = tuple(_FIELDS["strategies"])
+TRANSPORTS = tuple(_FIELDS["transports"])
+RANGES: Dict[str, Tuple[int, int]] = {k: tuple(v) for k, v in _FIELDS["ranges"].items()}
 DEFAULT_TOPOLOGY = "h200-local"
 
-# Environment variables (A/B overrides of fields left unset, i.e. None).
+# Environment variables (overrides of fields left unset, i.e. None).
 ENV_TOPOLOGY = "DITSCALE_SP_TOPOLOGY"
 ENV_COMM_SMS = "DITSCALE_SP_COMM_SMS"
-ENV_ENGINE = "DITSCALE_SP_ONE_SIDED_ENGINE"
-ENV_SIGNAL = "DITSCALE_SP_CE_SIGNAL"
-ENV_NET_CHANNELS = "DITSCALE_SP_NET_CHANNELS_PER_PEER"
 
 
 def _choice(name: str, value, choices) -> str:
@@ -47,7 +38,8 @@ def _choice(name: str, value, choices) -> str:
 
 @dataclass(frozen=True)
 class Config:
-    """One sequence-parallel configuration. Fields (ranges checked when the Config is made):
+    """One sequence-parallel configuration. Fields (ranges checked when the Config is made; the
+    integer ranges are RANGES, from C++):
 
     - ``strategy``: one of STRATEGIES, or ``"auto"`` (the planner chooses strategy, degrees,
       chunks and, with ``comm_sms`` None, comm_sms for the mesh and ``topology``).
@@ -59,14 +51,7 @@ class Config:
     - ``comm_sms``: SMs kept out of the compute stream's reach for communication kernels,
       [0, 4096]; None = the planner's choice under "auto", else $DITSCALE_SP_COMM_SMS or 0.
     - ``topology``: the cluster model of "auto", plan and predict (a preset name or a topology
-      JSON file); None = $DITSCALE_SP_TOPOLOGY or "h200-local".
-    - ``engine``: how one-sided transfers run, one of ENGINES; None =
-      $DITSCALE_SP_ONE_SIDED_ENGINE or "auto" (copy engines).
-    - ``signal``: the copy-engine engine's signals, one of SIGNALS; None = $DITSCALE_SP_CE_SIGNAL
-      or "write".
-    - ``net_channels_per_peer``: NCCL channels per peer of the inter-machine communicator,
-      [0, 64], 0 = NCCL's choice; None = $DITSCALE_SP_NET_CHANNELS_PER_PEER or 0. Applies when
-      a mesh's communicators are made (its first attention call).
+      JSON file, without ';'); None = $DITSCALE_SP_TOPOLOGY or "h200-local".
     """
 
     strategy: str = "auto"
@@ -77,29 +62,22 @@ class Config:
     transport: str = "nccl"
     comm_sms: Optional[int] = None
     topology: Optional[str] = None
-    engine: Optional[str] = None
-    signal: Optional[str] = None
-    net_channels_per_peer: Optional[int] = None
 
     def __post_init__(self):
         _choice("strategy", self.strategy, STRATEGIES + ("auto",))
-        check_int("ulysses_degree", self.ulysses_degree, 0, MAX_DEGREE)
-        check_int("ring_degree", self.ring_degree, 0, MAX_DEGREE)
-        if self.chunks is not None:
-            check_int("chunks", self.chunks, 1, MAX_CHUNKS)
-        check_int("ulysses_chunks", self.ulysses_chunks, 1, MAX_CHUNKS)
+        for name, (lo, hi) in RANGES.items():
+            value = getattr(self, name)
+            if value is not None:
+                check_int(name, value, lo, hi)
         _choice("transport", self.transport, TRANSPORTS)
-        if self.comm_sms is not None:
-            check_int("comm_sms", self.comm_sms, 0, MAX_COMM_SMS)
         if self.topology is not None and (not isinstance(self.topology, str) or
-                                          not self.topology):
-            raise ValueError(f"topology: {self.topology!r} is not a preset name or a file")
-        if self.engine is not None:
-            _choice("engine", self.engine, ENGINES)
-        if self.signal is not None:
-            _choice("signal", self.signal, SIGNALS)
-        if self.net_channels_per_peer is not None:
-            check_int("net_channels_per_peer", self.net_channels_per_peer, 0, MAX_NET_CHANNELS)
+                                          not self.topology or ";" in self.topology):
+            raise ValueError(f"topology: {self.topology!r} is not a preset name or a file "
+                             f"(a path without ';')")
+        self._check_applies()
+
+    def _check_applies(self) -> None:
+        """Fields that the strategy does not use are refused, naming the one to use."""
         if self.strategy == "auto":
             chosen = [f for f in ("ulysses_degree", "ring_degree") if getattr(self, f)]
             chosen += ["chunks"] if self.chunks is not None else []
@@ -135,20 +113,13 @@ class Config:
 def make_config(where: str, config: Optional[Config] = None, **overrides) -> Config:
     """``config`` (default: Config()) with every override that is not None applied, and the
     unset fields that have an environment variable filled from it. Errors are ValueError or
-    TypeError prefixed with ``where``, naming the field (or variable), the value and its range.
-
-    Compatibility: ``chunks`` given for strategy "ulysses" is its head-chunk count (what it meant
-    before ``ulysses_chunks``), unless ``ulysses_chunks`` is given too."""
+    TypeError prefixed with ``where``, naming the field (or variable), the value and its range."""
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"{where}: config must be a ditscale.sp.Config, got "
                         f"{type(config).__name__}")
     fields = {k: v for k, v in overrides.items() if v is not None}
-    base = config or Config()
     try:
-        strategy = fields.get("strategy", base.strategy)
-        if strategy == "ulysses" and "chunks" in fields and "ulysses_chunks" not in fields:
-            fields["ulysses_chunks"] = fields.pop("chunks")
-        cfg = dataclasses.replace(base, **fields)
+        cfg = dataclasses.replace(config or Config(), **fields)
         return _with_environment(cfg)
     except (ValueError, TypeError) as e:
         raise type(e)(f"{where}: {e}") from None
@@ -170,11 +141,6 @@ def _env_int(name: str, lo: int, hi: int) -> Optional[int]:
     return check_int(f"${name}", value, lo, hi)
 
 
-def _env_choice(name: str, choices) -> Optional[str]:
-    text = _env_text(name)
-    return None if text is None else _choice(f"${name}", text, choices)
-
-
 def default_topology() -> str:
     """The cluster model of strategy="auto", plan() and predict() when no topology is given:
     $DITSCALE_SP_TOPOLOGY (a preset name or the topology JSON that ``bench/sp/calibrate.py fit``
@@ -188,32 +154,56 @@ def _with_environment(cfg: Config) -> Config:
     fill = {}
     if cfg.topology is None:
         fill["topology"] = default_topology()
-    if cfg.engine is None:
-        fill["engine"] = _env_choice(ENV_ENGINE, ENGINES) or "auto"
-    if cfg.signal is None:
-        fill["signal"] = _env_choice(ENV_SIGNAL, SIGNALS) or "write"
-    if cfg.net_channels_per_peer is None:
-        v = _env_int(ENV_NET_CHANNELS, 0, MAX_NET_CHANNELS)
-        fill["net_channels_per_peer"] = 0 if v is None else v
     if cfg.comm_sms is None and cfg.strategy != "auto":
-        v = _env_int(ENV_COMM_SMS, 0, MAX_COMM_SMS)
+        v = _env_int(ENV_COMM_SMS, *RANGES["comm_sms"])
         fill["comm_sms"] = 0 if v is None else v
     return dataclasses.replace(cfg, **fill) if fill else cfg
 
 
-def op_fields(cfg: Config) -> Dict[str, str]:
-    """The configuration as the torch ops of the GPU runtime take it (a str -> str dict parsed by
-    ditscale/torch/sp_config_dict.h). ``cfg``: from make_config, with a strategy chosen."""
+# The text encoding (ditscale/torch/sp_args.h): "key=value" joined by ';', every field of Config
+# once; None (chunks, comm_sms under strategy "auto") is written as "auto".
+_KEYS = tuple(f.name for f in dataclasses.fields(Config))
+_TEXT_MEMO: Dict[str, Config] = {}
+
+
+def config_text(cfg: Config) -> str:
+    """``cfg`` as text: "strategy=torus;ulysses_degree=0;...;topology=h200-local". Chunks are
+    written as the schedule uses them (:attr:`Config.torus_chunks`) once a strategy is named."""
+    values = {k: getattr(cfg, k) for k in _KEYS}
+    if cfg.strategy != "auto":
+        values["chunks"] = cfg.torus_chunks
+    return ";".join(f"{k}={'auto' if v is None else v}" for k, v in values.items())
+
+
+def config_of_text(text: str) -> Config:
+    """The Config of :func:`config_text`'s text (validated again; memoised)."""
+    cfg = _TEXT_MEMO.get(text)
+    if cfg is None:
+        try:
+            entries = dict(item.split("=", 1) for item in text.split(";"))
+            if sorted(entries) != sorted(_KEYS):
+                raise ValueError(f"keys {sorted(entries)} are not {sorted(_KEYS)}")
+            cfg = Config(**{k: _value_of_text(k, v) for k, v in entries.items()})
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"config {text!r}: {e}") from None
+        _TEXT_MEMO[text] = cfg
+    return cfg
+
+
+def _value_of_text(key: str, text: str):
+    if key not in RANGES:
+        return text
+    if text == "auto" and key in ("chunks", "comm_sms"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{key}: {text!r} is not an integer") from None
+
+
+def resolved_text(cfg: Config) -> str:
+    """:func:`config_text` of a configuration the runtime can run: a strategy and comm_sms chosen
+    (not "auto"; ``cfg`` from make_config, then the planner's choice)."""
     if cfg.strategy == "auto" or cfg.comm_sms is None:
-        raise ValueError("op_fields: the configuration has no strategy or comm_sms chosen yet")
-    return {
-        "strategy": cfg.strategy,
-        "transport": cfg.transport,
-        "ulysses_degree": str(cfg.ulysses_degree),
-        "ring_degree": str(cfg.ring_degree),
-        "chunks": str(cfg.torus_chunks),
-        "ulysses_chunks": str(cfg.ulysses_chunks),
-        "comm_sms": str(cfg.comm_sms),
-        "engine": cfg.engine or "auto",
-        "signal": cfg.signal or "write",
-    }
+        raise ValueError("the configuration has no strategy or comm_sms chosen yet")
+    return config_text(cfg)

@@ -1,26 +1,13 @@
 """The CPU executor of ditscale.sp schedules: one rank's program (``_core.sp_rank_program``, the
-schedule that runs on the GPUs, cut to this rank) run on CPU tensors, with torch.distributed's
-point-to-point transport (gloo: one process per rank) for its Send / Recv ops.
+schedule the GPUs run, cut to this rank) on CPU tensors, its Send / Recv over torch.distributed
+(gloo, one process per rank).
 
-Execution model (ditscale/sp/schedule.h): the rank runs three in-order streams (compute, intra-
-and inter-machine transfers), an op starts once the op before it on its stream and every op of
-its ``deps`` have completed, and consecutive ops of one stream with the same ``group`` start
-together. Here each non-empty stream is one thread (the compute stream the caller's): a unit (a
-group, or one op) waits for its deps (threading.Event per op), then starts its ops (a Send posts
-``ProcessGroup.send`` of a contiguous copy of its region, a Recv posts ``ProcessGroup.recv`` into
-a contiguous tensor; local ops run at once), then waits for its transfers (a Recv's data is then
-copied into its region) and marks them complete. That is the schedule's own execution model, so
-no valid schedule can deadlock: a stream blocks only where the model says it waits, and a
-transfer in flight completes in gloo's own threads. Send / Recv match on (sender, receiver,
-tag); the schedule's tags (offset by TAG_BASE) are unique within one layer (checked when a program
-is loaded), and a later layer's messages of one (pair, tag) come after the earlier layer's on
-gloo's connection.
-
-Buffers are float32 whatever the inputs' dtype (attention and merges in float32: cpu_kernels.py),
-[batch, tokens, heads, width]; buffers the schedule leaves undefined start as NaN, so data that
-never arrived poisons the output. The caller's inputs are never written: an input buffer the
-schedule writes (ring without joint text receives into k and v) runs on a copy.
-One-sided ops (Put, Signal, Wait) are refused: the CPU runs two-sided transports only.
+The schedule's own execution model (ditscale/sp/schedule.h): one thread per non-empty stream
+(compute: the caller's; intra- and inter-machine transfers), a threading.Event per op for its
+deps, a group's ops started together, Send / Recv matched on (sender, receiver, tag), so no valid
+schedule deadlocks. Buffers are float32 [batch, tokens, heads, width] (cpu_kernels.py), undefined
+ones start as NaN; inputs the schedule writes run on a copy; no autograd; one-sided ops (Put,
+Signal, Wait) are refused. docs/sp.md ("CPU execution over gloo").
 """
 
 from __future__ import annotations
@@ -139,6 +126,7 @@ class _Run:
                                             dtype=torch.float32))
         self.done = [threading.Event() for _ in prog.ops]
         self.failed = threading.Event()
+        self.inference = torch.is_inference_mode_enabled()  # the caller's, for every stream
         self.error: Optional[BaseException] = None
         self.lock = threading.Lock()
 
@@ -194,32 +182,41 @@ class _Run:
                 dst.copy_(land)
 
     def run_stream(self, stream: int) -> None:
+        # Grad and inference modes are thread-local: every stream runs without autograd (the
+        # executor has no backward: a graph of its copies alone would give wrong gradients) and
+        # in the caller's inference mode, whose buffers (inference tensors) it writes. no_grad goes
+        # inside: inference_mode(False) turns grad mode on.
         try:
-            for unit in self.prog.units[stream]:
-                ops = [self.prog.ops[i] for i in unit]
-                for op in ops:
-                    if not self.wait_deps(op):
-                        return
-                posted = [(op, self.start(op)) for op in ops]
-                for op, p in posted:
-                    if p is not None:
-                        self.finish(op, p)
-                for op in ops:
-                    self.done[op.index].set()
-                if self.failed.is_set():
-                    return
+            with torch.inference_mode(self.inference), torch.no_grad():  # this order: see above
+                self._run_units(stream)
         except BaseException as e:  # re-raised by the caller's thread
             self.fail(e)
 
+    def _run_units(self, stream: int) -> None:
+        for unit in self.prog.units[stream]:
+            ops = [self.prog.ops[i] for i in unit]
+            for op in ops:
+                if not self.wait_deps(op):
+                    return
+            posted = [(op, self.start(op)) for op in ops]
+            for op, p in posted:
+                if p is not None:
+                    self.finish(op, p)
+            for op in ops:
+                self.done[op.index].set()
+            if self.failed.is_set():
+                return
 
+
+@torch.no_grad()
 def execute(prog: Program, pg, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             joint: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
             timeout_s: float = 120.0) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Runs ``prog`` on this rank: q [B, S_local, H, d], k, v [B, S_local, Hk, d] (this rank's
     image tokens), ``joint`` = (text q, k, v) [B, T, H or Hk, d] or None; ``pg`` the process
     group (ranks of the program = its ranks). Returns (out [B, S_local, H, d], text_out
-    [B, T, H, d] or None), float32. A transfer that does not complete within ``timeout_s`` is a
-    RuntimeError naming the op."""
+    [B, T, H, d] or None), float32, never requiring grad. A transfer that does not complete
+    within ``timeout_s`` is a RuntimeError naming the op."""
     f32 = {"q": q, "k": k, "v": v}
     if joint is not None:
         f32.update(text_q=joint[0], text_k=joint[1], text_v=joint[2])

@@ -17,8 +17,9 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from .. import _core
 from . import cpu_executor
-from .config import Config
+from .config import Config, config_text
 from .meshes import Mesh, shard_range
 from .planning import best_for_transport, plan, planned_config
 
@@ -96,13 +97,10 @@ def program(mesh: Mesh, cfg: Config, shape: dict, where: str) -> cpu_executor.Pr
     prog = _PROGRAMS.get(key)
     if prog is not None:
         return prog
-    from .. import _core
     try:
         raw = _core.sp_rank_program(
             machines=mesh.machines, gpus_per_machine=mesh.gpus_per_machine, **shape,
-            strategy=cfg.strategy, transport="nccl", ulysses_degree=cfg.ulysses_degree,
-            ring_degree=cfg.ring_degree, chunks=cfg.torus_chunks,
-            ulysses_chunks=cfg.ulysses_chunks, rank=mesh.rank)
+            config=config_text(cfg.replace(transport="nccl")), rank=mesh.rank)
     except _core.Error as e:
         raise ValueError(f"{where}: {cfg.strategy} on a {mesh.machines} x "
                          f"{mesh.gpus_per_machine} mesh: {e}") from None

@@ -1,46 +1,30 @@
-"""``torch.ops.ditscale_sp.attention``: the multi-rank ditscale.sp.attention as a registered torch
-custom op with a fake (meta) kernel, so that ``torch.compile`` (fullgraph too) traces a model
-through it instead of breaking the graph at the attention.
+"""``torch.ops.ditscale_sp.attention``: the multi-rank ditscale.sp.attention as a torch custom op
+with a fake kernel, so that ``torch.compile`` (fullgraph too) traces through it. Schema::
 
-Schema::
+    attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k, Tensor? joint_v,
+              str group_name, int machines, int gpus_per_machine, str config) -> (Tensor, Tensor)
 
-    ditscale_sp::attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k,
-                           Tensor? joint_v, str group_name, int machines,
-                           int gpus_per_machine, str config) -> (Tensor, Tensor)
-
-- q [B, S_local, H, D], k, v [B, S_local, Hk, D]: this rank's image tokens; joint_* [B, T, H or
-  Hk, D] (all text tokens) or None.
-- ``group_name``, ``machines``, ``gpus_per_machine``: the mesh (:func:`mesh_args`): its process
-  group by name ("" = the default group; a schema cannot carry the group object itself, and a
-  registry filled while Dynamo traces would be filled only after the graph has run).
-- ``config``: the ditscale.sp.Config as text (:func:`config_text`: ``field=repr(value)`` joined by
-  ``;``, every field; :func:`config_of_text` reads it back), after make_config (environment
-  applied), so the op is a function of its arguments.
-- Returns (out [B, S_local, H, D], joint_out [B, T, H, D]); without joint_q, joint_out is
-  [B, 0, H, D]. Both new tensors of q's dtype and device (the fake kernel says so).
-
-The real kernel (CompositeExplicitAutograd: one for every device) is
-runtime.distributed_attention: the GPU runtime for CUDA tensors, the CPU executor over gloo for CPU
-tensors. The op has no autograd formula (the runtime is an inference path). It is a
-``torch.library.Library`` FRAGMENT of the namespace "ditscale_sp", apart from the C++ library
-"ditscale" of ditscale._C; not ``torch.library.custom_op``, whose eager calls import
-torch._dynamo on first use (seconds) and cost about 10 us more per call.
+q [B, S_local, H, D], k, v [B, S_local, Hk, D], joint_* [B, T, H or Hk, D] or None; the mesh as
+its process group's name ("" = default) and shape (:func:`mesh_args`: constants of a graph); the
+Config as its one text (config.config_text, after make_config). Returns new tensors (out, joint_out
+[B, T or 0, H, D]). Kernel: dispatch.distributed_attention (one for every device); Autograd: refuses
+inputs that require grad (no backward yet). A ``torch.library.Library`` fragment, not
+``torch.library.custom_op`` (whose eager calls import torch._dynamo and cost ~10 us more).
+docs/sp.md ("torch.compile").
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
 from typing import Dict, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
-from .. import ops as _ops  # noqa: F401  keys torch.compile's caches to this build of ditscale
-from .config import Config
+from .. import _extension  # noqa: F401  keys torch.compile's caches to this build of ditscale
+from .config import config_of_text
+from .dispatch import distributed_attention
 from .meshes import Mesh
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(Config))
-_CONFIGS: Dict[str, Config] = {}
 # (group name, machines, gpus_per_machine, the group object's id) -> the Mesh the kernel runs on.
 _MESHES: Dict[Tuple, Mesh] = {}
 
@@ -55,7 +39,6 @@ def mesh_args(mesh: Mesh) -> Tuple[str, int, int]:
 
 def mesh_of(group_name: str, machines: int, gpus_per_machine: int) -> Mesh:
     """The Mesh of :func:`mesh_args`' values (memoised; checked against the group's size)."""
-    import torch.distributed as dist
     group = None
     if group_name:
         group = dist.distributed_c10d._resolve_process_group(group_name)
@@ -65,26 +48,6 @@ def mesh_of(group_name: str, machines: int, gpus_per_machine: int) -> Mesh:
         mesh = Mesh(machines, gpus_per_machine, group)
         _MESHES[key] = mesh
     return mesh
-
-
-def config_text(cfg: Config) -> str:
-    """``cfg`` as the op's config argument: "strategy='ring';ulysses_degree=0;..."."""
-    return ";".join(f"{name}={getattr(cfg, name)!r}" for name in _FIELDS)
-
-
-def config_of_text(text: str) -> Config:
-    """The Config of :func:`config_text`'s text (validated again)."""
-    cfg = _CONFIGS.get(text)
-    if cfg is None:
-        try:
-            fields = dict(item.split("=", 1) for item in text.split(";"))
-            if set(fields) != set(_FIELDS):
-                raise ValueError(f"fields {sorted(fields)} are not {sorted(_FIELDS)}")
-            cfg = Config(**{k: ast.literal_eval(v) for k, v in fields.items()})
-        except (ValueError, SyntaxError, TypeError) as e:
-            raise ValueError(f"ditscale_sp::attention: config {text!r}: {e}") from None
-        _CONFIGS[text] = cfg
-    return cfg
 
 
 def _joint_shape(q: torch.Tensor, joint_q: Optional[torch.Tensor]):
@@ -101,7 +64,6 @@ _LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? jo
 
 def _attention_impl(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gpus_per_machine,
                     config):
-    from .runtime import distributed_attention
     joint = None if joint_q is None else (joint_q, joint_k, joint_v)
     mesh = mesh_of(group_name, machines, gpus_per_machine)
     out, jout = distributed_attention(q, k, v, joint, mesh, config_of_text(config))
@@ -112,6 +74,35 @@ def _attention_impl(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gp
 
 # One kernel for every device (distributed_attention dispatches on q's device).
 _LIB.impl("attention", _attention_impl, "CompositeExplicitAutograd")
+
+
+def refuse_grad(where: str, ranks: int, tensors) -> None:
+    """Refuses inputs (q, k, v, joint_q, joint_k, joint_v; None skipped) that autograd would
+    record: the op has no backward yet, and a graph through it would give wrong gradients."""
+    if not torch.is_grad_enabled():
+        return
+    named = zip(("q", "k", "v", "joint_q", "joint_k", "joint_v"), tensors)
+    needs = [name for name, t in named if t is not None and t.requires_grad]
+    if needs:
+        raise NotImplementedError(
+            f"{where}: {', '.join(needs)} require grad on a mesh of {ranks} ranks: "
+            f"sequence-parallel training is not supported yet (the multi-rank attention has no "
+            f"backward); run it under torch.no_grad() or torch.inference_mode(), or detach the "
+            f"inputs (one rank: autograd works)")
+
+
+def _attention_autograd(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
+                        gpus_per_machine, config):
+    """The op's Autograd kernel: inputs that require grad are refused (never a partial graph);
+    others run the kernel below autograd."""
+    refuse_grad("ditscale_sp::attention", machines * gpus_per_machine,
+                (q, k, v, joint_q, joint_k, joint_v))
+    with torch._C._AutoDispatchBelowAutograd():
+        return attention_op(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
+                            gpus_per_machine, config)
+
+
+_LIB.impl("attention", _attention_autograd, "Autograd")
 
 
 @torch.library.register_fake("ditscale_sp::attention", lib=_LIB)

@@ -9,21 +9,19 @@ dtype_bytes [1, 8].
 
 from __future__ import annotations
 
+import importlib
 from typing import Dict, Iterable, Optional
 
+from .. import _core
 from .._checks import check_int
-from .config import STRATEGIES, Config, make_config
+from .config import STRATEGIES, Config, config_text, make_config
 from .meshes import Mesh
 
 MAX_TOKENS = 2**40
 
 
-def _core():
-    from .. import _core as core
-    return core
-
-
-def _layer(where: str, batch, seq, text, heads, kv_heads, head_dim, dtype_bytes) -> Dict:
+def layer_shape(where: str, batch, seq, text, heads, kv_heads, head_dim,
+                dtype_bytes) -> Dict:
     try:
         return dict(batch=check_int("batch", batch, 1, 65536),
                     seq=check_int("seq", seq, 1, MAX_TOKENS),
@@ -43,15 +41,17 @@ def _check_mesh(mesh, where: str) -> Mesh:
 
 
 def nvshmem_available() -> bool:
-    """Whether ditscale._C can run one-sided transports here (False without torch or _C)."""
+    """Whether ditscale._C can run one-sided transports here (False without torch or _C). Planning
+    runs without torch: the extension is imported here, when asked, not with this module."""
     try:
-        from .. import ops
-        import torch
+        torch = importlib.import_module("torch")
+        extension = importlib.import_module("ditscale._extension")
     except ImportError:
         return False
-    if not ops.is_available() or not hasattr(torch.ops.ditscale, "sp_nvshmem_unavailable"):
+    ops = torch.ops.ditscale
+    if not extension.is_available() or not hasattr(ops, "sp_nvshmem_unavailable"):
         return False
-    return not torch.ops.ditscale.sp_nvshmem_unavailable()
+    return not ops.sp_nvshmem_unavailable()
 
 
 def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: int,
@@ -77,9 +77,9 @@ def plan(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int, head_dim: i
         strategies = [cfg.strategy]
     if one_sided is None:
         one_sided = nvshmem_available()
-    return _core().sp_plan(
+    return _core.sp_plan(
         machines=mesh.machines, gpus_per_machine=mesh.gpus_per_machine,
-        **_layer(where, batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
+        **layer_shape(where, batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
         topology=cfg.topology, strategies=strategies, one_sided=bool(one_sided),
         one_sided_intra=bool(one_sided), sm_partitions=bool(sm_partitions))
 
@@ -110,12 +110,10 @@ def predict_candidate(mesh: Mesh, *, batch: int, seq: int, text: int, heads: int
     if cfg.strategy == "auto":
         raise ValueError(f"{where}: strategy: 'auto' is not a configuration; name one of "
                          f"{', '.join(STRATEGIES)} (plan() ranks them all)")
-    return _core().sp_predict(
+    return _core.sp_predict(
         machines=mesh.machines, gpus_per_machine=mesh.gpus_per_machine,
-        **_layer(where, batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
-        topology=cfg.topology, strategy=cfg.strategy, transport=cfg.transport,
-        ulysses_degree=cfg.ulysses_degree, ring_degree=cfg.ring_degree, chunks=cfg.torus_chunks,
-        ulysses_chunks=cfg.ulysses_chunks, comm_sms=cfg.comm_sms)
+        **layer_shape(where, batch, seq, text, heads, kv_heads, head_dim, dtype_bytes),
+        config=config_text(cfg))
 
 
 def best_for_transport(ranked, transport: str, mesh: Mesh) -> dict:

@@ -1,14 +1,10 @@
-// The configuration argument of the GPU runtime's torch ops: a str -> str dict that
-// ditscale.sp.config.op_fields() builds from a ditscale.sp.Config, parsed here once into the
-// SpConfig of the schedule and the runtime's transport options.
-//
-// Keys, every one required, no others: strategy, transport, ulysses_degree, ring_degree,
-// chunks, ulysses_chunks, comm_sms (sp_args.h: values and ranges; integers in decimal),
-// engine ("auto", "copy-engine", "nvshmem": runtime::OneSidedEngine) and signal ("write",
-// "copy": runtime::Transports::signal_by_copy).
+// The configuration argument of the GPU runtime's torch ops: the text encoding of a
+// ditscale.sp.Config (sp_args.h: ditscale.sp.config.config_text writes it) plus the experiment
+// variant's entries "engine=<auto|copy-engine|nvshmem>" (runtime::OneSidedEngine) and
+// "signal=<write|copy>" (runtime::Transports::signal_by_copy), both required
+// (ditscale._experimental.sp_variants). Parsed here once into the SpConfig of the schedule and the
+// runtime's transport options.
 #pragma once
-
-#include <ATen/core/Dict.h>
 
 #include <string>
 
@@ -17,7 +13,7 @@
 
 namespace ditscale::torch_ext {
 
-using SpConfigDict = c10::Dict<std::string, std::string>;
+using SpConfigText = std::string;
 
 struct SpRunArgs {
   sp::SpConfig config;
@@ -32,9 +28,9 @@ struct SpRunArgs {
   std::string Key() const;
 };
 
-// Fails (TORCH_CHECK) naming `who` and the key: a missing or unknown key, a value that is not an
-// integer, out of its range or not one of its names.
-SpRunArgs RunArgsOf(const SpConfigDict& fields, const char* who);
+// Fails (TORCH_CHECK) naming `who` and the entry or key: a missing or unknown key, a value that is
+// not an integer, out of its range or not one of its names.
+SpRunArgs RunArgsOf(const SpConfigText& text, const char* who);
 
 // Fails (TORCH_CHECK) with "<who>: <name>: <v> is out of range [lo, hi]" unless lo <= v <= hi.
 void CheckIntArg(const char* who, const char* name, int64_t v, int64_t lo, int64_t hi);

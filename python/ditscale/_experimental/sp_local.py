@@ -1,6 +1,7 @@
-"""One-GPU diagnostics of the GPU executor, no process group: run_local (every rank of a
-one-sided schedule in this process) and replay_compute (one rank's compute with its transfers
-skipped). Need torch and ditscale._C built with CUDA."""
+"""One-GPU diagnostics of the GPU executor of ditscale.sp, no process group (experiments, not
+the API: ditscale._experimental): run_local (every rank of a one-sided schedule in this process)
+and replay_compute (one rank's compute with its transfers skipped: the runtime's compute-only
+mode). Need torch and ditscale._C built with CUDA. docs/sp.md ("Experiments")."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import List, Optional, Tuple
 import torch
 
 from .._checks import check_int, check_real
-from .config import Config, make_config, op_fields
-from .meshes import MAX_MACHINES, Mesh
-from .runtime import _require
+from ..sp.config import Config, make_config
+from ..sp.gpu_runtime import require, run_text
+from ..sp.meshes import MAX_MACHINES, Mesh
+from ..sp.planning import layer_shape
 
 
 def _named_config(where: str, config: Optional[Config], fields: dict) -> Config:
@@ -49,7 +51,7 @@ def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     A rank's stream waits block a CUDA hardware queue: with more than two ranks set
     ``CUDA_DEVICE_MAX_CONNECTIONS=32`` before CUDA starts, or the ranks' queues may be shared
     and block each other."""
-    where = "ditscale.sp.run_local"
+    where = "run_local"
     joint = [joint_q, joint_k, joint_v]
     if any(t is not None for t in joint) and any(t is None for t in joint):
         raise ValueError(f"{where}: joint_q, joint_k and joint_v go together")
@@ -59,12 +61,12 @@ def run_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     mesh = _checked(where, Mesh, machines, gpus_per_machine)
     layers = _checked(where, check_int, "layers", layers, 1, 1000)
     timeout_s = _checked(where, check_real, "timeout_s", timeout_s, 1e-3, 3600.0)
-    _require()
+    require()
     if not hasattr(torch.ops.ditscale, "sp_run_local"):
         raise RuntimeError(f"{where}: the extension was built without the CUDA "
                            "sequence-parallel runtime")
     first, last, text_out, info = torch.ops.ditscale.sp_run_local(
-        op_fields(cfg), mesh.machines, mesh.gpus_per_machine, q, k, v, joint_q, joint_k, joint_v,
+        run_text(cfg), mesh.machines, mesh.gpus_per_machine, q, k, v, joint_q, joint_k, joint_v,
         layers, timeout_s)
     return first, last, (text_out if joint_q is not None else None), info
 
@@ -83,19 +85,18 @@ def replay_compute(strategy: Optional[str] = None, *, config: Optional[Config] =
     (``comm_sms`` > 0: on the SM partition that leaves that many SMs). ``iters`` [1, 10000]
     timed layers after ``warmup`` [0, 10000]; the layer's sizes as for plan().
     Returns (ms of each timed layer, the per-unit timeline of one traced layer as text)."""
-    from .planning import _layer
-    where = "ditscale.sp.replay_compute"
+    where = "replay_compute"
     cfg = _named_config(where, config, dict(
         strategy=strategy, chunks=chunks, ulysses_chunks=ulysses_chunks,
         ulysses_degree=ulysses_degree, ring_degree=ring_degree, transport=transport,
         comm_sms=comm_sms))
     mesh = _checked(where, Mesh, machines, gpus_per_machine)
-    shape = _layer(where, batch, seq, text, heads, kv_heads, head_dim, 2)
+    shape = layer_shape(where, batch, seq, text, heads, kv_heads, head_dim, 2)
     rank = _checked(where, check_int, "rank", rank, 0, MAX_MACHINES * MAX_MACHINES)
     iters = _checked(where, check_int, "iters", iters, 1, 10000)
     warmup = _checked(where, check_int, "warmup", warmup, 0, 10000)
-    _require()
+    require()
     ms, text_tl = torch.ops.ditscale.sp_replay_compute(
-        op_fields(cfg), mesh.machines, mesh.gpus_per_machine, rank, shape["batch"], shape["seq"],
+        run_text(cfg), mesh.machines, mesh.gpus_per_machine, rank, shape["batch"], shape["seq"],
         shape["text"], shape["heads"], shape["kv_heads"], shape["head_dim"], iters, warmup)
     return ms.tolist(), text_tl

@@ -1,40 +1,30 @@
-// The torch ops' configuration dict (sp_config_dict.h).
+// The torch ops' configuration text (sp_config_text.h).
 #include <c10/util/Exception.h>
 
-#include <charconv>
-#include <set>
+#include <map>
 #include <sstream>
+#include <string>
 
 #include "ditscale/core/error.h"
 #include "ditscale/core/range.h"
 #include "ditscale/torch/sp_args.h"
-#include "ditscale/torch/sp_config_dict.h"
+#include "ditscale/torch/sp_config_text.h"
 
 namespace ditscale::torch_ext {
 namespace {
-
-const std::set<std::string>& Keys() {
-  static const std::set<std::string> keys = {"strategy",    "transport", "ulysses_degree",
-                                             "ring_degree", "chunks",    "ulysses_chunks",
-                                             "comm_sms",    "engine",    "signal"};
-  return keys;
-}
-
-int64_t IntField(const SpConfigDict& f, const char* key, const char* who) {
-  const std::string text = f.at(key);
-  int64_t v = 0;
-  const char* end = text.data() + text.size();
-  const auto r = std::from_chars(text.data(), end, v);
-  TORCH_CHECK(!text.empty() && r.ec == std::errc() && r.ptr == end, who, ": ", key, ": '", text,
-              "' is not an integer");
-  return v;
-}
 
 runtime::OneSidedEngine EngineOf(const std::string& name, const char* who) {
   if (name == "auto") return runtime::OneSidedEngine::kAuto;
   if (name == "copy-engine") return runtime::OneSidedEngine::kCopyEngine;
   if (name == "nvshmem") return runtime::OneSidedEngine::kNvshmem;
   TORCH_CHECK(false, who, ": engine: '", name, "' is not one of auto, copy-engine, nvshmem");
+}
+
+std::string Required(const std::map<std::string, std::string>& extra, const char* key,
+                     const char* who) {
+  const auto it = extra.find(key);
+  TORCH_CHECK(it != extra.end(), who, ": config: the key '", key, "' is missing");
+  return it->second;
 }
 
 }  // namespace
@@ -54,29 +44,19 @@ std::string SpRunArgs::Key() const {
   return os.str();
 }
 
-SpRunArgs RunArgsOf(const SpConfigDict& f, const char* who) {
-  for (const auto& item : f) {
-    TORCH_CHECK(Keys().count(item.key()), who, ": unknown configuration key '", item.key(), "'");
-  }
-  for (const std::string& k : Keys()) {
-    TORCH_CHECK(f.contains(k), who, ": the configuration misses the key '", k, "'");
-  }
-  SpFields fields;
-  fields.strategy = f.at("strategy");
-  fields.transport = f.at("transport");
-  fields.ulysses_degree = IntField(f, "ulysses_degree", who);
-  fields.ring_degree = IntField(f, "ring_degree", who);
-  fields.chunks = IntField(f, "chunks", who);
-  fields.ulysses_chunks = IntField(f, "ulysses_chunks", who);
-  fields.comm_sms = IntField(f, "comm_sms", who);
+SpRunArgs RunArgsOf(const SpConfigText& text, const char* who) {
+  std::map<std::string, std::string> extra;
   SpRunArgs a;
   try {
-    a.config = SpConfigOf(fields);
+    a.config = SpConfigOf(SpFieldsOfText(text, &extra));
   } catch (const Error& e) {
     TORCH_CHECK(false, who, ": ", e.what());
   }
-  a.engine = EngineOf(f.at("engine"), who);
-  const std::string signal = f.at("signal");
+  for (const auto& [key, value] : extra) {
+    TORCH_CHECK(key == "engine" || key == "signal", who, ": config: unknown key '", key, "'");
+  }
+  a.engine = EngineOf(Required(extra, "engine", who), who);
+  const std::string signal = Required(extra, "signal", who);
   TORCH_CHECK(signal == "write" || signal == "copy", who, ": signal: '", signal,
               "' is not one of write, copy");
   a.signal_by_copy = signal == "copy";

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-from ditscale.train import config as tc  # noqa: E402
+from ditscale.train import config as tc, docgen  # noqa: E402
 from ditscale.train.cli import main  # noqa: E402
 from train_util import REPO, make_toy_store  # noqa: E402
 
@@ -30,7 +30,11 @@ def _error(capsys, argv):
 
 
 def _base(store, out):
-    return ["--store", str(store), "--out", str(out), "--model", "tiny", "--device", "cpu"]
+    from ditscale import ops
+
+    fused = [] if ops.is_available() else ["--no-fused-adaln"]
+    return ["--store", str(store), "--out", str(out), "--model", "tiny", "--device", "cpu",
+            *fused]
 
 
 def test_defaults_toml_and_flags(tmp_path, store):
@@ -126,7 +130,7 @@ def test_docs_and_example_are_generated():
     text = (REPO / "docs" / "train.md").read_text()
     begin, end = "<!-- fields:begin -->\n", "<!-- fields:end -->"
     table = text[text.index(begin) + len(begin): text.index(end)]
-    assert table == tc.markdown_table(), "regenerate: python -m ditscale.train.config"
-    assert (REPO / "examples" / "train.toml").read_text() == tc.example_toml(), \
-        "regenerate: python -m ditscale.train.config --toml > examples/train.toml"
+    assert table == docgen.markdown_table(), "regenerate: python -m ditscale.train.docgen"
+    assert (REPO / "examples" / "train.toml").read_text() == docgen.example_toml(), \
+        "regenerate: python -m ditscale.train.docgen --toml > examples/train.toml"
     assert len(tc.FIELDS) == len(tc.BY_NAME)

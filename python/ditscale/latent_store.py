@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -74,7 +75,7 @@ class StoreMeta:
     version: int = VERSION
 
     def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = {"format": self.format, "version": self.version, **dataclasses.asdict(self)}
         d["vae_stride"], d["patch"] = list(self.vae_stride), list(self.patch)
         d["shards"] = [dataclasses.asdict(s) for s in self.shards]
         return d
@@ -134,6 +135,8 @@ def write_shard(store: str, index: int, first_id: int,
     rel = shard_file(index)
     path = os.path.join(store, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    for stale in glob.glob(glob.escape(path) + ".tmp.*"):   # of an interrupted run: never read
+        os.remove(stale)
     tmp = f"{path}.tmp.{os.getpid()}"
     save_file(tensors, tmp)   # no metadata: safetensors writes its keys in hash order
     with open(tmp, "rb") as f:

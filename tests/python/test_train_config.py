@@ -93,9 +93,9 @@ def _edit_store_json(src, dst, **fields):
 def test_store_of_another_model(tmp_path, store, capsys):
     other = make_toy_store(tmp_path / "c8", n=4, channels=8)
     msg = _error(capsys, _base(other, tmp_path / "run"))
-    assert "made for model 'tiny', not this one: latent_channels 8 (the model has 16)" in msg
-    other = make_toy_store(tmp_path / "t16", n=4, text_dim=16)
-    assert "text_dim 16 (the model has 32)" in _error(capsys, _base(other, tmp_path / "run"))
+    assert "made for model 'tiny', not this one: latent_channels 8 (the model has 4)" in msg
+    other = make_toy_store(tmp_path / "t32", n=4, text_dim=32)
+    assert "text_dim 32 (the model has 16)" in _error(capsys, _base(other, tmp_path / "run"))
     patched = _edit_store_json(store, tmp_path / "p", patch=[1, 4, 4])
     assert "patch [1, 4, 4] (the model has [1, 2, 2])" in _error(
         capsys, _base(patched, tmp_path / "run"))
@@ -119,7 +119,7 @@ def test_checkpoint_of_another_model(tmp_path, store, capsys):
     (ck / "meta.json").write_text(json.dumps({"format": checkpoint.FORMAT, "step": 4,
                                               "model": {"dim": 128, "num_layers": 2}}))
     msg = _error(capsys, _base(store, tmp_path / "run"))
-    assert f"checkpoint {str(ck)!r} is of another model: dim 128 (run: 64)" in msg
+    assert f"checkpoint {str(ck)!r} is of another model: dim 128 (run: 24)" in msg
     msg = _error(capsys, _base(store, tmp_path / "run") + ["--resume", "never"])
     assert "resume: 'never' but" in msg
     assert "is not a checkpoint folder" in _error(

@@ -5,8 +5,8 @@ Prompts: the text embeddings of store samples 0 .. n-1 (their captions through t
 encoder), zero-padded as in training; sample i is generated with a ``torch.Generator`` seeded
 ``validation_seed + i``; the scheduler is ``FlowMatchEulerDiscreteScheduler`` with the
 training shift; the VAE is the store's (``store.json`` "vae": a diffusers ``AutoencoderKLWan``
-folder, or "random:<preset>": that preset's VAE config with random weights, seed 0, as
-``ditscale.prepare`` made it). Every rank runs the pipeline (the FSDP model's forward gathers
+folder, or "random:<preset>": that preset's VAE config with random weights of seed 0, loaded by
+``ditscale.prepare.encoders``). Every rank runs the pipeline (the FSDP model's forward gathers
 its shards); rank 0 writes the files. The model is the training weights, not the EMA.
 See [docs/train.md](../../../docs/train.md).
 """
@@ -21,39 +21,26 @@ import torch
 from ..diffusers.generation import encode_png, encode_video, output_array, to_uint8
 
 
-def load_vae(spec: str, latent_channels: int, device: torch.device):
-    """The store's VAE in float32 on ``device`` (see the module); ValueError when it cannot be
-    found or its latent channels differ from the store's."""
-    from diffusers import AutoencoderKLWan
+def load_vae(spec: str, model: str, latent_channels: int, device: torch.device):
+    """The store's VAE in float32 on ``device``, as ``ditscale.prepare`` loads it (``spec``: a
+    folder, or "random:<preset>": seed 0; the global RNG is left as it was); ValueError when it
+    is missing or its latent channels differ from the store's."""
+    from ..prepare.encoders import load_vae as prepare_vae
+    from ..prepare.presets import get_preset
 
     if spec.startswith("random:"):
-        try:
-            from ..prepare.models import random_vae  # the prepare side's VAE, when present
-        except ImportError:
-            random_vae = None
-        if random_vae is not None:
-            vae = random_vae(spec.split(":", 1)[1], device)
-        else:
-            from ..diffusers.tiny import _wan_vae
-
-            preset = spec.split(":", 1)[1]
-            cfg = dict(_wan_vae("tiny" if preset == "tiny" else "full"))
-            if preset == "tiny":
-                cfg.update(z_dim=latent_channels, latents_mean=[0.0] * latent_channels,
-                           latents_std=[1.0] * latent_channels)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                vae = AutoencoderKLWan(**cfg)
+        preset, folder = get_preset(spec.split(":", 1)[1]), None
     elif os.path.isdir(spec):
-        vae = AutoencoderKLWan.from_pretrained(spec, local_files_only=True,
-                                               torch_dtype=torch.float32)
+        preset, folder = get_preset(model), spec
     else:
         raise ValueError(f"validation: the store's VAE {spec!r} is not a folder (or "
                          f"random:<preset>); it is needed to decode the validation samples")
+    with torch.random.fork_rng(devices=[]):
+        vae, _ = prepare_vae(preset, folder, str(device), torch.float32, 0)
     if vae.config.z_dim != latent_channels:
         raise ValueError(f"validation: the VAE {spec!r} has {vae.config.z_dim} latent channels, "
                          f"the store {latent_channels}")
-    return vae.to(device).eval()
+    return vae
 
 
 class Validator:
@@ -62,7 +49,8 @@ class Validator:
         self.cfg, self.device, self.dtype, self.out = cfg, device, dtype, out
         n = min(cfg.validation_samples, len(store))
         self.prompts = [dataset[i]["text"].float() for i in range(n)]
-        self.vae = load_vae(store.meta.vae, store.meta.latent_channels, device)
+        self.vae = load_vae(store.meta.vae, store.meta.model, store.meta.latent_channels,
+                            device)
 
     def _pipeline(self, model):
         from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline

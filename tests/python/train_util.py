@@ -5,7 +5,8 @@
 writer (``ditscale.latent_store``). Each sample has a class c in 0..3: its text embedding is the
 class's fixed random rows, its latent a fixed per-class pattern (channel offsets and a smooth
 spatial wave) plus small noise, so a model can learn the latent from the text: the
-flow-matching loss falls. Latent channels 4, text width 16: the ``tiny`` preset's transformer (``ditscale.train``).
+flow-matching loss falls. Latent channels 4, text width 16: the ``tiny`` preset's
+transformer (``ditscale.train``).
 """
 
 from __future__ import annotations

@@ -133,7 +133,8 @@ def load(folder: str, model, optimizer, ema) -> Dict:
     """Loads the tensors (resharded to this world size) and this rank's RNG state (when the
     checkpoint has one for it); returns train_state. Call ``read_meta`` first."""
     state = _tensor_state(model, optimizer, ema)
-    meta = json.load(open(os.path.join(folder, "meta.json")))
+    with open(os.path.join(folder, "meta.json")) as f:
+        meta = json.load(f)
     if ema is not None and not meta.get("ema"):
         raise ValueError(f"checkpoint {folder!r} has no EMA; the run has ema_decay > 0 "
                          f"(set it to 0, or start a new run)")

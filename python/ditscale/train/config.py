@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .._checks import INT64_MAX, check_int, check_real
 
-SECTIONS = ("run", "data", "transformer", "objective", "optim", "checkpoint", "validation", "logging")
+SECTIONS = ("run", "data", "transformer", "objective", "optim", "checkpoint", "validation",
+            "logging")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,8 @@ def _f(section, name, kind, default, help, lo=None, hi=None, choices=(), require
 
 
 FIELDS: List[Field] = [
-    _f("run", "store", "str", "", "latent store folder (python -m ditscale.prepare)", required=True),
+    _f("run", "store", "str", "", "latent store folder (python -m ditscale.prepare)",
+       required=True),
     _f("run", "out", "str", "", "run folder: metrics.jsonl, tensorboard/, checkpoints/, "
        "validation/", required=True),
     _f("run", "model", "str", "wan2.1-1.3b", "WanTransformer3DModel: a preset (tiny, "

@@ -94,7 +94,7 @@ class Trainer:
         if self.rank == 0:
             os.makedirs(cfg.out, exist_ok=True)
             with open(os.path.join(cfg.out, "config.json"), "w") as f:
-                json.dump(cfg.__dict__ if hasattr(cfg, "__dict__") else asdict(cfg), f, indent=1)
+                json.dump(asdict(cfg), f, indent=1)
         self.model = model_mod.build(self.wan, cfg, self.device, self.dtype)
         self.optimizer = adamw(self.model, cfg)
         self.scheduler = scheduler(self.optimizer, cfg)
@@ -147,7 +147,8 @@ class Trainer:
         cfg = self.cfg
         start = 0
         if self.setup.resume is not None:
-            start = json.load(open(os.path.join(self.setup.resume, "meta.json")))["step"]
+            with open(os.path.join(self.setup.resume, "meta.json")) as f:
+                start = json.load(f)["step"]
         self.log = RunLog(cfg.out, self.rank, cfg.steps, start, cfg.tensorboard, cfg.progress)
         seg = self.resume()
         self.validator = (Validator(cfg, self.store, self.dataset, self.device, self.dtype,

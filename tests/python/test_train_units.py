@@ -72,6 +72,10 @@ def test_replan_on_another_world_size_is_exactly_once(store):
     assert set(later).isdisjoint(consumed.tolist())
     same = Segment(s.manifest_path, len(s), 2, 1, 3, consumed, **kw)
     assert same.load_state_dict(rest[0].state_dict(1)) == 1  # the plan's fingerprint agrees
+    # a rest smaller than the world size still plans (tail drop becomes keep for a rest)
+    tiny = Segment(s.manifest_path, len(s), 2, 0, 2, np.arange(len(s) - 1),
+                   **dict(kw, tail="drop"))
+    assert tiny.num_steps == 1 and tiny.step_ids(0) == [len(s) - 1]
 
 
 def test_checkpoints_past_a_crashed_save(tmp_path):

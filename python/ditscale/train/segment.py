@@ -6,8 +6,10 @@ world size rebuilds the same segment and continues at that step (the sampler's s
 against the plan's fingerprint). Resuming on another world size starts a new segment over the
 samples not yet consumed in the epoch (``BalancedBatchSampler`` refuses another world size, so
 a new sampler is built over those manifest rows as a ``pyarrow.Table`` and its ids mapped back
-to store ids): every sample of the epoch is trained exactly once across the change (up to the
-tail policy of the last segment). See [docs/train.md](../../../docs/train.md).
+to store ids): every sample of the epoch is trained exactly once across the change. Such a rest
+is planned with tail "keep" where the run's tail is "drop" (a rank may get no micro-batch in the
+last step), so that no sample of it is dropped and a rest smaller than the world size still
+plans. See [docs/train.md](../../../docs/train.md).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Segment:
         self.excluded = np.zeros(0, np.int64) if excluded is None else np.asarray(excluded,
                                                                                  np.int64)
         if len(self.excluded):
+            if sampler_kw.get("tail", "drop") == "drop":
+                sampler_kw = dict(sampler_kw, tail="keep")
             self.id_map = np.setdiff1d(np.arange(num_samples, dtype=np.int64), self.excluded)
             manifest = _remaining_table(manifest_path, self.id_map)
         else:

@@ -135,15 +135,17 @@ def write_shard(store: str, index: int, first_id: int,
     rel = shard_file(index)
     path = os.path.join(store, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    for stale in glob.glob(glob.escape(path) + ".tmp.*"):   # of an interrupted run: never read
-        os.remove(stale)
+    marker = _done_marker(store, index)
+    for stale in glob.glob(glob.escape(path) + ".tmp.*") + glob.glob(glob.escape(marker) +
+                                                                     ".tmp.*"):
+        os.remove(stale)   # of an interrupted run: never read
     tmp = f"{path}.tmp.{os.getpid()}"
     save_file(tensors, tmp)   # no metadata: safetensors writes its keys in hash order
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     info = ShardInfo(rel, int(first_id), len(samples), sha256_of(path))
-    _atomic_write_bytes(_done_marker(store, index), _json_bytes(dataclasses.asdict(info)))
+    _atomic_write_bytes(marker, _json_bytes(dataclasses.asdict(info)))
     return info
 
 
@@ -293,6 +295,12 @@ class LatentStore:
 
     def __len__(self) -> int:
         return self.meta.num_samples
+
+    def __getstate__(self) -> dict:
+        """Pickled without its open shards (DataLoader workers started by spawn open their own)."""
+        state = self.__dict__.copy()
+        state["_open"] = {}
+        return state
 
     @property
     def shape_model(self) -> str:

@@ -170,6 +170,15 @@ def test_a_shard_of_the_wrong_model(tmp_path):
         s[3]
 
 
+def test_pickles_without_open_shards(tmp_path):
+    import pickle
+    store, samples = make_store(tmp_path)
+    s = ls.LatentStore(store)
+    s[0]
+    copy = pickle.loads(pickle.dumps(s))
+    assert copy._open == {} and torch.equal(copy[4]["latent"], samples[4][0].to(torch.bfloat16))
+
+
 def test_reopens_after_fork(tmp_path):
     store, samples = make_store(tmp_path)
     s = ls.LatentStore(store)

@@ -154,3 +154,28 @@ def test_torchrun_cli_equals_one_rank(tmp_path):
     assert two.returncode == 0, two.stderr
     assert "5 good, 3 bad" in two.stdout and "3 shards" in two.stdout
     assert tree(tmp_path / "a") == tree(tmp_path / "b")
+
+
+def test_sigkilled_run_resumes(corpus, one_rank, tmp_path):
+    """SIGKILL the command line once two shards are done; a rerun finishes the same bytes."""
+    import signal
+    import time
+    out = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "ditscale.prepare", "--input", corpus.root,
+                             "--out", str(out), "--model", "tiny", "--device", "cpu",
+                             "--shard-size", str(SHARD), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 600
+        while len(list(out.glob("shards/*.done.json"))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "ended before 2 shards"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (out / "store.json").exists()
+    result = prepare(_options(corpus.root, out))
+    assert result["reused"] >= 2 and result["encoded"] <= 38 - 2 * SHARD
+    assert tree(out) == tree(one_rank[0])

@@ -193,3 +193,54 @@ def test_cli_errors_are_one_line(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "--input: " in r.stderr and "no such file or folder" in r.stderr
+
+
+def test_prefetched_keeps_order_and_errors():
+    from ditscale.prepare.shards import prefetched
+    assert list(prefetched(lambda x: x * x, range(7))) == [0, 1, 4, 9, 16, 25, 36]
+    assert list(prefetched(lambda x: x, [])) == [] and list(prefetched(str, [5], 3)) == ["5"]
+
+    def fail_at_3(x):
+        if x == 3:
+            raise ValueError("three")
+        return x
+    got = []
+    with pytest.raises(ValueError, match="three"):
+        for x in prefetched(fail_at_3, range(6)):
+            got.append(x)
+    assert got == [0, 1, 2]
+
+
+def test_local_encoder_folders_equal_the_random_weights(small, tmp_path):
+    """--vae / --text-encoder from a pipeline folder (vae/, text_encoder/, tokenizer/) holding
+    the preset's seed-0 random weights give the same shards as the random weights."""
+    from ditscale.prepare import encoders, presets
+    preset = presets.get_preset("tiny")
+    pipe = tmp_path / "pipe"
+    vae, _ = encoders.load_vae(preset, None, torch.device("cpu"), torch.float32, 0)
+    vae.save_pretrained(str(pipe / "vae"))
+    enc, tok, _ = encoders.load_text_encoder(preset, None, torch.device("cpu"), torch.float32, 0)
+    enc.save_pretrained(str(pipe / "text_encoder"))
+    tok.save_pretrained(str(pipe / "tokenizer"))
+    a = _run(small.root, tmp_path / "random")
+    b = prepare(PrepareOptions(input=small.root, out=str(tmp_path / "local"), model="tiny",
+                               shard_size=4, vae=str(pipe), text_encoder=str(pipe),
+                               progress=False))
+    assert a["good"] == b["good"] == 6
+    sa, sb = ls.LatentStore(str(tmp_path / "random")), ls.LatentStore(str(tmp_path / "local"))
+    assert [x.sha256 for x in sa.meta.shards] == [x.sha256 for x in sb.meta.shards]
+    assert sb.meta.vae == str(pipe) and sa.meta.vae == "random:tiny"
+
+
+def test_bad_encoder_folders(small, tmp_path):
+    from ditscale.prepare import encoders, presets
+    with pytest.raises(ValueError, match=r"--vae: .*: no config.json in it or in vae/"):
+        encoders.load_vae(presets.get_preset("tiny"), str(tmp_path), "cpu", torch.float32, 0)
+    enc, tok, _ = encoders.load_text_encoder(presets.get_preset("tiny"), None, "cpu",
+                                             torch.float32, 0)
+    enc.save_pretrained(str(tmp_path / "te"))
+    tok.save_pretrained(str(tmp_path / "te"))
+    with pytest.raises(ValueError, match=r"--text-encoder: .*te: width 16, the wan2.1-1.3b "
+                                         r"transformer's text_dim is 4096"):
+        encoders.load_text_encoder(presets.get_preset("wan2.1-1.3b"), str(tmp_path / "te"),
+                                   "cpu", torch.float32, 0)

@@ -25,7 +25,8 @@ class PrepareOptions:
     text_encoder: Optional[str] = None
     shard_size: int = 64
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "float32"          # the text encoder's
+    vae_dtype: str = "float32"
     seed: int = 0
     timeout_s: float = 1800.0
     progress: bool = True
@@ -36,7 +37,8 @@ class PrepareOptions:
                 raise ValueError(f"{name}: expected a path, got {value!r}")
         for name, value, choices in (("--model", self.model, tuple(PRESETS)),
                                      ("--device", self.device, DEVICES),
-                                     ("--dtype", self.dtype, DTYPES)):
+                                     ("--dtype", self.dtype, DTYPES),
+                                     ("--vae-dtype", self.vae_dtype, DTYPES)):
             if value not in choices:
                 raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
         check_int("--shard-size", self.shard_size, 1, MAX_SHARD_SIZE)
@@ -62,7 +64,10 @@ def parser() -> argparse.ArgumentParser:
            "tokenizer/); default: a random UMT5 of the preset's config, byte-level tokenizer")
     a("--shard-size", type=int, default=64, help=f"samples per shard, [1, {MAX_SHARD_SIZE}]")
     a("--device", choices=DEVICES, default=None, help="default: cuda when available")
-    a("--dtype", choices=DTYPES, default="float32", help="the encoders' compute dtype")
+    a("--dtype", choices=DTYPES, default=None,
+      help="the text encoder's compute dtype (default: bfloat16 on cuda, float32 on cpu)")
+    a("--vae-dtype", choices=DTYPES, default="float32",
+      help="the VAE's compute dtype (default float32, as Wan's pipelines run it)")
     a("--seed", type=int, default=0, help=f"seed of random weights, [0, {INT64_MAX}]")
     a("--timeout-s", type=float, default=1800.0,
       help="the ranks' group timeout in seconds, [1, 86400]")
@@ -81,7 +86,9 @@ def from_args(argv=None) -> PrepareOptions:
     try:
         return PrepareOptions(input=args.input, out=args.out, model=args.model, vae=args.vae,
                               text_encoder=args.text_encoder, shard_size=args.shard_size,
-                              device=device, dtype=args.dtype, seed=args.seed,
+                              device=device, dtype=args.dtype or (
+                                  "bfloat16" if device == "cuda" else "float32"),
+                              vae_dtype=args.vae_dtype, seed=args.seed,
                               timeout_s=args.timeout_s, progress=not args.no_progress)
     except (ValueError, TypeError) as e:
         p.error(str(e))

@@ -54,11 +54,13 @@ def write_report(store: str, num_inputs: int, num_good: int, bad: Sequence[Bad])
     return report
 
 
-def summary(store: str, report: dict, shards: int, reused: int, encoded: int,
-            seconds: float) -> str:
-    """One line: good/bad counts, shards (and how many a previous run had finished), rate."""
-    rate = encoded / seconds if seconds > 0 else 0.0
-    bad = f" (see {os.path.join(store, BAD_FILES_CSV)})" if report["bad"] else ""
-    return (f"prepare: {report['good']} good, {report['bad']} bad{bad}; {shards} shards "
-            f"({reused} finished before); {encoded} clips encoded in {seconds:.1f} s "
-            f"({rate:.2f} clips/s) -> {store}")
+def summary(r: dict) -> str:
+    """One line of a run's result (run.prepare's dict): good/bad counts, shards (and how many
+    an earlier run had finished), clips encoded and their rate (clips / the longest time a rank
+    spent encoding, the encoders' loading excluded), the whole run's time."""
+    rate = r["encoded"] / r["encode_seconds"] if r["encode_seconds"] > 0 else 0.0
+    bad = f" (see {os.path.join(r['store'], BAD_FILES_CSV)})" if r["bad"] else ""
+    return (f"prepare: {r['good']} good, {r['bad']} bad{bad}; {r['shards']} shards "
+            f"({r['reused']} finished before); {r['encoded']} clips encoded in "
+            f"{r['encode_seconds']:.1f} s ({rate:.2f} clips/s); {r['seconds']:.1f} s in all "
+            f"-> {r['store']}")

@@ -79,6 +79,7 @@ def _settings(opts: PrepareOptions, preset: Preset) -> dict:
     return dict(format=ls.FORMAT, version=ls.VERSION, model=preset.name,
                 shard_size=opts.shard_size, vae=source(opts.vae),
                 text_encoder=source(opts.text_encoder), dtype=opts.dtype,
+                vae_dtype=opts.vae_dtype,
                 device=opts.device, seed=opts.seed if not (opts.vae and opts.text_encoder)
                 else None)
 
@@ -113,9 +114,10 @@ def _device(opts: PrepareOptions) -> torch.device:
 
 
 def _encode(store, samples, shards, opts, preset, rank: int, world: int):
-    """Every shard's ShardInfo (in order), shards kept from before, samples encoded (all ranks)."""
+    """Every shard's ShardInfo (in order), shards kept from before, samples encoded (all
+    ranks), and the longest time a rank spent encoding."""
     mine = [s for s in shards if s[0] % world == rank]
-    result, error = ({}, 0, 0), None
+    result, error = ({}, 0, 0, 0.0), None
     with _bar(opts, rank, 0, "encode") as bar:
         try:
             result = encode_shards(store, samples, mine,
@@ -124,10 +126,10 @@ def _encode(store, samples, shards, opts, preset, rank: int, world: int):
             error = _error_of(e)
     parts = group.gather(world, result, error)
     infos: Dict[int, ls.ShardInfo] = {}
-    for part, _, _ in parts:
-        infos.update(part)
+    for part in parts:
+        infos.update(part[0])
     return ([infos[k] for k, _, _ in shards], sum(p[1] for p in parts),
-            sum(p[2] for p in parts))
+            sum(p[2] for p in parts), max(p[3] for p in parts))
 
 
 def _finish(store: str, preset: Preset, opts, samples: Sequence[Sample], infos, rep: dict):
@@ -155,16 +157,21 @@ def _run(opts: PrepareOptions, rank: int, world: int) -> dict:
     bad = bad + probe_bad
     shards = plan_shards(len(samples), opts.shard_size)
     _check_resume(store, fingerprint(samples, **_settings(opts, preset)), rank, world)
-    infos, reused, encoded = _encode(store, samples, shards, opts, preset, rank, world)
+    infos, reused, encoded, encode_s = _encode(store, samples, shards, opts, preset, rank,
+                                               world)
     rep = {"inputs": len(items) + len(bad) - len(probe_bad), "good": len(samples),
            "bad_list": bad}
+    error = None
     if rank == 0:
-        _finish(store, preset, opts, samples, infos, rep)
-    group.barrier(world)
+        try:
+            _finish(store, preset, opts, samples, infos, rep)
+        except Exception as e:  # noqa: BLE001 (carried to every rank)
+            error = _error_of(e)
+    group.gather(world, None, error)
     seconds = time.monotonic() - start
     out = {"store": store, "inputs": rep["inputs"], "good": len(samples), "bad": len(bad),
-           "shards": len(shards), "reused": reused, "encoded": encoded, "seconds": seconds}
+           "shards": len(shards), "reused": reused, "encoded": encoded,
+           "encode_seconds": encode_s, "seconds": seconds}
     if rank == 0:
-        print(report.summary(store, {"good": len(samples), "bad": len(bad)}, len(shards),
-                             reused, encoded, seconds), flush=True)
+        print(report.summary(out), flush=True)
     return out

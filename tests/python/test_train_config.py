@@ -67,6 +67,10 @@ def test_out_of_range(tmp_path, store, capsys, argv, msg):
 
 def test_required_and_toml_errors(tmp_path, store, capsys):
     assert "store: required" in _error(capsys, ["--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as e:  # argparse: a flag that is no number
+        main(_base(store, tmp_path) + ["--steps", "1.5"])
+    assert e.value.code == 2 and "argument --steps: '1.5' is not an integer" in \
+        capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text("[optim]\nsteps = 3\n")
     assert "unknown key 'steps' in [optim] (it belongs in the top level)" in _error(

@@ -194,7 +194,8 @@ def _parse_flag(field: Field):
         try:
             return int(text) if field.kind == "int" else float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{field.flag}: {text!r} is not a number")
+            kind = "an integer" if field.kind == "int" else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}")
     return parse
 
 

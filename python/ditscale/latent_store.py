@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ._checks import check_int, check_real
+from ._checks import INT64_MAX, check_int, check_real
 
 FORMAT = "ditscale-latent-store"
 VERSION = 1
@@ -71,6 +71,9 @@ class StoreMeta:
     shape_model: str
     latent_dtype: str = "bfloat16"
     text_dtype: str = "bfloat16"
+    # The seed of the random weights where vae / text_encoder is "random:<preset>" (optional in
+    # store.json: 0 when absent).
+    seed: int = 0
     format: str = FORMAT
     version: int = VERSION
 
@@ -256,7 +259,8 @@ def parse_store_json(path: str) -> StoreMeta:
         fps=_as_value_error(check_real, f"{path}: fps", fps, 0, 1000), num_samples=num,
         shards=_parse_shards(f, num), vae=f.str("vae"), text_encoder=f.str("text_encoder"),
         shape_model=f.str("shape_model"), latent_dtype=f.str("latent_dtype", ("bfloat16",)),
-        text_dtype=f.str("text_dtype", ("bfloat16",)))
+        text_dtype=f.str("text_dtype", ("bfloat16",)),
+        seed=f.int("seed", 0, INT64_MAX) if "seed" in d else 0)
 
 
 # ---- reader -------------------------------------------------------------------------------------
@@ -338,7 +342,12 @@ class LatentStore:
             self._open, self._pid = {}, os.getpid()
         h = self._open.get(k)
         if h is None:
-            h = safe_open(os.path.join(self.path, self.meta.shards[k].file), framework="pt")
+            file = self.meta.shards[k].file
+            try:
+                h = safe_open(os.path.join(self.path, file), framework="pt")
+            except Exception as e:  # safetensors' own error type for a damaged header
+                raise ValueError(f"{self.path}: shard {file} is not a safetensors file: "
+                                 f"{e}") from None
             self._open[k] = h
         return h
 

@@ -46,6 +46,7 @@ def test_round_trip(tmp_path):
     store, samples = make_store(tmp_path)
     s = ls.LatentStore(store, verify=True)
     assert len(s) == 5 and s.meta.model == "tiny" and s.meta.patch == (1, 2, 2)
+    assert s.meta.seed == 0
     assert s.manifest_path == os.path.join(os.path.abspath(store), "manifest.csv")
     for i in (4, 0, 3, 1, 2):   # random access across shards
         got = s[i]
@@ -123,6 +124,7 @@ def _edit(store, fn):
     (lambda d: d["shards"][0].update(file="../x.safetensors"), "is not shards/NNNNN"),
     (lambda d: d["shards"][0].update(sha256="abc"), "sha256: 'abc' is not 64"),
     (lambda d: d["shards"][0].update(count=0), r"count: 0 is out of range"),
+    (lambda d: d.update(seed=-1), r"seed: -1 is out of range"),
 ])
 def test_bad_store_json(tmp_path, edit, match):
     store, _ = make_store(tmp_path)
@@ -168,6 +170,18 @@ def test_a_shard_of_the_wrong_model(tmp_path):
     s[0]
     with pytest.raises(ValueError, match=r"sample 3 has latent torch.bfloat16 \[8, 1, 2, 4\]"):
         s[3]
+
+
+def test_a_damaged_shard(tmp_path):
+    store, _ = make_store(tmp_path)
+    with open(os.path.join(store, "shards", "00001.safetensors"), "wb") as f:
+        f.write(b"\xff" * 16)
+    s = ls.LatentStore(store)
+    s[0]
+    with pytest.raises(ValueError, match="shard shards/00001.safetensors is not a safetensors"):
+        s[3]
+    with pytest.raises(ValueError, match="00001.safetensors: sha256 differs"):
+        ls.LatentStore(store, verify=True)
 
 
 def test_pickles_without_open_shards(tmp_path):

@@ -59,6 +59,7 @@ def test_store_matches_the_corpus(corpus, one_rank):
     assert result["shards"] == 5 and result["encoded"] == 38 and result["reused"] == 0
     s = ls.LatentStore(store, verify=True)
     s.check_model(latent_channels=4, patch=(1, 2, 2), text_dim=16)
+    assert (s.meta.vae, s.meta.text_encoder, s.meta.seed) == ("random:tiny", "random:tiny", 0)
     with open(s.manifest_path, newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["path"] for r in rows] == corpus.good and len(s) == 38

@@ -144,8 +144,9 @@ def _tar(full: str, rel: str, items: List[Item], bad: List[Bad]) -> None:
                               m.offset_data, m.size))
 
 
-def _table_rows(path: str) -> Iterator[Tuple[int, object, object]]:
-    """(1-based row, path, caption) of a table; ValueError naming the file for a bad table."""
+def _table_rows(path: str) -> Iterator[Tuple[int, object, object, Optional[str]]]:
+    """(line, path, caption, what is wrong with the row or None) of each row of a table;
+    ValueError naming the file for a table without the columns."""
     ext = os.path.splitext(path)[1].lower()
     if ext == ".parquet":
         import pyarrow.parquet as pq
@@ -153,14 +154,14 @@ def _table_rows(path: str) -> Iterator[Tuple[int, object, object]]:
             t = pq.read_table(path, columns=["path", "caption"])
         except (KeyError, ValueError, OSError) as e:
             raise ValueError(f"{path}: cannot read columns path, caption ({e})") from None
-        yield from ((i + 1, p, c) for i, (p, c) in
+        yield from ((i + 1, p, c, None) for i, (p, c) in
                     enumerate(zip(t.column("path").to_pylist(), t.column("caption").to_pylist())))
     elif ext == ".csv":
         with open(path, newline="", encoding="utf-8") as f:
             r = csv.DictReader(f)
             if not r.fieldnames or not {"path", "caption"} <= set(r.fieldnames):
                 raise ValueError(f"{path}: the header must have columns path and caption")
-            yield from ((r.line_num, row["path"], row["caption"]) for row in r)
+            yield from ((r.line_num, row["path"], row["caption"], None) for row in r)
     else:
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
@@ -168,21 +169,19 @@ def _table_rows(path: str) -> Iterator[Tuple[int, object, object]]:
                     try:
                         obj = json.loads(line)
                     except ValueError as e:
-                        yield n, None, f"not JSON ({e})"
+                        yield n, None, None, f"not JSON ({e})"
                         continue
                     obj = obj if isinstance(obj, dict) else {}
-                    yield n, obj.get("path"), obj.get("caption")
+                    yield n, obj.get("path"), obj.get("caption"), None
 
 
 def _table(path: str, items: List[Item], bad: List[Bad]) -> None:
     base = os.path.dirname(os.path.abspath(path))
-    for n, p, caption in _table_rows(path):
+    for n, p, caption, error in _table_rows(path):
         if n > MAX_ROWS + 1:
             raise ValueError(f"{path}: more than {MAX_ROWS} rows")
-        if not isinstance(p, str) or not p.strip():
-            why = caption if p is None and isinstance(caption, str) and caption.startswith(
-                "not JSON") else "no path"
-            bad.append(Bad(f"{os.path.basename(path)}:{n}", why))
+        if error or not isinstance(p, str) or not p.strip():
+            bad.append(Bad(f"{os.path.basename(path)}:{n}", error or "no path"))
             continue
         ext = media_ext(p)
         if not isinstance(caption, str):

@@ -5,8 +5,8 @@ frames resampled by timestamp: output frame j is the decoded frame nearest to t_
 (ties, within 1 ns: the earlier), with r = model_fps when the clip's fps is above it (else the
 clip's own fps: no resampling) and t_0 the first frame's time. Each kept frame is resized
 (bilinear, antialiased) by s = max(H_b / H, W_b / W), so that it covers the bucket H_b x W_b
-with its aspect ratio kept, then center-cropped to the bucket, and scaled to [-1, 1] (x / 127.5 - 1).
-Returns float32 [3, frames, H_b, W_b]. A clip that decodes differently from its probe is a
+with its aspect ratio kept, then center-cropped to the bucket, and scaled to [-1, 1]
+(x / 127.5 - 1). Returns float32 [3, frames, H_b, W_b]. A clip that decodes differently from its probe is a
 ValueError naming it. See [docs/prepare.md](../../../docs/prepare.md#frames).
 """
 

@@ -142,7 +142,7 @@ def _finish(store: str, preset: Preset, opts, samples: Sequence[Sample], infos, 
         vae_stride=(4, 8, 8), patch=preset.patch(), text_dim=preset.text_dim(),
         max_text_tokens=preset.max_text_tokens, fps=preset.fps, num_samples=len(samples),
         shards=tuple(infos), vae=settings["vae"], text_encoder=settings["text_encoder"],
-        shape_model=preset.shape_model)
+        shape_model=preset.shape_model, seed=opts.seed)
     ls.write_store_json(store, meta)
 
 

@@ -1,14 +1,16 @@
 """Encoding this rank's shards: decode each sample, encode it with the VAE and its caption with
 the text encoder, check the latent's shape, and write the shard (latent_store.write_shard: a
 tmp file renamed, then its done marker). A thread decodes up to PREFETCH clips ahead of the
-VAE, so that decoding overlaps encoding (the results do not depend on it). A shard already finished by an earlier run (its done
-marker and sha256 match) is kept; the encoders are loaded only when there is a shard to encode.
+VAE, so that decoding overlaps encoding (the results do not depend on it). A shard already
+finished by an earlier run (its done marker and sha256 match) is kept; the encoders are loaded
+only when there is a shard to encode.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
 import time
 from typing import Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
 
@@ -28,12 +30,10 @@ def prefetched(fn: Callable, args: Iterable, depth: int = PREFETCH) -> Iterator:
     """fn(a) for each a of args, in order, computed by one thread at most ``depth`` ahead."""
     it = iter(args)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pending = collections.deque(pool.submit(fn, a) for a in
-                                    (x for _, x in zip(range(depth), it)))
+        pending = collections.deque(pool.submit(fn, a) for a in itertools.islice(it, depth))
         while pending:
             done = pending.popleft()
-            for a in (x for _, x in zip(range(1), it)):
-                pending.append(pool.submit(fn, a))
+            pending.extend(pool.submit(fn, a) for a in itertools.islice(it, 1))
             yield done.result()
 
 

@@ -5,9 +5,9 @@ Prompts: the text embeddings of store samples 0 .. n-1 (their captions through t
 encoder), zero-padded as in training; sample i is generated with a ``torch.Generator`` seeded
 ``validation_seed + i``; the scheduler is ``FlowMatchEulerDiscreteScheduler`` with the
 training shift; the VAE is the store's (``store.json`` "vae": a diffusers ``AutoencoderKLWan``
-folder, or "random:<preset>": that preset's VAE config with random weights of seed 0, loaded by
-``ditscale.prepare.encoders``). Every rank runs the pipeline (the FSDP model's forward gathers
-its shards); rank 0 writes the files. The model is the training weights, not the EMA.
+folder, or "random:<preset>": that preset's VAE config with the random weights of the store's
+``seed``, loaded by ``ditscale.prepare.encoders``: the VAE that made the latents). Every rank
+runs the pipeline (the FSDP model's forward gathers its shards); rank 0 writes the files. The model is the training weights, not the EMA.
 See [docs/train.md](../../../docs/train.md).
 """
 
@@ -21,10 +21,10 @@ import torch
 from ..diffusers.generation import encode_png, encode_video, output_array, to_uint8
 
 
-def load_vae(spec: str, model: str, latent_channels: int, device: torch.device):
+def load_vae(spec: str, model: str, latent_channels: int, device: torch.device, seed: int = 0):
     """The store's VAE in float32 on ``device``, as ``ditscale.prepare`` loads it (``spec``: a
-    folder, or "random:<preset>": seed 0; the global RNG is left as it was); ValueError when it
-    is missing or its latent channels differ from the store's."""
+    folder, or "random:<preset>": the weights of ``seed``, the store's; the global RNG is left
+    as it was); ValueError when it is missing or its latent channels differ from the store's."""
     from ..prepare.encoders import load_vae as prepare_vae
     from ..prepare.presets import get_preset
 
@@ -36,7 +36,7 @@ def load_vae(spec: str, model: str, latent_channels: int, device: torch.device):
         raise ValueError(f"validation: the store's VAE {spec!r} is not a folder (or "
                          f"random:<preset>); it is needed to decode the validation samples")
     with torch.random.fork_rng(devices=[]):
-        vae, _ = prepare_vae(preset, folder, str(device), torch.float32, 0)
+        vae, _ = prepare_vae(preset, folder, str(device), torch.float32, seed)
     if vae.config.z_dim != latent_channels:
         raise ValueError(f"validation: the VAE {spec!r} has {vae.config.z_dim} latent channels, "
                          f"the store {latent_channels}")
@@ -50,7 +50,7 @@ class Validator:
         n = min(cfg.validation_samples, len(store))
         self.prompts = [dataset[i]["text"].float() for i in range(n)]
         self.vae = load_vae(store.meta.vae, store.meta.model, store.meta.latent_channels,
-                            device)
+                            device, store.meta.seed)
 
     def _pipeline(self, model):
         from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline

@@ -7,8 +7,8 @@ encoder), zero-padded as in training; sample i is generated with a ``torch.Gener
 training shift; the VAE is the store's (``store.json`` "vae": a diffusers ``AutoencoderKLWan``
 folder, or "random:<preset>": that preset's VAE config with the random weights of the store's
 ``seed``, loaded by ``ditscale.prepare.encoders``: the VAE that made the latents). Every rank
-runs the pipeline (the FSDP model's forward gathers its shards); rank 0 writes the files. The model is the training weights, not the EMA.
-See [docs/train.md](../../../docs/train.md).
+runs the pipeline (the FSDP model's forward gathers its shards); rank 0 writes the files. The
+model is the training weights, not the EMA. See [docs/train.md](../../../docs/train.md).
 """
 
 from __future__ import annotations

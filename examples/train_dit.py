@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Train a Wan-2.1-style DiT (random init, synthetic data) on a manifest's shapes with an
-AdaptiveLoad policy, and measure the load balance.
+AdaptiveLoad policy, and measure the load balance (the measurements of docs/balance.md). To
+train on your own data (a latent store), with checkpoints and validation, use
+``python -m ditscale.train`` (docs/train.md).
 
     torchrun --nproc-per-node 2 examples/train_dit.py --manifest examples/manifests/mixed_2k.csv \\
         --model wan2.1-1.3b --num-layers 8 --policy balanced --steps 30 --cost cost.json \\

@@ -1,0 +1,82 @@
+"""One optimizer step of a rank: its micro-batches with gradient accumulation, the timed
+barrier (the imbalance), the gradient sync, clipping, AdamW, the schedule and the EMA.
+
+The phases are those of ``ditscale.models.training.StepRunner`` (its docstring): unshard every
+FSDP unit; forward + backward of each micro-batch with gradient sync off (ranks may run
+different numbers of micro-batches: the balanced plan's accumulation); a barrier that is an
+all_reduce(MAX) of this rank's stop request (SIGTERM), so that every rank learns it in the same
+step and ``wait_s`` is the time this rank idled for the slowest one; the sync pass (a 1-token
+forward/backward, loss * 0, reduce-scatters the accumulated gradients) and the average of the
+replicated parameters' gradients; then ``optim.clip_grad_norm``, AdamW, the scheduler, the EMA.
+The gradient is that of the mean per-sample loss over every rank's samples of the step:
+``loss_scale = world_size / samples_in_step`` (FSDP averages over the ranks).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..models.training import MicroBatch, StepRunner, per_sample_loss, synchronize
+from .optim import clip_grad_norm
+
+
+@dataclass
+class StepResult:
+    loss_sum: float = 0.0  # sum of this rank's per-sample losses
+    samples: int = 0
+    tokens: int = 0
+    shapes: List[List[int]] = field(default_factory=list)  # [B, C, F', H', W'] per micro-batch
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    step_s: float = 0.0
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    stop: bool = False  # some rank asked to stop (SIGTERM)
+
+
+class Stepper:
+    def __init__(self, model, optimizer, scheduler, ema, device, wan_cfg, dtype, grad_clip):
+        self.runner = StepRunner(model, optimizer, device, cfg=wan_cfg, dtype=dtype)
+        self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
+        self.device, self.grad_clip = device, grad_clip
+
+    def step(self, mbs: Sequence[MicroBatch], loss_scale: float, stop: bool) -> StepResult:
+        r, run, dev = StepResult(), self.runner, self.device
+        r.lr = float(self.optimizer.param_groups[0]["lr"])
+        t0 = time.perf_counter()
+        for h in [u.unshard(async_op=True) for u in run.units]:
+            if h is not None:
+                h.wait()
+        loss_sum = torch.zeros((), device=dev, dtype=torch.float64)
+        for mb in mbs:
+            run._set_sync(False)
+            losses = per_sample_loss(self.model, mb)
+            (losses.sum() * loss_scale).backward()
+            loss_sum += losses.detach().double().sum()
+            r.samples += len(mb.sample_ids)
+            r.tokens += mb.tokens
+            r.shapes.append(list(mb.x_t.shape))
+        synchronize(dev)
+        t1 = time.perf_counter()
+        flag = torch.tensor([1.0 if stop else 0.0], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        synchronize(dev)
+        t2 = time.perf_counter()
+        run._set_sync(True)
+        (per_sample_loss(self.model, run._dummy_batch()).sum() * 0.0).backward()
+        run._average_replicated_grads()
+        r.grad_norm = clip_grad_norm(self.model, self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        synchronize(dev)
+        r.compute_s, r.wait_s, r.step_s = t1 - t0, t2 - t1, time.perf_counter() - t0
+        r.loss_sum, r.stop = float(loss_sum), bool(flag.item() > 0)
+        return r

@@ -15,18 +15,18 @@ pytest.importorskip("diffusers")
 
 from ditscale.serve import cli, jobs, metrics, options, runner, schema  # noqa: E402
 from ditscale.serve.errors import RequestError  # noqa: E402
-from ditscale.serve.http import route_label  # noqa: E402
+from ditscale.serve.app import route_label  # noqa: E402
 
 IMAGE = schema.Limits(
     pipeline="sd3", video=False, pixel_multiple=16, frame_step=0, text_width=16,
     pooled_width=8, has_mask=False, has_encoders=False, default_size=(512, 768, 1),
     default_steps=4, default_guidance=7.0, max_size=1024, max_frames=1, max_steps=50,
-    max_batch=4, max_timeout_s=60.0, stand_in_tokens=7)
+    max_batch=4, max_n=4, max_timeout_s=60.0, stand_in_tokens=7)
 VIDEO = schema.Limits(
     pipeline="hunyuan-video", video=True, pixel_multiple=16, frame_step=4, text_width=16,
     pooled_width=8, has_mask=True, has_encoders=False, default_size=(320, 512, 17),
     default_steps=4, default_guidance=1.0, max_size=1024, max_frames=33, max_steps=50,
-    max_batch=2, max_timeout_s=60.0, stand_in_tokens=7)
+    max_batch=2, max_n=2, max_timeout_s=60.0, stand_in_tokens=7)
 
 
 def refused(body, lim=IMAGE, kind=None):
@@ -56,7 +56,7 @@ def test_defaults_and_sizes():
     ({"prompt": "x", "size": "512x2048"}, "size", "height 2048 is out of range [16, 1024]"),
     ({"prompt": "x", "size": "0x0"}, "size", "out of range [16, 1024]"),
     ({"prompt": "x", "size": "5１2x512"}, "size", "is not \"<width>x<height>\""),
-    ({"prompt": "x", "size": 512}, "size", "is not \"<width>x<height>\""),
+    ({"prompt": "x", "size": 512}, "size", "expected a string, got int"),
     ({"prompt": "x", "size": "512x512", "width": 512}, "size", "not both"),
     ({"prompt": "x", "width": 8}, "width", "8 is out of range [16, 1024]"),
     ({"prompt": "x", "height": "512"}, "height", "expected an integer, got str"),
@@ -249,25 +249,26 @@ def test_wait_wakes_on_change_and_closing_refuses():
 
 def test_prometheus_text():
     m = metrics.Metrics()
-    m.inc("requests_total", endpoint="POST /v1/images/generations", status="200")
-    m.inc("requests_total", endpoint="POST /v1/images/generations", status="200")
-    m.set("gpu_memory_bytes", 1024, rank="0", kind="peak")
+    m.requests.labels(endpoint="POST /v1/images/generations", status="200").inc(2)
+    m.gpu_memory_bytes.labels(rank="0", kind="peak").set(1024)
     for v in (0.05, 0.3, 1000.0):
-        m.observe("job_latency_seconds", v)
-    text = m.render()
-    lines = text.splitlines()
+        m.job_latency_seconds.observe(v)
+    m.stage_seconds.labels(stage="vae_decode").observe(0.02)
+    lines = m.render().decode().splitlines()
     assert ('ditscale_serve_requests_total{endpoint="POST /v1/images/generations",'
-            'status="200"} 2') in lines
-    assert 'ditscale_serve_gpu_memory_bytes{kind="peak",rank="0"} 1024' in lines
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.05"} 1' in lines  # le: <=
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.5"} 2' in lines
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="600"} 2' in lines
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="+Inf"} 3' in lines
-    assert "ditscale_serve_job_latency_seconds_count 3" in lines
-    assert "ditscale_serve_queue_depth 0" in lines  # an unset gauge reads 0
+            'status="200"} 2.0') in lines
+    assert 'ditscale_serve_gpu_memory_bytes{kind="peak",rank="0"} 1024.0' in lines
+    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.05"} 1.0' in lines  # le: <=
+    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.5"} 2.0' in lines
+    assert 'ditscale_serve_job_latency_seconds_bucket{le="+Inf"} 3.0' in lines
+    assert "ditscale_serve_job_latency_seconds_count 3.0" in lines
+    assert 'ditscale_serve_stage_seconds_bucket{le="0.025",stage="vae_decode"} 1.0' in lines
+    assert "ditscale_serve_queue_depth 0.0" in lines  # an unset gauge reads 0
     assert "# TYPE ditscale_serve_run_seconds histogram" in lines
-    for name, (kind, _) in metrics.Metrics.HELP.items():
-        assert f"# TYPE ditscale_serve_{name} {kind}" in lines
+    for name, (kind, _, _, _) in metrics.SPECS.items():
+        full = name + ("_total" if kind._type == "counter" else "")
+        assert f"# TYPE ditscale_serve_{full} {kind._type}" in lines
+    assert metrics.Metrics().render() != m.render()  # one registry a server
 
 
 def test_route_labels_are_bounded():
@@ -299,7 +300,7 @@ def test_option_defaults():
     (["--request-timeout", "0"], "--request-timeout: 0 is out of range (0, 86400]"),
     (["--request-timeout", "nan"], "--request-timeout: nan is out of range"),
     (["--max-body-mib", "0"], "--max-body-mib: 0 is out of range [1, 4096]"),
-    (["--max-connections", "0"], "--max-connections: 0 is out of range [1, 10000]"),
+    (["--max-connections", "0"], "--max-connections: 0 is out of range [1, 100000]"),
     (["--heartbeat", "0.01"], "--heartbeat: 0.01 is out of range [0.05, 60]"),
     (["--group-timeout", "4"], "--group-timeout: 4 is out of range [5, 3600]"),
     (["--group-timeout", "6", "--heartbeat", "2"], "at least 5x --heartbeat"),
@@ -338,13 +339,14 @@ def test_limits_follow_the_model():
     assert lim.default_size == (12, 20, 1) and not lim.video and not lim.has_encoders
     with pytest.raises(ValueError, match="--max-size: 128 is above 64"):
         cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--max-size", "128"]))
-    with pytest.raises(ValueError, match="--max-size: 16 is below the default size 20x12"):
-        cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--max-size", "16"]))
+    # a default the user never gave is fitted within the sizes allowed, never a refusal
+    lim = cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--max-size", "16"]))
+    assert lim.default_size == (8, 16, 1)
     cog = tiny.make_pipeline("cogvideox")
     lim = cli.limits_of(cog, options.parse(["--pipeline", "cogvideox"]))
     assert (lim.frame_step, lim.max_frames, lim.default_size) == (8, 33, (24, 8, 9))
-    with pytest.raises(ValueError, match="--max-frames: 5 is below the default frame count 9"):
-        cli.limits_of(cog, options.parse(["--pipeline", "cogvideox", "--max-frames", "5"]))
+    lim = cli.limits_of(cog, options.parse(["--pipeline", "cogvideox", "--max-frames", "5"]))
+    assert lim.default_size == (24, 8, 1)
 
 
 def test_shape_rules():

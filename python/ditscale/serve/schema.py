@@ -18,7 +18,7 @@ Fields (every one checked; any other field is a 400 naming it):
 ``size``                    ``"WxH"`` (images; or ``width`` and ``height``), multiples of the
                             pipeline's pixel multiple, each in [multiple, --max-size]
 ``frames``, ``fps``         videos: frames ``1 + k * t`` in [1, --max-frames]; fps in [1, 120]
-``n``                       samples, [1, --max-batch]; sample i uses seed ``seed + i``
+``n``                       samples, [1, --max-n]; sample i uses seed ``seed + i``
 ``seed``                    [0, 2^63 - 1 - n]; default: drawn by the server and returned
 ``steps``                   denoising steps, [1, --max-steps]; default: the server's
 ``guidance``                CFG scale, [0, 100]; default: the pipeline's; > 1 turns CFG on
@@ -49,9 +49,9 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
+from .body import MAX_TEXT_CHARS, validate_body
 from .errors import RequestError, bad
 
-MAX_TEXT_CHARS = 10_000
 MAX_TEXT_TOKENS = 4096
 MAX_SEED = 2**63 - 1
 TEXT_SOURCES = ("request", "pipeline", "stand-in")
@@ -83,7 +83,8 @@ class Limits:
     max_size: int
     max_frames: int
     max_steps: int
-    max_batch: int
+    max_batch: int  # samples per pipeline call
+    max_n: int  # samples of one request
     max_timeout_s: float
     stand_in_tokens: int  # T of stand-in embeddings
 
@@ -212,14 +213,13 @@ def decode_tensor(name: str, value, max_numel: int) -> torch.Tensor:
     if isinstance(value, dict):
         t = _decode_b64(name, value, max_numel)
     elif isinstance(value, list):
+        numel = _nested_numel(name, value, max_numel)
         try:
             arr = np.asarray(value)
         except (ValueError, TypeError) as e:
             raise bad(name, f"not a rectangular nested list of numbers ({e})") from None
-        if arr.dtype.kind not in "iuf":
+        if arr.dtype.kind not in "iuf" or arr.size != numel:
             raise bad(name, f"not a rectangular nested list of numbers (found {arr.dtype})")
-        if arr.size > max_numel:
-            raise bad(name, f"{arr.size} values, at most {max_numel}")
         with np.errstate(over="ignore"):  # beyond float32: inf, refused below
             t = torch.from_numpy(arr.astype(np.float32))
     else:
@@ -228,6 +228,25 @@ def decode_tensor(name: str, value, max_numel: int) -> torch.Tensor:
     if not bool(torch.isfinite(t).all()):
         raise bad(name, "has NaN or infinite values")
     return t
+
+
+def _nested_numel(name: str, value: list, max_numel: int) -> int:
+    """The values of a nested list, from the lengths along its first elements (what
+    ``np.asarray`` would allocate), refused above ``max_numel`` before anything is
+    converted; a ragged list is found by the conversion."""
+    numel, level = 1, value
+    for _ in range(5):
+        if not isinstance(level, list):
+            break
+        numel *= len(level)
+        if numel > max_numel:
+            raise bad(name, f"more than {max_numel} values (at most {max_numel})")
+        if not level:
+            break
+        level = level[0]
+    else:
+        raise bad(name, "not a nested list of 1-4 dimensions")
+    return numel
 
 
 def _decode_b64(name: str, value: dict, max_numel: int) -> torch.Tensor:
@@ -346,16 +365,12 @@ def parse_request(body, kind: str, lim: Limits) -> Request:
                                 f"{'a video' if lim.video else 'an image'} pipeline: use "
                                 f"POST /v1/{endpoint}/generations", code="wrong_endpoint")
     allowed = (VIDEO_FIELDS if lim.video else IMAGE_FIELDS) | set(embed_fields(lim))
-    for name in body:
-        if name not in allowed:
-            raise RequestError(400, f"{name}: unknown field (the accepted fields are "
-                                    f"{', '.join(sorted(allowed))})", param=name,
-                               code="unknown_field")
+    validate_body(body, lim.video, allowed)  # names and types; the ranges below
     if "model" in body and body["model"] != lim.pipeline:
         raise bad("model", f"{body['model']!r}: this server runs {lim.pipeline!r}")
     height, width = _size(body, lim)
     frames = _frames(body, lim)
-    n = _int(body, "n", 1, lim.max_batch, 1)
+    n = _int(body, "n", 1, lim.max_n, 1)
     seed = (_int(body, "seed", 0, MAX_SEED - n + 1) if "seed" in body
             else int.from_bytes(os.urandom(8), "big") >> 2)
     steps = _int(body, "steps", 1, lim.max_steps, lim.default_steps)

@@ -1,0 +1,140 @@
+"""A generation request's JSON body as pydantic models: field names and types.
+
+:class:`ImageBody` / :class:`VideoBody` (strict types: no "2" for 2, no 2.0 for an integer,
+unknown fields refused, text valid Unicode) are what ``/openapi.json`` publishes and what
+:func:`validate_body` checks first; the ranges that depend on the served pipeline (sizes,
+steps, ``n``, widths of prompt embeddings) are checked after, by :mod:`.schema`. A pydantic
+error becomes the server's one error body: 400 naming the field (:data:`MESSAGES`, one
+template per pydantic error type). The fields and their ranges: docs/serve.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import RequestError, bad
+
+MAX_TEXT_CHARS = 10_000
+MAX_USER_CHARS = 256
+
+
+class EmbedB64(BaseModel):
+    """A tensor as little-endian bytes in base64, of ``shape`` and ``dtype``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    shape: List[int] = Field(description="1-4 dimensions, each in [1, 2^20]")
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    b64: str
+
+
+Embed = Union[List[Any], EmbedB64]  # a nested list of numbers, or base64 bytes
+
+
+class ImageBody(BaseModel):
+    """``POST /v1/images/generations`` (OpenAI's ``images.generate`` fields, and more)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
+                              populate_by_name=True)
+    model: Optional[str] = Field(None, description="the served pipeline's name")
+    prompt: Optional[str] = Field(None, max_length=MAX_TEXT_CHARS)
+    negative_prompt: Optional[str] = Field(None, max_length=MAX_TEXT_CHARS)
+    size: Optional[str] = Field(None, description='"<width>x<height>"')
+    width: Optional[int] = None
+    height: Optional[int] = None
+    n: Optional[int] = Field(None, description="samples; seed + i for sample i")
+    seed: Optional[int] = None
+    steps: Optional[int] = None
+    guidance: Optional[float] = None
+    response_format: Optional[Literal["b64_json", "url"]] = None
+    output_format: Optional[str] = None
+    timeout: Optional[float] = Field(None, description="seconds from submission")
+    async_: Optional[bool] = Field(None, alias="async")
+    user: Optional[str] = Field(None, max_length=MAX_USER_CHARS)
+    prompt_embeds: Optional[Embed] = None
+    pooled_prompt_embeds: Optional[Embed] = None
+    prompt_attention_mask: Optional[Embed] = None
+    negative_prompt_embeds: Optional[Embed] = None
+    negative_pooled_prompt_embeds: Optional[Embed] = None
+    negative_prompt_attention_mask: Optional[Embed] = None
+
+
+class VideoBody(ImageBody):
+    """``POST /v1/videos/generations``: an image request's fields, and frames and fps."""
+
+    frames: Optional[int] = None
+    fps: Optional[int] = None
+
+
+def _kind(v) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _number(v) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 10**15:
+        return f"a {len(str(abs(v)))}-digit integer (too large for a number)"
+    return _kind(v)
+
+
+# pydantic error type -> (code, message template over the error's input and context)
+MESSAGES = {
+    "int_type": lambda e: f"expected an integer, got {_kind(e['input'])}",
+    "float_type": lambda e: f"expected a number, got {_number(e['input'])}",
+    "finite_number": lambda e: f"{e['input']!r} is not a finite number",
+    "string_type": lambda e: f"expected a string, got {_kind(e['input'])}",
+    "string_unicode": lambda e: "not valid Unicode text (a lone surrogate code point?)",
+    "bool_type": lambda e: f"expected true or false, got {_kind(e['input'])}",
+    "literal_error": lambda e: f"{e['input']!r} is not one of {e['ctx']['expected']}",
+    "string_too_long": lambda e: f"{len(e['input'])} characters, at most "
+                                 f"{e['ctx']['max_length']}",
+    "list_type": lambda e: f"expected a list, got {_kind(e['input'])}",
+}
+
+
+def _param(loc) -> str:
+    """``prompt_embeds.shape`` from pydantic's location (union branch names dropped)."""
+    parts = [str(p) for p in loc if not str(p).startswith(("list[", "EmbedB64"))]
+    return ".".join(parts)
+
+
+def _first(errors: list) -> dict:
+    """The error a client is told about: an unknown field first, then the first field's."""
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        return unknown[0]
+    field = [e for e in errors if e["loc"][:1] == errors[0]["loc"][:1]]
+    return max(field, key=lambda e: len(e["loc"]))  # a union's most specific branch
+
+
+def to_request_error(exc: ValidationError, accepted) -> RequestError:
+    e = _first(exc.errors())
+    param = _param(e["loc"])
+    if not param:
+        return RequestError(400, f"body: expected a JSON object, got {_kind(e['input'])}",
+                            code="invalid_body")
+    if e["type"] == "extra_forbidden":
+        names = accepted if "." not in param else EmbedB64.model_fields
+        return RequestError(400, f"{param}: unknown field (the accepted fields are "
+                                 f"{', '.join(sorted(names))})", param=param,
+                            code="unknown_field")
+    template = MESSAGES.get(e["type"])
+    return bad(param, template(e) if template else e["msg"])
+
+
+def validate_body(obj, video: bool, accepted) -> dict:
+    """``obj`` (parsed JSON) checked against the body model, or a RequestError (400) naming
+    the field; returns ``obj`` itself (its values are not copied: an embedding's nested list
+    is converted once, by :mod:`.schema`, after its size is checked). ``accepted``: the field
+    names of the served pipeline (an unknown one is named first, and these are listed)."""
+    if isinstance(obj, dict):
+        for name in obj:
+            if name not in accepted:
+                raise RequestError(400, f"{name}: unknown field (the accepted fields are "
+                                        f"{', '.join(sorted(accepted))})", param=name,
+                                   code="unknown_field")
+    try:
+        (VideoBody if video else ImageBody).model_validate(obj)
+    except ValidationError as exc:
+        raise to_request_error(exc, accepted) from None
+    return obj

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-from ditscale.serve import cli, jobs, metrics, options, runner, schema  # noqa: E402
+from ditscale.serve import cli, jobs, metrics, options, runner, schema, waiting  # noqa: E402
 from ditscale.serve.errors import RequestError  # noqa: E402
 from ditscale.serve.app import route_label  # noqa: E402
 
@@ -342,6 +342,9 @@ def test_limits_follow_the_model():
     # a default the user never gave is fitted within the sizes allowed, never a refusal
     lim = cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--max-size", "16"]))
     assert lim.default_size == (8, 16, 1)
+    # a small checkpoint: the full size's default (1024 px) fitted within its 64 px
+    lim = cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--weights", "/ckpt"]))
+    assert lim.max_size == 64 and max(lim.default_size[:2]) <= 64
     cog = tiny.make_pipeline("cogvideox")
     lim = cli.limits_of(cog, options.parse(["--pipeline", "cogvideox"]))
     assert (lim.frame_step, lim.max_frames, lim.default_size) == (8, 33, (24, 8, 9))
@@ -377,6 +380,50 @@ def test_run_spec_of_a_batch():
     assert spec.embeds["prompt_embeds"].shape == (3, 3, 16) and not spec.stand_in
     assert spec.embeds["prompt_embeds"][:, 0, 0].tolist() == [0.0, 0.0, 1.0]
     assert spec.embeds["pooled_prompt_embeds"][:, 0].tolist() == [0.0, 0.0, 1.0]
+    # a batch above the call limit: calls of at most 2 samples, seeds and rows in order
+    parts = runner.split_spec(spec, 2)
+    assert [p.seeds for p in parts] == [spec.seeds[:2], spec.seeds[2:]]
+    assert [p.embeds["prompt_embeds"][:, 0, 0].tolist() for p in parts] == [[0.0, 0.0], [1.0]]
+    text = runner.split_spec(runner.build_spec([req(seed=1, n=3)], 7), 1)
+    assert [(p.seeds, len(p.stand_in)) for p in text] == [([1], 1), ([2], 1), ([3], 1)]
+    assert runner.split_spec(spec, 3) == [spec]
+
+
+def test_nested_embeddings_are_bounded_before_conversion(monkeypatch):
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted before the size check")
+
+    monkeypatch.setattr(schema.np, "asarray", no_conversion)
+    row = [0.0] * 16
+    err = refused({"prompt_embeds": [[row] * 5000], "pooled_prompt_embeds": [[0.0] * 8],
+                   "guidance": 1.0})
+    assert err.param == "prompt_embeds" and "at most 65536" in err.message, err.message
+    err = refused({"prompt_embeds": [[[[[[0.0]]]]]], "pooled_prompt_embeds": [[0.0] * 8],
+                   "guidance": 1.0})
+    assert "1-4 dimensions" in err.message, err.message
+
+
+def test_a_finished_jobs_event_stream_ends_on_its_status():
+    """The last event names the final status, even when the job finishes between two reads
+    (the name and the data come from one snapshot)."""
+    import asyncio
+
+    async def stream(store, job):
+        return [chunk async for chunk in waiting.events(store, job)]
+
+    for _ in range(20):
+        store = jobs.JobStore(max_queue=2, max_batch=1)
+        job = store.submit(req(steps=4))
+        store.next_batch(0)
+        finisher = threading.Thread(target=lambda: [store.progress(job, i) for i in
+                                                    range(1, 5)] + [store.complete(job, {})])
+        finisher.start()
+        chunks = asyncio.run(asyncio.wait_for(stream(store, job), 10))
+        finisher.join()
+        names = [c.split("\n")[0] for c in chunks]
+        assert names[-1] == "event: succeeded" and names.count("event: succeeded") == 1, names
+        assert all(n == "event: progress" for n in names[:-1]), names
+        assert json.loads(chunks[-1].split("data: ")[1])["progress"]["step"] == 4
 
 
 def test_wait_done_wakes_once_finished_and_expires_queued_jobs():

@@ -3,37 +3,15 @@
 serves under concurrent clients, on one device (one rank).
 
     python -m bench.serve.bench_serve [--pipelines flux,wan] [--size small] [--device cuda]
-        [--steps N] [--height H --width W --frames F] [--clients 1,4,16] [--requests 32]
-        [--max-s 180] [--out-dir DIR]
+        [--steps N] [--clients 1,4,16] [--requests 32] [--max-s 180] [--out-dir DIR]
 
-For each pipeline, in one run: the server is started (one process, ``--max-batch 1``: every
-request alone, as the direct loop; startup waits on its "listening on http://HOST:PORT" line)
-while this process builds the same pipeline the same way (``ditscale.serve.cli.
-build_pipeline`` of the server's own options: the same random weights, the same
-``parallelize_pipeline``). Then, after ``--warmup`` calls of each:
-
-- direct: ``pipe(**generation.call_kwargs(...))`` in a loop with a request's arguments (its
-  shape, steps, guidance, a new seed each call, the server's stand-in prompt embeddings of the
-  same prompt), plus the server's output path: the NaN check, ``to_uint8`` and
-  ``encode_png`` / ``encode_video`` (``--video-format``, mp4 by default). ``call`` is the
-  pipeline call alone (through its numpy output), ``call+encode`` the whole; base64, JSON and
-  HTTP are left to the server's side of the comparison;
-- server, 1 client: the same request over HTTP (urllib, a fresh connection each, the JSON
-  answer parsed), alternating with the direct loop (by default one call of each in turn;
-  ``--rounds`` R: R rounds of n / R calls of each), so that the device's clock and the host's
-  drift hit both alike; overhead = server p50 / direct call+encode p50 - 1 (the issue's
-  target: < 3%), and paired = the median over i of request i / direct call i - 1 (the two of
-  a round: what the host's drift between rounds cannot move);
-- server, C clients (``--clients``): C threads in a closed loop (each sends its next request
-  when its last is answered), ``--requests`` in all: requests/s (answered / wall time) and
-  p50 / p99 latency (submission to parsed answer).
-
-``--requests`` is per phase; ``--max-s`` bounds the whole run (each pipeline an equal share of
-what is left): after the warm-up calls the counts shrink to fit (never below 4), a client count
-above the count, or a phase that would overrun the share, is skipped, and the log says so.
-Rows go to DIR/serve.json, the table to DIR/serve.md (both rewritten after each pipeline, and
-on SIGTERM), printed last. ``--device cpu`` with ``--size tiny``
-runs in seconds (the CI smoke test); on the GPU: ``--pipelines flux,wan --size small``.
+Per pipeline: the server (``--max-batch 1``) and, in this process, the same pipeline built the
+same way (``cli.build_pipeline``). Phases: direct calls (with the server's output path: NaN
+check, ``to_uint8``, PNG / video encoding); one client alternating with the direct loop
+(overhead = server p50 / direct p50 - 1, and the median of paired ratios); C closed-loop
+clients (requests/s, p50 / p99). ``--max-s`` bounds the run (counts shrink, never below 4;
+skipped phases are logged). Rows: DIR/serve.json; the table: DIR/serve.md, printed last.
+``--device cpu --size tiny`` is the CI smoke test. docs/serve.md has the results.
 """
 
 from __future__ import annotations

@@ -4,17 +4,12 @@
     torchrun --nproc-per-node 2 -m ditscale.serve --device cpu --pipeline wan   (gloo)
     python -m ditscale.serve --pipeline sd3 --weights /ckpt/sd3.5-medium
 
-Every rank builds the same pipeline (random weights of the tiny config by default, of the
-real dimensions with ``--full-size``, ``--size small`` for real widths with a few blocks, or a
-local checkpoint with ``--weights``) and ``parallelize_pipeline`` makes it sequence- (and CFG-)
-parallel over all ranks with ``--strategy``; rank 0 serves HTTP on ``--host``:``--port``
-(loopback by default; port 0 picks a free one) and hands each request, or batch of compatible
-requests (``--max-batch``), to the whole group. The listening address is logged on stderr as
-``ditscale.serve: listening on http://HOST:PORT``. The API: docs/serve.md.
-
-Exit codes: 0 after a graceful shutdown (SIGTERM or SIGINT to rank 0; a second SIGINT exits
-at once), 1 when the rank group failed (a rank died: the log names the failed collective), 2
-for bad options (the message names the option, its value and its range).
+Every rank builds the same pipeline (random weights of a tiny / small / full config, or
+``--weights``), made sequence- (and CFG-) parallel by ``parallelize_pipeline``; rank 0 binds
+``--host``:``--port`` before building (port 0: a free one), serves HTTP once built and logs
+``ditscale.serve: listening on http://HOST:PORT``. Exit codes: 0 after a graceful shutdown
+(SIGTERM / SIGINT to rank 0; a second SIGINT exits at once), 1 when the rank group failed, 2
+for bad options (the message names the option, its value and its range). docs/serve.md.
 """
 
 from __future__ import annotations

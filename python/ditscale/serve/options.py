@@ -1,5 +1,10 @@
-"""Options of ``python -m ditscale.serve``, each range-checked (name, value and range in the
-error), and the per-pipeline limits the requests are validated against."""
+"""Options of ``python -m ditscale.serve``, each range-checked at parse time.
+
+:func:`parse` turns ``argv`` into a frozen :class:`ServeOptions`; a bad value is a ValueError
+naming the option, its value and its range (the command exits 2). :data:`SIZE_LIMITS` gives
+the default ``--max-size`` / ``--max-frames`` per size of random-weight pipeline; the model's
+own limits are applied by ``cli.limits_of``. The table of options: docs/serve.md.
+"""
 
 from __future__ import annotations
 

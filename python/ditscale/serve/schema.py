@@ -1,38 +1,13 @@
-"""Validation of a generation request's JSON body into a :class:`Request`.
+"""A generation request's JSON body, checked against the served pipeline, into a :class:`Request`.
 
-Fields (every one checked; any other field is a 400 naming it):
-
-==========================  =====================================================================
-``model``                   optional; if given, the served pipeline's name
-``prompt``                  text, at most 10,000 characters; with the pipeline's text encoders
-                            (``--weights``) encoded by them; without, a stand-in (below)
-``negative_prompt``         text (guidance > 1), at most 10,000 characters
-``prompt_embeds`` ...       precomputed text-encoder outputs instead of ``prompt``:
-                            ``prompt_embeds`` [1, T, C_text] (T in [1, 4096]); Flux, SD3 and
-                            HunyuanVideo also ``pooled_prompt_embeds`` [1, C_pool]; HunyuanVideo
-                            ``prompt_attention_mask`` [1, T] (0/1; default all ones); with
-                            guidance > 1 the same with a ``negative_`` prefix (required). Each a
-                            nested list of numbers or ``{"shape": [...], "dtype": "float32" |
-                            "float16" | "bfloat16", "b64": <little-endian bytes, base64>}``;
-                            every value finite
-``size``                    ``"WxH"`` (images; or ``width`` and ``height``), multiples of the
-                            pipeline's pixel multiple, each in [multiple, --max-size]
-``frames``, ``fps``         videos: frames ``1 + k * t`` in [1, --max-frames]; fps in [1, 120]
-``n``                       samples, [1, --max-n]; sample i uses seed ``seed + i``
-``seed``                    [0, 2^63 - 1 - n]; default: drawn by the server and returned
-``steps``                   denoising steps, [1, --max-steps]; default: the server's
-``guidance``                CFG scale, [0, 100]; default: the pipeline's; > 1 turns CFG on
-``response_format``         ``"b64_json"`` (default) or ``"url"`` (a file under /v1/files/)
-``output_format``           images ``"png"``; videos ``"mp4"`` (default) or ``"gif"``
-``timeout``                 seconds from submission, (0, --request-timeout]; default the latter
-``async``                   true: answer 202 with the job at once (poll ``/v1/jobs/{id}``)
-``user``                    free text up to 256 characters (the OpenAI field; logged only)
-==========================  =====================================================================
-
-Stand-in prompt embeddings (no text encoder, a ``prompt`` given): deterministic random tensors
-from a hash of the prompt texts (``ditscale.diffusers.tiny.make_prompt_embeds``): the same text
-gives the same image, but it is not an encoding of the text. The response says which of the
-three (``"request"``, ``"pipeline"``, ``"stand-in"``) a request used, in ``text_encoder``.
+:func:`parse_request` checks the names and types first (the pydantic models of :mod:`.body`),
+then what depends on the pipeline (:class:`Limits`): sizes on its pixel multiple and within
+``--max-size``, frames on its frame rule, ``n`` / ``steps`` / ``timeout`` within the options,
+prompt embeddings of its text widths (a nested list's size bounded before it is converted, a
+base64 one's from its shape), every value finite. Any error is a RequestError (400) whose
+message starts with the field's name. Without text encoders a ``prompt`` gets stand-in
+embeddings (:func:`stand_in_seed`: a hash of the texts; the same text, the same image, but no
+encoding of it). The fields, ranges and text sources: docs/serve.md.
 """
 
 from __future__ import annotations

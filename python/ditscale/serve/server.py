@@ -1,20 +1,14 @@
 """The server's core: rank 0's worker loop, the other ranks' loop, and a batch's life.
 
-Rank 0 (``Server.serve``): takes the next batch from the :class:`JobStore` (or, idle, sends a
-heartbeat), builds its :class:`RunSpec`, sends it to every rank, runs it like every rank,
-gathers every rank's status and settles the jobs: all ranks succeeded with the same output
-bytes -> each job's samples are encoded (PNG / MP4 / GIF; base64 or a file) on the encoder
-thread while the group runs the next batch; a failure on any rank (out of memory, NaN / inf
-output, the pipeline's exception) -> the batch's jobs fail with 500 and the group serves on; a
-stop at a step (every job cancelled or timed out, or the shutdown grace spent) -> 409 / 504 /
-503. Other ranks (``Server.follow``): receive, run, report, until ``stop``.
-
-A failed collective of the control plane (:class:`GroupBroken`: a rank died) ends the server:
-every unfinished job fails with 503, the log names the failure, the process exits 1.
-``request_shutdown`` (SIGTERM / SIGINT on rank 0): new requests get 503, queued ones fail with
-503, the running batch may finish within ``--shutdown-grace`` seconds (then it stops at a
-step), its results are encoded, then every rank gets ``stop`` and exits 0. Files are written
-under a temporary name and renamed: a reader never sees half a file.
+Rank 0 (``Server.serve``) takes the next batch from the :class:`JobStore` (idle: a heartbeat),
+sends its :class:`RunSpec` to every rank in calls of at most ``--max-batch`` samples, runs it
+like every rank, gathers the statuses and settles the jobs: same output bytes on every rank ->
+encoded (PNG / MP4 / GIF, base64 or a file written under a temporary name and renamed) on the
+encoder thread while the group runs on; a rank's failure, or a batch the worker cannot prepare
+-> that batch's jobs fail (500) and the group serves on; a stop at a step -> 409 / 504 / 503.
+Other ranks (``Server.follow``): receive, run, report, until ``stop``. A failed collective
+(:class:`GroupBroken`) fails every unfinished job with 503 and exits 1; ``request_shutdown``
+lets the running batch finish within ``--shutdown-grace``. docs/serve.md.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 :func:`bind` listens at once (a taken port fails fast; clients wait in the backlog until
 serving starts); :class:`Transport` runs uvicorn on that socket in a thread of its own, so the
-main thread keeps the worker loop and the signals. HTTP framing is h11's (conflicting or
-malformed ``Content-Length``: 400 with the server's error body, before the app). Each request's headers and body must arrive
-within ``--read-timeout`` seconds of its first byte (of the connection, or of the previous
-answer on a kept-alive one), else the connection is closed (:class:`DeadlineProtocol`): a slow
-client cannot hold a connection, and ``--max-connections`` (uvicorn's concurrency limit: 503
-beyond) bounds the rest. The options: docs/serve.md.
+main thread keeps the worker loop and the signals. HTTP framing is h11's (a conflicting or
+malformed ``Content-Length``: 400 with the server's error body, before the app). A request's
+headers and body must arrive within ``--read-timeout`` seconds of its first byte (of the
+connection, or of the previous answer on a kept-alive one), else the connection is closed
+(:class:`DeadlineProtocol`): a slow client cannot hold a connection; ``--max-connections``
+(uvicorn's concurrency limit: 503 beyond) bounds the rest. The options: docs/serve.md.
 """
 
 from __future__ import annotations

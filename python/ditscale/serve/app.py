@@ -76,6 +76,9 @@ class Observe:
 
         try:
             await self.app(scope, receive, observed_send)
+        except Exception:  # answered by the outermost error handler (500)
+            status[0] = 500
+            raise
         finally:
             path, method = scope["path"], scope["method"]
             label = route_label(path)

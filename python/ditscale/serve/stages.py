@@ -58,6 +58,8 @@ class StageTimer:
         patches = [(self.pipe, "encode_prompt", "text_s"), (self.pipe.vae, "decode", "decode_s")]
         saved = []
         for obj, name, attr in patches:
+            if not hasattr(obj, name):  # a pipeline without the stage: 0 s
+                continue
             own = obj.__dict__.get(name)  # an instance's own wrapper stays under ours
             saved.append((obj, name, own))
             obj.__dict__[name] = self._timed(getattr(obj, name), attr)

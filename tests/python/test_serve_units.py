@@ -435,3 +435,37 @@ def test_wait_done_wakes_once_finished_and_expires_queued_jobs():
     assert store.wait_done(job, timeout=5) and time.monotonic() - begin < 2
     assert store.wait_done(late, timeout=5) and late.error.code == "timeout"
     assert not store.wait_done(store.submit(req()), timeout=0.01)
+
+
+def test_a_batch_the_worker_cannot_prepare_fails_alone(monkeypatch, tmp_path):
+    """A request that breaks the worker's preparation (a lone surrogate reaching it once shut
+    the group down with exit 2 and lost the queue) fails alone; the next job runs."""
+    import types
+
+    from ditscale.serve import server as server_mod
+    from ditscale.serve.group import ControlGroup
+
+    pipe = types.SimpleNamespace(transformer=types.SimpleNamespace(device=torch.device("cpu")))
+    opts = options.parse(["--pipeline", "sd3", "--output-dir", str(tmp_path)])
+    core = server_mod.Server(pipe, opts, IMAGE, ControlGroup(10.0))
+    bad, good = core.store.submit(req(seed=1)), core.store.submit(req(seed=2, size="32x32"))
+
+    def broken(requests, tokens):
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(server_mod, "build_spec", broken)
+    core._run_batch(core.store.next_batch(0))
+    assert bad.status == "failed" and bad.error.status == 500, bad
+    assert bad.error.code == "internal_error" and "UnicodeEncodeError" in bad.error.message
+    assert good.status == "queued" and core.store.closed is None and not core.store.running
+    assert core.store.next_batch(0) == [good]
+    core.encoder.shutdown()
+
+
+def test_a_failed_collective_of_the_pipeline_breaks_the_group():
+    assert runner._data_plane_failure(RuntimeError("[../gloo/transport/tcp/pair.cc:534] "
+                                                   "Timed out waiting 10000ms"))
+    assert runner._data_plane_failure(torch.distributed.DistBackendError("NCCL error"))
+    assert not runner._data_plane_failure(ValueError("a shape"))
+    assert not runner._data_plane_failure(RuntimeError("mat1 and mat2 shapes cannot be "
+                                                       "multiplied"))

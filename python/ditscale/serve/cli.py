@@ -172,13 +172,29 @@ def _serve_http(server: Server, sock: socket.socket, opts: ServeOptions) -> int:
         server.close()
 
 
+class SetupError(ValueError):
+    """What the options ask for cannot be served (a port taken, the pipeline's shape rule, a
+    weights folder): exit status 2. A ValueError while serving is not one."""
+
+
+def _setup(opts: ServeOptions, device, group: ControlGroup):
+    """(socket or None, Server) of this rank; a refusal is a SetupError."""
+    sock = None
+    try:
+        sock = _bind(opts, group.rank)
+        pipe = build_pipeline(opts, device)
+        return sock, Server(pipe, opts, limits_of(pipe, opts), group)
+    except ValueError as e:
+        if sock is not None:
+            sock.close()
+        raise SetupError(str(e)) from None
+
+
 def run(opts: ServeOptions) -> int:
     device = generation.init_distributed(opts.device, opts.group_timeout_s)
     group = ControlGroup(opts.group_timeout_s)
-    sock = _bind(opts, group.rank)
+    sock, server = _setup(opts, device, group)
     try:
-        pipe = build_pipeline(opts, device)
-        server = Server(pipe, opts, limits_of(pipe, opts), group)
         _signals(server, group.rank)
         server.introduce()
         if group.rank != 0:
@@ -205,7 +221,7 @@ def main(argv=None) -> int:
 
     try:
         code = run(opts)
-    except ValueError as e:  # options the pipeline refuses (its shape rule, a weights folder)
+    except SetupError as e:  # options the pipeline refuses (its shape rule, a weights folder)
         print(f"python -m ditscale.serve: error: {e}", file=sys.stderr)
         code = 2
     if code == 0 and dist.is_initialized():

@@ -2,7 +2,8 @@
 2 processes over gloo), tiny random-weight pipelines of 1-2 steps.
 
 One 2-rank SD3 server (the module's fixture) answers most tests, in file order; the last one
-shuts it down gracefully. A 2-rank Wan server serves a video, then loses a rank mid-request.
+shuts it down gracefully. A 2-rank Wan server serves a video, then a rank stops (SIGSTOP)
+mid-request: every rank's wait ends within one group timeout.
 The pipeline's direct output comes from the same pipeline built the same way and run directly
 on 2 gloo ranks (gloo_util), and must be bit-identical to the server's. The benchmark
 (bench/serve/bench_serve.py) runs once with minimal counts. Every subprocess has a timeout

@@ -5,7 +5,8 @@ every test, in file order: request bodies that used to crash or stall the server
 surrogate, 400-digit numbers, a list as dtype, bad Content-Length framing), ``n`` above the
 batch limit, a synchronous client that disconnects (its job is cancelled), 300 connections
 that trickle their headers (``/health`` answers meanwhile; each is closed at its deadline),
-the per-stage timings, the OpenAPI schema and an OpenAI-client-shaped request (httpx), and a
+connections beyond ``--max-connections`` (503 until the idle ones are closed), the
+per-stage timings, the OpenAPI schema and an OpenAI-client-shaped request (httpx), and a
 bounded load test: concurrent, trickling and disconnecting clients at once, every request
 answered once or refused with 429, nothing lost. Every socket has a timeout; the server is
 killed in a finally.
@@ -26,8 +27,10 @@ httpx = pytest.importorskip("httpx")
 from test_serve import Served, call, job, metric, png_array, request, wait_for  # noqa: E402
 
 READ_TIMEOUT_S = 2.0
+MAX_CONNECTIONS = 400
 ARGS = ["--pipeline", "sd3", "--max-batch", "2", "--max-queue", "8", "--heartbeat", "0.5",
-        "--read-timeout", str(READ_TIMEOUT_S), "--request-timeout", "120"]
+        "--read-timeout", str(READ_TIMEOUT_S), "--request-timeout", "120",
+        "--max-connections", str(MAX_CONNECTIONS)]
 PATH = "/v1/images/generations"
 
 
@@ -162,6 +165,22 @@ def test_trickling_clients_neither_block_health_nor_hold_connections(server):
             except OSError:
                 closed += 1
         assert closed == len(conns)
+    finally:
+        for s in conns:
+            s.close()
+
+
+def test_connections_beyond_the_limit_get_503_until_the_idle_ones_are_closed(server):
+    conns = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            conns.append(socket.create_connection(_address(server.url), timeout=10))
+        time.sleep(0.2)
+        status, headers, raw = request(server.url, "GET", "/health", timeout=10)
+        assert status == 503 and headers["Retry-After"] == "1", raw
+        assert json.loads(raw)["error"]["code"] == "too_many_connections"
+        time.sleep(READ_TIMEOUT_S * 1.5)  # the silent ones are closed at their deadline
+        assert call(server.url, "GET", "/health", timeout=10)[0] == 200
     finally:
         for s in conns:
             s.close()

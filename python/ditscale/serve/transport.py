@@ -6,8 +6,8 @@ main thread keeps the worker loop and the signals. HTTP framing is h11's (a conf
 malformed ``Content-Length``: 400 with the server's error body, before the app). A request's
 headers and body must arrive within ``--read-timeout`` seconds of its first byte (of the
 connection, or of the previous answer on a kept-alive one), else the connection is closed
-(:class:`DeadlineProtocol`): a slow client cannot hold a connection; ``--max-connections``
-(uvicorn's concurrency limit: 503 beyond) bounds the rest. The options: docs/serve.md.
+(:class:`DeadlineProtocol`): a slow client cannot hold a connection; beyond
+``--max-connections`` open ones a new connection gets 503 and is closed. docs/serve.md.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class DeadlineProtocol(H11Protocol):
     read sees a disconnect)."""
 
     read_timeout_s = 30.0
+    max_connections = 1024
     _timer: Optional[asyncio.TimerHandle] = None
 
     def _arm(self) -> None:
@@ -53,6 +54,15 @@ class DeadlineProtocol(H11Protocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if len(self.connections) > self.max_connections:  # beyond the limit: 503 and close
+            body = RequestError(503, f"too many connections (--max-connections "
+                                     f"{self.max_connections})",
+                                code="too_many_connections").json_bytes()
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
+                            b"application/json\r\nConnection: close\r\nRetry-After: 1\r\n"
+                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            transport.close()
+            return
         self._arm()
 
     def connection_lost(self, exc) -> None:
@@ -93,11 +103,12 @@ class Transport:
 
     def __init__(self, app, sock: socket.socket, read_timeout_s: float,
                  max_connections: int, drain_s: float):
-        protocol = type("Protocol", (DeadlineProtocol,), {"read_timeout_s": read_timeout_s})
+        protocol = type("Protocol", (DeadlineProtocol,), {"read_timeout_s": read_timeout_s,
+                                                          "max_connections": max_connections})
         config = uvicorn.Config(
             app, http=protocol, loop="asyncio", lifespan="off", log_config=None,
             access_log=False, server_header=False, backlog=BACKLOG,
-            timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=max_connections,
+            timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=drain_s, ws="none")
         self.server = uvicorn.Server(config)
         self.sock = sock

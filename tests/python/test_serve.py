@@ -471,8 +471,8 @@ def test_compatible_requests_run_as_one_batch(sd3):
     views = [wait_for(lambda i=i: (lambda j: j if j["status"] == "succeeded" else None)(
         job(sd3.url, i)), 60, "the batch") for i in ids]
     assert [v["result"]["batch"] for v in views] == [
-        {"requests": 2, "samples": 3}, {"requests": 2, "samples": 3},
-        {"requests": 1, "samples": 1}]
+        {"requests": 2, "samples": 3, "calls": 1}, {"requests": 2, "samples": 3, "calls": 1},
+        {"requests": 1, "samples": 1, "calls": 1}]
     images = [png_array(d["b64_json"]) for v in views for d in v["result"]["data"]]
     assert [im.shape for im in images] == [(12, 20, 3)] * 3 + [(8, 8, 3)]
     assert not np.array_equal(images[0], images[1]) and not np.array_equal(images[1], images[2])

@@ -194,12 +194,15 @@ class Server:
             self._broken(str(e))
             return 1
 
-    def _broken(self, why: str) -> None:
+    def _broken(self, why: str, batch: Optional[List[Job]] = None) -> None:
+        """Every unfinished job (``batch``: the one that ran) fails with 503; serving stops."""
+        if self.broken is not None:
+            return
         self.broken = why
         log(f"the rank group failed: {why}; failing every unfinished request with 503 and "
             f"shutting down")
         err = RequestError(503, f"the server's rank group failed ({why})", code="group_failed")
-        for job in self.store.close(err.message) + list(self.store.running):
+        for job in self.store.close(err.message) + list(batch or self.store.running):
             self.store.fail(job, err)
         self.encoder.shutdown(wait=True)
         self.stopping.set()
@@ -230,7 +233,8 @@ class Server:
                 if not self._settled(batch, outs[-1][0]):
                     return
             self._succeeded(batch, spec, outs)
-        except GroupBroken:
+        except GroupBroken as e:  # this batch's jobs fail first (the store forgets them
+            self._broken(str(e), batch)  # as running when the batch ends)
             raise
         except Exception as e:  # a bug of ours: this batch fails, the server serves on
             log(f"batch of {len(batch)} failed: {traceback.format_exc()}")

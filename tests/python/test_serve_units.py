@@ -469,3 +469,21 @@ def test_a_failed_collective_of_the_pipeline_breaks_the_group():
     assert not runner._data_plane_failure(ValueError("a shape"))
     assert not runner._data_plane_failure(RuntimeError("mat1 and mat2 shapes cannot be "
                                                        "multiplied"))
+
+
+def test_output_dir_must_take_files(tmp_path, capsys):
+    from ditscale.serve.server import writable_folder
+
+    assert writable_folder("--output-dir", str(tmp_path / "new")) == str(tmp_path / "new")
+    (tmp_path / "file").write_text("x")
+    for bad, why in ((tmp_path / "file", "a file is in the way"),
+                     (tmp_path / "file" / "sub", "a file is in the way"),
+                     ("/proc/ditscale-serve", "")):
+        with pytest.raises(ValueError, match="--output-dir: .* is not a folder where files "
+                                             "can be written") as info:
+            writable_folder("--output-dir", str(bad))
+        assert why in str(info.value)
+    # the command refuses it at startup with status 2, before any request
+    code = cli.main(["--pipeline", "sd3", "--device", "cpu", "--port", "0",
+                     "--output-dir", str(tmp_path / "file")])
+    assert code == 2 and "--output-dir:" in capsys.readouterr().err

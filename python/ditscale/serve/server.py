@@ -46,6 +46,24 @@ def log(msg: str) -> None:
     print(f"ditscale.serve: {msg}", file=sys.stderr, flush=True)
 
 
+def writable_folder(name: str, path: str) -> str:
+    """``path`` as an absolute folder that exists (made if missing) and takes new files (a
+    file is written and removed there), else a ValueError naming the option ``name``: a file
+    in the way or a folder where nothing can be written (/proc) is refused at startup, not at
+    every ``response_format: "url"`` request."""
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ditscale-serve-check-"):
+            pass
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) \
+            else (e.strerror or str(e))
+        raise ValueError(f"{name}: {path!r} is not a folder where files can be written "
+                         f"({why})") from None
+    return path
+
+
 class StepControl:
     """``callback_on_step_end`` of a batch (see ``runner``); rank 0 also records progress."""
 
@@ -91,7 +109,7 @@ class Server:
         if self.own_output_dir:
             self.output_dir = tempfile.mkdtemp(prefix="ditscale-serve-")
         elif group.rank == 0:
-            os.makedirs(self.output_dir, exist_ok=True)
+            self.output_dir = writable_folder("--output-dir", self.output_dir)
         self.files: Deque[str] = collections.deque()
         self.base_url = ""
 

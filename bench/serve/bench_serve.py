@@ -303,9 +303,10 @@ def summary(latencies) -> dict:
 
 
 def server_timings(answers) -> dict:
-    """Mean of the server's own timings (its pipeline call, its encoding)."""
-    return {f"server_{k}_ms": 1e3 * statistics.fmean(a["timings"][k] for a in answers)
-            for k in ("run_s", "encode_s")}
+    """Mean of the server's own timings (its pipeline call and its stages, its encoding)."""
+    keys = ("run_s", "text_encoding_s", "denoising_s", "vae_decode_s", "encode_s")
+    return {f"server_{k}_ms": 1e3 * statistics.fmean(a["timings"].get(k, 0.0) for a in answers)
+            for k in keys}
 
 
 def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> None:
@@ -325,87 +326,100 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> 
         for _ in range(args.warmup):
             b.direct()
             b.request()
-        # a request's time, from one more of each: the counts the budget allows (each phase
-        # takes about n requests' time: the clients share one device)
-        each = (b.direct()[1] + b.request()[0]) / 2
-        phases = 2 + len([c for c in args.clients if c > 1])  # direct + 1 client + the others
-        left = deadline - time.monotonic()
-        n = max(MIN_REQUESTS, min(args.requests, int(left / (phases * each))))
-        if n < args.requests:
-            log(f"--requests {args.requests} -> {n} per phase (--max-s: {left:.0f} s left, "
-                f"{each:.3f} s a request)")
-        same = _same_output(b)
-        # direct (one loop per gap) and 1 client, alternating rounds (at least one; no new
-        # round past the budget)
-        gaps = args.direct_gap_ms
-        calls, wholes = [[] for _ in gaps], [[] for _ in gaps]
-        latencies, answers = [], []
-        rounds = n if args.rounds is None else min(args.rounds, n)
-        if rounds != (args.rounds or n):
-            log(f"--rounds {args.rounds} -> {rounds} (one call of each a round at least)")
-        per_round = [n // rounds + (i < n % rounds) for i in range(rounds)]
-        for i, k in enumerate(per_round):
-            if i and time.monotonic() + (len(gaps) + 1) * k * each > deadline:
-                log(f"rounds {i + 1}-{rounds} left out (--max-s)")
-                break
-            for g, gap in enumerate(gaps):
-                for _ in range(k):
-                    call, whole = b.direct()
-                    calls[g].append(call)
-                    wholes[g].append(whole)
-                    time.sleep(gap / 1e3)  # outside the timed call
-            for _ in range(k):
-                latency, answer = b.request()
-                latencies.append(latency)
-                answers.append(answer)
-        directs = [{**common, "mode": "direct", "clients": 1, **summary(w), "gap_ms": gap,
-                    "call_p50_ms": 1e3 * pct(c, 0.5), "call_p99_ms": 1e3 * pct(c, 0.99),
-                    "req_per_s": len(w) / sum(w)}
-                   for gap, c, w in zip(gaps, calls, wholes)]
-        direct = directs[0]
-        one_client = {**common, "mode": "server", "clients": 1, **summary(latencies),
-                      "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
-                      "same_output": same}
-        one_client["overhead"] = one_client["p50_ms"] / direct["p50_ms"] - 1
-        # the i-th request against the i-th direct call of the same round: the host's drift
-        # between rounds cancels
-        one_client["paired_overhead"] = statistics.median(
-            s / d for s, d in zip(latencies, wholes[0])) - 1
-        rows += directs + [one_client]
-        for d in directs[1:]:
-            log(f"direct with {d['gap_ms']:g} ms idle after each call: p50 {d['p50_ms']:.1f} ms "
-                f"(call {d['call_p50_ms']:.1f})")
-        log(f"direct p50 {direct['p50_ms']:.1f} ms (call {direct['call_p50_ms']:.1f}), server "
-            f"p50 {one_client['p50_ms']:.1f} ms: overhead {100 * one_client['overhead']:+.2f}% "
-            f"(paired {100 * one_client['paired_overhead']:+.2f}%)")
+        n, each = _counts(b, args, deadline, log)
+        rows += _alternating(b, args, n, each, deadline, common, log)
         for count in args.clients:
-            if count == 1:
-                continue
-            row = {**common, "mode": "server", "clients": count}
-            if count > n or time.monotonic() + n * each > deadline + 0.25 * n * each:
-                row["skipped"] = (f"{count} clients > {n} requests" if count > n
-                                  else "--max-s spent")
-                log(f"{count} clients: skipped ({row['skipped']})")
-                rows.append(row)
-                continue
-            wall, results, errors = b.clients(count, n)
-            row["errors"] = len(errors)
-            if results:
-                row.update(summary([r[0] for r in results]))
-                row.update(server_timings([r[1] for r in results]))
-                row["req_per_s"] = len(results) / wall
-            if errors:
-                row["error"] = errors[0]
-            rows.append(row)
-            log(f"{count} clients: {row.get('req_per_s', 0):.2f} req/s, p50 "
-                f"{row.get('p50_ms', 0):.1f} ms, p99 {row.get('p99_ms', 0):.1f} ms"
-                + (f", {len(errors)} errors" if errors else ""))
+            if count > 1:
+                rows.append(_concurrent(b, count, n, each, deadline, common, log))
         memory = _peak_memory(b.url)
         for row in rows:
             if row["pipeline"] == name and row["mode"] == "server":
                 row["server_peak_gib"] = memory
     finally:
         server.stop()
+
+
+def _counts(b: Bench, args, deadline: float, log):
+    """(requests per phase, seconds a request): from one more call of each, the counts the
+    budget allows (each phase takes about n requests' time: the clients share one device)."""
+    each = (b.direct()[1] + b.request()[0]) / 2
+    phases = 2 + len([c for c in args.clients if c > 1])  # direct + 1 client + the others
+    left = deadline - time.monotonic()
+    n = max(MIN_REQUESTS, min(args.requests, int(left / (phases * each))))
+    if n < args.requests:
+        log(f"--requests {args.requests} -> {n} per phase (--max-s: {left:.0f} s left, "
+            f"{each:.3f} s a request)")
+    return n, each
+
+
+def _alternating(b: Bench, args, n: int, each: float, deadline: float, common: dict, log):
+    """The direct rows (one loop per gap) and the 1-client row, measured in alternating
+    rounds (at least one; no new round past the budget)."""
+    same = _same_output(b)
+    gaps = args.direct_gap_ms
+    calls, wholes = [[] for _ in gaps], [[] for _ in gaps]
+    latencies, answers = [], []
+    rounds = n if args.rounds is None else min(args.rounds, n)
+    if rounds != (args.rounds or n):
+        log(f"--rounds {args.rounds} -> {rounds} (one call of each a round at least)")
+    per_round = [n // rounds + (i < n % rounds) for i in range(rounds)]
+    for i, k in enumerate(per_round):
+        if i and time.monotonic() + (len(gaps) + 1) * k * each > deadline:
+            log(f"rounds {i + 1}-{rounds} left out (--max-s)")
+            break
+        for g, gap in enumerate(gaps):
+            for _ in range(k):
+                call, whole = b.direct()
+                calls[g].append(call)
+                wholes[g].append(whole)
+                time.sleep(gap / 1e3)  # outside the timed call
+        for _ in range(k):
+            latency, answer = b.request()
+            latencies.append(latency)
+            answers.append(answer)
+    directs = [{**common, "mode": "direct", "clients": 1, **summary(w), "gap_ms": gap,
+                "call_p50_ms": 1e3 * pct(c, 0.5), "call_p99_ms": 1e3 * pct(c, 0.99),
+                "req_per_s": len(w) / sum(w)}
+               for gap, c, w in zip(gaps, calls, wholes)]
+    one = {**common, "mode": "server", "clients": 1, **summary(latencies),
+           "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
+           "same_output": same}
+    one["overhead"] = one["p50_ms"] / directs[0]["p50_ms"] - 1
+    # the i-th request against the i-th direct call of the same round: the host's drift
+    # between rounds cancels
+    one["paired_overhead"] = statistics.median(
+        s / d for s, d in zip(latencies, wholes[0])) - 1
+    for d in directs[1:]:
+        log(f"direct with {d['gap_ms']:g} ms idle after each call: p50 {d['p50_ms']:.1f} ms "
+            f"(call {d['call_p50_ms']:.1f})")
+    log(f"direct p50 {directs[0]['p50_ms']:.1f} ms (call {directs[0]['call_p50_ms']:.1f}), "
+        f"server p50 {one['p50_ms']:.1f} ms: overhead {100 * one['overhead']:+.2f}% "
+        f"(paired {100 * one['paired_overhead']:+.2f}%)")
+    return directs + [one]
+
+
+def _concurrent(b: Bench, count: int, n: int, each: float, deadline: float, common: dict,
+                log) -> dict:
+    """The row of ``count`` closed-loop clients (skipped: more clients than requests, or no
+    budget left)."""
+    row = {**common, "mode": "server", "clients": count}
+    if count > n or time.monotonic() + n * each > deadline + 0.25 * n * each:
+        row["skipped"] = (f"{count} clients > {n} requests" if count > n
+                          else "--max-s spent")
+        log(f"{count} clients: skipped ({row['skipped']})")
+        return row
+    wall, results, errors = b.clients(count, n)
+    row["errors"] = len(errors)
+    if results:
+        row.update(summary([r[0] for r in results]))
+        row.update(server_timings([r[1] for r in results]))
+        row["req_per_s"] = len(results) / wall
+    if errors:
+        row["error"] = errors[0]
+    log(f"{count} clients: {row.get('req_per_s', 0):.2f} req/s, p50 "
+        f"{row.get('p50_ms', 0):.1f} ms, p99 {row.get('p99_ms', 0):.1f} ms"
+        + (f", {len(errors)} errors" if errors else ""))
+    return row
 
 
 def _same_output(b: Bench):

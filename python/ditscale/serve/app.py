@@ -118,7 +118,9 @@ def make_app(core) -> FastAPI:
     app.openapi = lambda: _openapi(app)
     app.add_middleware(Observe, core=core)
     _errors(app, core)
-    _routes(app, core)
+    _service_routes(app, core)
+    _generation_routes(app, core)
+    _job_routes(app, core)
     return app
 
 
@@ -147,7 +149,7 @@ def _errors(app: FastAPI, core) -> None:
                                            code="internal_error"))
 
 
-def _routes(app: FastAPI, core) -> None:
+def _service_routes(app: FastAPI, core) -> None:
     store = core.store
 
     @app.get("/health")
@@ -168,6 +170,10 @@ def _routes(app: FastAPI, core) -> None:
     def models():
         return {"object": "list", "data": [model_card(core)]}
 
+
+def _generation_routes(app: FastAPI, core) -> None:
+    store = core.store
+
     async def generate(request: Request, kind: str):
         body = await read_json(request, core.opts.max_body_mib << 20)
         req = await run_in_threadpool(parse_request, body, kind, core.limits)
@@ -186,6 +192,10 @@ def _routes(app: FastAPI, core) -> None:
     @app.post("/v1/videos/generations", openapi_extra=_body_doc(VideoBody))
     async def videos(request: Request):
         return await generate(request, "video")
+
+
+def _job_routes(app: FastAPI, core) -> None:
+    store = core.store
 
     @app.get("/v1/jobs/{job_id}")
     def job_view(job_id: str):

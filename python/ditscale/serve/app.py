@@ -13,6 +13,7 @@ them (:meth:`~.jobs.JobStore.watch`) through ``call_soon_threadsafe``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -25,11 +26,13 @@ from starlette.exceptions import HTTPException
 from .body import ImageBody, VideoBody
 from .errors import RequestError
 from .metrics import CONTENT_TYPE
-from .reading import ClientGone, read_json
+from .reading import ClientGone, parse_json, read_body
+from .schema import Request as GenerationRequest
 from .schema import parse_request
 from .waiting import events, wait_finished
 
 CONTENT_TYPES = {"png": "image/png", "mp4": "video/mp4", "gif": "image/gif"}
+DECODE_SLOTS = 2  # bodies decoded at once (JSON and embeddings: their memory is bounded)
 JOB_ID = r"gen-[0-9a-f]{16}"  # jobs.JobStore.submit's ids
 FILE = JOB_ID + r"-[0-9]{1,2}\.(png|mp4|gif)"  # Server._item's file names
 ROUTES = [re.compile(p) for p in (
@@ -174,9 +177,12 @@ def _service_routes(app: FastAPI, core) -> None:
 def _generation_routes(app: FastAPI, core) -> None:
     store = core.store
 
+    slots = asyncio.Semaphore(DECODE_SLOTS)
+
     async def generate(request: Request, kind: str):
-        body = await read_json(request, core.opts.max_body_mib << 20)
-        req = await run_in_threadpool(parse_request, body, kind, core.limits)
+        raw = await read_body(request, core.opts.max_body_mib << 20)
+        async with slots:  # off the event loop, at most DECODE_SLOTS at once
+            req = await run_in_threadpool(decode, raw, kind, core.limits)
         job = store.submit(req)
         if req.async_:
             return JSONResponse(job.view(), 202, headers={"Location": f"/v1/jobs/{job.id}"})
@@ -227,6 +233,11 @@ def _job_routes(app: FastAPI, core) -> None:
             raise RequestError(404, f"no file {name[:100]!r} (unknown, or removed: "
                                     f"--keep-files)", code="not_found") from None
         return Response(data, media_type=CONTENT_TYPES[m.group(1)])
+
+
+def decode(raw: bytes, kind: str, limits) -> GenerationRequest:
+    """A body's bytes as a validated request (JSON, then :func:`~.schema.parse_request`)."""
+    return parse_request(parse_json(raw), kind, limits)
 
 
 def model_card(core) -> dict:

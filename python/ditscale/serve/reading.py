@@ -1,9 +1,9 @@
 """A request body's framing and JSON, checked before and while it is read.
 
-:func:`read_json`: ``Transfer-Encoding: chunked`` or no ``Content-Length`` -> 411; a length
+:func:`read_body`: ``Transfer-Encoding: chunked`` or no ``Content-Length`` -> 411; a length
 above ``--max-body-mib`` -> 413 before a byte of the body is read (the connection then closes);
-a ``Content-Type`` other than JSON -> 415; fewer bytes than announced, invalid JSON, NaN or
-Infinity -> 400. h11 has already refused a malformed or conflicting ``Content-Length`` (400).
+a ``Content-Type`` other than JSON -> 415; fewer bytes than announced -> 400; :func:`parse_json`:
+invalid JSON, NaN or Infinity -> 400. h11 has already refused a malformed or conflicting ``Content-Length`` (400).
 A client gone while its body is read raises :class:`ClientGone`. The error bodies:
 docs/serve.md.
 """
@@ -39,8 +39,8 @@ def _length(request: Request, limit: int) -> int:
     return int(length)
 
 
-async def read_json(request: Request, limit: int):
-    """The JSON body of ``request`` (at most ``limit`` bytes; see the module)."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body of ``request`` (at most ``limit`` bytes; see the module)."""
     length = _length(request, limit)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     try:
@@ -53,6 +53,11 @@ async def read_json(request: Request, limit: int):
     if len(raw) != length:
         raise RequestError(400, f"body: {len(raw)} bytes, Content-Length said {length}",
                            code="invalid_body")
+    return raw
+
+
+def parse_json(raw: bytes):
+    """``raw`` as JSON (no NaN or Infinity), or a 400."""
     try:
         return json.loads(raw, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:

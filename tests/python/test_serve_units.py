@@ -487,3 +487,12 @@ def test_output_dir_must_take_files(tmp_path, capsys):
     code = cli.main(["--pipeline", "sd3", "--device", "cpu", "--port", "0",
                      "--output-dir", str(tmp_path / "file")])
     assert code == 2 and "--output-dir:" in capsys.readouterr().err
+
+
+def test_a_clients_value_is_quoted_short():
+    for body, param in (({"prompt": "x", "model": "m" * 100000}, "model"),
+                        ({"prompt": "x", "size": "9" * 100000}, "size"),
+                        ({"prompt": "x", "steps": 10**4000}, "steps"),
+                        ({"prompt": "x", "response_format": "j" * 100000}, "response_format")):
+        err = refused(body)
+        assert err.param == param and len(err.message) < 400, err.message[:500]

@@ -14,7 +14,7 @@ from typing import Any, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import RequestError, bad
+from .errors import RequestError, bad, shown
 
 MAX_TEXT_CHARS = 10_000
 MAX_USER_CHARS = 256
@@ -77,15 +77,15 @@ def _number(v) -> str:
     return _kind(v)
 
 
-# pydantic error type -> (code, message template over the error's input and context)
+# pydantic error type -> the message (after "<field>: ") from the error's input and context
 MESSAGES = {
     "int_type": lambda e: f"expected an integer, got {_kind(e['input'])}",
     "float_type": lambda e: f"expected a number, got {_number(e['input'])}",
-    "finite_number": lambda e: f"{e['input']!r} is not a finite number",
+    "finite_number": lambda e: f"{shown(e['input'])} is not a finite number",
     "string_type": lambda e: f"expected a string, got {_kind(e['input'])}",
     "string_unicode": lambda e: "not valid Unicode text (a lone surrogate code point?)",
     "bool_type": lambda e: f"expected true or false, got {_kind(e['input'])}",
-    "literal_error": lambda e: f"{e['input']!r} is not one of {e['ctx']['expected']}",
+    "literal_error": lambda e: f"{shown(e['input'])} is not one of {e['ctx']['expected']}",
     "string_too_long": lambda e: f"{len(e['input'])} characters, at most "
                                  f"{e['ctx']['max_length']}",
     "list_type": lambda e: f"expected a list, got {_kind(e['input'])}",

@@ -2,10 +2,10 @@
 
 :func:`read_body`: ``Transfer-Encoding: chunked`` or no ``Content-Length`` -> 411; a length
 above ``--max-body-mib`` -> 413 before a byte of the body is read (the connection then closes);
-a ``Content-Type`` other than JSON -> 415; fewer bytes than announced -> 400; :func:`parse_json`:
-invalid JSON, NaN or Infinity -> 400. h11 has already refused a malformed or conflicting ``Content-Length`` (400).
-A client gone while its body is read raises :class:`ClientGone`. The error bodies:
-docs/serve.md.
+a ``Content-Type`` other than JSON -> 415; fewer bytes than announced -> 400. :func:`parse_json`:
+invalid JSON, NaN or Infinity -> 400. h11 has already refused a malformed or conflicting
+``Content-Length`` (400). A client gone while its body is read raises :class:`ClientGone`.
+The error bodies: docs/serve.md.
 """
 
 from __future__ import annotations

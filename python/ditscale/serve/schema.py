@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .body import MAX_TEXT_CHARS, validate_body
-from .errors import RequestError, bad
+from .errors import RequestError, bad, shown
 
 MAX_TEXT_TOKENS = 4096
 MAX_SEED = 2**63 - 1
@@ -108,7 +108,7 @@ def _int(body: dict, name: str, lo: int, hi: int, default=None) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise bad(name, f"expected an integer, got {_kind(v)}")
     if v < lo or v > hi:
-        raise bad(name, f"{v} is out of range [{lo}, {hi}]")
+        raise bad(name, f"{shown(v)} is out of range [{lo}, {hi}]")
     return int(v)
 
 
@@ -135,7 +135,7 @@ def _text(body: dict, name: str, limit: int) -> str:
 def _choice(body: dict, name: str, choices: Tuple[str, ...]) -> str:
     v = body.get(name, choices[0])
     if v not in choices:
-        raise bad(name, f"{v!r} is not one of {', '.join(map(repr, choices))}")
+        raise bad(name, f"{shown(v)} is not one of {', '.join(map(repr, choices))}")
     return v
 
 
@@ -155,7 +155,7 @@ def _size(body: dict, lim: Limits) -> Tuple[int, int]:
         parts = s.lower().split("x") if isinstance(s, str) else []
         if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 6
                                       for p in parts):
-            raise bad("size", f"{s!r} is not \"<width>x<height>\" (e.g. \"1024x768\")")
+            raise bad("size", f"{shown(s)} is not \"<width>x<height>\" (e.g. \"1024x768\")")
         w, h = int(parts[0]), int(parts[1])
         named = (("size", "height", h), ("size", "width", w))
     else:
@@ -232,13 +232,13 @@ def _decode_b64(name: str, value: dict, max_numel: int) -> torch.Tensor:
     if (not isinstance(shape, list) or not 1 <= len(shape) <= 4
             or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 1 << 20
                        for d in shape)):
-        raise bad(f"{name}.shape", f"{shape!r} is not a list of 1-4 integers in [1, 2^20]")
+        raise bad(f"{name}.shape", f"{shown(shape)} is not a list of 1-4 integers in [1, 2^20]")
     numel = math.prod(shape)
     if numel > max_numel:
         raise bad(f"{name}.shape", f"{shape} has {numel} values, at most {max_numel}")
     dtype = value.get("dtype", "float32")
     if dtype not in EMBED_DTYPES:
-        raise bad(f"{name}.dtype", f"{dtype!r} is not one of {', '.join(EMBED_DTYPES)}")
+        raise bad(f"{name}.dtype", f"{shown(dtype)} is not one of {', '.join(EMBED_DTYPES)}")
     data = value.get("b64")
     if not isinstance(data, str):
         raise bad(f"{name}.b64", f"expected a base64 string, got {_kind(data)}")
@@ -342,7 +342,7 @@ def parse_request(body, kind: str, lim: Limits) -> Request:
     allowed = (VIDEO_FIELDS if lim.video else IMAGE_FIELDS) | set(embed_fields(lim))
     validate_body(body, lim.video, allowed)  # names and types; the ranges below
     if "model" in body and body["model"] != lim.pipeline:
-        raise bad("model", f"{body['model']!r}: this server runs {lim.pipeline!r}")
+        raise bad("model", f"{shown(body['model'])}: this server runs {lim.pipeline!r}")
     height, width = _size(body, lim)
     frames = _frames(body, lim)
     n = _int(body, "n", 1, lim.max_n, 1)

@@ -170,6 +170,17 @@ def test_trickling_clients_neither_block_health_nor_hold_connections(server):
             s.close()
 
 
+def test_a_body_that_does_not_arrive_in_time_is_dropped(server):
+    jobs_before = metric(server.url, "jobs_total") + metric(server.url, "queue_depth")
+    body = json.dumps({"prompt": "late", "steps": 1}).encode()
+    with socket.create_connection(_address(server.url), timeout=30) as s:
+        s.sendall(raw_post(body[:10], b"Content-Length: %d\r\n" % len(body)))
+        begin = time.monotonic()
+        assert s.recv(1024) == b""  # closed at the deadline, unanswered
+        assert READ_TIMEOUT_S * 0.5 < time.monotonic() - begin < READ_TIMEOUT_S * 3
+    assert metric(server.url, "jobs_total") + metric(server.url, "queue_depth") == jobs_before
+
+
 def test_connections_beyond_the_limit_get_503_until_the_idle_ones_are_closed(server):
     conns = []
     try:

@@ -26,6 +26,8 @@ httpx = pytest.importorskip("httpx")
 
 from test_serve import Served, call, job, metric, png_array, request, wait_for  # noqa: E402
 
+from ditscale.serve.body import ErrorBody, GenerationResult, JobView  # noqa: E402
+
 READ_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 400
 ARGS = ["--pipeline", "sd3", "--max-batch", "2", "--max-queue", "8", "--heartbeat", "0.5",
@@ -96,10 +98,13 @@ def test_hostile_fields_fail_alone_naming_the_field(server, raw, param, words):
         server.url, raw_post(raw, b"Content-Length: %d\r\n" % len(raw))))
     assert status == 400 and err["param"] == param, err
     assert err["message"].startswith(param + ":") and words in err["message"], err
+    ErrorBody.model_validate({"error": err})
+    JobView.model_validate(queued)
     # the queued job is not lost, and the server serves on
     final = wait_for(lambda: (lambda j: j if j["status"] != "queued" and j["status"] !=
                               "running" else None)(job(server.url, queued["id"])), 60, "the job")
     assert final["status"] == "succeeded", final
+    JobView.model_validate(final)  # the answers are what /openapi.json says
     assert call(server.url, "GET", "/health")[1]["status"] == "ok"
 
 
@@ -202,6 +207,7 @@ def test_connections_beyond_the_limit_get_503_until_the_idle_ones_are_closed(ser
 def test_timings_per_stage_in_the_response_and_the_metrics(server):
     status, result = call(server.url, "POST", PATH, {"prompt": "timed", "steps": 3, "seed": 8})
     assert status == 200, result
+    GenerationResult.model_validate(result)
     t = result["timings"]
     assert len(t["denoising_steps_s"]) == 3 and all(s > 0 for s in t["denoising_steps_s"])
     assert t["denoising_s"] == pytest.approx(sum(t["denoising_steps_s"]), abs=1e-5)
@@ -226,8 +232,13 @@ def test_openapi_and_an_openai_shaped_request(server):
                         headers={"Authorization": "Bearer unused", "OpenAI-Beta": "x"})
         assert r.status_code == 200, r.text
         assert [png_array(d["b64_json"]).shape for d in r.json()["data"]] == [(12, 20, 3)] * 2
+        GenerationResult.model_validate(r.json())
         r = client.post(PATH, json={"prompt": "x", "size": "1024x1024"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "size"
+        ErrorBody.model_validate(r.json())
+        answers = schema["paths"][PATH]["post"]["responses"]
+        assert answers["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/GenerationResult")
 
 
 # ---- a bounded load test ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from .body import ImageBody, VideoBody
+from .body import ErrorBody, GenerationResult, ImageBody, JobView, VideoBody
 from .errors import RequestError
 from .metrics import CONTENT_TYPE
 from .reading import ClientGone, parse_json, read_body
@@ -114,6 +114,12 @@ def _body_doc(model) -> dict:
         "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
 
 
+ERRORS = {status: {"model": ErrorBody} for status in (400, 404, 409, 411, 413, 415, 429, 500,
+                                                     503, 504)}
+GENERATION = {200: {"model": GenerationResult}, 202: {"model": JobView}, **ERRORS}
+JOB = {200: {"model": JobView}, 404: {"model": ErrorBody}}
+
+
 def make_app(core) -> FastAPI:
     """The app of ``core`` (a ``server.Server``)."""
     app = FastAPI(title="ditscale.serve", version="1",
@@ -191,11 +197,13 @@ def _generation_routes(app: FastAPI, core) -> None:
             return JSONResponse(job.result, headers={"X-Job-Id": job.id})
         return error_response(job.error, job.id)
 
-    @app.post("/v1/images/generations", openapi_extra=_body_doc(ImageBody))
+    @app.post("/v1/images/generations", openapi_extra=_body_doc(ImageBody),
+              responses=GENERATION)
     async def images(request: Request):
         return await generate(request, "image")
 
-    @app.post("/v1/videos/generations", openapi_extra=_body_doc(VideoBody))
+    @app.post("/v1/videos/generations", openapi_extra=_body_doc(VideoBody),
+              responses=GENERATION)
     async def videos(request: Request):
         return await generate(request, "video")
 
@@ -203,7 +211,7 @@ def _generation_routes(app: FastAPI, core) -> None:
 def _job_routes(app: FastAPI, core) -> None:
     store = core.store
 
-    @app.get("/v1/jobs/{job_id}")
+    @app.get("/v1/jobs/{job_id}", responses=JOB)
     def job_view(job_id: str):
         return store.get(job_id).view()
 
@@ -213,8 +221,8 @@ def _job_routes(app: FastAPI, core) -> None:
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
             "Connection": "close"})
 
-    @app.delete("/v1/jobs/{job_id}")
-    @app.post("/v1/jobs/{job_id}/cancel")
+    @app.delete("/v1/jobs/{job_id}", responses=JOB)
+    @app.post("/v1/jobs/{job_id}/cancel", responses=JOB)
     def cancel(job_id: str):
         view = store.cancel(job_id).view()
         view.pop("result", None)

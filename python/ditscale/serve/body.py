@@ -1,11 +1,13 @@
-"""A generation request's JSON body as pydantic models: field names and types.
+"""A generation request's JSON body as pydantic models: field names and types (and the answers).
 
 :class:`ImageBody` / :class:`VideoBody` (strict types: no "2" for 2, no 2.0 for an integer,
 unknown fields refused, text valid Unicode) are what ``/openapi.json`` publishes and what
 :func:`validate_body` checks first; the ranges that depend on the served pipeline (sizes,
 steps, ``n``, widths of prompt embeddings) are checked after, by :mod:`.schema`. A pydantic
 error becomes the server's one error body: 400 naming the field (:data:`MESSAGES`, one
-template per pydantic error type). The fields and their ranges: docs/serve.md.
+template per pydantic error type). The answers' models (:class:`GenerationResult`,
+:class:`JobView`, :class:`ErrorBody`) document ``/openapi.json``; the tests check real
+answers against them. The fields and their ranges: docs/serve.md.
 """
 
 from __future__ import annotations
@@ -138,3 +140,73 @@ def validate_body(obj, video: bool, accepted) -> dict:
     except ValidationError as exc:
         raise to_request_error(exc, accepted) from None
     return obj
+
+
+# ---- answers (published in /openapi.json; the tests validate real answers against them) ----
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: Literal["invalid_request_error", "rate_limit_error", "server_error"]
+    param: Optional[str]
+    code: Optional[str]
+
+
+class ErrorBody(BaseModel):
+    """Every error's body (OpenAI's shape); a job's error also gives its ``id``."""
+
+    error: ErrorDetail
+    id: Optional[str] = None
+
+
+class Item(BaseModel):
+    b64_json: Optional[str] = Field(None, description="the PNG / MP4 / GIF bytes")
+    url: Optional[str] = Field(None, description="response_format url: GET it")
+
+
+class Timings(BaseModel):
+    """Seconds, rank 0's (docs/serve.md)."""
+
+    queued_s: float
+    run_s: float
+    text_encoding_s: float
+    denoising_s: float
+    denoising_steps_s: List[float]
+    vae_decode_s: float
+    output_encoding_s: float
+    encode_s: float
+
+
+class GenerationResult(BaseModel):
+    """A succeeded request's answer (and a job's ``result``)."""
+
+    created: int
+    id: str
+    model: str
+    object: Literal["image.generation", "video.generation"]
+    data: List[Item]
+    seed: int
+    size: str
+    steps: int
+    guidance: float
+    text_encoder: Literal["request", "pipeline", "stand-in"]
+    batch: dict = Field(description="requests, samples and pipeline calls of its batch")
+    timings: Timings
+    frames: Optional[int] = None
+    fps: Optional[int] = None
+
+
+class JobView(BaseModel):
+    """``GET /v1/jobs/{id}`` (an async request's 202, a cancel's 200, an event's data)."""
+
+    id: str
+    object: Literal["job"]
+    kind: Literal["image", "video"]
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    created: int
+    progress: dict = Field(description='{"step": k, "steps": n}')
+    text_encoder: str
+    seed: int
+    started: Optional[float] = None
+    finished: Optional[float] = None
+    error: Optional[ErrorDetail] = None
+    result: Optional[GenerationResult] = None

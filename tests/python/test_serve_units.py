@@ -1,6 +1,7 @@
-"""ditscale.serve's parts without a server: request validation (schema), the job store and its
-batching (jobs), the Prometheus text (metrics), the options and their ranges (options, cli),
-a batch's RunSpec (runner), the shape rules the limits come from (diffusers.generation)."""
+"""ditscale.serve's parts without a server: request validation (body, schema), the job store
+and its batching (jobs), event streams (waiting), the metrics, the options and their ranges
+(options, cli), a batch's RunSpec and its calls (runner), the worker's failure paths (server),
+the shape rules the limits come from (diffusers.generation)."""
 
 import base64
 import json

@@ -10,25 +10,30 @@
 The pipeline is ``ditscale.diffusers.tiny.make_pipeline(--pipeline, --size)`` (random weights
 from --seed, no download; prompt embeddings made locally by ``make_prompt_embeds``: the output
 is noise-like, the run shows speed and scaling), or with --weights a local diffusers checkpoint
-folder (``load_pipeline``; text encoders included, so --prompt / --negative-prompt are used).
+folder (``load_pipeline``: its configs are checked against their ranges and the memory they
+imply first; with text encoders --prompt / --negative-prompt are encoded, a checkpoint saved
+without them gets stand-in embeddings seeded by the prompt texts, as the server does).
 ``ditscale.diffusers.parallelize_pipeline`` makes it parallel over every rank: with guidance
 (--guidance > 1: the CFG scale, ``true_cfg_scale`` for Flux and HunyuanVideo, whose embedded
 guidance keeps its default) on an even rank count, the conditional and unconditional passes
 run on the two halves of the ranks (--no-cfg-parallel: both over all ranks); the image/video
 tokens are sharded over the ranks of each half by --strategy (default auto).
 
-Printed by rank 0: the parallel layout, each step (``step k/n: ms``, the time between step
-callbacks after a device synchronize; step 1 includes the preparation before the loop: text
-encoding, latents, timesteps), and the latency per step (mean) and in total (the whole
-pipeline call: text, steps, VAE decode). Every rank checks that its output is bit-identical to
-rank 0's; rank 0 saves it: a PNG for images, an MP4 for videos (imageio + imageio-ffmpeg; a
-GIF, with a message, when they are missing, or when --out ends in .gif).
+Printed by rank 0: the parallel layout, each step (``step k/n: ms``, after a device
+synchronize; step 1 from the first transformer forward), the latency per step (mean) and in
+total (the whole pipeline call), and at the end a table of seconds per stage
+(``generation.StageTimer``: text encoding, denoising and its mean step, VAE decode, the rest of
+the call, output encoding). Every rank checks that its output is bit-identical to rank 0's;
+rank 0 saves it: a PNG for images, an MP4 for videos (imageio + imageio-ffmpeg; a GIF, with a
+message, when they are missing, or when --out ends in .gif). --out's folder is created if
+missing and checked writable before anything is built.
 
 Ranges (checked, named in errors): --height, --width [8, 16384] (the pipeline adds its own
-divisibility rule); --frames [1, 1025] (videos; 1 for images); --steps [1, 1000]; --guidance
+divisibility rule and limits: SD3's position embedding, Wan's rotary table); --frames
+[1, 1025] (videos; 1 for images; Wan: within its rotary table); --steps [1, 1000]; --guidance
 [0, 100]; --seed [0, 2^63 - 1]; --fps [1, 240]; --text-tokens [1, 4096]. Defaults: the tiny or
-full shape of the pipeline (``tiny.DEFAULT_SHAPES``), 2 steps tiny / 30 full, each pipeline's
-usual guidance.
+full shape of the pipeline (``tiny.DEFAULT_SHAPES``; --size: tiny, with --weights full), 2 steps
+tiny / 30 full, each pipeline's usual guidance.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ import argparse
 import hashlib
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -55,8 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pipeline", choices=tiny.PIPELINES, default="flux")
     p.add_argument("--weights", default=None, help="a local diffusers checkpoint folder")
-    p.add_argument("--size", choices=tiny.SIZES, default="tiny",
-                   help="random-weight pipeline: tiny (1-2 blocks) or full (real dimensions)")
+    p.add_argument("--size", choices=tiny.SIZES, default=None,
+                   help="random-weight pipeline: tiny (1-2 blocks, the default) or full (real "
+                        "dimensions); with --weights: whose default shape and steps to use "
+                        "(default full)")
     p.add_argument("--prompt", default="a red fox running through fresh snow, golden hour",
                    help="with --weights")
     p.add_argument("--negative-prompt", default="", help="with --weights and guidance")
@@ -83,6 +89,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """The defaults that depend on the pipeline and size, and the range checks."""
     video = args.pipeline in tiny.VIDEO_PIPELINES
+    if args.size is None:
+        args.size = "full" if args.weights else "tiny"
     height, width, frames = tiny.DEFAULT_SHAPES[args.pipeline][args.size]
     args.height = check_int("--height", height if args.height is None else args.height, 8, 16384)
     args.width = check_int("--width", width if args.width is None else args.width, 8, 16384)
@@ -97,6 +105,12 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.text_tokens is None:
         args.text_tokens = tiny.default_text_tokens(args.pipeline, args.size)
     args.text_tokens = check_int("--text-tokens", args.text_tokens, 1, 4096)
+    for option, text in (("--prompt", args.prompt), ("--negative-prompt", args.negative_prompt)):
+        try:
+            text.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{option}: {text!r:.60} is not valid text ({e.reason} at "
+                             f"character {e.start})") from e
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.dtype is None:
@@ -108,6 +122,9 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if ext not in allowed:
         kind = "a video" if video else "an image"
         raise ValueError(f"--out: {args.out!r}: {kind} pipeline writes {' or '.join(allowed)}")
+    if os.path.isdir(args.out):
+        raise ValueError(f"--out: {args.out!r} is a folder (give a file name in it)")
+    generation.check_output_dir("--out", os.path.dirname(os.path.abspath(args.out)))
     return args
 
 
@@ -119,18 +136,30 @@ def build(args, device: torch.device):
                               seed=args.seed)
 
 
-def call_kwargs(args, pipe, device: torch.device) -> dict:
-    """The pipeline call (``generation.call_kwargs``): shape, steps, guidance by the
-    pipeline's own switch, one generator seeded --seed (the same on every rank), prompt text
-    with --weights, else made embeddings."""
+def prompt_inputs(args, pipe, rank: int):
+    """(text, embeds) of the call: the prompt texts when the pipeline has text encoders (a
+    checkpoint with them), else embeddings made locally (``make_prompt_embeds``): seeded by
+    --seed for a random-weight pipeline, by the prompt texts (``generation.stand_in_seed``, as
+    the server does) for a checkpoint saved without text encoders."""
     guided = args.guidance > 1
     if args.weights:
-        text = {"prompt": [args.prompt], "negative_prompt": [args.negative_prompt]}
-        embeds = None
+        if generation.has_text_encoders(pipe, f"--weights {args.weights}"):
+            return {"prompt": [args.prompt], "negative_prompt": [args.negative_prompt]}, None
+        seed = generation.stand_in_seed(args.prompt, args.negative_prompt)
+        if rank == 0:
+            print(f"--weights {args.weights} has no text encoders: --prompt gets stand-in "
+                  f"embeddings of {args.text_tokens} tokens (random, seeded by the prompt "
+                  f"texts; not an encoding of them)", flush=True)
     else:
-        text = None
-        embeds = tiny.make_prompt_embeds(pipe, args.text_tokens, negative=guided,
-                                         seed=args.seed)
+        seed = args.seed
+    return None, tiny.make_prompt_embeds(pipe, args.text_tokens, negative=guided, seed=seed)
+
+
+def call_kwargs(args, pipe, device: torch.device, rank: int = 0) -> dict:
+    """The pipeline call (``generation.call_kwargs``): shape, steps, guidance by the
+    pipeline's own switch, one generator seeded --seed (the same on every rank), the prompt
+    (:func:`prompt_inputs`)."""
+    text, embeds = prompt_inputs(args, pipe, rank)
     return generation.call_kwargs(args.pipeline, height=args.height, width=args.width,
                                   frames=args.frames, steps=args.steps, guidance=args.guidance,
                                   seeds=[args.seed], device=device, text=text, embeds=embeds)
@@ -145,30 +174,35 @@ def layout(pipe, guided: bool, world: int) -> str:
     return f"sequence parallel over {world} rank(s)" + ("" if guided else " (no guidance)")
 
 
-class StepTimer:
-    """The pipeline's callback_on_step_end: prints ``step k/n: ms`` on rank 0."""
-
-    def __init__(self, steps: int, device: torch.device, rank: int):
-        self.steps, self.device, self.rank = steps, device, rank
-        self.times = []
-        self.last = None
-
-    def start(self) -> None:
-        self._sync()
-        self.last = time.perf_counter()
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def __call__(self, pipe, step: int, timestep, callback_kwargs):
-        self._sync()
-        now = time.perf_counter()
-        self.times.append(now - self.last)
-        self.last = now
-        if self.rank == 0:
-            print(f"step {step + 1}/{self.steps}: {1e3 * self.times[-1]:.1f} ms", flush=True)
+def step_printer(steps: int, timer, rank: int):
+    """The step callback after the timer's: prints ``step k/n: ms`` on rank 0."""
+    def callback(pipe, step: int, timestep, callback_kwargs):
+        if rank == 0:
+            print(f"step {step + 1}/{steps}: {1e3 * timer.steps[-1]:.1f} ms", flush=True)
         return callback_kwargs
+    return callback
+
+
+STAGE_ROWS = (("text encoding", "text_encoding"), ("denoising", "denoising"),
+              ("vae decode", "vae_decode"), ("other (latents, post-processing)", "other"),
+              ("output encoding", "output_encoding"))
+
+
+def timings_table(timings: dict) -> str:
+    """The per-stage seconds of ``StageTimer.as_dict()`` as a table with each stage's share of
+    the total (the pipeline call plus output encoding)."""
+    total = timings.get("pipeline", 0.0) + timings.get("output_encoding", 0.0)
+    lines = [f"{'stage':<34}{'seconds':>10}{'share':>9}"]
+    for label, key in STAGE_ROWS:
+        if key in timings:
+            share = 100.0 * timings[key] / total if total > 0 else 0.0
+            lines.append(f"{label:<34}{timings[key]:>10.3f}{share:>8.1f}%")
+        if key == "denoising" and timings.get("steps"):
+            steps = timings["steps"]
+            lines.append(f"{'  per step (mean of ' + str(len(steps)) + ')':<34}"
+                         f"{sum(steps) / len(steps):>10.3f}")
+    lines.append(f"{'total':<34}{total:>10.3f}{100.0 if total > 0 else 0.0:>8.1f}%")
+    return "\n".join(lines)
 
 
 def result_array(out, video: bool):
@@ -227,27 +261,28 @@ def main(argv=None) -> int:
             raise ValueError(f"--height/--width/--frames: {wrong}")
         pipe = parallelize_pipeline(pipe, cfg_parallel=not args.no_cfg_parallel,
                                     strategy=args.strategy)
-        kwargs = call_kwargs(args, pipe, device)
-        timer = StepTimer(args.steps, device, rank)
+        kwargs = call_kwargs(args, pipe, device, rank)
         if rank == 0:
             shape = f"{args.height}x{args.width}" + (f", {args.frames} frames" if video else "")
             print(f"{args.pipeline} ({'weights ' + args.weights if args.weights else args.size}"
                   f", {args.dtype}, {device.type}): {shape}, {args.steps} steps, guidance "
                   f"{args.guidance:g}; {layout(pipe, args.guidance > 1, world)}, strategy "
                   f"{args.strategy}", flush=True)
-        timer.start()
-        begin = time.perf_counter()
-        out = pipe(**kwargs, callback_on_step_end=timer)
-        timer._sync()
-        total = time.perf_counter() - begin
+        timer = generation.StageTimer(device)
+        with timer.attach(pipe):
+            out = pipe(**kwargs, callback_on_step_end=timer.step_callback(
+                step_printer(args.steps, timer, rank)))
         array = result_array(out, video)
         check_identical(array, rank, world)
         if rank == 0:
-            mean = sum(timer.times) / len(timer.times)
-            print(f"latency: {1e3 * mean:.1f} ms per step (mean of {len(timer.times)}), "
-                  f"{total:.3f} s in total", flush=True)
-            path = save(array, args.out, args.fps)
+            with timer.stage("output_encoding"):
+                path = save(array, args.out, args.fps)
+            timings = timer.as_dict()
+            mean = sum(timer.steps) / len(timer.steps)
+            print(f"latency: {1e3 * mean:.1f} ms per step (mean of {len(timer.steps)}), "
+                  f"{timings['pipeline']:.3f} s in total", flush=True)
             print(f"saved {path} ({'x'.join(map(str, array.shape))})", flush=True)
+            print(timings_table(timings), flush=True)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

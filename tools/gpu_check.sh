@@ -58,8 +58,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = adaln ]; then
     step sanitizer-adaln 600 compute-sanitizer --tool memcheck --error-exitcode 1 \
          "$BUILD"/tests/gpu/adaln_gpu_test --gtest_filter='*PlainPerSample*:*Strided*'
   fi
-  step bench-adaln 600 $PY -m bench.adaln.bench_adaln --warm-cache 18 --out "$OUT/adaln-h200.md"
-  step profile-adaln 300 $PY -m bench.adaln.profile_adaln --out "$OUT/adaln-profile-h200.md"
+  step bench-adaln 600 $PY -m bench.adaln.bench_adaln --warm-cache 18 --out "$OUT/adaln.md"
+  step profile-adaln 300 $PY -m bench.adaln.profile_adaln --out "$OUT/adaln-profile.md"
   [ -x "$BUILD"/bench/adaln_kernel_bench ] && step bench-adaln-kernel 300 "$BUILD"/bench/adaln_kernel_bench
 fi
 
@@ -70,7 +70,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   SPD="$OUT/sp"
   mkdir -p "$SPD"
   NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-  # All GPUs of the host (2 on nvidia-h200-x2; on 4 GPUs the emulated run is 2 machines x 2 GPUs,
+  # All GPUs of the host (on 4 GPUs the emulated run is 2 machines x 2 GPUs,
   # the central SwiftFusion setting). An even count is needed for 2 emulated machines.
   NP=${SP_NPROC:-$NGPU}
   TRUN="$PY -m torch.distributed.run --standalone --nproc-per-node $NP"
@@ -79,7 +79,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   # SKIP_BUILD=1 SP_PARTS="bench-emulated report example"); "diag", "channels", "sockets" and
   # "sanitize" are opt-in. "replay", "split" and "overlap" need one GPU only: every strategy's
   # compute on one rank with the transfers skipped, what cutting one attention call costs, and
-  # which transfers run beside one (bench/results/sp-overlap-h200/).
+  # which transfers run beside one (lab/results/sp-overlap_h200_2026-12/).
   PARTS=" ${SP_PARTS:-test replay overlap calib bench-nvlink bench-emulated report example} "
   has() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
   if [ "$NGPU" -ge 1 ]; then
@@ -99,16 +99,16 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
            $PY tests/gpu/sp_local_check.py --tiny --comm-sms 4
     fi
     has replay && step sp-replay 300 $PY -m bench.sp.replay_compute --out "$SPD/replay"
-    has split && step sp-split 300 $PY -m bench.probes.attn_split_probe --out "$SPD/split"
+    has split && step sp-split 300 $PY -m lab.probes.attn_split_probe --out "$SPD/split"
     # What runs beside a cuDNN attention call (it holds every SM): SM kernels, copy engines,
     # NCCL, and (the C++ probe) NVSHMEM on-stream puts / signals / waits and stream memory ops.
     if has overlap; then
-      step sp-overlap 120 $PY -m bench.probes.attn_overlap_probe --out "$SPD/overlap"
-      step sp-pack-copy 120 $PY -m bench.probes.pack_copy_probe --out "$SPD/overlap"
+      step sp-overlap 120 $PY -m lab.probes.attn_overlap_probe --out "$SPD/overlap"
+      step sp-pack-copy 120 $PY -m lab.probes.pack_copy_probe --out "$SPD/overlap"
       # The attention call on an SM partition, and what runs beside it on the SMs left over.
-      step sp-sm-partition 120 $PY -m bench.probes.sm_partition_probe --out "$SPD/overlap"
-      [ -x "$BUILD"/bench/sp_overlap_probe ] && step sp-overlap-primitives 120 \
-           "$BUILD"/bench/sp_overlap_probe --json "$SPD/overlap/primitives.json"
+      step sp-sm-partition 120 $PY -m lab.probes.sm_partition_probe --out "$SPD/overlap"
+      [ -x "$BUILD"/lab/sp_overlap_probe ] && step sp-overlap-primitives 120 \
+           "$BUILD"/lab/sp_overlap_probe --json "$SPD/overlap/primitives.json"
     fi
   fi
   if [ "$NGPU" -ge 2 ]; then
@@ -185,7 +185,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
     has report && [ -n "$FR" ] && step sp-fit-runs 240 $PY -m bench.sp.fit_runs $FR \
          --calib-dir "$SPD/calib" --ditscale "$CLI"
     has report && step sp-report 120 $PY -m bench.sp.report "$SPD"/sp-*.json \
-         --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-h200x$NP.md" \
+         --calib-dir "$SPD/calib" --ditscale "$CLI" --out "$OUT/sp-x$NP.md" \
          --summary "$OUT/sp-summary.txt"
     has example && step sp-inference 420 $TRUN examples/sp_inference.py --resolution 3072 4096 \
          --strategies ${SP_EXAMPLE_STRATEGIES:-all} --steps-timed 2 --json "$SPD/sp-inference.json"
@@ -211,10 +211,10 @@ fi
 echo
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 print_rows
-[ -f "$OUT/adaln-h200.md" ] && tail -n 30 "$OUT/adaln-h200.md"
+[ -f "$OUT/adaln.md" ] && tail -n 30 "$OUT/adaln.md"
 for f in "$OUT"/diffusers/adaln-models.md "$OUT"/diffusers/sp-overhead.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done
 if [ -f "$OUT/sp-summary.txt" ]; then
-  echo; echo "== sp attention (ms per layer; details in $OUT/sp-h200x<GPUs>.md)"; cat "$OUT/sp-summary.txt"
+  echo; echo "== sp attention (ms per layer; details in $OUT/sp-x<GPUs>.md)"; cat "$OUT/sp-summary.txt"
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# AdaptiveLoad end to end on the local GPUs (issue 6):
+# AdaptiveLoad end to end on the local GPUs:
 #   build -> shape sweep (FSDP2) -> ditscale fit -> train with equal-token / adaptive / balanced
 #   (+ balanced without the fused AdaLN) -> fused-AdaLN memory sweep -> summary markdown + PNG.
 #
@@ -12,12 +12,13 @@
 #   tools/gpu_train.sh sweep fit              (~4-5 min: 180 s sweep budget + start-up)
 #   tools/gpu_train.sh train report           (~6 min: 4 runs x 60 s + start-up)
 #   tools/gpu_train.sh adaln report           (~2 min)
-# Results: $OUT/train-h200x<NPROC>.md (commit it as bench/results/train-h200x<NPROC>.md) and
-# $OUT/train-h200x<NPROC>-loss.png, plus bench.csv, cost.json, fit.json, train-*.jsonl, logs.
+# Results: $OUT/train-x<NPROC>.md (commit it as bench/results/train_<gpu>x<NPROC>_<YYYY-MM>.md,
+# indexed in docs/results.md) and $OUT/train-x<NPROC>-loss.png, plus bench.csv, cost.json,
+# fit.json, train-*.jsonl, logs.
 # MODEL_IMPL=diffusers: the sweep, the training runs and the adaln stage use diffusers'
 # WanTransformer3DModel of the same dimensions (--model-impl diffusers; fused = its
 # apply_fused_adaln), its work dir is build-train/run-diffusers (its own sweep and cost) and its
-# results train-diffusers-h200x<NPROC>.md / -loss.png.
+# results train-diffusers-x<NPROC>.md / -loss.png.
 # Knobs (environment):
 #   MODEL (wan2.1-1.3b)  LAYERS (8)  MAX_FRAMES (81: Wan's clip length, 720p up to 75600 tokens)
 #   MODEL_IMPL (ditscale: ditscale's WanDiT | diffusers: diffusers' WanTransformer3DModel)
@@ -181,7 +182,7 @@ ditscale.diffusers.adaln_wan; print('diffusers', diffusers.__version__)"
          "$MAX_FRAMES" "$MODEL_IMPL" "$REPORT_PREFIX" <<'EOF'
 import csv, json, os, sys
 work, out, nproc, gpu, model, layers, manifest, max_frames, impl, prefix = sys.argv[1:11]
-name = f"{prefix}-h200x{nproc}"
+name = f"{prefix}-x{nproc}"
 L = []
 L.append(f"# AdaptiveLoad training on {nproc}x {gpu}\n")
 if impl == "diffusers":
@@ -321,7 +322,7 @@ cp -f "$WORK"/*.log "$WORK"/*.csv "$WORK"/*.json "$WORK"/*.jsonl "$WORK"/gpu.txt
 echo
 echo "== summary ($GPU_NAME x$NPROC, work dir $WORK)"
 print_rows
-for f in "$OUT"/train-h200x*.md "$OUT"/train-diffusers-h200x*.md; do
+for f in "$OUT"/train-x*.md "$OUT"/train-diffusers-x*.md; do
   [ -f "$f" ] && { echo; echo "== $f"; grep '^|' "$f"; }
 done
 exit 0

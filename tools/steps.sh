@@ -1,6 +1,6 @@
-# Sourced by the lease scripts (tools/gpu_check.sh, tools/gpu_train.sh,
-# bench/diffusers/h200_run.sh): each step of a lease runs under `timeout` with its output in a
-# log file, and becomes a row of the table printed last.
+# Sourced by the lease scripts (tools/gpu_check.sh, tools/gpu_train.sh, tools/gpu_bench.sh): each
+# step of a lease runs under `timeout` with its output in a log file, and becomes a row of the
+# table printed last.
 #
 #   STEP_LOG_DIR=DIR        where NAME.log goes (set before calling step)
 #   STEP_TAIL=N             lines of the log printed after a step (default 20)

@@ -17,7 +17,7 @@
 //               / 3), or `knob=value[+knob=value...]`: the defaults with AdaLNTuning fields set by
 //               name (e.g. `pdl=0`, `fwd_kernel=1+max_resident_blocks=264`). The search variants
 //               of the kernel tuning (ring depths, rows per group, store and hint variants) left
-//               the library: bench/results/adaln-kernel-notes.md, "Removed variants".
+//               the library: lab/adaln-kernel-notes.md, "Removed variants".
 //               Default `auto,pipe`.
 //   --fwd-only  skip the backward timings (columns show 0)
 //   --gated     time the gated forward and backward (above)
@@ -94,7 +94,7 @@ Variant parse_variant(const std::string& spec) {
   if (kernel == 0) {
     std::fprintf(stderr,
                  "unknown variant '%s' (auto, base, pipe, tma, warp or knob=value; the search "
-                 "variants were removed, see bench/results/adaln-kernel-notes.md)\n",
+                 "variants were removed, see lab/adaln-kernel-notes.md)\n",
                  spec.c_str());
     std::exit(2);
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the fused AdaLN op on one GPU against eager PyTorch, torch.compile and a copy.
 
-    python -m bench.adaln.bench_adaln [--out bench/results/adaln-h200.md] [--quick]
+    python -m bench.adaln.bench_adaln [--out bench/results/adaln_h200_2026-12.md] [--quick]
 
 Workload: x [B, N, D] bf16, per-sample modulation (scale/shift as strided [B, D] chunks of a
 [B, 6, D] tensor, as Wan 2.1 produces them), LayerNorm without affine, eps 1e-6;
@@ -26,21 +26,22 @@ The markdown tables are printed last and written to --out.
 """
 
 import argparse
-import datetime
 import os
-import statistics
 import sys
 import time
 
 import torch
 
+from bench import reporter
+from bench.timing import time_fn
 from ditscale import ops
 
 MiB = 1024.0 * 1024.0
 
 
 class Timer:
-    """Median CUDA-event time of fn, with an L2 flush (a 256 MiB memset) before each rep.
+    """Median CUDA-event time of fn (bench.timing), with an L2 flush (a 256 MiB memset) before
+    each rep.
 
     fn is captured once into a CUDA graph (after warm-up) and the graph's replays are timed, so
     the numbers are GPU time without Python/autograd launch overhead (which otherwise dominates
@@ -75,23 +76,10 @@ class Timer:
 
     def __call__(self, fn, graph=True):
         run = (self._capture(fn) if graph else None) or fn
-        for _ in range(self.warmup):
-            run()
-        torch.cuda.synchronize()
-        times = []
-        t_end = time.perf_counter() + self.max_s
-        for i in range(self.reps):
-            self.flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-            if i >= 4 and time.perf_counter() > t_end:
-                break
+        t = time_fn(run, warmup=self.warmup, reps=self.reps, max_s=self.max_s,
+                    min_reps=min(5, self.reps), clock="cuda", before_each=self.flush.zero_)
         self._keep = None
-        return statistics.median(times)
+        return t.median_ms
 
 
 def peak_above_inputs_mib(fn):
@@ -187,7 +175,7 @@ def warm_cache(shapes, jobs):
     """Compiles the shapes in `jobs` child processes so the timed run hits inductor's caches."""
     import subprocess
 
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     procs, bad = [], 0
     for B, N, D in shapes:  # one process per shape, at most `jobs` at a time
         if len(procs) >= jobs:
@@ -197,7 +185,7 @@ def warm_cache(shapes, jobs):
         procs.append(subprocess.Popen(cmd))
     bad += sum(p.wait() != 0 for p in procs)
     print(f"[warm-cache] compiled {len(shapes)} shapes, {jobs} processes at a time, "
-          f"{time.perf_counter() - t0:.1f} s, {bad} failed", flush=True)
+          f"{time.monotonic() - t0:.1f} s, {bad} failed", flush=True)
 
 
 def fmt(v, nd=3):
@@ -270,7 +258,7 @@ def tables(rows, with_compile, header):
             f"| {r['mem_ours'] - r['out_mib']:.3f} | {r['mem_eager']:.1f} "
             f"| {fmt(r.get('mem_compile'), 1)} |"
         )
-    # targets of issue 3 (speed at N >= 16384; memory everywhere)
+    # the targets (speed at N >= 16384; memory everywhere)
     mem_extra = max((r["mem_ours"] - r["out_mib"]) * MiB / (r["B"] * r["N"]) for r in rows)
     line = f"Forward memory above the output: max {mem_extra:.2f} bytes/row (target 8)."
     big = [r for r in rows if r["N"] >= 16384]
@@ -332,24 +320,21 @@ def main(argv=None):
     if with_compile and a.warm_cache > 0:
         warm_cache(shapes, a.warm_cache)
     timer = Timer(a.warmup, a.reps, a.max_s)
-    dev = torch.cuda.get_device_name()
-    header = (
-        f"## Fused AdaLN, {dev}, bf16, per-sample modulation, LayerNorm\n\n"
-        f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-        f"{datetime.date.today().isoformat()}; `python -m bench.adaln.bench_adaln`; "
-        "median CUDA-event times with L2 flushed; forward: the faster of a CUDA-graph replay and "
-        "a direct call, forward+backward: CUDA-graph replays (launch overhead excluded); "
-        "copy = `y.copy_(x)`."
+    header = "\n".join(reporter.header_lines(
+        "Fused AdaLN, bf16, per-sample modulation, LayerNorm")) + "\n" + (
+        f"CUDA {torch.version.cuda}; median CUDA-event times (bench.timing) with L2 flushed; "
+        "forward: the faster of a CUDA-graph replay and a direct call, forward+backward: "
+        "CUDA-graph replays (launch overhead excluded); copy = `y.copy_(x)`."
     )
     rows = []
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     for B in a.B:
         for N in a.N:
             for D in a.D:
                 r = bench_shape(B, N, D, timer, compiled, with_compile)
                 rows.append(r)
                 print(
-                    f"[{time.perf_counter() - t0:6.1f}s] B={B} N={N} D={D}: fwd ours "
+                    f"[{time.monotonic() - t0:6.1f}s] B={B} N={N} D={D}: fwd ours "
                     f"{r['fwd_ours']:.3f} eager {r['fwd_eager']:.3f} compile "
                     f"{fmt(r.get('fwd_compile'))} copy {r['fwd_copy']:.3f} | fwd+bwd ours "
                     f"{r['fb_ours']:.3f} eager {r['fb_eager']:.3f} compile "

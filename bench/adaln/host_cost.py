@@ -3,7 +3,7 @@
 tiny tensors (so that Python, dispatch and autograd bookkeeping dominate, as they do on a GPU
 at ~1,024 tokens), and what each saves for backward at a model's size.
 
-    python -m bench.adaln.host_cost [--out bench/results/adaln-host-cost-cpu.md] [--quick]
+    python -m bench.adaln.host_cost [--out bench/results/adaln-host-cost_cpu_2026-12.md] [--quick]
         [--number N] [--repeat R] [--no-block-compile] [--saved-tokens 1024] [--saved-dim 1536]
 
 Host cost. Workload: x [B, N, D] = [2, 8, 64] float32, LayerNorm without affine, eps 1e-6,
@@ -23,11 +23,11 @@ alone: it builds the autograd graph), ``fwd+bwd`` (forward and ``backward`` of a
 the leaves' .grad). ``compiled``: the same function under torch.compile(fullgraph=True,
 dynamic=False) (inductor), warmed up first. Each cell is the smallest of ``--repeat`` repeats
 (ours and eager interleaved, so a burst of load hits both) of the mean over ``--number`` calls
-(timeit), in microseconds of this thread's CPU time per call (time.thread_time: what the host
-spends, less sensitive to other processes on a shared machine than wall time; on CPU autograd
-runs the backward on the calling thread); ``eager / ours`` > 1 means ours costs the host less.
-The machine and torch version are printed with the table. On a loaded machine single cells
-still move by tens of percent between runs: compare runs made back to back.
+(bench.timing's thread clock), in microseconds of this thread's CPU time per call (what the
+host spends, less sensitive to other processes on a shared machine than wall time; on CPU
+autograd runs the backward on the calling thread); ``eager / ours`` > 1 means ours costs the host
+less. The header (bench.reporter) names the machine, commit and command. On a loaded machine
+single cells still move by tens of percent between runs: compare runs made back to back.
 
 Saved for backward. For one call at [1, tokens, dim] bf16 (fp32 modulation, as Wan's blocks
 have it), the bytes autograd keeps between forward and backward (torch.autograd.graph
@@ -49,13 +49,13 @@ import argparse
 import os
 import platform
 import sys
-import time
-import timeit
 from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from bench import reporter
+from bench.timing import time_interleaved
 from ditscale import ops
 
 B, N, D = 2, 8, 64
@@ -128,15 +128,10 @@ def per_call_us_interleaved(steps: List[Callable[[], None]], number: int,
                             repeat: int = 7) -> List[float]:
     """Each step's CPU time per call (us), the repeats of the steps interleaved (so that a burst
     of load on a shared machine hits them alike), the smallest repeat of each."""
-    for step in steps:
-        for _ in range(max(3, number // 10)):  # warm-up (compile, allocator, caches)
-            step()
-    timers = [timeit.Timer(step, timer=time.thread_time) for step in steps]
-    best = [float("inf")] * len(steps)
-    for _ in range(repeat):
-        for i, timer in enumerate(timers):
-            best[i] = min(best[i], timer.timeit(number=number))
-    return [b / number * 1e6 for b in best]
+    # warm-up (compile, allocator, caches), then `repeat` rounds of `number` calls of each step
+    res = time_interleaved(steps, warmup=max(3, number // 10), rounds=repeat, calls=number,
+                           clock="thread")
+    return [t.min_ms * 1e3 for t in res.timings]
 
 
 def host_rows(number: int, repeat: int) -> List[Tuple[str, str, float, float]]:
@@ -381,7 +376,9 @@ def main(argv=None) -> int:
     rows += block_host_rows(number, args.repeat, compiled_too=not args.no_block_compile)
     saved = saved_rows(args.saved_tokens, args.saved_dim)
     blocks = block_rows(args.saved_tokens)
-    text = table(rows, saved, blocks, args.saved_tokens, args.saved_dim)
+    text = "\n".join(reporter.header_lines(
+        "Host cost of the fused AdaLN ops against the eager chain (CPU)")) + "\n" + table(
+        rows, saved, blocks, args.saved_tokens, args.saved_dim)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

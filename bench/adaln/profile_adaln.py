@@ -21,6 +21,7 @@ import torch
 
 from ditscale import ops
 
+from bench import reporter
 from bench.adaln.bench_adaln import Timer, fwd_bwd_step, make_inputs
 
 
@@ -128,7 +129,8 @@ def main(argv=None):
                 lines.append(f"| {short(key)} | {calls:.0f} | {us:.1f} |")
             lines.append("")
         torch.cuda.empty_cache()
-    text = "\n".join(lines)
+    text = "\n".join(reporter.header_lines("Kernels of one fused AdaLN forward+backward")
+                     + lines)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

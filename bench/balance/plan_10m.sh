@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The 10M-sample planning benchmark (issue 20 part 3): generate a 10M-row manifest, time one pass
+# The 10M-sample planning benchmark: generate a 10M-row manifest, time one pass
 # of Python's csv module over it (the baseline: it only splits the rows) and
 # `ditscale plan --policy balanced --json --quiet` for 16 ranks (parse + shapes + M_comp search +
 # plan + simulate), alternately, RUNS times each (whole process wall and CPU, peak RSS via
 # /usr/bin/time -v, the 1-minute load average after each run), and write the table to
-# bench/results/plan-10m.md: the median of each, and the speed-up as the ratio of the medians
-# (and its range over the run pairs). The file's previous results are kept below "## History".
+# bench/results/plan-10m_cpu_<YYYY-MM>.md: the median of each, and the speed-up as the ratio of
+# the medians (and its range over the run pairs). The file's previous results are kept below
+# "## History".
 #
 #   bench/balance/plan_10m.sh [ROWS]    (default 10000000)
 # Environment:
@@ -16,7 +17,7 @@
 #             generated when missing (--seed 1)
 #   RUNS      timings of each command (default 3); the speed-up uses their medians
 #   COMPARE   1: also time `plan --compare` (the three policies) once
-#   OUT       default bench/results/plan-10m.md
+#   OUT       default bench/results/plan-10m_cpu_<YYYY-MM>.md (this month's file)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROWS=${1:-10000000}
@@ -30,7 +31,7 @@ case "$FORM" in
   *) echo "FORM must be short or long, got '$FORM'" >&2; exit 2 ;;
 esac
 MANIFEST=${MANIFEST:-/tmp/ditscale-plan-$((ROWS / 1000000))m$SUFFIX.csv}
-OUT=${OUT:-bench/results/plan-10m.md}
+OUT=${OUT:-bench/results/plan-10m_cpu_$(date +%Y-%m).md}
 WORLD=16
 MODEL=wan2.1-1.3b
 [[ -x "$DITSCALE" ]] || { echo "no ditscale binary at $DITSCALE (set DITSCALE=...)" >&2; exit 1; }

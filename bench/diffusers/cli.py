@@ -49,14 +49,16 @@ def parse(ap: argparse.ArgumentParser, argv):
     return args
 
 
-def write(out_dir: str, stem: str, rows, text: str) -> int:
-    """DIR/stem.json (the rows) and DIR/stem.md (the table), the table printed; 1 when a row
-    failed."""
+def write(out_dir: str, stem: str, rows, text: str, title: str) -> int:
+    """DIR/stem.json (the rows) and DIR/stem.md (bench.reporter's header with ``title``, then
+    the table), the table printed; 1 when a row failed."""
+    from bench import reporter
+
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
-        f.write(text)
+        f.write("\n".join(reporter.header_lines(title)) + "\n" + text)
     print(text)
     return 1 if any("error" in r for r in rows) else 0
 

@@ -17,9 +17,10 @@ synchronize, so its wall time is the step's latency.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Optional
+
+from bench.timing import time_fn
 
 TINY_GRID = {"flux": (1, 4, 6), "wan": (2, 3, 4)}  # 24 image tokens
 TEXT_TOKENS = {"full": 512, "tiny": 8}
@@ -148,10 +149,9 @@ def denoise(model, family, inp: Inputs, steps: int, device):
 
     sched = make_scheduler(family, inp.tokens, steps, device)
     x = inp.noise.clone()
-    times = []
-    for t in sched.timesteps:
-        sync(device)
-        t0 = time.perf_counter()
+
+    def one_step(t):
+        nonlocal x
         with torch.no_grad():
             if family == "flux":
                 tt = (t / 1000).expand(1).to(x.dtype)
@@ -162,6 +162,10 @@ def denoise(model, family, inp: Inputs, steps: int, device):
                 neg = model(hidden_states=xin, timestep=tt, return_dict=False, **inp.uncond)[0]
                 pred = neg + WAN_CFG_SCALE * (pred - neg)
             x = sched.step(pred, t, x, return_dict=False)[0]
-        sync(device)
-        times.append(time.perf_counter() - t0)
+
+    times = []
+    for t in sched.timesteps:  # each step once, wall clock with the device synchronized around
+        step = time_fn(lambda: one_step(t), warmup=0, reps=1, clock="wall",
+                       sync=lambda: sync(device))
+        times.append(step.median_ms / 1e3)
     return x.float().cpu(), times

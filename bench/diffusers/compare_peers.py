@@ -76,6 +76,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Tuple
 
+from bench import reporter
 from bench.diffusers import compare_rows as R
 from bench.diffusers.compare_models import (TEXT_TOKENS, TINY_GRID, build, denoise, make_inputs,
                                             model_config, stock_class)
@@ -314,12 +315,14 @@ def write(rows, args, world, final: bool) -> None:
                 dtype=args.dtype, size=args.size, blocks=args.blocks, steps=args.steps,
                 warmup_steps=args.warmup_steps, seed=args.seed, complete=final,
                 baseline_json=args.baseline_json)
+    meta["header"] = reporter.header()
     path = os.path.join(args.out_dir, f"compare-peers-{args.tag}")
     with open(path + ".json", "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if final:
+        title = f"ditscale against diffusers' context parallelism and xDiT, {world} rank(s)"
         with open(path + ".md", "w") as f:
-            f.write(table(rows))
+            f.write("\n".join(reporter.header_lines(title)) + "\n" + table(rows))
 
 
 # ---- options, setup, main -----------------------------------------------------------------------

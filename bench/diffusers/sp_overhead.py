@@ -19,7 +19,7 @@ L2 difference. The table is printed last and written to DIR/sp-overhead.md (+ .j
 ``--device cpu``: the host time instead, on CPU (no GPU), of the same pair at world size 1 on the
 tiny configs of ``ditscale.diffusers.tiny`` (3 heads of 8, 1-2 blocks; ``--tokens`` image/video
 tokens, default 16; 8 text tokens), fp32, one intra-op thread, eager: compute is negligible, so
-``time.thread_time`` of a forward is what Python, the hooks and the dispatch cost. Columns: stock
+this thread's CPU time of a forward is what Python, the hooks and the dispatch cost. Columns: stock
 and parallelized us per forward (the least of ``--reps`` samples of ``--inner`` forwards each, the
 two models taking turns),
 the difference per forward and per attention call, and whether the outputs are bit-identical.
@@ -37,6 +37,7 @@ import tempfile
 from bench.diffusers import cli
 from bench.diffusers import models as M
 from bench.diffusers.timing import measure_pair, rel_l2
+from bench.timing import time_interleaved
 
 DEFAULT_TOKENS = {"flux": (4096, 16384), "wan2.1-1.3b": (32760, 75600),
                   "wan2.1-14b": (32760,), "hunyuan-video": (32760,), "cogvideox-5b": (17550,),
@@ -166,20 +167,9 @@ def host_us(fns, reps, inner):
     """The least thread (CPU) time of one call of each of ``fns`` in us: ``reps`` samples of
     ``inner`` calls each, the functions taking turns sample by sample (a busy phase of a shared
     machine hits them alike; the least sample is the one it disturbed least), after ``inner``
-    warm-up calls each."""
-    import time
-
-    for fn in fns:
-        for _ in range(inner):
-            fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for i, fn in enumerate(fns):
-            t0 = time.thread_time_ns()
-            for _ in range(inner):
-                fn()
-            best[i] = min(best[i], (time.thread_time_ns() - t0) / inner / 1e3)
-    return best
+    warm-up calls each (bench.timing's thread clock)."""
+    res = time_interleaved(fns, warmup=inner, rounds=reps, calls=inner, clock="thread")
+    return [t.min_ms * 1e3 for t in res.timings]
 
 
 def host_pair(name, tokens, args):
@@ -256,9 +246,11 @@ def main(argv=None) -> int:
     args = parse(argv)
     if args.device == "cpu":
         rows = run_host_cpu(args)
-        return cli.write(args.out_dir, "sp-host-cpu", rows, host_table(rows))
+        return cli.write(args.out_dir, "sp-host-cpu", rows, host_table(rows),
+                         "parallelize at world size 1 against stock: host time (CPU)")
     rows = run(args)
-    return cli.write(args.out_dir, "sp-overhead", rows, table(rows))
+    return cli.write(args.out_dir, "sp-overhead", rows, table(rows),
+                     "parallelize at world size 1 against stock")
 
 
 if __name__ == "__main__":

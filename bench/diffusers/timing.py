@@ -2,7 +2,8 @@
 CUDA graphs: Python, autograd and dispatch included), for the diffusers benchmarks.
 
 ``measure(step, warmup, reps, max_s)`` -> dict(ms=median CUDA-event time of ``step()``,
-ms_min, reps, peak_gib=peak memory allocated during a step above what was allocated before it).
+ms_min, ms_p90, reps, peak_gib=peak memory allocated during a step above what was allocated
+before it). Timing is bench.timing's (the suite's one timer).
 
 ``measure_pair(a, b, warmup, rounds, reps, max_s)``: two steps that do the same work by
 different code (a stock module and its variant), timed in alternating rounds of ``reps`` calls
@@ -23,8 +24,7 @@ runs) and ``top_gaps`` (the longest of those gaps: ms, the kernels before and af
 
 from __future__ import annotations
 
-import statistics
-import time
+from bench.timing import time_fn, time_interleaved
 
 GiB = float(1 << 30)
 
@@ -37,52 +37,19 @@ def measure(step, warmup: int = 3, reps: int = 10, max_s: float = 20.0) -> dict:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    times = []
-    deadline = time.perf_counter() + max_s
-    for i in range(reps):
-        times.append(_time_one(step))
-        if i >= 2 and time.perf_counter() > deadline:
-            break
+    t = time_fn(step, warmup=0, reps=reps, max_s=max_s, clock="cuda")
     peak = (torch.cuda.max_memory_allocated() - base) / GiB
-    return {"ms": statistics.median(times), "ms_min": min(times), "reps": len(times),
+    return {"ms": t.median_ms, "ms_min": t.min_ms, "ms_p90": t.p90_ms, "reps": t.reps,
             "peak_gib": peak}
-
-
-def _time_one(step) -> float:
-    """The CUDA-event time of one ``step()`` in ms."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    step()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def _round(step, reps: int) -> list:
-    return [_time_one(step) for _ in range(reps)]
 
 
 def measure_pair(a, b, warmup: int = 3, rounds: int = 8, reps: int = 5,
                  max_s: float = 20.0) -> dict:
-    import torch
-
-    for _ in range(warmup):
-        a()
-        b()
-    torch.cuda.synchronize()
-    all_a, all_b, ratios = [], [], []
-    deadline = time.perf_counter() + max_s
-    for r in range(rounds):
-        ta, tb = _round(a, reps), _round(b, reps)
-        all_a += ta
-        all_b += tb
-        ratios.append(statistics.median(tb) / statistics.median(ta))
-        if r >= 2 and time.perf_counter() > deadline:
-            break
-    return {"a_ms": statistics.median(all_a), "b_ms": statistics.median(all_b),
-            "ratio": statistics.median(ratios), "rounds": len(ratios)}
+    res = time_interleaved([a, b], warmup=warmup, rounds=rounds, reps=reps, max_s=max_s,
+                           clock="cuda")
+    ta, tb = res.timings
+    return {"a_ms": ta.median_ms, "b_ms": tb.median_ms, "ratio": res.ratio(0, 1),
+            "rounds": len(res.round_medians)}
 
 
 # Kernel-name fragments (lower case) of each category, tried in this order.
@@ -172,10 +139,10 @@ MARKERS = ("spin", "sleep")  # torch.cuda._sleep's kernel: the markers of synced
 
 
 def synced_step_edges(step, steps: int = 3) -> dict:
-    """What a timed step (``_time_one``: the GPU idle when it starts, synchronised after it)
-    spends with the GPU waiting on the host at its two ends, which ``idle`` (measured over
-    back-to-back steps) does not see: each step runs alone between two marker kernels
-    (``torch.cuda._sleep``, launched just before and just after ``step()``), and
+    """What a timed step (``bench.timing``'s cuda clock: the GPU idle when it starts,
+    synchronised after it) spends with the GPU waiting on the host at its two ends, which
+    ``idle`` (measured over back-to-back steps) does not see: each step runs alone between two
+    marker kernels (``torch.cuda._sleep``, launched just before and just after ``step()``), and
     ``marker_edges`` reads the profile -> dict(lead, tail: ms per step)."""
     import torch
     from torch.autograd import DeviceType

@@ -39,7 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from bench import reporter
 from bench.sp import peers
+from bench.timing import time_fn
 
 # Multicast/NVLS paths are off on the lent machines (see ARCHITECTURE.md); set before any init.
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
@@ -116,7 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4], help="torus chunk counts")
     p.add_argument("--head-chunks", type=int, nargs="+", default=[1],
                    help="ulysses head-chunk counts (1 = plain Ulysses; 2 and 4 measured no "
-                   "faster on 2 H200s over NVLink, sp-h200x2.md)")
+                   "faster on 2 H200s over NVLink, sp-attention_h200x2_2026-12.md)")
     p.add_argument("--transports", nargs="+", default=None,
                    help="nccl, nvshmem (puts on every link) and/or nvshmem-intra (puts within "
                    "machines, NCCL between them); default: nccl nvshmem on NVLink, nccl "
@@ -273,22 +275,17 @@ class Bench:
         return float(t.item())
 
     def time_layer(self, step: Callable[[], object]) -> list[float]:
+        """ms per step of each repeat (bench.timing: `iters` steps per sample, a barrier before
+        each, the max over ranks)."""
         torch, a = self.torch, self.a
-        for _ in range(a.warmup):
-            step()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        out = []
-        for _ in range(a.repeats):
+
+        def barrier():
             self.dist.barrier(device_ids=[self.local_rank])
             torch.cuda.synchronize()
-            start.record()
-            for _ in range(a.iters):
-                step()
-            end.record()
-            end.synchronize()
-            out.append(self.max_over_ranks(start.elapsed_time(end) / a.iters))
-        return out
+
+        t = time_fn(step, warmup=a.warmup, reps=a.repeats, calls=a.iters, clock="cuda",
+                    before_each=barrier, reduce=self.max_over_ranks)
+        return list(t.samples_ms)
 
     # ------------------------------------------------------- per-config layer
     def make_layer(self, cfg: Config, seq: int, full: Optional[tuple] = None):
@@ -562,6 +559,7 @@ class Bench:
         doc = {
             "kind": "ditscale-sp-attention-bench",
             "version": 1,
+            "header": reporter.header(),
             "link": self.link,
             "emulate_machines": a.emulate_machines,
             "net_channels_per_peer": a.net_channels_per_peer,

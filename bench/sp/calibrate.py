@@ -27,7 +27,7 @@ What is fitted (see fit_link / fit_attention):
     for messages >= 4 MiB (the protocol regime that the layers' 10-400 MB transfers run in).
   * attention: t = launch + F * Wave(q) / (attention_flops * Eff(q) * Eff(kv)),
     Eff(t) = t / (t + h), Wave = ceil(W) / W for W = heads * ceil(q / 128) / SMs (the partial
-    last wave of CTAs costs a full one; bench/results/sp-attn-split-h200/):
+    last wave of CTAs costs a full one; lab/results/sp-attn-split_h200_2026-12/):
     attention_flops in closed form for each h, h by a log-grid search refined by golden section,
     minimising the squared RELATIVE error (times span four orders of magnitude).
 The NCCL small-message time on NVLink becomes two_sided_sync_us (+ the preset's 5 us intra
@@ -60,7 +60,9 @@ from typing import Optional, Sequence
 
 from ditscale import _core
 
+from bench import reporter
 from bench.common import find_cli, flux_call_inputs
+from bench.timing import time_fn
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
@@ -125,8 +127,8 @@ def fit_link(sizes_bytes: Sequence[float], seconds: Sequence[float],
 # The attention model is the simulator's own (Topology::WaveFactor / AttentionSeconds in
 # ditscale/sp/topology.cc, bound as ditscale._core.sp_wave_factor / sp_attention_seconds): one
 # formula for the fit and the prediction. The wave model's tile (query rows per CTA of cuDNN's
-# forward kernel; measured on the H200: bench/results/sp-attn-split-h200/, steps every 11 tiles x
-# 12 heads = 132 CTAs = the SM count) is Topology's default, passed explicitly.
+# forward kernel; measured on the H200: lab/results/sp-attn-split_h200_2026-12/, steps every 11
+# tiles x 12 heads = 132 CTAs = the SM count) is Topology's default, passed explicitly.
 ATTENTION_TILE_TOKENS = 128
 
 
@@ -347,19 +349,16 @@ class Measurer:
         return float(t.item())
 
     def timed(self, fn, iters: int, warmup: int = 2) -> float:
-        """Seconds per call of fn (CUDA events, barrier first), max over ranks."""
+        """Seconds per call of fn (bench.timing: CUDA events, barrier first), max over ranks."""
         torch = self.torch
-        for _ in range(warmup):
-            fn()
-        self.dist.barrier(device_ids=[self.local_rank])
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        return self.max_over_ranks(s.elapsed_time(e) / 1e3 / iters)
+
+        def barrier():
+            self.dist.barrier(device_ids=[self.local_rank])
+            torch.cuda.synchronize()
+
+        t = time_fn(fn, warmup=warmup, reps=1, calls=iters, clock="cuda", before_each=barrier,
+                    reduce=self.max_over_ranks)
+        return t.median_ms / 1e3
 
     def exchange(self, sbuf, rbuf) -> None:
         """One two-way send/recv with the peer (both directions at once), waited for."""
@@ -408,7 +407,8 @@ class Measurer:
             torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)
 
         def once(beside: bool) -> tuple[float, float]:
-            """(transfer s, attention s) of one round; attention s is 0 when not run."""
+            """(transfer s, attention s) of one round; attention s is 0 when not run. Two spans
+            on two streams at once, so events of its own rather than bench.timing's one span."""
             self.dist.barrier(device_ids=[self.local_rank])
             torch.cuda.synchronize()
             a0, a1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -518,7 +518,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     m = Measurer(a)
     t0 = time.monotonic()
     emulated = a.emulate_machines > 1
-    doc = {"kind": "ditscale-sp-calibration-raw", "version": 1,
+    doc = {"kind": "ditscale-sp-calibration-raw", "version": 1, "header": reporter.header(),
            "link": "emulated" if emulated else "nvlink", "world_size": m.world,
            "emulate_machines": a.emulate_machines, "host": socket.gethostname(),
            "gpu": torch.cuda.get_device_name(m.dev), "torch": torch.__version__,
@@ -527,7 +527,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     if not a.no_p2p:
         # Up to the sizes a layer moves (S = 65,536: ~100 MB per tensor and peer): on the socket
         # link a 400 MB layer exchange ran at ~2.0 GB/s where 64 MiB messages ran at 2.25-2.38
-        # (sp-h200x2.md), and the simulator's meas/pred rose with S.
+        # (sp-attention_h200x2_2026-12.md), and the simulator's meas/pred rose with S.
         top = 256 * MIB
         sizes = [4 * KIB * 4**i for i in range(12) if 4 * KIB * 4**i <= top]
         doc["p2p"] = m.p2p(sizes, budget_bytes=(512 * MIB if emulated else GIB))

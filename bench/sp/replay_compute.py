@@ -22,6 +22,9 @@ from pathlib import Path
 
 import torch
 
+from bench import reporter
+from bench.timing import time_fn
+
 # (strategy, chunks) on the mesh; head chunks are ulysses with chunks > 1; torus with the
 # Ulysses degree = the mesh size (its 2 x 1 form: on one machine its default is the ring).
 CONFIGS = [("ulysses", 1), ("ulysses-overlap", 1), ("ulysses", 2), ("ring", 1), ("torus", 1),
@@ -32,17 +35,7 @@ def one_gpu_ms(seq: int, text: int, heads: int, d: int, reps: int) -> float:
     q = torch.randn(1, heads, seq + text, d, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
     f = torch.ops.aten._scaled_dot_product_cudnn_attention
-    f(q, k, v, None, True)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        f(q, k, v, None, True)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return time_fn(lambda: f(q, k, v, None, True), warmup=1, reps=reps, clock="cuda").median_ms
 
 
 def main(argv=None) -> int:
@@ -95,20 +88,19 @@ def main(argv=None) -> int:
                          "one_gpu_share_ms": share, "vs_share": m / share})
             print(f"S={seq} {strategy:16s} c{chunks} rank {rank}: {m:8.3f} ms = "
                   f"{m / share:.4f} x the one-GPU share {share:.3f} ms", flush=True)
-    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "heads": args.heads, "head_dim": args.head_dim, "rounds": args.rounds, "rows": rows}
+    doc = {"header": reporter.header(), "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "heads": args.heads, "head_dim": args.head_dim,
+           "rounds": args.rounds, "rows": rows}
     (args.out / "replay-compute.json").write_text(json.dumps(doc, indent=1))
-    lines = [f"# One rank's compute per strategy, replayed on one GPU ({doc['gpu']}, torch "
-             f"{doc['torch']})", "",
-             f"Flux attention, {args.heads} heads x {args.head_dim}, {args.text} text tokens, bf16; "
-             f"mesh {args.mesh}; median of {args.rounds} rounds (configurations interleaved); "
-             "transfers skipped. 'vs share' = against the one-GPU cuDNN call on the full sequence "
-             "divided by the mesh size, timed in the same rounds.", "",
-             "| S | strategy | chunks | rank | ms | vs share |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['seq']} | {r['strategy']} | {r['chunks']} | {r['rank']} | "
-                     f"{r['ms']:.3f} | {r['vs_share']:.4f} |")
-    (args.out / "replay-compute.md").write_text("\n".join(lines) + "\n")
+    lines = reporter.header_lines("One rank's compute per strategy, replayed on one GPU") + [
+        f"Flux attention, {args.heads} heads x {args.head_dim}, {args.text} text tokens, bf16; "
+        f"mesh {args.mesh}; median of {args.rounds} rounds (configurations interleaved); "
+        "transfers skipped. 'vs share' = against the one-GPU cuDNN call on the full sequence "
+        "divided by the mesh size, timed in the same rounds.", ""]
+    table = reporter.table(["S", "strategy", "chunks", "rank", "ms", "vs share"],
+                           [[r["seq"], r["strategy"], r["chunks"], r["rank"], r["ms"],
+                             f"{r['vs_share']:.4f}"] for r in rows])
+    (args.out / "replay-compute.md").write_text("\n".join(lines) + "\n" + table)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Markdown report (and a PNG bar chart) of the SwiftFusion attention benchmark.
 
-  python -m bench.sp.report RESULTS.json [MORE.json ...] --out bench/results/sp-h200x2.md \
+  python -m bench.sp.report RESULTS.json [MORE.json ...] --out sp-attention.md \
       [--calib-dir DIR] [--png FILE.png] [--ditscale PATH] [--summary]
 
 RESULTS are the files of bench_sp_attention.py (one per launch: NVLink, emulated machines).
@@ -31,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
+from bench import reporter
 from bench.common import find_cli
 from bench.sp import calibrate, fit_runs  # (no torch import at module level)
 
@@ -304,6 +305,16 @@ class Report:
                         "`topology-h200-nvlink-machines.json` for a logical 2x1 mesh on NVLink).",
                         ""]
 
+    def runs(self) -> list:
+        """Each run's header (bench.reporter: device, commit, command, date), when it has one."""
+        docs = [d for d in self.docs if d.get("header")]
+        if not docs:
+            return []
+        rows = [[d["link"], d["header"]["device"], d["header"]["commit"], d["header"]["date"],
+                 f"`{d['header']['command']}`"] for d in docs]
+        return ["Runs:", "", reporter.table(["link", "device", "commit", "date", "command"],
+                                            rows)]
+
     def markdown(self, png_name: Optional[str]) -> str:
         d0 = self.docs[0]
         out = [
@@ -325,6 +336,7 @@ class Report:
             "strategy beat a bandwidth that the calibration under-measured.",
             "",
         ]
+        out += self.runs()
         out += self.calibration()
         for link in ("nvlink", "emulated"):
             seqs = sorted(s for (l, s) in self.groups if l == link)

@@ -8,8 +8,8 @@
 #   USP   the best usp configuration on two-sided transport (what yunchang/xDiT run: NCCL),
 #   TAS   the best swiftfusion-tas configuration on two-sided transport (the paper's ablation),
 #   Full  the best torus configuration on one-sided transport (SwiftFusion: Torus + NVSHMEM).
-# Writes bench/results/sp-sim-p4de.md (or $1) with per-layer and per-step (whole model)
-# speed-ups next to the paper's reported figures.
+# Writes bench/results/sp-simulated-p4de_cpu_<YYYY-MM>.md (or $1) with per-layer and per-step
+# (whole model) speed-ups next to the paper's reported figures.
 #
 # Usage: bench/sp/sp_sim_p4de.sh [OUT.md]      (env: BUILD=build dir with the ditscale binary,
 #                                            CLUSTER=p4de or a JSON file)
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 CLUSTER=${CLUSTER:-p4de}
-OUT=${1:-bench/results/sp-sim-p4de.md}
+OUT=${1:-bench/results/sp-simulated-p4de_cpu_$(date +%Y-%m).md}
 BIN="$BUILD/tools/ditscale"
 if [[ ! -x "$BIN" ]]; then
   cmake -S . -B "$BUILD" -G Ninja -DDITSCALE_TORCH=OFF -DDITSCALE_CUDA=OFF >/dev/null

@@ -119,7 +119,7 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclId& id, int nranks,
   // Kernels of single CTAs, not NCCL's clusters of 4 on Hopper: a cluster must fit in one GPU
   // processing cluster, and the few SMs the GPU executor leaves outside a compute partition
   // (SpConfig::comm_sms) held none (the send/recv then waited for the attention call;
-  // bench/results/sp-smpart-h200/).
+  // lab/results/sp-smpart_h200_2026-12/).
   config.cgaClusterSize = 1;
   if (channels_per_net_peer > 0) {
 #if NCCL_VERSION_CODE >= 22800

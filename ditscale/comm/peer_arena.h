@@ -3,8 +3,8 @@
 // cuStreamWriteValue64 on the peer's words, so it needs, for every rank it puts into, an address
 // in this process that the copy engines and the stream's front end can write: NVLink or PCIe
 // peer-to-peer mappings. Neither takes an SM, so both run beside a kernel that holds every SM
-// (cuDNN's attention; bench/results/sp-overlap-h200/primitives.json), where NVSHMEM's on-stream
-// puts, signals and waits launch kernels and wait for it.
+// (cuDNN's attention; lab/results/sp-overlap_h200_2026-12/primitives.json), where NVSHMEM's
+// on-stream puts, signals and waits launch kernels and wait for it.
 //
 // Implementations: comm::Nvshmem (the symmetric heap; nvshmem_ptr gives a peer's address, null
 // for a peer reached only through a network transport) and runtime::LocalPeers (ranks of one

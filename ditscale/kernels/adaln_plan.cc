@@ -1,6 +1,6 @@
 // The AdaLN launch plans (internal/adaln_plan.h): which kernel and instantiation each call takes.
 // Plain C++ (built with or without CUDA); the measurements behind every choice are in
-// bench/results/adaln-kernel-notes.md.
+// lab/adaln-kernel-notes.md.
 #include "ditscale/kernels/internal/adaln_plan.h"
 
 #include <cstdint>

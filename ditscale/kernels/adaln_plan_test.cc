@@ -1,7 +1,7 @@
 // The AdaLN launch plans (internal/adaln_plan.h) pinned for the benchmark shapes
 // (bench/adaln: bf16, LayerNorm, per-sample modulation as chunks of a [B, 6, D] tensor, no affine)
 // and the other layouts the models use: a change of plan is a change of speed, so it must show
-// here first. The expected plans are the measured winners of bench/results/adaln-kernel-notes.md
+// here first. The expected plans are the measured winners of lab/adaln-kernel-notes.md
 // (e.g. v13: D = 2560 5 x 64, 3840 5 x 96, 6144 3 x 256, 7680 5 x 192 in the bulk-copy forward;
 // v9: 3 x 128 at D = 3072 in the backward). Host arithmetic only: the pointers are never read.
 #include "ditscale/kernels/internal/adaln_plan.h"

@@ -18,7 +18,7 @@
 // -> the AttentionBackend (the torch layer passes cuDNN attention through ATen); Merge -> our
 // log-sum-exp merge kernel (fp32 accumulation); Pack/Unpack/Copy -> our strided region copy
 // kernel (a strided cudaMemcpy2DAsync within one GPU is a kernel too: it waits for an attention
-// call like ours, bench/results/sp-overlap-h200/pack-copy.md). Buffers with an initial value
+// call like ours, lab/results/sp-overlap_h200_2026-12/pack-copy.md). Buffers with an initial value
 // (zero, -inf) are filled at the start of every layer.
 #pragma once
 

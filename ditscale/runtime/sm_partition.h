@@ -4,7 +4,7 @@
 // stream (NCCL's send/recv, a pack, NVSHMEM's put) waits for its end. A stream of a green context
 // runs its kernels on a subset of the SMs; kernels of the primary context still use any SM, so
 // with the compute stream in a partition of N - k SMs the comm streams' kernels run beside the
-// call on the k left over (bench/results/sp-smpart-h200/: the Flux call on 128 of 132 SMs
+// call on the k left over (lab/results/sp-smpart_h200_2026-12/: the Flux call on 128 of 132 SMs
 // 1.01-1.03x the whole GPU's time; a pack and an NCCL send/recv issued after it ran beside it).
 // The driver API comes through the runtime's driver entry points (no libcuda link).
 #pragma once

@@ -136,10 +136,11 @@ TEST(Planner, UnevenHeadsAreEvaluatedNotRefused) {
   EXPECT_GT(r->sim.layer_s, 0);
 }
 
-// The wave model decides the 2-GPU ordering that was measured (bench/results/sp-h200x2.md,
-// sp-replay-h200/): Flux at 4096^2 on 2 H200s, torus with one chunk (cut at the shard: one wave
-// more) behind plain Ulysses, and ulysses-overlap (cut on whole waves, transfers hidden) ahead of
-// it with nothing exposed. Without the wave model the cuts would be free.
+// The wave model decides the 2-GPU ordering that was measured
+// (bench/results/sp-attention_h200x2_2026-12.md, sp-replay_h200_2026-12/): Flux at 4096^2 on 2
+// H200s, torus with one chunk (cut at the shard: one wave more) behind plain Ulysses, and
+// ulysses-overlap (cut on whole waves, transfers hidden) ahead of it with nothing exposed. Without
+// the wave model the cuts would be free.
 TEST(Planner, WavesOrderUlyssesOverlapPlainAndTorus) {
   const Topology t = MakePresetTopology("h200-local", 1, 2).value();
   auto layer = [&](Strategy strategy, int u, const Topology& topo) {

@@ -49,7 +49,7 @@ struct Activity {
   bool needs_sm = false;
   // A kernel (pack, unpack, copy, merge) on a comm stream: under attention_holds_sms it waits for
   // an attention call of its rank that started before it became ready, like any kernel
-  // (bench/results/sp-overlap-h200/pack-copy.md).
+  // (lab/results/sp-overlap_h200_2026-12/pack-copy.md).
   bool comm_kernel = false;
   bool compute_stream = false;  // a compute-kind op on the compute stream (SM slow-down)
   double t0 = 0;                // when it started (a transfer: when its first phase started)

@@ -66,7 +66,7 @@ bool PresetByName(const std::string& name, Topology* out) {
     t.attention_holds_sms = true;
     t.gpu_sms = 132;
     t.sm_partition_step = 8;
-    t.comm_sm_Bps = 11 * kGB;  // bench/results/sp-smpart-h200/: a strided pack on 4 / 12 free SMs
+    t.comm_sm_Bps = 11 * kGB;  // lab/results/sp-smpart_h200_2026-12/: a strided pack on 4 / 12 free SMs
     t.linear_flops = 750 * kTera;
     t.hbm_bandwidth_Bps = 4000 * kGB;
   } else {

@@ -32,8 +32,8 @@
 //     per `attention_tile_tokens` query rows per (batch, head), `attention_slots` CTAs run at
 //     once, and a partial last wave takes as long as a full one, so the time above is
 //     multiplied by ceil(W) / W, W = batch * heads * ceil(q_tokens / tile) / slots. Measured on
-//     one H200 (bench/results/sp-attn-split-h200/): cuDNN's forward steps by one wave (~0.8 ms
-//     at kv 66,048, 12 heads) every 1408 query rows = 11 tiles of 128 x 12 heads = 132 CTAs, the
+//     one H200 (lab/results/sp-attn-split_h200_2026-12/): cuDNN's forward steps by one wave (~0.8
+//     ms at kv 66,048, 12 heads) every 1408 query rows = 11 tiles of 128 x 12 heads = 132 CTAs, the
 //     SM count; splitting a call into equal query halves cost +3.1%, into whole waves +0.4-0.8%.
 //   * memory-bound ops (log-sum-exp merge, pack/unpack, local copies) of B bytes moved take
 //       launch_overhead_s + B / hbm_bandwidth_Bps.
@@ -54,8 +54,8 @@
 //     so does a kernel on a comm stream (a pack, an unpack) while its rank runs one.
 //     One-sided transfers are modelled as the GPU executor's copy-engine engine runs them: within
 //     a machine cudaMemcpyAsync + stream memory operations (no SM, measured beside a kernel
-//     holding every SM, bench/results/sp-overlap-h200/primitives.json), which this rule does not
-//     stall; between machines NVSHMEM's put-with-signal, a kernel, which it stalls like NCCL's.
+//     holding every SM, lab/results/sp-overlap_h200_2026-12/primitives.json), which this rule does
+//     not stall; between machines NVSHMEM's put-with-signal, a kernel, which it stalls like NCCL's.
 //
 // Presets (every constant and its source; "achieved" = what a well-tuned kernel or collective
 // reaches, not the datasheet):
@@ -87,10 +87,10 @@
 //       measured strategy runs fitted 0.45 (2 machines x 1 GPU) and 0.15 (2 x 2), 0.1-0.6 with a
 //       sequence length held out.
 //     attention 650 TFLOP/s: measured cuDNN attention (ATen) at hd 128 on one H200. Waves of
-//       132 CTAs (the SM count) of 128 query rows: measured (sp-attn-split-h200).
+//       132 CTAs (the SM count) of 128 query rows: measured (sp-attn-split_h200_2026-12).
 //     132 SMs, partitions in steps of 8 (the driver's green-context granularity on compute
 //       capability 9.0, as h100-8x), 11 GB/s of copying per SM outside a partition (measured:
-//       a strided pack on 4 and on 12 free SMs, sp-smpart-h200).
+//       a strided pack on 4 and on 12 free SMs, sp-smpart_h200_2026-12).
 //       linear 750 TFLOP/s (76% of 989), HBM 4.0 TB/s achieved (4.8 TB/s datasheet).
 //   p4de: 108 SMs, partitions in steps of 2 (compute capability 8.0), no copy rate measured
 //     (comm_sm_Bps 0: partitions are not offered).
@@ -178,7 +178,7 @@ struct Topology {
   // put the loss, beyond attention_holds_sms, at 0.15-0.45 (bench/sp/fit_runs.py).
   double inter_compute_interference = 0;
   // The attention kernel holds every SM for a whole call (cuDNN's on Hopper: a persistent grid;
-  // bench/results/sp-overlap-h200/), so a two-sided (NCCL, kernel-driven) transfer makes no
+  // lab/results/sp-overlap_h200_2026-12/), so a two-sided (NCCL, kernel-driven) transfer makes no
   // progress while either end runs an attention op. One-sided puts are taken to need no SM.
   bool attention_holds_sms = false;
   // SM partitions (see above): the GPU's SMs, the granularity of a green context's SM count, and

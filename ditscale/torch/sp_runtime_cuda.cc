@@ -157,7 +157,7 @@ runtime::GpuExecutor& SpRuntime::Executor(const SpRunArgs& args, const sp::Atten
   }
   sp::SpConfig cfg = args.config;
   // Waves of the attention kernel (cuDNN's forward: one 128-row CTA per SM at a time,
-  // bench/results/sp-attn-split-h200/), for strategies that cut the call on whole waves.
+  // lab/results/sp-attn-split_h200_2026-12/), for strategies that cut the call on whole waves.
   cfg.attention_slots = sm_count_;
   auto sched = sp::BuildSchedule(mesh_, cfg, s);
   TORCH_CHECK(sched.ok(), "ditscale.sp.attention: ", sched.failure().ToString());

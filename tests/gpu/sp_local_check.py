@@ -53,7 +53,7 @@ def main(argv=None):
     if args.tiny:
         # Under compute-sanitizer the 2 x 2 torus case did not finish (120 s; < 1 s without it),
         # likely an instrumented launch waiting for a rank whose signal the one host thread has
-        # not issued yet (bench/results/sp-smpart-h200/). So 2 x 2 runs ring only.
+        # not issued yet (lab/results/sp-smpart_h200_2026-12/). So 2 x 2 runs ring only.
         meshes, shapes = [(1, 2), (2, 2)], [(1, 256, 16, 4, 2, 64, torch.bfloat16)]
         strategies = [("ulysses-overlap", 1), ("ring", 1), ("torus", 2)]
     rows, failures = [], 0

@@ -1,6 +1,8 @@
 """The diffusers benchmarks' command lines (bench/diffusers/cli.py) and model table, without a
 GPU: ranges refused with their names, the patched grids of the token counts."""
 
+import json
+
 import pytest
 
 pytest.importorskip("diffusers")
@@ -129,3 +131,16 @@ def test_recording_backend_lists_what_the_forward_saves():
     torch._dynamo.reset()
     assert graphs and len(graphs) == 1
     assert saved == [("t(sin)", (4, 8), "float32", 128)], saved
+
+
+def test_written_tables_start_with_the_reporter_header(tmp_path, capsys):
+    from bench.diffusers import cli
+
+    rows = [{"model": "flux", "tokens": 8, "mode": "eager", "ms": 1.0}]
+    assert cli.write(str(tmp_path), "t", rows, "| a |\n|---|\n| 1 |\n", "A title") == 0
+    md = (tmp_path / "t.md").read_text().splitlines()
+    assert md[0] == "# A title" and md[2].startswith("- device: ")
+    assert any(line.startswith("- commit: ") for line in md) and md[-1] == "| 1 |"
+    assert json.loads((tmp_path / "t.json").read_text()) == rows
+    rows.append({"model": "wan", "tokens": 8, "mode": "eager", "error": "boom"})
+    assert cli.write(str(tmp_path), "t", rows, "", "A title") == 1

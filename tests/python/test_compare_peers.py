@@ -57,7 +57,9 @@ def test_world1_rows(world1):
         assert "ulysses_degree or ring_degree > 1" in rows[(case, "diffusers-ulysses")]["reason"]
         assert "needs a GPU" in rows[(case, "xfuser")]["reason"]
         assert rows[(case, "stock")]["peak_gib"] is None  # not measured on CPU
-    assert (out / "compare-peers-1gpu.md").read_text().startswith("| case | ranks | row |")
+    md = (out / "compare-peers-1gpu.md").read_text()
+    assert md.startswith("# ditscale against diffusers' context parallelism and xDiT, 1 rank(s)")
+    assert "\n- command: `" in md and "\n| case | ranks | row |" in md  # the reporter's header
 
 
 def _package_parent() -> str:

@@ -20,6 +20,7 @@ pytest.importorskip("diffusers")
 import ditscale.diffusers as dd  # noqa: E402
 from ditscale import sp  # noqa: E402
 from ditscale.diffusers import _sp_pipeline as sp_pipeline  # noqa: E402
+from ditscale.diffusers import _sp_plan  # noqa: E402
 from ditscale.diffusers import tiny  # noqa: E402
 
 TOLERANCE = 1e-4  # max abs error relative to max(1, max |reference|), fp32
@@ -241,7 +242,7 @@ def test_refusals():
     with pytest.raises(ValueError, match="a mesh of 2 ranks needs torch.distributed initialized"):
         dd.parallelize_pipeline(pipe, mesh=sp.Mesh(1, 2))
     assert sp_pipeline.state_of(pipe) is None  # nothing changed
-    assert dd._sp_context.context_of(pipe.transformer) is None
+    assert _sp_plan.context_of(pipe.transformer) is None
     with pytest.raises(ValueError, match="strategy"):
         dd.parallelize_pipeline(tiny.make_pipeline("wan"), strategy="spiral")
     dd.parallelize_pipeline(pipe)
@@ -255,6 +256,41 @@ def test_refusals():
     other.transformer = tiny.make_pipeline("flux").transformer
     with pytest.raises(ValueError, match="transformer is a FluxTransformer2DModel"):
         dd.parallelize_pipeline(other)
+    look_alike = type("FluxPipeline", (), {})()  # named like diffusers' class, not it
+    with pytest.raises(ValueError, match="pipeline class 'FluxPipeline' of module "
+                                         f"'{__name__}' is not diffusers' FluxPipeline"):
+        dd.parallelize_pipeline(look_alike)
+
+
+def _hooks(module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
+def _processors(module) -> dict:
+    return {n: m.processor for n, m in module.named_modules() if hasattr(m, "processor")}
+
+
+def test_unparallelize_pipeline_gives_the_stock_pipeline_back():
+    name = "wan2.2"
+    pipe = tiny.make_pipeline(name)
+    ref = latents(pipe, name, True)
+    pipe_class = type(pipe)
+    parts = {k: getattr(pipe, k) for k in ("transformer", "transformer_2")}
+    stock = {k: (type(t), _processors(t)) for k, t in parts.items()}
+    dd.parallelize_pipeline(pipe)
+    with pytest.raises(ValueError, match="belongs to a parallelized pipeline"):
+        dd.unparallelize(pipe.transformer)
+    assert dd.unparallelize_pipeline(pipe) is pipe
+    assert type(pipe) is pipe_class and sp_pipeline.state_of(pipe) is None
+    for k, t in parts.items():
+        cls, processors = stock[k]
+        assert type(t) is cls and _hooks(t) == 0 and _sp_plan.record_of(t) is None
+        assert all(p is processors[n] for n, p in _processors(t).items())
+    assert torch.equal(latents(pipe, name, True), ref)
+    with pytest.raises(ValueError, match="this WanPipeline is not parallelized"):
+        dd.unparallelize_pipeline(pipe)
+    assert dd.unparallelize(dd.parallelize_pipeline(pipe)) is pipe  # the same through unparallelize
+    assert type(pipe) is pipe_class
 
 
 # ---- multi-process ------------------------------------------------------------------------
@@ -273,6 +309,9 @@ def compare_all(rank, world):
             assert (sp_pipeline.state_of(pipe).halves is not None) == (mode != "no-cfg-parallel")
             got = latents(pipe, name, guided)
             results[(name, mode)] = (relative_error(got, ref), got)
+            if mode == "split" and name in ("flux", "sd3"):  # undone: the stock pipeline's bits
+                dd.unparallelize_pipeline(pipe)
+                assert torch.equal(latents(pipe, name, guided), ref), name
     with torch.no_grad():  # SD3's skip-layer pass (batch B) beside the split one
         ref = latents(tiny.make_pipeline("sd3"), "sd3", True, **SKIP_LAYERS)
     got = latents(dd.parallelize_pipeline(tiny.make_pipeline("sd3")), "sd3", True, **SKIP_LAYERS)

@@ -1,5 +1,5 @@
-"""Every relative link of the README, the manual (docs/) and the bench indexes resolves to a file
-or folder of the repository."""
+"""Every relative link of the README, the manual (docs/), the bench index and the lab's indexes
+resolves to a file or folder of the repository."""
 
 import re
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = sorted([REPO / "README.md", REPO / "bench" / "README.md",
-                REPO / "bench" / "probes" / "README.md", *(REPO / "docs").glob("*.md")])
+PAGES = sorted([REPO / "README.md", REPO / "bench" / "README.md", REPO / "lab" / "README.md",
+                REPO / "lab" / "probes" / "README.md", *(REPO / "docs").glob("*.md")])
 # [text](target) and [text](target "title"); images too. Code spans are removed first.
 LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
@@ -27,7 +27,7 @@ def relative_links(page: Path):
 def test_the_pages_exist():
     for page in PAGES:
         assert page.is_file(), page
-    assert len(PAGES) >= 7  # README, bench's two indexes, at least four docs pages
+    assert len(PAGES) >= 8  # README, the bench and lab indexes, at least four docs pages
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))

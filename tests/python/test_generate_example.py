@@ -1,6 +1,9 @@
 """examples/generate.py on the CPU, one process: a tiny image pipeline (SD3, PNG) and a tiny
 video pipeline (Wan 2.1, MP4) of 2 steps run as scripts (concurrently) and write files of the
-requested shapes; the option checks name the option, its value and its range."""
+requested shapes and a per-stage timing table; the option checks name the option, its value
+and its range; bad checkpoints, shapes beyond Wan's rotary table and unwritable --out folders
+exit 2 with a message (no traceback); a checkpoint saved without text encoders takes --prompt
+through stand-in embeddings seeded by the text, as the server does."""
 
 import importlib.util
 import os
@@ -8,6 +11,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -47,6 +51,10 @@ def test_generate_writes_an_image_and_a_video(tmp_path):
         assert proc.returncode == 0, logs[name]
         assert "step 1/2:" in logs[name] and "step 2/2:" in logs[name], logs[name]
         assert "ms per step" in logs[name] and "s in total" in logs[name], logs[name]
+        for stage in ("text encoding", "denoising", "per step (mean of 2)", "vae decode",
+                      "output encoding", "total"):  # the per-stage table
+            line = rf"^ *{re.escape(stage)} .* \d+\.\d{{3}}"
+            assert re.search(line, logs[name], re.M), logs[name]
     from PIL import Image
 
     with Image.open(runs["sd3"]) as image:
@@ -85,6 +93,10 @@ def test_defaults_follow_the_pipeline_and_size():
     assert (args.height, args.width, args.frames, args.steps) == (24, 8, 9, 2)
     assert args.guidance == 6.0 and args.out == "generate-cogvideox.mp4"
     assert args.dtype == "float32" and args.text_tokens == 7
+    # a checkpoint: the published model's shape, steps and text length unless told otherwise
+    args = _example().parse_args(["--device", "cpu", "--pipeline", "flux", "--weights", "x"])
+    assert (args.size, args.height, args.width, args.steps, args.text_tokens) == (
+        "full", 1024, 1024, 30, 512)
 
 
 def test_missing_weights_folder_is_named(tmp_path):
@@ -99,5 +111,99 @@ def test_missing_weights_folder_is_named(tmp_path):
         '{"_class_name": "FluxPipeline", "scheduler": ["diffusers", '
         '"FlowMatchEulerDiscreteScheduler"], "transformer": ["diffusers", '
         '"FluxTransformer2DModel"]}')
-    with pytest.raises(ValueError, match=re.escape(str(tmp_path)) + ".*cannot load a FluxPipeline"):
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "transformer" / "config.json"))
+                       + ": cannot read a JSON config: .*No such file"):
         tiny.load_pipeline("flux", str(tmp_path))
+
+
+def test_out_must_be_a_writable_place(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    (tmp_path / "dir.png").mkdir()
+    cases = [(str(a_file / "x.png"), "(a file is in the way)"),
+             ("/proc/x.png", "'/proc' is not a folder where files can be written"),
+             (str(tmp_path / "dir.png"), "is a folder (give a file name in it)")]
+    for out, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            _example().parse_args(["--device", "cpu", "--pipeline", "sd3", "--out", out])
+    made = tmp_path / "new" / "folder"
+    args = _example().parse_args(["--device", "cpu", "--pipeline", "sd3", "--out",
+                                  str(made / "x.png")])
+    assert made.is_dir() and os.listdir(made) == [] and args.out == str(made / "x.png")
+
+
+def test_prompts_must_be_text():
+    with pytest.raises(ValueError, match=r"--prompt: .* is not valid text \(surrogates not "
+                       r"allowed at character 1\)"):
+        _example().parse_args(["--device", "cpu", "--prompt", "a\ud800"])
+
+
+@pytest.fixture(scope="module")
+def no_encoders(tmp_path_factory):
+    """A tiny Flux checkpoint saved without text encoders, and one whose config is hostile."""
+    import json
+    import shutil
+
+    from ditscale.diffusers import tiny
+
+    root = tmp_path_factory.mktemp("generate-weights")
+    tiny.make_pipeline("flux", seed=3).save_pretrained(str(root / "flux"))
+    shutil.copytree(root / "flux", root / "bad")
+    config = root / "bad" / "transformer" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "num_layers": "2"}))
+    return root
+
+
+def test_a_checkpoint_without_text_encoders_takes_stand_in_embeddings(no_encoders, tmp_path,
+                                                                      capsys):
+    from PIL import Image
+
+    from ditscale.diffusers import generation, tiny
+
+    out = tmp_path / "fox.png"
+    assert _example().main(["--device", "cpu", "--pipeline", "flux", "--weights",
+                            str(no_encoders / "flux"), "--size", "tiny", "--text-tokens", "512",
+                            "--prompt", "a fox", "--seed", "5", "--out", str(out)]) == 0
+    assert "has no text encoders: --prompt gets stand-in embeddings of 512 tokens" in \
+        capsys.readouterr().out
+    pipe = tiny.load_pipeline("flux", str(no_encoders / "flux"))
+    embeds = tiny.make_prompt_embeds(pipe, 512, negative=False,
+                                     seed=generation.stand_in_seed("a fox", ""))
+    height, width, _ = tiny.DEFAULT_SHAPES["flux"]["tiny"]
+    kw = generation.call_kwargs("flux", height=height, width=width, frames=1, steps=2,
+                                guidance=1.0, seeds=[5], device=torch.device("cpu"),
+                                embeds=embeds)
+    expected = generation.to_uint8(generation.output_array(pipe(**kw), False))[0]
+    with Image.open(out) as image:
+        assert (np.asarray(image) == expected).all()
+
+
+def test_bad_runs_exit_2_with_a_message(no_encoders, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    bad_config = str(no_encoders / "bad" / "transformer" / "config.json")
+    runs = {
+        "weights": (["--pipeline", "flux", "--size", "tiny", "--weights",
+                     str(no_encoders / "bad")],
+                    f"{bad_config}: num_layers: expected an integer in [1, 256], got str '2'"),
+        "rotary": (["--pipeline", "wan", "--height", "16384", "--frames", "1"],
+                   "--height/--width/--frames: height 16384 is above 1024: out of range "
+                   "[16, 1024] (the largest side covered by Wan's rotary table"),
+        "out": (["--pipeline", "sd3", "--out", str(a_file / "x.png")],
+                f"--out: {str(a_file)!r} is not a folder where files can be written"),
+    }
+    procs = {key: subprocess.Popen([sys.executable, SCRIPT, "--device", "cpu"] + argv,
+                                   env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, cwd=str(tmp_path))
+             for key, (argv, _) in runs.items()}
+    try:
+        logs = {key: proc.communicate(timeout=150) for key, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for key, (_, message) in runs.items():
+        out, err = logs[key]
+        assert procs[key].returncode == 2, (key, out, err)
+        assert f"generate.py: error: {message}" in err and "Traceback" not in err, (key, err)

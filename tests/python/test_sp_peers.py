@@ -240,6 +240,9 @@ def test_report_on_synthetic_results(tmp_path, capsys):
         _run(S, "ditscale ring nccl", "ditscale", "ring", 0, link="emulated", mesh=(2, 1),
              status="skipped", note="time budget (est. 99 s)"),
     ], {})
+    nv["header"] = {"device": "NVIDIA H200 x2", "commit": "0123abcd", "torch": "2.11",
+                    "date": "2026-12-06 05:00 UTC",
+                    "command": "torchrun -m bench.sp.bench_sp_attention"}
     for name, d in (("nv.json", nv), ("emu.json", emu)):
         (tmp_path / name).write_text(json.dumps(d))
     out = tmp_path / "sp.md"
@@ -257,6 +260,11 @@ def test_report_on_synthetic_results(tmp_path, capsys):
     assert "| 125.0 | 0.71x | 2.02x | 1.40x |" in row  # one GPU comes from the NVLink file
     assert "**FAIL** (5.0e-02)" in md and "**error**: RuntimeError: boom" in md
     assert "skipped: time budget" in md
+    # each run's header (bench.reporter), for the runs that carry one
+    assert ("| nvlink | NVIDIA H200 x2 | 0123abcd | 2026-12-06 05:00 UTC | "
+            "`torchrun -m bench.sp.bench_sp_attention` |") in md
+    runs = md[md.index("Runs:"):md.index("Runs:") + 400]
+    assert "| emulated |" not in runs.split("\n\n")[1]
     assert "## NCCL vs NVSHMEM" in md and "| 44.00 | 43.00 | 1.02x |" in md
     # Speed-of-light of one GPU is its own time; % of SOL is printed for every measured row.
     row = next(l for l in md.splitlines() if l.startswith("| 1 GPU (SDPA) |"))

@@ -9,7 +9,7 @@
 //     backward's register-capped instantiation, FwdPlan / BwdPlan say where);
 //   * the sequence tiling of the backward's coalesced reduction and the workspace layout of its
 //     fp32 partial sums (also used by adaln_backward_workspace_bytes).
-// The choices are the measured winners of bench/results/adaln-kernel-notes.md (v1-v13); the
+// The choices are the measured winners of lab/adaln-kernel-notes.md (v1-v13); the
 // variants that lost are listed there ("Removed variants").
 #pragma once
 

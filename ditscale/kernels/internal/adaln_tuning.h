@@ -6,7 +6,7 @@
 // kernel tuning (ring depths, rows per thread or per group, store and hint variants, vector and
 // thread targets, register caps) were removed with the variants that lost; the plans they chose
 // are fixed in choose_fwd_plan / choose_bwd_plan (adaln_plan.h) and the measurements are in
-// bench/results/adaln-kernel-notes.md ("Removed variants").
+// lab/adaln-kernel-notes.md ("Removed variants").
 #pragma once
 
 namespace ditscale::kernels::internal {

@@ -2,11 +2,12 @@
 //
 // Plain Ulysses waits for all of q, k, v before its one attention call and sends out back after
 // it: on 2 H200s at S = 65,536 that leaves ~1.4 ms in front of a 43 ms call and ~0.4 ms behind it
-// (bench/results/sp-h200x2.md). Cutting the call into pieces hides transfers but costs waves:
-// cuDNN's forward runs 128-row tiles in waves of one CTA per SM, a partial last wave takes a full
-// wave's time, and two equal halves of a 46.9-wave call take 48 waves, +3.1% measured; halves on
-// whole waves +0.4-0.8% (bench/results/sp-attn-split-h200/). Torus with one chunk has this
-// schedule's shape but cuts where the data lies (own shard | remote shards): one wave more.
+// (bench/results/sp-attention_h200x2_2026-12.md). Cutting the call into pieces hides transfers but
+// costs waves: cuDNN's forward runs 128-row tiles in waves of one CTA per SM, a partial last wave
+// takes a full wave's time, and two equal halves of a 46.9-wave call take 48 waves, +3.1% measured;
+// halves on whole waves +0.4-0.8% (lab/results/sp-attn-split_h200_2026-12/). Torus with one chunk
+// has this schedule's shape but cuts where the data lies (own shard | remote shards): one wave
+// more.
 //
 // Rank layout: gathered.q = [text query rows | own slice | remote slots], gathered.k/v =
 // [text kv | own slice | remote slots] (kvoff = T), so that the local kv is one block [0, T + n).

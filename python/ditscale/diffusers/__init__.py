@@ -1,53 +1,23 @@
-"""ditscale for diffusers models and pipelines: one call each.
+"""ditscale for diffusers models and pipelines: one call each, and one call that undoes it.
 
-- :func:`parallelize` (transformer): sequence parallelism through ``ditscale.sp`` (every
-  attention of the image/video tokens over the mesh, the text tokens joint or local as the model
-  attends them, rotary embeddings sharded with their tokens). Called on every rank with the full
-  inputs, the module returns the full output on every rank.
-- :func:`parallelize_pipeline` (pipeline): the same for a pipeline's transformer, plus CFG
-  parallelism (the conditional and unconditional passes of a step on the two halves of the ranks).
-- :func:`apply_fused_adaln` (transformer): every norm + shift/scale modulation (+ gated residual)
-  through ``ditscale.ops``' fused AdaLN kernels.
+- :func:`parallelize` / :func:`unparallelize` (transformer): sequence parallelism through
+  ``ditscale.sp``, applied from the family's declarative plan (``sp_<family>.PLAN``,
+  ``_sp_plan``) and removed bit for bit.
+- :func:`parallelize_pipeline` / :func:`unparallelize_pipeline`: the same for a pipeline's
+  transformer(s), plus CFG parallelism.
+- :func:`apply_fused_adaln` / :func:`remove_fused_adaln`: norm + modulation through
+  ``ditscale.ops``' fused AdaLN kernels.
 
-Each keeps the module, its parameters and its state_dict. Supported classes:
-:data:`SUPPORTED_TRANSFORMERS` and :data:`SUPPORTED_PIPELINES`; any other class is refused by
-name. One module per model family (``sp_<family>.py``, ``adaln_<family>.py``) maps its blocks
-onto ``ditscale.sp`` and ``ditscale.ops``; this file only dispatches. diffusers itself is imported
-only by those modules (pinned version: tools/setup_debian.sh).
+Supported: diffusers' own classes of :data:`SUPPORTED_TRANSFORMERS` and
+:data:`SUPPORTED_PIPELINES` (``_classes``: a look-alike class is refused). This file only
+dispatches; see docs/diffusers.md.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict
 
-# diffusers transformer class name -> ditscale family (the modules sp_<family>, adaln_<family>).
-SUPPORTED_TRANSFORMERS: Dict[str, str] = {
-    "FluxTransformer2DModel": "flux",
-    "SD3Transformer2DModel": "sd3",
-    "CogVideoXTransformer3DModel": "cogvideox",
-    "WanTransformer3DModel": "wan",
-    "HunyuanVideoTransformer3DModel": "hunyuan_video",
-}
-
-# diffusers pipeline class name -> family of its transformer.
-SUPPORTED_PIPELINES: Dict[str, str] = {
-    "FluxPipeline": "flux",
-    "StableDiffusion3Pipeline": "sd3",
-    "CogVideoXPipeline": "cogvideox",
-    "WanPipeline": "wan",
-    "HunyuanVideoPipeline": "hunyuan_video",
-}
-
-
-def family_of(obj: Any, table: Dict[str, str], what: str, where: str) -> str:
-    """The family of ``obj``'s class, or a ValueError naming the class and the supported ones."""
-    name = type(obj).__name__
-    family = table.get(name)
-    if family is None:
-        raise ValueError(f"{where}: {what} class {name!r} is not supported; supported: "
-                         f"{', '.join(sorted(table))}")
-    return family
+from ._classes import SUPPORTED_PIPELINES, SUPPORTED_TRANSFORMERS, family_of
 
 
 def _family_module(kind: str, family: str):
@@ -55,29 +25,57 @@ def _family_module(kind: str, family: str):
 
 
 def parallelize(transformer, mesh=None, strategy: str = "auto", **options):
-    """Sequence-parallel ``transformer`` in place (see the module docstring); returns it.
+    """Sequence-parallel ``transformer`` in place (its family's plan); returns it. Called on
+    every rank with the full inputs, the module returns the full output on every rank.
 
     ``mesh``: a ``ditscale.sp.Mesh`` (None = the mesh of the default process group, or one rank
     when torch.distributed is not initialised). ``strategy``: any of ``ditscale.sp.STRATEGIES``
     or ``"auto"`` (the planner's choice per attention shape). ``options``: further
     ``ditscale.sp.Config`` fields (chunks, ulysses_chunks, transport, comm_sms, topology, ...).
+    Parallelizing twice is refused; :func:`unparallelize` undoes it.
     """
-    from ._sp_context import make_context, mark
+    from . import _sp_plan
+    from ._sp_context import make_context
 
     where = "ditscale.diffusers.parallelize"
     family = family_of(transformer, SUPPORTED_TRANSFORMERS, "transformer", where)
-    ctx = make_context(where, transformer, mesh, strategy, options)
-    _family_module("sp", family).parallelize(transformer, ctx)
-    mark(transformer, ctx)
+    ctx = make_context(where, mesh, strategy, options)
+    _sp_plan.apply(_family_module("sp", family).PLAN, transformer, ctx)
     return transformer
+
+
+def unparallelize(obj):
+    """Undoes :func:`parallelize` on a transformer (every hook removed, the stock processor
+    objects back: the stock module, bit for bit), or :func:`parallelize_pipeline` on a pipeline;
+    returns ``obj``. Refused for what was not parallelized."""
+    from . import _sp_pipeline, _sp_plan
+
+    where = "ditscale.diffusers.unparallelize"
+    if type(obj).__name__ in SUPPORTED_PIPELINES:
+        return _sp_pipeline.unparallelize_pipeline(obj)
+    family_of(obj, SUPPORTED_TRANSFORMERS, "transformer", where)
+    if _sp_pipeline.is_in_pipeline(obj):
+        raise ValueError(f"{where}: this {type(obj).__name__} belongs to a parallelized "
+                         f"pipeline; call unparallelize_pipeline on the pipeline")
+    _sp_plan.remove(where, obj)
+    return obj
 
 
 def parallelize_pipeline(pipe, mesh=None, cfg_parallel: bool = True, strategy: str = "auto",
                          **options):
-    """Sequence (and CFG) parallel ``pipe`` in place; returns it. See the module docstring."""
+    """Sequence (and CFG) parallel ``pipe`` in place; returns it (docs/diffusers/pipelines.md).
+    :func:`unparallelize_pipeline` undoes it."""
     from ._sp_pipeline import parallelize_pipeline as _impl
 
     return _impl(pipe, mesh=mesh, cfg_parallel=cfg_parallel, strategy=strategy, **options)
+
+
+def unparallelize_pipeline(pipe):
+    """Undoes :func:`parallelize_pipeline`: the pipeline's and its transformers' classes, hooks
+    and processors as they were; returns ``pipe``."""
+    from ._sp_pipeline import unparallelize_pipeline as _impl
+
+    return _impl(pipe)
 
 
 def apply_fused_adaln(transformer):
@@ -98,5 +96,6 @@ def remove_fused_adaln(transformer):
     return transformer
 
 
-__all__ = ["SUPPORTED_TRANSFORMERS", "SUPPORTED_PIPELINES", "parallelize",
-           "parallelize_pipeline", "apply_fused_adaln", "remove_fused_adaln", "family_of"]
+__all__ = ["SUPPORTED_TRANSFORMERS", "SUPPORTED_PIPELINES", "parallelize", "unparallelize",
+           "parallelize_pipeline", "unparallelize_pipeline", "apply_fused_adaln",
+           "remove_fused_adaln", "family_of"]

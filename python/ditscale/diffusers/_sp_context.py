@@ -1,6 +1,6 @@
-"""What every family's sequence-parallel module shares: the context of one parallelized
-transformer (its mesh and ``ditscale.sp.Config``), the token shard of this rank, and the gather
-that puts the full sequence back on every rank.
+"""The context of one parallelized transformer (its mesh and ``ditscale.sp.Config``), the token
+shard of this rank, and the gather that puts the full sequence back on every rank: what every
+hook and processor of a sequence-parallel plan (``_sp_plan``) uses.
 
 Tokens are split as ``ditscale.sp.shard_range`` splits them (the first ``S % N`` ranks hold one
 token more), the split every sp schedule uses; sequence lengths need not divide by the ranks.
@@ -14,10 +14,6 @@ from typing import Optional, Tuple
 import torch
 
 from .. import sp
-
-# The attribute a parallelized transformer carries (its SpContext); parallelizing twice is refused.
-ATTR = "_ditscale_sp"
-
 
 @dataclass
 class SpContext:
@@ -78,12 +74,10 @@ class SpContext:
                             joint_k=joint_k, joint_v=joint_v)
 
 
-def make_context(where: str, transformer, mesh: Optional[sp.Mesh], strategy: str,
+def make_context(where: str, mesh: Optional[sp.Mesh], strategy: str,
                  options: dict) -> SpContext:
-    """Checks the arguments of parallelize; :func:`mark` records the context on the transformer
-    once its family module has parallelized it (a refused call leaves it unmarked)."""
-    if getattr(transformer, ATTR, None) is not None:
-        raise ValueError(f"{where}: this {type(transformer).__name__} is already parallelized")
+    """Checks the mesh and the options of parallelize (None: the default process group's mesh,
+    or one rank without torch.distributed)."""
     if mesh is None:
         mesh = sp.Mesh.from_process_group()
     elif not isinstance(mesh, sp.Mesh):
@@ -91,13 +85,3 @@ def make_context(where: str, transformer, mesh: Optional[sp.Mesh], strategy: str
                         f"{type(mesh).__name__}")
     config = sp.make_config(where, None, strategy=strategy, **options)
     return SpContext(mesh, config)
-
-
-def mark(transformer, ctx: SpContext) -> None:
-    """Records ``ctx`` on a parallelized transformer (see :func:`context_of`)."""
-    setattr(transformer, ATTR, ctx)
-
-
-def context_of(transformer) -> Optional[SpContext]:
-    """The SpContext of a parallelized transformer, else None."""
-    return getattr(transformer, ATTR, None)

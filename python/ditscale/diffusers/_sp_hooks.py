@@ -1,24 +1,16 @@
-"""The forward hooks and attention helpers that every family's sequence-parallel module shares
-(sp_flux, sp_sd3, sp_hunyuan_video, sp_wan, sp_cogvideox): binding a call's arguments by name,
-the device check and refusals of the model's input, the shard of the image/video tokens where
-the embedder makes them, the gather of the last token-wise layer, and the joint attention of
-[text; image shard] through ``SpContext.attention``.
-
-World size 1: a family registers the input hook only (the device check and the refusals); the
-shard, rotary and gather hooks would return their input unchanged, so they are left out, and the
-attention processors run the stock processor they replaced (:class:`OneRankStock`). The
-parallelized module then costs the stock module's host time plus one hook and one Python call
-per attention (bench/results/diffusers-sp-host-cpu.md). On a larger mesh every hook is
-registered and reads the mesh's size per call: a CFG-parallel pipeline (``_sp_pipeline``) runs
-each pass on a half of the mesh, which may be one rank, where the hooks pass their input through
-and the processors run the stock one.
+"""The forward hooks that the entries of a sequence-parallel plan (``_sp_plan``) install: the
+model's input hook (argument binding, device check, refusals, the training refusal), the count,
+shard and gather of token dimensions. Hooks read the mesh's size per call (a CFG-parallel
+pipeline runs a pass on a half of the mesh, which may be one rank: then they pass their input
+through). Shapes: B batch, S image/video tokens, S_r this rank's shard of them, T text tokens.
+See docs/diffusers.md.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -27,11 +19,15 @@ from ._sp_context import SpContext
 
 @dataclass
 class Tokens:
-    """Token counts of the forward pass in flight (set by the embedders' hooks): ``text`` the
-    replicated text tokens T, ``image`` the image/video tokens S before sharding."""
+    """Token counts of the forward pass in flight (set by the plan's hooks): ``text`` the
+    replicated text tokens T, ``image`` the image/video tokens S before sharding; ``mask`` and
+    ``counts``: the last key mask a family read on the host and its valid text tokens per sample
+    (HunyuanVideo: read once per forward pass)."""
 
     text: int = 0
     image: int = 0
+    mask: Optional[torch.Tensor] = None
+    counts: List[int] = field(default_factory=list)
 
 
 def argument_names(fn) -> List[str]:
@@ -59,64 +55,78 @@ def check_devices(where: str, named: Dict[str, object], device: torch.device) ->
                                  f"parameters on {device}")
 
 
+def refuse_training(where: str, ctx: SpContext, module, named: Dict[str, object]) -> None:
+    """On more than one rank, a module in training mode with gradients enabled and parameters
+    or tensor inputs that require grad: a ValueError (the sequence-parallel attention and the
+    gather have no backward across ranks yet). One rank is the stock module: allowed."""
+    if ctx.size == 1 or not module.training or not torch.is_grad_enabled():
+        return
+    inputs = any(isinstance(v, torch.Tensor) and v.requires_grad for v in named.values())
+    if inputs or any(p.requires_grad for p in module.parameters()):
+        raise ValueError(f"{where}: sequence-parallel training is not supported yet: the module "
+                         f"is in training mode with gradients enabled on {ctx.size} ranks, and "
+                         f"its sharded attention has no backward across ranks; call .eval() or "
+                         f"run under torch.no_grad() for inference, or train on one rank")
+
+
 def no_refusal(named: dict) -> None:
-    """The ``refuse`` of :func:`input_hook` for a model whose inputs are all honoured."""
+    """The ``refuse`` of a model whose inputs are all honoured."""
 
 
-def input_hook(where: str, ctx: SpContext, transformer,
-               refuse: Callable[[dict], None] = no_refusal,
-               residual_lists: Tuple[str, ...] = ()):
-    """A forward pre-hook (``with_kwargs=True``) for ``transformer``: binds the call's arguments
-    to their names, checks that every tensor argument is on the parameters' device, calls
-    ``refuse(named)`` (which raises on options the integration cannot honour), and, on more than
-    one rank, replaces each list of full-sequence residuals [B, S, D] named in
-    ``residual_lists`` (ControlNet samples) by this rank's shards [B, S_r, D]."""
-    names = argument_names(transformer.forward)
+# Entries of a joint-attention model's ``joint_attention_kwargs`` the plans cannot honour (Flux,
+# SD3), and why.
+REFUSED_JOINT_ATTENTION_KWARGS = {
+    "ip_adapter_image_embeds": "IP-Adapter image embeddings (their attention is not sharded)",
+    "attention_mask": "an attention mask (the sequence-parallel attention is unmasked)",
+}
+
+
+def refuse_attention_kwargs(where: str, key: str = "joint_attention_kwargs",
+                            refused: Dict[str, str] = REFUSED_JOINT_ATTENTION_KWARGS):
+    """The ``refuse`` of an :class:`Inputs`: a ValueError for any entry of ``refused`` (kwarg ->
+    what it is) set in the call's attention kwargs dict ``named[key]``."""
+
+    def refuse(named: dict) -> None:
+        attention_kwargs = named.get(key) or {}
+        for name, what in refused.items():
+            if attention_kwargs.get(name) is not None:
+                raise ValueError(f"{where}: {key}[{name!r}]: {what} is not supported")
+
+    return refuse
+
+
+def input_hook(where: str, ctx: SpContext, tokens: Tokens, module, refuse: Callable,
+               shard_lists, prepare: Optional[Callable]):
+    """The model's forward pre-hook (``with_kwargs=True``): binds the call's arguments to their
+    names, checks their devices and refuses training on several ranks, calls ``refuse(named)``
+    (options the integration cannot honour) and ``prepare(ctx, tokens, module, named)`` (a
+    family's own input step; True when it changed ``named``), and on more than one rank replaces
+    each list of full-sequence residuals [B, S, D] named in ``shard_lists`` (ControlNet samples)
+    by this rank's shards [B, S_r, D]."""
+    names = argument_names(module.forward)
 
     def hook(module, args, kwargs):
         named = bind(names, args, kwargs)
         check_devices(where, named, next(module.parameters()).device)
+        refuse_training(where, ctx, module, named)
         refuse(named)
-        if ctx.size == 1:
-            return None
-        changed = False
-        for key in residual_lists:
-            samples = named.get(key)
-            if samples is not None:
-                named[key] = [ctx.shard(s, 1) for s in samples]
-                changed = True
+        changed = bool(prepare(ctx, tokens, module, named)) if prepare is not None else False
+        if ctx.size > 1:
+            for key in shard_lists:
+                samples = named.get(key)
+                if samples is not None:
+                    named[key] = [ctx.shard(s, 1) for s in samples]
+                    changed = True
         return ((), named) if changed else None
 
     return hook
 
 
-def refuse_attention_kwargs(where: str, named: dict, key: str, refused: Dict[str, str]) -> None:
-    """Raises a ValueError for any entry of ``refused`` (kwarg -> what it is) set in the call's
-    ``named[key]`` (the attention kwargs dict)."""
-    attention_kwargs = named.get(key) or {}
-    for name, what in refused.items():
-        if attention_kwargs.get(name) is not None:
-            raise ValueError(f"{where}: {key}[{name!r}]: {what} is not supported")
-
-
-def image_shard_hook(ctx: SpContext, tokens: Tokens):
-    """A forward hook for the layer that makes the image tokens [B, S, D]: records S in
-    ``tokens.image`` and returns this rank's [B, S_r, D]."""
+def count_hook(tokens: Tokens, name: str, dim: int):
+    """A forward hook recording ``output.shape[dim]`` as ``tokens.<name>``."""
 
     def hook(module, args, output):
-        tokens.image = output.shape[1]
-        ctx.local_range(tokens.image)  # refuses fewer image tokens than ranks
-        return ctx.shard(output, 1)
-
-    return hook
-
-
-def gather_hook(ctx: SpContext, tokens: Tokens):
-    """A forward hook for the last token-wise layer: [B, S_r, C] -> the full [B, S, C] on every
-    rank (S = ``tokens.image``)."""
-
-    def hook(module, args, output):
-        return ctx.gather(output, 1, tokens.image)
+        setattr(tokens, name, output.shape[dim])
 
     return hook
 
@@ -129,39 +139,58 @@ def shard_after(ctx: SpContext, x: torch.Tensor, dim: int, keep: int) -> torch.T
     return torch.cat([head, tail], dim)
 
 
-def joint_attention(ctx: SpContext, text: Tuple[torch.Tensor, ...],
-                    image: Tuple[torch.Tensor, ...],
-                    text_first: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Attention of [text; image shard] over all text and image tokens of the mesh.
+def shard_output_hook(where: str, ctx: SpContext, tokens: Tokens, dim: int, record: bool,
+                      keep_text: bool):
+    """A forward hook: the output (a tensor, or each tensor of a tuple) -> this rank's shard
+    along ``dim``. ``record``: the first tensor's length there is S (``tokens.image``; fewer
+    tokens than ranks refused). ``keep_text``: the first T entries stay whole, the S after them
+    are sharded (T + S checked)."""
 
-    ``text``: (q, k, v) [B, T, H, d]; ``image``: (q, k, v) [B, S_r, H, d], rotary already
-    applied. Returns (text_out [B, T, H, d], image_out [B, S_r, H, d]). On one rank this is one
-    attention over the concatenation in the model's own order (``text_first``: [text; image],
-    else [image; text]), as the stock processors compute it."""
-    T = text[0].shape[1]
-    if ctx.size == 1:
-        parts = zip(text, image) if text_first else zip(image, text)
-        out = ctx.attention(*(torch.cat(p, 1) for p in parts))
-        S = out.shape[1] - T
-        return (out[:, :T], out[:, T:]) if text_first else (out[:, S:], out[:, :S])
-    out, text_out = ctx.attention(*(x.contiguous() for x in image),
-                                  joint_q=text[0].contiguous(), joint_k=text[1].contiguous(),
-                                  joint_v=text[2].contiguous())
-    return text_out, out
+    def hook(module, args, output):
+        parts = output if isinstance(output, tuple) else (output,)
+        if record:
+            tokens.image = parts[0].shape[dim]
+            ctx.local_range(tokens.image)  # refuses fewer image tokens than ranks
+        if ctx.size == 1:
+            return None
+        if keep_text:
+            rows = tokens.text + tokens.image
+            if parts[0].shape[dim] != rows:
+                raise ValueError(f"{where}: {type(module).__name__}'s output has "
+                                 f"{parts[0].shape[dim]} rows, the text and image tokens "
+                                 f"{tokens.text} + {tokens.image}")
+            sharded = tuple(shard_after(ctx, p, dim, tokens.text) for p in parts)
+        else:
+            sharded = tuple(ctx.shard(p, dim) for p in parts)
+        return sharded if isinstance(output, tuple) else sharded[0]
+
+    return hook
 
 
+def shard_input_hook(where: str, ctx: SpContext, tokens: Tokens, module, name: str, dim: int):
+    """A forward pre-hook (``with_kwargs=True``): the argument ``name`` [.., S, ..] (S along
+    ``dim``, as recorded) -> this rank's shard."""
+    names = argument_names(module.forward)
 
-class OneRankStock:
-    """Base of the integration's attention processors. ``stock`` is the diffusers processor the
-    integration replaced (with the attention backend it was set to). On a mesh of one rank a
-    processor's ``__call__`` makes its refusals and then runs ``stock``: ``ditscale.sp.attention``
-    of one rank is one SDPA over all tokens, which the stock processor already computes, so the
-    module computes exactly what the stock module computes (bit-identical, the same kernels, the
-    same graph under ``torch.compile``) for the cost of one Python call. On more ranks it runs
-    ``sharded``, the sequence-parallel attention, which also runs on one rank (through the
-    one-rank paths of :func:`joint_attention` and ``SpContext``): the tests compare it with
-    ``stock`` in one process."""
+    def hook(module, args, kwargs):
+        if ctx.size == 1:
+            return None
+        named = bind(names, args, kwargs)
+        x = named[name]
+        if x.shape[dim] != tokens.image:
+            raise ValueError(f"{where}: {type(module).__name__}'s {name} has {x.shape[dim]} "
+                             f"tokens, the model made {tokens.image}")
+        named[name] = ctx.shard(x, dim)
+        return (), named
 
-    def __init__(self, ctx: SpContext, stock):
-        self.ctx = ctx
-        self.stock = stock
+    return hook
+
+
+def gather_hook(ctx: SpContext, tokens: Tokens, dim: int):
+    """A forward hook for the last token-wise layer: [B, S_r, C] -> the full [B, S, C] on every
+    rank (S = ``tokens.image``)."""
+
+    def hook(module, args, output):
+        return ctx.gather(output, dim, tokens.image)
+
+    return hook

@@ -1,47 +1,13 @@
-"""``parallelize_pipeline``: sequence parallelism of a diffusers pipeline's transformer(s), and
-CFG parallelism (the conditional and the unconditional pass of each denoising step on the two
-halves of the ranks at the same time).
+"""``parallelize_pipeline`` / ``unparallelize_pipeline``: sequence parallelism of a diffusers
+pipeline's transformer(s), and CFG parallelism (the conditional and the unconditional pass of
+each denoising step on the two halves of the ranks at the same time).
 
-Which pass runs where, per pipeline call:
-
-- CFG split: the call has guidance on (the pipeline's own criterion, :data:`SPECS`), the mesh
-  has an even number N >= 2 of ranks and ``cfg_parallel=True``. The mesh is cut into two halves
-  of N / 2 ranks (whole machines when the machine count is even, else half of every machine's
-  GPUs; two process groups made once, by every rank of the mesh); each transformer runs its
-  pass sequence-parallel over this rank's half, and rank i of one half swaps the pass's output
-  [B, ...] with rank i of the other (one send and one receive). Every rank ends the step with
-  both outputs, bit-identical on every rank.
-- Otherwise (no guidance, an odd or single rank count, ``cfg_parallel=False``): every pass
-  sequence-parallel over all N ranks.
-
-The two patterns of the pipelines (diffusers 0.42), and what the split does with them:
-
-- batched (StableDiffusion3Pipeline, CogVideoXPipeline): one transformer call per step with
-  the batch [uncond; cond] of 2B rows (``latent_model_input = torch.cat([latents] * 2)``): the
-  first half of the ranks runs rows [0, B) of every batched argument, the second half rows
-  [B, 2B), and the outputs are put back together as [uncond; cond].
-- two-call (FluxPipeline and HunyuanVideoPipeline with true CFG, WanPipeline): per step a call
-  under ``transformer.cache_context("cond")`` with the prompt, then one under
-  ``cache_context("uncond")`` with the negative prompt, on the same latents and timestep. The
-  first call computes nothing and returns a placeholder (:class:`PendingOutput`); at the second
-  call the first half runs the "cond" pass (the first call's arguments), the second half the
-  "uncond" pass, the outputs are swapped, the placeholder takes the "cond" output and the call
-  returns the "uncond" one. Any use of the placeholder before then raises.
-
-Anything else under a CFG split is an error naming what was unexpected, never a wrong image: a
-call outside the expected ``cache_context``, a second "cond" call before the "uncond" one, an
-"uncond" call on other latents or another timestep, a batched call whose two halves differ, an
-argument the pattern does not know, a "cond" call left unpaired when the pipeline returns,
-gradients enabled, diffusers cache hooks on the transformer, ranks that disagree about the
-split. tests/python/test_diffusers_pipeline.py checks these internals on the pinned diffusers.
-
-How: the pipeline's and each transformer's class is replaced by a subclass of the same name
-(``__call__`` routed through this module, plus ``cache_context`` for the transformer, which
-records the context's name); parameters, buffers and the state_dict are untouched. The halves'
-sequence parallelism is the transformer's own ``parallelize`` context with its mesh switched to
-the half for the duration of a pass. The placeholder and the recorded first-call arguments are
-references, not copies (a pipeline that changed them in place between the two calls would be
-wrong; none of the five does).
+:data:`SPECS` declares what the split relies on per pipeline family (the batched [uncond; cond]
+pattern of SD3 and CogVideoX, the two-call "cond" / "uncond" pattern of Flux, HunyuanVideo and
+Wan); a call that departs from it is an error naming what was unexpected, never a wrong image.
+The pipeline's and each transformer's class is replaced by a same-name subclass (``__call__``
+routed through this module); :class:`PipelineState` records it, and unparallelize_pipeline puts
+everything back. How the split works and what it refuses: docs/diffusers/pipelines.md.
 """
 
 from __future__ import annotations
@@ -54,8 +20,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import sp
-from . import SUPPORTED_PIPELINES, SUPPORTED_TRANSFORMERS, family_of, parallelize
-from ._sp_context import context_of
+from . import parallelize, unparallelize
+from ._classes import BASE_ATTR, SUPPORTED_PIPELINES, SUPPORTED_TRANSFORMERS, family_of
+from ._sp_plan import context_of
 
 WHERE = "ditscale.diffusers.parallelize_pipeline"
 ATTR_PIPE = "_ditscale_pipeline"
@@ -252,6 +219,7 @@ class PipelineState:
     mesh: sp.Mesh
     halves: Optional[Halves]
     signature: inspect.Signature
+    base: type  # the pipeline's diffusers class (unparallelize_pipeline restores it)
     transformers: List[Any] = field(default_factory=list)
     mode: str = "idle"
     calls: int = 0  # transformer calls of the pipeline call in flight (for messages)
@@ -264,6 +232,7 @@ class TransformerState:
 
     pipeline: PipelineState
     names: List[str]  # forward's parameter names (binding positional arguments)
+    base: type  # the transformer's diffusers class (unparallelize_pipeline restores it)
     context: Optional[str] = None
     first: Optional[Dict[str, Any]] = None
     pending: Optional[PendingOutput] = None
@@ -383,7 +352,8 @@ def _subclass(base: type, attrs: Dict[str, Any]) -> type:
     """A subclass of ``base`` with the same name, module and qualified name (configs and
     messages that print the class name are unchanged)."""
     if base not in _SUBCLASSES:
-        attrs = dict(attrs, __module__=base.__module__, __qualname__=base.__qualname__)
+        attrs = dict(attrs, __module__=base.__module__, __qualname__=base.__qualname__,
+                     **{BASE_ATTR: base})
         _SUBCLASSES[base] = type(base.__name__, (base,), attrs)
     return _SUBCLASSES[base]
 
@@ -490,7 +460,7 @@ def _transformers(pipe, family: str, spec: PipelineSpec) -> list:
             if attr == "transformer":
                 raise ValueError(f"{WHERE}: the pipeline has no transformer")
             continue
-        if SUPPORTED_TRANSFORMERS.get(type(t).__name__) != family:
+        if family_of(t, SUPPORTED_TRANSFORMERS, f"the pipeline's {attr}", WHERE) != family:
             raise ValueError(f"{WHERE}: the pipeline's {attr} is a {type(t).__name__}; a "
                              f"{type(pipe).__name__} is parallelized with its own "
                              f"{[k for k, v in SUPPORTED_TRANSFORMERS.items() if v == family]}")
@@ -525,18 +495,51 @@ def parallelize_pipeline(pipe, mesh: Optional[sp.Mesh] = None, cfg_parallel: boo
     spec = SPECS[family]
     transformers = _transformers(pipe, family, spec)
     halves = make_halves(mesh) if cfg_parallel else None
-    for t in transformers:
-        parallelize(t, mesh=mesh, strategy=strategy, **options)
+    done = []
+    try:
+        for t in transformers:
+            done.append(parallelize(t, mesh=mesh, strategy=strategy, **options))
+    except BaseException:
+        for t in done:
+            unparallelize(t)
+        raise
     base = type(pipe)
-    state = PipelineState(family, spec, mesh, halves, inspect.signature(base.__call__),
+    state = PipelineState(family, spec, mesh, halves, inspect.signature(base.__call__), base,
                           transformers)
     for t in transformers:
         names = list(inspect.signature(t.forward).parameters)
-        setattr(t, ATTR_CFG, TransformerState(state, names))
+        setattr(t, ATTR_CFG, TransformerState(state, names, type(t)))
         t.__class__ = _transformer_class(type(t))
     setattr(pipe, ATTR_PIPE, state)
     pipe.__class__ = _pipeline_class(base)
     return pipe
+
+
+def unparallelize_pipeline(pipe):
+    """Undoes :func:`parallelize_pipeline`: every transformer unparallelized and its class
+    back, the pipeline's class back; returns ``pipe``. Refused (before any change) for a
+    pipeline that is not parallelized or is in a call."""
+    where = "ditscale.diffusers.unparallelize_pipeline"
+    family_of(pipe, SUPPORTED_PIPELINES, "pipeline", where)
+    state = state_of(pipe)
+    if state is None:
+        raise ValueError(f"{where}: this {type(pipe).__name__} is not parallelized (nothing to "
+                         f"undo)")
+    if state.mode != "idle":
+        raise RuntimeError(f"{where}: the {state.family} pipeline is in a call")
+    for t in state.transformers:
+        t_state = getattr(t, ATTR_CFG)
+        t.__class__ = t_state.base
+        delattr(t, ATTR_CFG)
+        unparallelize(t)
+    pipe.__class__ = state.base
+    delattr(pipe, ATTR_PIPE)
+    return pipe
+
+
+def is_in_pipeline(transformer) -> bool:
+    """True for a transformer of a parallelized pipeline (unparallelize_pipeline undoes it)."""
+    return getattr(transformer, ATTR_CFG, None) is not None
 
 
 def state_of(pipe) -> Optional[PipelineState]:

@@ -3,10 +3,11 @@
 diffusers' ``WanAttnProcessor`` rotates q and k with a chain of float32 elementwise ops per
 tensor (two strided views, four products, a sum and a difference in float32, two strided copies
 into x's dtype) and autograd records each of them; on one H200 at 32,760 tokens that chain is
-~16 ms of a 4-block forward+backward step of Wan 2.1 1.3B (bench/results/diffusers-adaln-h200.md).
-:class:`RotaryWanAttnProcessor` computes the same attention with ``ops.rotary``: one kernel per
-tensor forward (the same bits: float32 products and sums, one rounding), one backward kernel
-(the inverse rotation), and only cos / sin saved for the backward.
+~16 ms of a 4-block forward+backward step of Wan 2.1 1.3B
+(bench/results/diffusers-adaln_h200-h100_2026-12.md). :class:`RotaryWanAttnProcessor` computes the
+same attention with ``ops.rotary``: one kernel per tensor forward (the same bits: float32 products
+and sums, one rounding), one backward kernel (the inverse rotation), and only cos / sin saved for
+the backward.
 
 It is installed by ``ditscale.diffusers.apply_fused_adaln`` on every block's ``attn1`` whose
 processor is diffusers' own ``WanAttnProcessor`` (removed by ``remove_fused_adaln``), and is

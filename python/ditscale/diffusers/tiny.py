@@ -34,9 +34,10 @@ gives each pipeline's default (height, width, frames) per size: the tiny ones gi
 counts (15 for the images, 9 for the videos).
 
 ``load_pipeline(name, weights_dir, device, dtype)`` loads a local diffusers checkpoint folder
-(``from_pretrained(..., local_files_only=True)``: no download); components saved as None
-(a checkpoint without text encoders) stay None; a missing folder, index or component, or
-another pipeline's checkpoint, is a ValueError naming the folder.
+(``from_pretrained(..., local_files_only=True)``: no download) after checking its component
+configs (``checkpoint_config``); components saved as None (a checkpoint without text
+encoders) stay None; a missing folder, index or component, another pipeline's checkpoint, or
+a config out of its ranges or of the memory available, is a ValueError naming the file.
 """
 
 from __future__ import annotations
@@ -361,22 +362,24 @@ def default_text_tokens(name: str, size: str) -> int:
 
 # ---- local checkpoints --------------------------------------------------------------------------
 
-def _index_components(cls, weights_dir: str, where: str) -> dict:
-    """None for each component of ``cls`` that ``weights_dir``'s model_index.json lists as
-    ``[null, null]`` (what ``save_pretrained`` writes for a None component, e.g. a pipeline
+def _read_index(weights_dir: str, where: str) -> dict:
+    """``weights_dir``'s model_index.json (a ValueError naming ``where`` when unreadable)."""
+    from .checkpoint_config import read_config
+
+    try:
+        return read_config(os.path.join(weights_dir, "model_index.json"))
+    except ValueError as e:
+        raise ValueError(f"{where}: cannot read its model_index.json: {e}") from e
+
+
+def _index_components(cls, index: dict, where: str) -> dict:
+    """None for each component of ``cls`` that the checkpoint's model_index.json ``index`` lists
+    as ``[null, null]`` (what ``save_pretrained`` writes for a None component, e.g. a pipeline
     saved without text encoders; ``from_pretrained`` refuses such a checkpoint unless the
     component is passed). An index of another pipeline class is a ValueError (``from_pretrained``
     would build ``cls`` around the other pipeline's models, or fail deep inside)."""
     import inspect
-    import json
 
-    try:
-        with open(os.path.join(weights_dir, "model_index.json")) as f:
-            index = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{where}: cannot read its model_index.json: {e}") from e
-    if not isinstance(index, dict):
-        raise ValueError(f"{where}: its model_index.json is not a JSON object")
     saved = index.get("_class_name")
     if saved is not None and saved != cls.__name__:
         raise ValueError(f"{where} holds a {saved} checkpoint (model_index.json), not a "
@@ -387,13 +390,35 @@ def _index_components(cls, weights_dir: str, where: str) -> dict:
             and all(x is None for x in v)}
 
 
-def load_pipeline(name: str, weights_dir: str, device="cpu", dtype=torch.float32):
+def _check_all_loaded(pipe, weights_dir: str) -> None:
+    """Every weight of the transformer(s) and VAE came from the files: a config.json that asks
+    for more layers than its weight files hold leaves the rest on the meta device (diffusers
+    only warns), which is a ValueError naming the component's folder and a missing tensor."""
+    for key in ("transformer", "transformer_2", "vae"):
+        model = getattr(pipe, key, None)
+        if not isinstance(model, torch.nn.Module):
+            continue
+        tensors = list(model.named_parameters()) + list(model.named_buffers())
+        missing = [n for n, t in tensors if t.is_meta]
+        if missing:
+            raise ValueError(f"{os.path.join(weights_dir, key)}: {len(missing)} of the tensors "
+                             f"its config.json describes are not in its weight files (e.g. "
+                             f"{missing[0]}): the config does not match the weights")
+
+
+def load_pipeline(name: str, weights_dir: str, device="cpu", dtype=torch.float32,
+                  memory_bytes=None):
     """The pipeline ``name`` from the local diffusers checkpoint folder ``weights_dir`` (its
     ``model_index.json`` and component folders), on ``device`` in ``dtype``; nothing is
     downloaded. Components the checkpoint was saved without (``[null, null]`` in its index,
     e.g. no text encoders) stay None. A missing folder or file, or a checkpoint of another
-    pipeline class, is a ValueError naming the folder."""
+    pipeline class, is a ValueError naming the folder. Before anything is built, the transformer
+    and VAE configs are checked against their ranges and the memory their weights take against
+    ``memory_bytes`` (default: the memory available; ``checkpoint_config.check_checkpoint``):
+    a ValueError naming the file, the field, the value and the range."""
     import diffusers
+
+    from .checkpoint_config import check_checkpoint
 
     _check_choice("load_pipeline: name", name, PIPELINES)
     where = f"load_pipeline: weights folder {weights_dir!r}"
@@ -402,7 +427,10 @@ def load_pipeline(name: str, weights_dir: str, device="cpu", dtype=torch.float32
     if not os.path.isfile(os.path.join(weights_dir, "model_index.json")):
         raise ValueError(f"{where} has no model_index.json (not a diffusers checkpoint folder)")
     cls = getattr(diffusers, PIPELINE_CLASSES[name])
-    absent = _index_components(cls, weights_dir, where)
+    index = _read_index(weights_dir, where)
+    absent = _index_components(cls, index, where)
+    check_checkpoint(name, weights_dir, index, dtype=dtype, device=device,
+                     memory_bytes=memory_bytes)
     try:
         pipe = cls.from_pretrained(weights_dir, local_files_only=True, dtype=dtype, **absent)
     except (OSError, ValueError, EnvironmentError) as e:
@@ -410,6 +438,7 @@ def load_pipeline(name: str, weights_dir: str, device="cpu", dtype=torch.float32
     if name == "wan2.2" and getattr(pipe, "transformer_2", None) is None:
         raise ValueError(f"{where}: a Wan 2.2 A14B checkpoint has transformer_2; this one has "
                          f"none (use --pipeline wan)")
+    _check_all_loaded(pipe, weights_dir)
     pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     return pipe

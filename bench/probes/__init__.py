@@ -1,1 +1,0 @@
-"""One-question GPU probes; bench/probes/README.md lists each with its results file."""

@@ -1,0 +1,1 @@
+"""One-question GPU probes; lab/probes/README.md lists each with its results file."""

@@ -1,0 +1,7 @@
+"""``python -m ditscale.prepare``: see cli.py."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

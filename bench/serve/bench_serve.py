@@ -204,14 +204,14 @@ class Bench:
         import torch
 
         from ditscale.diffusers import generation
-        from ditscale.serve import cli, options, runner, schema
+        from ditscale.serve import cli, options, runner
 
         opts = options.parse(self.argv, torch.cuda.is_available())
         device = generation.init_distributed(opts.device)
         self.pipe = cli.build_pipeline(opts, device)
         self.limits = cli.limits_of(self.pipe, opts)
         self.steps, self.guidance = opts.steps, self.limits.default_guidance
-        self.embeds = runner.stand_in_embeds(self.pipe, [schema.stand_in_seed(PROMPT, "")],
+        self.embeds = runner.stand_in_embeds(self.pipe, [generation.stand_in_seed(PROMPT, "")],
                                              opts.text_tokens, self.guidance > 1)
         self.png_level, self.device = opts.png_level, device
 

@@ -188,7 +188,7 @@ def direct_outputs(rank, world, cases):
     """Each case's uint8 output of the pipeline built and parallelized as the server does it,
     called directly with the request's arguments."""
     from ditscale.diffusers import generation, parallelize_pipeline, tiny
-    from ditscale.serve.schema import stand_in_seed
+    from ditscale.diffusers.generation import stand_in_seed
 
     out, pipes = [], {}
     for name, height, width, frames, steps, guidance, seed, text in cases:

@@ -210,7 +210,7 @@ def test_timings_per_stage_in_the_response_and_the_metrics(server):
     GenerationResult.model_validate(result)
     t = result["timings"]
     assert len(t["denoising_steps_s"]) == 3 and all(s > 0 for s in t["denoising_steps_s"])
-    assert t["denoising_s"] == pytest.approx(sum(t["denoising_steps_s"]), abs=1e-5)
+    assert t["denoising_s"] >= sum(t["denoising_steps_s"]) - 1e-5  # and the step decisions
     assert t["vae_decode_s"] > 0 and t["output_encoding_s"] > 0 and t["text_encoding_s"] >= 0
     assert t["run_s"] >= t["denoising_s"] + t["vae_decode_s"]
     _, _, raw = request(server.url, "GET", "/metrics")

@@ -6,5 +6,5 @@
 server-sent events, cancellation, timeouts, a bounded queue, ``/health`` and ``/metrics``.
 The manual is docs/serve.md; the modules, one idea each, are listed in docs/architecture.md
 (HTTP: ``transport`` / ``app`` / ``reading`` / ``body`` / ``waiting`` on FastAPI and uvicorn;
-requests: ``schema``, ``jobs``; the group: ``group``, ``runner``, ``stages``, ``server``).
+requests: ``schema``, ``jobs``; the group: ``group``, ``runner``, ``server``).
 """

@@ -47,23 +47,6 @@ def build_pipeline(opts: ServeOptions, device: torch.device):
     return parallelize_pipeline(pipe, cfg_parallel=opts.cfg_parallel, strategy=opts.strategy)
 
 
-def _has_encoders(pipe, opts: ServeOptions) -> bool:
-    """True when every text encoder and tokenizer of ``pipe`` is loaded, False when none is
-    (prompts then get stand-in embeddings); a checkpoint with some but not all of them (e.g.
-    CLIP without T5) is refused, since every prompt would fail in the pipeline."""
-    parts = {k: v is not None for k, v in pipe.components.items()
-             if k.startswith(("text_encoder", "tokenizer"))}
-    if all(parts.values()) and parts:
-        return True
-    if any(parts.values()):
-        missing = sorted(k for k, present in parts.items() if not present)
-        raise ValueError(f"--weights {opts.weights}: the checkpoint has some of the "
-                         f"{opts.pipeline} pipeline's text encoders / tokenizers but not "
-                         f"{', '.join(missing)}: give all of them, or none (prompts then get "
-                         f"stand-in embeddings)")
-    return False
-
-
 def limits_of(pipe, opts: ServeOptions) -> Limits:
     """What requests to ``pipe`` may ask for, from the pipeline and the options."""
     rule = generation.shape_rule(opts.pipeline, pipe)
@@ -87,7 +70,7 @@ def limits_of(pipe, opts: ServeOptions) -> Limits:
         pipeline=opts.pipeline, video=video, pixel_multiple=rule.pixel_multiple,
         frame_step=rule.frame_step, text_width=width, pooled_width=pooled,
         has_mask=opts.pipeline == "hunyuan-video",
-        has_encoders=_has_encoders(pipe, opts),
+        has_encoders=generation.has_text_encoders(pipe, f"--weights {opts.weights}"),
         default_size=default, default_steps=opts.steps,
         default_guidance=generation.DEFAULT_GUIDANCE[opts.pipeline], max_size=max_size,
         max_frames=opts.max_frames if video else 1, max_steps=opts.max_steps,

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from ..diffusers import generation, tiny
+from ..diffusers.generation import stand_in_seed
 from .group import GroupBroken
-from .schema import Request, stand_in_seed
-from .stages import StageTimer
+from ..diffusers.stage_timer import StageTimer
+from .schema import Request
 
 STAND_IN_CACHE = 8
 STOP_NONE, STOP_CANCEL, STOP_TIMEOUT, STOP_SHUTDOWN = 0, 1, 2, 3
@@ -73,7 +74,7 @@ def _stand_in(pipe, tokens: int, guided: bool, seed: int) -> Dict[str, torch.Ten
 
 def stand_in_embeds(pipe, seeds: List[int], tokens: int, guided: bool) -> Dict[str, torch.Tensor]:
     """The stand-in embeddings of a batch (see ``schema``), one row per sample's seed
-    (``schema.stand_in_seed`` of its texts), on the transformer's device and dtype (masks
+    (``generation.stand_in_seed`` of its texts), on the transformer's device and dtype (masks
     int64). Every rank makes them itself (nothing to send); the last STAND_IN_CACHE prompts'
     are kept, so that a repeated prompt costs nothing."""
     rows = [_stand_in(pipe, tokens, guided, s) for s in seeds]
@@ -135,21 +136,17 @@ def execute(pipe, name: str, spec: RunSpec, control: Callable,
             timer: Optional[StageTimer] = None) -> np.ndarray:
     """Runs ``spec`` on this rank's ``pipe`` (the pipeline ``name``); returns the uint8
     samples. Raises Stopped (from ``control``), GroupBroken (a collective of the pipeline
-    failed: noticed within one group timeout) or RunFailure. ``timer``: times the stages."""
+    failed: noticed within one group timeout) or RunFailure. ``timer``: times the stages
+    (:func:`stage_seconds`)."""
     device = pipe.transformer.device
-    timer = timer or StageTimer(pipe)
-
-    def on_step_end(p, step, timestep, callback_kwargs):
-        timer.step_end()
-        return control(p, step, timestep, callback_kwargs)
-
+    timer = timer or StageTimer(device)
     try:
         kw = generation.call_kwargs(
             name, height=spec.height, width=spec.width, frames=spec.frames, steps=spec.steps,
             guidance=spec.guidance, seeds=spec.seeds, device=device, text=spec.text,
             embeds=spec_embeds(pipe, spec))
-        with timer.measure():
-            out = pipe(**kw, callback_on_step_end=on_step_end)
+        with timer.attach(pipe):
+            out = pipe(**kw, callback_on_step_end=timer.step_callback(control))
     except (Stopped, GroupBroken):  # every rank stops at this step / the group is gone
         raise
     except torch.OutOfMemoryError as e:
@@ -170,6 +167,15 @@ def execute(pipe, name: str, spec: RunSpec, control: Callable,
         raise RunFailure(500, "nonfinite", f"the output has {bad} NaN or infinite values of "
                                            f"{array.size} (numerical overflow in the model)")
     return generation.to_uint8(array)
+
+
+def stage_seconds(timer: StageTimer) -> dict:
+    """A call's stages as the response's ``timings`` name them (seconds; docs/serve.md)."""
+    d = timer.as_dict()
+    return {"text_encoding_s": round(d.get("text_encoding", 0.0), 6),
+            "denoising_s": round(d.get("denoising", 0.0), 6),
+            "denoising_steps_s": [round(s, 6) for s in d.get("steps", [])],
+            "vae_decode_s": round(d.get("vae_decode", 0.0), 6)}
 
 
 def split_spec(spec: RunSpec, max_samples: int) -> List[RunSpec]:

@@ -6,7 +6,7 @@ then what depends on the pipeline (:class:`Limits`): sizes on its pixel multiple
 prompt embeddings of its text widths (a nested list's size bounded before it is converted, a
 base64 one's from its shape), every value finite. Any error is a RequestError (400) whose
 message starts with the field's name. Without text encoders a ``prompt`` gets stand-in
-embeddings (:func:`stand_in_seed`: a hash of the texts; the same text, the same image, but no
+embeddings (``generation.stand_in_seed``: a hash of the texts; the same text, the same image, but no
 encoding of it). The fields, ranges and text sources: docs/serve.md.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import math
 import numbers
 import os
@@ -318,12 +317,6 @@ def embed_fields(lim: Limits) -> Tuple[str, ...]:
     bases = ["prompt_embeds"] + (["pooled_prompt_embeds"] if lim.pooled_width else []) + (
         ["prompt_attention_mask"] if lim.has_mask else [])
     return tuple(p + b for p in ("", "negative_") for b in bases)
-
-
-def stand_in_seed(prompt: str, negative: str) -> int:
-    """The seed of a prompt's stand-in embeddings: 63 bits of SHA-256 of the two texts."""
-    digest = hashlib.sha256(prompt.encode() + b"\0" + negative.encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 # ---- the request ----------------------------------------------------------------------------

@@ -29,39 +29,21 @@ import numpy as np
 import torch
 
 from ..diffusers import generation
+from ..diffusers.stage_timer import StageTimer
 from .errors import RequestError
 from .group import ControlGroup, GroupBroken
 from .jobs import Job, JobStore, timeout_error
 from .metrics import Metrics
 from .options import ServeOptions
 from .runner import (STOP_CANCEL, STOP_NONE, STOP_SHUTDOWN, STOP_TIMEOUT, RunFailure, RunSpec,
-                     Stopped, build_spec, digest, execute, split_spec)
+                     Stopped, build_spec, digest, execute, split_spec, stage_seconds)
 from .schema import Limits
-from .stages import StageTimer
 
 HEARTBEAT, STOP = {"op": "heartbeat"}, {"op": "stop"}
 
 
 def log(msg: str) -> None:
     print(f"ditscale.serve: {msg}", file=sys.stderr, flush=True)
-
-
-def writable_folder(name: str, path: str) -> str:
-    """``path`` as an absolute folder that exists (made if missing) and takes new files (a
-    file is written and removed there), else a ValueError naming the option ``name``: a file
-    in the way or a folder where nothing can be written (/proc) is refused at startup, not at
-    every ``response_format: "url"`` request."""
-    path = os.path.abspath(path)
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".ditscale-serve-check-"):
-            pass
-    except OSError as e:
-        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) \
-            else (e.strerror or str(e))
-        raise ValueError(f"{name}: {path!r} is not a folder where files can be written "
-                         f"({why})") from None
-    return path
 
 
 class StepControl:
@@ -109,7 +91,7 @@ class Server:
         if self.own_output_dir:
             self.output_dir = tempfile.mkdtemp(prefix="ditscale-serve-")
         elif group.rank == 0:
-            self.output_dir = writable_folder("--output-dir", self.output_dir)
+            self.output_dir = generation.check_output_dir("--output-dir", self.output_dir)
         self.files: Deque[str] = collections.deque()
         self.base_url = ""
 
@@ -127,7 +109,7 @@ class Server:
             torch.cuda.reset_peak_memory_stats(self.device)
         begin = time.perf_counter()
         samples, status = None, {"ok": True}
-        timer = StageTimer(self.pipe)
+        timer = StageTimer(self.device)
         try:
             samples = execute(self.pipe, self.opts.pipeline, spec, control, timer)
             if self.group.world > 1:
@@ -137,7 +119,7 @@ class Server:
         except RunFailure as e:
             status = {"ok": False, "status": e.status, "code": e.code, "message": str(e)}
         status["run_s"] = time.perf_counter() - begin
-        status["stages"] = timer.timings()
+        status["stages"] = stage_seconds(timer)
         status["rank"] = self.group.rank
         status["memory"] = self._memory()
         return status, samples

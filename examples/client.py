@@ -42,8 +42,13 @@ def main():
     out = args.out or ("out.mp4" if video else "out.png")
     with open(out, "wb") as f:
         f.write(base64.b64decode(result["data"][0]["b64_json"]))
+    t = result["timings"]
     print(f"{model['id']}: {out} ({result['size']}, seed {result['seed']}, {result['steps']} "
-          f"steps, text encoder: {result['text_encoder']}, {result['timings']['run_s']:.2f} s)")
+          f"steps, text encoder: {result['text_encoder']}, {t['run_s']:.2f} s)")
+    if "denoising_s" in t:  # the stages (seconds, on the server's rank 0)
+        print(f"  text encoding {t['text_encoding_s']:.3f} s, denoising {t['denoising_s']:.3f} s "
+              f"({len(t['denoising_steps_s'])} steps), VAE decode {t['vae_decode_s']:.3f} s, "
+              f"output encoding {t['output_encoding_s']:.3f} s")
 
 
 if __name__ == "__main__":

@@ -3,37 +3,15 @@
 serves under concurrent clients, on one device (one rank).
 
     python -m bench.serve.bench_serve [--pipelines flux,wan] [--size small] [--device cuda]
-        [--steps N] [--height H --width W --frames F] [--clients 1,4,16] [--requests 32]
-        [--max-s 180] [--out-dir DIR]
+        [--steps N] [--clients 1,4,16] [--requests 32] [--max-s 180] [--out-dir DIR]
 
-For each pipeline, in one run: the server is started (one process, ``--max-batch 1``: every
-request alone, as the direct loop; startup waits on its "listening on http://HOST:PORT" line)
-while this process builds the same pipeline the same way (``ditscale.serve.cli.
-build_pipeline`` of the server's own options: the same random weights, the same
-``parallelize_pipeline``). Then, after ``--warmup`` calls of each:
-
-- direct: ``pipe(**generation.call_kwargs(...))`` in a loop with a request's arguments (its
-  shape, steps, guidance, a new seed each call, the server's stand-in prompt embeddings of the
-  same prompt), plus the server's output path: the NaN check, ``to_uint8`` and
-  ``encode_png`` / ``encode_video`` (``--video-format``, mp4 by default). ``call`` is the
-  pipeline call alone (through its numpy output), ``call+encode`` the whole; base64, JSON and
-  HTTP are left to the server's side of the comparison;
-- server, 1 client: the same request over HTTP (urllib, a fresh connection each, the JSON
-  answer parsed), alternating with the direct loop (by default one call of each in turn;
-  ``--rounds`` R: R rounds of n / R calls of each), so that the device's clock and the host's
-  drift hit both alike; overhead = server p50 / direct call+encode p50 - 1 (the issue's
-  target: < 3%), and paired = the median over i of request i / direct call i - 1 (the two of
-  a round: what the host's drift between rounds cannot move);
-- server, C clients (``--clients``): C threads in a closed loop (each sends its next request
-  when its last is answered), ``--requests`` in all: requests/s (answered / wall time) and
-  p50 / p99 latency (submission to parsed answer).
-
-``--requests`` is per phase; ``--max-s`` bounds the whole run (each pipeline an equal share of
-what is left): after the warm-up calls the counts shrink to fit (never below 4), a client count
-above the count, or a phase that would overrun the share, is skipped, and the log says so.
-Rows go to DIR/serve.json, the table to DIR/serve.md (both rewritten after each pipeline, and
-on SIGTERM), printed last. ``--device cpu`` with ``--size tiny``
-runs in seconds (the CI smoke test); on the GPU: ``--pipelines flux,wan --size small``.
+Per pipeline: the server (``--max-batch 1``) and, in this process, the same pipeline built the
+same way (``cli.build_pipeline``). Phases: direct calls (with the server's output path: NaN
+check, ``to_uint8``, PNG / video encoding); one client alternating with the direct loop
+(overhead = server p50 / direct p50 - 1, and the median of paired ratios); C closed-loop
+clients (requests/s, p50 / p99). ``--max-s`` bounds the run (counts shrink, never below 4;
+skipped phases are logged). Rows: DIR/serve.json; the table: DIR/serve.md, printed last.
+``--device cpu --size tiny`` is the CI smoke test. docs/serve.md has the results.
 """
 
 from __future__ import annotations
@@ -226,14 +204,14 @@ class Bench:
         import torch
 
         from ditscale.diffusers import generation
-        from ditscale.serve import cli, options, runner, schema
+        from ditscale.serve import cli, options, runner
 
         opts = options.parse(self.argv, torch.cuda.is_available())
         device = generation.init_distributed(opts.device)
         self.pipe = cli.build_pipeline(opts, device)
         self.limits = cli.limits_of(self.pipe, opts)
         self.steps, self.guidance = opts.steps, self.limits.default_guidance
-        self.embeds = runner.stand_in_embeds(self.pipe, [schema.stand_in_seed(PROMPT, "")],
+        self.embeds = runner.stand_in_embeds(self.pipe, [generation.stand_in_seed(PROMPT, "")],
                                              opts.text_tokens, self.guidance > 1)
         self.png_level, self.device = opts.png_level, device
 
@@ -325,9 +303,10 @@ def summary(latencies) -> dict:
 
 
 def server_timings(answers) -> dict:
-    """Mean of the server's own timings (its pipeline call, its encoding)."""
-    return {f"server_{k}_ms": 1e3 * statistics.fmean(a["timings"][k] for a in answers)
-            for k in ("run_s", "encode_s")}
+    """Mean of the server's own timings (its pipeline call and its stages, its encoding)."""
+    keys = ("run_s", "text_encoding_s", "denoising_s", "vae_decode_s", "encode_s")
+    return {f"server_{k}_ms": 1e3 * statistics.fmean(a["timings"].get(k, 0.0) for a in answers)
+            for k in keys}
 
 
 def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> None:
@@ -347,87 +326,100 @@ def run_pipeline(name: str, args, deadline: float, log_dir: str, rows: list) -> 
         for _ in range(args.warmup):
             b.direct()
             b.request()
-        # a request's time, from one more of each: the counts the budget allows (each phase
-        # takes about n requests' time: the clients share one device)
-        each = (b.direct()[1] + b.request()[0]) / 2
-        phases = 2 + len([c for c in args.clients if c > 1])  # direct + 1 client + the others
-        left = deadline - time.monotonic()
-        n = max(MIN_REQUESTS, min(args.requests, int(left / (phases * each))))
-        if n < args.requests:
-            log(f"--requests {args.requests} -> {n} per phase (--max-s: {left:.0f} s left, "
-                f"{each:.3f} s a request)")
-        same = _same_output(b)
-        # direct (one loop per gap) and 1 client, alternating rounds (at least one; no new
-        # round past the budget)
-        gaps = args.direct_gap_ms
-        calls, wholes = [[] for _ in gaps], [[] for _ in gaps]
-        latencies, answers = [], []
-        rounds = n if args.rounds is None else min(args.rounds, n)
-        if rounds != (args.rounds or n):
-            log(f"--rounds {args.rounds} -> {rounds} (one call of each a round at least)")
-        per_round = [n // rounds + (i < n % rounds) for i in range(rounds)]
-        for i, k in enumerate(per_round):
-            if i and time.monotonic() + (len(gaps) + 1) * k * each > deadline:
-                log(f"rounds {i + 1}-{rounds} left out (--max-s)")
-                break
-            for g, gap in enumerate(gaps):
-                for _ in range(k):
-                    call, whole = b.direct()
-                    calls[g].append(call)
-                    wholes[g].append(whole)
-                    time.sleep(gap / 1e3)  # outside the timed call
-            for _ in range(k):
-                latency, answer = b.request()
-                latencies.append(latency)
-                answers.append(answer)
-        directs = [{**common, "mode": "direct", "clients": 1, **summary(w), "gap_ms": gap,
-                    "call_p50_ms": 1e3 * pct(c, 0.5), "call_p99_ms": 1e3 * pct(c, 0.99),
-                    "req_per_s": len(w) / sum(w)}
-                   for gap, c, w in zip(gaps, calls, wholes)]
-        direct = directs[0]
-        one_client = {**common, "mode": "server", "clients": 1, **summary(latencies),
-                      "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
-                      "same_output": same}
-        one_client["overhead"] = one_client["p50_ms"] / direct["p50_ms"] - 1
-        # the i-th request against the i-th direct call of the same round: the host's drift
-        # between rounds cancels
-        one_client["paired_overhead"] = statistics.median(
-            s / d for s, d in zip(latencies, wholes[0])) - 1
-        rows += directs + [one_client]
-        for d in directs[1:]:
-            log(f"direct with {d['gap_ms']:g} ms idle after each call: p50 {d['p50_ms']:.1f} ms "
-                f"(call {d['call_p50_ms']:.1f})")
-        log(f"direct p50 {direct['p50_ms']:.1f} ms (call {direct['call_p50_ms']:.1f}), server "
-            f"p50 {one_client['p50_ms']:.1f} ms: overhead {100 * one_client['overhead']:+.2f}% "
-            f"(paired {100 * one_client['paired_overhead']:+.2f}%)")
+        n, each = _counts(b, args, deadline, log)
+        rows += _alternating(b, args, n, each, deadline, common, log)
         for count in args.clients:
-            if count == 1:
-                continue
-            row = {**common, "mode": "server", "clients": count}
-            if count > n or time.monotonic() + n * each > deadline + 0.25 * n * each:
-                row["skipped"] = (f"{count} clients > {n} requests" if count > n
-                                  else "--max-s spent")
-                log(f"{count} clients: skipped ({row['skipped']})")
-                rows.append(row)
-                continue
-            wall, results, errors = b.clients(count, n)
-            row["errors"] = len(errors)
-            if results:
-                row.update(summary([r[0] for r in results]))
-                row.update(server_timings([r[1] for r in results]))
-                row["req_per_s"] = len(results) / wall
-            if errors:
-                row["error"] = errors[0]
-            rows.append(row)
-            log(f"{count} clients: {row.get('req_per_s', 0):.2f} req/s, p50 "
-                f"{row.get('p50_ms', 0):.1f} ms, p99 {row.get('p99_ms', 0):.1f} ms"
-                + (f", {len(errors)} errors" if errors else ""))
+            if count > 1:
+                rows.append(_concurrent(b, count, n, each, deadline, common, log))
         memory = _peak_memory(b.url)
         for row in rows:
             if row["pipeline"] == name and row["mode"] == "server":
                 row["server_peak_gib"] = memory
     finally:
         server.stop()
+
+
+def _counts(b: Bench, args, deadline: float, log):
+    """(requests per phase, seconds a request): from one more call of each, the counts the
+    budget allows (each phase takes about n requests' time: the clients share one device)."""
+    each = (b.direct()[1] + b.request()[0]) / 2
+    phases = 2 + len([c for c in args.clients if c > 1])  # direct + 1 client + the others
+    left = deadline - time.monotonic()
+    n = max(MIN_REQUESTS, min(args.requests, int(left / (phases * each))))
+    if n < args.requests:
+        log(f"--requests {args.requests} -> {n} per phase (--max-s: {left:.0f} s left, "
+            f"{each:.3f} s a request)")
+    return n, each
+
+
+def _alternating(b: Bench, args, n: int, each: float, deadline: float, common: dict, log):
+    """The direct rows (one loop per gap) and the 1-client row, measured in alternating
+    rounds (at least one; no new round past the budget)."""
+    same = _same_output(b)
+    gaps = args.direct_gap_ms
+    calls, wholes = [[] for _ in gaps], [[] for _ in gaps]
+    latencies, answers = [], []
+    rounds = n if args.rounds is None else min(args.rounds, n)
+    if rounds != (args.rounds or n):
+        log(f"--rounds {args.rounds} -> {rounds} (one call of each a round at least)")
+    per_round = [n // rounds + (i < n % rounds) for i in range(rounds)]
+    for i, k in enumerate(per_round):
+        if i and time.monotonic() + (len(gaps) + 1) * k * each > deadline:
+            log(f"rounds {i + 1}-{rounds} left out (--max-s)")
+            break
+        for g, gap in enumerate(gaps):
+            for _ in range(k):
+                call, whole = b.direct()
+                calls[g].append(call)
+                wholes[g].append(whole)
+                time.sleep(gap / 1e3)  # outside the timed call
+        for _ in range(k):
+            latency, answer = b.request()
+            latencies.append(latency)
+            answers.append(answer)
+    directs = [{**common, "mode": "direct", "clients": 1, **summary(w), "gap_ms": gap,
+                "call_p50_ms": 1e3 * pct(c, 0.5), "call_p99_ms": 1e3 * pct(c, 0.99),
+                "req_per_s": len(w) / sum(w)}
+               for gap, c, w in zip(gaps, calls, wholes)]
+    one = {**common, "mode": "server", "clients": 1, **summary(latencies),
+           "req_per_s": len(latencies) / sum(latencies), **server_timings(answers),
+           "same_output": same}
+    one["overhead"] = one["p50_ms"] / directs[0]["p50_ms"] - 1
+    # the i-th request against the i-th direct call of the same round: the host's drift
+    # between rounds cancels
+    one["paired_overhead"] = statistics.median(
+        s / d for s, d in zip(latencies, wholes[0])) - 1
+    for d in directs[1:]:
+        log(f"direct with {d['gap_ms']:g} ms idle after each call: p50 {d['p50_ms']:.1f} ms "
+            f"(call {d['call_p50_ms']:.1f})")
+    log(f"direct p50 {directs[0]['p50_ms']:.1f} ms (call {directs[0]['call_p50_ms']:.1f}), "
+        f"server p50 {one['p50_ms']:.1f} ms: overhead {100 * one['overhead']:+.2f}% "
+        f"(paired {100 * one['paired_overhead']:+.2f}%)")
+    return directs + [one]
+
+
+def _concurrent(b: Bench, count: int, n: int, each: float, deadline: float, common: dict,
+                log) -> dict:
+    """The row of ``count`` closed-loop clients (skipped: more clients than requests, or no
+    budget left)."""
+    row = {**common, "mode": "server", "clients": count}
+    if count > n or time.monotonic() + n * each > deadline + 0.25 * n * each:
+        row["skipped"] = (f"{count} clients > {n} requests" if count > n
+                          else "--max-s spent")
+        log(f"{count} clients: skipped ({row['skipped']})")
+        return row
+    wall, results, errors = b.clients(count, n)
+    row["errors"] = len(errors)
+    if results:
+        row.update(summary([r[0] for r in results]))
+        row.update(server_timings([r[1] for r in results]))
+        row["req_per_s"] = len(results) / wall
+    if errors:
+        row["error"] = errors[0]
+    log(f"{count} clients: {row.get('req_per_s', 0):.2f} req/s, p50 "
+        f"{row.get('p50_ms', 0):.1f} ms, p99 {row.get('p99_ms', 0):.1f} ms"
+        + (f", {len(errors)} errors" if errors else ""))
+    return row
 
 
 def _same_output(b: Bench):

@@ -1,6 +1,7 @@
-"""ditscale.serve's parts without a server: request validation (schema), the job store and its
-batching (jobs), the Prometheus text (metrics), the options and their ranges (options, cli),
-a batch's RunSpec (runner), the shape rules the limits come from (diffusers.generation)."""
+"""ditscale.serve's parts without a server: request validation (body, schema), the job store
+and its batching (jobs), event streams (waiting), the metrics, the options and their ranges
+(options, cli), a batch's RunSpec and its calls (runner), the worker's failure paths (server),
+the shape rules the limits come from (diffusers.generation)."""
 
 import base64
 import json
@@ -13,20 +14,21 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-from ditscale.serve import cli, jobs, metrics, options, runner, schema  # noqa: E402
+from ditscale.diffusers import generation  # noqa: E402
+from ditscale.serve import cli, jobs, metrics, options, runner, schema, waiting  # noqa: E402
 from ditscale.serve.errors import RequestError  # noqa: E402
-from ditscale.serve.http import route_label  # noqa: E402
+from ditscale.serve.app import route_label  # noqa: E402
 
 IMAGE = schema.Limits(
     pipeline="sd3", video=False, pixel_multiple=16, frame_step=0, text_width=16,
     pooled_width=8, has_mask=False, has_encoders=False, default_size=(512, 768, 1),
     default_steps=4, default_guidance=7.0, max_size=1024, max_frames=1, max_steps=50,
-    max_batch=4, max_timeout_s=60.0, stand_in_tokens=7)
+    max_batch=4, max_n=4, max_timeout_s=60.0, stand_in_tokens=7)
 VIDEO = schema.Limits(
     pipeline="hunyuan-video", video=True, pixel_multiple=16, frame_step=4, text_width=16,
     pooled_width=8, has_mask=True, has_encoders=False, default_size=(320, 512, 17),
     default_steps=4, default_guidance=1.0, max_size=1024, max_frames=33, max_steps=50,
-    max_batch=2, max_timeout_s=60.0, stand_in_tokens=7)
+    max_batch=2, max_n=2, max_timeout_s=60.0, stand_in_tokens=7)
 
 
 def refused(body, lim=IMAGE, kind=None):
@@ -56,7 +58,7 @@ def test_defaults_and_sizes():
     ({"prompt": "x", "size": "512x2048"}, "size", "height 2048 is out of range [16, 1024]"),
     ({"prompt": "x", "size": "0x0"}, "size", "out of range [16, 1024]"),
     ({"prompt": "x", "size": "5１2x512"}, "size", "is not \"<width>x<height>\""),
-    ({"prompt": "x", "size": 512}, "size", "is not \"<width>x<height>\""),
+    ({"prompt": "x", "size": 512}, "size", "expected a string, got int"),
     ({"prompt": "x", "size": "512x512", "width": 512}, "size", "not both"),
     ({"prompt": "x", "width": 8}, "width", "8 is out of range [16, 1024]"),
     ({"prompt": "x", "height": "512"}, "height", "expected an integer, got str"),
@@ -163,12 +165,6 @@ def test_bad_embeddings_are_named(extra, param, words):
     assert err.param == param and words in err.message, err.message
 
 
-def test_stand_in_seed_follows_both_texts():
-    s = schema.stand_in_seed("a fox", "")
-    assert s == schema.stand_in_seed("a fox", "") and 0 <= s < 2**63
-    assert s != schema.stand_in_seed("a fox", "blur") != schema.stand_in_seed("a dog", "")
-
-
 def test_error_body_is_the_openai_shape():
     assert RequestError(429, "full", code="queue_full").body() == {"error": {
         "message": "full", "type": "rate_limit_error", "param": None, "code": "queue_full"}}
@@ -249,25 +245,26 @@ def test_wait_wakes_on_change_and_closing_refuses():
 
 def test_prometheus_text():
     m = metrics.Metrics()
-    m.inc("requests_total", endpoint="POST /v1/images/generations", status="200")
-    m.inc("requests_total", endpoint="POST /v1/images/generations", status="200")
-    m.set("gpu_memory_bytes", 1024, rank="0", kind="peak")
+    m.requests.labels(endpoint="POST /v1/images/generations", status="200").inc(2)
+    m.gpu_memory_bytes.labels(rank="0", kind="peak").set(1024)
     for v in (0.05, 0.3, 1000.0):
-        m.observe("job_latency_seconds", v)
-    text = m.render()
-    lines = text.splitlines()
+        m.job_latency_seconds.observe(v)
+    m.stage_seconds.labels(stage="vae_decode").observe(0.02)
+    lines = m.render().decode().splitlines()
     assert ('ditscale_serve_requests_total{endpoint="POST /v1/images/generations",'
-            'status="200"} 2') in lines
-    assert 'ditscale_serve_gpu_memory_bytes{kind="peak",rank="0"} 1024' in lines
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.05"} 1' in lines  # le: <=
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.5"} 2' in lines
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="600"} 2' in lines
-    assert 'ditscale_serve_job_latency_seconds_bucket{le="+Inf"} 3' in lines
-    assert "ditscale_serve_job_latency_seconds_count 3" in lines
-    assert "ditscale_serve_queue_depth 0" in lines  # an unset gauge reads 0
+            'status="200"} 2.0') in lines
+    assert 'ditscale_serve_gpu_memory_bytes{kind="peak",rank="0"} 1024.0' in lines
+    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.05"} 1.0' in lines  # le: <=
+    assert 'ditscale_serve_job_latency_seconds_bucket{le="0.5"} 2.0' in lines
+    assert 'ditscale_serve_job_latency_seconds_bucket{le="+Inf"} 3.0' in lines
+    assert "ditscale_serve_job_latency_seconds_count 3.0" in lines
+    assert 'ditscale_serve_stage_seconds_bucket{le="0.025",stage="vae_decode"} 1.0' in lines
+    assert "ditscale_serve_queue_depth 0.0" in lines  # an unset gauge reads 0
     assert "# TYPE ditscale_serve_run_seconds histogram" in lines
-    for name, (kind, _) in metrics.Metrics.HELP.items():
-        assert f"# TYPE ditscale_serve_{name} {kind}" in lines
+    for name, (kind, _, _, _) in metrics.SPECS.items():
+        full = name + ("_total" if kind._type == "counter" else "")
+        assert f"# TYPE ditscale_serve_{full} {kind._type}" in lines
+    assert metrics.Metrics().render() != m.render()  # one registry a server
 
 
 def test_route_labels_are_bounded():
@@ -299,7 +296,7 @@ def test_option_defaults():
     (["--request-timeout", "0"], "--request-timeout: 0 is out of range (0, 86400]"),
     (["--request-timeout", "nan"], "--request-timeout: nan is out of range"),
     (["--max-body-mib", "0"], "--max-body-mib: 0 is out of range [1, 4096]"),
-    (["--max-connections", "0"], "--max-connections: 0 is out of range [1, 10000]"),
+    (["--max-connections", "0"], "--max-connections: 0 is out of range [1, 100000]"),
     (["--heartbeat", "0.01"], "--heartbeat: 0.01 is out of range [0.05, 60]"),
     (["--group-timeout", "4"], "--group-timeout: 4 is out of range [5, 3600]"),
     (["--group-timeout", "6", "--heartbeat", "2"], "at least 5x --heartbeat"),
@@ -338,13 +335,17 @@ def test_limits_follow_the_model():
     assert lim.default_size == (12, 20, 1) and not lim.video and not lim.has_encoders
     with pytest.raises(ValueError, match="--max-size: 128 is above 64"):
         cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--max-size", "128"]))
-    with pytest.raises(ValueError, match="--max-size: 16 is below the default size 20x12"):
-        cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--max-size", "16"]))
+    # a default the user never gave is fitted within the sizes allowed, never a refusal
+    lim = cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--max-size", "16"]))
+    assert lim.default_size == (8, 16, 1)
+    # a small checkpoint: the full size's default (1024 px) fitted within its 64 px
+    lim = cli.limits_of(sd3, options.parse(["--pipeline", "sd3", "--weights", "/ckpt"]))
+    assert lim.max_size == 64 and max(lim.default_size[:2]) <= 64
     cog = tiny.make_pipeline("cogvideox")
     lim = cli.limits_of(cog, options.parse(["--pipeline", "cogvideox"]))
     assert (lim.frame_step, lim.max_frames, lim.default_size) == (8, 33, (24, 8, 9))
-    with pytest.raises(ValueError, match="--max-frames: 5 is below the default frame count 9"):
-        cli.limits_of(cog, options.parse(["--pipeline", "cogvideox", "--max-frames", "5"]))
+    lim = cli.limits_of(cog, options.parse(["--pipeline", "cogvideox", "--max-frames", "5"]))
+    assert lim.default_size == (24, 8, 1)
 
 
 def test_shape_rules():
@@ -365,7 +366,7 @@ def test_run_spec_of_a_batch():
     a, b = req(seed=10, n=2), req(seed=20)
     spec = runner.build_spec([a, b], 7)
     assert spec.seeds == [10, 11, 20] and spec.requests == 2 and not spec.embeds
-    assert spec.stand_in == [schema.stand_in_seed("x", "")] * 3 and spec.stand_in_tokens == 7
+    assert spec.stand_in == [generation.stand_in_seed("x", "")] * 3 and spec.stand_in_tokens == 7
     e = [[[float(i)] * 16] * 3 for i in range(2)]
     c = schema.parse_request({"prompt_embeds": [e[0]], "pooled_prompt_embeds": [[0.0] * 8],
                               "guidance": 1.0, "n": 2}, "image", IMAGE)
@@ -375,6 +376,50 @@ def test_run_spec_of_a_batch():
     assert spec.embeds["prompt_embeds"].shape == (3, 3, 16) and not spec.stand_in
     assert spec.embeds["prompt_embeds"][:, 0, 0].tolist() == [0.0, 0.0, 1.0]
     assert spec.embeds["pooled_prompt_embeds"][:, 0].tolist() == [0.0, 0.0, 1.0]
+    # a batch above the call limit: calls of at most 2 samples, seeds and rows in order
+    parts = runner.split_spec(spec, 2)
+    assert [p.seeds for p in parts] == [spec.seeds[:2], spec.seeds[2:]]
+    assert [p.embeds["prompt_embeds"][:, 0, 0].tolist() for p in parts] == [[0.0, 0.0], [1.0]]
+    text = runner.split_spec(runner.build_spec([req(seed=1, n=3)], 7), 1)
+    assert [(p.seeds, len(p.stand_in)) for p in text] == [([1], 1), ([2], 1), ([3], 1)]
+    assert runner.split_spec(spec, 3) == [spec]
+
+
+def test_nested_embeddings_are_bounded_before_conversion(monkeypatch):
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted before the size check")
+
+    monkeypatch.setattr(schema.np, "asarray", no_conversion)
+    row = [0.0] * 16
+    err = refused({"prompt_embeds": [[row] * 5000], "pooled_prompt_embeds": [[0.0] * 8],
+                   "guidance": 1.0})
+    assert err.param == "prompt_embeds" and "at most 65536" in err.message, err.message
+    err = refused({"prompt_embeds": [[[[[[0.0]]]]]], "pooled_prompt_embeds": [[0.0] * 8],
+                   "guidance": 1.0})
+    assert "1-4 dimensions" in err.message, err.message
+
+
+def test_a_finished_jobs_event_stream_ends_on_its_status():
+    """The last event names the final status, even when the job finishes between two reads
+    (the name and the data come from one snapshot)."""
+    import asyncio
+
+    async def stream(store, job):
+        return [chunk async for chunk in waiting.events(store, job)]
+
+    for _ in range(20):
+        store = jobs.JobStore(max_queue=2, max_batch=1)
+        job = store.submit(req(steps=4))
+        store.next_batch(0)
+        finisher = threading.Thread(target=lambda: [store.progress(job, i) for i in
+                                                    range(1, 5)] + [store.complete(job, {})])
+        finisher.start()
+        chunks = asyncio.run(asyncio.wait_for(stream(store, job), 10))
+        finisher.join()
+        names = [c.split("\n")[0] for c in chunks]
+        assert names[-1] == "event: succeeded" and names.count("event: succeeded") == 1, names
+        assert all(n == "event: progress" for n in names[:-1]), names
+        assert json.loads(chunks[-1].split("data: ")[1])["progress"]["step"] == 4
 
 
 def test_wait_done_wakes_once_finished_and_expires_queued_jobs():
@@ -386,3 +431,56 @@ def test_wait_done_wakes_once_finished_and_expires_queued_jobs():
     assert store.wait_done(job, timeout=5) and time.monotonic() - begin < 2
     assert store.wait_done(late, timeout=5) and late.error.code == "timeout"
     assert not store.wait_done(store.submit(req()), timeout=0.01)
+
+
+def test_a_batch_the_worker_cannot_prepare_fails_alone(monkeypatch, tmp_path):
+    """A request that breaks the worker's preparation (a lone surrogate reaching it once shut
+    the group down with exit 2 and lost the queue) fails alone; the next job runs."""
+    import types
+
+    from ditscale.serve import server as server_mod
+    from ditscale.serve.group import ControlGroup
+
+    pipe = types.SimpleNamespace(transformer=types.SimpleNamespace(device=torch.device("cpu")))
+    opts = options.parse(["--pipeline", "sd3", "--output-dir", str(tmp_path)])
+    core = server_mod.Server(pipe, opts, IMAGE, ControlGroup(10.0))
+    bad, good = core.store.submit(req(seed=1)), core.store.submit(req(seed=2, size="32x32"))
+
+    def broken(requests, tokens):
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(server_mod, "build_spec", broken)
+    core._run_batch(core.store.next_batch(0))
+    assert bad.status == "failed" and bad.error.status == 500, bad
+    assert bad.error.code == "internal_error" and "UnicodeEncodeError" in bad.error.message
+    assert good.status == "queued" and core.store.closed is None and not core.store.running
+    assert core.store.next_batch(0) == [good]
+    core.encoder.shutdown()
+
+
+def test_a_failed_collective_of_the_pipeline_breaks_the_group():
+    assert runner._data_plane_failure(RuntimeError("[../gloo/transport/tcp/pair.cc:534] "
+                                                   "Timed out waiting 10000ms"))
+    assert runner._data_plane_failure(torch.distributed.DistBackendError("NCCL error"))
+    assert not runner._data_plane_failure(ValueError("a shape"))
+    assert not runner._data_plane_failure(RuntimeError("mat1 and mat2 shapes cannot be "
+                                                       "multiplied"))
+
+
+def test_output_dir_must_take_files(tmp_path, capsys):
+    """A file in the way (generation.check_output_dir): exit 2 at startup, before any
+    request (not a failure of every url request)."""
+    (tmp_path / "file").write_text("x")
+    code = cli.main(["--pipeline", "sd3", "--device", "cpu", "--port", "0",
+                     "--output-dir", str(tmp_path / "file")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--output-dir:" in err and "a file is in the way" in err, err
+
+
+def test_a_clients_value_is_quoted_short():
+    for body, param in (({"prompt": "x", "model": "m" * 100000}, "model"),
+                        ({"prompt": "x", "size": "9" * 100000}, "size"),
+                        ({"prompt": "x", "steps": 10**4000}, "steps"),
+                        ({"prompt": "x", "response_format": "j" * 100000}, "response_format")):
+        err = refused(body)
+        assert err.param == param and len(err.message) < 400, err.message[:500]

@@ -160,7 +160,7 @@ def direct_outputs(rank, world, jobs):
     encoders; ("stand-in", prompt): the stand-in embeddings of T5_MAX_TOKENS tokens
     (--text-tokens' default with --weights); a dict: the request's embeddings (nested lists)."""
     from ditscale.diffusers import generation, parallelize_pipeline, tiny
-    from ditscale.serve.schema import stand_in_seed
+    from ditscale.diffusers.generation import stand_in_seed
 
     height, width = _size_hw()
     out = []
@@ -398,5 +398,5 @@ def test_a_checkpoint_with_some_of_the_encoders_is_refused(tmp_path, capsys):
                      str(tmp_path / "clip-only")])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert ("the checkpoint has some of the flux pipeline's text encoders / tokenizers but not "
+    assert ("the checkpoint has some of the pipeline's text encoders / tokenizers but not "
             "text_encoder_2, tokenizer_2") in err, err

@@ -4,23 +4,19 @@
     torchrun --nproc-per-node 2 -m ditscale.serve --device cpu --pipeline wan   (gloo)
     python -m ditscale.serve --pipeline sd3 --weights /ckpt/sd3.5-medium
 
-Every rank builds the same pipeline (random weights of the tiny config by default, of the
-real dimensions with ``--full-size``, ``--size small`` for real widths with a few blocks, or a
-local checkpoint with ``--weights``) and ``parallelize_pipeline`` makes it sequence- (and CFG-)
-parallel over all ranks with ``--strategy``; rank 0 serves HTTP on ``--host``:``--port``
-(loopback by default; port 0 picks a free one) and hands each request, or batch of compatible
-requests (``--max-batch``), to the whole group. The listening address is logged on stderr as
-``ditscale.serve: listening on http://HOST:PORT``. The API: docs/serve.md.
-
-Exit codes: 0 after a graceful shutdown (SIGTERM or SIGINT to rank 0; a second SIGINT exits
-at once), 1 when the rank group failed (a rank died: the log names the failed collective), 2
-for bad options (the message names the option, its value and its range).
+Every rank builds the same pipeline (random weights of a tiny / small / full config, or
+``--weights``), made sequence- (and CFG-) parallel by ``parallelize_pipeline``; rank 0 binds
+``--host``:``--port`` before building (port 0: a free one), serves HTTP once built and logs
+``ditscale.serve: listening on http://HOST:PORT``. Exit codes: 0 after a graceful shutdown
+(SIGTERM / SIGINT to rank 0; a second SIGINT exits at once), 1 when the rank group failed, 2
+for bad options (the message names the option, its value and its range). docs/serve.md.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -29,11 +25,12 @@ from typing import Optional
 import torch
 
 from ..diffusers import generation, parallelize_pipeline, tiny
+from .app import make_app
 from .group import ControlGroup, GroupBroken
-from .http import HttpServer, make_http_server
 from .options import SIZE_LIMITS, ServeOptions, parse
 from .schema import Limits
 from .server import Server, log
+from .transport import Transport, bind
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REPEAT_S = 1.0  # a SIGINT this long after the first one exits at once
@@ -48,23 +45,6 @@ def build_pipeline(opts: ServeOptions, device: torch.device):
         pipe = tiny.make_pipeline(opts.pipeline, size=opts.size, device=device, dtype=dtype,
                                   seed=opts.seed)
     return parallelize_pipeline(pipe, cfg_parallel=opts.cfg_parallel, strategy=opts.strategy)
-
-
-def _has_encoders(pipe, opts: ServeOptions) -> bool:
-    """True when every text encoder and tokenizer of ``pipe`` is loaded, False when none is
-    (prompts then get stand-in embeddings); a checkpoint with some but not all of them (e.g.
-    CLIP without T5) is refused, since every prompt would fail in the pipeline."""
-    parts = {k: v is not None for k, v in pipe.components.items()
-             if k.startswith(("text_encoder", "tokenizer"))}
-    if all(parts.values()) and parts:
-        return True
-    if any(parts.values()):
-        missing = sorted(k for k, present in parts.items() if not present)
-        raise ValueError(f"--weights {opts.weights}: the checkpoint has some of the "
-                         f"{opts.pipeline} pipeline's text encoders / tokenizers but not "
-                         f"{', '.join(missing)}: give all of them, or none (prompts then get "
-                         f"stand-in embeddings)")
-    return False
 
 
 def limits_of(pipe, opts: ServeOptions) -> Limits:
@@ -85,29 +65,41 @@ def limits_of(pipe, opts: ServeOptions) -> Limits:
         raise ValueError(f"--max-size: {max_size} is below the pipeline's pixel multiple "
                          f"{rule.pixel_multiple}")
     video = opts.pipeline in tiny.VIDEO_PIPELINES
-    default = tiny.DEFAULT_SHAPES[opts.pipeline][size]
-    if max(default[:2]) > max_size:
-        raise ValueError(f"--max-size: {max_size} is below the default size "
-                         f"{default[1]}x{default[0]} of {opts.pipeline} ({size})")
-    if video:
-        frames = default[2] - (default[2] - 1) % rule.frame_step  # the frame rule's, below
-        if frames != default[2]:
-            log(f"default frames: {frames} ({default[2]} breaks the frame rule 1 + "
-                f"k * {rule.frame_step} of {opts.pipeline})")
-        if frames > opts.max_frames:
-            raise ValueError(f"--max-frames: {opts.max_frames} is below the default frame "
-                             f"count {frames} of {opts.pipeline} ({size})")
-        default = (default[0], default[1], frames)
+    default = _fit_default(opts, size, rule, max_size)
     return Limits(
         pipeline=opts.pipeline, video=video, pixel_multiple=rule.pixel_multiple,
         frame_step=rule.frame_step, text_width=width, pooled_width=pooled,
         has_mask=opts.pipeline == "hunyuan-video",
-        has_encoders=_has_encoders(pipe, opts),
+        has_encoders=generation.has_text_encoders(pipe, f"--weights {opts.weights}"),
         default_size=default, default_steps=opts.steps,
         default_guidance=generation.DEFAULT_GUIDANCE[opts.pipeline], max_size=max_size,
         max_frames=opts.max_frames if video else 1, max_steps=opts.max_steps,
-        max_batch=opts.max_batch, max_timeout_s=opts.request_timeout_s,
+        max_batch=opts.max_batch, max_n=opts.max_n, max_timeout_s=opts.request_timeout_s,
         stand_in_tokens=opts.text_tokens)
+
+
+def _fit_default(opts: ServeOptions, size: str, rule, max_size: int):
+    """The default (height, width, frames) of a request: the size's own, fitted within
+    ``max_size`` (the aspect kept, sides down to the pixel multiple) and ``--max-frames`` (1 +
+    k * the frame step), logged when fitted: a default nobody gave is never a reason to
+    refuse a checkpoint or an option."""
+    h, w, frames = tiny.DEFAULT_SHAPES[opts.pipeline][size]
+    m = rule.pixel_multiple
+    if max(h, w) > max_size:
+        scale = max_size / max(h, w)
+        fitted = (max(m, int(h * scale) // m * m), max(m, int(w * scale) // m * m))
+        log(f"default size: {fitted[1]}x{fitted[0]} ({w}x{h} of {opts.pipeline} ({size}) is "
+            f"above the largest side {max_size})")
+        h, w = fitted
+    if opts.pipeline not in tiny.VIDEO_PIPELINES:
+        return h, w, frames
+    cap = min(frames, opts.max_frames)
+    fitted = cap - (cap - 1) % rule.frame_step  # the largest 1 + k * step within the cap
+    if fitted != frames:
+        log(f"default frames: {fitted} ({frames} of {opts.pipeline} ({size}) is above "
+            f"--max-frames {opts.max_frames} or breaks the frame rule 1 + k * "
+            f"{rule.frame_step})")
+    return h, w, fitted
 
 
 def _signals(server: Server, rank: int) -> None:
@@ -135,57 +127,71 @@ def _signals(server: Server, rank: int) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
-def _bind(opts: ServeOptions, rank: int) -> Optional[HttpServer]:
+def _bind(opts: ServeOptions, rank: int) -> Optional[socket.socket]:
     """Rank 0's listening socket, bound before the pipeline is built (a taken port fails
     fast); connections wait in the backlog until serving starts."""
     if rank != 0:
         return None
     try:
-        return make_http_server(None, opts.host, opts.port)
+        return bind(opts.host, opts.port)
     except OSError as e:
         raise ValueError(f"--host {opts.host} --port {opts.port}: cannot listen there: "
                          f"{e.strerror or e}") from None
 
 
-def _serve_http(server: Server, httpd: HttpServer, opts: ServeOptions) -> int:
-    httpd.attach(server)
-    host, port = httpd.server_address[:2]
+def _serve_http(server: Server, sock: socket.socket, opts: ServeOptions) -> int:
+    http = Transport(make_app(server), sock, opts.read_timeout_s, opts.max_connections,
+                     DRAIN_S)
+    host, port = http.address
     server.base_url = f"http://{host}:{port}"
-    thread = threading.Thread(target=httpd.serve_forever, name="ditscale-http", daemon=True)
-    thread.start()
+    http.start()
     log(f"listening on {server.base_url} ({opts.pipeline}, {server.group.world} rank(s), "
         f"strategy {opts.strategy}, {opts.device} {opts.dtype}, files in {server.output_dir})")
     try:
         return server.serve()
     finally:
-        httpd.shutdown()  # no new requests; the answers being written go out first
-        if not httpd.drain(DRAIN_S):
-            log(f"{httpd.inflight} answer(s) still being written after {DRAIN_S:g} s")
-        httpd.server_close()
+        if not http.stop():  # no new requests; the answers being written go out first
+            log(f"answers still being written after {DRAIN_S:g} s")
         server.close()
+
+
+class SetupError(ValueError):
+    """What the options ask for cannot be served (a port taken, the pipeline's shape rule, a
+    weights folder): exit status 2. A ValueError while serving is not one."""
+
+
+def _setup(opts: ServeOptions, device, group: ControlGroup):
+    """(socket or None, Server) of this rank; a refusal is a SetupError."""
+    sock = None
+    try:
+        sock = _bind(opts, group.rank)
+        pipe = build_pipeline(opts, device)
+        return sock, Server(pipe, opts, limits_of(pipe, opts), group)
+    except ValueError as e:
+        if sock is not None:
+            sock.close()
+        raise SetupError(str(e)) from None
 
 
 def run(opts: ServeOptions) -> int:
     device = generation.init_distributed(opts.device, opts.group_timeout_s)
     group = ControlGroup(opts.group_timeout_s)
-    httpd = _bind(opts, group.rank)
+    sock, server = _setup(opts, device, group)
     try:
-        pipe = build_pipeline(opts, device)
-        server = Server(pipe, opts, limits_of(pipe, opts), group)
         _signals(server, group.rank)
         server.introduce()
         if group.rank != 0:
             return server.follow()
         server.warmup(opts.warmup)
-        code = _serve_http(server, httpd, opts)
-        httpd = None
+        code = _serve_http(server, sock, opts)
+        sock = None
         return code
     except GroupBroken as e:
         log(f"rank {group.rank}: {e}")
         return 1
     finally:
-        if httpd is not None:
-            httpd.server_close()
+        if sock is not None:
+            sock.close()
 
 
 def main(argv=None) -> int:
@@ -198,7 +204,7 @@ def main(argv=None) -> int:
 
     try:
         code = run(opts)
-    except ValueError as e:  # options the pipeline refuses (its shape rule, a weights folder)
+    except SetupError as e:  # options the pipeline refuses (its shape rule, a weights folder)
         print(f"python -m ditscale.serve: error: {e}", file=sys.stderr)
         code = 2
     if code == 0 and dist.is_initialized():

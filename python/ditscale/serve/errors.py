@@ -34,6 +34,13 @@ class RequestError(Exception):
         return json.dumps(self.body()).encode()
 
 
+def shown(value, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a client's value quoted in a message
+    (a body may hold megabytes in one field)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def bad(param: str, message: str) -> RequestError:
     """A 400 for the field ``param``: ``"<param>: <message>"``."""
     return RequestError(400, f"{param}: {message}", param=param, code="invalid_value")

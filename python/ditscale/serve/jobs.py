@@ -3,8 +3,8 @@
 A :class:`Job` is one request: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` |
 ``cancelled`` (a queued job can be cancelled, or time out, before it runs). Every change bumps
 ``job.version`` and wakes the threads waiting on the store's condition (the server-sent events
-of ``/v1/jobs/{id}/events``); a blocking POST waits on the job's own ``finished_event`` (woken
-once, not at each denoising step, which would take the GIL from the pipeline's loop).
+of ``/v1/jobs/{id}/events`` watch every change; a blocking POST only the end: woken once, not at
+each denoising step, which would take the GIL from the pipeline's loop).
 
 :class:`JobStore`: ``submit`` adds a queued job or raises 429 when ``max_queue`` jobs already
 wait (the running batch does not count); ``next_batch`` hands the worker the oldest queued job
@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from .errors import RequestError
 from .schema import Request
@@ -44,6 +44,7 @@ class Job:
     version: int = 0
     submitted_mono: float = field(default_factory=time.monotonic)
     finished_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    watchers: List[Tuple[Callable[[], None], bool]] = field(default_factory=list, repr=False)
 
     @property
     def done(self) -> bool:
@@ -117,6 +118,33 @@ class JobStore:
             elif job.status == "running":
                 job.cancel_requested = True
         return job
+
+    def watch(self, job: Job, wake: Callable[[], None], every_change: bool) -> Callable[[], None]:
+        """Calls ``wake()`` (under the store's lock: it must only signal) when ``job`` changes
+        (``every_change``) or finishes; returns the function that stops it."""
+        entry = (wake, every_change)
+        with self.cond:
+            job.watchers.append(entry)
+            if job.done:
+                wake()
+
+        def unwatch():
+            with self.cond:
+                if entry in job.watchers:
+                    job.watchers.remove(entry)
+        return unwatch
+
+    def snapshot(self, job: Job) -> Tuple[int, dict]:
+        """(version, view without the result) of ``job``, read at one instant."""
+        with self.cond:
+            view = job.view()
+            view.pop("result", None)
+            return job.version, view
+
+    def expire(self) -> None:
+        """Queued jobs past their deadline fail with 504 now."""
+        with self.cond:
+            self._expire_queued()
 
     def wait_done(self, job: Job, timeout: float) -> bool:
         """Blocks until ``job`` is finished (woken once, not at each step) or ``timeout``
@@ -221,6 +249,9 @@ class JobStore:
     def _changed(self, job: Job) -> None:
         job.version += 1
         self.cond.notify_all()
+        for wake, every_change in job.watchers:
+            if every_change or job.done:
+                wake()
 
 
 def _until_deadline(job: Job, timeout: float) -> float:

@@ -1,107 +1,59 @@
-"""The server's metrics in the Prometheus text format (``GET /metrics``).
+"""The server's metrics (``GET /metrics``) through ``prometheus_client``, one registry a server.
 
-Names (prefix ``ditscale_serve_``):
+Names (prefix ``ditscale_serve_``), declared in :data:`SPECS`:
 
-- ``requests_total{endpoint, status}``: answered HTTP requests, by endpoint and status code
-- ``jobs_total{status}``: finished jobs (succeeded / failed / cancelled)
-- ``queue_depth``: queued jobs; ``running_jobs``: jobs of the batch that runs now
-- ``job_latency_seconds``: histogram of a succeeded job's time from submission to its result
-- ``run_seconds``: histogram of a batch's pipeline call on the group
-- ``steps_total``: denoising steps run; ``steps_per_second``: of the last batch
-- ``samples_total``: images / videos made
-- ``gpu_memory_bytes{rank, kind}``: per rank after the last batch: ``allocated``, ``reserved``
-  and ``peak`` (the batch's peak allocation; reset before each batch)
+- ``requests_total{endpoint, status}``: answered HTTP requests (ids in paths as ``{id}``)
+- ``jobs_total{status}``, ``samples_total``, ``steps_total``: finished jobs, images / videos
+  made, denoising steps run; ``queue_depth``, ``running_jobs``, ``steps_per_second``
+- ``job_latency_seconds``, ``run_seconds``: a succeeded job's submission to result; a batch's
+  pipeline calls on the group
+- ``stage_seconds{stage}``: per stage (``text_encoding``, ``denoising_step``, ``vae_decode``,
+  ``output_encoding``; docs/serve.md)
+- ``gpu_memory_bytes{rank, kind}``: per rank after the last batch (allocated, reserved, peak)
 """
 
 from __future__ import annotations
 
-import bisect
-import threading
-from typing import Dict, Iterable, List, Tuple
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
+                               Histogram, generate_latest)
 
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 PREFIX = "ditscale_serve_"
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                 30.0, 60.0, 300.0)
+STAGES = ("text_encoding", "denoising_step", "vae_decode", "output_encoding")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-
-def _labels(pairs: Tuple[Tuple[str, str], ...]) -> str:
-    if not pairs:
-        return ""
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), "")}"'
-                     for k, v in pairs)
-    return "{" + inner + "}"
-
-
-class Histogram:
-    def __init__(self, buckets: Iterable[float]):
-        self.bounds: List[float] = list(buckets)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def lines(self, name: str) -> List[str]:
-        out, total = [], 0
-        for bound, count in zip(self.bounds, self.counts):
-            total += count
-            out.append(f'{name}_bucket{{le="{bound:g}"}} {total}')
-        total += self.counts[-1]
-        out.append(f'{name}_bucket{{le="+Inf"}} {total}')
-        out.append(f"{name}_sum {self.sum:.6f}")
-        out.append(f"{name}_count {total}")
-        return out
+# name -> (kind, help, labels, buckets); counters' names are given without "_total"
+SPECS = {
+    "requests": (Counter, "HTTP requests answered, by endpoint and status code",
+                 ("endpoint", "status"), None),
+    "jobs": (Counter, "finished jobs by final status", ("status",), None),
+    "queue_depth": (Gauge, "jobs waiting in the queue", (), None),
+    "running_jobs": (Gauge, "jobs of the batch running now", (), None),
+    "job_latency_seconds": (Histogram, "submission to result of succeeded jobs", (),
+                            LATENCY_BUCKETS),
+    "run_seconds": (Histogram, "the pipeline calls of a batch on the rank group", (),
+                    LATENCY_BUCKETS),
+    "stage_seconds": (Histogram, "a pipeline stage's seconds (rank 0; a denoising step each)",
+                      ("stage",), STAGE_BUCKETS),
+    "steps": (Counter, "denoising steps run", (), None),
+    "steps_per_second": (Gauge, "denoising steps per second of the last batch", (), None),
+    "samples": (Counter, "images or videos made", (), None),
+    "gpu_memory_bytes": (Gauge, "device memory per rank after the last batch",
+                         ("rank", "kind"), None),
+}
 
 
 class Metrics:
-    """Thread-safe counters, gauges and histograms of the server."""
-
-    HELP = {
-        "requests_total": ("counter", "HTTP requests answered, by endpoint and status code"),
-        "jobs_total": ("counter", "finished jobs by final status"),
-        "queue_depth": ("gauge", "jobs waiting in the queue"),
-        "running_jobs": ("gauge", "jobs of the batch running now"),
-        "job_latency_seconds": ("histogram", "submission to result of succeeded jobs"),
-        "run_seconds": ("histogram", "the pipeline call of a batch on the rank group"),
-        "steps_total": ("counter", "denoising steps run"),
-        "steps_per_second": ("gauge", "denoising steps per second of the last batch"),
-        "samples_total": ("counter", "images or videos made"),
-        "gpu_memory_bytes": ("gauge", "device memory per rank after the last batch"),
-    }
+    """The metrics of :data:`SPECS` as attributes (``metrics.jobs.labels(status=...)``), in a
+    registry of their own (several servers in one process do not collide)."""
 
     def __init__(self):
-        self.lock = threading.Lock()
-        self.counters: Dict[str, Dict[tuple, float]] = {}
-        self.gauges: Dict[str, Dict[tuple, float]] = {}
-        self.hists = {"job_latency_seconds": Histogram(LATENCY_BUCKETS),
-                      "run_seconds": Histogram(LATENCY_BUCKETS)}
+        self.registry = CollectorRegistry(auto_describe=True)
+        for name, (kind, text, labels, buckets) in SPECS.items():
+            kw = {"buckets": buckets} if buckets else {}
+            setattr(self, name, kind(PREFIX + name, text, labels, registry=self.registry, **kw))
 
-    def inc(self, name: str, value: float = 1.0, **labels) -> None:
-        with self.lock:
-            series = self.counters.setdefault(name, {})
-            key = tuple(sorted(labels.items()))
-            series[key] = series.get(key, 0.0) + value
-
-    def set(self, name: str, value: float, **labels) -> None:
-        with self.lock:
-            self.gauges.setdefault(name, {})[tuple(sorted(labels.items()))] = float(value)
-
-    def observe(self, name: str, value: float) -> None:
-        with self.lock:
-            self.hists[name].observe(value)
-
-    def render(self) -> str:
-        lines: List[str] = []
-        with self.lock:
-            for name, (kind, text) in self.HELP.items():
-                full = PREFIX + name
-                lines += [f"# HELP {full} {text}", f"# TYPE {full} {kind}"]
-                if kind == "histogram":
-                    lines += self.hists[name].lines(full)
-                    continue
-                series = (self.counters if kind == "counter" else self.gauges).get(name, {})
-                if not series and kind == "gauge" and name != "gpu_memory_bytes":
-                    lines.append(f"{full} 0")  # an unlabelled gauge not set yet
-                for labels, value in sorted(series.items()):
-                    lines.append(f"{full}{_labels(labels)} {value:g}")
-        return "\n".join(lines) + "\n"
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

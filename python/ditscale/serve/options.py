@@ -1,5 +1,10 @@
-"""Options of ``python -m ditscale.serve``, each range-checked (name, value and range in the
-error), and the per-pipeline limits the requests are validated against."""
+"""Options of ``python -m ditscale.serve``, each range-checked at parse time.
+
+:func:`parse` turns ``argv`` into a frozen :class:`ServeOptions`; a bad value is a ValueError
+naming the option, its value and its range (the command exits 2). :data:`SIZE_LIMITS` gives
+the default ``--max-size`` / ``--max-frames`` per size of random-weight pipeline; the model's
+own limits are applied by ``cli.limits_of``. The table of options: docs/serve.md.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class ServeOptions:
     cfg_parallel: bool
     max_queue: int
     max_batch: int
+    max_n: int
     max_size: Optional[int]  # None: the size's SIZE_LIMITS cap, within the model's (cli)
     max_frames: int
     max_steps: int
@@ -42,6 +48,7 @@ class ServeOptions:
     request_timeout_s: float
     max_body_mib: int
     max_connections: int
+    read_timeout_s: float
     heartbeat_s: float
     group_timeout_s: float
     shutdown_grace_s: float
@@ -75,6 +82,8 @@ def parser() -> argparse.ArgumentParser:
     a("--max-queue", type=int, default=16, help="queued requests before 429, [1, 100000]")
     a("--max-batch", type=int, default=1,
       help="samples per pipeline call, [1, 64] (1: every request alone, bit-reproducible)")
+    a("--max-n", type=int, default=8,
+      help="samples of one request, [1, 64] (run in calls of at most --max-batch)")
     a("--max-size", type=int, default=None,
       help="largest height/width, [8, 16384] (default: tiny 256, small 2048, full 4096, "
            "within what the model allows)")
@@ -84,7 +93,10 @@ def parser() -> argparse.ArgumentParser:
     a("--steps", type=int, default=None, help="default steps of a request, [1, --max-steps]")
     a("--request-timeout", type=float, default=600.0, help="seconds, (0, 86400]")
     a("--max-body-mib", type=int, default=64, help="largest request body, [1, 4096] MiB")
-    a("--max-connections", type=int, default=256, help="open connections, [1, 10000]")
+    a("--max-connections", type=int, default=1024,
+      help="open connections, [1, 100000] (beyond: 503)")
+    a("--read-timeout", type=float, default=30.0,
+      help="seconds for a request's headers and body to arrive, [0.1, 3600]")
     a("--heartbeat", type=float, default=2.0, help="idle heartbeat seconds, [0.05, 60]")
     a("--group-timeout", type=float, default=120.0,
       help="seconds a collective may wait, [5, 3600]; > 5x --heartbeat")
@@ -132,6 +144,7 @@ def parse(argv=None, torch_cuda: bool = False) -> ServeOptions:
         cfg_parallel=not ns.no_cfg_parallel,
         max_queue=check_int("--max-queue", ns.max_queue, 1, 100000),
         max_batch=check_int("--max-batch", ns.max_batch, 1, 64),
+        max_n=check_int("--max-n", ns.max_n, 1, 64),
         max_size=None if ns.max_size is None else check_int("--max-size", ns.max_size, 8,
                                                             16384),
         max_frames=check_int("--max-frames", frames_cap if ns.max_frames is None
@@ -141,7 +154,8 @@ def parse(argv=None, torch_cuda: bool = False) -> ServeOptions:
                         else ns.steps, 1, max_steps),
         request_timeout_s=timeout,
         max_body_mib=check_int("--max-body-mib", ns.max_body_mib, 1, 4096),
-        max_connections=check_int("--max-connections", ns.max_connections, 1, 10000),
+        max_connections=check_int("--max-connections", ns.max_connections, 1, 100000),
+        read_timeout_s=check_real("--read-timeout", ns.read_timeout, 0.1, 3600.0),
         heartbeat_s=heartbeat, group_timeout_s=group_timeout,
         shutdown_grace_s=check_real("--shutdown-grace", ns.shutdown_grace, 0.0, 3600.0),
         output_dir=ns.output_dir,

@@ -16,6 +16,7 @@ stops at the same step (:class:`Stopped`), so that no rank is left waiting in a 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from dataclasses import dataclass, field
@@ -25,8 +26,10 @@ import numpy as np
 import torch
 
 from ..diffusers import generation, tiny
+from ..diffusers.generation import stand_in_seed
 from .group import GroupBroken
-from .schema import Request, stand_in_seed
+from ..diffusers.stage_timer import StageTimer
+from .schema import Request
 
 STAND_IN_CACHE = 8
 STOP_NONE, STOP_CANCEL, STOP_TIMEOUT, STOP_SHUTDOWN = 0, 1, 2, 3
@@ -71,7 +74,7 @@ def _stand_in(pipe, tokens: int, guided: bool, seed: int) -> Dict[str, torch.Ten
 
 def stand_in_embeds(pipe, seeds: List[int], tokens: int, guided: bool) -> Dict[str, torch.Tensor]:
     """The stand-in embeddings of a batch (see ``schema``), one row per sample's seed
-    (``schema.stand_in_seed`` of its texts), on the transformer's device and dtype (masks
+    (``generation.stand_in_seed`` of its texts), on the transformer's device and dtype (masks
     int64). Every rank makes them itself (nothing to send); the last STAND_IN_CACHE prompts'
     are kept, so that a repeated prompt costs nothing."""
     rows = [_stand_in(pipe, tokens, guided, s) for s in seeds]
@@ -117,16 +120,33 @@ def spec_embeds(pipe, spec: RunSpec) -> Optional[Dict[str, torch.Tensor]]:
     return None
 
 
-def execute(pipe, name: str, spec: RunSpec, control: Callable) -> np.ndarray:
+def _data_plane_failure(e: Exception) -> bool:
+    """True for a collective of the pipeline's own group that failed (a peer gone, its
+    timeout): the group is broken, not this batch alone."""
+    import torch.distributed as dist
+
+    if isinstance(e, dist.DistError):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(w in text for w in (
+        "gloo", "Gloo", "Timed out", "timed out", "Connection reset", "Connection closed"))
+
+
+def execute(pipe, name: str, spec: RunSpec, control: Callable,
+            timer: Optional[StageTimer] = None) -> np.ndarray:
     """Runs ``spec`` on this rank's ``pipe`` (the pipeline ``name``); returns the uint8
-    samples. Raises Stopped (from ``control``) or RunFailure."""
+    samples. Raises Stopped (from ``control``), GroupBroken (a collective of the pipeline
+    failed: noticed within one group timeout) or RunFailure. ``timer``: times the stages
+    (:func:`stage_seconds`)."""
     device = pipe.transformer.device
+    timer = timer or StageTimer(device)
     try:
         kw = generation.call_kwargs(
             name, height=spec.height, width=spec.width, frames=spec.frames, steps=spec.steps,
             guidance=spec.guidance, seeds=spec.seeds, device=device, text=spec.text,
             embeds=spec_embeds(pipe, spec))
-        out = pipe(**kw, callback_on_step_end=control)
+        with timer.attach(pipe):
+            out = pipe(**kw, callback_on_step_end=timer.step_callback(control))
     except (Stopped, GroupBroken):  # every rank stops at this step / the group is gone
         raise
     except torch.OutOfMemoryError as e:
@@ -135,6 +155,10 @@ def execute(pipe, name: str, spec: RunSpec, control: Callable) -> np.ndarray:
         raise RunFailure(500, "out_of_memory", f"out of memory on the device: "
                                                f"{str(e).splitlines()[0]}") from None
     except Exception as e:  # the pipeline's own failure: this batch fails, the group serves on
+        if _data_plane_failure(e):
+            raise GroupBroken(f"a collective of the pipeline failed: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''} (a rank died or "
+                              f"stopped answering)") from e
         raise RunFailure(500, "generation_failed",
                          f"the pipeline failed: {type(e).__name__}: {e}") from None
     array = generation.output_array(out, spec.kind == "video")
@@ -143,6 +167,31 @@ def execute(pipe, name: str, spec: RunSpec, control: Callable) -> np.ndarray:
         raise RunFailure(500, "nonfinite", f"the output has {bad} NaN or infinite values of "
                                            f"{array.size} (numerical overflow in the model)")
     return generation.to_uint8(array)
+
+
+def stage_seconds(timer: StageTimer) -> dict:
+    """A call's stages as the response's ``timings`` name them (seconds; docs/serve.md)."""
+    d = timer.as_dict()
+    return {"text_encoding_s": round(d.get("text_encoding", 0.0), 6),
+            "denoising_s": round(d.get("denoising", 0.0), 6),
+            "denoising_steps_s": [round(s, 6) for s in d.get("steps", [])],
+            "vae_decode_s": round(d.get("vae_decode", 0.0), 6)}
+
+
+def split_spec(spec: RunSpec, max_samples: int) -> List[RunSpec]:
+    """``spec`` as pipeline calls of at most ``max_samples`` samples each (a request's ``n``
+    above ``--max-batch`` runs as several calls, its seeds in order)."""
+    if len(spec.seeds) <= max_samples:
+        return [spec]
+    parts = []
+    for lo in range(0, len(spec.seeds), max_samples):
+        rows = slice(lo, lo + max_samples)
+        parts.append(dataclasses.replace(
+            spec, seeds=spec.seeds[rows],
+            text=None if spec.text is None else {k: v[rows] for k, v in spec.text.items()},
+            embeds={k: v[rows] for k, v in spec.embeds.items()},
+            stand_in=spec.stand_in[rows]))
+    return parts
 
 
 def digest(array: np.ndarray) -> str:

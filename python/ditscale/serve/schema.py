@@ -1,45 +1,19 @@
-"""Validation of a generation request's JSON body into a :class:`Request`.
+"""A generation request's JSON body, checked against the served pipeline, into a :class:`Request`.
 
-Fields (every one checked; any other field is a 400 naming it):
-
-==========================  =====================================================================
-``model``                   optional; if given, the served pipeline's name
-``prompt``                  text, at most 10,000 characters; with the pipeline's text encoders
-                            (``--weights``) encoded by them; without, a stand-in (below)
-``negative_prompt``         text (guidance > 1), at most 10,000 characters
-``prompt_embeds`` ...       precomputed text-encoder outputs instead of ``prompt``:
-                            ``prompt_embeds`` [1, T, C_text] (T in [1, 4096]); Flux, SD3 and
-                            HunyuanVideo also ``pooled_prompt_embeds`` [1, C_pool]; HunyuanVideo
-                            ``prompt_attention_mask`` [1, T] (0/1; default all ones); with
-                            guidance > 1 the same with a ``negative_`` prefix (required). Each a
-                            nested list of numbers or ``{"shape": [...], "dtype": "float32" |
-                            "float16" | "bfloat16", "b64": <little-endian bytes, base64>}``;
-                            every value finite
-``size``                    ``"WxH"`` (images; or ``width`` and ``height``), multiples of the
-                            pipeline's pixel multiple, each in [multiple, --max-size]
-``frames``, ``fps``         videos: frames ``1 + k * t`` in [1, --max-frames]; fps in [1, 120]
-``n``                       samples, [1, --max-batch]; sample i uses seed ``seed + i``
-``seed``                    [0, 2^63 - 1 - n]; default: drawn by the server and returned
-``steps``                   denoising steps, [1, --max-steps]; default: the server's
-``guidance``                CFG scale, [0, 100]; default: the pipeline's; > 1 turns CFG on
-``response_format``         ``"b64_json"`` (default) or ``"url"`` (a file under /v1/files/)
-``output_format``           images ``"png"``; videos ``"mp4"`` (default) or ``"gif"``
-``timeout``                 seconds from submission, (0, --request-timeout]; default the latter
-``async``                   true: answer 202 with the job at once (poll ``/v1/jobs/{id}``)
-``user``                    free text up to 256 characters (the OpenAI field; logged only)
-==========================  =====================================================================
-
-Stand-in prompt embeddings (no text encoder, a ``prompt`` given): deterministic random tensors
-from a hash of the prompt texts (``ditscale.diffusers.tiny.make_prompt_embeds``): the same text
-gives the same image, but it is not an encoding of the text. The response says which of the
-three (``"request"``, ``"pipeline"``, ``"stand-in"``) a request used, in ``text_encoder``.
+:func:`parse_request` checks the names and types first (the pydantic models of :mod:`.body`),
+then what depends on the pipeline (:class:`Limits`): sizes on its pixel multiple and within
+``--max-size``, frames on its frame rule, ``n`` / ``steps`` / ``timeout`` within the options,
+prompt embeddings of its text widths (a nested list's size bounded before it is converted, a
+base64 one's from its shape), every value finite. Any error is a RequestError (400) whose
+message starts with the field's name. Without text encoders a ``prompt`` gets stand-in
+embeddings (``generation.stand_in_seed``: a hash of the texts; the same text, the same image, but no
+encoding of it). The fields, ranges and text sources: docs/serve.md.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import math
 import numbers
 import os
@@ -49,9 +23,9 @@ from typing import Dict, Tuple
 import numpy as np
 import torch
 
-from .errors import RequestError, bad
+from .body import MAX_TEXT_CHARS, validate_body
+from .errors import RequestError, bad, shown
 
-MAX_TEXT_CHARS = 10_000
 MAX_TEXT_TOKENS = 4096
 MAX_SEED = 2**63 - 1
 TEXT_SOURCES = ("request", "pipeline", "stand-in")
@@ -83,7 +57,8 @@ class Limits:
     max_size: int
     max_frames: int
     max_steps: int
-    max_batch: int
+    max_batch: int  # samples per pipeline call
+    max_n: int  # samples of one request
     max_timeout_s: float
     stand_in_tokens: int  # T of stand-in embeddings
 
@@ -132,7 +107,7 @@ def _int(body: dict, name: str, lo: int, hi: int, default=None) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise bad(name, f"expected an integer, got {_kind(v)}")
     if v < lo or v > hi:
-        raise bad(name, f"{v} is out of range [{lo}, {hi}]")
+        raise bad(name, f"{shown(v)} is out of range [{lo}, {hi}]")
     return int(v)
 
 
@@ -159,7 +134,7 @@ def _text(body: dict, name: str, limit: int) -> str:
 def _choice(body: dict, name: str, choices: Tuple[str, ...]) -> str:
     v = body.get(name, choices[0])
     if v not in choices:
-        raise bad(name, f"{v!r} is not one of {', '.join(map(repr, choices))}")
+        raise bad(name, f"{shown(v)} is not one of {', '.join(map(repr, choices))}")
     return v
 
 
@@ -179,7 +154,7 @@ def _size(body: dict, lim: Limits) -> Tuple[int, int]:
         parts = s.lower().split("x") if isinstance(s, str) else []
         if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 6
                                       for p in parts):
-            raise bad("size", f"{s!r} is not \"<width>x<height>\" (e.g. \"1024x768\")")
+            raise bad("size", f"{shown(s)} is not \"<width>x<height>\" (e.g. \"1024x768\")")
         w, h = int(parts[0]), int(parts[1])
         named = (("size", "height", h), ("size", "width", w))
     else:
@@ -212,14 +187,13 @@ def decode_tensor(name: str, value, max_numel: int) -> torch.Tensor:
     if isinstance(value, dict):
         t = _decode_b64(name, value, max_numel)
     elif isinstance(value, list):
+        numel = _nested_numel(name, value, max_numel)
         try:
             arr = np.asarray(value)
         except (ValueError, TypeError) as e:
             raise bad(name, f"not a rectangular nested list of numbers ({e})") from None
-        if arr.dtype.kind not in "iuf":
+        if arr.dtype.kind not in "iuf" or arr.size != numel:
             raise bad(name, f"not a rectangular nested list of numbers (found {arr.dtype})")
-        if arr.size > max_numel:
-            raise bad(name, f"{arr.size} values, at most {max_numel}")
         with np.errstate(over="ignore"):  # beyond float32: inf, refused below
             t = torch.from_numpy(arr.astype(np.float32))
     else:
@@ -230,6 +204,25 @@ def decode_tensor(name: str, value, max_numel: int) -> torch.Tensor:
     return t
 
 
+def _nested_numel(name: str, value: list, max_numel: int) -> int:
+    """The values of a nested list, from the lengths along its first elements (what
+    ``np.asarray`` would allocate), refused above ``max_numel`` before anything is
+    converted; a ragged list is found by the conversion."""
+    numel, level = 1, value
+    for _ in range(5):
+        if not isinstance(level, list):
+            break
+        numel *= len(level)
+        if numel > max_numel:
+            raise bad(name, f"more than {max_numel} values (at most {max_numel})")
+        if not level:
+            break
+        level = level[0]
+    else:
+        raise bad(name, "not a nested list of 1-4 dimensions")
+    return numel
+
+
 def _decode_b64(name: str, value: dict, max_numel: int) -> torch.Tensor:
     extra = set(value) - {"shape", "dtype", "b64"}
     if extra:
@@ -238,13 +231,13 @@ def _decode_b64(name: str, value: dict, max_numel: int) -> torch.Tensor:
     if (not isinstance(shape, list) or not 1 <= len(shape) <= 4
             or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 1 << 20
                        for d in shape)):
-        raise bad(f"{name}.shape", f"{shape!r} is not a list of 1-4 integers in [1, 2^20]")
+        raise bad(f"{name}.shape", f"{shown(shape)} is not a list of 1-4 integers in [1, 2^20]")
     numel = math.prod(shape)
     if numel > max_numel:
         raise bad(f"{name}.shape", f"{shape} has {numel} values, at most {max_numel}")
     dtype = value.get("dtype", "float32")
     if dtype not in EMBED_DTYPES:
-        raise bad(f"{name}.dtype", f"{dtype!r} is not one of {', '.join(EMBED_DTYPES)}")
+        raise bad(f"{name}.dtype", f"{shown(dtype)} is not one of {', '.join(EMBED_DTYPES)}")
     data = value.get("b64")
     if not isinstance(data, str):
         raise bad(f"{name}.b64", f"expected a base64 string, got {_kind(data)}")
@@ -326,12 +319,6 @@ def embed_fields(lim: Limits) -> Tuple[str, ...]:
     return tuple(p + b for p in ("", "negative_") for b in bases)
 
 
-def stand_in_seed(prompt: str, negative: str) -> int:
-    """The seed of a prompt's stand-in embeddings: 63 bits of SHA-256 of the two texts."""
-    digest = hashlib.sha256(prompt.encode() + b"\0" + negative.encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
 # ---- the request ----------------------------------------------------------------------------
 
 def parse_request(body, kind: str, lim: Limits) -> Request:
@@ -346,16 +333,12 @@ def parse_request(body, kind: str, lim: Limits) -> Request:
                                 f"{'a video' if lim.video else 'an image'} pipeline: use "
                                 f"POST /v1/{endpoint}/generations", code="wrong_endpoint")
     allowed = (VIDEO_FIELDS if lim.video else IMAGE_FIELDS) | set(embed_fields(lim))
-    for name in body:
-        if name not in allowed:
-            raise RequestError(400, f"{name}: unknown field (the accepted fields are "
-                                    f"{', '.join(sorted(allowed))})", param=name,
-                               code="unknown_field")
+    validate_body(body, lim.video, allowed)  # names and types; the ranges below
     if "model" in body and body["model"] != lim.pipeline:
-        raise bad("model", f"{body['model']!r}: this server runs {lim.pipeline!r}")
+        raise bad("model", f"{shown(body['model'])}: this server runs {lim.pipeline!r}")
     height, width = _size(body, lim)
     frames = _frames(body, lim)
-    n = _int(body, "n", 1, lim.max_batch, 1)
+    n = _int(body, "n", 1, lim.max_n, 1)
     seed = (_int(body, "seed", 0, MAX_SEED - n + 1) if "seed" in body
             else int.from_bytes(os.urandom(8), "big") >> 2)
     steps = _int(body, "steps", 1, lim.max_steps, lim.default_steps)

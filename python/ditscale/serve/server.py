@@ -1,20 +1,14 @@
 """The server's core: rank 0's worker loop, the other ranks' loop, and a batch's life.
 
-Rank 0 (``Server.serve``): takes the next batch from the :class:`JobStore` (or, idle, sends a
-heartbeat), builds its :class:`RunSpec`, sends it to every rank, runs it like every rank,
-gathers every rank's status and settles the jobs: all ranks succeeded with the same output
-bytes -> each job's samples are encoded (PNG / MP4 / GIF; base64 or a file) on the encoder
-thread while the group runs the next batch; a failure on any rank (out of memory, NaN / inf
-output, the pipeline's exception) -> the batch's jobs fail with 500 and the group serves on; a
-stop at a step (every job cancelled or timed out, or the shutdown grace spent) -> 409 / 504 /
-503. Other ranks (``Server.follow``): receive, run, report, until ``stop``.
-
-A failed collective of the control plane (:class:`GroupBroken`: a rank died) ends the server:
-every unfinished job fails with 503, the log names the failure, the process exits 1.
-``request_shutdown`` (SIGTERM / SIGINT on rank 0): new requests get 503, queued ones fail with
-503, the running batch may finish within ``--shutdown-grace`` seconds (then it stops at a
-step), its results are encoded, then every rank gets ``stop`` and exits 0. Files are written
-under a temporary name and renamed: a reader never sees half a file.
+Rank 0 (``Server.serve``) takes the next batch from the :class:`JobStore` (idle: a heartbeat),
+sends its :class:`RunSpec` to every rank in calls of at most ``--max-batch`` samples, runs it
+like every rank, gathers the statuses and settles the jobs: same output bytes on every rank ->
+encoded (PNG / MP4 / GIF, base64 or a file written under a temporary name and renamed) on the
+encoder thread while the group runs on; a rank's failure, or a batch the worker cannot prepare
+-> that batch's jobs fail (500) and the group serves on; a stop at a step -> 409 / 504 / 503.
+Other ranks (``Server.follow``): receive, run, report, until ``stop``. A failed collective
+(:class:`GroupBroken`) fails every unfinished job with 503 and exits 1; ``request_shutdown``
+lets the running batch finish within ``--shutdown-grace``. docs/serve.md.
 """
 
 from __future__ import annotations
@@ -28,19 +22,21 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from typing import Deque, List, Optional
 
 import numpy as np
 import torch
 
 from ..diffusers import generation
+from ..diffusers.stage_timer import StageTimer
 from .errors import RequestError
 from .group import ControlGroup, GroupBroken
 from .jobs import Job, JobStore, timeout_error
 from .metrics import Metrics
 from .options import ServeOptions
 from .runner import (STOP_CANCEL, STOP_NONE, STOP_SHUTDOWN, STOP_TIMEOUT, RunFailure, RunSpec,
-                     Stopped, build_spec, digest, execute)
+                     Stopped, build_spec, digest, execute, split_spec, stage_seconds)
 from .schema import Limits
 
 HEARTBEAT, STOP = {"op": "heartbeat"}, {"op": "stop"}
@@ -95,7 +91,7 @@ class Server:
         if self.own_output_dir:
             self.output_dir = tempfile.mkdtemp(prefix="ditscale-serve-")
         elif group.rank == 0:
-            os.makedirs(self.output_dir, exist_ok=True)
+            self.output_dir = generation.check_output_dir("--output-dir", self.output_dir)
         self.files: Deque[str] = collections.deque()
         self.base_url = ""
 
@@ -113,8 +109,9 @@ class Server:
             torch.cuda.reset_peak_memory_stats(self.device)
         begin = time.perf_counter()
         samples, status = None, {"ok": True}
+        timer = StageTimer(self.device)
         try:
-            samples = execute(self.pipe, self.opts.pipeline, spec, control)
+            samples = execute(self.pipe, self.opts.pipeline, spec, control, timer)
             if self.group.world > 1:
                 status["digest"] = digest(samples)
         except Stopped as e:
@@ -122,6 +119,7 @@ class Server:
         except RunFailure as e:
             status = {"ok": False, "status": e.status, "code": e.code, "message": str(e)}
         status["run_s"] = time.perf_counter() - begin
+        status["stages"] = stage_seconds(timer)
         status["rank"] = self.group.rank
         status["memory"] = self._memory()
         return status, samples
@@ -181,7 +179,7 @@ class Server:
                     self.request_shutdown(f"the launcher (pid {launcher}) exited")
                     launcher = None
                 batch = self.store.next_batch(timeout=self.opts.heartbeat_s)
-                self.metrics.set("queue_depth", self.store.depth())
+                self.metrics.queue_depth.set(self.store.depth())
                 if batch:
                     self._run_batch(batch)
                 elif self.stopping.is_set():
@@ -196,12 +194,15 @@ class Server:
             self._broken(str(e))
             return 1
 
-    def _broken(self, why: str) -> None:
+    def _broken(self, why: str, batch: Optional[List[Job]] = None) -> None:
+        """Every unfinished job (``batch``: the one that ran) fails with 503; serving stops."""
+        if self.broken is not None:
+            return
         self.broken = why
         log(f"the rank group failed: {why}; failing every unfinished request with 503 and "
             f"shutting down")
         err = RequestError(503, f"the server's rank group failed ({why})", code="group_failed")
-        for job in self.store.close(err.message) + list(self.store.running):
+        for job in self.store.close(err.message) + list(batch or self.store.running):
             self.store.fail(job, err)
         self.encoder.shutdown(wait=True)
         self.stopping.set()
@@ -219,43 +220,75 @@ class Server:
         self.stopping.set()
 
     def _run_batch(self, batch: List[Job]) -> None:
-        self.metrics.set("running_jobs", len(batch))
-        spec = build_spec([j.request for j in batch], self.opts.text_tokens)
-        self.group.send({"op": "run", "spec": spec})
-        status, samples = self.run_once(spec, StepControl(self, batch))
-        statuses = self.group.gather(status)
+        """``batch`` on the group, in calls of at most --max-batch samples; a failure of the
+        batch (its spec, a rank's run) fails its jobs only."""
+        self.metrics.running_jobs.set(len(batch))
         try:
-            self._settle(batch, spec, statuses, samples)
+            spec = build_spec([j.request for j in batch], self.opts.text_tokens)
+            outs = []
+            for part in split_spec(spec, self.opts.max_batch):
+                self.group.send({"op": "run", "spec": part})
+                status, samples = self.run_once(part, StepControl(self, batch))
+                outs.append((self.group.gather(status), samples))
+                if not self._settled(batch, outs[-1][0]):
+                    return
+            self._succeeded(batch, spec, outs)
+        except GroupBroken as e:  # this batch's jobs fail first (the store forgets them
+            self._broken(str(e), batch)  # as running when the batch ends)
+            raise
+        except Exception as e:  # a bug of ours: this batch fails, the server serves on
+            log(f"batch of {len(batch)} failed: {traceback.format_exc()}")
+            self._fail_all(batch, RequestError(500, f"internal error: {type(e).__name__}: {e}",
+                                               code="internal_error"))
         finally:
             self.store.batch_done()
-            self.metrics.set("running_jobs", 0)
+            self.metrics.running_jobs.set(0)
 
-    def _settle(self, batch: List[Job], spec: RunSpec, statuses: List[dict], samples) -> None:
-        run_s = max(s["run_s"] for s in statuses)
-        self.metrics.observe("run_seconds", run_s)
+    def _settled(self, batch: List[Job], statuses: List[dict]) -> bool:
+        """True when every rank ran this call with the same output; else the batch's jobs
+        fail (a stop: 409 / 504 / 503; a rank's failure; ranks that disagree)."""
         for s in statuses:
             for kind, value in s["memory"].items():
-                self.metrics.set("gpu_memory_bytes", value, rank=str(s["rank"]), kind=kind)
+                self.metrics.gpu_memory_bytes.labels(rank=str(s["rank"]), kind=kind).set(value)
         stopped = [s["stopped"] for s in statuses if "stopped" in s]
         failed = [s for s in statuses if not s["ok"] and "stopped" not in s]
         if stopped:
             self._fail_stopped(batch, stopped[0])
-            return
-        if failed:
+        elif failed:
             f = failed[0]
             where = f" (rank {f['rank']})" if self.group.world > 1 else ""
             self._fail_all(batch, RequestError(f["status"], f["message"] + where, code=f["code"]))
-            return
-        if len({s.get("digest") for s in statuses}) > 1:
+        elif len({s.get("digest") for s in statuses}) > 1:
             self._fail_all(batch, RequestError(500, "the ranks produced different outputs",
                                                code="ranks_disagree"))
-            return
-        self.metrics.inc("steps_total", spec.steps)
-        self.metrics.set("steps_per_second", spec.steps / run_s if run_s > 0 else 0.0)
-        self._hand_out(batch, samples, run_s, {"requests": spec.requests,
-                                                "samples": len(spec.seeds)})
+        else:
+            return True
+        return False
 
-    def _hand_out(self, batch: List[Job], samples: np.ndarray, run_s: float,
+    def _succeeded(self, batch: List[Job], spec: RunSpec, outs) -> None:
+        run_s = sum(max(s["run_s"] for s in statuses) for statuses, _ in outs)
+        stages = [statuses[0]["stages"] for statuses, _ in outs]  # rank 0's
+        self.metrics.run_seconds.observe(run_s)
+        for st in stages:
+            self.metrics.stage_seconds.labels(stage="text_encoding").observe(
+                st["text_encoding_s"])
+            self.metrics.stage_seconds.labels(stage="vae_decode").observe(st["vae_decode_s"])
+            for step_s in st["denoising_steps_s"]:
+                self.metrics.stage_seconds.labels(stage="denoising_step").observe(step_s)
+        steps = spec.steps * len(outs)
+        self.metrics.steps.inc(steps)
+        self.metrics.steps_per_second.set(steps / run_s if run_s > 0 else 0.0)
+        samples = np.concatenate([s for _, s in outs]) if len(outs) > 1 else outs[0][1]
+        timings = {"run_s": round(run_s, 6),
+                   "text_encoding_s": round(sum(st["text_encoding_s"] for st in stages), 6),
+                   "denoising_s": round(sum(st["denoising_s"] for st in stages), 6),
+                   "denoising_steps_s": [x for st in stages for x in st["denoising_steps_s"]],
+                   "vae_decode_s": round(sum(st["vae_decode_s"] for st in stages), 6)}
+        self._hand_out(batch, samples, timings, {"requests": spec.requests,
+                                                 "samples": len(spec.seeds),
+                                                 "calls": len(outs)})
+
+    def _hand_out(self, batch: List[Job], samples: np.ndarray, timings: dict,
                   shared: dict) -> None:
         """Each live job's samples to the encoder thread (``shared``: the batch's size, reported
         in every result); jobs cancelled or timed out while the batch ran fail now."""
@@ -268,7 +301,7 @@ class Server:
             elif job.deadline <= now:
                 self._fail(job, timeout_error(job))
             else:
-                self.encoder.submit(self._encode, job, part, run_s, shared)
+                self.encoder.submit(self._encode, job, part, timings, shared)
 
     def _fail_stopped(self, batch: List[Job], reason: int) -> None:
         for job in batch:
@@ -290,29 +323,31 @@ class Server:
         self.store.fail(job, err)
 
     def _finished(self, job: Job) -> None:
-        self.metrics.inc("jobs_total", status=job.status)
+        self.metrics.jobs.labels(status=job.status).inc()
         if job.status == "succeeded":
-            self.metrics.inc("samples_total", job.request.n)
-            self.metrics.observe("job_latency_seconds", time.monotonic() - job.submitted_mono)
+            self.metrics.samples.inc(job.request.n)
+            self.metrics.job_latency_seconds.observe(time.monotonic() - job.submitted_mono)
 
     # -- results ----------------------------------------------------------------------------
 
-    def _encode(self, job: Job, samples: np.ndarray, run_s: float, batch: dict) -> None:
+    def _encode(self, job: Job, samples: np.ndarray, timings: dict, batch: dict) -> None:
         if job.cancel_requested:
             self._fail(job, RequestError(409, "cancelled by a client", code="cancelled"))
             return
         try:
             begin = time.perf_counter()
             items = [self._item(job, i, s) for i, s in enumerate(samples)]
+            encode_s = time.perf_counter() - begin
+            self.metrics.stage_seconds.labels(stage="output_encoding").observe(encode_s)
             req = job.request
             result = {"created": int(job.created), "id": job.id, "model": self.opts.pipeline,
                       "object": f"{req.kind}.generation", "data": items, "seed": req.seed,
                       "size": f"{req.width}x{req.height}", "steps": req.steps,
                       "guidance": req.guidance, "text_encoder": req.text_source,
                       "batch": batch,
-                      "timings": {"queued_s": round(job.started - job.created, 6),
-                                  "run_s": round(run_s, 6),
-                                  "encode_s": round(time.perf_counter() - begin, 6)}}
+                      "timings": {"queued_s": round(job.started - job.created, 6), **timings,
+                                  "encode_s": round(encode_s, 6),
+                                  "output_encoding_s": round(encode_s, 6)}}
             if req.kind == "video":
                 result.update(frames=req.frames, fps=req.fps)
             self.store.complete(job, result)

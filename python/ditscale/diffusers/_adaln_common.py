@@ -144,10 +144,8 @@ def compiled_stock(x: torch.Tensor) -> bool:
     """True while torch.compile traces a block whose activations ``x`` [B, S, D] have at most
     COMPILED_STOCK_MAX_ROWS rows: the fused forward then calls diffusers' own one. At such sizes
     a step is host-bound and inductor fuses the stock norm chains into its neighbours' kernels,
-    while every fused op is an opaque call with its own dispatch (issue #22: a Wan 2.1 1.3B step
-    at 1,024 tokens, 4 blocks compiled, 0.71x compiled stock; bench/results/
-    adaln-host-cost_cpu_2026-12.md: the same on CPU for a tiny block); at 32,760 tokens the fused
-    ops were even. Eager calls always take the fused ops."""
+    while every fused op is an opaque call with its own dispatch (docs/diffusers/adaln.md has the
+    measurements). Eager calls always take the fused ops."""
     return (torch.compiler.is_compiling()
             and x.shape[0] * x.shape[1] <= COMPILED_STOCK_MAX_ROWS)
 

@@ -1,33 +1,12 @@
 """Fits the simulator's compute rate and emulated link to measured strategy runs, and says how
-well it then predicts runs it was not fitted on.
+well it then predicts runs it was not fitted on (each sequence length held out in turn).
 
   python -m bench.sp.fit_runs RESULTS.json [MORE.json ...] --calib-dir DIR [--ditscale CLI]
 
 RESULTS are files of bench_sp_attention.py (one per launch: NVLink, emulated machines); DIR is the
-output of `calibrate.py fit` (topology-h200.json, topology-h200-nvlink-machines.json). Writes
-DIR/fit-runs.json and, when an emulated launch is given, DIR/topology-h200-emulated-fitted.json.
-report.py renders fit-runs.json as its section "Simulator fitted to the runs".
-
-Why: `calibrate.py measure` times each part alone (a send/recv sweep, attention calls, in a call of
-their own), and the calibrated simulator then lands 1.04-1.16x under NVLink runs and 1.00-1.34x
-under emulated-machine runs. Two things differ in a strategy run:
-  1. the GPU's clock. The H200 is power-capped: the same cuDNN call took 81.6 ms predicted from
-     the calibration call and 86.3-87.8 ms in the benchmark launches. The one-GPU run of each
-     launch (the executor's exact call on the full sequence) anchors the compute rate: the
-     attention rate is scaled so that the simulator's one-GPU time equals the measured one
-     (geometric mean over the launch's sequence lengths). No multi-GPU run is used for it.
-  2. on emulated machines, the socket link while the GPUs compute. NCCL's socket transport copies
-     through host bounce buffers with GPU kernels and CPU proxy threads; the strategy runs show
-     the transfers going slower than the sweep's 2.33 GB/s and the overlapped forms (torus, ring)
-     hiding less than they should. Two parameters model it: the inter-machine bandwidth scale s
-     (nic_bandwidth and nic_duplex times s) and inter_compute_interference f (the share of a
-     transfer's rate lost while either end computes; topology.h). They are fitted to the
-     launch's ditscale runs on meshes with more than one machine by a grid search (coarse, then
-     refined) minimising the RMS of log(measured / predicted).
-Held out: for each sequence length S of the launch, s and f are fitted again on the other
-lengths only and the runs at S are predicted with them: that is the figure to trust, since the
-in-sample one fits 2 parameters to ~14 runs per length. Peers (plain Ulysses, PyTorch CP) are
-reported by report.py, not here: the simulator runs ditscale's schedules only.
+output of `calibrate.py fit`. Writes DIR/fit-runs.json and, when an emulated launch is given,
+DIR/topology-h200-emulated-fitted.json. Why and how (the GPU clock anchored to the one-GPU run,
+the socket link's bandwidth scale and interference while computing): docs/sp_calibration.md.
 """
 
 from __future__ import annotations
@@ -43,7 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from bench.common import find_cli
-from bench.sp import calibrate  # (no torch import at module level)
+from bench.sp import simulator_cli  # (no torch import at module level)
 
 FLUX = {"text": 512, "heads": 24, "head_dim": 128}
 F_GRID = [i / 10 for i in range(10)]  # 0 .. 0.9
@@ -94,9 +73,10 @@ class Sim:
         key = (tuple(mesh), strategy, run["seq"], run.get("chunks", 1),
                run.get("transport") or "nccl", over, comm_sms)
         if key not in self.cache:
-            r = calibrate.simulate(self.cli, self.topology(mesh, over), mesh[0], mesh[1],
-                                   strategy, run["seq"], chunks=run.get("chunks", 1),
-                                   transport=run.get("transport") or "nccl", comm_sms=comm_sms)
+            r = simulator_cli.simulate(self.cli, self.topology(mesh, over), mesh[0], mesh[1],
+                                       strategy, run["seq"], chunks=run.get("chunks", 1),
+                                       transport=run.get("transport") or "nccl",
+                                       comm_sms=comm_sms)
             self.cache[key] = r["predicted_layer_s"] * 1e3
         return self.cache[key]
 
@@ -300,7 +280,7 @@ def main(argv=None) -> int:
             t = dict(launch["fitted_topology"], name="h200-emulated-fitted")
             path = a.calib_dir / "topology-h200-emulated-fitted.json"
             path.write_text(json.dumps(t, indent=1) + "\n")
-            err = calibrate.check_with_cli(cli, path, 2, 1)
+            err = simulator_cli.check_with_cli(cli, path, 2, 1)
             if err:
                 print(f"fit_runs: {path} rejected by the CLI: {err}", file=sys.stderr)
                 return 1

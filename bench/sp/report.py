@@ -33,7 +33,7 @@ from typing import Optional
 
 from bench import reporter
 from bench.common import find_cli
-from bench.sp import calibrate, fit_runs  # (no torch import at module level)
+from bench.sp import fit_runs, simulator_cli  # (no torch import at module level)
 
 GIB = 1024**3
 FLUX = {"text": 512, "heads": 24, "head_dim": 128}
@@ -136,7 +136,7 @@ class Predictor:
                shape.get("batch", 1), comm_sms)
         if key not in self.cache:
             try:
-                self.cache[key] = calibrate.simulate(
+                self.cache[key] = simulator_cli.simulate(
                     self.cli, cluster, mesh[0], mesh[1], strategy, run["seq"],
                     chunks=run.get("chunks", 1), batch=key[6], transport=transport,
                     comm_sms=comm_sms)

@@ -8,7 +8,7 @@
   python -m bench.sp.calibrate fit raw-nvlink.json [raw-emulated.json] --out-dir DIR
 
 What is measured, how it is fitted (bench/sp/calibration_fit.py) and the files `fit` writes:
-docs/sp_calibration.md.
+docs/sp_benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fits of the sequence-parallel simulator's calibration (pure Python, unit-tested on synthetic
 data): link latency and bandwidth, the attention wave model, the interference of a transfer beside
 compute, and the topology JSON built from them. What is measured and how it is fitted:
-[docs/sp_calibration.md](../../docs/sp_calibration.md); the measuring CLI is bench/sp/calibrate.py."""
+[docs/sp_benchmarks.md](../../docs/sp_benchmarks.md); the measuring CLI is bench/sp/calibrate.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ well it then predicts runs it was not fitted on (each sequence length held out i
 RESULTS are files of bench_sp_attention.py (one per launch: NVLink, emulated machines); DIR is the
 output of `calibrate.py fit`. Writes DIR/fit-runs.json and, when an emulated launch is given,
 DIR/topology-h200-emulated-fitted.json. Why and how (the GPU clock anchored to the one-GPU run,
-the socket link's bandwidth scale and interference while computing): docs/sp_calibration.md.
+the socket link's bandwidth scale and interference while computing): docs/sp_benchmarks.md.
 """
 
 from __future__ import annotations

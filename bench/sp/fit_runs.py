@@ -130,8 +130,9 @@ def fit_link(sim: Sim, runs: Sequence[dict], anchor: float) -> dict:
             "bandwidth_only": {"bandwidth_scale": round(s0, 4), "rms_log": e0}}
 
 
-def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> dict:
-    """Anchor, fit and held-out predictions of one bench_sp_attention.py launch."""
+def launch_runs(doc: dict, source: str):
+    """(link, the one-GPU runs, ditscale's runs) of a launch with status ok; ValueError naming
+    the field when the document is not a Flux bench_sp_attention.py result."""
     if doc.get("kind") != "ditscale-sp-attention-bench":
         raise ValueError(f"{source}: field 'kind': not a bench_sp_attention.py result")
     shape = doc.get("shape", {})
@@ -146,6 +147,34 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
     ours = [r for r in runs if r["impl"] == "ditscale"]
     if not single or not ours:
         raise ValueError(f"{source}: needs a one-GPU run and ditscale runs with status ok")
+    return link, single, ours
+
+
+def fit_link_held_out(sim, multi: list, anchor: float, held: dict, log) -> dict:
+    """The link fitted on the multi-machine runs, and again per held-out sequence length (the
+    held-out runs' predictions go into ``held``, keyed by id(run))."""
+    lf = fit_link(sim, multi, anchor)
+    log(f"  link fitted on {len(multi)} runs: bandwidth x {lf['bandwidth_scale']}, "
+        f"interference {lf['interference']} (rms log error {lf['rms_log']:.3f})")
+    lf["measured_interference"] = sim.base.get("inter_compute_interference")
+    lf["held_out"] = {}
+    seqs = sorted({r["seq"] for r in multi})
+    for seq in seqs if len(seqs) > 1 else []:
+        train = [r for r in multi if r["seq"] != seq]
+        test = [r for r in multi if r["seq"] == seq]
+        h = fit_link(sim, train, anchor)
+        lf["held_out"][str(seq)] = h
+        log(f"  held out S = {seq}: fitted on the other lengths: bandwidth x "
+            f"{h['bandwidth_scale']}, interference {h['interference']}")
+        for r, p in zip(test, sim.many(test, (anchor, h["bandwidth_scale"],
+                                               h["interference"]))):
+            held[id(r)] = p
+    return lf
+
+
+def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> dict:
+    """Anchor, fit and held-out predictions of one bench_sp_attention.py launch."""
+    link, single, ours = launch_runs(doc, source)
     sim = Sim(cli, calib_dir, link)
     one = (1.0, 1.0, None)
     # The simulated one-GPU time is attention-bound: scaling the attention rate by a scales it
@@ -161,23 +190,7 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
     held = {id(r): None for r in ours}
     multi = [r for r in ours if (r.get("mesh") or [1, 1])[0] > 1]
     if link == "emulated" and multi:
-        lf = fit_link(sim, multi, anchor)
-        log(f"  link fitted on {len(multi)} runs: bandwidth x {lf['bandwidth_scale']}, "
-            f"interference {lf['interference']} (rms log error {lf['rms_log']:.3f})")
-        lf["measured_interference"] = sim.base.get("inter_compute_interference")
-        lf["held_out"] = {}
-        seqs = sorted({r["seq"] for r in multi})
-        for seq in seqs if len(seqs) > 1 else []:
-            train = [r for r in multi if r["seq"] != seq]
-            test = [r for r in multi if r["seq"] == seq]
-            h = fit_link(sim, train, anchor)
-            lf["held_out"][str(seq)] = h
-            log(f"  held out S = {seq}: fitted on the other lengths: bandwidth x "
-                f"{h['bandwidth_scale']}, interference {h['interference']}")
-            for r, p in zip(test, sim.many(test, (anchor, h["bandwidth_scale"],
-                                                   h["interference"]))):
-                held[id(r)] = p
-        out["link_fit"] = lf
+        lf = out["link_fit"] = fit_link_held_out(sim, multi, anchor, held, log)
         over = (anchor, lf["bandwidth_scale"], lf["interference"])
         for r, p in zip(multi, sim.many(multi, over)):
             fitted[id(r)] = p

@@ -2,21 +2,9 @@
 random weights, and their inputs at a given token count.
 
 ``make(name, blocks, dtype, device)`` -> (transformer, config dict); ``inputs(name, model,
-tokens, batch, dtype, device, seed)`` -> the forward's keyword arguments, with ``tokens`` image /
-video tokens after patching (the latent grid is chosen so that the patched grid has exactly
-that many tokens; the text length is the model's usual one). Names:
-
-| name            | class                           | dims (real model)                          |
-|-----------------|---------------------------------|--------------------------------------------|
-| wan2.1-1.3b     | WanTransformer3DModel           | 1536 = 12 x 128 heads, ffn 8960, text 512  |
-| wan2.1-14b      | WanTransformer3DModel           | 5120 = 40 x 128 heads, ffn 13824, text 512 |
-| flux            | FluxTransformer2DModel          | 3072 = 24 x 128 heads, text 512, guidance  |
-| hunyuan-video   | HunyuanVideoTransformer3DModel  | 3072 = 24 x 128 heads, text 256            |
-| cogvideox-5b    | CogVideoXTransformer3DModel     | 3072 = 48 x 64 heads, text 226, rotary     |
-| sd3.5-medium    | SD3Transformer2DModel           | 1536 = 24 x 64 heads, text 333, dual attn  |
-
-``blocks`` is the number of transformer blocks of each kind (Flux and HunyuanVideo: that many
-double and that many single blocks). Token counts per name: :data:`TOKENS` (the typical ones).
+tokens, batch, dtype, device, seed)`` -> the forward's keyword arguments with ``tokens`` image /
+video tokens after patching. Names: :data:`MODELS`, typical token counts: :data:`TOKENS`; the
+table of classes and dimensions: docs/diffusers/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -130,15 +130,18 @@ def inputs(name: str, model, tokens: int, batch: int, dtype, device, seed: int =
         ids = torch.zeros(h, w, 3)
         ids[..., 1] = torch.arange(h)[:, None]
         ids[..., 2] = torch.arange(w)[None, :]
-        return dict(hidden_states=rnd(batch, h * w, 64), encoder_hidden_states=rnd(batch, text, 4096),
+        return dict(hidden_states=rnd(batch, h * w, 64),
+                    encoder_hidden_states=rnd(batch, text, 4096),
                     pooled_projections=rnd(batch, 768), timestep=t / 1000,
-                    img_ids=ids.reshape(-1, 3).to(device), txt_ids=torch.zeros(text, 3, device=device),
+                    img_ids=ids.reshape(-1, 3).to(device),
+                    txt_ids=torch.zeros(text, 3, device=device),
                     guidance=torch.full((batch,), 3.5, device=device), return_dict=False)
     if name == "hunyuan-video":
         f, h, w = _grid(tokens, True)
         return dict(hidden_states=rnd(batch, 16, f, 2 * h, 2 * w), timestep=t,
                     encoder_hidden_states=rnd(batch, text, 4096),
-                    encoder_attention_mask=torch.ones(batch, text, device=device, dtype=torch.int64),
+                    encoder_attention_mask=torch.ones(batch, text, device=device,
+                                                      dtype=torch.int64),
                     pooled_projections=rnd(batch, 768),
                     guidance=torch.full((batch,), 6000.0, device=device), return_dict=False)
     if name == "cogvideox-5b":
@@ -151,5 +154,6 @@ def inputs(name: str, model, tokens: int, batch: int, dtype, device, seed: int =
                     encoder_hidden_states=rnd(batch, text, 4096), timestep=t.long(),
                     image_rotary_emb=(cos, sin), return_dict=False)
     _, h, w = _grid(tokens, False)  # sd3.5-medium
-    return dict(hidden_states=rnd(batch, 16, 2 * h, 2 * w), encoder_hidden_states=rnd(batch, text, 4096),
+    return dict(hidden_states=rnd(batch, 16, 2 * h, 2 * w),
+                encoder_hidden_states=rnd(batch, text, 4096),
                 pooled_projections=rnd(batch, 2048), timestep=t, return_dict=False)

@@ -83,7 +83,7 @@ def run(args):
         os.unlink(store.name)
 
 
-# ---- --device cpu: host time of the tiny models ---------------------------------------------------
+# ---- --device cpu: host time of the tiny models --------------------------------------------------
 
 # bench model name -> ditscale.diffusers.tiny pipeline name.
 TINY = {"flux": "flux", "wan2.1-1.3b": "wan", "wan2.1-14b": "wan",

@@ -29,7 +29,7 @@ from bench import reporter
 from bench.sp import attention_layers, diagnose, peers
 from bench.timing import time_fn
 
-# Multicast/NVLS paths are off on the lent machines (see ARCHITECTURE.md); set before any init.
+# Multicast/NVLS paths are off on the lent machines; set before any init.
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_k, _v)

@@ -8,20 +8,8 @@
     torchrun --nproc-per-node 2 examples/sp_inference.py --device cpu --tiny   (gloo, strategy
                                                                    "allgather" only)
 
-Every rank builds the same model (random weights from --seed, or --weights: a diffusers Flux
-transformer checkpoint) and the same inputs (packed latents of the resolution, T5 states, pooled
-text, t = 0.5, guidance 3.5). Per resolution:
-  1. single GPU (unless --no-single): rank 0 runs the full forward with the SDPA attention,
-     --warmup steps then --steps-timed timed steps; the other ranks wait;
-  2. per strategy: every rank runs the forward on its image-token shard with
-     ``functools.partial(ditscale.sp.attention, mesh=mesh, strategy=...)``, warm-up then timed
-     steps; the latency is the mean timed step of a rank, max over ranks; the outputs are
-     all-gathered and compared with the single-GPU output:
-        max_rel = max |sp - ref| / max |ref|,   rel_l2 = ||sp - ref|| / ||ref||
-     and the row passes when max_rel <= --tol (bf16 default 3e-2).
-Timing: CUDA events around each step (time.perf_counter on CPU). A table is printed at the end;
---json writes every row. Strategy "allgather" (all-gather k/v, then SDPA) is a simple reference
-that needs no ditscale.sp and runs on gloo too.
+Each strategy's output is compared with rank 0's single-device run (max_rel <= --tol); a table
+is printed at the end. The steps, timing and columns: docs/models.md (section The example).
 """
 
 from __future__ import annotations
@@ -168,7 +156,7 @@ class StepTimer:
     """Seconds of one call: CUDA events on the current stream (host clock on CPU)."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
 
     def __call__(self, fn):
         if self.cuda:
@@ -228,14 +216,8 @@ def make_inputs(cfg, h_px: int, w_px: int, seed: int, device, dtype):
     }
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    rank, world, device = init(args)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    over = {k: v for k, v in (("num_double", args.num_double), ("num_single", args.num_single))
-            if v is not None}
-    cfg = make_mmdit_config("tiny" if args.tiny else "flux.1-dev", **over)
-
+def select_strategies(args, device, world: int, rank: int):
+    """(the strategies to run, the ditscale.sp mesh or None when only "allgather" runs)."""
     strategies = list(args.strategies)
     if "all" in strategies:
         strategies = list(SP_STRATEGIES) if device.type == "cuda" else ["allgather"]
@@ -249,7 +231,11 @@ def main(argv=None) -> int:
             sys.exit(f"sp_inference: strategies {strategies} need ditscale.sp: {e}")
         mesh = sp.Mesh.from_process_group()
         log(f"mesh: {mesh.machines} machine(s) x {mesh.gpus_per_machine} GPU(s)", rank)
+    return strategies, mesh
 
+
+def load_model(cfg, args, device, dtype, world: int, rank: int):
+    """The model of ``cfg``: random weights from --seed, or --weights loaded into it."""
     t0 = time.perf_counter()
     model = build_mmdit(cfg, device=device, dtype=dtype,
                         seed=None if args.weights else args.seed)
@@ -262,6 +248,68 @@ def main(argv=None) -> int:
     log(f"model {cfg.name}: {cfg.num_double} double + {cfg.num_single} single blocks, hidden "
         f"{cfg.hidden}, {model.num_params() / 1e9:.3f} B params, {args.dtype} on {device.type}, "
         f"{world} rank(s); built in {time.perf_counter() - t0:.1f} s", rank)
+    return model
+
+
+def run_single(forward, inp, tag: str, total: int, args, timer, rank: int, world: int, rows):
+    """Rank 0's single-device run (the reference): (its output or None, its latency or None)."""
+    ref: Optional[torch.Tensor] = None
+    single_s = None
+    if rank == 0:
+        log(f"[{tag}] single {timer.device.type} (SDPA)", rank)
+        ref, single_s = run_steps(lambda: forward(inp["img"], inp["ids"]), args, timer,
+                                  "single", rank)
+        rows.append({"resolution": tag, "tokens": total, "strategy": "single",
+                     "ranks": 1, "latency_s": single_s, "speedup": 1.0})
+        if timer.device.type == "cuda":
+            torch.cuda.empty_cache()
+    if world > 1:
+        dist.barrier()
+    return ref, single_s
+
+
+def run_strategy(name: str, forward, inp, tag: str, total: int, mesh, args, timer, rank: int,
+                 world: int, ref, single_s) -> Dict:
+    """One strategy on every rank's shard: its row (latency, speed-up, error against ref)."""
+    device = timer.device
+    log(f"[{tag}] {name} on {world} ranks", rank)
+    img = shard_tokens(inp["img"], rank, world)
+    ids = shard_tokens(inp["ids"], rank, world, dim=0)
+    row = {"resolution": tag, "tokens": total, "strategy": name, "ranks": world}
+    try:
+        attn = make_attention(name, mesh, args, total)
+        out, local_s = run_steps(lambda: forward(img, ids, attn), args, timer, name, rank)
+        row["latency_s"] = max_over_ranks(local_s, device, world)
+        full = gather_tokens(out, total)
+        if single_s is not None:
+            row["speedup"] = single_s / row["latency_s"]
+        if rank == 0 and ref is not None:
+            row.update(compare(full, ref))
+            row["ok"] = row["max_rel"] <= args.tol
+    except Exception as e:  # a strategy the API rejects: report it, run the others
+        row["error"] = f"{type(e).__name__}: {e}"
+        log(f"  {name}: error: {row['error']}", rank)
+    return row
+
+
+def write_json(path: str, cfg, rows: List[Dict], args, world: int, device) -> None:
+    with open(path, "w") as f:
+        json.dump({"config": {k: getattr(cfg, k) for k in (
+            "name", "num_double", "num_single", "hidden", "num_heads", "text_len")},
+            "ranks": world, "dtype": args.dtype, "device": device.type,
+            "tol": args.tol, "rows": rows}, f, indent=2)
+    print(f"wrote {path}", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rank, world, device = init(args)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    over = {k: v for k, v in (("num_double", args.num_double), ("num_single", args.num_single))
+            if v is not None}
+    cfg = make_mmdit_config("tiny" if args.tiny else "flux.1-dev", **over)
+    strategies, mesh = select_strategies(args, device, world, rank)
+    model = load_model(cfg, args, device, dtype, world, rank)
 
     timer = StepTimer(device)
     rows: List[Dict] = []
@@ -275,49 +323,18 @@ def main(argv=None) -> int:
             with torch.inference_mode():
                 return model(img, ids, inp["text"], inp["pooled"], inp["t"], inp["g"], attn=attn)
 
-        ref: Optional[torch.Tensor] = None
-        single_s = None
+        ref, single_s = None, None
         if not args.no_single:
-            if rank == 0:
-                log(f"[{tag}] single {device.type} (SDPA)", rank)
-                ref, single_s = run_steps(lambda: forward(inp["img"], inp["ids"]), args, timer,
-                                          "single", rank)
-                rows.append({"resolution": tag, "tokens": total, "strategy": "single",
-                             "ranks": 1, "latency_s": single_s, "speedup": 1.0})
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-            if world > 1:
-                dist.barrier()
+            ref, single_s = run_single(forward, inp, tag, total, args, timer, rank, world, rows)
         for name in strategies:
-            log(f"[{tag}] {name} on {world} ranks", rank)
-            img = shard_tokens(inp["img"], rank, world)
-            ids = shard_tokens(inp["ids"], rank, world, dim=0)
-            row = {"resolution": tag, "tokens": total, "strategy": name, "ranks": world}
-            try:
-                attn = make_attention(name, mesh, args, total)
-                out, local_s = run_steps(lambda: forward(img, ids, attn), args, timer, name, rank)
-                row["latency_s"] = max_over_ranks(local_s, device, world)
-                full = gather_tokens(out, total)
-                if single_s is not None:
-                    row["speedup"] = single_s / row["latency_s"]
-                if rank == 0 and ref is not None:
-                    row.update(compare(full, ref))
-                    row["ok"] = row["max_rel"] <= args.tol
-            except Exception as e:  # a strategy the API rejects: report it, run the others
-                row["error"] = f"{type(e).__name__}: {e}"
-                log(f"  {name}: error: {row['error']}", rank)
-            rows.append(row)
+            rows.append(run_strategy(name, forward, inp, tag, total, mesh, args, timer, rank,
+                                     world, ref, single_s))
             dist.barrier()
 
     if rank == 0:
         print_table(rows, args, world)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"config": {k: getattr(cfg, k) for k in (
-                    "name", "num_double", "num_single", "hidden", "num_heads", "text_len")},
-                    "ranks": world, "dtype": args.dtype, "device": device.type,
-                    "tol": args.tol, "rows": rows}, f, indent=2)
-            print(f"wrote {args.json}", flush=True)
+            write_json(args.json, cfg, rows, args, world, device)
     failed = any(r.get("ok") is False or "error" in r for r in rows)
     if world > 1:
         flag = torch.tensor([1.0 if failed else 0.0], device=device)

@@ -3,26 +3,10 @@
 
     python -m bench.adaln.bench_adaln [--out bench/results/adaln_h200_2026-12.md] [--quick]
 
-Workload: x [B, N, D] bf16, per-sample modulation (scale/shift as strided [B, D] chunks of a
-[B, 6, D] tensor, as Wan 2.1 produces them), LayerNorm without affine, eps 1e-6;
-B in {1, 2}, N in {4096, 16384, 65536}, D in {1536, 3072, 5120}.
-
-Columns (milliseconds, median of CUDA-event timings, L2 flushed before every repetition):
-  ours     ditscale.ops.adaln (fused kernels)
-  eager    ditscale.ops.adaln_reference: F.layer_norm(x) * (1 + scale) + shift (diffusers)
-  compile  torch.compile(adaln_reference) (inductor, static shapes)
-  copy     y.copy_(x): moves the bytes a forward must move (read x, write y); the forward's
-           speed-of-light. The forward+backward limit is 2.5 copies: forward read x + write y,
-           backward read x + dy, write dx (5 passes over [B, N, D]).
-  % copy   copy limit / ours (100% = at the speed of light)
-Forward columns are the faster of a CUDA-graph replay and a direct call (both GPU time only: a
-direct call queued behind the L2 flush hides its CPU dispatch); forward+backward columns are
-CUDA-graph replays, and forward+backward is also timed "as called" (no graph: Python and autograd
-dispatch included, as a training step sees it).
-Forward peak memory above the inputs (MiB): with inputs that require grad (training), as
-torch.cuda.max_memory_allocated() minus the memory allocated before the call; the output alone is
-B*N*D*2 bytes and the fused op adds 8 bytes per row (fp32 mean and rstd).
-The markdown tables are printed last and written to --out.
+x [B, N, D] bf16 with per-sample modulation, B in {1, 2}, N in {4096, 16384, 65536}, D in
+{1536, 3072, 5120}: forward, forward+backward (CUDA-graph replays and as called) and forward
+peak memory, in markdown tables printed last and written to --out. The workload, columns and
+targets: docs/diffusers/benchmarks.md.
 """
 
 import argparse
@@ -196,11 +180,13 @@ def ratio(num, den):
     return "n/a" if num is None else f"{num / den:.2f}x"
 
 
-def tables(rows, with_compile, header):
+def _comp(r, k):
+    return r.get(f"{k}_compile")
+
+
+def forward_table(rows):
     gb = lambda r: 2 * r["B"] * r["N"] * r["D"] * 2 / 1e9  # noqa: E731  read x + write y
-    out = [header, ""]
-    comp = lambda r, k: r.get(f"{k}_compile")  # noqa: E731
-    out += [
+    out = [
         "### Forward (ms)",
         "",
         "| B | N | D | ours | eager | compile | copy | % of copy | eager/ours | compile/ours "
@@ -208,7 +194,7 @@ def tables(rows, with_compile, header):
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        c = comp(r, "fwd")
+        c = _comp(r, "fwd")
         out.append(
             f"| {r['B']} | {r['N']} | {r['D']} | {fmt(r['fwd_ours'])} | {fmt(r['fwd_eager'])} "
             f"| {fmt(c)} | {fmt(r['fwd_copy'])} | {100 * r['fwd_copy'] / r['fwd_ours']:.0f}% "
@@ -216,8 +202,11 @@ def tables(rows, with_compile, header):
             f"| {ratio(c, r['fwd_ours'])} | {gb(r) / r['fwd_ours'] * 1e3:.0f} "
             f"| {r['rel_err']:.1e} |"
         )
-    out += [
-        "",
+    return out
+
+
+def fwd_bwd_table(rows):
+    out = [
         "### Forward + backward (ms)",
         "",
         "| B | N | D | ours | eager | compile | 2.5x copy | % of limit | eager/ours "
@@ -225,14 +214,17 @@ def tables(rows, with_compile, header):
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        c = comp(r, "fb")
+        c = _comp(r, "fb")
         out.append(
             f"| {r['B']} | {r['N']} | {r['D']} | {fmt(r['fb_ours'])} | {fmt(r['fb_eager'])} "
             f"| {fmt(c)} | {fmt(r['fb_copy'])} | {100 * r['fb_copy'] / r['fb_ours']:.0f}% "
             f"| {r['fb_eager'] / r['fb_ours']:.2f}x | {ratio(c, r['fb_ours'])} |"
         )
-    out += [
-        "",
+    return out
+
+
+def as_called_table(rows):
+    out = [
         "### Forward + backward as called (ms; no CUDA graph: Python and autograd dispatch "
         "included, how a training step without graphs sees it)",
         "",
@@ -240,13 +232,16 @@ def tables(rows, with_compile, header):
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        c = comp(r, "fbd")
+        c = _comp(r, "fbd")
         out.append(
             f"| {r['B']} | {r['N']} | {r['D']} | {fmt(r['fbd_ours'])} | {fmt(r['fbd_eager'])} "
             f"| {fmt(c)} | {r['fbd_eager'] / r['fbd_ours']:.2f}x | {ratio(c, r['fbd_ours'])} |"
         )
-    out += [
-        "",
+    return out
+
+
+def memory_table(rows):
+    out = [
         "### Forward peak memory above the inputs (MiB, inputs require grad)",
         "",
         "| B | N | D | output | ours | ours - output | eager | compile |",
@@ -258,7 +253,11 @@ def tables(rows, with_compile, header):
             f"| {r['mem_ours'] - r['out_mib']:.3f} | {r['mem_eager']:.1f} "
             f"| {fmt(r.get('mem_compile'), 1)} |"
         )
-    # the targets (speed at N >= 16384; memory everywhere)
+    return out
+
+
+def targets_line(rows, with_compile):
+    """The targets: speed at N >= 16384, memory everywhere."""
     mem_extra = max((r["mem_ours"] - r["out_mib"]) * MiB / (r["B"] * r["N"]) for r in rows)
     line = f"Forward memory above the output: max {mem_extra:.2f} bytes/row (target 8)."
     big = [r for r in rows if r["N"] >= 16384]
@@ -275,11 +274,18 @@ def tables(rows, with_compile, header):
             line += (f"; fwd+bwd >= 2x compile: min {vs_comp:.2f}x (graph replays), "
                      f"{vs_comp_d:.2f}x (as called)")
         line += "."
-    out += ["", line]
+    return line
+
+
+def tables(rows, with_compile, header):
+    out = [header, ""]
+    for table in (forward_table, fwd_bwd_table, as_called_table, memory_table):
+        out += table(rows) + [""]
+    out.append(targets_line(rows, with_compile))
     return "\n".join(out) + "\n"
 
 
-def main(argv=None):
+def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", help="write the markdown tables here")
     p.add_argument("--B", type=int, nargs="+", default=[1, 2])
@@ -299,7 +305,38 @@ def main(argv=None):
         "inductor's on-disk caches, so the timed process only traces); compile time is not timed",
     )
     p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    return p
+
+
+def run_shapes(a, timer, compiled, with_compile, header):
+    """Every shape's row, the tables rewritten to --out after each (a run cut short keeps its
+    rows); the final text."""
+    rows = []
+    text = ""
+    t0 = time.monotonic()
+    for B in a.B:
+        for N in a.N:
+            for D in a.D:
+                r = bench_shape(B, N, D, timer, compiled, with_compile)
+                rows.append(r)
+                print(
+                    f"[{time.monotonic() - t0:6.1f}s] B={B} N={N} D={D}: fwd ours "
+                    f"{r['fwd_ours']:.3f} eager {r['fwd_eager']:.3f} compile "
+                    f"{fmt(r.get('fwd_compile'))} copy {r['fwd_copy']:.3f} | fwd+bwd ours "
+                    f"{r['fb_ours']:.3f} eager {r['fb_eager']:.3f} compile "
+                    f"{fmt(r.get('fb_compile'))} | mem ours {r['mem_ours']:.1f} MiB",
+                    flush=True,
+                )
+                text = tables(rows, with_compile, header)
+                if a.out:
+                    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+                    with open(a.out, "w") as f:
+                        f.write(text)
+    return text
+
+
+def main(argv=None):
+    a = parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_adaln: no CUDA device", file=sys.stderr)
         return 2
@@ -326,26 +363,7 @@ def main(argv=None):
         "forward: the faster of a CUDA-graph replay and a direct call, forward+backward: "
         "CUDA-graph replays (launch overhead excluded); copy = `y.copy_(x)`."
     )
-    rows = []
-    t0 = time.monotonic()
-    for B in a.B:
-        for N in a.N:
-            for D in a.D:
-                r = bench_shape(B, N, D, timer, compiled, with_compile)
-                rows.append(r)
-                print(
-                    f"[{time.monotonic() - t0:6.1f}s] B={B} N={N} D={D}: fwd ours "
-                    f"{r['fwd_ours']:.3f} eager {r['fwd_eager']:.3f} compile "
-                    f"{fmt(r.get('fwd_compile'))} copy {r['fwd_copy']:.3f} | fwd+bwd ours "
-                    f"{r['fb_ours']:.3f} eager {r['fb_eager']:.3f} compile "
-                    f"{fmt(r.get('fb_compile'))} | mem ours {r['mem_ours']:.1f} MiB",
-                    flush=True,
-                )
-                text = tables(rows, with_compile, header)
-                if a.out:  # rewritten after every shape: a run cut short keeps its rows
-                    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-                    with open(a.out, "w") as f:
-                        f.write(text)
+    text = run_shapes(a, timer, compiled, with_compile, header)
     if timer.graph_failures:
         text += (f"\nCUDA-graph capture failed {timer.graph_failures} times; those cells were "
                  "timed directly (launch overhead included).\n")

@@ -6,41 +6,9 @@ at ~1,024 tokens), and what each saves for backward at a model's size.
     python -m bench.adaln.host_cost [--out bench/results/adaln-host-cost_cpu_2026-12.md] [--quick]
         [--number N] [--repeat R] [--no-block-compile] [--saved-tokens 1024] [--saved-dim 1536]
 
-Host cost. Workload: x [B, N, D] = [2, 8, 64] float32, LayerNorm without affine, eps 1e-6,
-per-sample modulation as a diffusers model makes it: scale, shift (and gate) are chunks of one
-[B, 6 D] tensor that requires grad when the mode does. Rows:
-
-  adaln    ours: ditscale.ops.adaln(x, scale, shift)
-           eager: F.layer_norm(x, (D,)) * (1 + scale[:, None]) + shift[:, None]
-  gated    ours: ditscale.ops.adaln_gated(residual, gate, branch, scale, shift)
-           eager: h = residual + gate[:, None] * branch, then the adaln chain of h
-  Wan block  a tiny diffusers WanTransformerBlock (D 64, 2 heads, ffn 128, 16 video and 8
-           context tokens, bf16 with its fp32 norms and table): ours = apply_fused_adaln's
-           forward, eager = the stock block (the whole block: attention and feed-forward too)
-
-Modes: ``fwd no_grad`` (under torch.no_grad), ``fwd grad`` (inputs require grad, the forward
-alone: it builds the autograd graph), ``fwd+bwd`` (forward and ``backward`` of a fixed dy into
-the leaves' .grad). ``compiled``: the same function under torch.compile(fullgraph=True,
-dynamic=False) (inductor), warmed up first. Each cell is the smallest of ``--repeat`` repeats
-(ours and eager interleaved, so a burst of load hits both) of the mean over ``--number`` calls
-(bench.timing's thread clock), in microseconds of this thread's CPU time per call (what the
-host spends, less sensitive to other processes on a shared machine than wall time; on CPU
-autograd runs the backward on the calling thread); ``eager / ours`` > 1 means ours costs the host
-less. The header (bench.reporter) names the machine, commit and command. On a loaded machine
-single cells still move by tens of percent between runs: compare runs made back to back.
-
-Saved for backward. For one call at [1, tokens, dim] bf16 (fp32 modulation, as Wan's blocks
-have it), the bytes autograd keeps between forward and backward (torch.autograd.graph
-.saved_tensors_hooks; each storage counted once, the op's inputs that the caller holds anyway
-listed separately), for ours and the eager chain: what the ops add to peak memory in training.
-Then one diffusers WanTransformerBlock of Wan 2.1 1.3B (D 1536, 12 heads, ffn 8960; bf16 with
-the fp32 norms and scale_shift_table diffusers keeps) at [1, tokens, 1536] with 512 context
-tokens, stock and apply_fused_adaln: the bytes saved for backward (parameters and inputs not
-counted) and the peak CPU memory of forward+backward above its start (the profiler's memory
-timeline, torch.profiler._memory_profiler; "n/a" where this torch lacks it).
-
-One thread (torch.set_num_threads(1)): tiny tensors do not use the intra-op pool, and its
-wake-ups on a loaded machine only add noise.
+Rows (adaln, gated, a tiny Wan block; eager and compiled) and modes (fwd no_grad, fwd grad,
+fwd+bwd), cells in microseconds of this thread's CPU time per call; the saved-for-backward bytes
+and peak memory of one Wan 2.1 1.3B block. The workload and method: docs/diffusers/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -7,20 +7,8 @@ time and peak memory in one run.
     python -m bench.diffusers.adaln_models [--models wan2.1-1.3b,flux] [--tokens 1024,32760]
         [--blocks 4] [--modes eager,compile] [--out-dir DIR]
 
-Per (model, tokens, mode) the stock and the patched model are built with the same seed (the same
-weights) and run on the same inputs; a step is forward, ``out.backward(dy)`` and zeroing the
-gradients (``set_to_none``), timed as called (median CUDA-event time), the two models built
-side by side and timed in alternating rounds (``--reps`` rounds of 3 steps after ``--warmup``
-steps of each). Columns: stock and fused ms, speed-up (the median over the rounds of stock /
-fused), peak memory of a step above the model and inputs (GiB, each model alone) and its ratio
-(fused / stock), and the output's relative L2 difference to stock. The markdown table is printed
-last and written to DIR/adaln-models.md with the raw rows in DIR/adaln-models.json.
-
-Attention runs on one SDPA backend for stock and fused alike (``--sdpa``, default flash;
-``default`` leaves the choice to PyTorch, as users' runs do): with torch 2.11's cuDNN backend
-(PyTorch's default choice on an H200) the backward of Flux's joint attention reads out of bounds
-(compute-sanitizer: ``cudnn::fusion::compute_dot_do_o_specialized``, stock model, 4,608 tokens,
-24 x 128 heads) and fails with CUBLAS_STATUS_EXECUTION_FAILED.
+Writes DIR/adaln-models.md (+ .json). The rounds, columns and why attention runs on one SDPA
+backend (``--sdpa``, default flash): docs/diffusers/benchmarks.md.
 """
 
 from __future__ import annotations

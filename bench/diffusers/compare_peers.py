@@ -1,64 +1,16 @@
 #!/usr/bin/env python3
 """ditscale against its peers on the same diffusers transformers: a fixed number of denoising
 steps of Flux and Wan 2.1 1.3B, random weights of the real dimensions, one row per way of
-running them on the ranks of one launch.
+running them on the ranks of one launch (stock, ditscale per strategy, diffusers' context
+parallelism, xDiT).
 
     torchrun --nproc-per-node N -m bench.diffusers.compare_peers [--cases flux-2048,wan-480p]
         [--blocks 0] [--steps 3] [--warmup-steps 1] [--emulate-machines 2]
         [--baseline-json DIR/compare-peers-1gpu.json] [--out-dir DIR] [--tag NAME]
     python -m bench.diffusers.compare_peers --device cpu --size tiny ...   (gloo, CI)
 
-Cases (``--size full``; image/video tokens after patching, text tokens 512):
-
-| case      | transformer (diffusers)                | latent            | tokens |
-|-----------|----------------------------------------|-------------------|--------|
-| flux-2048 | FluxTransformer2DModel (Flux.1 dims)   | 2048^2 -> 128^2   | 16384  |
-| flux-4096 | FluxTransformer2DModel                 | 4096^2 -> 256^2   | 65536  |
-| wan-480p  | WanTransformer3DModel (Wan 2.1 1.3B)   | 81 x 480 x 832    | 32760  |
-| wan-720p  | WanTransformer3DModel                  | 81 x 720 x 1280   | 75600  |
-
-``--blocks 0`` keeps the published block counts (Flux 19 double + 38 single, Wan 30); ``--blocks
-B`` builds B of each kind (a shorter run of the same layers). ``--size tiny`` builds 1 block of
-each kind with 4 heads of 8 (24 image tokens, 8 text tokens) for CPU tests.
-
-A step is what the diffusers pipeline does per step, run directly over the transformer (no text
-encoder, no VAE decode): Flux one forward, Wan two (classifier-free guidance), then the
-pipeline's scheduler step (bench/diffusers/compare_models.py). Inputs are drawn from ``--seed``
-on the CPU, the weights from ``--seed`` on the device: the same on every rank and in every
-launch (checked against the baseline: ``weights_sum``).
-
-Rows, all ranks running each in turn:
-- ``stock`` (world size 1 only): the unmodified transformer (diffusers' default attention);
-  ``stock-cudnn``: the same with ``set_attention_backend("_native_cudnn")`` (CUDA only).
-- ``ditscale <strategy>``: ``ditscale.diffusers.parallelize(transformer, strategy=...)`` for
-  "auto" and each of ``ditscale.sp.STRATEGIES``; a hybrid that is a plain strategy on this mesh
-  (usp and swiftfusion-tas on one machine or one GPU per machine, torus on one machine) is
-  skipped with the reason.
-- ``diffusers-ulysses`` / ``diffusers-ring``: diffusers' own context parallelism,
-  ``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N | ring_degree=N))``
-  with the attention backend ``_native_cudnn`` (CPU: ``native``). It needs N > 1, heads % N == 0
-  (Ulysses) and token counts that divide by N; otherwise skipped with the reason.
-- ``xfuser-ulysses`` / ``xfuser-ring``: xDiT (``xfuser`` from PyPI): its sequence-parallel
-  subclasses of the diffusers transformers (``xFuserFlux1Transformer2DWrapper``,
-  ``xFuserWanTransformer3DWrapper``, loaded with the same state_dict) under its model-parallel
-  groups (ulysses_degree, ring_degree) and attention backend cuDNN (no flash-attn needed); at
-  world size 1 one row ``xfuser`` (degrees 1: the dry run of the wiring). xfuser needs a GPU:
-  on CPU its rows are skipped with the reason.
-How each row's model is made: bench/diffusers/compare_rows.py.
-
-Columns: ``ms/step`` = the median over the timed steps (after ``--warmup-steps``) of one step's
-wall time, each step ended by a device synchronize, the maximum over the ranks; ``speed-up`` =
-the 1-GPU ``stock`` ms/step of the same case (this launch at world size 1, else
-``--baseline-json``) / the row's; ``peak GiB`` = the most PyTorch's allocator held during the
-row's steps above what it held before the row's model was made (the row's weights +
-activations + buffers; NCCL's and NVSHMEM's own buffers are not counted; CPU: not measured),
-the maximum over the ranks; ``rel. L2`` = ||x - x_1|| / ||x_1|| of the final latents x against
-the 1-GPU stock run's x_1 (same weights and inputs), fp32.
-
-Writes ``DIR/compare-peers-TAG.json`` (every row, rewritten after each case so a killed run
-keeps what it finished) and ``DIR/compare-peers-TAG.md``, and prints the table last. At world size 1
-it also writes the stock run's final latents (``compare-peers-TAG-CASE.pt``, named in the JSON)
-for a later launch's ``--baseline-json``. Exit status 1 if a row failed (skips are not failures).
+Writes DIR/compare-peers-TAG.json and .md; exit status 1 if a row failed. The cases, rows,
+columns and files: docs/diffusers/benchmarks.md; how each row's model is made: compare_rows.py.
 """
 
 from __future__ import annotations

@@ -2,21 +2,9 @@
 random weights, and their inputs at a given token count.
 
 ``make(name, blocks, dtype, device)`` -> (transformer, config dict); ``inputs(name, model,
-tokens, batch, dtype, device, seed)`` -> the forward's keyword arguments, with ``tokens`` image /
-video tokens after patching (the latent grid is chosen so that the patched grid has exactly
-that many tokens; the text length is the model's usual one). Names:
-
-| name            | class                           | dims (real model)                          |
-|-----------------|---------------------------------|--------------------------------------------|
-| wan2.1-1.3b     | WanTransformer3DModel           | 1536 = 12 x 128 heads, ffn 8960, text 512  |
-| wan2.1-14b      | WanTransformer3DModel           | 5120 = 40 x 128 heads, ffn 13824, text 512 |
-| flux            | FluxTransformer2DModel          | 3072 = 24 x 128 heads, text 512, guidance  |
-| hunyuan-video   | HunyuanVideoTransformer3DModel  | 3072 = 24 x 128 heads, text 256            |
-| cogvideox-5b    | CogVideoXTransformer3DModel     | 3072 = 48 x 64 heads, text 226, rotary     |
-| sd3.5-medium    | SD3Transformer2DModel           | 1536 = 24 x 64 heads, text 333, dual attn  |
-
-``blocks`` is the number of transformer blocks of each kind (Flux and HunyuanVideo: that many
-double and that many single blocks). Token counts per name: :data:`TOKENS` (the typical ones).
+tokens, batch, dtype, device, seed)`` -> the forward's keyword arguments with ``tokens`` image /
+video tokens after patching. Names: :data:`MODELS`, typical token counts: :data:`TOKENS`; the
+table of classes and dimensions: docs/diffusers/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -142,15 +130,18 @@ def inputs(name: str, model, tokens: int, batch: int, dtype, device, seed: int =
         ids = torch.zeros(h, w, 3)
         ids[..., 1] = torch.arange(h)[:, None]
         ids[..., 2] = torch.arange(w)[None, :]
-        return dict(hidden_states=rnd(batch, h * w, 64), encoder_hidden_states=rnd(batch, text, 4096),
+        return dict(hidden_states=rnd(batch, h * w, 64),
+                    encoder_hidden_states=rnd(batch, text, 4096),
                     pooled_projections=rnd(batch, 768), timestep=t / 1000,
-                    img_ids=ids.reshape(-1, 3).to(device), txt_ids=torch.zeros(text, 3, device=device),
+                    img_ids=ids.reshape(-1, 3).to(device),
+                    txt_ids=torch.zeros(text, 3, device=device),
                     guidance=torch.full((batch,), 3.5, device=device), return_dict=False)
     if name == "hunyuan-video":
         f, h, w = _grid(tokens, True)
         return dict(hidden_states=rnd(batch, 16, f, 2 * h, 2 * w), timestep=t,
                     encoder_hidden_states=rnd(batch, text, 4096),
-                    encoder_attention_mask=torch.ones(batch, text, device=device, dtype=torch.int64),
+                    encoder_attention_mask=torch.ones(batch, text, device=device,
+                                                      dtype=torch.int64),
                     pooled_projections=rnd(batch, 768),
                     guidance=torch.full((batch,), 6000.0, device=device), return_dict=False)
     if name == "cogvideox-5b":
@@ -163,5 +154,6 @@ def inputs(name: str, model, tokens: int, batch: int, dtype, device, seed: int =
                     encoder_hidden_states=rnd(batch, text, 4096), timestep=t.long(),
                     image_rotary_emb=(cos, sin), return_dict=False)
     _, h, w = _grid(tokens, False)  # sd3.5-medium
-    return dict(hidden_states=rnd(batch, 16, 2 * h, 2 * w), encoder_hidden_states=rnd(batch, text, 4096),
+    return dict(hidden_states=rnd(batch, 16, 2 * h, 2 * w),
+                encoder_hidden_states=rnd(batch, text, 4096),
                 pooled_projections=rnd(batch, 2048), timestep=t, return_dict=False)

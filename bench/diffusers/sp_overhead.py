@@ -6,24 +6,8 @@ under ``torch.compile`` of the whole module, at the models' typical token counts
     python -m bench.diffusers.sp_overhead [--models flux,wan2.1-1.3b] [--blocks 2]
         [--modes eager,compile] [--out-dir DIR]
 
-World size 1: a one-rank process group (gloo on a file store: no NCCL communicator is needed
-for one rank) so that ``parallelize`` builds its mesh as under torchrun; the attention then runs
-on the rank itself (at one rank the processors call the stock ones). The stock and the
-parallelized models are built with the same seed (the same weights), both kept, and run on the
-same inputs in alternating rounds (``--reps`` rounds of 5 forwards each, after ``--warmup``
-forwards of both: the GPU's clock ramp and host noise hit both alike). Columns: stock and
-parallelized ms (median CUDA-event time of a forward as called), overhead (the median over the
-rounds of parallelized / stock - 1; the integration's target is < 2%), and the outputs' relative
-L2 difference. The table is printed last and written to DIR/sp-overhead.md (+ .json).
-
-``--device cpu``: the host time instead, on CPU (no GPU), of the same pair at world size 1 on the
-tiny configs of ``ditscale.diffusers.tiny`` (3 heads of 8, 1-2 blocks; ``--tokens`` image/video
-tokens, default 16; 8 text tokens), fp32, one intra-op thread, eager: compute is negligible, so
-this thread's CPU time of a forward is what Python, the hooks and the dispatch cost. Columns: stock
-and parallelized us per forward (the least of ``--reps`` samples of ``--inner`` forwards each, the
-two models taking turns),
-the difference per forward and per attention call, and whether the outputs are bit-identical.
-Written to DIR/sp-host-cpu.md (+ .json).
+Writes DIR/sp-overhead.md (+ .json); ``--device cpu`` measures the host time of the tiny configs
+instead (DIR/sp-host-cpu.md). The set-up, rounds and columns: docs/diffusers/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -99,7 +83,7 @@ def run(args):
         os.unlink(store.name)
 
 
-# ---- --device cpu: host time of the tiny models ---------------------------------------------------
+# ---- --device cpu: host time of the tiny models --------------------------------------------------
 
 # bench model name -> ditscale.diffusers.tiny pipeline name.
 TINY = {"flux": "flux", "wan2.1-1.3b": "wan", "wan2.1-14b": "wan",

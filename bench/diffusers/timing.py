@@ -1,25 +1,8 @@
 """Timing and memory of one model step on a GPU, as a training or inference loop calls it (no
-CUDA graphs: Python, autograd and dispatch included), for the diffusers benchmarks.
-
-``measure(step, warmup, reps, max_s)`` -> dict(ms=median CUDA-event time of ``step()``,
-ms_min, ms_p90, reps, peak_gib=peak memory allocated during a step above what was allocated
-before it). Timing is bench.timing's (the suite's one timer).
-
-``measure_pair(a, b, warmup, rounds, reps, max_s)``: two steps that do the same work by
-different code (a stock module and its variant), timed in alternating rounds of ``reps`` calls
-each (a, b, a, b, ...) after a warm-up of both, so that the GPU's clock ramp and a busy host hit
-both alike -> dict(a_ms, b_ms: medians over every call; ratio: the median over the rounds of
-b's round median / a's, rounds).
-
-``synced_step_edges(step, steps)``: the ms a timed step's GPU waits on the host before its first
-kernel (``lead``) and after its last one (``tail``), which ``idle`` does not see.
-
-``kernel_breakdown(step, steps)``: the GPU kernel time of ``step()`` per call by category
-(attention, GEMM, ditscale's AdaLN kernels, everything else: the elementwise, norm and reduction
-kernels that AdaLN fusion can remove at most), from torch.profiler, in ms, and ``top_other``:
-the 8 largest kernels of the last category (name, ms), ``top_ours``: ditscale's 10 largest
-(name with its template arguments, ms, calls per step), ``idle`` (ms per step when no kernel
-runs) and ``top_gaps`` (the longest of those gaps: ms, the kernels before and after).
+CUDA graphs: Python, autograd and dispatch included), for the diffusers benchmarks: one step
+(:func:`measure`), a stock step against its variant in alternating rounds (:func:`measure_pair`),
+the host waits around a step (:func:`synced_step_edges`) and the kernel time by category
+(:func:`kernel_breakdown`). Timing is bench.timing's (the suite's one timer).
 """
 
 from __future__ import annotations
@@ -30,6 +13,8 @@ GiB = float(1 << 30)
 
 
 def measure(step, warmup: int = 3, reps: int = 10, max_s: float = 20.0) -> dict:
+    """dict(ms=median CUDA-event time of ``step()``, ms_min, ms_p90, reps, peak_gib=peak memory
+    allocated during a step above what was allocated before it)."""
     import torch
 
     for _ in range(warmup):
@@ -45,6 +30,10 @@ def measure(step, warmup: int = 3, reps: int = 10, max_s: float = 20.0) -> dict:
 
 def measure_pair(a, b, warmup: int = 3, rounds: int = 8, reps: int = 5,
                  max_s: float = 20.0) -> dict:
+    """Two steps that do the same work by different code (a stock module and its variant), timed
+    in alternating rounds of ``reps`` calls each (a, b, a, b, ...) after a warm-up of both, so
+    that the GPU's clock ramp and a busy host hit both alike -> dict(a_ms, b_ms: medians over
+    every call; ratio: the median over the rounds of b's round median / a's, rounds)."""
     res = time_interleaved([a, b], warmup=warmup, rounds=rounds, reps=reps, max_s=max_s,
                            clock="cuda")
     ta, tb = res.timings
@@ -77,6 +66,12 @@ def short_kernel_name(name: str, limit: int = 140) -> str:
 
 
 def kernel_breakdown(step, steps: int = 2) -> dict:
+    """The GPU kernel time of ``step()`` per call by category (attention, GEMM, ditscale's AdaLN
+    kernels, everything else: the elementwise, norm and reduction kernels that AdaLN fusion can
+    remove at most), from torch.profiler, in ms; ``top_other``: the 8 largest kernels of the last
+    category (name, ms), ``top_ours``: ditscale's 10 largest (name with its template arguments,
+    ms, calls per step), ``idle`` (ms per step when no kernel runs) and ``top_gaps`` (the longest
+    of those gaps: ms, the kernels before and after)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile

@@ -4,23 +4,9 @@ plain Ulysses and PyTorch's ring context parallelism, on the GPUs of one host.
   torchrun --nproc-per-node 2 -m bench.sp.bench_sp_attention --seq 36864 65536 --text 512 \
       [--emulate-machines 2] --json OUT.json
 
-One launch is one process group, so one link type: NVLink, or (with --emulate-machines M) M
-emulated machines that NCCL connects through its socket transport (sp.emulate_machines sets
-NCCL_HOSTID per process, which has to happen before the process group exists; hence separate
-launches).
-
-Shapes (Flux): B x (T text + S image tokens) x H heads x D, bf16, non-causal, scale 1/sqrt(D).
-ditscale takes the text tokens as joint q/k/v (replicated) and rank r's image tokens
-sp.shard_range(S, N, r); the peers take [text; image] as one sequence split evenly (peers.py).
-
-Timing: warm-up calls, then per repeat a barrier, CUDA events around `iters` back-to-back layers,
-ms per layer = elapsed / iters, the max over ranks (a layer ends when its slowest rank does); the
-reported figure is the median over repeats. Correctness: once per configuration, at --check-seq
-image tokens, the output (every rank's image rows and joint rows) is compared with fp32 SDPA over
-the whole sequence: relative Frobenius error, which must be <= --tol (bf16: 2e-2).
-
-Results: a JSON file (rank 0 rewrites it after every run, so a killed launch keeps what it
-measured) that bench/sp/report.py turns into markdown; progress lines on stderr.
+One launch is one link type (NVLink, or M emulated machines over NCCL's socket transport). The
+layers are in attention_layers.py, the --profile / --timeline steps in diagnose.py. Shapes, timing,
+the correctness check and the results file: docs/sp_benchmarks.md.
 """
 
 from __future__ import annotations
@@ -40,10 +26,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from bench import reporter
-from bench.sp import peers
+from bench.sp import attention_layers, diagnose, peers
 from bench.timing import time_fn
 
-# Multicast/NVLS paths are off on the lent machines (see ARCHITECTURE.md); set before any init.
+# Multicast/NVLS paths are off on the lent machines; set before any init.
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_k, _v)
@@ -105,7 +91,7 @@ def log(msg: str) -> None:
         print(f"[bench_sp] {msg}", file=sys.stderr, flush=True)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seq", type=int, nargs="+", default=[36864, 65536], help="image tokens S")
     p.add_argument("--text", type=int, default=512, help="joint text tokens T")
@@ -150,6 +136,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="after timing, profile one step of each configuration (torch.profiler, "
                    "CUDA kernels) and print rank 0's top kernels by GPU time (diagnosis)")
     p.add_argument("--json", type=Path, default=None, help="results file (rank 0 writes it)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, with the link-dependent defaults filled in; p.error on a bad value."""
+    p = parser()
     a = p.parse_args(argv)
     emulated = a.emulate_machines > 1
     if a.transports is None:
@@ -158,6 +150,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.warmup = a.warmup if a.warmup is not None else (1 if emulated else 3)
     a.iters = a.iters if a.iters is not None else (2 if emulated else 5)
     a.repeats = a.repeats if a.repeats is not None else (2 if emulated else 3)
+    check_args(p, a)
+    return a
+
+
+def check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    emulated = a.emulate_machines > 1
     for s in a.strategies:
         if s not in STRATEGIES:
             p.error(f"--strategies: unknown strategy '{s}' (known: {', '.join(STRATEGIES)})")
@@ -175,7 +173,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--meshes: '{m}' is neither 'auto' nor MxG (e.g. 2x1)")
     if min(a.seq) <= 0 or a.text < 0 or a.iters < 1 or a.repeats < 1 or a.warmup < 0:
         p.error("--seq must be > 0, --text >= 0, --iters/--repeats >= 1, --warmup >= 0")
-    return a
 
 
 def parse_mesh(spec: str) -> Optional[tuple[int, int]]:
@@ -289,97 +286,9 @@ class Bench:
 
     # ------------------------------------------------------- per-config layer
     def make_layer(self, cfg: Config, seq: int, full: Optional[tuple] = None):
-        """(step, outputs) for one configuration at `seq` image tokens.
-
-        full: None for timing (random local inputs), or (q, k, v) [B, T+S, H, D] identical on all
-        ranks for the check. outputs() -> list of (output, reference row slice (start, count),
-        layout) after a step, to compare against the reference."""
-        torch, a = self.torch, self.a
-        b, t, h, d = a.batch, a.text, a.heads, a.head_dim
-        L = t + seq
-        backend = self.backend_for.get(cfg.name, a.backend)
-        dev, dt = self.device, self.dtype
-
-        def rand(*shape):
-            return torch.randn(*shape, device=dev, dtype=dt)
-
-        if cfg.impl == "single":
-            q, k, v = full if full is not None else (rand(b, L, h, d) for _ in range(3))
-            res = {}
-
-            def step():
-                with peers.sdpa_context(backend):
-                    res["o"] = peers.sdpa_bshd(q, k, v)
-
-            return step, lambda: [(res["o"], 0, L)], None
-
-        if cfg.impl == "peer" and cfg.strategy == "plain-ulysses":
-            if L % self.world:
-                raise ValueError(f"plain Ulysses needs T+S={L} divisible by {self.world} ranks")
-            beg, cnt = peers.shard_range(L, self.world, self.rank)
-            if full is not None:
-                q, k, v = (x.narrow(1, beg, cnt).contiguous() for x in full)
-            else:
-                q, k, v = (rand(b, cnt, h, d) for _ in range(3))
-            res = {}
-
-            def step():
-                with peers.sdpa_context(backend):
-                    res["o"] = peers.ulysses_attention(q, k, v)
-
-            return step, lambda: [(res["o"], beg, cnt)], None
-
-        if cfg.impl == "peer" and cfg.strategy == "torch-cp":
-            from torch.distributed.device_mesh import init_device_mesh
-
-            if L % self.world:
-                raise ValueError(f"PyTorch CP needs T+S={L} divisible by {self.world} ranks")
-            if "cp" not in self.meshes:
-                self.meshes["cp"] = init_device_mesh("cuda", (self.world,), mesh_dim_names=("cp",))
-            if full is not None:
-                q, k, v = (x.transpose(1, 2).contiguous() for x in full)
-            else:
-                q, k, v = (rand(b, h, L, d) for _ in range(3))
-            cp = peers.TorchContextParallel(self.meshes["cp"], q, k, v, a.cp_rotate)
-            beg, cnt = peers.shard_range(L, self.world, self.rank)
-            res = {}
-
-            def step():
-                with peers.sdpa_context(backend):
-                    res["o"] = cp()
-
-            return step, lambda: [(res["o"].transpose(1, 2), beg, cnt)], cp.close
-
-        # ditscale
-        sp = self.sp
-        mesh = self.mesh(cfg.mesh)
-        beg, cnt = sp.shard_range(seq, mesh.size, mesh.rank)
-        if full is not None:
-            q, k, v = (x.narrow(1, t + beg, cnt).contiguous() for x in full)
-            jq, jk, jv = (x.narrow(1, 0, t).contiguous() for x in full)
-        else:
-            q, k, v = (rand(b, cnt, h, d) for _ in range(3))
-            jq, jk, jv = (rand(b, t, h, d) for _ in range(3))
-        kw = dict(mesh=mesh, strategy=cfg.strategy, transport=cfg.transport,
-                  comm_sms=cfg.comm_sms)
-        if cfg.strategy == "torus":
-            kw["chunks"] = cfg.chunks
-        if t > 0:
-            kw.update(joint_q=jq, joint_k=jk, joint_v=jv)
-        res = {}
-
-        def step():
-            r = sp.attention(q, k, v, **kw)
-            res["o"] = r
-
-        def outputs():
-            r = res["o"]
-            if t > 0:
-                out, joint = r
-                return [(out, t + beg, cnt), (joint, 0, t)]
-            return [(r, beg, cnt)]
-
-        return step, outputs, None
+        """(step, outputs, close) for one configuration at `seq` image tokens (attention_layers:
+        full None for timing, or the check's (q, k, v) [B, T+S, H, D], identical on all ranks)."""
+        return attention_layers.make_layer(self, cfg, seq, full)
 
     # ------------------------------------------------------------- the runs
     def check(self, cfg: Config) -> dict:
@@ -416,50 +325,6 @@ class Bench:
         self.agree(True)  # resynchronise after a failure on every rank
         return c
 
-    def profile_step(self, cfg: Config, seq: int, step) -> None:
-        """One step under torch.profiler: where the GPU time of this configuration goes."""
-        torch = self.torch
-        from torch.profiler import ProfilerActivity, profile
-
-        self.dist.barrier()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            torch.cuda.synchronize()
-        self.dist.barrier()
-        if self.rank == 0:
-            rows = []
-            for e in prof.key_averages():
-                t = getattr(e, "self_device_time_total", None)
-                if t is None:
-                    t = getattr(e, "self_cuda_time_total", 0)
-                if t > 0:
-                    rows.append((t, e.count, e.key))
-            rows.sort(reverse=True)
-            total = sum(r[0] for r in rows)
-            log(f"profile {cfg.name} S={seq}: {total / 1e3:.2f} ms of GPU kernels and copies "
-                "(all streams, summed)")
-            for t, n, k in rows[:10]:
-                log(f"    {t / 1e3:9.3f} ms  x{n:<4d} {k[:110]}")
-
-    def timeline_step(self, cfg: Config, seq: int, step) -> None:
-        """One traced step: when each unit of the schedule ran on every rank's GPU."""
-        sp, torch = self.sp, self.torch
-        mesh = self.mesh(cfg.mesh)
-        sp.set_trace(mesh, True)
-        try:
-            step()
-            chunks = cfg.chunks if cfg.strategy == "torus" else None  # as step() ran it
-            text = sp.timeline(mesh, cfg.strategy, chunks=chunks, transport=cfg.transport)
-        finally:
-            sp.set_trace(mesh, False)
-        texts = [None] * self.world
-        self.dist.all_gather_object(texts, text)
-        if self.rank == 0:
-            log(f"timeline {cfg.name} S={seq}:")
-            for t in texts:
-                for line in (t or "(no traced layer)\n").splitlines():
-                    log("    " + line)
-
     def budget_allows(self, est_s: float) -> bool:
         left = self.a.time_budget_s - (time.monotonic() - self.t0)
         ok = est_s <= left
@@ -477,6 +342,24 @@ class Bench:
             for cfg in cfgs:
                 self.one(cfg, seq, last_ms)
         log(f"done in {time.monotonic() - self.t0:.1f} s")
+
+    def check_once(self, cfg: Config) -> None:
+        """The check of `cfg`, kept in self.checks; a peer whose cuDNN path fails is checked
+        (and then timed) with the flash backend."""
+        a = self.a
+        self.checks[cfg.name] = self.checked(cfg)
+        if ("error" in self.checks[cfg.name] and cfg.impl in ("single", "peer")
+                and a.backend == "cudnn"):
+            # torch's CP dispatches per SDPA op; if its cuDNN path fails, measure with flash
+            # (recorded in the run's note) rather than not at all.
+            log(f"{cfg.name} with cuDNN failed ({self.checks[cfg.name]['error']}); "
+                "retrying with the flash backend")
+            self.backend_for[cfg.name] = "flash"
+            self.checks[cfg.name] = self.checked(cfg)
+        c = self.checks[cfg.name]
+        log(f"check {cfg.name}: " + (f"rel err {c['rel_err']:.2e} "
+                                     f"{'ok' if c['ok'] else 'FAIL'}" if "rel_err" in c
+                                     else c["error"]))
 
     def one(self, cfg: Config, seq: int, last_ms: dict) -> None:
         a, torch = self.a, self.torch
@@ -499,19 +382,7 @@ class Bench:
             self.record(run)
             return
         if a.check_seq > 0 and cfg.name not in self.checks:
-            self.checks[cfg.name] = self.checked(cfg)
-            if ("error" in self.checks[cfg.name] and cfg.impl in ("single", "peer")
-                    and a.backend == "cudnn"):
-                # torch's CP dispatches per SDPA op; if its cuDNN path fails, measure with flash
-                # (recorded in the run's note) rather than not at all.
-                log(f"{cfg.name} with cuDNN failed ({self.checks[cfg.name]['error']}); "
-                    "retrying with the flash backend")
-                self.backend_for[cfg.name] = "flash"
-                self.checks[cfg.name] = self.checked(cfg)
-            c = self.checks[cfg.name]
-            log(f"check {cfg.name}: " + (f"rel err {c['rel_err']:.2e} "
-                                         f"{'ok' if c['ok'] else 'FAIL'}" if "rel_err" in c
-                                         else c["error"]))
+            self.check_once(cfg)
         if cfg.name in self.backend_for:
             run.note = f"SDPA backend {self.backend_for[cfg.name]}"
         close = None
@@ -521,9 +392,9 @@ class Bench:
             run.ms_repeats = self.time_layer(step)
             run.ms = statistics.median(run.ms_repeats)
             if a.profile:
-                self.profile_step(cfg, seq, step)
+                diagnose.profile_step(self, cfg, seq, step, log)
             if a.timeline and cfg.impl == "ditscale":
-                self.timeline_step(cfg, seq, step)
+                diagnose.timeline_step(self, cfg, seq, step, log)
             flops = peers.attention_flops(a.batch, a.heads, seq + a.text, a.head_dim)
             run.tflops = flops / (run.ms * 1e-3) / 1e12
             last_ms[cfg.name] = (seq, run.ms)

@@ -1,33 +1,12 @@
 """Fits the simulator's compute rate and emulated link to measured strategy runs, and says how
-well it then predicts runs it was not fitted on.
+well it then predicts runs it was not fitted on (each sequence length held out in turn).
 
   python -m bench.sp.fit_runs RESULTS.json [MORE.json ...] --calib-dir DIR [--ditscale CLI]
 
 RESULTS are files of bench_sp_attention.py (one per launch: NVLink, emulated machines); DIR is the
-output of `calibrate.py fit` (topology-h200.json, topology-h200-nvlink-machines.json). Writes
-DIR/fit-runs.json and, when an emulated launch is given, DIR/topology-h200-emulated-fitted.json.
-report.py renders fit-runs.json as its section "Simulator fitted to the runs".
-
-Why: `calibrate.py measure` times each part alone (a send/recv sweep, attention calls, in a call of
-their own), and the calibrated simulator then lands 1.04-1.16x under NVLink runs and 1.00-1.34x
-under emulated-machine runs. Two things differ in a strategy run:
-  1. the GPU's clock. The H200 is power-capped: the same cuDNN call took 81.6 ms predicted from
-     the calibration call and 86.3-87.8 ms in the benchmark launches. The one-GPU run of each
-     launch (the executor's exact call on the full sequence) anchors the compute rate: the
-     attention rate is scaled so that the simulator's one-GPU time equals the measured one
-     (geometric mean over the launch's sequence lengths). No multi-GPU run is used for it.
-  2. on emulated machines, the socket link while the GPUs compute. NCCL's socket transport copies
-     through host bounce buffers with GPU kernels and CPU proxy threads; the strategy runs show
-     the transfers going slower than the sweep's 2.33 GB/s and the overlapped forms (torus, ring)
-     hiding less than they should. Two parameters model it: the inter-machine bandwidth scale s
-     (nic_bandwidth and nic_duplex times s) and inter_compute_interference f (the share of a
-     transfer's rate lost while either end computes; topology.h). They are fitted to the
-     launch's ditscale runs on meshes with more than one machine by a grid search (coarse, then
-     refined) minimising the RMS of log(measured / predicted).
-Held out: for each sequence length S of the launch, s and f are fitted again on the other
-lengths only and the runs at S are predicted with them: that is the figure to trust, since the
-in-sample one fits 2 parameters to ~14 runs per length. Peers (plain Ulysses, PyTorch CP) are
-reported by report.py, not here: the simulator runs ditscale's schedules only.
+output of `calibrate.py fit`. Writes DIR/fit-runs.json and, when an emulated launch is given,
+DIR/topology-h200-emulated-fitted.json. Why and how (the GPU clock anchored to the one-GPU run,
+the socket link's bandwidth scale and interference while computing): docs/sp_benchmarks.md.
 """
 
 from __future__ import annotations
@@ -43,7 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from bench.common import find_cli
-from bench.sp import calibrate  # (no torch import at module level)
+from bench.sp import simulator_cli  # (no torch import at module level)
 
 FLUX = {"text": 512, "heads": 24, "head_dim": 128}
 F_GRID = [i / 10 for i in range(10)]  # 0 .. 0.9
@@ -94,9 +73,10 @@ class Sim:
         key = (tuple(mesh), strategy, run["seq"], run.get("chunks", 1),
                run.get("transport") or "nccl", over, comm_sms)
         if key not in self.cache:
-            r = calibrate.simulate(self.cli, self.topology(mesh, over), mesh[0], mesh[1],
-                                   strategy, run["seq"], chunks=run.get("chunks", 1),
-                                   transport=run.get("transport") or "nccl", comm_sms=comm_sms)
+            r = simulator_cli.simulate(self.cli, self.topology(mesh, over), mesh[0], mesh[1],
+                                       strategy, run["seq"], chunks=run.get("chunks", 1),
+                                       transport=run.get("transport") or "nccl",
+                                       comm_sms=comm_sms)
             self.cache[key] = r["predicted_layer_s"] * 1e3
         return self.cache[key]
 
@@ -150,8 +130,9 @@ def fit_link(sim: Sim, runs: Sequence[dict], anchor: float) -> dict:
             "bandwidth_only": {"bandwidth_scale": round(s0, 4), "rms_log": e0}}
 
 
-def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> dict:
-    """Anchor, fit and held-out predictions of one bench_sp_attention.py launch."""
+def launch_runs(doc: dict, source: str):
+    """(link, the one-GPU runs, ditscale's runs) of a launch with status ok; ValueError naming
+    the field when the document is not a Flux bench_sp_attention.py result."""
     if doc.get("kind") != "ditscale-sp-attention-bench":
         raise ValueError(f"{source}: field 'kind': not a bench_sp_attention.py result")
     shape = doc.get("shape", {})
@@ -166,6 +147,34 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
     ours = [r for r in runs if r["impl"] == "ditscale"]
     if not single or not ours:
         raise ValueError(f"{source}: needs a one-GPU run and ditscale runs with status ok")
+    return link, single, ours
+
+
+def fit_link_held_out(sim, multi: list, anchor: float, held: dict, log) -> dict:
+    """The link fitted on the multi-machine runs, and again per held-out sequence length (the
+    held-out runs' predictions go into ``held``, keyed by id(run))."""
+    lf = fit_link(sim, multi, anchor)
+    log(f"  link fitted on {len(multi)} runs: bandwidth x {lf['bandwidth_scale']}, "
+        f"interference {lf['interference']} (rms log error {lf['rms_log']:.3f})")
+    lf["measured_interference"] = sim.base.get("inter_compute_interference")
+    lf["held_out"] = {}
+    seqs = sorted({r["seq"] for r in multi})
+    for seq in seqs if len(seqs) > 1 else []:
+        train = [r for r in multi if r["seq"] != seq]
+        test = [r for r in multi if r["seq"] == seq]
+        h = fit_link(sim, train, anchor)
+        lf["held_out"][str(seq)] = h
+        log(f"  held out S = {seq}: fitted on the other lengths: bandwidth x "
+            f"{h['bandwidth_scale']}, interference {h['interference']}")
+        for r, p in zip(test, sim.many(test, (anchor, h["bandwidth_scale"],
+                                               h["interference"]))):
+            held[id(r)] = p
+    return lf
+
+
+def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> dict:
+    """Anchor, fit and held-out predictions of one bench_sp_attention.py launch."""
+    link, single, ours = launch_runs(doc, source)
     sim = Sim(cli, calib_dir, link)
     one = (1.0, 1.0, None)
     # The simulated one-GPU time is attention-bound: scaling the attention rate by a scales it
@@ -181,23 +190,7 @@ def fit_launch(doc: dict, source: str, cli: str, calib_dir: Path, log=print) -> 
     held = {id(r): None for r in ours}
     multi = [r for r in ours if (r.get("mesh") or [1, 1])[0] > 1]
     if link == "emulated" and multi:
-        lf = fit_link(sim, multi, anchor)
-        log(f"  link fitted on {len(multi)} runs: bandwidth x {lf['bandwidth_scale']}, "
-            f"interference {lf['interference']} (rms log error {lf['rms_log']:.3f})")
-        lf["measured_interference"] = sim.base.get("inter_compute_interference")
-        lf["held_out"] = {}
-        seqs = sorted({r["seq"] for r in multi})
-        for seq in seqs if len(seqs) > 1 else []:
-            train = [r for r in multi if r["seq"] != seq]
-            test = [r for r in multi if r["seq"] == seq]
-            h = fit_link(sim, train, anchor)
-            lf["held_out"][str(seq)] = h
-            log(f"  held out S = {seq}: fitted on the other lengths: bandwidth x "
-                f"{h['bandwidth_scale']}, interference {h['interference']}")
-            for r, p in zip(test, sim.many(test, (anchor, h["bandwidth_scale"],
-                                                   h["interference"]))):
-                held[id(r)] = p
-        out["link_fit"] = lf
+        lf = out["link_fit"] = fit_link_held_out(sim, multi, anchor, held, log)
         over = (anchor, lf["bandwidth_scale"], lf["interference"])
         for r, p in zip(multi, sim.many(multi, over)):
             fitted[id(r)] = p
@@ -300,7 +293,7 @@ def main(argv=None) -> int:
             t = dict(launch["fitted_topology"], name="h200-emulated-fitted")
             path = a.calib_dir / "topology-h200-emulated-fitted.json"
             path.write_text(json.dumps(t, indent=1) + "\n")
-            err = calibrate.check_with_cli(cli, path, 2, 1)
+            err = simulator_cli.check_with_cli(cli, path, 2, 1)
             if err:
                 print(f"fit_runs: {path} rejected by the CLI: {err}", file=sys.stderr)
                 return 1

@@ -1,23 +1,13 @@
-"""Baselines that the SwiftFusion attention benchmark compares ditscale against.
+"""Baselines that the SwiftFusion attention benchmark compares ditscale against: single-GPU SDPA
+(:func:`sdpa_bshd`), plain Ulysses (:func:`ulysses_attention`: all_to_all of q, k, v to head
+shards, SDPA, all_to_all back; no chunking, no overlap) and PyTorch context parallelism
+(:class:`TorchContextParallel`: ring attention over a 1-D DeviceMesh, load balancing off since
+torch defines it only for causal masks).
 
-Every peer takes the joint sequence [text; image] as ONE sequence of L = T + S tokens split evenly
-over the ranks (rank r holds tokens shard_range(L, N, r)), which is how users run them on an MMDiT
-without a joint-token API. The FLOPs are the same as ditscale's (dense non-causal attention over
-L tokens); only the data movement differs.
-
-  * single-GPU SDPA (`sdpa_bshd`): the whole sequence on one GPU, cuDNN where available.
-  * plain Ulysses (`ulysses_attention`): all_to_all_single of q, k, v from sequence shards to
-    head shards, SDPA over the full sequence for H/N heads, all_to_all_single of the output back.
-    No chunking, no overlap: the textbook DeepSpeed-Ulysses layer.
-  * PyTorch context parallelism (`TorchContextParallel`): torch.distributed.tensor.experimental.
-    context_parallel over a 1-D DeviceMesh (ring attention with LSE merging), load balancing off
-    because it is only defined for causal masks (torch raises "Load balancing requires
-    `is_causal=True`" otherwise).
-
-Layouts: ditscale and the Ulysses peer take [B, S_local, H, D]; SDPA wants [B, H, S, D], so the
-peers transpose views (no copies) right before the kernel.
-
-This module imports only torch, so the CPU tests (gloo, fp32) can exercise it without ditscale.
+Every peer takes [text; image] as ONE sequence of L = T + S tokens split evenly over the ranks
+(shard_range(L, N, r)), as users run them on an MMDiT without a joint-token API: the FLOPs are
+ditscale's, only the data movement differs. Layouts [B, S_local, H, D]; the peers transpose
+views for SDPA. Only torch is imported, so the CPU tests (gloo, fp32) run it without ditscale.
 """
 
 from __future__ import annotations

@@ -3,20 +3,10 @@
   python -m bench.sp.report RESULTS.json [MORE.json ...] --out sp-attention.md \
       [--calib-dir DIR] [--png FILE.png] [--ditscale PATH] [--summary]
 
-RESULTS are the files of bench_sp_attention.py (one per launch: NVLink, emulated machines).
---calib-dir is the output of `calibrate.py fit` (topology-h200*.json, calibration.json): the
-predictions then come from the calibrated simulator and the speed-of-light from the measured link
-bandwidths; without it the "h200-local" preset is used (no prediction for a logical 2x1 mesh on
-NVLink, which has no preset).
-
-Per image-token count S and link, one table: ms per layer; speed-up over one GPU, plain Ulysses
-and PyTorch CP; the speed-of-light and the % of it reached; the simulator's prediction and
-measured/predicted; the correctness check. Speed-of-light of a run on N GPUs:
-  max( 4*B*H*(S+T)^2*D / (N * single-GPU attention FLOP/s measured at that S),
-       bytes each rank must send / the measured link bandwidth )
-with the bytes from the simulator's schedule for ditscale strategies and the closed forms below for
-the peers. Peers' predictions use the matching ditscale strategy (plain Ulysses ~ ulysses, PyTorch
-CP ~ ring; text tokens there travel with the sequence, so these are marked ~).
+RESULTS are the files of bench_sp_attention.py (one per launch: NVLink, emulated machines);
+--calib-dir is the output of `calibrate.py fit` (else the "h200-local" preset predicts). One
+table per S and link: ms per layer, speed-ups, the speed-of-light reached, the simulator's
+prediction, the check; the columns and the speed-of-light formula: docs/sp_benchmarks.md.
 --summary prints a short plain-text table (gpu_check.sh shows it last).
 """
 
@@ -33,7 +23,7 @@ from typing import Optional
 
 from bench import reporter
 from bench.common import find_cli
-from bench.sp import calibrate, fit_runs  # (no torch import at module level)
+from bench.sp import fit_runs, simulator_cli  # (no torch import at module level)
 
 GIB = 1024**3
 FLUX = {"text": 512, "heads": 24, "head_dim": 128}
@@ -136,7 +126,7 @@ class Predictor:
                shape.get("batch", 1), comm_sms)
         if key not in self.cache:
             try:
-                self.cache[key] = calibrate.simulate(
+                self.cache[key] = simulator_cli.simulate(
                     self.cli, cluster, mesh[0], mesh[1], strategy, run["seq"],
                     chunks=run.get("chunks", 1), batch=key[6], transport=transport,
                     comm_sms=comm_sms)

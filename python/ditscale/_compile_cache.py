@@ -1,23 +1,17 @@
-"""Keys torch.compile's on-disk caches to this build of ditscale.
+"""Keys torch.compile's on-disk caches to this build of ditscale (why: docs/adaln.md).
 
-PyTorch's AOTAutograd and FX-graph caches key a compiled graph on the graph Dynamo traced. That
-graph names ditscale's ops (``torch.ops.ditscale.adaln_gated_fwd``) but not what tracing them
-produced: their autograd formulas (C++, in ditscale._C) and fake kernels (Python) are not hashed
-(pytorch/pytorch#144344). After an upgrade that changes what a backward saves or takes (ditscale
-did: the gated backward now takes the residual, not the output h), a warm cache replays the old
-backward graph against the new ops and returns wrong gradients, with no error.
-
-Both caches hash ``torch.compiler.config.cache_key_tag``, PyTorch's switch for breaking caches.
-:func:`tag_compile_caches` appends ``ditscale-<fingerprint>`` to it (keeping any tag the user set),
-where::
+PyTorch's AOTAutograd and FX-graph caches do not hash custom ops' autograd formulas and fake
+kernels (pytorch/pytorch#144344): after an upgrade that changes what a backward saves, a warm
+cache would replay the old backward against the new ops, silently. Both caches hash
+``torch.compiler.config.cache_key_tag``; :func:`tag_compile_caches` appends
+``ditscale-<fingerprint>`` to it (keeping any tag the user set), where::
 
     fingerprint = sha256(for each .py file of the package, sorted: relative path, bytes;
                          for each compiled library loaded: file name, GNU build-id
                          (or sha256 of the file where it has none))[:16 hex digits]
 
-so every change of ditscale's Python or of its compiled ops is a cache miss, and an unchanged
-build keeps its hits. A user who sets ``cache_key_tag`` after importing ditscale.ops replaces the
-tag; such code should append to it (or include :func:`compile_cache_tag`).
+A user who sets ``cache_key_tag`` after importing ditscale.ops should append to it (or include
+:func:`compile_cache_tag`).
 """
 
 from __future__ import annotations

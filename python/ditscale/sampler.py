@@ -4,43 +4,13 @@ Every data-parallel rank builds ``BalancedBatchSampler(manifest, rank, world_siz
 same arguments; each computes the same global plan (no communication) and yields its own share::
 
     sampler = ditscale.BalancedBatchSampler("train.csv", rank, world_size, seed=1234)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=4)
-    for epoch in range(start_epoch, num_epochs):
-        sampler.set_epoch(epoch)
-        flags = sampler.last_micro_batch_flags()     # aligned with what the loader yields
-        for batch, last in zip(loader, flags):
-            with (contextlib.nullcontext() if last else ddp_model.no_sync()):
-                loss(batch).backward()
-            if last:
-                optimizer.step(); optimizer.zero_grad()
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
+    sampler.set_epoch(epoch)
+    for batch, last in zip(loader, sampler.last_micro_batch_flags()):
+        ...  # forward + backward; optimizer step when `last` (gradient accumulation)
 
-Counting: every rank gets the same number of steps (``num_steps``); in step k rank r gets
-c(k, r) >= 1 micro-batches (one for the ``equal-token`` and ``adaptive`` policies; one or more
-with gradient accumulation for ``balanced``, where the counts are chosen so that every rank's
-predicted compute per step is nearly equal). So ``num_micro_batches`` may differ between ranks
-while ``num_steps`` never does. ``len(sampler)`` is ``num_micro_batches`` in mode
-``"micro_batch"`` and ``num_steps`` in mode ``"step"``. With ``tail="keep"`` the last step may
-leave some ranks without work (c = 0); ``"drop"`` (default) drops the samples that cannot fill a
-last step (``dropped_samples``), ``"pad"`` repeats a micro-batch on the ranks without work
-(``padded_micro_batches``).
-
-Resuming: ``state_dict()`` is the position (epoch, step, micro_batch) of the sampler itself, which
-is exact when the loader has ``num_workers=0``. A DataLoader with workers draws a few batches
-ahead of the training loop, so then pass what the loop has consumed in this epoch:
-``state_dict(consumed_steps=k)`` or ``state_dict(consumed_micro_batches=n)``. A new sampler built
-with the same arguments that ``load_state_dict``s it continues exactly where the saved one stood:
-nothing repeated, nothing lost. The state holds the rank, world size, epoch, seed and the plan's
-fingerprint; ``load_state_dict`` refuses a state with a missing or unknown field, a field of the
-wrong type or out of its range, a state saved on another manifest, model, cost model, seed or
-world size, and another rank's mid-step state (a state at a step boundary, as
-``state_dict(consumed_steps=k)`` gives, means the same on every rank: rank 0 may save one).
-
-Arguments: every numeric argument has a range (below); a value outside it raises
-``ValueError("<name>: <value> is out of range [lo, hi]")``, a value of the wrong type
-``TypeError`` naming the argument. An epoch without a step (every sample dropped, e.g. more ranks
-than micro-batches with ``tail="drop"``) raises ``ditscale.Error`` at construction or
-``set_epoch``; when the tail policy drops more than ``DROPPED_WARN_FRACTION`` (10%) of an epoch's
-samples a ``UserWarning`` says how many and why.
+Steps per rank, the tail policies, resuming with DataLoader workers and the argument ranges:
+docs/balance.md (section "In PyTorch").
 """
 
 from __future__ import annotations

@@ -1,44 +1,13 @@
 """Shape benchmark: time full FSDP2 training steps of the Wan DiT over a grid of (B, S).
 
-    torchrun --nproc-per-node 2 -m ditscale.shape_bench --model wan2.1-1.3b --num-layers 8 \\
+    torchrun --nproc-per-node 2 -m ditscale.shape_bench --model wan2.1-1.3b --num-layers 8 \
         --out bench.csv
     python -m ditscale.shape_bench --model tiny --device cpu --shapes 1x64x64,5x64x64 ...
-    python -m ditscale.shape_bench --model-impl diffusers ...   (diffusers' WanTransformer3DModel)
     ditscale fit bench.csv --out cost.json
 
-Model (``--model-impl``): ``ditscale`` (default) sweeps ditscale's WanDiT of the ``--model``
-preset, ``diffusers`` diffusers' WanTransformer3DModel of the same dimensions (random weights,
-``ditscale.diffusers.apply_fused_adaln`` unless ``--no-fused-adaln``), built and sharded as
-``examples/train_dit.py --model-impl`` trains it, so the fitted cost describes that model.
-
-Every rank trains B samples of one shape (F frames of H x W pixels, S tokens) per step; a step is
-exactly the training step of ``examples/train_dit.py`` (``ditscale.models.training.StepRunner``:
-all-gather, forward + backward, timed barrier, gradient reduce-scatter, AdamW). For each (B, S):
-``--warmup`` untimed steps, then ``--steps`` timed ones; step_time_s is the mean (max over ranks)
-and peak_mem_bytes ``torch.cuda.max_memory_allocated`` (max over ranks, empty on CPU).
-
-Grid: shapes from ``--shapes`` (``FxHxW`` list), from a manifest's training shapes
-(``--manifest``, up to ``--max-shapes`` spread over the S range) or a default list of Wan 2.1
-shapes (images to 81-frame 720p); per shape, powers of two B with B*S <= --max-tokens, at most
-``--points-per-shape`` of them (geometrically spread, B = 1 and the largest always kept).
-
-Gradient accumulation (``--accum-points N``, default 2): for N of the swept shapes (spread over
-the S range, their smallest measured B), a step made of k = 2 micro-batches of (B, S) is timed
-too, exactly as ``examples/train_dit.py`` runs an accumulated step (two forward + backward passes,
-then one gradient reduce-scatter and optimizer step), and written with ``micro_batches=2``. These
-rows let ``ditscale fit`` separate the fixed cost of a pass (a_mb) from that of a step (a). They
-run right after the first pass over the shapes (every shape's B = 1), so a time budget keeps
-them. ``--accum-points 0``: none (every row has micro_batches=1).
-
-Out of memory: the ranks agree on it (all_reduce of a flag inside the step), the step is
-abandoned, the model is rebuilt, and the point is written as a comment line
-``# infeasible,B,S,F,H,W,out-of-memory`` (``ditscale fit`` skips '#' lines); the larger B of that
-shape are skipped, and when B = 1 fails the larger shapes too.
-
-The CSV: '#' comment lines (set-up), then the header ``batch_size,seq_len,step_time_s,
-peak_mem_bytes,micro_batches`` plus extra columns that ``ditscale fit`` ignores (frames, height,
-width, ...). step_time_s is the whole step (all k passes); peak_mem_bytes that of the step.
-Rows are written (rank 0) and flushed as they are measured, so an interrupted sweep keeps its rows.
+A step is exactly examples/train_dit.py's (models.training.StepRunner); a point that runs out of
+memory is written as a '# infeasible' line and the model rebuilt. The grid, gradient-accumulation
+rows and CSV columns: docs/shape_bench.md.
 """
 
 from __future__ import annotations
@@ -166,7 +135,7 @@ def _agree_max(value: float, device) -> float:
     return float(t.item())
 
 
-def main(argv: Sequence[str] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ditscale.shape_bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="wan2.1-1.3b", help="DiT config (wan2.1-1.3b, wan2.1-14b, "
@@ -200,29 +169,31 @@ def main(argv: Sequence[str] = None) -> int:
                     help="stop starting new points after this many seconds")
     ap.add_argument("--fail-above-tokens", type=int, default=None,
                     help="testing: treat micro-batches of more tokens as out of memory")
-    args = ap.parse_args(argv)
-    if args.accum_points < 0:
-        raise SystemExit(f"--accum-points must be >= 0, got {args.accum_points}")
+    return ap
 
-    env = init_distributed(args.device, args.pg_timeout_s)
-    dev, is0 = env.device, env.rank == 0
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
-        args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
-    cfg = make_config(args.model, args.num_layers)
-    fused = not args.no_fused_adaln
-    if fused:
-        from . import ops
 
-        if not ops.is_available():
-            raise SystemExit(f"fused AdaLN requested but {ops.load_error()}; "
-                             "pass --no-fused-adaln")
-        if args.model_impl == "diffusers":
-            from .models.diffusers_wan import fused_adaln_function
+def check_fused(args) -> bool:
+    """Whether the sweep uses the fused AdaLN; SystemExit when it is asked for but unavailable."""
+    if args.no_fused_adaln:
+        return False
+    from . import ops
 
-            try:
-                fused_adaln_function()
-            except RuntimeError as e:
-                raise SystemExit(str(e)) from e
+    if not ops.is_available():
+        raise SystemExit(f"fused AdaLN requested but {ops.load_error()}; "
+                         "pass --no-fused-adaln")
+    if args.model_impl == "diffusers":
+        from .models.diffusers_wan import fused_adaln_function
+
+        try:
+            fused_adaln_function()
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from e
+    return True
+
+
+def select_shapes(args) -> List[Tuple[int, int, int]]:
+    """--shapes, the manifest's shapes or DEFAULT_SHAPES, at most --max-seq-len tokens, S
+    ascending."""
     if args.shapes:
         shapes = parse_shapes(args.shapes)
     elif args.manifest:
@@ -232,6 +203,128 @@ def main(argv: Sequence[str] = None) -> int:
     if args.max_seq_len:
         shapes = [s for s in shapes if seq_len_of(*s) <= args.max_seq_len]
     shapes.sort(key=lambda s: (seq_len_of(*s), s))
+    return shapes
+
+
+class Sweep:
+    """Times the plan's points on one model (rank 0 writes the CSV), rebuilding the model after
+    an out-of-memory and skipping what that makes infeasible."""
+
+    def __init__(self, args, cfg, env, dtype, fused: bool, out, log):
+        self.args, self.cfg, self.env, self.dtype, self.fused = args, cfg, env, dtype, fused
+        self.dev, self.out, self.log = env.device, out, log
+        self.data = SyntheticData(cfg, self.dev, dtype, seed=args.seed)
+        self.model, self.opt, self.runner = self.fresh()
+        self.failed_b1_at = None  # a B = 1 OOM: every larger shape is infeasible too
+        self.failed_shapes = set()  # shapes with an OOM: their larger B are skipped
+        self.done = self.measured = self.infeasible = 0
+
+    def fresh(self):
+        a = self.args
+        model, opt = build_model(self.cfg, self.dev, fused_adaln=self.fused, dtype=self.dtype,
+                                 seed=a.seed, impl=a.model_impl)
+        return model, opt, StepRunner(model, opt, self.dev, cfg=self.cfg, dtype=self.dtype)
+
+    def write(self, text: str) -> None:
+        if self.out:
+            self.out.write(text)
+            self.out.flush()
+
+    def write_header(self, world_size: int) -> None:
+        cfg, a, dev = self.cfg, self.args, self.dev
+        self.write(f"# ditscale shape benchmark: model {cfg.name} layers {cfg.num_layers} dim "
+                   f"{cfg.dim} heads {cfg.num_heads} ffn {cfg.ffn_dim} impl {a.model_impl}\n"
+                   f"# world_size {world_size} device {dev.type} "
+                   f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'} dtype "
+                   f"{self.dtype} fused_adaln {int(self.fused)} warmup {a.warmup} "
+                   f"steps {a.steps}\n" + ",".join(CSV_COLUMNS) + "\n")
+
+    def run(self, plan) -> None:
+        t_start = time.perf_counter()
+        for (f, h, w), b, k in plan:
+            s = seq_len_of(f, h, w)
+            self.done += 1
+            if (f, h, w) in self.failed_shapes or (self.failed_b1_at is not None
+                                                   and s >= self.failed_b1_at):
+                if self.out:
+                    self.out.write(f"# infeasible,{b},{s},{f},{h},{w},skipped after a smaller "
+                                   f"OOM{'' if k == 1 else f' (micro_batches {k})'}\n")
+                self.infeasible += 1
+                continue
+            elapsed = _agree_max(time.perf_counter() - t_start, self.dev)
+            if self.args.time_budget_s is not None and elapsed > self.args.time_budget_s:
+                self.log(f"time budget {self.args.time_budget_s:.0f} s reached; stopping before "
+                         f"point {self.done}")
+                break
+            line = self.point((f, h, w), b, k)
+            el = time.perf_counter() - t_start
+            eta = el / self.done * (len(plan) - self.done)
+            self.log(f"[{self.done:>3d}/{len(plan)}] {line} | {_fmt_s(el)} elapsed, "
+                     f"ETA {_fmt_s(eta)}")
+        if self.out:
+            self.out.write(f"# done: {self.measured} measured, {self.infeasible} infeasible, "
+                           f"{time.perf_counter() - t_start:.1f} s\n")
+
+    def time_steps(self, f, h, w, b, k):
+        """(step, compute, sync, optim) seconds of each timed step, or None on out of memory."""
+        a = self.args
+        # k micro-batches of distinct samples; the loss scale averages over all k * B samples
+        # as train_dit's accumulated steps do.
+        mbs = [self.data.for_pixels(list(range(i * b, (i + 1) * b)), f, h, w) for i in range(k)]
+        reset_peak_memory(self.dev)
+        rows = []
+        for i in range(a.warmup + a.steps):
+            st = self.runner.step(mbs, 1.0 / (k * b), fail_above_tokens=a.fail_above_tokens)
+            if st.oom:
+                return None
+            if i >= a.warmup:
+                rows.append((st.step_s, st.compute_s, st.sync_s, st.optim_s))
+        return rows
+
+    def point(self, shape, b: int, k: int) -> str:
+        """Times one point, writes its row (or its infeasible line); the progress line."""
+        f, h, w = shape
+        s = seq_len_of(f, h, w)
+        rows = self.time_steps(f, h, w, b, k)
+        if rows is None:
+            self.infeasible += 1
+            del self.runner, self.model, self.opt
+            release_memory(self.dev)
+            self.model, self.opt, self.runner = self.fresh()
+            self.write(f"# infeasible,{b},{s},{f},{h},{w},out-of-memory"
+                       f"{'' if k == 1 else f' (micro_batches {k})'}\n")
+            if b == 1 and k == 1:
+                self.failed_b1_at = s
+            self.failed_shapes.add(shape)
+            return f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}) out of memory: infeasible"
+        self.measured += 1
+        times = [r[0] for r in rows]
+        mean = sum(times) / len(times)
+        std = math.sqrt(sum((x - mean) ** 2 for x in times) / len(times))
+        step = _agree_max(mean, self.dev)
+        peak = _agree_max(float(peak_memory_bytes(self.dev)), self.dev)
+        comp, sync, optim = (sum(r[j] for r in rows) / len(rows) for j in (1, 2, 3))
+        n = self.env.world_size
+        peak_field = str(int(peak)) if peak > 0 else ""
+        self.write(f"{b},{s},{step:.6g},{peak_field},{k},{f},{h},{w},{n},{std:.3g},{comp:.6g},"
+                   f"{sync:.6g},{optim:.6g},{k * b * s * n / step:.6g}\n")
+        mem = f", peak {peak / 2**30:.1f} GiB" if peak > 0 else ""
+        acc = "" if k == 1 else f" x{k} micro-batches"
+        return (f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}){acc} step {step:.4f} s "
+                f"(+-{100 * std / mean:.1f}%){mem}, {k * b * s / step:,.0f} tok/s/rank")
+
+
+def main(argv: Sequence[str] = None) -> int:
+    args = parser().parse_args(argv)
+    if args.accum_points < 0:
+        raise SystemExit(f"--accum-points must be >= 0, got {args.accum_points}")
+    env = init_distributed(args.device, args.pg_timeout_s)
+    dev, is0 = env.device, env.rank == 0
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
+        args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
+    cfg = make_config(args.model, args.num_layers)
+    fused = check_fused(args)
+    shapes = select_shapes(args)
     # Passes over the shapes (S ascending), one B per shape per pass (B ascending across
     # passes): every shape gets its B = 1 point before any shape gets a second one, so a time
     # budget still leaves a grid that spans the S range.
@@ -249,93 +342,14 @@ def main(argv: Sequence[str] = None) -> int:
         f"world size {env.world_size}, {dev.type}, {dtype}, fused AdaLN "
         f"{'on' if fused else 'off'}; {len(shapes)} shapes, {len(plan)} points -> {args.out}")
     out = open(args.out, "w") if is0 else None
-    if out:
-        out.write(f"# ditscale shape benchmark: model {cfg.name} layers {cfg.num_layers} dim "
-                  f"{cfg.dim} heads {cfg.num_heads} ffn {cfg.ffn_dim} impl {args.model_impl}\n")
-        out.write(f"# world_size {env.world_size} device {dev.type} "
-                  f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'} dtype "
-                  f"{dtype} fused_adaln {int(fused)} warmup {args.warmup} steps {args.steps}\n")
-        out.write(",".join(CSV_COLUMNS) + "\n")
-        out.flush()
-
-    data = SyntheticData(cfg, dev, dtype, seed=args.seed)
-
-    def fresh():
-        model, opt = build_model(cfg, dev, fused_adaln=fused, dtype=dtype, seed=args.seed,
-                                 impl=args.model_impl)
-        return model, opt, StepRunner(model, opt, dev, cfg=cfg, dtype=dtype)
-
-    model, opt, runner = fresh()
-    t_start = time.perf_counter()
-    failed_b1_at = None  # a B = 1 OOM: every larger shape is infeasible too
-    failed_shapes = set()  # shapes with an OOM: their larger B are skipped
-    done = measured = infeasible = 0
-    for (f, h, w), b, k in plan:
-        s = seq_len_of(f, h, w)
-        done += 1
-        if (f, h, w) in failed_shapes or (failed_b1_at is not None and s >= failed_b1_at):
-            if out:
-                out.write(f"# infeasible,{b},{s},{f},{h},{w},skipped after a smaller OOM"
-                          f"{'' if k == 1 else f' (micro_batches {k})'}\n")
-            infeasible += 1
-            continue
-        elapsed = _agree_max(time.perf_counter() - t_start, dev)
-        if args.time_budget_s is not None and elapsed > args.time_budget_s:
-            log(f"time budget {args.time_budget_s:.0f} s reached; stopping before point {done}")
-            break
-        # k micro-batches of distinct samples; the loss scale averages over all k * B samples as
-        # train_dit's accumulated steps do.
-        mbs = [data.for_pixels(list(range(i * b, (i + 1) * b)), f, h, w) for i in range(k)]
-        reset_peak_memory(dev)
-        times, comps, syncs, optims = [], [], [], []
-        oom = False
-        for i in range(args.warmup + args.steps):
-            st = runner.step(mbs, 1.0 / (k * b), fail_above_tokens=args.fail_above_tokens)
-            if st.oom:
-                oom = True
-                break
-            if i >= args.warmup:
-                times.append(st.step_s), comps.append(st.compute_s)
-                syncs.append(st.sync_s), optims.append(st.optim_s)
-        del mbs
-        if oom:
-            infeasible += 1
-            del runner, model, opt
-            release_memory(dev)
-            model, opt, runner = fresh()
-            if out:
-                out.write(f"# infeasible,{b},{s},{f},{h},{w},out-of-memory"
-                          f"{'' if k == 1 else f' (micro_batches {k})'}\n")
-                out.flush()
-            if b == 1 and k == 1:
-                failed_b1_at = s
-            failed_shapes.add((f, h, w))
-            line = f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}) out of memory: infeasible"
-        else:
-            measured += 1
-            mean = sum(times) / len(times)
-            std = math.sqrt(sum((x - mean) ** 2 for x in times) / len(times))
-            step = _agree_max(mean, dev)
-            peak = _agree_max(float(peak_memory_bytes(dev)), dev)
-            comp, sync, optim = (sum(v) / len(v) for v in (comps, syncs, optims))
-            if out:
-                peak_field = str(int(peak)) if peak > 0 else ""
-                out.write(f"{b},{s},{step:.6g},{peak_field},{k},{f},{h},{w},{env.world_size},"
-                          f"{std:.3g},{comp:.6g},{sync:.6g},{optim:.6g},"
-                          f"{k * b * s * env.world_size / step:.6g}\n")
-                out.flush()
-            mem = f", peak {peak / 2**30:.1f} GiB" if peak > 0 else ""
-            acc = "" if k == 1 else f" x{k} micro-batches"
-            line = (f"B={b:<4d} S={s:<6d} ({f}x{h}x{w}){acc} step {step:.4f} s "
-                    f"(+-{100 * std / mean:.1f}%){mem}, {k * b * s / step:,.0f} tok/s/rank")
-        el = time.perf_counter() - t_start
-        eta = el / done * (len(plan) - done)
-        log(f"[{done:>3d}/{len(plan)}] {line} | {_fmt_s(el)} elapsed, ETA {_fmt_s(eta)}")
-    if out:
-        out.write(f"# done: {measured} measured, {infeasible} infeasible, "
-                  f"{time.perf_counter() - t_start:.1f} s\n")
-        out.close()
-    log(f"wrote {args.out}: {measured} points measured, {infeasible} infeasible")
+    try:
+        sweep = Sweep(args, cfg, env, dtype, fused, out, log)
+        sweep.write_header(env.world_size)
+        sweep.run(plan)
+    finally:
+        if out:
+            out.close()
+    log(f"wrote {args.out}: {sweep.measured} points measured, {sweep.infeasible} infeasible")
     dist.barrier()
     dist.destroy_process_group()
     return 0

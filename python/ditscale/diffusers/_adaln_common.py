@@ -1,29 +1,14 @@
-"""Shared pieces of the ``adaln_<family>`` modules: patching blocks' forwards on the instance,
-checking the norms the fused forwards compute, and the AdaLN-Zero / AdaLayerNormContinuous
-building blocks several families share.
-
-How a family module uses it::
-
-    plan = [Patch("blocks.0", block, WanTransformerBlock, _block_forward, (("norm1", None),)),
-            ...]
-    check_plan(WHERE, plan)     # every module exactly its class, its norms computable; refuses
-                                # (ValueError naming the module) before anything changes
-    patch_all(plan)             # module.forward = the fused forward, bound to the instance
-    unpatch_all(WHERE, plan)    # deletes the instance forwards: diffusers' class forward again
+"""Shared pieces of the ``adaln_<family>`` modules: patching blocks' forwards on the instance
+(:class:`Patch`, :func:`check_plan` refusing before anything changes, :func:`patch_all`,
+:func:`unpatch_all`), checking the norms the fused ops compute (:func:`check_norm`: LayerNorm,
+FP32LayerNorm, RMSNorm over the last dimension; :func:`norm_options` reads weight, bias and eps
+at call time), and the AdaLN-Zero / AdaLayerNormContinuous pieces several families share.
 
 A fused forward is a plain function of ``(self, ...)`` with the signature of the forward it
-replaces (hooks that bind arguments by name, such as the sequence-parallel integration's, keep
-working), decorated with :func:`fused`; it calls the module's own submodules, so parameters,
-module names and the state_dict stay as they are, and attention processors or module hooks set
-by others (``ditscale.diffusers.parallelize``, diffusers' caches) stay in force.
-
-Norm modules the fused ops compute (:func:`check_norm`): ``torch.nn.LayerNorm`` (diffusers'
-FP32LayerNorm included, with or without elementwise affine) and diffusers' ``RMSNorm``, over the
-last dimension. :func:`norm_options` reads their weight, bias and eps at call time.
-
-Modulation shapes (D = hidden size): per sample ``[B, D]`` views (chunks of ``[B, K * D]`` or
-rows of ``[B, K, D]``), per token ``[B, S, D]`` views (rows of ``[B, S, K, D]``), in x's dtype
-or float32; the fused ops read them in place.
+replaces (hooks binding arguments by name keep working), decorated with :func:`fused`; it calls
+the module's own submodules, so parameters, names, the state_dict and others' processors and
+hooks stay in force. Modulation is read in place as per-sample [B, D] or per-token [B, S, D]
+views, in x's dtype or fp32. The rules every family follows: docs/diffusers/adaln_models.md.
 """
 
 from __future__ import annotations
@@ -144,10 +129,8 @@ def compiled_stock(x: torch.Tensor) -> bool:
     """True while torch.compile traces a block whose activations ``x`` [B, S, D] have at most
     COMPILED_STOCK_MAX_ROWS rows: the fused forward then calls diffusers' own one. At such sizes
     a step is host-bound and inductor fuses the stock norm chains into its neighbours' kernels,
-    while every fused op is an opaque call with its own dispatch (issue #22: a Wan 2.1 1.3B step
-    at 1,024 tokens, 4 blocks compiled, 0.71x compiled stock; bench/results/
-    adaln-host-cost_cpu_2026-12.md: the same on CPU for a tiny block); at 32,760 tokens the fused
-    ops were even. Eager calls always take the fused ops."""
+    while every fused op is an opaque call with its own dispatch (docs/diffusers/adaln.md has the
+    measurements). Eager calls always take the fused ops."""
     return (torch.compiler.is_compiling()
             and x.shape[0] * x.shape[1] <= COMPILED_STOCK_MAX_ROWS)
 

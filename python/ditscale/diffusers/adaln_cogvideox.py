@@ -1,29 +1,12 @@
-"""Fused AdaLN for diffusers' ``CogVideoXTransformer3DModel`` (CogVideoX 2B / 5B, 1.5, I2V).
+"""Fused AdaLN for diffusers' ``CogVideoXTransformer3DModel`` (CogVideoX 2B / 5B, 1.5, I2V): each
+block's two CogVideoXLayerNormZero (one LayerNorm with weight and bias shared by both streams,
+a modulation per stream): norm1 (``ops.adaln`` per stream), the attention residual + norm2
+(``ops.adaln_gated`` per stream), the feed-forward residuals on [text; video] (two addcmul), and
+``norm_out`` (AdaLayerNorm, chunk_dim=1, shift first). ``norm_final`` has no modulation and stays.
 
-Shapes: video tokens x [B, S, D], text tokens c [B, T, D], ``temb`` [B, E] (E =
-time_embed_dim). Each block has two CogVideoXLayerNormZero (``norm1``, ``norm2``): one LayerNorm
-with weight and bias (eps 1e-5 in the published models) shared by both streams, and per-stream
-modulation ``shift, scale, gate, enc_shift, enc_scale, enc_gate = linear(silu(temb)).chunk(6)``,
-[B, D] views read in place by the fused ops. With (shift1, ...) from norm1 and (shift2, ...)
-from norm2::
-
-    y  = LN1(x) * (1 + scale1) + shift1,  yc = LN1(c) * (1 + enc_scale1) + enc_shift1
-                                                              ops.adaln, one call per stream
-    a, ac = attn1(y, yc)                                      the block's own attention
-    x = x + gate1 * a;      y  = LN2(x) * (1 + scale2) + shift2          ops.adaln_gated
-    c = c + enc_gate1 * ac; yc = LN2(c) * (1 + enc_scale2) + enc_shift2  ops.adaln_gated
-    f = ff([yc; y]);  x = x + gate2 * f[:, T:];  c = c + enc_gate2 * f[:, :T]   two addcmul
-
-``norm_out`` (diffusers' AdaLayerNorm with chunk_dim=1, shift first)::
-
-    shift, scale = linear(silu(temb)).chunk(2);  y = LN(x) * (1 + scale) + shift   ops.adaln
-
-with LN its own LayerNorm (weight and bias). ``norm_final``, the plain LayerNorm before it, has
-no modulation and stays as it is.
-
-Attention (processors, rotary embeddings, the sequence-parallel integration's hooks) runs as
-diffusers has it; only the blocks' and norm_out's ``forward`` are replaced, on the instance:
-parameters, names and the state_dict are unchanged. Numerics as in :mod:`.adaln_flux`.
+Shapes: video tokens x [B, S, D], text tokens c [B, T, D], ``temb`` [B, E] (E = time_embed_dim);
+[B, D] modulation views read in place. The table of what is fused:
+docs/diffusers/adaln_models.md (section CogVideoX); numerics as in :mod:`.adaln_flux`.
 """
 
 from __future__ import annotations

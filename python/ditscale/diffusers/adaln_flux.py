@@ -1,44 +1,14 @@
-"""Fused AdaLN for diffusers' ``FluxTransformer2DModel`` (Flux.1 dev / schnell).
+"""Fused AdaLN for diffusers' ``FluxTransformer2DModel`` (Flux.1 dev / schnell): the double
+blocks' norm1 / norm1_context (``ops.adaln``), attention residual + norm2 (``ops.adaln_gated``)
+and feed-forward residual (addcmul) per stream, the single blocks' norm and residual, and
+``norm_out``; every attention's rotary embedding through ``rotary_flux``.
 
-Shapes: image tokens x [B, S, D], text tokens c [B, T, D], ``temb`` [B, D] (one conditioning
-vector per sample). Every modulation is per sample, ``linear(silu(temb))`` chunked into [B, D]
-views that the fused ops read in place (``LN`` = LayerNorm without affine, eps 1e-6).
-
-Double-stream block (``transformer_blocks``), for each stream (image: ``norm1``, ``norm2``, ``ff``;
-text: ``norm1_context``, ``norm2_context``, ``ff_context``), with
-``shift1, scale1, gate1, shift2, scale2, gate2 = linear(silu(temb)).chunk(6)``::
-
-    y1 = LN(x) * (1 + scale1) + shift1                  ops.adaln        (was AdaLayerNormZero)
-    a  = attention(y1 image, y1 text)                   the block's own attn (its processor)
-    x  = x + gate1 * a;  y2 = LN(x) * (1 + scale2) + shift2
-                                                        ops.adaln_gated  (was 4 ops + norm2)
-    x  = x + gate2 * ff(y2)                             one addcmul (the next norm is in the
-                                                        next block)
-
-Single-stream block (``single_transformer_blocks``), on h = [c; x] [B, T + S, D] with
-``shift, scale, gate = linear(silu(temb)).chunk(3)``::
-
-    y = LN(h) * (1 + scale) + shift                     ops.adaln (was AdaLayerNormZeroSingle)
-    h = h + gate * proj_out([attn(y), gelu(proj_mlp(y))])   one addcmul
-
-``norm_out`` (AdaLayerNormContinuous, scale first)::
-
-    scale, shift = linear(silu(temb).to(x.dtype)).chunk(2);  y = LN(x) * (1 + scale) + shift
-
-The attention's rotary embedding: every block's ``attn`` whose processor is diffusers' own
-``FluxAttnProcessor`` gets ``rotary_flux.RotaryFluxAttnProcessor`` (the same attention, q and k
-rotated by one ``ops.rotary`` kernel each; see that module). Everything else (other processors,
-so the sequence-parallel integration's processors and hooks, IP-Adapter outputs, the fp16 clip)
-runs as diffusers has it. The patch replaces each block's and norm_out's ``forward`` and those
-processors on the instance only: parameters, module names and the state_dict are unchanged, and
-:func:`remove` restores diffusers' forwards and processors.
-
-Numerics: the kernels compute in fp32 and round once to x's dtype; fp32 modulation (or an fp32
-weight of the norm) is read as fp32. The outputs keep x's dtype where diffusers' broadcasting
-would promote bf16 activations times fp32 modulation to fp32.
-
-The shared helpers (patching, norm options, the AdaLayerNormZero / AdaLayerNormContinuous
-pieces) live in ``_adaln_common`` and serve every adaln_<family> module.
+Shapes: image tokens x [B, S, D], text tokens c [B, T, D], ``temb`` [B, D]; every modulation is
+per sample, [B, D] chunks of ``linear(silu(temb))`` read in place (LN: no affine, eps 1e-6).
+The formulas, what stays as diffusers has it, and the numerics (fp32 inside, one rounding, x's
+dtype kept): docs/diffusers/adaln_models.md (section Flux). Only the blocks' and norm_out's
+``forward`` and those processors are replaced, on the instance; :func:`remove` restores them.
+The helpers every family shares are in ``_adaln_common``.
 """
 
 from __future__ import annotations

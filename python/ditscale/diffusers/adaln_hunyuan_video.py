@@ -1,38 +1,13 @@
 """Fused AdaLN for diffusers' ``HunyuanVideoTransformer3DModel`` (T2V, and the I2V variants
-``latent_concat`` and ``token_replace``).
+``latent_concat`` and ``token_replace``): the double blocks' AdaLayerNormZero per stream, the
+single blocks' AdaLayerNormZeroSingle on [video; text] (video first), and ``norm_out``, as
+:mod:`.adaln_flux`; with ``token_replace`` the first frame's tokens take the modulation of
+``token_replace_emb``, one fused call per token range (strided views, no copy).
 
 Shapes: video tokens x [B, S, D], text tokens c [B, T, D] (after the token refiner), ``temb``
-[B, D]; every modulation is per sample, [B, D] views of ``linear(silu(temb))`` read in place by
-the fused ops (``LN`` = LayerNorm without affine, eps 1e-6).
-
-Double-stream block (``transformer_blocks``), each stream with its own AdaLayerNormZero
-(``norm1`` / ``norm1_context``: shift1, scale1, gate1, shift2, scale2, gate2), ``norm2`` and
-feed-forward::
-
-    y1 = LN(x) * (1 + scale1) + shift1                          ops.adaln
-    a  = attention(y1 video, y1 text, mask, rotary)             the block's own attn
-    x  = x + gate1 * a;  y2 = LN(x) * (1 + scale2) + shift2     ops.adaln_gated
-    x  = x + gate2 * ff(y2)                                     one addcmul
-
-Single-stream block (``single_transformer_blocks``) on h = [x; c] [B, S + T, D] (video first),
-AdaLayerNormZeroSingle (shift, scale, gate)::
-
-    y = LN(h) * (1 + scale) + shift                             ops.adaln
-    h = h + gate * proj_out([attn(y), gelu(proj_mlp(y))])       one addcmul
-
-``token_replace`` (I2V): the first ``num_tokens`` video tokens (the first frame) take the
-modulation of ``token_replace_emb`` (the same linear applied to it), the others temb's; each
-part is one fused call on its token range (strided views, no copy) and the parts are
-concatenated as diffusers does. ``norm_out``: AdaLayerNormContinuous (scale first), as in
-:mod:`.adaln_flux`.
-
-Not patched: the token refiner (``context_embedder``): its norms (``norm1``, ``norm2``) are
-LayerNorms with weight and bias but no shift / scale modulation (only gates), so there is no
-AdaLN to fuse.
-
-Attention (processors, masks, the sequence-parallel integration's hooks) runs as diffusers has
-it; only the blocks' and norm_out's ``forward`` are replaced, on the instance: parameters, names
-and the state_dict are unchanged. Numerics as in :mod:`.adaln_flux`.
+[B, D]; per-sample [B, D] modulation read in place (LN: no affine, eps 1e-6). The token refiner
+is not patched (its norms have no shift / scale). The table of what is fused:
+docs/diffusers/adaln_models.md (section HunyuanVideo); numerics as in :mod:`.adaln_flux`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
-"""Fused AdaLN for diffusers' ``SD3Transformer2DModel`` (Stable Diffusion 3 / 3.5).
+"""Fused AdaLN for diffusers' ``SD3Transformer2DModel`` (Stable Diffusion 3 / 3.5): each
+JointTransformerBlock's AdaLayerNormZero per stream (``ops.adaln``), its attention residual +
+norm2 (``ops.adaln_gated``) and feed-forward residual (addcmul); SD 3.5's dual-attention blocks
+(SD35AdaLayerNormZeroX: a second modulation of the same norm for ``attn2``); the last block's
+text AdaLayerNormContinuous (``context_pre_only``) and ``norm_out``.
 
-Shapes: image tokens x [B, S, D], text tokens c [B, T, D], ``temb`` [B, D]; every modulation is
-per sample, [B, D] views of ``linear(silu(temb))`` read in place by the fused ops (``LN`` =
-LayerNorm without affine, eps 1e-6).
-
-JointTransformerBlock (``transformer_blocks``), image stream with ``norm1`` = AdaLayerNormZero
-(shift1, scale1, gate1, shift2, scale2, gate2)::
-
-    y1 = LN(x) * (1 + scale1) + shift1                          ops.adaln
-    a, ac = attn(y1, text)                                      the block's own attention
-    x  = x + gate1 * a;  y2 = LN(x) * (1 + scale2) + shift2     ops.adaln_gated
-    x  = x + gate2 * ff(y2)                                     one addcmul
-
-SD 3.5's dual-attention blocks (``norm1`` = SD35AdaLayerNormZeroX, three more chunks shift3,
-scale3, gate3) add a second self-attention on its own modulation of the same norm::
-
-    y3 = LN(x) * (1 + scale3) + shift3                          ops.adaln (a second pass)
-    x  = x + gate1 * a                                          one addcmul
-    x  = x + gate3 * attn2(y3);  y2 = LN(x) * (1 + scale2) + shift2    ops.adaln_gated
-
-The text stream: ``norm1_context`` AdaLayerNormZero with ``norm2_context`` and ``ff_context`` as
-the image stream's first form; in the last block (``context_pre_only``) an
-AdaLayerNormContinuous (``scale, shift = linear(silu(temb)).chunk(2)``, one ops.adaln) and no
-text output. ``norm_out``: AdaLayerNormContinuous. A feed-forward chunking set with
-``set_chunk_feed_forward`` / ``enable_forward_chunking`` is kept.
-
-Attention (processors, IP-Adapter kwargs, the sequence-parallel integration's hooks) runs as
-diffusers has it; only the blocks' and norm_out's ``forward`` are replaced, on the instance:
-parameters, names and the state_dict are unchanged. Numerics as in :mod:`.adaln_flux`.
+Shapes: image tokens x [B, S, D], text tokens c [B, T, D], ``temb`` [B, D]; per-sample [B, D]
+modulation read in place (LN: no affine, eps 1e-6). A chunked feed-forward
+(``enable_forward_chunking``) is kept. The table of what is fused:
+docs/diffusers/adaln_models.md (section SD3); numerics as in :mod:`.adaln_flux`.
 """
 
 from __future__ import annotations

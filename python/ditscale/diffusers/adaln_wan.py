@@ -1,50 +1,13 @@
 """Fused AdaLN for diffusers' ``WanTransformer3DModel`` (Wan 2.1 T2V / I2V, Wan 2.2 A14B and
-TI2V 5B).
+TI2V 5B): each block's norm1 + modulation (``ops.adaln``), its self-attention residual + norm2
+and cross-attention residual + norm3 (``ops.adaln_gated``) and its feed-forward residual (one
+fp32 addcmul); ``attn1``'s rotary embedding through ``rotary_wan``.
 
-Shapes: video tokens h [B, S, D] (x's dtype, e.g. bf16), the context c [B, L, D], and the
-block's ``temb`` (the model's ``timestep_proj``): per sample [B, 6, D] (Wan 2.1, 2.2 A14B) or
-per token [B, S, 6, D] (Wan 2.2 TI2V; [B, 1, 6, D] counts as per sample). Each block adds its
-``scale_shift_table`` [1, 6, D] in float32::
-
-    shift1, scale1, gate1, shift3, scale3, gate3 = scale_shift_table + temb.float()
-
-and computes (``LN`` = the block's FP32LayerNorm: statistics and affine in fp32; every line's
-result rounded once to h's dtype, as diffusers' ``.type_as(hidden_states)`` does)::
-
-    y = LN1(h) * (1 + scale1) + shift1              ops.adaln         (stock: 6 ops)
-    a = attn1(y, rotary)                            the block's own attn1 (its processor)
-    h = h + gate1 * a;  y = LN2(h) (affine)          ops.adaln_gated   (stock: 7 ops; scale =
-                                                    shift = 0 rows, so y = LN2(h) exactly)
-    a = attn2(y, c)                                 the block's own attn2
-    h = h + a;  y = LN3(h) * (1 + scale3) + shift3  ops.adaln_gated   (stock: 7 ops; gate = 1)
-    h = h + gate3 * ffn(y)                          one fp32 addcmul, rounded to h's dtype
-
-With ``cross_attn_norm=False`` (norm2 is nn.Identity) the second line is the gated residual
-alone (an addcmul). Per-sample modulation is one float32 tensor [B, 9, D] (the six rows, then
-two zero rows and a row of ones for the constants above, made once per device) whose rows the
-ops read in place (ops.adaln_rows / adaln_gated_rows), so its gradient comes out of the kernels'
-reductions; per-token modulation is read as strided [B, S, D] views of [B, S, 6, D] (the
-constants per sample).
-
-Not fused: ``norm_out`` (its norm + modulation is written inline in WanTransformer3DModel.forward,
-not in a module, so fusing it means replacing the model's forward, which the sequence-parallel
-integration and diffusers' hooks wrap; it runs once per forward), and the last residual of a
-block with the next block's norm1 (the block loop is diffusers': a block returns one tensor, so
-the next block's normed input would need a side channel that gradient checkpointing, hooks
-between blocks and per-block torch.compile break; it would save one read of h per block).
-
-Under torch.compile, a block of at most ``_adaln_common.COMPILED_STOCK_MAX_ROWS`` rows (B * S,
-2,048) runs diffusers' own forward (compiled, inductor fuses its norm chains with their
-neighbours; the fused ops' per-call dispatch would cost more than they save there); eager calls
-always take the fused ops.
-
-The self-attention's rotary embedding: every block's ``attn1`` whose processor is diffusers' own
-``WanAttnProcessor`` gets ``rotary_wan.RotaryWanAttnProcessor`` (the same attention, q and k
-rotated by one ``ops.rotary`` kernel each; see that module). Everything else runs as diffusers
-has it: the other processors (so ``ditscale.diffusers.parallelize``'s processors and hooks), the
-feed-forward, the embedders. Only the blocks' ``forward`` and those processors are replaced, on
-the instance: parameters, module names and the state_dict are unchanged; :func:`remove`
-restores diffusers' forwards and processors.
+Shapes: video tokens h [B, S, D], ``temb`` per sample [B, 6, D] or per token [B, S, 6, D] (Wan
+2.2 TI2V), plus the block's fp32 ``scale_shift_table`` [1, 6, D]; per-sample modulation is read
+as rows of one fp32 [B, 9, D] tensor (the six rows and the constant rows). What is fused, what is
+not and why, numerics and measurements: docs/diffusers/adaln.md (section Wan). Only the blocks'
+``forward`` and those processors are replaced, on the instance; :func:`remove` restores them.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Flux's joint attention with the rotary embedding as one ditscale kernel (``ops.rotary``).
 
-diffusers' ``FluxAttnProcessor`` rotates q and k of the joint [text; image] sequence with
-``apply_rotary_emb(use_real=True)``: per tensor a stacked copy of the rotated pairs, two float32
-copies, two float32 products and a sum, and a cast, with as many autograd nodes.
-:class:`RotaryFluxAttnProcessor` computes the same attention with ``ops.rotary``: one kernel per
-tensor forward, one backward kernel (the inverse rotation), only cos / sin saved.
-
-The formulas agree bit for bit when the tables hold each value twice, once per member of a pair
-(cos[2j] = cos[2j + 1], sin[2j] = sin[2j + 1]): diffusers' formula reads sin[2j] for the even
-output and cos[2j + 1] for the odd one, the op reads cos[2j] and sin[2j + 1] for both, and its
-products and sums are the same float32 operations (a*c + (-b)*s = a*c - b*s exactly; the odd
-sum in the other order, which float addition does not see). ``FluxPosEmbed`` makes its tables
-that way (``repeat_interleave_real=True``), so :func:`install` applies only to a transformer
-whose ``pos_embed`` is diffusers' ``FluxPosEmbed``.
-
-Installed by ``ditscale.diffusers.apply_fused_adaln`` on every double and single block's
-``attn`` whose processor is diffusers' own ``FluxAttnProcessor`` (removed by
-``remove_fused_adaln``); the stock processor runs under ``torch.compile``, without rotary tables,
-or with tables the op does not take (``_rotary_common.op_applies``). ``parallelize`` accepts it
-where it accepts ``FluxAttnProcessor`` (its one-rank path runs it; its multi-rank path computes
-the attention itself).
+:class:`RotaryFluxAttnProcessor` computes the attention of diffusers' ``FluxAttnProcessor`` with q
+and k of the joint [text; image] sequence rotated by one kernel each (one backward kernel, only
+cos / sin saved) instead of ``apply_rotary_emb(use_real=True)``. The two agree bit for bit when
+the tables hold each value twice, once per member of a pair (cos[2j] = cos[2j + 1], the same for
+sin): diffusers' formula reads sin[2j] for the even output and cos[2j + 1] for the odd one, the
+op cos[2j] and sin[2j + 1] for both, with the same float32 operations. ``FluxPosEmbed`` makes its
+tables that way, so :func:`install` applies only under it. Where it is installed and when the
+stock processor runs instead: docs/diffusers/adaln_models.md (section Flux).
 """
 
 from __future__ import annotations

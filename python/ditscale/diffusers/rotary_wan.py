@@ -1,29 +1,13 @@
 """Wan's self-attention with the rotary embedding as one ditscale kernel (``ops.rotary``).
 
-diffusers' ``WanAttnProcessor`` rotates q and k with a chain of float32 elementwise ops per
-tensor (two strided views, four products, a sum and a difference in float32, two strided copies
-into x's dtype) and autograd records each of them; on one H200 at 32,760 tokens that chain is
-~16 ms of a 4-block forward+backward step of Wan 2.1 1.3B
-(bench/results/diffusers-adaln_h200-h100_2026-12.md). :class:`RotaryWanAttnProcessor` computes the
-same attention with ``ops.rotary``: one kernel per tensor forward (the same bits: float32 products
-and sums, one rounding), one backward kernel (the inverse rotation), and only cos / sin saved for
-the backward.
-
-It is installed by ``ditscale.diffusers.apply_fused_adaln`` on every block's ``attn1`` whose
-processor is diffusers' own ``WanAttnProcessor`` (removed by ``remove_fused_adaln``), and is
-the stock processor in every other case, by calling it:
-
-- under ``torch.compile`` (inductor fuses the stock chain with its neighbours itself);
-- without ``rotary_emb``, with an image context (I2V's ``add_k_proj``: not on ``attn1``), or with
-  frequencies the op does not take (not float32, requiring grad, another device);
-- when the compiled ops are not available.
-
-:func:`rotate` is the rotation alone (the op where it applies, else the formula), for the
-sequence-parallel processor's own attention.
-
-Composition: ``ditscale.diffusers.parallelize`` accepts it where it accepts ``WanAttnProcessor``
-(its one-rank path runs it; its multi-rank path computes the attention itself); diffusers'
-``set_attention_backend`` sets this processor's backend as the stock one's.
+:class:`RotaryWanAttnProcessor` computes the attention of diffusers' ``WanAttnProcessor`` with q
+and k rotated by one kernel each (the stock formula's bits; one backward kernel, only cos / sin
+saved), where the stock processor runs a chain of float32 elementwise ops per tensor. It is the
+stock processor, by calling it, under ``torch.compile``, without ``rotary_emb``, with an image
+context, with frequencies the op does not take, or without the compiled ops. :func:`rotate` is
+the rotation alone, for the sequence-parallel processor's own attention. Installed by
+``apply_fused_adaln`` on ``attn1`` where the processor is diffusers' own; the conditions,
+composition with ``parallelize`` and the measurements: docs/diffusers/adaln.md (section Wan).
 """
 
 from __future__ import annotations

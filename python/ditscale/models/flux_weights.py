@@ -6,16 +6,8 @@
                         seed=None)
     load_diffusers_flux(model, "/ckpt/FLUX.1-dev/transformer")   # or one .safetensors file
 
-Accepted paths: one ``.safetensors`` file; an index json (``*.safetensors.index.json``, whose
-``weight_map`` names the shard of every key); a folder holding
-``diffusion_pytorch_model.safetensors.index.json`` + shards or one
-``diffusion_pytorch_model.safetensors``; a pipeline folder with a ``transformer/`` subfolder.
-
-Strict: every file header is read first (no tensor data), and all problems are reported in one
-error: keys the model needs that no file holds, keys of a file the model does not have, shapes
-that differ, each with the file. Only then are tensors read, shard by shard and one tensor at a
-time, straight onto the model's device (``safe_open(..., device=...)``), and copied into the
-parameters with a cast to their dtype: no full CPU copy of the checkpoint is ever made.
+Strict (every header checked before any tensor is read, all problems in one error) and streamed
+(tensor by tensor onto the model's device). Accepted paths and the checks: docs/models.md.
 """
 
 from __future__ import annotations

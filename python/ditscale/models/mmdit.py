@@ -1,50 +1,13 @@
 """A Flux.1-like MMDiT (random weights or a diffusers checkpoint) for sequence-parallel inference.
 
-Architecture (Flux.1-dev, written from its published description; parameter names follow the
-diffusers ``FluxTransformer2DModel`` layout so that a diffusers checkpoint loads, see
-``flux_weights.load_diffusers_flux``):
-
-  latents [B, 16, H, W] --pack 2x2--> img [B, S, 64] --x_embedder--> x [B, S, D]
-      S = (H / 2) * (W / 2); each token's features are ordered (C, ph, pw) as in diffusers
-  T5 states [B, T, 4096] --context_embedder--> c [B, T, D]                     (T = 512)
-  temb [B, D] = timestep_embedder(sin(1000 t)) + guidance_embedder(sin(1000 g))
-                + text_embedder(pooled CLIP [B, 768])          (MLPs: Linear, SiLU, Linear)
-  19 double-stream blocks (separate weights for the image and the text stream, joint attention):
-      (shift1, scale1, gate1, shift2, scale2, gate2) = Linear(SiLU(temb)).chunk(6)  per stream
-      a = LN(x) * (1 + scale1) + shift1                  (LN without affine, eps 1e-6)
-      q, k, v per stream; RMSNorm(q), RMSNorm(k) per head (learned weight); RoPE on both
-      (o_txt, o_img) = attention over [text; image] (non-causal, scale 1/sqrt(head_dim))
-      x = x + gate1 * to_out(o_img);   x = x + gate2 * FF(LN(x) * (1 + scale2) + shift2)
-      c likewise with norm1_context, to_add_out, ff_context      (FF: Linear, GELU-tanh, Linear)
-  38 single-stream blocks over the concatenation h = [c; x]:
-      (shift, scale, gate) = Linear(SiLU(temb)).chunk(3);  a = LN(h) * (1 + scale) + shift
-      h = h + gate * proj_out([attention(a); GELU(proj_mlp(a))])  (attention and MLP in parallel)
-  head: (scale, shift) = Linear(SiLU(temb)).chunk(2)  (scale first, as in diffusers' norm_out)
-      out = proj_out(LN(x) * (1 + scale) + shift) [B, S, 64]
-
-RoPE: the head dim (128) is split in three axes of 16, 56 and 56 channels; token ids are
-(0, row, col) for image tokens and (0, 0, 0) for text tokens; pair j of axis a (dim d_a) rotates
-by id_a * theta^(-2j / d_a), theta 10000; pairs are adjacent channels (2i, 2i + 1).
-
-Sequence parallelism: :meth:`FluxMMDiT.forward` takes the LOCAL shard of the image tokens (and
-their ids) and the FULL text. Everything but attention is token-wise, so a rank only needs its
-own tokens; attention goes through a pluggable function called as::
-
-    out, joint_out = attn(q, k, v, joint_q=tq, joint_k=tk, joint_v=tv)
-    # q, k, v [B, S_local, H, Dh] (local image tokens); joint_* [B, T, H, Dh] (text, same on
-    # every rank); out [B, S_local, H, Dh]; joint_out [B, T, H, Dh]
-
-i.e. dense attention of the local image queries and of the text queries over [text; all image
-tokens]. The default, :func:`sdpa_joint_attention`, is single-process SDPA;
-``functools.partial(ditscale.sp.attention, mesh=mesh, strategy=...)`` plugs in the
-sequence-parallel strategies. The text stream is computed redundantly on every rank (it is 512
-tokens against tens of thousands of image tokens). :func:`shard_tokens` / :func:`gather_tokens`
-split and reassemble the image sequence (uneven splits allowed: the first S % N ranks hold one
-token more, like ``ditscale.sp.shard_range``).
-
-The AdaLN modulations use ``ditscale.ops.adaln`` / ``adaln_gated`` (one fused pass) when the
-extension is loaded and the activations are on CUDA, the eager formula otherwise; both compute
-the statistics and the modulation in fp32 and round once to the activation dtype.
+19 double-stream and 38 single-stream blocks with diffusers' ``FluxTransformer2DModel``
+parameter names (``flux_weights.load_diffusers_flux`` loads a checkpoint).
+:meth:`FluxMMDiT.forward` takes the LOCAL shard of the image tokens [B, S_local, 64] (and their
+ids) and the FULL text [B, T, 4096]; attention goes through a pluggable function
+``attn(q, k, v, joint_q=, joint_k=, joint_v=) -> (out, joint_out)`` ([B, S_local | T, H, Dh]):
+:func:`sdpa_joint_attention` on one process, ``functools.partial(ditscale.sp.attention, ...)``
+sequence-parallel. :func:`shard_tokens` / :func:`gather_tokens` split and reassemble the image
+tokens. The architecture, RoPE and numerics: docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
 """A Wan-2.1-style video Diffusion Transformer (random weights) for training benchmarks.
 
-Architecture (Wan 2.1 text-to-video, written from its published description):
-
-  latents [B, 16, T, H, W] --patchify (1, 2, 2)--> [B, N, 64] --Linear--> x [B, N, dim]
-      N = T * (H / 2) * (W / 2)  (the patch embedding is a Conv3d with kernel = stride = patch,
-      which is exactly a Linear over the flattened patches)
-  text [B, 512, 4096] --Linear, GELU(tanh), Linear--> context [B, 512, dim]
-  timestep t [B] --sinusoid(256)--> Linear, SiLU, Linear --> e [B, dim]        (fp32)
-                 --SiLU, Linear--> e0 [B, 6, dim]                               (fp32)
-  30 / 40 blocks, each with its own learned modulation m [1, 6, dim] (fp32):
-      (shift1, scale1, gate1, shift2, scale2, gate2) = (m + e0).chunk(6, dim=1)
-      x = x + gate1 * SelfAttn(LN(x) * (1 + scale1) + shift1)    (RMSNorm on q, k; 3D RoPE)
-      x = x + CrossAttn(LN_affine(x), context)                    (RMSNorm on q, k)
-      x = x + gate2 * MLP(LN(x) * (1 + scale2) + shift2)          (GELU tanh)
-  head: (shift, scale) = (m_head [1, 2, dim] + e[:, None]).chunk(2, dim=1)
-      out = Linear(LN(x) * (1 + scale) + shift) [B, N, 64] --unpatchify--> [B, 16, T, H, W]
-
-LN is LayerNorm without affine (eps 1e-6) with fp32 statistics. The modulation is computed in
-fp32 as in Wan; the modulated activations and the residual stream are rounded to the compute
-dtype (the dtype of x) once per operation.
-
-Two numerically equivalent implementations of the AdaLN parts:
-  * ``fused_adaln=False``: the eager formula above (norm, then ``* (1 + scale) + shift``, then
-    the gated residual ``x + gate * y``), as in the reference implementations;
-  * ``fused_adaln=True``: ``ditscale.ops.adaln`` / ``adaln_gated`` (one pass over x each). The
-    three residual additions of a block are fused into the norm that follows them:
-      block k start:  (x, y) = adaln_gated(x_prev, gate2_prev, mlp_prev, scale1, shift1)
-      after attn:     (x, y) = adaln_gated(x, gate1, attn, 0, 0, weight=ln3.w, bias=ln3.b)
-      after cross:    (x, y) = adaln_gated(x, 1, cross, scale2, shift2)
-    and the last block's MLP residual is fused into the head's norm. The first block starts
-    with a plain ``adaln``.
-
-3D RoPE: the head dimension d is split into frequencies for frames, height and width as in Wan
-(d/2 complex pairs: d/2 - 2*floor(d/2/3) for frames, floor(d/2/3) each for height and width;
-theta 10000, positions the latent grid coordinates); pairs are adjacent channels (2i, 2i+1).
+latents [B, 16, T, H, W] -> patchify (1, 2, 2) -> N = T * (H / 2) * (W / 2) tokens of ``dim``
+-> 30 / 40 blocks (self-attention with 3D RoPE, cross-attention to the text, MLP, each with its
+AdaLN modulation in fp32) -> head -> unpatchify. ``fused_adaln=True`` computes the AdaLN parts
+with ``ditscale.ops.adaln`` / ``adaln_gated`` (each block's residuals fused into the next norm),
+``False`` with the eager formula; the two are numerically equivalent. The architecture, the
+fused schedule and the RoPE split: docs/models.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ as a ``bench.timing.Timing``. Metrics fields: docs/train.md#logs.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -60,6 +61,7 @@ def train_run(name: str, argv: List[str], out: str, dataset=None) -> RunResult:
     cfg = load_config([*argv, "--out", out])
     cuda = torch.cuda.is_available() and cfg.device != "cpu"
     if cuda:
+        gc.collect()                # the previous run's model and optimizer
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     status = run(cfg, dataset=dataset)

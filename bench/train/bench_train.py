@@ -136,7 +136,8 @@ def notes(args, prep: dict) -> str:
             f"rates over the steps after the first {args.warmup_steps}; extra flags: "
             f"`{args.train_args or '-'}`. The synthetic run reads in-memory latents of the "
             "store's shapes and ids through the same DataLoader, collate and loop; the store "
-            "run goes first, so a first run's one-time costs count against the store.")
+            "run goes first, so a first run's one-time costs count against the store; its shards "
+            "are in the page cache (prepare has just written them).")
 
 
 def main(argv=None) -> int:

@@ -26,6 +26,13 @@
 #   train     NPROC=1 MODEL_IMPL=diffusers tools/gpu_train.sh sweep fit train report with the
 #             runs balanced and balanced-nofused (TRAIN_BUDGET_S, SWEEP_BUDGET_S; TRAIN_STAGES
 #             the stages, M_MEM passed through)
+#   train-real  bench.train.bench_train: a generated corpus (480p / 720p clips, images) ->
+#             ditscale.prepare (clips/s) -> ditscale.train at Wan 2.1 1.3B dimensions from the
+#             store vs in-memory latents (tokens/s, peak memory), balanced vs equal-token loss
+#             (TRAIN_REAL_ARGS replaces the corpus and run sizes, TRAIN_REAL_FLAGS the
+#             ditscale.train flags; TRAIN_REAL_S, default 560); train-real_*.md and the loss PNG
+#             in $OUT. Needs the build phase's ditscale: on a lent machine run `build` in an
+#             earlier call (the build folder stays), then PHASES="wheels train-real".
 #   serve     bench.serve.bench_serve (SERVE_ARGS); SERVE_PYSPY=1: under py-spy (its wheel in
 #             .whl/), both processes sampled, and bench.serve.pyspy_compare's table of where
 #             the server's pipeline call differs from the direct one (serve-pyspy.md)
@@ -82,6 +89,11 @@ has train && step train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
   TRAIN_RUNS="balanced balanced-nofused" TRAIN_BUDGET_S=${TRAIN_BUDGET_S:-45} \
   SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-90} OUT="$LOGS/train" \
   bash tools/gpu_train.sh ${TRAIN_STAGES:-sweep fit train report}
+has train-real && step train-real "${TRAIN_REAL_S:-560}" $PY -m bench.train.bench_train \
+  --model wan2.1-1.3b --work /tmp/bench-train-real --out-dir "$OUT" \
+  ${TRAIN_REAL_ARGS:---videos-480p 96 --videos-720p 32 --images 72 --frames 17 --steps 30 \
+  --warmup-steps 5} \
+  --train-args "${TRAIN_REAL_FLAGS:---activation-checkpointing full --m-mem-tokens 65536}"
 [ -f "$LOGS/train/train-diffusers-x1.md" ] && cp "$LOGS/train/train-diffusers-x1.md" "$OUT/"
 SPY=()
 [ "${SERVE_PYSPY:-0}" = 1 ] && SPY=(/tmp/site/bin/py-spy record --subprocesses --idle --threads
@@ -101,7 +113,7 @@ echo
 echo "== gpu_bench ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
 print_rows
 for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/adaln-models.md \
-  "$OUT"/saved-tensors.md "$OUT"/serve*.md; do
+  "$OUT"/saved-tensors.md "$OUT"/train-real_*.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done
 exit 0

@@ -73,18 +73,21 @@ def prepare(cfg) -> Setup:
     return Setup(store, wan, folder)
 
 
-def run(cfg) -> int:
+def run(cfg, dataset=None) -> int:
+    """Trains per ``cfg``. ``dataset`` (Python only, not a config field): a map-style dataset
+    read instead of the store, with ``StoreDataset``'s ids and items (the benchmarks' in-memory
+    data); the store is still opened, checked and planned."""
     setup = prepare(cfg)
     env = init_distributed(cfg.device, cfg.pg_timeout_s)
     try:
-        return Trainer(cfg, setup, env).train()
+        return Trainer(cfg, setup, env, dataset).train()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 class Trainer:
-    def __init__(self, cfg, setup: Setup, env):
+    def __init__(self, cfg, setup: Setup, env, dataset=None):
         self.cfg, self.setup, self.env = cfg, setup, env
         self.rank, self.world, self.device = env.rank, env.world_size, env.device
         auto = "bf16" if self.device.type == "cuda" else "fp32"
@@ -103,7 +106,8 @@ class Trainer:
                                self.device, self.wan, self.dtype, cfg.grad_clip)
         self.objective = Objective(cfg.seed, cfg.shift, cfg.timestep_sampling, cfg.logit_mean,
                                    cfg.logit_std)
-        self.dataset = StoreDataset(self.store, self.store.meta.max_text_tokens)
+        self.dataset = (StoreDataset(self.store, self.store.meta.max_text_tokens)
+                        if dataset is None else dataset)
         self.sampler_kw = dict(
             model=self.store.shape_model, policy=cfg.policy, seed=cfg.seed,
             cost=cfg.cost or None, m_mem_tokens=cfg.m_mem_tokens or None,

@@ -1,0 +1,260 @@
+"""diffusers' step caches (``transformer.enable_cache``) on a sequence-parallel transformer:
+every rank makes the single-process decision, or the cache is refused by name.
+
+:func:`make_cache_consistent` (called on a parallelized transformer) checks the cache hooks
+already on it, turns FirstBlockCache's decision into one over the whole sequence (the sums its
+metric is made of, all-reduced over the sequence-parallel group; the batched CFG split adds the
+other half's rows), and wraps the instance's ``enable_cache`` so that a later cache is checked
+and converted the same way. Every data-dependent decision is followed by an agreement check
+(min == max over the group) that raises on every rank, naming the hook, block and step, instead
+of letting ranks enter different collectives. :func:`remove_cache_consistency` undoes it.
+What each hook is and why it is kept or refused: docs/diffusers/cache.md.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ._sp_context import context_of
+
+WHERE = "ditscale.diffusers cache"
+ATTR = "_ditscale_cache"  # on the transformer: its stock enable_cache (the wrapper's undo)
+
+# Hook class (diffusers 0.42) -> None (consistent as it is: decisions from step counters and
+# the schedule only, or no decision), "reduce" (made consistent here) or the refusal's reason.
+HOOKS: Dict[str, Optional[str]] = {
+    "FBCHeadBlockHook": "reduce",
+    "FBCBlockHook": None,
+    "PyramidAttentionBroadcastHook": None,
+    "TaylorSeerCacheHook": None,
+    "MagCacheHeadHook": None,  # calibrate=True is refused by CONFIGS
+    "MagCacheBlockHook": None,
+    "FasterCacheDenoiserHook": "it splits the batch into unconditional and conditional rows, "
+                               "which CFG parallelism moves to other ranks (not supported)",
+    "FasterCacheBlockHook": "FasterCache is refused as a whole",
+    "SeaCacheRootHook": "its spectral filter needs the whole frame on one rank and it votes "
+                        "over the default process group, not the sequence-parallel one",
+    "SeaCacheLeaderBlockHook": "SeaCache is refused as a whole",
+    "SeaCacheBlockHook": "SeaCache is refused as a whole",
+    "SeaCachePostNormHook": "SeaCache is refused as a whole",
+    "TextKVCacheTransformerHook": "its cached text keys and values bypass the sequence-parallel "
+                                  "attention processors (not supported)",
+    "TextKVCacheBlockHook": "TextKVCache is refused as a whole",
+}
+
+# enable_cache's config class -> None (kept) or the refusal's reason; any other class: refused.
+CONFIGS: Dict[str, Optional[str]] = {
+    "FirstBlockCacheConfig": None,
+    "PyramidAttentionBroadcastConfig": None,
+    "TaylorSeerCacheConfig": None,
+    "MagCacheConfig": None,
+    "FasterCacheConfig": HOOKS["FasterCacheDenoiserHook"],
+    "SeaCacheConfig": HOOKS["SeaCacheRootHook"],
+    "TextKVCacheConfig": HOOKS["TextKVCacheTransformerHook"],
+}
+
+
+def _refuse(what: str, reason: str):
+    raise ValueError(f"{WHERE}: {what} is refused on a sequence-parallel transformer: {reason}; "
+                     f"supported: {', '.join(k for k, v in CONFIGS.items() if v is None)} "
+                     f"(see docs/diffusers/cache.md)")
+
+
+def check_config(config) -> None:
+    """Refuses (ValueError naming it) an ``enable_cache`` config that ranks cannot follow."""
+    name = type(config).__name__
+    if name not in CONFIGS:
+        _refuse(name, "not a cache this version knows")
+    if CONFIGS[name] is not None:
+        _refuse(name, CONFIGS[name])
+    if name == "MagCacheConfig" and getattr(config, "calibrate", False):
+        _refuse("MagCacheConfig(calibrate=True)", "its calibration ratios would be each rank's "
+                "shard's; calibrate on one process")
+
+
+def _hooks(module) -> List[Tuple[str, Any]]:
+    """("submodule: hook name", hook) of every diffusers hook on ``module`` and below."""
+    found = []
+    for name, sub in module.named_modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        for hook_name, hook in (getattr(registry, "hooks", None) or {}).items():
+            found.append((f"{name or '(root)'}: {hook_name}", hook))
+    return found
+
+
+def check_cache_hooks(transformer) -> None:
+    """Refuses (ValueError naming hook and submodule) any cache hook on ``transformer`` that
+    ranks cannot follow: a refused one, or an unknown stateful one."""
+    config = getattr(transformer, "_cache_config", None)
+    if config is not None:
+        check_config(config)
+    for where, hook in _hooks(transformer):
+        kind = type(hook).__name__
+        if is_consistent(hook):
+            continue
+        if kind in HOOKS:
+            if HOOKS[kind] not in (None, "reduce"):
+                _refuse(f"the hook {kind} ({where})", HOOKS[kind])
+        elif getattr(hook, "_is_stateful", False):
+            _refuse(f"the stateful hook {kind} ({where})", "a hook this version does not know")
+
+
+def unsafe_stateful_hooks(module) -> List[str]:
+    """The stateful diffusers hooks on ``module`` that :func:`make_cache_consistent` has not
+    made safe ("submodule: hook"): what a CFG split must still refuse."""
+    return [where for where, hook in _hooks(module) if getattr(hook, "_is_stateful", False)
+            and not is_consistent(hook)
+            and not (type(hook).__name__ in HOOKS and HOOKS[type(hook).__name__] is None)]
+
+
+# ---- the group a decision is made over ------------------------------------------------------
+
+def decision_group(transformer) -> Tuple[Any, int]:
+    """(process group, size) whose ranks hold the rows and tokens of this transformer call:
+    the sequence-parallel mesh in force (a CFG half's during a split two-call pass), or the
+    whole pipeline mesh during a batched CFG split (the single process decides over both
+    halves' rows [uncond; cond] at once)."""
+    cfg = getattr(transformer, "_ditscale_cfg", None)  # _sp_pipeline.TransformerState
+    pipeline = getattr(cfg, "pipeline", None)
+    if pipeline is not None and pipeline.mode == "split" and pipeline.spec.pattern == "batched":
+        return pipeline.mesh.group, pipeline.mesh.size
+    ctx = context_of(transformer)
+    return ctx.mesh.group, ctx.mesh.size
+
+
+def all_reduce(values: torch.Tensor, group, op, where: str) -> torch.Tensor:
+    """``values`` all-reduced over ``group`` (CPU float64), bounded by the group's timeout: a
+    rank left alone in it gets a RuntimeError naming ``where``."""
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(values, op=op, group=group)
+    except RuntimeError as e:
+        raise RuntimeError(f"{WHERE}: {where}: the collective of the decision failed (another "
+                           f"rank did not enter it within the group timeout?): {e}") from None
+    return values
+
+
+def agree(decision: bool, group, size: int, where: str) -> bool:
+    """``decision`` if every rank of ``group`` made it, else a RuntimeError on every rank
+    naming ``where`` (one all-reduce of (d, -d) with MAX)."""
+    if size == 1:
+        return decision
+    d = float(decision)
+    votes = all_reduce(torch.tensor([d, -d], dtype=torch.float64), group,
+                       torch.distributed.ReduceOp.MAX, where)
+    if votes[0].item() != -votes[1].item():
+        raise RuntimeError(f"{WHERE}: {where}: ranks disagree whether to compute the remaining "
+                           f"blocks (this rank: {'compute' if decision else 'skip'}); every "
+                           f"rank stops here instead of entering different collectives")
+    return decision
+
+
+# ---- FirstBlockCache over the whole sequence --------------------------------------------------
+
+def _fbc_base():
+    from diffusers.hooks.first_block_cache import FBCHeadBlockHook
+
+    return FBCHeadBlockHook
+
+
+def is_consistent(hook) -> bool:
+    """Whether ``hook`` is a FirstBlockCache head hook made consistent here."""
+    return getattr(hook, "_ditscale_consistent", False)
+
+
+_CLASS: List[type] = []  # the consistent head hook's class, made on first use
+
+
+def _should_compute(self, hidden_states_residual: torch.Tensor) -> bool:
+    """FirstBlockCache's decision ``mean|r - r_prev| / mean|r_prev| > threshold`` with both
+    sums over the whole sequence (the token counts cancel): float64 sums of this rank's shard,
+    all-reduced over :func:`decision_group`; then the agreement check."""
+    shared = self.state_manager.get_state()
+    transformer = self._ditscale_transformer()
+    group, size = decision_group(transformer)
+    self._ditscale_calls += 1
+    where = (f"FirstBlockCache at {self._ditscale_block!r}, cache context "
+             f"{self.state_manager.context.name!r}, call {self._ditscale_calls}")
+    if shared.head_block_residual is None:
+        return agree(True, group, size, where)
+    prev = shared.head_block_residual
+    sums = torch.stack([(hidden_states_residual - prev).abs().sum(dtype=torch.float64),
+                        prev.abs().sum(dtype=torch.float64)]).cpu()
+    if size > 1:
+        sums = self._ditscale_reduce(sums, group, where)
+    decision = bool((sums[0] / sums[1]).item() > self.threshold)
+    return agree(decision, group, size, where)
+
+
+def _reduce_sums(self, sums: torch.Tensor, group, where: str) -> torch.Tensor:
+    return all_reduce(sums, group, torch.distributed.ReduceOp.SUM, where)
+
+
+def _reset_state(self, module):
+    self._ditscale_calls = 0
+    return _fbc_base().reset_state(self, module)
+
+
+def _fbc_class() -> type:
+    """FBCHeadBlockHook with :func:`_should_compute` (a subclass: ``reset_state`` and the
+    registry's handling are the stock ones)."""
+    if not _CLASS:
+        _CLASS.append(type("ConsistentFBCHeadHook", (_fbc_base(),), {
+            "__module__": __name__, "_ditscale_consistent": True,
+            "_should_compute_remaining_blocks": torch.compiler.disable(_should_compute),
+            "_ditscale_reduce": _reduce_sums, "reset_state": _reset_state}))
+    return _CLASS[0]
+
+
+def _convert(transformer) -> None:
+    """Every stock FirstBlockCache head hook on ``transformer`` -> ConsistentFBCHeadHook."""
+    for name, sub in transformer.named_modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        for hook in (getattr(registry, "hooks", None) or {}).values():
+            if type(hook) is _fbc_base():
+                hook.__class__ = _fbc_class()
+                hook._ditscale_transformer = weakref.ref(transformer)
+                hook._ditscale_block = name
+                hook._ditscale_calls = 0
+
+
+def _restore(transformer) -> None:
+    for _, hook in _hooks(transformer):
+        if is_consistent(hook):
+            hook.__class__ = _fbc_base()
+
+
+# ---- the entry points -----------------------------------------------------------------------
+
+def make_cache_consistent(transformer) -> None:
+    """Makes ``transformer``'s step caches (enabled now or later through its
+    ``enable_cache``) decide identically on every rank (see the module). Call once the
+    transformer is parallelized, on every rank; a refused cache already on it is a ValueError
+    naming it. Idempotent."""
+    if context_of(transformer) is None:
+        raise ValueError(f"{WHERE}: this {type(transformer).__name__} is not parallelized")
+    check_cache_hooks(transformer)
+    _convert(transformer)
+    if ATTR in transformer.__dict__ or not hasattr(transformer, "enable_cache"):
+        return
+    stock = transformer.enable_cache  # the bound CacheMixin method
+
+    def enable_cache(config) -> None:
+        check_config(config)
+        stock(config)
+        _convert(transformer)
+
+    enable_cache.__doc__ = stock.__doc__
+    transformer.__dict__[ATTR] = stock
+    transformer.enable_cache = enable_cache
+
+
+def remove_cache_consistency(transformer) -> None:
+    """Undoes :func:`make_cache_consistent`: the stock ``enable_cache`` and hooks."""
+    if transformer.__dict__.pop(ATTR, None) is not None:
+        transformer.__dict__.pop("enable_cache", None)
+    _restore(transformer)

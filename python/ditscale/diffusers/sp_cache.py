@@ -45,6 +45,13 @@ HOOKS: Dict[str, Optional[str]] = {
     "TextKVCacheBlockHook": "TextKVCache is refused as a whole",
 }
 
+# Hooks kept under sequence parallelism and a batched CFG split but refused under a two-call one
+# (the pipeline's own refusal of its stateful hooks, at the call): the reason.
+TWO_CALL_SPLIT: Dict[str, str] = {
+    "PyramidAttentionBroadcastHook": "its one cache is shared by the 'cond' and the 'uncond' "
+                                     "call of a step, which the split runs on different ranks",
+}
+
 # enable_cache's config class -> None (kept) or the refusal's reason; any other class: refused.
 CONFIGS: Dict[str, Optional[str]] = {
     "FirstBlockCacheConfig": None,
@@ -63,9 +70,24 @@ def _refuse(what: str, reason: str):
                      f"(see docs/diffusers/cache.md)")
 
 
-def check_config(config) -> None:
-    """Refuses (ValueError naming it) an ``enable_cache`` config that ranks cannot follow."""
+def _blocks(transformer) -> int:
+    """The transformer blocks the block caches see (diffusers' block-list identifiers)."""
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS as names
+
+    return sum(len(sub) for name, sub in transformer.named_children()
+               if name in names and isinstance(sub, torch.nn.ModuleList))
+
+
+def check_config(config, transformer=None) -> None:
+    """Refuses (ValueError naming it) an ``enable_cache`` config that ranks cannot follow, or
+    that ``transformer`` has too few blocks for (a head and a tail block: diffusers would fail
+    with an IndexError)."""
     name = type(config).__name__
+    if name in ("FirstBlockCacheConfig", "MagCacheConfig") and transformer is not None:
+        blocks = _blocks(transformer)
+        if blocks < 2:
+            raise ValueError(f"{WHERE}: {name} needs at least 2 transformer blocks (a head and "
+                             f"a tail); this {type(transformer).__name__} has {blocks}")
     if name not in CONFIGS:
         _refuse(name, "not a cache this version knows")
     if CONFIGS[name] is not None:
@@ -102,12 +124,26 @@ def check_cache_hooks(transformer) -> None:
             _refuse(f"the stateful hook {kind} ({where})", "a hook this version does not know")
 
 
+def _split_pattern(module) -> Optional[str]:
+    """"two-call" or "batched": the CFG split pattern of a parallelized pipeline's
+    transformer (_sp_pipeline.TransformerState), else None."""
+    state = getattr(module, "_ditscale_cfg", None)
+    return getattr(getattr(getattr(state, "pipeline", None), "spec", None), "pattern", None)
+
+
 def unsafe_stateful_hooks(module) -> List[str]:
-    """The stateful diffusers hooks on ``module`` that :func:`make_cache_consistent` has not
-    made safe ("submodule: hook"): what a CFG split must still refuse."""
-    return [where for where, hook in _hooks(module) if getattr(hook, "_is_stateful", False)
-            and not is_consistent(hook)
-            and not (type(hook).__name__ in HOOKS and HOOKS[type(hook).__name__] is None)]
+    """The stateful diffusers hooks on ``module`` that a CFG split must still refuse
+    ("submodule: hook"): those :func:`make_cache_consistent` has not made safe, and under a
+    two-call split those of :data:`TWO_CALL_SPLIT`."""
+    two_call = _split_pattern(module) == "two-call"
+    found = []
+    for where, hook in _hooks(module):
+        kind = type(hook).__name__
+        safe = is_consistent(hook) or (kind in HOOKS and HOOKS[kind] is None
+                                       and not (two_call and kind in TWO_CALL_SPLIT))
+        if getattr(hook, "_is_stateful", False) and not safe:
+            found.append(f"{where} ({TWO_CALL_SPLIT.get(kind, kind)})")
+    return found
 
 
 # ---- the group a decision is made over ------------------------------------------------------
@@ -126,16 +162,19 @@ def decision_group(transformer) -> Tuple[Any, int]:
 
 
 def all_reduce(values: torch.Tensor, group, op, where: str) -> torch.Tensor:
-    """``values`` all-reduced over ``group`` (CPU float64), bounded by the group's timeout: a
-    rank left alone in it gets a RuntimeError naming ``where``."""
+    """``values`` (float64) all-reduced over ``group``, on the CPU (gloo) or the current CUDA
+    device (NCCL), bounded by the group's timeout: a rank left alone in it gets a RuntimeError
+    naming ``where`` (gloo; NCCL's watchdog aborts the process at its timeout)."""
     import torch.distributed as dist
 
+    if "nccl" in str(dist.get_backend(group)):
+        values = values.to(torch.device("cuda", torch.cuda.current_device()))
     try:
         dist.all_reduce(values, op=op, group=group)
     except RuntimeError as e:
         raise RuntimeError(f"{WHERE}: {where}: the collective of the decision failed (another "
                            f"rank did not enter it within the group timeout?): {e}") from None
-    return values
+    return values.cpu()
 
 
 def agree(decision: bool, group, size: int, where: str) -> bool:
@@ -176,9 +215,9 @@ def _should_compute(self, hidden_states_residual: torch.Tensor) -> bool:
     shared = self.state_manager.get_state()
     transformer = self._ditscale_transformer()
     group, size = decision_group(transformer)
-    self._ditscale_calls += 1
+    shared.ditscale_step = getattr(shared, "ditscale_step", 0) + 1  # per cache context
     where = (f"FirstBlockCache at {self._ditscale_block!r}, cache context "
-             f"{self.state_manager.context.name!r}, call {self._ditscale_calls}")
+             f"{self.state_manager.context.name!r}, step {shared.ditscale_step}")
     if shared.head_block_residual is None:
         return agree(True, group, size, where)
     prev = shared.head_block_residual
@@ -194,19 +233,14 @@ def _reduce_sums(self, sums: torch.Tensor, group, where: str) -> torch.Tensor:
     return all_reduce(sums, group, torch.distributed.ReduceOp.SUM, where)
 
 
-def _reset_state(self, module):
-    self._ditscale_calls = 0
-    return _fbc_base().reset_state(self, module)
-
-
 def _fbc_class() -> type:
-    """FBCHeadBlockHook with :func:`_should_compute` (a subclass: ``reset_state`` and the
-    registry's handling are the stock ones)."""
+    """FBCHeadBlockHook with :func:`_should_compute` (a subclass: its state, ``reset_state``
+    and the registry's handling are the stock ones)."""
     if not _CLASS:
         _CLASS.append(type("ConsistentFBCHeadHook", (_fbc_base(),), {
             "__module__": __name__, "_ditscale_consistent": True,
             "_should_compute_remaining_blocks": torch.compiler.disable(_should_compute),
-            "_ditscale_reduce": _reduce_sums, "reset_state": _reset_state}))
+            "_ditscale_reduce": _reduce_sums}))
     return _CLASS[0]
 
 
@@ -219,7 +253,6 @@ def _convert(transformer) -> None:
                 hook.__class__ = _fbc_class()
                 hook._ditscale_transformer = weakref.ref(transformer)
                 hook._ditscale_block = name
-                hook._ditscale_calls = 0
 
 
 def _restore(transformer) -> None:
@@ -244,7 +277,7 @@ def make_cache_consistent(transformer) -> None:
     stock = transformer.enable_cache  # the bound CacheMixin method
 
     def enable_cache(config) -> None:
-        check_config(config)
+        check_config(config, transformer)
         stock(config)
         _convert(transformer)
 

@@ -1,8 +1,9 @@
 """ditscale.diffusers.sp_cache (CPU): diffusers' step caches on parallelized pipelines.
 
-Under 2 gloo processes (one spawn): tiny Wan (two-call CFG) and CogVideoX (batched CFG)
-pipelines with 3 blocks, 6 steps, FirstBlockCache at thresholds that skip some steps and
-compute others, PyramidAttentionBroadcast, TaylorSeer and MagCache on Wan; each with CFG
+Under 2 gloo processes (one spawn): tiny Wan, Flux, HunyuanVideo (two-call CFG) and CogVideoX
+(batched CFG) pipelines with 3 blocks, 6 steps, FirstBlockCache at thresholds that skip some
+steps and compute others, PyramidAttentionBroadcast (Wan: refused under the two-call split;
+CogVideoX), TaylorSeer and MagCache on Wan; each with CFG
 parallelism (halves of one rank) and with cfg_parallel=False (sequence parallel over both
 ranks): the latents equal the single-process cached pipeline's within fp32 tolerance, the same
 bits on both ranks, and differ from the uncached run (the cache did skip). Then, on a group with
@@ -30,14 +31,20 @@ TEXT = 5
 GROUP_TIMEOUT_S = 3.0
 
 
-def make(name: str, layers: int = 3):
-    """The tiny pipeline ``name`` with a transformer of ``layers`` blocks (FirstBlockCache
-    needs a head, a tail and one between), the same random weights on every rank."""
+# Blocks of the test transformers (FirstBlockCache needs a head, a tail and one between).
+LAYERS = {"wan": dict(num_layers=3), "cogvideox": dict(num_layers=3),
+          "flux": dict(num_layers=2, num_single_layers=1),
+          "hunyuan-video": dict(num_layers=2, num_single_layers=1)}
+
+
+def make(name: str, **layers):
+    """The tiny pipeline ``name`` with the transformer blocks of :data:`LAYERS` (or
+    ``layers``), the same random weights on every rank."""
     pipe = tiny.make_pipeline(name)
     cls, config = tiny._parts(name, "tiny")["transformer"]
     with torch.random.fork_rng():
         torch.manual_seed(1)
-        transformer = getattr(diffusers, cls)(**{**config, "num_layers": layers}).eval()
+        transformer = getattr(diffusers, cls)(**{**config, **(layers or LAYERS[name])}).eval()
     pipe.register_modules(transformer=transformer)
     return pipe
 
@@ -45,15 +52,21 @@ def make(name: str, layers: int = 3):
 def call_kwargs(name: str, pipe) -> dict:
     h, w, f = tiny.DEFAULT_SHAPES[name]["tiny"]
     kw = dict(height=h, width=w, num_inference_steps=STEPS, output_type="latent",
-              generator=torch.Generator().manual_seed(3), guidance_scale=5.0)
+              generator=torch.Generator().manual_seed(3))
     kw.update(tiny.make_prompt_embeds(pipe, TEXT, seed=4))
-    kw["num_frames"] = f
+    if name in tiny.VIDEO_PIPELINES:
+        kw["num_frames"] = f
+    if name in ("flux", "hunyuan-video"):
+        kw["true_cfg_scale"] = 4.0
+    else:
+        kw["guidance_scale"] = 5.0
     return kw
 
 
 def latents(pipe, name: str) -> torch.Tensor:
     with torch.no_grad():
-        return pipe(**call_kwargs(name, pipe)).frames
+        out = pipe(**call_kwargs(name, pipe))
+    return out.images if hasattr(out, "images") else out.frames
 
 
 def cache_config(label: str, pipe):
@@ -78,7 +91,8 @@ def cache_config(label: str, pipe):
 # with margins of at least 0.01 to the threshold).
 # PyramidAttentionBroadcast under Wan's two-call CFG split is refused (checked below).
 CASES = {"wan": ("fbc:0.1", "fbc:0.2", "fbc:0.3", "pab", "taylorseer", "mag"),
-         "cogvideox": ("fbc:0.4", "fbc:0.5", "pab")}
+         "cogvideox": ("fbc:0.4", "fbc:0.5", "pab"),
+         "flux": ("fbc:0.25",), "hunyuan-video": ("fbc:0.25",)}
 MODES = ("split", "sp")  # CFG parallelism (halves of 1 rank), cfg_parallel=False (SP over 2)
 
 
@@ -204,7 +218,7 @@ def test_refused_at_enable_cache_with_its_name(config, named):
 
 
 def test_block_caches_need_two_blocks():
-    pipe = dd.parallelize_pipeline(make("wan", layers=1))
+    pipe = dd.parallelize_pipeline(make("wan", num_layers=1))
     sp_cache.make_cache_consistent(pipe.transformer)
     message = _refusal(lambda: pipe.transformer.enable_cache(
         diffusers.FirstBlockCacheConfig(threshold=0.1)))

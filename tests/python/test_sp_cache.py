@@ -145,8 +145,9 @@ def diverge(rank) -> dict:
     """Two ranks made to diverge on a group with a short timeout: (message, seconds) per case."""
     import datetime
 
-    short = torch.distributed.new_group([0, 1], timeout=datetime.timedelta(
-        seconds=GROUP_TIMEOUT_S))
+    # one group per case that breaks its group (gloo closes a pair that timed out)
+    short, short2 = (torch.distributed.new_group([0, 1], timeout=datetime.timedelta(
+        seconds=GROUP_TIMEOUT_S)) for _ in range(2))
     out = {}
     pipe = parallel("wan", "sp", mesh=sp.Mesh(1, 2, group=short))
     threshold = 0.0 if rank == 0 else 100.0  # rank 0 always computes, rank 1 always skips
@@ -163,6 +164,20 @@ def diverge(rank) -> dict:
     out["left"] = _outcome(lambda: latents(pipe, "wan"))
     if rank == 1:
         time.sleep(GROUP_TIMEOUT_S + 1)  # alive, but out of the collective: rank 0 must time out
+
+    pipe = parallel("wan", "sp", mesh=sp.Mesh(1, 2, group=short2))
+    pipe.transformer.enable_cache(diffusers.FirstBlockCacheConfig(threshold=0.0))
+    if rank == 1:  # leaves inside the blocks, after the ranks agreed to compute them
+        calls = []
+
+        def leave_attention(module, args):
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("rank 1 leaves before blocks.1.attn1")
+        pipe.transformer.blocks[1].attn1.register_forward_pre_hook(leave_attention)
+    out["left-in-block"] = _outcome(lambda: latents(pipe, "wan"))
+    if rank == 1:
+        time.sleep(GROUP_TIMEOUT_S + 1)
     return out
 
 
@@ -190,6 +205,11 @@ def test_caches_match_the_single_process_run_and_diverging_ranks_fail_fast():
     assert "rank 1 leaves at FirstBlockCache at 'blocks.0'" in d1["left"][0], d1["left"]
     message, seconds = d0["left"]
     assert "the collective of the decision failed" in message and "'blocks.0'" in message, message
+    assert seconds < GROUP_TIMEOUT_S + 5, seconds
+    assert "rank 1 leaves before blocks.1.attn1" in d1["left-in-block"][0], d1["left-in-block"]
+    message, seconds = d0["left-in-block"]  # the sp attention's transfer, not the cache's
+    assert "ditscale.sp (CPU): rank 0:" in message and f"within {GROUP_TIMEOUT_S:g} s" in message, \
+        message
     assert seconds < GROUP_TIMEOUT_S + 5, seconds
 
 

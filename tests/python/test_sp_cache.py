@@ -13,6 +13,7 @@ within the timeout. Without processes: the refusals (at enable_cache and at
 make_cache_consistent) and the undo.
 """
 
+import copy
 import time
 
 import pytest
@@ -263,6 +264,9 @@ def test_fbc_enabled_before_is_converted_and_the_undo_restores_the_stock_cache()
     sp_cache.make_cache_consistent(t)  # idempotent
     assert sum(sp_cache.is_consistent(h) for _, h in sp_cache._hooks(t)) == 1
     assert sp_cache.unsafe_stateful_hooks(t) == []
+    assert t.enable_cache.__self__ is t
+    copied = copy.deepcopy(t)
+    assert copied.enable_cache.__self__ is copied  # the copy's check is of the copy
     ref = latents(pipe, "wan")
     sp_cache.remove_cache_consistency(t)
     assert "enable_cache" not in t.__dict__

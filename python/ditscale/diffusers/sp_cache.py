@@ -13,6 +13,7 @@ What each hook is and why it is kept or refused: docs/diffusers/cache.md.
 
 from __future__ import annotations
 
+import types
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -21,7 +22,6 @@ import torch
 from ._sp_context import context_of
 
 WHERE = "ditscale.diffusers cache"
-ATTR = "_ditscale_cache"  # on the transformer: its stock enable_cache (the wrapper's undo)
 
 # Hook class (diffusers 0.42) -> None (consistent as it is: decisions from step counters and
 # the schedule only, or no decision), "reduce" (made consistent here) or the refusal's reason.
@@ -263,6 +263,15 @@ def _restore(transformer) -> None:
 
 # ---- the entry points -----------------------------------------------------------------------
 
+def _enable_cache(self, config) -> None:
+    """``enable_cache`` of a transformer made consistent: ``config`` checked first (a
+    ValueError naming a refused one, before any change), then the stock method, then its hooks
+    converted."""
+    check_config(config, self)
+    type(self).enable_cache(self, config)
+    _convert(self)
+
+
 def make_cache_consistent(transformer) -> None:
     """Makes ``transformer``'s step caches (enabled now or later through its
     ``enable_cache``) decide identically on every rank (see the module). Call once the
@@ -272,22 +281,11 @@ def make_cache_consistent(transformer) -> None:
         raise ValueError(f"{WHERE}: this {type(transformer).__name__} is not parallelized")
     check_cache_hooks(transformer)
     _convert(transformer)
-    if ATTR in transformer.__dict__ or not hasattr(transformer, "enable_cache"):
-        return
-    stock = transformer.enable_cache  # the bound CacheMixin method
-
-    def enable_cache(config) -> None:
-        check_config(config, transformer)
-        stock(config)
-        _convert(transformer)
-
-    enable_cache.__doc__ = stock.__doc__
-    transformer.__dict__[ATTR] = stock
-    transformer.enable_cache = enable_cache
+    if hasattr(type(transformer), "enable_cache"):  # CacheMixin (SD3's transformer is none)
+        transformer.__dict__["enable_cache"] = types.MethodType(_enable_cache, transformer)
 
 
 def remove_cache_consistency(transformer) -> None:
     """Undoes :func:`make_cache_consistent`: the stock ``enable_cache`` and hooks."""
-    if transformer.__dict__.pop(ATTR, None) is not None:
-        transformer.__dict__.pop("enable_cache", None)
+    transformer.__dict__.pop("enable_cache", None)
     _restore(transformer)

@@ -124,11 +124,26 @@ def check_cache_hooks(transformer) -> None:
             _refuse(f"the stateful hook {kind} ({where})", "a hook this version does not know")
 
 
+def _pipeline_state(module):
+    """The _sp_pipeline.PipelineState of a parallelized pipeline's transformer, else None; a
+    RuntimeError if it lacks what this module reads (mode, spec.pattern, mesh)."""
+    state = getattr(module, "_ditscale_cfg", None)  # _sp_pipeline.TransformerState
+    if state is None:
+        return None
+    pipeline = getattr(state, "pipeline", None)
+    if not all(hasattr(x, a) for x, a in ((pipeline, "mode"), (pipeline, "mesh"),
+                                           (getattr(pipeline, "spec", None), "pattern"))):
+        raise RuntimeError(f"{WHERE}: the CFG state of parallelize_pipeline has no "
+                           f"pipeline.mode, pipeline.mesh or pipeline.spec.pattern (the module "
+                           f"that reads it must follow _sp_pipeline)")
+    return pipeline
+
+
 def _split_pattern(module) -> Optional[str]:
     """"two-call" or "batched": the CFG split pattern of a parallelized pipeline's
-    transformer (_sp_pipeline.TransformerState), else None."""
-    state = getattr(module, "_ditscale_cfg", None)
-    return getattr(getattr(getattr(state, "pipeline", None), "spec", None), "pattern", None)
+    transformer, else None."""
+    pipeline = _pipeline_state(module)
+    return None if pipeline is None else pipeline.spec.pattern
 
 
 def unsafe_stateful_hooks(module) -> List[str]:
@@ -153,8 +168,7 @@ def decision_group(transformer) -> Tuple[Any, int]:
     the sequence-parallel mesh in force (a CFG half's during a split two-call pass), or the
     whole pipeline mesh during a batched CFG split (the single process decides over both
     halves' rows [uncond; cond] at once)."""
-    cfg = getattr(transformer, "_ditscale_cfg", None)  # _sp_pipeline.TransformerState
-    pipeline = getattr(cfg, "pipeline", None)
+    pipeline = _pipeline_state(transformer)
     if pipeline is not None and pipeline.mode == "split" and pipeline.spec.pattern == "batched":
         return pipeline.mesh.group, pipeline.mesh.size
     ctx = context_of(transformer)

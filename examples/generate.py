@@ -52,7 +52,7 @@ import torch.distributed as dist
 from ditscale._checks import check_int, check_real
 from ditscale.diffusers import generation, parallelize_pipeline
 from ditscale.diffusers import sp_cache, tiny
-from ditscale.diffusers.cache_option import parse_cache
+from ditscale.diffusers.cache_option import KINDS, parse_cache
 from ditscale.diffusers.generation import DEFAULT_GUIDANCE
 from ditscale.diffusers._sp_pipeline import state_of
 
@@ -81,7 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strategy", default="auto", help="a ditscale.sp strategy or auto")
     p.add_argument("--no-cfg-parallel", action="store_true")
     p.add_argument("--cache", default="none",
-                   help="step caching: none or first-block:THRESHOLD")
+                   help="step caching: none, or " + "; ".join(
+                       f"{k}:{v.field.upper()} in [{v.lo:g}, {v.hi:g}]: {v.meaning}"
+                       for k, v in KINDS.items()))
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda when available")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None,

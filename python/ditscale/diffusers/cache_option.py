@@ -15,24 +15,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .._checks import check_int, check_real
+from .._checks import check_real
 
 
 @dataclass(frozen=True)
 class Kind:
     """One ``--cache`` kind: ``config`` (the class in ``diffusers.hooks``) with ``field`` =
-    VALUE, an int or a float in [lo, hi]."""
+    VALUE, a number in [lo, hi]."""
 
     config: str
     field: str
-    integer: bool
     lo: float
     hi: float
     meaning: str
 
 
 KINDS = {
-    "first-block": Kind("FirstBlockCacheConfig", "threshold", False, 0.0, 1.0,
+    "first-block": Kind("FirstBlockCacheConfig", "threshold", 0.0, 1.0,
                         "skip the other blocks while the first block's residual changes by "
                         "less than this (relative mean absolute change)"),
 }
@@ -50,12 +49,11 @@ def parse_cache(name: str, text: Optional[str]):
     row = KINDS[kind]
     where = f"{name} {kind}:{row.field}"
     try:
-        number = int(value) if row.integer else float(value)
+        number = float(value)
     except ValueError:
-        raise ValueError(f"{where}: {value!r} is not {'an integer' if row.integer else 'a number'}"
-                         f" in [{row.lo:g}, {row.hi:g}]") from None
-    number = (check_int(where, number, int(row.lo), int(row.hi)) if row.integer
-              else check_real(where, number, row.lo, row.hi))
+        raise ValueError(f"{where}: {value!r} is not a number in [{row.lo:g}, {row.hi:g}]"
+                         ) from None
+    number = check_real(where, number, row.lo, row.hi)
     import diffusers.hooks
 
     return getattr(diffusers.hooks, row.config)(**{row.field: number})

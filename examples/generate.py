@@ -31,7 +31,9 @@ missing and checked writable before anything is built.
 Ranges (checked, named in errors): --height, --width [8, 16384] (the pipeline adds its own
 divisibility rule and limits: SD3's position embedding, Wan's rotary table); --frames
 [1, 1025] (videos; 1 for images; Wan: within its rotary table); --steps [1, 1000]; --guidance
-[0, 100]; --seed [0, 2^63 - 1]; --fps [1, 240]; --text-tokens [1, 4096]. Defaults: the tiny or
+[0, 100]; --seed [0, 2^63 - 1]; --fps [1, 240]; --text-tokens [1, 4096]; --cache
+first-block:THRESHOLD [0, 1] (``cache_option``; step caching that decides alike on every rank:
+``sp_cache``, docs/diffusers/cache.md). Defaults: the tiny or
 full shape of the pipeline (``tiny.DEFAULT_SHAPES``; --size: tiny, with --weights full), 2 steps
 tiny / 30 full, each pipeline's usual guidance.
 """
@@ -39,6 +41,7 @@ tiny / 30 full, each pipeline's usual guidance.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import os
 import sys
@@ -48,7 +51,8 @@ import torch.distributed as dist
 
 from ditscale._checks import check_int, check_real
 from ditscale.diffusers import generation, parallelize_pipeline
-from ditscale.diffusers import tiny
+from ditscale.diffusers import sp_cache, tiny
+from ditscale.diffusers.cache_option import KINDS, parse_cache
 from ditscale.diffusers.generation import DEFAULT_GUIDANCE
 from ditscale.diffusers._sp_pipeline import state_of
 
@@ -76,6 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="length of the made prompt embeddings (no --weights)")
     p.add_argument("--strategy", default="auto", help="a ditscale.sp strategy or auto")
     p.add_argument("--no-cfg-parallel", action="store_true")
+    p.add_argument("--cache", default="none",
+                   help="step caching: none, or " + "; ".join(
+                       f"{k}:{v.field.upper()} in [{v.lo:g}, {v.hi:g}]: {v.meaning}"
+                       for k, v in KINDS.items()))
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="default: cuda when available")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
@@ -102,6 +110,7 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
                                if args.guidance is None else args.guidance, 0.0, 100.0)
     args.seed = check_int("--seed", args.seed, 0, 2**63 - 1)
     args.fps = check_int("--fps", args.fps, 1, 240)
+    args.cache_config = parse_cache("--cache", args.cache)
     if args.text_tokens is None:
         args.text_tokens = tiny.default_text_tokens(args.pipeline, args.size)
     args.text_tokens = check_int("--text-tokens", args.text_tokens, 1, 4096)
@@ -247,6 +256,17 @@ def save(array, path: str, fps: int) -> str:
     return path
 
 
+def enable_cache(pipe, config) -> None:
+    """--cache on every transformer of the parallelized ``pipe`` (each rank decides alike:
+    ``sp_cache``), or nothing for none."""
+    if config is None:
+        return
+    for t in (pipe.transformer, getattr(pipe, "transformer_2", None)):
+        if t is not None:
+            sp_cache.make_cache_consistent(t)
+            t.enable_cache(copy.deepcopy(config))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = generation.init_distributed(args.device)
@@ -261,6 +281,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--height/--width/--frames: {wrong}")
         pipe = parallelize_pipeline(pipe, cfg_parallel=not args.no_cfg_parallel,
                                     strategy=args.strategy)
+        enable_cache(pipe, args.cache_config)
         kwargs = call_kwargs(args, pipe, device, rank)
         if rank == 0:
             shape = f"{args.height}x{args.width}" + (f", {args.frames} frames" if video else "")

@@ -24,7 +24,8 @@ from .meshes import Mesh, shard_range
 from .planning import best_for_transport, plan, planned_config
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-TIMEOUT_S = 120.0  # a transfer that does not complete in this time fails the call
+TIMEOUT_S = 120.0  # a transfer that does not complete in this time (or the group's timeout,
+# if shorter) fails the call
 
 # (group, size, rank, local shape) -> total image tokens; (id(group), shape, config) -> Program.
 _SEQ_TOTAL: Dict[Tuple, int] = {}
@@ -37,6 +38,16 @@ def process_group(mesh: Mesh):
     if mesh.group is not None:
         return mesh.group
     return dist.distributed_c10d._get_default_group()
+
+
+def timeout_s(pg) -> float:
+    """Seconds a transfer may take: the process group's timeout, at most :data:`TIMEOUT_S` (a
+    rank whose peer never comes fails within the group's timeout, as a collective would)."""
+    try:
+        group_s = pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):  # no gloo backend options: the default
+        return TIMEOUT_S
+    return min(TIMEOUT_S, group_s)
 
 
 def check_gloo(mesh: Mesh, where: str) -> None:
@@ -125,6 +136,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise RuntimeError(f"{where}: rank {mesh.rank} holds {q.shape[1]} image tokens, the "
                            f"schedule ({prog.description}) gives it {prog.image_tokens[1]} of "
                            f"{shape['seq']}")
-    out, text_out = cpu_executor.execute(prog, process_group(mesh), q, k, v, joint, TIMEOUT_S)
+    pg = process_group(mesh)
+    out, text_out = cpu_executor.execute(prog, pg, q, k, v, joint, timeout_s(pg))
     out = out.to(q.dtype)
     return out, None if text_out is None else text_out.to(q.dtype)

@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from ditscale._checks import check_int, check_real
 from ditscale.diffusers import generation, parallelize_pipeline
-from ditscale.diffusers import sp_cache, tiny
+from ditscale.diffusers import tiny
 from ditscale.diffusers.cache_option import KINDS, parse_cache
 from ditscale.diffusers.generation import DEFAULT_GUIDANCE
 from ditscale.diffusers._sp_pipeline import state_of
@@ -262,8 +262,7 @@ def enable_cache(pipe, config) -> None:
     if config is None:
         return
     for t in (pipe.transformer, getattr(pipe, "transformer_2", None)):
-        if t is not None:
-            sp_cache.make_cache_consistent(t)
+        if t is not None:  # parallelize_pipeline made its caches decide alike (sp_cache)
             t.enable_cache(copy.deepcopy(config))
 
 

@@ -309,6 +309,8 @@ def test_option_defaults():
     (["--seed", "-1"], "--seed: -1 is out of range"),
     (["--weights", "/x", "--size", "small"], "--weights: give a checkpoint folder or --size"),
     (["--full-size", "--size", "small"], "--full-size: given with --size small"),
+    (["--cache", "first-block:2"], "--cache first-block:threshold: 2"),
+    (["--cache", "teacache:0.1"], "--cache: 'teacache:0.1' is not none or one of"),
 ])
 def test_bad_options_are_named(argv, words, capsys):
     with pytest.raises(ValueError) as info:

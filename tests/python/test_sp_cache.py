@@ -23,7 +23,6 @@ diffusers = pytest.importorskip("diffusers")
 
 import ditscale.diffusers as dd  # noqa: E402
 from ditscale import sp  # noqa: E402
-from ditscale.diffusers import _sp_pipeline as sp_pipeline  # noqa: E402
 from ditscale.diffusers import sp_cache, tiny  # noqa: E402
 
 TOLERANCE = 1e-4  # max abs error relative to max(1, max |reference|), fp32
@@ -100,7 +99,6 @@ MODES = ("split", "sp")  # CFG parallelism (halves of 1 rank), cfg_parallel=Fals
 def parallel(name: str, mode: str, mesh=None):
     pipe = dd.parallelize_pipeline(make(name), mesh=mesh, strategy="ulysses",
                                    cfg_parallel=mode == "split")
-    sp_cache.make_cache_consistent(pipe.transformer)
     return pipe
 
 
@@ -109,9 +107,6 @@ def relative_error(out, ref) -> float:
 
 
 def compare_all(rank, world):
-    # Until parallelize_pipeline refuses only the hooks sp_cache did not make safe (the merge
-    # wires it), the CFG split's own check is pointed at sp_cache's list.
-    sp_pipeline._stateful_hooks = sp_cache.unsafe_stateful_hooks
     results = {}
     for name, labels in CASES.items():
         plain = latents(make(name), name)

@@ -34,13 +34,18 @@ def parallelize(transformer, mesh=None, strategy: str = "auto", **options):
     ``ditscale.sp.Config`` fields (chunks, ulysses_chunks, transport, comm_sms, topology, ...).
     Parallelizing twice is refused; :func:`unparallelize` undoes it.
     """
-    from . import _sp_plan
+    from . import _sp_plan, sp_cache
     from ._sp_context import make_context
 
     where = "ditscale.diffusers.parallelize"
     family = family_of(transformer, SUPPORTED_TRANSFORMERS, "transformer", where)
     ctx = make_context(where, mesh, strategy, options)
     _sp_plan.apply(_family_module("sp", family).PLAN, transformer, ctx)
+    try:  # step caches (enabled now or later) decide alike on every rank, or are refused
+        sp_cache.make_cache_consistent(transformer)
+    except BaseException:
+        _sp_plan.remove(where, transformer)
+        raise
     return transformer
 
 
@@ -48,7 +53,7 @@ def unparallelize(obj):
     """Undoes :func:`parallelize` on a transformer (every hook removed, the stock processor
     objects back: the stock module, bit for bit), or :func:`parallelize_pipeline` on a pipeline;
     returns ``obj``. Refused for what was not parallelized."""
-    from . import _sp_pipeline, _sp_plan
+    from . import _sp_pipeline, _sp_plan, sp_cache
 
     where = "ditscale.diffusers.unparallelize"
     if type(obj).__name__ in SUPPORTED_PIPELINES:
@@ -58,6 +63,7 @@ def unparallelize(obj):
         raise ValueError(f"{where}: this {type(obj).__name__} belongs to a parallelized "
                          f"pipeline; call unparallelize_pipeline on the pipeline")
     _sp_plan.remove(where, obj)
+    sp_cache.remove_cache_consistency(obj)
     return obj
 
 

@@ -23,6 +23,7 @@ from .. import sp
 from . import parallelize, unparallelize
 from ._classes import BASE_ATTR, SUPPORTED_PIPELINES, SUPPORTED_TRANSFORMERS, family_of
 from ._sp_plan import context_of
+from .sp_cache import unsafe_stateful_hooks
 
 WHERE = "ditscale.diffusers.parallelize_pipeline"
 ATTR_PIPE = "_ditscale_pipeline"
@@ -383,18 +384,6 @@ def _transformer_class(base: type) -> type:
     return _subclass(base, attrs)
 
 
-def _stateful_hooks(module) -> List[str]:
-    """The stateful diffusers hooks (the caches of ``enable_cache``, keyed by the cond / uncond
-    context) on ``module`` and its submodules: "submodule: hook"."""
-    found = []
-    for name, sub in module.named_modules():
-        registry = getattr(sub, "_diffusers_hook", None)
-        for hook_name, hook in (getattr(registry, "hooks", None) or {}).items():
-            if getattr(hook, "_is_stateful", False):
-                found.append(f"{name or '(root)'}: {hook_name}")
-    return found
-
-
 def _agree(state: PipelineState, split: bool, device: torch.device) -> None:
     """Every rank of the mesh makes the same choice (else each would wait for the others)."""
     import torch.distributed as dist
@@ -418,7 +407,7 @@ def _run(pipe, base: type, args, kwargs):
     split = state.halves is not None and bool(state.spec.guided(bound.arguments))
     if state.halves is not None:
         _agree(state, split, next(pipe.transformer.parameters()).device)
-    hooks = [h for t in state.transformers for h in _stateful_hooks(t)] if split else []
+    hooks = [h for t in state.transformers for h in unsafe_stateful_hooks(t)] if split else []
     if hooks:
         raise RuntimeError(f"{WHERE}: CFG parallelism of a {state.family} pipeline: the "
                            f"transformer has stateful diffusers hooks {hooks} (caches keyed by "

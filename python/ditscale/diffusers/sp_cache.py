@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ._sp_context import context_of
+from ._sp_plan import context_of
 
 WHERE = "ditscale.diffusers cache"
 

@@ -14,6 +14,8 @@ for bad options (the message names the option, its value and its range). docs/se
 
 from __future__ import annotations
 
+import copy
+
 import os
 import signal
 import socket
@@ -25,6 +27,7 @@ from typing import Optional
 import torch
 
 from ..diffusers import generation, parallelize_pipeline, tiny
+from ..diffusers.cache_option import parse_cache
 from .app import make_app
 from .group import ControlGroup, GroupBroken
 from .options import SIZE_LIMITS, ServeOptions, parse
@@ -44,7 +47,13 @@ def build_pipeline(opts: ServeOptions, device: torch.device):
     else:
         pipe = tiny.make_pipeline(opts.pipeline, size=opts.size, device=device, dtype=dtype,
                                   seed=opts.seed)
-    return parallelize_pipeline(pipe, cfg_parallel=opts.cfg_parallel, strategy=opts.strategy)
+    pipe = parallelize_pipeline(pipe, cfg_parallel=opts.cfg_parallel, strategy=opts.strategy)
+    config = parse_cache("--cache", opts.cache)
+    if config is not None:  # parallelize made every transformer's caches decide alike
+        for t in (pipe.transformer, getattr(pipe, "transformer_2", None)):
+            if t is not None:
+                t.enable_cache(copy.deepcopy(config))
+    return pipe
 
 
 def limits_of(pipe, opts: ServeOptions) -> Limits:

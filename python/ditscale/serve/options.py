@@ -15,6 +15,7 @@ from typing import Optional
 
 from .._checks import check_int, check_real
 from ..diffusers import tiny
+from ..diffusers.cache_option import parse_cache
 from ..sp.config import STRATEGIES
 
 # name -> (max height/width, max frames) per size of random-weight pipeline: what answers in
@@ -59,6 +60,7 @@ class ServeOptions:
     text_tokens: int
     warmup: int
     seed: int
+    cache: str = "none"  # --cache: KIND:VALUE (diffusers.cache_option), checked at parse time
 
 
 def parser() -> argparse.ArgumentParser:
@@ -112,6 +114,8 @@ def parser() -> argparse.ArgumentParser:
       help="T of stand-in prompt embeddings (no text encoder), [1, 4096]")
     a("--warmup", type=int, default=0, help="pipeline calls before serving, [0, 100]")
     a("--seed", type=int, default=0, help="random weights' seed, [0, 2^63 - 1]")
+    a("--cache", default="none",
+      help="step caching, none or first-block:THRESHOLD ([0, 1]; every rank decides alike)")
     return p
 
 
@@ -138,8 +142,9 @@ def parse(argv=None, torch_cuda: bool = False) -> ServeOptions:
         raise ValueError(f"--request-timeout: {timeout:g} is out of range (0, 86400]")
     tokens = ns.text_tokens if ns.text_tokens is not None else tiny.default_text_tokens(
         ns.pipeline, "full" if ns.weights else size)
+    parse_cache("--cache", ns.cache)  # a bad kind or value: before anything is built
     return ServeOptions(
-        pipeline=ns.pipeline, weights=ns.weights, size=size, device=device, dtype=dtype,
+        cache=ns.cache, pipeline=ns.pipeline, weights=ns.weights, size=size, device=device, dtype=dtype,
         host=ns.host, port=check_int("--port", ns.port, 0, 65535), strategy=ns.strategy,
         cfg_parallel=not ns.no_cfg_parallel,
         max_queue=check_int("--max-queue", ns.max_queue, 1, 100000),

@@ -167,9 +167,9 @@ void RunFit(const FitOptions& o) {
   r.chosen = best.kind == CostModel::Kind::kPower ? "power" : "quadratic";
   for (const auto& row : r.table.rows) r.accum_rows += row.micro_batches >= 2 ? 1 : 0;
   if (!o.out.empty()) {
-    WriteFileChecked(o.out, balance::CostModelToJson(
-                                best, r.fit.memory ? &r.fit.memory->model : nullptr) +
-                                "\n");
+    WriteFileChecked(
+        o.out,
+        balance::CostModelToJson(best, r.fit.memory ? &r.fit.memory->model : nullptr) + "\n");
   }
   if (o.json) {
     PrintJson(o, r);

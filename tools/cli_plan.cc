@@ -1,4 +1,6 @@
 // `ditscale plan`: manifest -> shapes -> policy -> plan -> simulated metrics (and files).
+#include "tools/cli_plan.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -24,7 +26,6 @@
 #include "ditscale/core/progress.h"
 #include "ditscale/core/range.h"
 #include "tools/cli.h"
-#include "tools/cli_plan.h"
 #include "tools/cli_options.h"
 #include "tools/write_file.h"
 
@@ -284,8 +285,8 @@ std::vector<BudgetSweepRow> BudgetSweep(const Corpus& c, const CostModel& cost, 
     const Plan plan = Unwrap(MakePlan(c.shaped, cost, bo));
     if (!sweep.empty() && plan.rank_budget_s == sweep.back().budget_s) continue;
     const SimResult s = Simulate(plan, c.shaped, cost, quick);
-    sweep.push_back({plan.rank_budget_s, s.compute_cv, s.epoch_time_s, s.lower_bound_s,
-                     s.num_steps, s.mean_samples_per_step, s.tokens_per_s_per_gpu});
+    sweep.push_back({plan.rank_budget_s, s.compute_cv, s.epoch_time_s, s.lower_bound_s, s.num_steps,
+                     s.mean_samples_per_step, s.tokens_per_s_per_gpu});
     bar.Update(i + 1);
   }
   return sweep;
@@ -330,7 +331,8 @@ void RegisterPlanCommand(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* sub = app.add_subcommand(
       "plan", "Plan what every data-parallel rank trains on at every step, and simulate it");
-  sub->add_option("--manifest", a->manifest, "Manifest (CSV, JSONL or Parquet: .parquet, .pq)")->required();
+  sub->add_option("--manifest", a->manifest, "Manifest (CSV, JSONL or Parquet: .parquet, .pq)")
+      ->required();
   sub->add_option("--model", a->model, "Model preset name or JSON model file")->required();
   AddNumber(sub, "--world-size", &a->world_size, 1, kMaxWorldSize, "Data-parallel ranks")
       ->required();

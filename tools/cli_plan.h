@@ -66,7 +66,7 @@ struct Runs {
   std::vector<PolicyRun> runs;
   PlanOptions po;
   SimOptions so;
-  double mcomp_s = 0;  // time of the M_comp search
+  double mcomp_s = 0;   // time of the M_comp search
   size_t main_idx = 0;  // the run of --policy
 };
 

@@ -211,8 +211,7 @@ std::optional<Failure> CheckOptions(const PlanOptions& options) {
     e = RangeError("rank budget (s, 0: default)", options.rank_budget_s, 0.0, kMaxRankBudgetS);
   }
   if (!e) {
-    e = RangeError("epoch", static_cast<LL>(options.epoch), 0,
-                   std::numeric_limits<int64_t>::max());
+    e = RangeError("epoch", static_cast<LL>(options.epoch), 0, std::numeric_limits<int64_t>::max());
   }
   if (e) return Failure::InvalidArgument(*e);
   return std::nullopt;
@@ -455,8 +454,8 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
   CutChunks(bucket_begin, plan.batch_size_of_shape, options, &chunks);
   plan.rank_offsets.push_back(0);
   if (options.policy == Policy::kBalanced) {
-    if (auto f = BuildBalancedPlan(shaped, cost, options, std::move(work_of_shape).value(),
-                                   chunks, plan)) {
+    if (auto f = BuildBalancedPlan(shaped, cost, options, std::move(work_of_shape).value(), chunks,
+                                   plan)) {
       return *f;
     }
   } else {

@@ -61,8 +61,7 @@ void Finish(double total, double cv_sum, int64_t cv_steps, SimResult* out) {
     const double mean = out->epoch_time_s / static_cast<double>(out->num_steps);
     double var = 0;
     for (double t : out->step_time_s) var += (t - mean) * (t - mean);
-    out->step_time_cv =
-        mean > 0 ? std::sqrt(var / static_cast<double>(out->num_steps)) / mean : 0;
+    out->step_time_cv = mean > 0 ? std::sqrt(var / static_cast<double>(out->num_steps)) / mean : 0;
     out->mean_samples_per_step =
         static_cast<double>(out->samples) / static_cast<double>(out->num_steps);
   }

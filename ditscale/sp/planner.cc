@@ -5,10 +5,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
-#include <sstream>
 
 #include "ditscale/core/range.h"
 #include "ditscale/sp/strategies.h"
@@ -102,9 +102,9 @@ std::optional<Failure> CheckListSize(size_t size, bool may_be_empty, const char*
                                      const char* field) {
   if ((size > 0 || may_be_empty) && size <= size_t(kMaxPlanListSize)) return std::nullopt;
   if (may_be_empty) {
-    return Failure::InvalidArgument(std::to_string(size) + " " + what + " given, at most " +
-                                        std::to_string(kMaxPlanListSize),
-                                    field);
+    return Failure::InvalidArgument(
+        std::to_string(size) + " " + what + " given, at most " + std::to_string(kMaxPlanListSize),
+        field);
   }
   return Failure::InvalidArgument(std::to_string(size) + " " + what + " given, expected 1 to " +
                                       std::to_string(kMaxPlanListSize),
@@ -261,8 +261,8 @@ std::vector<char> ChooseWithinBudget(const Topology& topology, const Workload& w
     estimate[i] = ScheduleOpsEstimate(*r, shape);
     if (estimate[i] > options.max_schedule_ops) {
       (*skip)[i] = NameOf(cfg) + ": about " + std::to_string(estimate[i]) +
-                   " ops, over the planner's limit of " +
-                   std::to_string(options.max_schedule_ops) + " ops per schedule";
+                   " ops, over the planner's limit of " + std::to_string(options.max_schedule_ops) +
+                   " ops per schedule";
       continue;
     }
     feasible.push_back(i);
@@ -287,10 +287,9 @@ std::vector<char> ChooseWithinBudget(const Topology& topology, const Workload& w
 
 // 3. Simulate the chosen candidates (in enumeration order); the others, and those over the work
 // memory limit or failing, are reported in out->skipped.
-void SimulateChosen(const Topology& topology, const Workload& workload,
-                    const PlanOptions& options, const std::vector<SpConfig>& configs,
-                    const std::vector<char>& chosen, const std::vector<std::string>& skip,
-                    PlanResult* out) {
+void SimulateChosen(const Topology& topology, const Workload& workload, const PlanOptions& options,
+                    const std::vector<SpConfig>& configs, const std::vector<char>& chosen,
+                    const std::vector<std::string>& skip, PlanResult* out) {
   for (size_t i = 0; i < configs.size(); ++i) {
     const SpConfig& cfg = configs[i];
     if (!chosen[i]) {

@@ -306,8 +306,7 @@ class Checker {
     if (op.dst_lse.tokens != op.src.tokens || op.dst_lse.heads != op.src.heads) {
       Err(w, ": dst_lse does not match the query block");
     }
-    const double flops =
-        4.0 * s_.shape.batch * op.src.heads * op.src.tokens * op.key.tokens * d;
+    const double flops = 4.0 * s_.shape.batch * op.src.heads * op.src.tokens * op.key.tokens * d;
     if (op.flops != flops) Err(w, ": flops is ", op.flops, ", expected ", flops);
   }
 
@@ -326,8 +325,7 @@ class Checker {
       }
       case OpKind::kPut: {
         const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
-        const BufferDecl* b =
-            CheckRegion(s_.ranks[op.peer], op.dst, w + " (peer's buffer)", "dst");
+        const BufferDecl* b = CheckRegion(s_.ranks[op.peer], op.dst, w + " (peer's buffer)", "dst");
         SameShape(op.src, a, op.dst, b, w, "src", "dst");
         CheckBytes(op, op.src, a, w);
         if (op.counter.empty() != (op.count == 0)) {

@@ -167,8 +167,7 @@ class BalancedSteps {
     for (int32_t j = 0; j < w_; ++j) heap_.emplace_back(0.0, j);
     double mean = 0;
     for (const Chunk& c : sel_) {
-      mean +=
-          ctx_.mb_overhead + static_cast<double>(c.end - c.begin) * ctx_.work_of_shape[c.shape];
+      mean += ctx_.mb_overhead + static_cast<double>(c.end - c.begin) * ctx_.work_of_shape[c.shape];
     }
     mean /= static_cast<double>(w_);
     for (int32_t i : order_) {

@@ -86,8 +86,8 @@ class Sim {
   std::vector<double> AttentionSince() const;
   void MarkStalls(const std::vector<double>& attention_since, std::vector<char>* stalled,
                   std::vector<int>* sm_taking) const;
-  FlowResources FlowOf(const Activity& a, int nics, bool duplex, int free_sms_base,
-                       bool late_src, bool late_dst) const;
+  FlowResources FlowOf(const Activity& a, int nics, bool duplex, int free_sms_base, bool late_src,
+                       bool late_dst) const;
 
   const Schedule& s_;
   const Topology& t_;

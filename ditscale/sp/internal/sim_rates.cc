@@ -53,8 +53,7 @@ void Sim::MarkStalls(const std::vector<double>& attention_since, std::vector<cha
       continue;
     }
     if (!a.needs_sm) continue;
-    (*stalled)[i] =
-        !partitioned && a.phase != Phase::kWork && (late(a, a.src) || late(a, a.dst));
+    (*stalled)[i] = !partitioned && a.phase != Phase::kWork && (late(a, a.src) || late(a, a.dst));
     if (!(*stalled)[i] && a.two_sided && !partitioned) {
       ++(*sm_taking)[a.src];
       if (a.dst != a.src) ++(*sm_taking)[a.dst];
@@ -64,8 +63,8 @@ void Sim::MarkStalls(const std::vector<double>& attention_since, std::vector<cha
 
 // The resources a data phase crosses: its GPUs' links within a machine, else both NICs (and
 // their duplex limits); with a partition, the free SMs of an end where it started late.
-FlowResources Sim::FlowOf(const Activity& a, int m, bool duplex, int free_sms_base,
-                          bool late_src, bool late_dst) const {
+FlowResources Sim::FlowOf(const Activity& a, int m, bool duplex, int free_sms_base, bool late_src,
+                          bool late_dst) const {
   FlowResources f = {-1, -1, -1, -1, -1, -1};
   if (t_.SameMachine(a.src, a.dst)) {
     f[0] = a.src;

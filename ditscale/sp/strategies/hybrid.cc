@@ -187,10 +187,10 @@ void HybridBuilder::PlanWorkBuffers(int r, int64_t max_chunk) {
   l.acc.lse = b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
   l.acc.fresh.assign(acc_tokens, 1);
   const int64_t part_tokens = l.qoff + l.chunk_tokens;
-  l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
-                       hq, d, e);
-  l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
-                           part_tokens, hq, 1, 4);
+  l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens, hq,
+                       d, e);
+  l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
+                           hq, 1, 4);
 }
 
 // Gathered slots: own shard first, then torus chunk by chunk, peers in rotated order.

@@ -52,75 +52,65 @@ std::string QualityLine(const balance::FitQuality& q) {
                      q.adj_r2, q.rmse_s, 100 * q.max_rel_residual);
 }
 
-void RunFit(const FitOptions& o) {
-  balance::BenchTable table = balance::ReadBenchCsv(o.bench).ValueOrThrow();
-  balance::FitResult fit = balance::FitBench(table).ValueOrThrow();
-  // A fit that does not explain the data is not written and not exit 0.
-  if (auto why = balance::FitProblem(fit)) {
-    if (!o.accept_poor_fit) throw Error(o.bench + ": unusable fit: " + *why);
-    fmt::print(stderr, "warning: {}: unusable fit accepted (--accept-poor-fit): {}\n", o.bench,
-               *why);
-  }
+// What one `fit` command computed, for its outputs.
+struct FitOutcome {
+  balance::BenchTable table;
+  balance::FitResult fit;
+  int64_t m_mem = -1;       // M_mem from the memory fit; -1 without one
+  int64_t accum_rows = 0;   // rows timed with gradient accumulation (k >= 2 micro-batches)
+  const char* chosen = "";  // the chosen step-time model
+};
+
+// M_mem the memory fit leaves on the GPU (-1 without a memory fit); an error when it is none.
+int64_t MemoryBudgetTokens(const FitOptions& o, const balance::FitResult& fit) {
+  if (!fit.memory) return -1;
   const double gpu_bytes = o.gpu_mem_gib * double(1ull << 30);
-  int64_t m_mem = -1;
-  if (fit.memory) {
-    m_mem = fit.memory->model.MaxTokens(gpu_bytes, o.mem_safety);
-    if (m_mem < 1) {
-      throw Error(fmt::format(
-          "{}: the memory fit (m0 = {:.4g} GiB) leaves no room for activations on a {:g} GiB GPU "
-          "with safety {:g}",
-          o.bench, fit.memory->model.m0 / double(1ull << 30), o.gpu_mem_gib, o.mem_safety));
-    }
+  const int64_t m_mem = fit.memory->model.MaxTokens(gpu_bytes, o.mem_safety);
+  if (m_mem < 1) {
+    throw Error(fmt::format(
+        "{}: the memory fit (m0 = {:.4g} GiB) leaves no room for activations on a {:g} GiB GPU "
+        "with safety {:g}",
+        o.bench, fit.memory->model.m0 / double(1ull << 30), o.gpu_mem_gib, o.mem_safety));
   }
-  const CostModel& best = fit.best().model;
-  const char* chosen = best.kind == CostModel::Kind::kPower ? "power" : "quadratic";
-  // Rows timed with gradient accumulation (k >= 2 micro-batches) make a_mb identifiable.
-  int64_t accum_rows = 0;
-  for (const auto& r : table.rows) accum_rows += r.micro_batches >= 2 ? 1 : 0;
-  const bool fits_amb = accum_rows > 0;
+  return m_mem;
+}
 
-  if (!o.out.empty()) {
-    WriteFileChecked(
-        o.out, balance::CostModelToJson(best, fit.memory ? &fit.memory->model : nullptr) + "\n");
+void PrintJson(const FitOptions& o, const FitOutcome& r) {
+  nlohmann::ordered_json j;
+  j["source"] = r.table.source;
+  j["rows"] = r.table.rows.size();
+  j["accumulation_rows"] = r.accum_rows;
+  j["a_mb_fitted"] = r.accum_rows > 0;
+  j["power"] = FitJson(r.fit.power);
+  j["quadratic"] = FitJson(r.fit.quadratic);
+  j["chosen"] = r.chosen;
+  j["choice_reason"] = r.fit.choice_reason;
+  if (r.fit.memory) {
+    const auto& m = *r.fit.memory;
+    j["memory"] = {{"m0", m.model.m0},
+                   {"m1", m.model.m1},
+                   {"r2", m.r2},
+                   {"rmse_bytes", m.rmse_bytes},
+                   {"max_rel_residual", m.max_rel_residual},
+                   {"rows", m.rows}};
+    j["gpu_mem_gib"] = o.gpu_mem_gib;
+    j["mem_safety"] = o.mem_safety;
+    j["m_mem_tokens"] = r.m_mem;
+  } else {
+    j["memory"] = nullptr;
+    j["m_mem_tokens"] = nullptr;
   }
+  if (!o.out.empty()) j["out"] = o.out;
+  fmt::print("{}\n", j.dump(2));
+}
 
-  if (o.json) {
-    nlohmann::ordered_json j;
-    j["source"] = table.source;
-    j["rows"] = table.rows.size();
-    j["accumulation_rows"] = accum_rows;
-    j["a_mb_fitted"] = fits_amb;
-    j["power"] = FitJson(fit.power);
-    j["quadratic"] = FitJson(fit.quadratic);
-    j["chosen"] = chosen;
-    j["choice_reason"] = fit.choice_reason;
-    if (fit.memory) {
-      const auto& m = *fit.memory;
-      j["memory"] = {{"m0", m.model.m0},
-                     {"m1", m.model.m1},
-                     {"r2", m.r2},
-                     {"rmse_bytes", m.rmse_bytes},
-                     {"max_rel_residual", m.max_rel_residual},
-                     {"rows", m.rows}};
-      j["gpu_mem_gib"] = o.gpu_mem_gib;
-      j["mem_safety"] = o.mem_safety;
-      j["m_mem_tokens"] = m_mem;
-    } else {
-      j["memory"] = nullptr;
-      j["m_mem_tokens"] = nullptr;
-    }
-    if (!o.out.empty()) j["out"] = o.out;
-    fmt::print("{}\n", j.dump(2));
-    return;
-  }
-
-  fmt::print("benchmark: {} ({} rows, peak memory {})\n", table.source, table.rows.size(),
-             fit.memory ? "measured" : "not measured");
-  const auto& pw = fit.power;
-  const auto& qd = fit.quadratic;
-  if (fits_amb) {
+// The two step-time models, with a_mb where it was fitted (k >= 2 rows).
+void PrintModels(const FitOutcome& r) {
+  const auto& pw = r.fit.power;
+  const auto& qd = r.fit.quadratic;
+  if (r.accum_rows > 0) {
     // k micro-batches per timed step: the per-pass overhead a_mb is fitted apart from a.
-    fmt::print("{} rows with k >= 2 micro-batches: t = a + k*(a_mb + B*Work(S))\n", accum_rows);
+    fmt::print("{} rows with k >= 2 micro-batches: t = a + k*(a_mb + B*Work(S))\n", r.accum_rows);
     fmt::print(
         "power      Work = b*S^p             a={:.4g} s  a_mb={:.4g} s  b={:.4g}  p={:.4f}\n",
         pw.model.a, pw.model.a_mb, pw.model.b, pw.model.p);
@@ -136,23 +126,56 @@ void RunFit(const FitOptions& o) {
                qd.model.a, qd.model.c1, qd.model.c2);
   }
   fmt::print("           {}\n", QualityLine(qd.quality));
-  fmt::print("chosen: {} ({})\n", chosen, fit.choice_reason);
-  if (!fits_amb) {
+}
+
+void PrintText(const FitOptions& o, const FitOutcome& r) {
+  fmt::print("benchmark: {} ({} rows, peak memory {})\n", r.table.source, r.table.rows.size(),
+             r.fit.memory ? "measured" : "not measured");
+  PrintModels(r);
+  fmt::print("chosen: {} ({})\n", r.chosen, r.fit.choice_reason);
+  if (r.accum_rows == 0) {
     fmt::print(
         "a_mb: 0 (no row with micro_batches >= 2; a is the whole fixed cost of a one-pass step)\n");
   }
-  if (fit.memory) {
-    const auto& m = *fit.memory;
+  if (r.fit.memory) {
+    const auto& m = *r.fit.memory;
     fmt::print(
         "memory     peak = m0 + m1*B*S        m0={:.3f} GiB  m1={:.1f} KiB/token  "
         "R^2={:.5f}  max|residual|={:.2f}%\n",
         m.model.m0 / double(1ull << 30), m.model.m1 / 1024, m.r2, 100 * m.max_rel_residual);
-    fmt::print("M_mem: {} tokens per batch (GPU {:g} GiB, safety {:g})\n", m_mem, o.gpu_mem_gib,
+    fmt::print("M_mem: {} tokens per batch (GPU {:g} GiB, safety {:g})\n", r.m_mem, o.gpu_mem_gib,
                o.mem_safety);
   } else {
     fmt::print("M_mem: unknown (the benchmark has no peak_mem_bytes column)\n");
   }
   if (!o.out.empty()) fmt::print("wrote {}\n", o.out);
+}
+
+// read -> fit -> check -> M_mem -> write -> report.
+void RunFit(const FitOptions& o) {
+  FitOutcome r;
+  r.table = balance::ReadBenchCsv(o.bench).ValueOrThrow();
+  r.fit = balance::FitBench(r.table).ValueOrThrow();
+  // A fit that does not explain the data is not written and not exit 0.
+  if (auto why = balance::FitProblem(r.fit)) {
+    if (!o.accept_poor_fit) throw Error(o.bench + ": unusable fit: " + *why);
+    fmt::print(stderr, "warning: {}: unusable fit accepted (--accept-poor-fit): {}\n", o.bench,
+               *why);
+  }
+  r.m_mem = MemoryBudgetTokens(o, r.fit);
+  const CostModel& best = r.fit.best().model;
+  r.chosen = best.kind == CostModel::Kind::kPower ? "power" : "quadratic";
+  for (const auto& row : r.table.rows) r.accum_rows += row.micro_batches >= 2 ? 1 : 0;
+  if (!o.out.empty()) {
+    WriteFileChecked(
+        o.out,
+        balance::CostModelToJson(best, r.fit.memory ? &r.fit.memory->model : nullptr) + "\n");
+  }
+  if (o.json) {
+    PrintJson(o, r);
+  } else {
+    PrintText(o, r);
+  }
 }
 
 }  // namespace

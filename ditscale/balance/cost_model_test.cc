@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 
+#include "ditscale/core/temp_dir_test_util.h"
+
 namespace ditscale::balance {
 namespace {
 
@@ -88,15 +90,12 @@ TEST(CostModel, AnalyticalMemory) {
 
 class CostJsonTest : public ::testing::Test {
  protected:
+  // Each call writes a new file of the test's directory; all are removed with it.
   std::string Write(const std::string& text) {
-    path_ = (std::filesystem::temp_directory_path() /
-             ("ds_cost_" + std::to_string(std::random_device{}()) + ".json"))
-                .string();
-    std::ofstream(path_) << text;
-    return path_;
+    return dir_.Write("ds_cost_" + std::to_string(files_++) + ".json", text);
   }
-  void TearDown() override { std::remove(path_.c_str()); }
-  std::string path_;
+  ditscale::testing::TempDir dir_{"ds_cost_"};
+  int files_ = 0;
 };
 
 TEST_F(CostJsonTest, RoundTripIsExactOnRandomValues) {

@@ -8,7 +8,7 @@
 // The cost is 0 when the rank has no micro-batch. With noise sigma > 0 every micro-batch's term
 // (a_mb + B_i * Work(S_i)) is multiplied by exp(sigma * z - sigma^2 / 2), z ~ N(0, 1)
 // (mean-preserving lognormal), drawn from splitmix64 seeded by (noise_seed, plan epoch,
-// micro-batch position), so a simulation is reproducible.
+// micro-batch position), so a simulation is reproducible. sigma is at most kMaxNoiseSigma.
 //
 // Metrics (W ranks, K steps, c[k][r] the cost above):
 //   step_time[k]        = max_r c[k][r]            (synchronous data parallelism)
@@ -29,9 +29,16 @@
 
 namespace ditscale::balance {
 
+// Largest noise sigma. The lognormal's mean is carried by ever rarer, larger draws as sigma
+// grows: the sum of N terms is near its expectation only while N >> exp(sigma^2). At sigma = 10
+// (exp(100) draws) every term of an epoch is ~exp(-50) of its cost, so a simulation reports the
+// fixed overheads alone (CV 0, an epoch far below the noise-free one). At 1, a few dozen
+// micro-batches give the mean, and one sigma is already a factor e of step-time jitter.
+inline constexpr double kMaxNoiseSigma = 1.0;
+
 struct SimOptions {
   bool overhead_per_micro_batch = false;  // see above; match PlanOptions of the plan (old flag)
-  double noise_sigma = 0;                 // lognormal sigma of per-micro-batch noise; 0: none
+  double noise_sigma = 0;  // lognormal sigma of per-micro-batch noise in [0, kMaxNoiseSigma]
   uint64_t noise_seed = 0;
   bool keep_rank_costs = true;  // fill SimResult::rank_cost_s (steps x ranks)
 };

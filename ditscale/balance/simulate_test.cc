@@ -100,6 +100,43 @@ TEST(Simulate, NoiseIsSeededAndMeanPreserving) {
   EXPECT_NE(Simulate(plan, shaped, cost, o).rank_cost_s, a.rank_cost_s);
 }
 
+// At the largest sigma the epoch still shows the noise's mean (the sum of 16000 factors within
+// 5 standard errors, sqrt(e^{sigma^2} - 1) / sqrt(n) each), the epoch is at least its lower bound
+// and the ranks differ; above it the simulation is refused (a sigma of 10 used to report CV 0
+// and an epoch of the fixed overheads alone: simulate.h).
+TEST(Simulate, LargestNoiseKeepsTheMean) {
+  ShapedManifest shaped;
+  shaped.shapes = {TrainShape{1, 16, 16, 100}};
+  CostModel cost;
+  cost.kind = CostModel::Kind::kPower;
+  cost.a = 0.05, cost.b = 0.01, cost.p = 1;
+  Plan plan;
+  plan.world_size = 4;
+  const int64_t n = 16000;
+  plan.rank_offsets.push_back(0);
+  for (int64_t i = 0; i < n; ++i) {
+    plan.ids.push_back(i);
+    plan.micro_batches.push_back({i, i + 1, 0, 1});
+    plan.work.push_back(i);
+    plan.rank_offsets.push_back(i + 1);
+  }
+  const SimResult clean = Simulate(plan, shaped, cost);
+  SimOptions o;
+  o.noise_sigma = kMaxNoiseSigma;
+  o.noise_seed = std::random_device{}();
+  const SimResult a = Simulate(plan, shaped, cost, o);
+  const double se = std::sqrt(std::expm1(kMaxNoiseSigma * kMaxNoiseSigma) / n);
+  const double work = 1.0;  // b * S = 0.01 * 100 per micro-batch, beside a = 0.05 per rank
+  const double fixed = cost.a / (cost.a + work);
+  EXPECT_NEAR((a.lower_bound_s / clean.lower_bound_s - fixed) / (1 - fixed), 1.0, 5 * se);
+  EXPECT_GE(a.epoch_time_s, a.lower_bound_s);
+  EXPECT_GT(a.compute_cv, 0.3);
+  o.noise_sigma = std::nextafter(kMaxNoiseSigma, 2.0);
+  EXPECT_THROW(Simulate(plan, shaped, cost, o), Error);
+  o.noise_sigma = 10;
+  EXPECT_THROW(Simulate(plan, shaped, cost, o), Error);
+}
+
 TEST(Simulate, RejectsAPlanOfAnotherManifest) {
   Fixture f;
   f.plan.micro_batches[3].shape = 7;

@@ -1,5 +1,6 @@
 #include "ditscale/core/range.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -19,13 +20,31 @@ std::string FormatNumber(long long v) { return std::to_string(v); }
 std::string FormatNumber(unsigned long long v) { return std::to_string(v); }
 
 namespace {
+
+// v as FormatNumber writes it, unless that reads like a bound it exceeds ("1.0000001" is not
+// "1 is out of range [0, 1]"): then its shortest exact form.
+std::string ValueText(double v, double lo, double hi) {
+  std::string text = FormatNumber(v);
+  if (std::isfinite(v) && (text == FormatNumber(lo) || text == FormatNumber(hi))) {
+    char buf[32];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    text.assign(buf, r.ptr);
+  }
+  return text;
+}
+template <typename T>
+std::string ValueText(T v, T, T) {
+  return FormatNumber(v);
+}
+
 template <typename T>
 std::string OutOfRange(std::string_view name, T v, T lo, T hi) {
   std::string s(name);
-  s += ": " + FormatNumber(v) + " is out of range [" + FormatNumber(lo) + ", " + FormatNumber(hi) +
-       "]";
+  s += ": " + ValueText(v, lo, hi) + " is out of range [" + FormatNumber(lo) + ", " +
+       FormatNumber(hi) + "]";
   return s;
 }
+
 }  // namespace
 
 std::optional<std::string> RangeError(std::string_view name, double v, double lo, double hi) {

@@ -22,6 +22,14 @@ TEST(RangeTest, MessageNamesOptionValueAndRange) {
             "--world-size: 0 is out of range [1, 1048576]");
 }
 
+// A value just past a bound is written exactly, not rounded onto the bound it exceeds.
+TEST(RangeTest, ValueJustPastABoundIsNotWrittenAsTheBound) {
+  EXPECT_EQ(*RangeError("--noise", 1.0000001, 0.0, 1.0),
+            "--noise: 1.0000001 is out of range [0, 1]");
+  EXPECT_EQ(*RangeError("--x", -1e-9, 0.0, 1.0), "--x: -1e-09 is out of range [0, 1]");
+  EXPECT_EQ(*RangeError("--x", 0.9900001, 0.0, 0.99), "--x: 0.9900001 is out of range [0, 0.99]");
+}
+
 TEST(RangeTest, NonFiniteIsNeverInRange) {
   EXPECT_EQ(*RangeError("fps", NAN, 0.0, DBL_MAX), "fps: nan is out of range [0, 1.79769e+308]");
   EXPECT_TRUE(RangeError("fps", INFINITY, 0.0, INFINITY));

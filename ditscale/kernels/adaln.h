@@ -31,10 +31,11 @@
 // Every output buffer is contiguous. Reductions are deterministic: no float atomics; the same
 // inputs on the same GPU give the same bits.
 //
-// Division of labour (see ARCHITECTURE.md): the caller (the torch layer) allocates every output
-// and the backward workspace (size from adaln_backward_workspace_bytes) and passes device
-// pointers; these functions validate the params (throwing ditscale::Error naming the field) and
-// launch on `stream`. The *_ref functions run the same math on host pointers in fp64.
+// Division of labour (docs/architecture.md, Conventions): the caller (the torch layer)
+// allocates every output and the backward workspace (size from adaln_backward_workspace_bytes)
+// and passes device pointers; these functions validate the params (throwing ditscale::Error
+// naming the field) and launch on `stream`. The *_ref functions run the same math on host
+// pointers in fp64.
 #pragma once
 
 #include <cstddef>

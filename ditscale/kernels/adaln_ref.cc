@@ -2,6 +2,7 @@
 // output dtype. Written for clarity, not speed.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ditscale/core/error.h"
@@ -101,77 +102,85 @@ void adaln_forward_ref(const AdaLNFwdParams& p) {
   }
 }
 
-void adaln_backward_ref(const AdaLNBwdParams& p) {
-  adaln_check(p, /*for_gpu=*/false);
+namespace {
+
+// The backward's gradients reduced over n (per sample: [B, D]) and over b, n ([D]), and one
+// row's scratch.
+struct BwdSums {
+  std::vector<double> dscale, dshift, dgate;  // [B, D]
+  std::vector<double> dweight, dbias;         // [D]
+  std::vector<double> v, dy, xhat, dxhat;     // the row being done, [D]
+};
+
+// Pass 1 of row (b, n): xhat, dxhat; the row's modulation and affine gradients. Returns
+// (sum dxhat, sum dxhat * xhat).
+std::pair<double, double> RowNormGrads(const AdaLNBwdParams& p, std::int64_t b, std::int64_t n,
+                                       const RowStats& st, BwdSums& s) {
+  const std::int64_t D = p.dim, row = b * p.seq_len + n;
+  const bool scale_tok = is_per_token(p.scale), shift_tok = is_per_token(p.shift);
+  double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+  for (std::int64_t d = 0; d < D; ++d) {
+    s.xhat[d] = (s.v[d] - st.mean) * st.rstd;
+    const double w = affine_at(p.weight, p.affine_dtype, d, 1.0);
+    const double bias = affine_at(p.bias, p.affine_dtype, d, 0.0);
+    const double one_plus_scale = 1.0 + at(p.scale, b, n, d);
+    const double xn = s.xhat[d] * w + bias;
+    s.dxhat[d] = s.dy[d] * one_plus_scale * w;
+    sum_dxhat += s.dxhat[d];
+    sum_dxhat_xhat += s.dxhat[d] * s.xhat[d];
+    const double dscale = s.dy[d] * xn;
+    if (p.dscale != nullptr) {
+      if (scale_tok) {
+        store_from_double(p.dscale, p.scale.dtype, row * D + d, dscale);
+      } else {
+        s.dscale[b * D + d] += dscale;
+      }
+    }
+    if (p.dshift != nullptr) {
+      if (shift_tok) {
+        store_from_double(p.dshift, p.shift.dtype, row * D + d, s.dy[d]);
+      } else {
+        s.dshift[b * D + d] += s.dy[d];
+      }
+    }
+    s.dweight[d] += s.dy[d] * one_plus_scale * s.xhat[d];
+    s.dbias[d] += s.dy[d] * one_plus_scale;
+  }
+  return {sum_dxhat, sum_dxhat_xhat};
+}
+
+// Pass 2 of row (b, n): dx (+ dh_out when gated), dbranch and dgate.
+void RowInputGrads(const AdaLNBwdParams& p, std::int64_t b, std::int64_t n, const RowStats& st,
+                   double mean_dxhat, double mean_dxhat_xhat, BwdSums& s) {
   const bool gated = p.gate.data != nullptr;
-  const std::int64_t B = p.batch, N = p.seq_len, D = p.dim;
-  const bool scale_tok = is_per_token(p.scale);
-  const bool shift_tok = is_per_token(p.shift);
   const bool gate_tok = gated && is_per_token(p.gate);
-  const auto sz = static_cast<std::size_t>(D);
-  // Accumulators of the gradients reduced over n (per sample: [B, D]) and over b, n ([D]).
-  std::vector<double> acc_dscale(B * sz, 0.0), acc_dshift(B * sz, 0.0), acc_dgate(B * sz, 0.0);
-  std::vector<double> acc_dweight(sz, 0.0), acc_dbias(sz, 0.0);
-  std::vector<double> v(sz), dy(sz), xhat(sz), dxhat(sz);
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t n = 0; n < N; ++n) {
-      const std::int64_t row = b * N + n;
-      for (std::int64_t d = 0; d < D; ++d) {
-        v[d] = gated ? round_to(p.dtype, gated_h(p, b, n, d)) : at(p.x, b, n, d);
-        dy[d] = at(p.dy, b, n, d);
-      }
-      const RowStats st = row_stats(v, p.norm, p.eps);
-      double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-      for (std::int64_t d = 0; d < D; ++d) {
-        xhat[d] = (v[d] - st.mean) * st.rstd;
-        const double w = affine_at(p.weight, p.affine_dtype, d, 1.0);
-        const double bias = affine_at(p.bias, p.affine_dtype, d, 0.0);
-        const double one_plus_scale = 1.0 + at(p.scale, b, n, d);
-        const double xn = xhat[d] * w + bias;
-        dxhat[d] = dy[d] * one_plus_scale * w;
-        sum_dxhat += dxhat[d];
-        sum_dxhat_xhat += dxhat[d] * xhat[d];
-        const double dscale = dy[d] * xn;
-        if (p.dscale != nullptr) {
-          if (scale_tok) {
-            store_from_double(p.dscale, p.scale.dtype, row * D + d, dscale);
-          } else {
-            acc_dscale[b * D + d] += dscale;
-          }
-        }
-        if (p.dshift != nullptr) {
-          if (shift_tok) {
-            store_from_double(p.dshift, p.shift.dtype, row * D + d, dy[d]);
-          } else {
-            acc_dshift[b * D + d] += dy[d];
-          }
-        }
-        acc_dweight[d] += dy[d] * one_plus_scale * xhat[d];
-        acc_dbias[d] += dy[d] * one_plus_scale;
-      }
-      const double mean_dxhat = sum_dxhat / static_cast<double>(D);
-      const double mean_dxhat_xhat = sum_dxhat_xhat / static_cast<double>(D);
-      for (std::int64_t d = 0; d < D; ++d) {
-        double dx = dxhat[d] - xhat[d] * mean_dxhat_xhat;
-        if (p.norm == NormType::kLayerNorm) dx -= mean_dxhat;
-        dx *= st.rstd;
-        if (gated && p.dh_out.data != nullptr) dx += at(p.dh_out, b, n, d);
-        store_from_double(p.dx, p.dtype, row * D + d, dx);
-        if (!gated) continue;
-        if (p.dbranch != nullptr) {
-          store_from_double(p.dbranch, p.dtype, row * D + d, dx * at(p.gate, b, n, d));
-        }
-        if (p.dgate != nullptr) {
-          const double dgate = dx * at(p.branch, b, n, d);
-          if (gate_tok) {
-            store_from_double(p.dgate, p.gate.dtype, row * D + d, dgate);
-          } else {
-            acc_dgate[b * D + d] += dgate;
-          }
-        }
+  const std::int64_t D = p.dim, row = b * p.seq_len + n;
+  for (std::int64_t d = 0; d < D; ++d) {
+    double dx = s.dxhat[d] - s.xhat[d] * mean_dxhat_xhat;
+    if (p.norm == NormType::kLayerNorm) dx -= mean_dxhat;
+    dx *= st.rstd;
+    if (gated && p.dh_out.data != nullptr) dx += at(p.dh_out, b, n, d);
+    store_from_double(p.dx, p.dtype, row * D + d, dx);
+    if (!gated) continue;
+    if (p.dbranch != nullptr) {
+      store_from_double(p.dbranch, p.dtype, row * D + d, dx * at(p.gate, b, n, d));
+    }
+    if (p.dgate != nullptr) {
+      const double dgate = dx * at(p.branch, b, n, d);
+      if (gate_tok) {
+        store_from_double(p.dgate, p.gate.dtype, row * D + d, dgate);
+      } else {
+        s.dgate[b * D + d] += dgate;
       }
     }
   }
+}
+
+// The reduced gradients, and zeros in the rows of the modulation gradient no output filled.
+void StoreSums(const AdaLNBwdParams& p, const BwdSums& s) {
+  const std::int64_t B = p.batch, D = p.dim;
+  const bool scale_tok = is_per_token(p.scale), shift_tok = is_per_token(p.shift);
+  const bool gate_tok = p.gate.data != nullptr && is_per_token(p.gate);
   const std::int64_t sc_sb = p.dscale_stride_b > 0 ? p.dscale_stride_b : D;
   const std::int64_t sh_sb = p.dshift_stride_b > 0 ? p.dshift_stride_b : D;
   const std::int64_t g_sb = p.dgate_stride_b > 0 ? p.dgate_stride_b : D;
@@ -179,21 +188,20 @@ void adaln_backward_ref(const AdaLNBwdParams& p) {
     for (std::int64_t d = 0; d < D; ++d) {
       const std::int64_t i = b * D + d;
       if (p.dscale != nullptr && !scale_tok) {
-        store_from_double(p.dscale, p.scale.dtype, b * sc_sb + d, acc_dscale[i]);
+        store_from_double(p.dscale, p.scale.dtype, b * sc_sb + d, s.dscale[i]);
       }
       if (p.dshift != nullptr && !shift_tok) {
-        store_from_double(p.dshift, p.shift.dtype, b * sh_sb + d, acc_dshift[i]);
+        store_from_double(p.dshift, p.shift.dtype, b * sh_sb + d, s.dshift[i]);
       }
       if (p.dgate != nullptr && !gate_tok) {
-        store_from_double(p.dgate, p.gate.dtype, b * g_sb + d, acc_dgate[i]);
+        store_from_double(p.dgate, p.gate.dtype, b * g_sb + d, s.dgate[i]);
       }
     }
   }
   for (std::int64_t d = 0; d < D; ++d) {
-    if (p.dweight != nullptr) store_from_double(p.dweight, p.affine_dtype, d, acc_dweight[d]);
-    if (p.dbias != nullptr) store_from_double(p.dbias, p.affine_dtype, d, acc_dbias[d]);
+    if (p.dweight != nullptr) store_from_double(p.dweight, p.affine_dtype, d, s.dweight[d]);
+    if (p.dbias != nullptr) store_from_double(p.dbias, p.affine_dtype, d, s.dbias[d]);
   }
-  // The rows of the modulation gradient that no output filled.
   for (const std::int64_t k : internal::dmod_zero_rows(p)) {
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t d = 0; d < D; ++d) {
@@ -201,6 +209,38 @@ void adaln_backward_ref(const AdaLNBwdParams& p) {
       }
     }
   }
+}
+
+}  // namespace
+
+void adaln_backward_ref(const AdaLNBwdParams& p) {
+  adaln_check(p, /*for_gpu=*/false);
+  const bool gated = p.gate.data != nullptr;
+  const std::int64_t B = p.batch, N = p.seq_len, D = p.dim;
+  const auto sz = static_cast<std::size_t>(D);
+  BwdSums s;
+  s.dscale.assign(B * sz, 0.0);
+  s.dshift.assign(B * sz, 0.0);
+  s.dgate.assign(B * sz, 0.0);
+  s.dweight.assign(sz, 0.0);
+  s.dbias.assign(sz, 0.0);
+  s.v.resize(sz);
+  s.dy.resize(sz);
+  s.xhat.resize(sz);
+  s.dxhat.resize(sz);
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t n = 0; n < N; ++n) {
+      for (std::int64_t d = 0; d < D; ++d) {
+        s.v[d] = gated ? round_to(p.dtype, gated_h(p, b, n, d)) : at(p.x, b, n, d);
+        s.dy[d] = at(p.dy, b, n, d);
+      }
+      const RowStats st = row_stats(s.v, p.norm, p.eps);
+      const auto [sum_dxhat, sum_dxhat_xhat] = RowNormGrads(p, b, n, st, s);
+      RowInputGrads(p, b, n, st, sum_dxhat / static_cast<double>(D),
+                    sum_dxhat_xhat / static_cast<double>(D), s);
+    }
+  }
+  StoreSums(p, s);
 }
 
 }  // namespace ditscale::kernels

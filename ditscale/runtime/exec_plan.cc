@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <queue>
 #include <set>
 #include <sstream>
@@ -42,15 +43,14 @@ UserBinding BindingOf(const sp::RankProgram& p, int buffer) {
   return UserBinding::kNone;
 }
 
-// Units of one rank in host issue order (see the header).
-Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
-                                          std::vector<int>* unit_of_op) {
-  const sp::RankProgram& p = s.ranks[rank];
+// Units of one rank per stream in stream order (the ops of one NCCL group make one unit);
+// *unit_of_op: each op's unit; *per_stream_units: the units of each stream.
+std::vector<IssueUnit> GroupUnits(const sp::RankProgram& p, std::vector<int>* unit_of_op,
+                                  std::vector<std::vector<int>>* per_stream_units) {
   const int n = static_cast<int>(p.ops.size());
   std::vector<IssueUnit> units;
   unit_of_op->assign(n, -1);
-  // Build units per stream in stream order.
-  std::vector<std::vector<int>> per_stream_units(sp::kNumStreams);
+  per_stream_units->assign(sp::kNumStreams, {});
   for (int st = 0; st < sp::kNumStreams; ++st) {
     int last_group = -1, last_unit = -1;
     for (int i = 0; i < n; ++i) {
@@ -64,14 +64,24 @@ Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
         u.ops.push_back(i);
         units.push_back(u);
         last_unit = static_cast<int>(units.size()) - 1;
-        per_stream_units[st].push_back(last_unit);
+        (*per_stream_units)[st].push_back(last_unit);
       }
       last_group = o.group;
       (*unit_of_op)[i] = last_unit;
     }
   }
+  return units;
+}
+
+// Edges: previous unit on the stream, and each dependency's unit; a dependency on another
+// stream's unit makes that unit record an event this one waits for.
+Result<std::vector<std::set<int>>> UnitEdges(const sp::Schedule& s, int rank,
+                                             const std::vector<int>& unit_of_op,
+                                             const std::vector<std::vector<int>>& per_stream_units,
+                                             std::vector<IssueUnit>& units) {
+  const sp::RankProgram& p = s.ranks[rank];
+  const int n = static_cast<int>(p.ops.size());
   const int nu = static_cast<int>(units.size());
-  // Edges: previous unit on the stream, and each dependency's unit.
   std::vector<std::set<int>> preds(nu);
   for (int st = 0; st < sp::kNumStreams; ++st) {
     for (size_t k = 1; k < per_stream_units[st].size(); ++k) {
@@ -86,7 +96,7 @@ Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
                                               std::to_string(d) + " is not an op of the rank",
                                           "deps");
         }
-        const int du = (*unit_of_op)[d];
+        const int du = unit_of_op[d];
         if (du == u) {
           return Failure::InvalidArgument(OpName(s, rank, op) + " depends on op #" +
                                               std::to_string(d) + " of its own NCCL group",
@@ -103,7 +113,13 @@ Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
       }
     }
   }
-  // Kahn's algorithm, lowest first-op index first.
+  return preds;
+}
+
+// Kahn's algorithm, lowest first-op index first; shorter than the units on a cycle.
+std::vector<int> TopologicalOrder(const std::vector<IssueUnit>& units,
+                                  const std::vector<std::set<int>>& preds) {
+  const int nu = static_cast<int>(units.size());
   std::vector<int> indeg(nu, 0);
   std::vector<std::vector<int>> succ(nu);
   for (int u = 0; u < nu; ++u) {
@@ -126,6 +142,19 @@ Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
       if (--indeg[v] == 0) ready.push({units[v].ops.front(), v});
     }
   }
+  return order;
+}
+
+// Units of one rank in host issue order (see the header): group -> edges -> order -> renumber.
+Result<std::vector<IssueUnit>> OrderUnits(const sp::Schedule& s, int rank,
+                                          std::vector<int>* unit_of_op) {
+  std::vector<std::vector<int>> per_stream_units;
+  std::vector<IssueUnit> units = GroupUnits(s.ranks[rank], unit_of_op, &per_stream_units);
+  const int nu = static_cast<int>(units.size());
+  Result<std::vector<std::set<int>>> preds =
+      UnitEdges(s, rank, *unit_of_op, per_stream_units, units);
+  if (!preds.ok()) return preds.failure();
+  const std::vector<int> order = TopologicalOrder(units, *preds);
   if (static_cast<int>(order.size()) != nu) {
     return Failure::InvalidArgument(
         "rank " + std::to_string(rank) +
@@ -270,114 +299,141 @@ int64_t RegionByteOffset(const sp::Region& r, const sp::BufferDecl& d) {
   return (r.token_begin * d.heads + r.head_begin) * d.width * d.element_bytes;
 }
 
-Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOptions& opt) {
+namespace {
+
+// Per rank: the buffers some peer Puts into (they must live in the symmetric arena) and the
+// buffers its own ops write (a ring reuses the own k/v buffers for later blocks: such a buffer
+// must not be the caller's tensor, binding it would overwrite the caller's inputs).
+struct BufferUse {
+  std::vector<std::set<int>> put_targets, written;
+  bool any_two = false, any_one = false;  // some op is two-sided / one-sided
+};
+
+BufferUse UsesOfBuffers(const sp::Schedule& s) {
   const int n = static_cast<int>(s.ranks.size());
-  const int64_t batch = s.shape.batch;
-  std::vector<ExecPlan> plans(n);
-  bool any_two = false, any_one = false;
-  // Buffers some peer Puts into (they must live in the symmetric arena).
-  std::vector<std::set<int>> put_targets(n);
+  BufferUse use;
+  use.put_targets.resize(n);
+  use.written.resize(n);
   for (int r = 0; r < n; ++r) {
     for (const sp::Op& o : s.ranks[r].ops) {
-      any_two = any_two || IsTwoSided(o.kind);
-      any_one = any_one || IsOneSided(o.kind);
-      if (o.kind == sp::OpKind::kPut) put_targets[o.peer].insert(o.dst.buffer);
+      use.any_two = use.any_two || IsTwoSided(o.kind);
+      use.any_one = use.any_one || IsOneSided(o.kind);
+      if (o.kind == sp::OpKind::kPut) use.put_targets[o.peer].insert(o.dst.buffer);
     }
   }
-  // Buffers a rank's own ops write (a ring reuses the own k/v buffers for later blocks). Such a
-  // buffer must not be the caller's tensor: binding it would overwrite the caller's inputs.
-  std::vector<std::set<int>> written(n);
   for (int r = 0; r < n; ++r) {
     for (const sp::Op& o : s.ranks[r].ops) {
       if (o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSend ||
           o.kind == sp::OpKind::kSignal || o.kind == sp::OpKind::kWait) {
         continue;  // no local write (a Wait's region is the put target, handled above)
       }
-      if (o.dst.valid()) written[r].insert(o.dst.buffer);
-      if (o.dst_lse.valid()) written[r].insert(o.dst_lse.buffer);
+      if (o.dst.valid()) use.written[r].insert(o.dst.buffer);
+      if (o.dst_lse.valid()) use.written[r].insert(o.dst_lse.buffer);
     }
   }
+  return use;
+}
+
+// Rank r's buffers: bound to the caller's tensors where allowed, else placed in the arena.
+void PlaceBuffers(const sp::Schedule& s, int r, const PlanOptions& opt, const BufferUse& use,
+                  ExecPlan& plan) {
+  const sp::RankProgram& p = s.ranks[r];
+  const int nb = static_cast<int>(p.buffers.size());
+  plan.offset.assign(nb, -1);
+  plan.bytes.assign(nb, 0);
+  plan.binding.assign(nb, UserBinding::kNone);
+  int64_t at = 0;
+  for (int b = 0; b < nb; ++b) {
+    const sp::BufferDecl& d = p.buffers[b];
+    plan.bytes[b] = d.elements(s.shape.batch) * d.element_bytes;
+    UserBinding bind = BindingOf(p, b);
+    const bool input = bind != UserBinding::kOut && bind != UserBinding::kTextOut;
+    if (bind != UserBinding::kNone && opt.bind_user_tensors && !use.put_targets[r].count(b) &&
+        !(input && use.written[r].count(b))) {
+      plan.binding[b] = bind;
+      continue;
+    }
+    plan.binding[b] = bind;  // in the arena; the executor copies in/out when bound != kNone
+    plan.offset[b] = at;
+    at = AlignUp(at + plan.bytes[b]);
+  }
+  plan.buffers_bytes = at;
+}
+
+// Rank r's ops: kinds on the right streams, contiguous transfer regions.
+std::optional<Failure> CheckOps(const sp::Schedule& s, int r) {
+  const sp::RankProgram& p = s.ranks[r];
+  for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
+    const sp::Op& o = p.ops[i];
+    // Each comm stream has its own NCCL communicator; Send/Recv elsewhere have none.
+    if (IsTwoSided(o.kind) && o.stream == sp::Stream::kCompute) {
+      return Failure::InvalidArgument(OpName(s, r, i) +
+                                          " runs on the compute stream: Send/Recv belong on a comm "
+                                          "stream (each has its own NCCL communicator)",
+                                      "stream");
+    }
+    auto contiguous = [&](const sp::Region& reg, const sp::RankProgram& owner,
+                          const char* field) -> std::optional<Failure> {
+      if (!reg.valid() || sp::RegionContiguous(reg, owner.buffers[reg.buffer], s.shape.batch)) {
+        return std::nullopt;
+      }
+      return Failure::InvalidArgument(OpName(s, r, i) + ": the " + field +
+                                          " region is not contiguous (a Pack/Unpack to a "
+                                          "staging buffer must come first)",
+                                      field);
+    };
+    std::optional<Failure> f;
+    if (o.kind == sp::OpKind::kSend) {
+      f = contiguous(o.src, p, "src");
+    } else if (o.kind == sp::OpKind::kRecv) {
+      f = contiguous(o.dst, p, "dst");
+    } else if (o.kind == sp::OpKind::kPut) {
+      f = contiguous(o.src, p, "src");
+      if (!f) f = contiguous(o.dst, s.ranks[o.peer], "dst");
+    }
+    if (f) return f;
+  }
+  return std::nullopt;
+}
+
+// The arena: one-sided schedules add the signal words after the largest rank's buffers.
+void SizeArenas(const sp::Schedule& s, bool any_one, std::vector<ExecPlan>& plans) {
+  if (!any_one) {
+    for (ExecPlan& p : plans) p.arena_bytes = p.buffers_bytes;
+    return;
+  }
+  int64_t arena = 0;
+  for (const ExecPlan& p : plans) arena = std::max(arena, p.buffers_bytes);
+  const CounterTable counters = BuildCounterTable(s);
+  // One word per counter (NVSHMEM) or per (counter, sender) (SlotSignals), plus one scratch
+  // word that NVSHMEM puts without a counter signal (add 0).
+  const int64_t words =
+      static_cast<int64_t>(counters.names.size()) * static_cast<int64_t>(plans.size()) + 1;
+  for (ExecPlan& p : plans) {
+    p.signal_offset = arena;
+    p.arena_bytes = AlignUp(arena + words * 8);
+  }
+}
+
+}  // namespace
+
+Result<std::vector<ExecPlan>> BuildExecPlans(const sp::Schedule& s, const PlanOptions& opt) {
+  const int n = static_cast<int>(s.ranks.size());
+  std::vector<ExecPlan> plans(n);
+  const BufferUse use = UsesOfBuffers(s);
   for (int r = 0; r < n; ++r) {
-    const sp::RankProgram& p = s.ranks[r];
     ExecPlan& plan = plans[r];
     plan.rank = r;
     plan.element_bytes = s.shape.dtype_bytes;
-    plan.uses_nccl = any_two;
-    plan.uses_nvshmem = any_one;
-    const int nb = static_cast<int>(p.buffers.size());
-    plan.offset.assign(nb, -1);
-    plan.bytes.assign(nb, 0);
-    plan.binding.assign(nb, UserBinding::kNone);
-    int64_t at = 0;
-    for (int b = 0; b < nb; ++b) {
-      const sp::BufferDecl& d = p.buffers[b];
-      plan.bytes[b] = d.elements(batch) * d.element_bytes;
-      UserBinding bind = BindingOf(p, b);
-      const bool input = bind != UserBinding::kOut && bind != UserBinding::kTextOut;
-      if (bind != UserBinding::kNone && opt.bind_user_tensors && !put_targets[r].count(b) &&
-          !(input && written[r].count(b))) {
-        plan.binding[b] = bind;
-        continue;
-      }
-      plan.binding[b] = bind;  // in the arena; the executor copies in/out when bound != kNone
-      plan.offset[b] = at;
-      at = AlignUp(at + plan.bytes[b]);
-    }
-    plan.buffers_bytes = at;
-    // Ops: kinds on the right streams, contiguous transfer regions.
-    for (int i = 0; i < static_cast<int>(p.ops.size()); ++i) {
-      const sp::Op& o = p.ops[i];
-      // Each comm stream has its own NCCL communicator; Send/Recv elsewhere have none.
-      if (IsTwoSided(o.kind) && o.stream == sp::Stream::kCompute) {
-        return Failure::InvalidArgument(
-            OpName(s, r, i) +
-                " runs on the compute stream: Send/Recv belong on a comm "
-                "stream (each has its own NCCL communicator)",
-            "stream");
-      }
-      auto contiguous = [&](const sp::Region& reg, const sp::RankProgram& owner,
-                            const char* field) -> Result<bool> {
-        if (!reg.valid()) return true;
-        if (!sp::RegionContiguous(reg, owner.buffers[reg.buffer], batch)) {
-          return Failure::InvalidArgument(
-              OpName(s, r, i) + ": the " + field +
-                  " region is not contiguous (a Pack/Unpack to a staging buffer must "
-                  "come first)",
-              field);
-        }
-        return true;
-      };
-      if (o.kind == sp::OpKind::kSend) {
-        auto c = contiguous(o.src, p, "src");
-        if (!c) return c.failure();
-      } else if (o.kind == sp::OpKind::kRecv) {
-        auto c = contiguous(o.dst, p, "dst");
-        if (!c) return c.failure();
-      } else if (o.kind == sp::OpKind::kPut) {
-        auto c = contiguous(o.src, p, "src");
-        if (!c) return c.failure();
-        auto d = contiguous(o.dst, s.ranks[o.peer], "dst");
-        if (!d) return d.failure();
-      }
-    }
+    plan.uses_nccl = use.any_two;
+    plan.uses_nvshmem = use.any_one;
+    PlaceBuffers(s, r, opt, use, plan);
+    if (auto f = CheckOps(s, r)) return *f;
     auto units = OrderUnits(s, r, &plan.unit_of_op);
     if (!units) return units.failure();
     plan.units = std::move(units.value());
   }
-  if (any_one) {
-    int64_t arena = 0;
-    for (const ExecPlan& p : plans) arena = std::max(arena, p.buffers_bytes);
-    const CounterTable counters = BuildCounterTable(s);
-    // One word per counter (NVSHMEM) or per (counter, sender) (SlotSignals), plus one scratch
-    // word that NVSHMEM puts without a counter signal (add 0).
-    const int64_t words = static_cast<int64_t>(counters.names.size()) * n + 1;
-    for (ExecPlan& p : plans) {
-      p.signal_offset = arena;
-      p.arena_bytes = AlignUp(arena + words * 8);
-    }
-  } else {
-    for (ExecPlan& p : plans) p.arena_bytes = p.buffers_bytes;
-  }
+  SizeArenas(s, use.any_one, plans);
   return plans;
 }
 

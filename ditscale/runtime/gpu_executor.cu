@@ -17,6 +17,7 @@
 #include "ditscale/kernels/attn_merge.h"
 #include "ditscale/kernels/layout.h"
 #include "ditscale/runtime/gpu_executor.h"
+#include "ditscale/runtime/internal/stream_mem_ops.h"
 #include "ditscale/runtime/sm_partition.h"
 
 namespace ditscale::runtime {
@@ -127,31 +128,33 @@ bool IsTransfer(sp::OpKind k) {
          k == sp::OpKind::kSignal || k == sp::OpKind::kWait;
 }
 
-// cuStreamWriteValue64 / cuStreamWaitValue64 through the runtime's driver entry points (linking
-// libcuda would keep the CPU-only test binaries from loading on machines without a driver).
-struct StreamMemOps {
-  PFN_cuStreamWriteValue64_v11070 write = nullptr;
-  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
-};
-const StreamMemOps& MemOps() {
-  static const StreamMemOps ops = [] {
-    StreamMemOps o;
-    auto load = [](const char* name) {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-      const cudaError_t e =
-          cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
-      if (e != cudaSuccess) (void)cudaGetLastError();
-      DS_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr,
-               "sp executor: the driver entry point ", name, " is unavailable (", CudaErrorText(e),
-               ")");
-      return fn;
-    };
-    o.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(load("cuStreamWriteValue64"));
-    o.wait = reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(load("cuStreamWaitValue64"));
-    return o;
-  }();
-  return ops;
+// acc (+ acc_lse) := the log-sum-exp merge of acc and part (attn_merge.h).
+void LaunchMerge(const StridedView& acc, const StridedView& acc_lse, const StridedView& part,
+                 const StridedView& part_lse, int64_t batch, kernels::DType dtype,
+                 cudaStream_t st) {
+  const kernels::AttnMergeParams p = kernels::attn_merge_pair_params(
+      batch, acc.tokens, acc.heads, acc.width, dtype,
+      kernels::AttnOutDst{acc.data, acc.stride_b, acc.stride_t, acc.stride_h},
+      kernels::LseDst{static_cast<float*>(acc_lse.data), acc_lse.stride_b, acc_lse.stride_t,
+                      acc_lse.stride_h},
+      kernels::AttnOutView{part.data, part.stride_b, part.stride_t, part.stride_h},
+      kernels::LseView{static_cast<const float*>(part_lse.data), part_lse.stride_b,
+                       part_lse.stride_t, part_lse.stride_h});
+  kernels::attn_merge_cuda(p, st);
+}
+
+// d := s, one strided copy (layout.h: pack, unpack, copy); nothing for an empty region.
+void LaunchLayoutCopy(const StridedView& s, const StridedView& d, kernels::DType dtype,
+                      int64_t batch, cudaStream_t st) {
+  if (s.tokens == 0 || s.heads == 0) return;
+  kernels::LayoutCopyParams p;
+  p.dtype = dtype;
+  p.batch = batch;
+  p.head_dim = s.width;
+  p.num_copies = 1;
+  p.copies[0] = kernels::LayoutCopy{s.data,     s.stride_b, s.stride_t, s.stride_h, d.data,
+                                    d.stride_b, d.stride_t, d.stride_h, s.tokens,   s.heads};
+  kernels::layout_copy_cuda(p, st);
 }
 
 // The plans of a schedule that an executor of `rank` can run in `dtype`: the arguments, the
@@ -355,7 +358,7 @@ std::optional<Failure> GpuExecutor::AllocateMemory() {
     DS_CHECK_CUDA(cudaGetLastError());
     DS_CHECK_CUDA(cudaDeviceSynchronize());
   }
-  if (engine_ == OneSidedEngine::kCopyEngine) (void)MemOps();  // fail here, not in Run
+  if (engine_ == OneSidedEngine::kCopyEngine) (void)internal::MemOps();  // fail here, not in Run
   if (engine_ == OneSidedEngine::kCopyEngine && transports_.signal_by_copy) {
     const size_t words = std::max<size_t>(schedule_.ranks[rank_].ops.size(), 1);
     auto b = cuda::DeviceBuffer::Allocate(words * sizeof(uint64_t));
@@ -553,144 +556,19 @@ void GpuExecutor::Issue(int unit_index, const LayerIo& io) {
         attention_->Attention(a, st);
         break;
       }
-      case sp::OpKind::kMerge: {
-        const StridedView acc = View(o.dst, io), acc_lse = View(o.dst_lse, io);
-        const StridedView part = View(o.src, io), part_lse = View(o.src_lse, io);
-        const kernels::AttnMergeParams p = kernels::attn_merge_pair_params(
-            batch, acc.tokens, acc.heads, acc.width, dtype_,
-            kernels::AttnOutDst{acc.data, acc.stride_b, acc.stride_t, acc.stride_h},
-            kernels::LseDst{static_cast<float*>(acc_lse.data), acc_lse.stride_b, acc_lse.stride_t,
-                            acc_lse.stride_h},
-            kernels::AttnOutView{part.data, part.stride_b, part.stride_t, part.stride_h},
-            kernels::LseView{static_cast<const float*>(part_lse.data), part_lse.stride_b,
-                             part_lse.stride_t, part_lse.stride_h});
-        kernels::attn_merge_cuda(p, st);
+      case sp::OpKind::kMerge:
+        LaunchMerge(View(o.dst, io), View(o.dst_lse, io), View(o.src, io), View(o.src_lse, io),
+                    batch, dtype_, st);
         break;
-      }
       case sp::OpKind::kPack:
       case sp::OpKind::kUnpack:
-      case sp::OpKind::kCopy: {
-        const StridedView s = View(o.src, io), d = View(o.dst, io);
-        if (s.tokens == 0 || s.heads == 0) break;
-        kernels::LayoutCopyParams p;
-        p.dtype = DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_);
-        p.batch = batch;
-        p.head_dim = s.width;
-        p.num_copies = 1;
-        p.copies[0] = kernels::LayoutCopy{s.data,     s.stride_b, s.stride_t, s.stride_h, d.data,
-                                          d.stride_b, d.stride_t, d.stride_h, s.tokens,   s.heads};
-        kernels::layout_copy_cuda(p, st);
+      case sp::OpKind::kCopy:
+        LaunchLayoutCopy(View(o.src, io), View(o.dst, io),
+                         DTypeOfBuffer(prog.buffers[o.src.buffer], dtype_), batch, st);
         break;
-      }
     }
   }
   if (group && grouped_nccl) nccl->GroupEnd();
-}
-
-char* GpuExecutor::PutTarget(const sp::Op& o, char* peer_arena) const {
-  const sp::BufferDecl& dd = schedule_.ranks[o.peer].buffers[o.dst.buffer];
-  return peer_arena + plans_[o.peer].offset[o.dst.buffer] + RegionByteOffset(o.dst, dd);
-}
-
-char* GpuExecutor::PutSource(const sp::Op& o, const LayerIo& io, int64_t* bytes) const {
-  const sp::BufferDecl& sd = schedule_.ranks[rank_].buffers[o.src.buffer];
-  *bytes = sp::RegionBytes(o.src, sd, schedule_.shape.batch);
-  return BufferBase(o.src.buffer, io) + RegionByteOffset(o.src, sd);
-}
-
-void GpuExecutor::IssueNvshmem(int op, const LayerIo& io, void* stream) {
-  const ExecPlan& plan = plans_[rank_];
-  const sp::Op& o = schedule_.ranks[rank_].ops[op];
-  auto* words = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset);
-  switch (o.kind) {
-    case sp::OpKind::kPut: {
-      const int c =
-          o.counter.empty() ? static_cast<int>(counters_.names.size()) : counters_.index(o.counter);
-      int64_t bytes = 0;
-      const char* src = PutSource(o, io, &bytes);
-      transports_.shmem->PutSignal(PutTarget(o, arena_), src, bytes, words + c,
-                                   o.counter.empty() ? 0 : static_cast<uint64_t>(o.count), o.peer,
-                                   stream);
-      break;
-    }
-    case sp::OpKind::kSignal:
-      transports_.shmem->Signal(words + counters_.index(o.counter), static_cast<uint64_t>(o.count),
-                                o.peer, stream);
-      break;
-    case sp::OpKind::kWait: {
-      const int c = counters_.index(o.counter);
-      // Signal words are never reset: layer L waits for L * (per-layer growth) + count.
-      const uint64_t target =
-          static_cast<uint64_t>(layers_) * counters_.per_layer_total[rank_][c] + o.count;
-      transports_.shmem->WaitGE(words + c, target, stream);
-      break;
-    }
-    default:
-      DS_FAIL("sp executor: op ", op, " is not one-sided");
-  }
-}
-
-void GpuExecutor::IssueCopyEngine(int op, const LayerIo& io, void* stream) {
-  const ExecPlan& plan = plans_[rank_];
-  const sp::Op& o = schedule_.ranks[rank_].ops[op];
-  auto st = static_cast<cudaStream_t>(stream);
-  const StreamMemOps& mem = MemOps();
-  auto word_value = [&](int64_t value, int64_t per_layer) {
-    return static_cast<cuuint64_t>(layers_ * per_layer + value);  // never reset, as NVSHMEM's
-  };
-  if (o.kind == sp::OpKind::kWait) {
-    for (const SlotWait& w : slots_.waits[rank_][op]) {
-      const auto addr =
-          reinterpret_cast<CUdeviceptr>(arena_ + plan.signal_offset + w.slot * sizeof(uint64_t));
-      DS_CHECK_CU(mem.wait(st, addr, word_value(w.value, w.per_layer), CU_STREAM_WAIT_VALUE_GEQ));
-    }
-    return;
-  }
-  DS_CHECK(o.kind == sp::OpKind::kPut || o.kind == sp::OpKind::kSignal, "sp executor: op ", op,
-           " is not one-sided");
-  char* peer = peer_base_[o.peer];
-  const SlotWrite& w = slots_.writes[rank_][op];
-  if (peer == nullptr) {
-    // Not reachable by load/store (another host): NVSHMEM's put-with-signal, SETTING the same
-    // per-sender word (a kernel: it waits for the SMs, as NVSHMEM's transfers always do).
-    DS_CHECK(transports_.shmem != nullptr, "sp executor: rank ", rank_, " cannot reach rank ",
-             o.peer,
-             "'s arena by load/store and has no NVSHMEM transport for it (ranks of one process on "
-             "devices without peer access?)");
-    const int64_t word = w.slot >= 0 ? w.slot : slots_.words;  // the scratch word: no signal
-    auto* sig = reinterpret_cast<uint64_t*>(arena_ + plan.signal_offset) + word;
-    const uint64_t value = w.slot >= 0 ? word_value(w.value, w.per_layer) : 0;
-    // Untested across hosts (no multi-host lease yet): the words stay monotone as long as
-    // NVSHMEM delivers one PE's signals to a peer in issue order.
-    if (o.kind == sp::OpKind::kPut) {
-      int64_t bytes = 0;
-      const char* src = PutSource(o, io, &bytes);
-      transports_.shmem->PutSignal(PutTarget(o, arena_), src, bytes, sig, value, o.peer, stream,
-                                   true);
-    } else {
-      transports_.shmem->Signal(sig, value, o.peer, stream, true);
-    }
-    return;
-  }
-  if (o.kind == sp::OpKind::kPut) {
-    int64_t bytes = 0;
-    const char* src = PutSource(o, io, &bytes);
-    if (bytes > 0) {
-      DS_CHECK_CUDA(cudaMemcpyAsync(PutTarget(o, peer), src, bytes, cudaMemcpyDefault, st));
-    }
-  }
-  if (w.slot < 0) return;
-  char* word = peer + plan.signal_offset + w.slot * sizeof(uint64_t);
-  if (signal_src_ != nullptr) {
-    // The value into our own word, then 8 bytes by the copy engine after the put's copy.
-    DS_CHECK_CU(mem.write(st, reinterpret_cast<CUdeviceptr>(signal_src_ + op),
-                          word_value(w.value, w.per_layer), CU_STREAM_WRITE_VALUE_DEFAULT));
-    DS_CHECK_CUDA(cudaMemcpyAsync(word, signal_src_ + op, sizeof(uint64_t), cudaMemcpyDefault, st));
-    return;
-  }
-  // The default flags fence the stream's earlier writes (the copy above) before the word.
-  DS_CHECK_CU(mem.write(st, reinterpret_cast<CUdeviceptr>(word), word_value(w.value, w.per_layer),
-                        CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
 }  // namespace ditscale::runtime

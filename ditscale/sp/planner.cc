@@ -4,7 +4,11 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ditscale/core/range.h"
 #include "ditscale/sp/strategies.h"
@@ -91,42 +95,45 @@ Result<PlanCandidate> EvaluateConfig(const Topology& topology, const Workload& w
   return c;
 }
 
-Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
-                        const PlanOptions& options) {
-  Result<bool> v = topology.Validate();
-  if (!v.ok()) return v.failure();
-  v = workload.Validate();
-  if (!v.ok()) return v.failure();
-  std::vector<Strategy> strategies = options.strategies;
-  if (strategies.empty()) strategies.assign(kAllStrategies.begin(), kAllStrategies.end());
-  if (strategies.size() > size_t(kMaxPlanListSize)) {
-    return Failure::InvalidArgument(std::to_string(strategies.size()) +
-                                        " strategies given, at most " +
-                                        std::to_string(kMaxPlanListSize),
-                                    "strategies");
+namespace {
+
+// A list option (strategies, chunk counts) holds 1 to kMaxPlanListSize entries.
+std::optional<Failure> CheckListSize(size_t size, bool may_be_empty, const char* what,
+                                     const char* field) {
+  if ((size > 0 || may_be_empty) && size <= size_t(kMaxPlanListSize)) return std::nullopt;
+  if (may_be_empty) {
+    return Failure::InvalidArgument(
+        std::to_string(size) + " " + what + " given, at most " + std::to_string(kMaxPlanListSize),
+        field);
   }
-  if (options.torus_chunks.empty() || options.torus_chunks.size() > size_t(kMaxPlanListSize)) {
-    return Failure::InvalidArgument(std::to_string(options.torus_chunks.size()) +
-                                        " chunk counts given, expected 1 to " +
-                                        std::to_string(kMaxPlanListSize),
-                                    "torus_chunks");
-  }
-  for (int c : options.torus_chunks) {
-    if (auto e = RangeError("torus_chunks", static_cast<long long>(c), 1, kMaxTorusChunks)) {
-      return Failure::InvalidArgument(e->substr(14), "torus_chunks");
+  return Failure::InvalidArgument(std::to_string(size) + " " + what + " given, expected 1 to " +
+                                      std::to_string(kMaxPlanListSize),
+                                  field);
+}
+
+// Every value of a chunk list in [1, hi]; the message without the field's name (it is the field).
+std::optional<Failure> CheckChunks(const std::vector<int>& chunks, const std::string& field,
+                                   long long hi) {
+  for (int c : chunks) {
+    if (auto e = RangeError(field, static_cast<long long>(c), 1, hi)) {
+      return Failure::InvalidArgument(e->substr(field.size() + 2), field);
     }
   }
-  if (options.ulysses_chunks.empty() || options.ulysses_chunks.size() > size_t(kMaxPlanListSize)) {
-    return Failure::InvalidArgument(std::to_string(options.ulysses_chunks.size()) +
-                                        " chunk counts given, expected 1 to " +
-                                        std::to_string(kMaxPlanListSize),
-                                    "ulysses_chunks");
+  return std::nullopt;
+}
+
+// The ranges of PlanOptions (planner.h), in the order the fields are documented.
+std::optional<Failure> CheckOptions(const PlanOptions& options, size_t strategies) {
+  if (auto f = CheckListSize(strategies, true, "strategies", "strategies")) return f;
+  if (auto f = CheckListSize(options.torus_chunks.size(), false, "chunk counts", "torus_chunks")) {
+    return f;
   }
-  for (int c : options.ulysses_chunks) {
-    if (auto e = RangeError("ulysses_chunks", static_cast<long long>(c), 1, kMaxUlyssesChunks)) {
-      return Failure::InvalidArgument(e->substr(16), "ulysses_chunks");
-    }
+  if (auto f = CheckChunks(options.torus_chunks, "torus_chunks", kMaxTorusChunks)) return f;
+  if (auto f =
+          CheckListSize(options.ulysses_chunks.size(), false, "chunk counts", "ulysses_chunks")) {
+    return f;
   }
+  if (auto f = CheckChunks(options.ulysses_chunks, "ulysses_chunks", kMaxUlyssesChunks)) return f;
   if (auto e = RangeError("max_schedule_ops", static_cast<long long>(options.max_schedule_ops), 1,
                           kMaxScheduleOps)) {
     return Failure::InvalidArgument(e->substr(18), "max_schedule_ops");
@@ -135,45 +142,60 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
     return Failure::InvalidArgument(std::to_string(options.max_total_ops) + " must be >= 1",
                                     "max_total_ops");
   }
-  const int n = topology.world_size();
-  // (one_sided, one_sided_inter). Puts within machines and NCCL between them only with more than
-  // one machine (on one machine it is the plain one-sided schedule, already enumerated).
+  return std::nullopt;
+}
+
+// (one_sided, one_sided_inter) of the transports asked for. Puts within machines and NCCL
+// between them only with more than one machine (on one machine it is the plain one-sided
+// schedule, already enumerated).
+std::vector<std::pair<bool, bool>> Transports(const PlanOptions& options, int machines) {
   std::vector<std::pair<bool, bool>> transports;
   if (options.two_sided) transports.push_back({false, true});
   if (options.one_sided) transports.push_back({true, true});
-  if (options.one_sided_intra_only && topology.machines > 1) {
+  if (options.one_sided_intra_only && machines > 1) {
     transports.push_back({true, false});
   } else if (options.one_sided_intra_only && !options.one_sided) {
     transports.push_back({true, true});  // one machine: the same schedule
   }
-  if (transports.empty()) return Failure::InvalidArgument("no transport selected", "one_sided");
+  return transports;
+}
 
+// The (Ulysses, ring) degrees with U * R = n that strategy s runs on.
+std::vector<std::pair<int, int>> DegreesOf(Strategy s, int n) {
+  std::vector<std::pair<int, int>> degrees;
+  for (int u = 1; u <= n; ++u) {
+    if (n % u != 0) continue;
+    const int r = n / u;
+    bool take = false;
+    switch (s) {
+      case Strategy::kUlysses:
+      case Strategy::kUlyssesOverlap:
+        take = r == 1;
+        break;
+      case Strategy::kRing:
+        take = u == 1;
+        break;
+      case Strategy::kUsp:
+      case Strategy::kSwiftFusionTas:
+        take = u > 1 && r > 1;
+        break;
+      case Strategy::kTorus:
+        take = u > 1;
+        break;
+    }
+    if (take) degrees.push_back({u, r});
+  }
+  return degrees;
+}
+
+// 1. Enumerate: every strategy x degrees x chunk count x transport, then (with SM partitions
+// asked for and offered) the same list again with comm_sms.
+std::vector<SpConfig> Enumerate(const Topology& topology, const PlanOptions& options,
+                                const std::vector<Strategy>& strategies,
+                                const std::vector<std::pair<bool, bool>>& transports) {
   std::vector<SpConfig> configs;
   for (Strategy s : strategies) {
-    std::vector<std::pair<int, int>> degrees;
-    for (int u = 1; u <= n; ++u) {
-      if (n % u != 0) continue;
-      int r = n / u;
-      bool take = false;
-      switch (s) {
-        case Strategy::kUlysses:
-        case Strategy::kUlyssesOverlap:
-          take = r == 1;
-          break;
-        case Strategy::kRing:
-          take = u == 1;
-          break;
-        case Strategy::kUsp:
-        case Strategy::kSwiftFusionTas:
-          take = u > 1 && r > 1;
-          break;
-        case Strategy::kTorus:
-          take = u > 1;
-          break;
-      }
-      if (take) degrees.push_back({u, r});
-    }
-    for (auto [u, r] : degrees) {
+    for (auto [u, r] : DegreesOf(s, topology.world_size())) {
       // Torus: token chunks; ulysses: head chunks (only where U > 1 has an all-to-all to cut).
       std::vector<int> chunks = {1};
       if (s == Strategy::kTorus) chunks = options.torus_chunks;
@@ -192,7 +214,6 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
       }
     }
   }
-
   const int comm_sms = topology.SmallestCommSms();
   if (options.sm_partitions && comm_sms > 0 && topology.attention_holds_sms) {
     const size_t whole = configs.size();
@@ -202,44 +223,46 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
       configs.push_back(cfg);
     }
   }
+  return configs;
+}
 
-  if (configs.size() > kMaxPlanCandidates) {
-    return Failure::InvalidArgument(std::to_string(configs.size()) +
-                                        " candidates, over the limit of " +
-                                        std::to_string(kMaxPlanCandidates),
-                                    "strategies");
-  }
-  // Bounded search (planner.h): resolve and estimate every candidate, simulate the cheapest
-  // within the budget, report the rest; results and skips in enumeration order.
+std::string NameOf(const SpConfig& cfg) {
+  PlanCandidate named;
+  named.config = cfg;
+  return named.Name();
+}
+
+// 2. Budget (planner.h, bounded search): resolve and estimate every candidate, choose the
+// cheapest within the plan's budget; *skip gets the reason of every one not chosen.
+std::vector<char> ChooseWithinBudget(const Topology& topology, const Workload& workload,
+                                     const PlanOptions& options,
+                                     const std::vector<SpConfig>& configs,
+                                     std::vector<std::string>* skip) {
   const SpMesh mesh{topology.machines, topology.gpus_per_machine};
   const AttentionShape shape = ToAttentionShape(workload);
-  const int64_t tokens_per_rank = shape.seq_tokens / std::max(1, n);
-  std::vector<std::string> skip(configs.size());
+  const int64_t tokens_per_rank = shape.seq_tokens / std::max(1, topology.world_size());
+  skip->assign(configs.size(), "");
   std::vector<int64_t> estimate(configs.size(), 0);
   std::vector<size_t> feasible;
-  auto name_of = [&](const SpConfig& cfg) {
-    PlanCandidate named;
-    named.config = cfg;
-    return named.Name();
-  };
   for (size_t i = 0; i < configs.size(); ++i) {
     const SpConfig& cfg = configs[i];
     Result<SpConfig> r = ResolveConfig(mesh, cfg, shape);
     if (!r.ok()) {
-      skip[i] = name_of(cfg) + ": " + r.failure().ToString();
+      (*skip)[i] = NameOf(cfg) + ": " + r.failure().ToString();
       continue;
     }
     if (cfg.strategy == Strategy::kTorus && cfg.torus_chunks > 1 &&
         cfg.torus_chunks > tokens_per_rank) {
-      skip[i] = name_of(cfg) + ": more chunks than the " + std::to_string(tokens_per_rank) +
-                " tokens per rank (the schedule of chunks=" + std::to_string(tokens_per_rank) + ")";
+      (*skip)[i] = NameOf(cfg) + ": more chunks than the " + std::to_string(tokens_per_rank) +
+                   " tokens per rank (the schedule of chunks=" + std::to_string(tokens_per_rank) +
+                   ")";
       continue;
     }
     estimate[i] = ScheduleOpsEstimate(*r, shape);
     if (estimate[i] > options.max_schedule_ops) {
-      skip[i] = name_of(cfg) + ": about " + std::to_string(estimate[i]) +
-                " ops, over the planner's limit of " + std::to_string(options.max_schedule_ops) +
-                " ops per schedule";
+      (*skip)[i] = NameOf(cfg) + ": about " + std::to_string(estimate[i]) +
+                   " ops, over the planner's limit of " + std::to_string(options.max_schedule_ops) +
+                   " ops per schedule";
       continue;
     }
     feasible.push_back(i);
@@ -250,21 +273,27 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
   int64_t spent = 0;
   for (size_t i : feasible) {
     if (spent + estimate[i] > options.max_total_ops) {
-      skip[i] = name_of(configs[i]) + ": not simulated: about " + std::to_string(estimate[i]) +
-                " ops, over what is left of the plan's budget of " +
-                std::to_string(options.max_total_ops) + " ops (" + std::to_string(spent) +
-                " spent on smaller schedules)";
+      (*skip)[i] = NameOf(configs[i]) + ": not simulated: about " + std::to_string(estimate[i]) +
+                   " ops, over what is left of the plan's budget of " +
+                   std::to_string(options.max_total_ops) + " ops (" + std::to_string(spent) +
+                   " spent on smaller schedules)";
       continue;
     }
     spent += estimate[i];
     chosen[i] = 1;
   }
+  return chosen;
+}
 
-  PlanResult out;
+// 3. Simulate the chosen candidates (in enumeration order); the others, and those over the work
+// memory limit or failing, are reported in out->skipped.
+void SimulateChosen(const Topology& topology, const Workload& workload, const PlanOptions& options,
+                    const std::vector<SpConfig>& configs, const std::vector<char>& chosen,
+                    const std::vector<std::string>& skip, PlanResult* out) {
   for (size_t i = 0; i < configs.size(); ++i) {
     const SpConfig& cfg = configs[i];
     if (!chosen[i]) {
-      out.skipped.push_back(skip[i]);
+      out->skipped.push_back(skip[i]);
       continue;
     }
     Result<PlanCandidate> c = EvaluateConfig(topology, workload, cfg);
@@ -274,13 +303,40 @@ Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
       why << c->Name() << ": needs " << c->max_work_bytes_per_rank / 1e6
           << " MB of work memory on a rank, over the limit of "
           << options.max_work_bytes_per_rank / 1e6 << " MB";
-      out.skipped.push_back(why.str());
+      out->skipped.push_back(why.str());
     } else if (c.ok()) {
-      out.ranked.push_back(std::move(c).ValueOrThrow());
+      out->ranked.push_back(std::move(c).ValueOrThrow());
     } else {
-      out.skipped.push_back(name_of(cfg) + ": " + c.failure().ToString());
+      out->skipped.push_back(NameOf(cfg) + ": " + c.failure().ToString());
     }
   }
+}
+
+}  // namespace
+
+// check -> enumerate -> budget -> simulate -> rank -> explain.
+Result<PlanResult> Plan(const Topology& topology, const Workload& workload,
+                        const PlanOptions& options) {
+  Result<bool> v = topology.Validate();
+  if (!v.ok()) return v.failure();
+  v = workload.Validate();
+  if (!v.ok()) return v.failure();
+  std::vector<Strategy> strategies = options.strategies;
+  if (strategies.empty()) strategies.assign(kAllStrategies.begin(), kAllStrategies.end());
+  if (auto f = CheckOptions(options, strategies.size())) return *f;
+  const auto transports = Transports(options, topology.machines);
+  if (transports.empty()) return Failure::InvalidArgument("no transport selected", "one_sided");
+  const std::vector<SpConfig> configs = Enumerate(topology, options, strategies, transports);
+  if (configs.size() > kMaxPlanCandidates) {
+    return Failure::InvalidArgument(std::to_string(configs.size()) +
+                                        " candidates, over the limit of " +
+                                        std::to_string(kMaxPlanCandidates),
+                                    "strategies");
+  }
+  std::vector<std::string> skip;
+  const std::vector<char> chosen = ChooseWithinBudget(topology, workload, options, configs, &skip);
+  PlanResult out;
+  SimulateChosen(topology, workload, options, configs, chosen, skip, &out);
   if (out.ranked.empty()) {
     std::string why = out.skipped.empty() ? "no configuration enumerated" : out.skipped[0];
     return Failure::Infeasible("no feasible configuration: " + why, "strategy");

@@ -1,9 +1,12 @@
 // ValidateSchedule: structural checks and a token-game run of the execution model (schedule.h).
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "ditscale/sp/schedule.h"
 
@@ -17,6 +20,143 @@ std::string Where(const RankProgram& prog, size_t i) {
   os << ")";
   return os.str();
 }
+
+// The token game of ValidateSchedule: the execution model (schedule.h) with zero-time ops. On
+// each stream the unit at the head starts once its ops' dependencies are done; Send/Recv pairs
+// complete when both have started, Waits when their counter is reached, other ops at once.
+class TokenGameRun {
+ public:
+  TokenGameRun(const Schedule& s, const std::map<std::pair<int, int>, std::pair<int, int>>& partner)
+      : s_(s), partner_(partner), st_(s.mesh.ranks()) {
+    for (int r = 0; r < static_cast<int>(st_.size()); ++r) {
+      const RankProgram& prog = s_.ranks[r];
+      for (size_t i = 0; i < prog.ops.size(); ++i) {
+        st_[r].stream_ops[static_cast<int>(prog.ops[i].stream)].push_back(static_cast<int>(i));
+      }
+      st_[r].started.assign(prog.ops.size(), 0);
+      st_[r].done.assign(prog.ops.size(), 0);
+      remaining_ += prog.ops.size();
+    }
+  }
+
+  // Plays until every op completed (nullopt) or nothing moves (the deadlock's description).
+  std::optional<std::string> Play() {
+    bool progress = true;
+    while (remaining_ > 0 && progress) {
+      progress = false;
+      for (int r = 0; r < static_cast<int>(st_.size()); ++r) {
+        for (int sidx = 0; sidx < kNumStreams; ++sidx) progress |= AdvanceStream(r, sidx);
+      }
+    }
+    if (remaining_ == 0) return std::nullopt;
+    return Deadlock();
+  }
+
+ private:
+  struct RankState {
+    std::vector<std::vector<int>> stream_ops{kNumStreams};
+    std::vector<size_t> pos = std::vector<size_t>(kNumStreams, 0);  // first op of current unit
+    std::vector<size_t> unit_end = std::vector<size_t>(kNumStreams, 0);
+    std::vector<char> started, done;
+    std::map<std::string, int64_t> counters;
+  };
+
+  void Complete(int r, int i) {
+    const Op& op = s_.ranks[r].ops[i];
+    st_[r].done[i] = 1;
+    --remaining_;
+    if ((op.kind == OpKind::kSignal || op.kind == OpKind::kPut) && !op.counter.empty()) {
+      st_[op.peer].counters[op.counter] += op.count;
+    }
+  }
+
+  // Starts the unit at the stream's head when its dependencies are done; false: not ready.
+  bool TryStart(int r, int sidx, bool* progress) {
+    const RankProgram& prog = s_.ranks[r];
+    RankState& rs = st_[r];
+    const std::vector<int>& ops = rs.stream_ops[sidx];
+    const size_t pos = rs.pos[sidx];
+    if (rs.started[ops[pos]]) return true;
+    size_t end = pos + 1;
+    const int g = prog.ops[ops[pos]].group;
+    while (g >= 0 && end < ops.size() && prog.ops[ops[end]].group == g) ++end;
+    bool ready = true;
+    for (size_t u = pos; u < end && ready; ++u) {
+      for (int dep : prog.ops[ops[u]].deps) ready = ready && rs.done[dep];
+    }
+    if (!ready) return false;
+    rs.unit_end[sidx] = end;
+    for (size_t u = pos; u < end; ++u) rs.started[ops[u]] = 1;
+    *progress = true;
+    return true;
+  }
+
+  // Completes what can complete of the started unit; true when all of it is done.
+  bool TryComplete(int r, int sidx, bool* progress) {
+    const RankProgram& prog = s_.ranks[r];
+    RankState& rs = st_[r];
+    const std::vector<int>& ops = rs.stream_ops[sidx];
+    for (size_t u = rs.pos[sidx]; u < rs.unit_end[sidx]; ++u) {
+      const int i = ops[u];
+      if (rs.done[i]) continue;
+      const Op& op = prog.ops[i];
+      if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+        const auto& p = partner_.at({r, i});
+        if (st_[p.first].started[p.second]) {
+          Complete(r, i);
+          if (!st_[p.first].done[p.second]) Complete(p.first, p.second);
+          *progress = true;
+        }
+      } else if (op.kind == OpKind::kWait) {
+        if (rs.counters[op.counter] >= op.count) {
+          Complete(r, i);
+          *progress = true;
+        }
+      } else {
+        Complete(r, i);
+        *progress = true;
+      }
+    }
+    bool unit_done = true;
+    for (size_t u = rs.pos[sidx]; u < rs.unit_end[sidx]; ++u) {
+      unit_done = unit_done && rs.done[ops[u]];
+    }
+    return unit_done;
+  }
+
+  // Runs rank r's stream until its head unit cannot start or finish; true when anything moved.
+  bool AdvanceStream(int r, int sidx) {
+    RankState& rs = st_[r];
+    bool progress = false;
+    while (rs.pos[sidx] < rs.stream_ops[sidx].size()) {
+      if (!TryStart(r, sidx, &progress)) break;
+      if (!TryComplete(r, sidx, &progress)) break;
+      rs.pos[sidx] = rs.unit_end[sidx];
+    }
+    return progress;
+  }
+
+  std::string Deadlock() const {
+    std::ostringstream os;
+    os << "deadlock: " << remaining_ << " ops never complete; blocked at:";
+    for (int r = 0; r < static_cast<int>(st_.size()); ++r) {
+      for (int sidx = 0; sidx < kNumStreams; ++sidx) {
+        if (st_[r].pos[sidx] < st_[r].stream_ops[sidx].size()) {
+          const int i = st_[r].stream_ops[sidx][st_[r].pos[sidx]];
+          os << "\n  " << Where(s_.ranks[r], i) << " on " << ToString(static_cast<Stream>(sidx))
+             << (st_[r].started[i] ? " (started, waiting for its peer or counter)"
+                                   : " (waiting for deps)");
+        }
+      }
+    }
+    return os.str();
+  }
+
+  const Schedule& s_;
+  const std::map<std::pair<int, int>, std::pair<int, int>>& partner_;
+  std::vector<RankState> st_;
+  size_t remaining_ = 0;
+};
 
 class Checker {
  public:
@@ -92,7 +232,7 @@ class Checker {
     if (op.bytes != want) Err(where, ": bytes is ", op.bytes, ", its region holds ", want);
   }
 
-  void CheckRank(const RankProgram& prog) {
+  void CheckBuffers(const RankProgram& prog) {
     std::set<std::string> names;
     for (const BufferDecl& d : prog.buffers) {
       if (!names.insert(d.name).second)
@@ -101,121 +241,141 @@ class Checker {
         Err("rank ", prog.rank, ": buffer '", d.name, "' has a bad shape or element size");
       }
     }
+  }
+
+  // Op i's dependencies are earlier ops; its group is one run of ops on one stream and none of
+  // its dependencies (group_end: group id -> stream, last op index so far).
+  void CheckDepsAndGroup(const RankProgram& prog, size_t i, const std::string& w,
+                         std::map<int, std::pair<Stream, size_t>>& group_end) {
+    const Op& op = prog.ops[i];
+    for (int dep : op.deps) {
+      if (dep < 0 || dep >= static_cast<int>(i)) Err(w, ": dep ", dep, " is not an earlier op");
+    }
+    if (op.group < 0) return;
+    auto it = group_end.find(op.group);
+    if (it != group_end.end()) {
+      bool contiguous = it->second.first == op.stream;
+      for (size_t j = it->second.second + 1; j < i && contiguous; ++j) {
+        if (prog.ops[j].stream == op.stream && prog.ops[j].group != op.group) contiguous = false;
+      }
+      if (!contiguous) Err(w, ": group ", op.group, " is not one run of ops on one stream");
+    }
+    group_end[op.group] = {op.stream, i};
+    for (int dep : op.deps) {
+      if (dep >= 0 && dep < static_cast<int>(i) && prog.ops[dep].group == op.group &&
+          prog.ops[dep].stream == op.stream) {
+        Err(w, ": depends on op #", dep, " of its own group");
+      }
+    }
+  }
+
+  // A transfer's peer is another rank and its link kind the mesh's; false: no valid peer.
+  bool CheckPeer(const RankProgram& prog, const Op& op, const std::string& w) {
+    const bool comm = op.kind == OpKind::kSend || op.kind == OpKind::kRecv ||
+                      op.kind == OpKind::kPut || op.kind == OpKind::kSignal;
+    if (!comm) return true;
     const int n = s_.mesh.ranks();
+    if (op.peer < 0 || op.peer >= n || op.peer == prog.rank) {
+      Err(w, ": peer ", op.peer, " is not another rank in [0, ", n, ")");
+      return false;
+    }
+    const LinkKind want = s_.mesh.same_machine(prog.rank, op.peer) ? LinkKind::kIntraMachine
+                                                                   : LinkKind::kInterMachine;
+    if (op.link != want) Err(w, ": link is ", ToString(op.link), ", mesh says ", ToString(want));
+    return true;
+  }
+
+  void CheckAttention(const RankProgram& prog, const Op& op, const std::string& w) {
     const int64_t d = s_.shape.head_dim;
     const int64_t group = s_.shape.heads / std::max<int64_t>(1, s_.shape.kv_heads_or_heads());
+    const BufferDecl* q = CheckRegion(prog, op.src, w, "src");
+    const BufferDecl* k = CheckRegion(prog, op.key, w, "key");
+    const BufferDecl* v = CheckRegion(prog, op.value, w, "value");
+    const BufferDecl* o = CheckRegion(prog, op.dst, w, "dst");
+    const BufferDecl* l = CheckRegion(prog, op.dst_lse, w, "dst_lse");
+    if (!q || !k || !v || !o || !l) return;
+    SameShape(op.key, k, op.value, v, w, "key", "value");
+    SameShape(op.src, q, op.dst, o, w, "src", "dst");
+    if (q->width != d || k->width != d || l->width != 1) {
+      Err(w, ": q/k/v/out width must be head_dim ", d, " and lse width 1");
+    }
+    if (op.src.heads != op.key.heads * group) {
+      Err(w, ": ", op.src.heads, " query heads against ", op.key.heads,
+          " kv heads, expected a ratio of heads/kv_heads = ", group);
+    }
+    if (op.dst_lse.tokens != op.src.tokens || op.dst_lse.heads != op.src.heads) {
+      Err(w, ": dst_lse does not match the query block");
+    }
+    const double flops = 4.0 * s_.shape.batch * op.src.heads * op.src.tokens * op.key.tokens * d;
+    if (op.flops != flops) Err(w, ": flops is ", op.flops, ", expected ", flops);
+  }
+
+  // The regions, shapes and byte counts of one op, by kind.
+  void CheckOpRegions(const RankProgram& prog, const Op& op, const std::string& w) {
+    switch (op.kind) {
+      case OpKind::kSend: {
+        const BufferDecl* b = CheckRegion(prog, op.src, w, "src");
+        CheckBytes(op, op.src, b, w);
+        break;
+      }
+      case OpKind::kRecv: {
+        const BufferDecl* b = CheckRegion(prog, op.dst, w, "dst");
+        CheckBytes(op, op.dst, b, w);
+        break;
+      }
+      case OpKind::kPut: {
+        const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
+        const BufferDecl* b = CheckRegion(s_.ranks[op.peer], op.dst, w + " (peer's buffer)", "dst");
+        SameShape(op.src, a, op.dst, b, w, "src", "dst");
+        CheckBytes(op, op.src, a, w);
+        if (op.counter.empty() != (op.count == 0)) {
+          Err(w, ": a put-with-signal needs both counter and a non-zero value");
+        }
+        break;
+      }
+      case OpKind::kSignal:
+      case OpKind::kWait:
+        if (op.counter.empty()) Err(w, ": field 'counter' missing");
+        if (op.kind == OpKind::kSignal && op.count <= 0) Err(w, ": increment must be > 0");
+        if (op.kind == OpKind::kWait && op.dst.valid()) CheckRegion(prog, op.dst, w, "dst");
+        break;
+      case OpKind::kPack:
+      case OpKind::kUnpack:
+      case OpKind::kCopy: {
+        const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
+        const BufferDecl* b = CheckRegion(prog, op.dst, w, "dst");
+        SameShape(op.src, a, op.dst, b, w, "src", "dst");
+        CheckBytes(op, op.src, a, w);
+        break;
+      }
+      case OpKind::kAttention:
+        CheckAttention(prog, op, w);
+        break;
+      case OpKind::kMerge: {
+        const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
+        const BufferDecl* b = CheckRegion(prog, op.dst, w, "dst");
+        const BufferDecl* la = CheckRegion(prog, op.src_lse, w, "src_lse");
+        const BufferDecl* lb = CheckRegion(prog, op.dst_lse, w, "dst_lse");
+        SameShape(op.src, a, op.dst, b, w, "src", "dst");
+        SameShape(op.src_lse, la, op.dst_lse, lb, w, "src_lse", "dst_lse");
+        if (a && la && (op.src.tokens != op.src_lse.tokens || op.src.heads != op.src_lse.heads)) {
+          Err(w, ": src_lse does not match src");
+        }
+        CheckBytes(op, op.src, a, w);
+        break;
+      }
+    }
+  }
+
+  void CheckRank(const RankProgram& prog) {
+    CheckBuffers(prog);
     std::map<int, std::pair<Stream, size_t>> group_end;  // group id -> stream, last op index
     for (size_t i = 0; i < prog.ops.size(); ++i) {
       const Op& op = prog.ops[i];
       const std::string w = Where(prog, i);
-      for (int dep : op.deps) {
-        if (dep < 0 || dep >= static_cast<int>(i)) Err(w, ": dep ", dep, " is not an earlier op");
-      }
-      if (op.group >= 0) {
-        auto it = group_end.find(op.group);
-        if (it != group_end.end()) {
-          bool contiguous = it->second.first == op.stream;
-          for (size_t j = it->second.second + 1; j < i && contiguous; ++j) {
-            if (prog.ops[j].stream == op.stream && prog.ops[j].group != op.group)
-              contiguous = false;
-          }
-          if (!contiguous) Err(w, ": group ", op.group, " is not one run of ops on one stream");
-        }
-        group_end[op.group] = {op.stream, i};
-        for (int dep : op.deps) {
-          if (dep >= 0 && dep < static_cast<int>(i) && prog.ops[dep].group == op.group &&
-              prog.ops[dep].stream == op.stream) {
-            Err(w, ": depends on op #", dep, " of its own group");
-          }
-        }
-      }
-      const bool comm = op.kind == OpKind::kSend || op.kind == OpKind::kRecv ||
-                        op.kind == OpKind::kPut || op.kind == OpKind::kSignal;
-      if (comm) {
-        if (op.peer < 0 || op.peer >= n || op.peer == prog.rank) {
-          Err(w, ": peer ", op.peer, " is not another rank in [0, ", n, ")");
-          continue;
-        }
-        const LinkKind want = s_.mesh.same_machine(prog.rank, op.peer) ? LinkKind::kIntraMachine
-                                                                       : LinkKind::kInterMachine;
-        if (op.link != want)
-          Err(w, ": link is ", ToString(op.link), ", mesh says ", ToString(want));
-      }
-      switch (op.kind) {
-        case OpKind::kSend: {
-          const BufferDecl* b = CheckRegion(prog, op.src, w, "src");
-          CheckBytes(op, op.src, b, w);
-          break;
-        }
-        case OpKind::kRecv: {
-          const BufferDecl* b = CheckRegion(prog, op.dst, w, "dst");
-          CheckBytes(op, op.dst, b, w);
-          break;
-        }
-        case OpKind::kPut: {
-          const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
-          const BufferDecl* b =
-              CheckRegion(s_.ranks[op.peer], op.dst, w + " (peer's buffer)", "dst");
-          SameShape(op.src, a, op.dst, b, w, "src", "dst");
-          CheckBytes(op, op.src, a, w);
-          if (op.counter.empty() != (op.count == 0)) {
-            Err(w, ": a put-with-signal needs both counter and a non-zero value");
-          }
-          break;
-        }
-        case OpKind::kSignal:
-        case OpKind::kWait:
-          if (op.counter.empty()) Err(w, ": field 'counter' missing");
-          if (op.kind == OpKind::kSignal && op.count <= 0) Err(w, ": increment must be > 0");
-          if (op.kind == OpKind::kWait && op.dst.valid()) CheckRegion(prog, op.dst, w, "dst");
-          break;
-        case OpKind::kPack:
-        case OpKind::kUnpack:
-        case OpKind::kCopy: {
-          const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
-          const BufferDecl* b = CheckRegion(prog, op.dst, w, "dst");
-          SameShape(op.src, a, op.dst, b, w, "src", "dst");
-          CheckBytes(op, op.src, a, w);
-          break;
-        }
-        case OpKind::kAttention: {
-          const BufferDecl* q = CheckRegion(prog, op.src, w, "src");
-          const BufferDecl* k = CheckRegion(prog, op.key, w, "key");
-          const BufferDecl* v = CheckRegion(prog, op.value, w, "value");
-          const BufferDecl* o = CheckRegion(prog, op.dst, w, "dst");
-          const BufferDecl* l = CheckRegion(prog, op.dst_lse, w, "dst_lse");
-          if (!q || !k || !v || !o || !l) break;
-          SameShape(op.key, k, op.value, v, w, "key", "value");
-          SameShape(op.src, q, op.dst, o, w, "src", "dst");
-          if (q->width != d || k->width != d || l->width != 1) {
-            Err(w, ": q/k/v/out width must be head_dim ", d, " and lse width 1");
-          }
-          if (op.src.heads != op.key.heads * group) {
-            Err(w, ": ", op.src.heads, " query heads against ", op.key.heads,
-                " kv heads, expected a ratio of heads/kv_heads = ", group);
-          }
-          if (op.dst_lse.tokens != op.src.tokens || op.dst_lse.heads != op.src.heads) {
-            Err(w, ": dst_lse does not match the query block");
-          }
-          const double flops =
-              4.0 * s_.shape.batch * op.src.heads * op.src.tokens * op.key.tokens * d;
-          if (op.flops != flops) Err(w, ": flops is ", op.flops, ", expected ", flops);
-          break;
-        }
-        case OpKind::kMerge: {
-          const BufferDecl* a = CheckRegion(prog, op.src, w, "src");
-          const BufferDecl* b = CheckRegion(prog, op.dst, w, "dst");
-          const BufferDecl* la = CheckRegion(prog, op.src_lse, w, "src_lse");
-          const BufferDecl* lb = CheckRegion(prog, op.dst_lse, w, "dst_lse");
-          SameShape(op.src, a, op.dst, b, w, "src", "dst");
-          SameShape(op.src_lse, la, op.dst_lse, lb, w, "src_lse", "dst_lse");
-          if (a && la && (op.src.tokens != op.src_lse.tokens || op.src.heads != op.src_lse.heads)) {
-            Err(w, ": src_lse does not match src");
-          }
-          CheckBytes(op, op.src, a, w);
-          break;
-        }
-      }
+      CheckDepsAndGroup(prog, i, w, group_end);
+      if (!CheckPeer(prog, op, w)) continue;
+      CheckOpRegions(prog, op, w);
     }
   }
 
@@ -280,101 +440,7 @@ class Checker {
 
   // Runs the execution model with zero-time ops until everything completed or nothing moves.
   void TokenGame() {
-    const int n = s_.mesh.ranks();
-    struct RankState {
-      std::vector<std::vector<int>> stream_ops{kNumStreams};
-      std::vector<size_t> pos = std::vector<size_t>(kNumStreams, 0);  // first op of current unit
-      std::vector<size_t> unit_end = std::vector<size_t>(kNumStreams, 0);
-      std::vector<char> started, done;
-      std::map<std::string, int64_t> counters;
-    };
-    std::vector<RankState> st(n);
-    size_t remaining = 0;
-    for (int r = 0; r < n; ++r) {
-      const RankProgram& prog = s_.ranks[r];
-      for (size_t i = 0; i < prog.ops.size(); ++i) {
-        st[r].stream_ops[static_cast<int>(prog.ops[i].stream)].push_back(static_cast<int>(i));
-      }
-      st[r].started.assign(prog.ops.size(), 0);
-      st[r].done.assign(prog.ops.size(), 0);
-      remaining += prog.ops.size();
-    }
-    auto complete = [&](int r, int i) {
-      const Op& op = s_.ranks[r].ops[i];
-      st[r].done[i] = 1;
-      --remaining;
-      if ((op.kind == OpKind::kSignal || op.kind == OpKind::kPut) && !op.counter.empty()) {
-        st[op.peer].counters[op.counter] += op.count;
-      }
-    };
-    bool progress = true;
-    while (remaining > 0 && progress) {
-      progress = false;
-      for (int r = 0; r < n; ++r) {
-        const RankProgram& prog = s_.ranks[r];
-        RankState& rs = st[r];
-        for (int sidx = 0; sidx < kNumStreams; ++sidx) {
-          const std::vector<int>& ops = rs.stream_ops[sidx];
-          while (rs.pos[sidx] < ops.size()) {
-            size_t& pos = rs.pos[sidx];
-            const int first = ops[pos];
-            if (!rs.started[first]) {  // try to start the unit at pos
-              size_t end = pos + 1;
-              const int g = prog.ops[first].group;
-              while (g >= 0 && end < ops.size() && prog.ops[ops[end]].group == g) ++end;
-              bool ready = true;
-              for (size_t u = pos; u < end && ready; ++u) {
-                for (int dep : prog.ops[ops[u]].deps) ready = ready && rs.done[dep];
-              }
-              if (!ready) break;
-              rs.unit_end[sidx] = end;
-              for (size_t u = pos; u < end; ++u) rs.started[ops[u]] = 1;
-              progress = true;
-            }
-            for (size_t u = pos; u < rs.unit_end[sidx]; ++u) {  // try to complete unit ops
-              const int i = ops[u];
-              if (rs.done[i]) continue;
-              const Op& op = prog.ops[i];
-              if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
-                const auto& p = partner_.at({r, i});
-                if (st[p.first].started[p.second]) {
-                  complete(r, i);
-                  if (!st[p.first].done[p.second]) complete(p.first, p.second);
-                  progress = true;
-                }
-              } else if (op.kind == OpKind::kWait) {
-                if (rs.counters[op.counter] >= op.count) {
-                  complete(r, i);
-                  progress = true;
-                }
-              } else {
-                complete(r, i);
-                progress = true;
-              }
-            }
-            bool unit_done = true;
-            for (size_t u = pos; u < rs.unit_end[sidx]; ++u)
-              unit_done = unit_done && rs.done[ops[u]];
-            if (!unit_done) break;
-            pos = rs.unit_end[sidx];
-          }
-        }
-      }
-    }
-    if (remaining == 0) return;
-    std::ostringstream os;
-    os << "deadlock: " << remaining << " ops never complete; blocked at:";
-    for (int r = 0; r < n; ++r) {
-      for (int sidx = 0; sidx < kNumStreams; ++sidx) {
-        if (st[r].pos[sidx] < st[r].stream_ops[sidx].size()) {
-          const int i = st[r].stream_ops[sidx][st[r].pos[sidx]];
-          os << "\n  " << Where(s_.ranks[r], i) << " on " << ToString(static_cast<Stream>(sidx))
-             << (st[r].started[i] ? " (started, waiting for its peer or counter)"
-                                  : " (waiting for deps)");
-        }
-      }
-    }
-    Err(os.str());
+    if (auto deadlock = TokenGameRun(s_, partner_).Play()) Err(*deadlock);
   }
 
   const Schedule& s_;

@@ -8,90 +8,10 @@
 #include <map>
 #include <sstream>
 
-#include "ditscale/sp/internal/fair_share.h"
+#include "ditscale/sp/internal/sim.h"
 
 namespace ditscale::sp {
-namespace {
-
-bool IsComputeKind(OpKind k) {
-  return k == OpKind::kAttention || k == OpKind::kMerge || k == OpKind::kPack ||
-         k == OpKind::kUnpack || k == OpKind::kCopy;
-}
-bool IsCommKind(OpKind k) { return !IsComputeKind(k); }
-
-struct OpState {
-  int rank = 0;
-  int index = 0;
-  const Op* op = nullptr;
-  int deps_left = 0;
-  int unit = -1;  // index into Sim::units_
-  bool issued = false, posted = false, started = false, done = false;
-  double post_t = 0, start_t = 0, end_t = 0;
-  double release_t = 0;
-  int released_by = -1;  // gid of the op whose completion let this one start
-  int partner = -1;      // Send <-> Recv
-  std::vector<int> dependents;
-};
-
-enum class Phase { kWork, kDelay, kData };
-
-struct Activity {
-  Phase phase = Phase::kWork;
-  double remaining = 0;  // seconds (work, delay) or bytes (data)
-  double rate = 1;
-  int gid = -1;  // op completed at the end (Send for a rendezvous pair)
-  int src = -1, dst = -1;
-  int64_t bytes = 0;  // data still to move after a delay phase
-  bool two_sided = false;
-  // Launched as a kernel: waits for an attention call that holds every SM (two-sided transfers;
-  // one-sided ones between machines, NVSHMEM's put-with-signal). One-sided ones within a machine
-  // are the executor's copy engines and stream memory operations: no SM.
-  bool needs_sm = false;
-  // A kernel (pack, unpack, copy, merge) on a comm stream: under attention_holds_sms it waits for
-  // an attention call of its rank that started before it became ready, like any kernel
-  // (lab/results/sp-overlap_h200_2026-12/pack-copy.md).
-  bool comm_kernel = false;
-  bool compute_stream = false;  // a compute-kind op on the compute stream (SM slow-down)
-  double t0 = 0;                // when it started (a transfer: when its first phase started)
-};
-
-class Sim {
- public:
-  Sim(const Schedule& s, const Topology& t) : s_(s), t_(t) {}
-  Result<SimResult> Run();
-
- private:
-  void Build();
-  void Issue(int gid, int releaser, double release_t);
-  void Post(int gid);
-  void Complete(int gid, int releaser);
-  void StartTransfer(int gid, int src, int dst, int64_t bytes, double delay, bool two_sided);
-  void RaiseCounter(int rank, const std::string& name, int64_t value, int releaser);
-  void Recompute();
-  void Drain();
-
-  const Schedule& s_;
-  const Topology& t_;
-  int n_ = 0;
-  std::vector<OpState> ops_;
-  std::vector<int> offset_;
-  std::vector<std::vector<int>> units_;  // ops of each stream unit
-  std::vector<int> unit_left_;           // ops of the unit not yet done
-  std::vector<std::array<std::vector<int>, kNumStreams>> stream_units_;  // per rank
-  std::vector<std::array<int, kNumStreams>> head_;
-  std::map<std::pair<int, std::string>, int64_t> counters_;
-  std::map<std::pair<int, std::string>, std::vector<int>> waiters_;
-  std::vector<Activity> acts_;
-  std::deque<std::pair<int, int>> complete_queue_;  // (gid, releaser)
-  std::deque<int> post_queue_;
-  std::vector<int> compute_running_, comm_pending_;
-  int inter_flows_ = 0;
-  int compute_sms_ = 0;     // SpConfig::comm_sms > 0: the compute partition's SMs, else 0
-  double free_sm_Bps_ = 0;  // the copy rate of the SMs outside it
-  double now_ = 0;
-  int done_count_ = 0;
-  SimResult res_;
-};
+namespace internal {
 
 void Sim::Build() {
   n_ = s_.mesh.ranks();
@@ -323,106 +243,8 @@ void Sim::Drain() {
   }
 }
 
-void Sim::Recompute() {
-  const int m = t_.machines * t_.Nics();  // NICs in the cluster
-  const bool duplex = t_.nic_duplex_Bps > 0;
-  // Resources: GPU egress, GPU ingress, NIC egress, NIC ingress, then (duplex) NIC both ways.
-  std::vector<double> cap(2 * n_ + (duplex ? 3 : 2) * m);
-  for (int r = 0; r < n_; ++r) cap[r] = cap[n_ + r] = t_.intra_bandwidth_Bps;
-  for (int i = 0; i < m; ++i) cap[2 * n_ + i] = cap[2 * n_ + m + i] = t_.nic_bandwidth_Bps;
-  if (duplex) {
-    for (int i = 0; i < m; ++i) cap[2 * n_ + 2 * m + i] = t_.nic_duplex_Bps;
-  }
-  // attention_holds_sms: an attention call holds every SM until it ends, so a transfer launched
-  // as a kernel (NCCL's; NVSHMEM's between machines) that became ready after an attention op
-  // started on either end waits for it; one that was running when the attention op started keeps
-  // its SMs and runs beside it. Only NCCL's kernels run for the whole transfer and take SMs from
-  // compute (sm_taking).
-  const double kNever = std::numeric_limits<double>::infinity();
-  std::vector<double> attention_since(n_, kNever);
-  if (t_.attention_holds_sms) {
-    for (const Activity& a : acts_) {
-      if (a.phase == Phase::kWork && a.compute_stream &&
-          ops_[a.gid].op->kind == OpKind::kAttention) {
-        attention_since[a.src] = std::min(attention_since[a.src], a.t0);
-      }
-    }
-  }
-  // With an SM partition nothing stalls: a kernel that would wait runs on the SMs outside the
-  // partition instead, at their copy rate (resources 2n + (duplex ? 3 : 2)m + rank); one that
-  // started before the call has its SMs, as without a partition.
-  const bool partitioned = compute_sms_ > 0;
-  const int free_sms_base = int(cap.size());
-  if (partitioned) cap.resize(cap.size() + n_, free_sm_Bps_);
-  auto late = [&](const Activity& a, int rank) { return attention_since[rank] < a.t0; };
-  std::vector<char> stalled(acts_.size(), 0);
-  std::vector<int> sm_taking(n_, 0);  // two-sided transfers running (not stalled) per rank
-  for (size_t i = 0; i < acts_.size(); ++i) {
-    const Activity& a = acts_[i];
-    if (a.comm_kernel) {
-      stalled[i] = !partitioned && late(a, a.src);
-      continue;
-    }
-    if (!a.needs_sm) continue;
-    stalled[i] = !partitioned && a.phase != Phase::kWork && (late(a, a.src) || late(a, a.dst));
-    if (!stalled[i] && a.two_sided && !partitioned) {
-      ++sm_taking[a.src];
-      if (a.dst != a.src) ++sm_taking[a.dst];
-    }
-  }
-  std::vector<internal::FlowResources> flows;
-  std::vector<int> idx;
-  inter_flows_ = 0;
-  for (int i = 0; i < int(acts_.size()); ++i) {
-    Activity& a = acts_[i];
-    if (stalled[i]) {
-      a.rate = 0;
-      continue;
-    }
-    if (a.phase == Phase::kData) {
-      internal::FlowResources f = {-1, -1, -1, -1, -1, -1};
-      if (t_.SameMachine(a.src, a.dst)) {
-        f[0] = a.src;
-        f[1] = n_ + a.dst;
-      } else {
-        const int from = t_.NicOf(a.src), to = t_.NicOf(a.dst);
-        f[0] = 2 * n_ + from;
-        f[1] = 2 * n_ + m + to;
-        if (duplex) {
-          f[2] = 2 * n_ + 2 * m + from;
-          f[3] = 2 * n_ + 2 * m + to;
-        }
-        ++inter_flows_;
-      }
-      if (partitioned && a.needs_sm) {
-        if (late(a, a.src)) f[4] = free_sms_base + a.src;
-        if (late(a, a.dst)) f[5] = free_sms_base + a.dst;
-      }
-      flows.push_back(f);
-      idx.push_back(i);
-    } else if (a.phase == Phase::kWork && a.compute_stream) {
-      // Running NCCL kernels take SMs from concurrent compute (stalled ones take none).
-      a.rate = sm_taking[a.src] > 0 ? 1.0 - t_.two_sided_sm_fraction : 1.0;
-    } else if (a.phase == Phase::kWork && a.comm_kernel && partitioned && late(a, a.src)) {
-      a.rate = std::min(1.0, free_sm_Bps_ / t_.hbm_bandwidth_Bps);
-    } else {
-      a.rate = 1.0;
-    }
-  }
-  std::vector<double> rates = internal::MaxMinFairRatesWide(cap, flows);
-  for (size_t k = 0; k < idx.size(); ++k) {
-    Activity& a = acts_[idx[k]];
-    a.rate = rates[k];
-    // An inter-machine transfer slows while either end computes (the share it loses is not
-    // handed to other flows: the loss is at the ends, not on the link).
-    if (t_.inter_compute_interference > 0 && !t_.SameMachine(a.src, a.dst) &&
-        (compute_running_[a.src] > 0 || compute_running_[a.dst] > 0)) {
-      a.rate *= 1.0 - t_.inter_compute_interference;
-    }
-  }
-}
-
-Result<SimResult> Sim::Run() {
+// The schedule's mesh and rank count match the topology; the SM partition's rates.
+std::optional<Failure> Sim::Check() {
   if (s_.mesh.machines != t_.machines || s_.mesh.gpus_per_machine != t_.gpus_per_machine) {
     return Failure::InvalidArgument("schedule mesh " + std::to_string(s_.mesh.machines) + "x" +
                                         std::to_string(s_.mesh.gpus_per_machine) +
@@ -442,81 +264,84 @@ Result<SimResult> Sim::Run() {
     compute_sms_ = *sms;
     free_sm_Bps_ = (t_.gpu_sms - compute_sms_) * t_.comm_sm_Bps;
   }
-  Build();
+  return std::nullopt;
+}
+
+// One event: every activity runs dt at its rate (the one that ends first ends); the breakdown
+// of [now, now + dt) is counted; finished delays turn into data phases, finished ops complete.
+void Sim::Advance() {
+  Recompute();
+  double dt = std::numeric_limits<double>::infinity();
+  for (const Activity& a : acts_) dt = std::min(dt, a.remaining / a.rate);
   for (int r = 0; r < n_; ++r) {
-    for (int st = 0; st < kNumStreams; ++st) {
-      if (!stream_units_[r][st].empty()) {
-        for (int g : units_[stream_units_[r][st][0]]) Issue(g, -1, 0);
-      }
+    RankBreakdown& rb = res_.ranks[r];
+    if (comm_pending_[r] > 0) rb.comm_active_s += dt;
+    if (compute_running_[r] > 0) {
+      rb.compute_s += dt;
+    } else if (comm_pending_[r] > 0) {
+      rb.exposed_comm_s += dt;
     }
   }
+  if (inter_flows_ > 0) res_.inter_busy_s += dt;
+  now_ += dt;
+  ++res_.events;
+  std::vector<Activity> next;
+  std::vector<Activity> finished;
+  for (Activity& a : acts_) {
+    double t_left = a.remaining / a.rate - dt;
+    if (t_left <= dt * 1e-9 + 1e-15) {
+      finished.push_back(a);
+    } else {
+      a.remaining -= a.rate * dt;
+      next.push_back(a);
+    }
+  }
+  acts_.swap(next);
+  for (Activity& a : finished) Finish(a);
   Drain();
-  while (!acts_.empty()) {
-    Recompute();
-    double dt = std::numeric_limits<double>::infinity();
-    for (const Activity& a : acts_) dt = std::min(dt, a.remaining / a.rate);
-    // Breakdown over [now, now + dt).
-    for (int r = 0; r < n_; ++r) {
-      RankBreakdown& rb = res_.ranks[r];
-      if (comm_pending_[r] > 0) rb.comm_active_s += dt;
-      if (compute_running_[r] > 0) {
-        rb.compute_s += dt;
-      } else if (comm_pending_[r] > 0) {
-        rb.exposed_comm_s += dt;
-      }
-    }
-    if (inter_flows_ > 0) res_.inter_busy_s += dt;
-    now_ += dt;
-    ++res_.events;
-    std::vector<Activity> next;
-    std::vector<Activity> finished;
-    for (Activity& a : acts_) {
-      double t_left = a.remaining / a.rate - dt;
-      if (t_left <= dt * 1e-9 + 1e-15) {
-        finished.push_back(a);
-      } else {
-        a.remaining -= a.rate * dt;
-        next.push_back(a);
-      }
-    }
-    acts_.swap(next);
-    for (Activity& a : finished) {
-      if (a.phase == Phase::kDelay && a.bytes > 0) {
-        a.phase = Phase::kData;
-        a.remaining = double(a.bytes);
-        acts_.push_back(a);
-        continue;
-      }
-      if (a.phase == Phase::kWork && a.compute_stream) --compute_running_[a.src];
-      OpState& o = ops_[a.gid];
-      if (o.op->kind == OpKind::kSend || o.op->kind == OpKind::kPut) {
-        bool inter = !t_.SameMachine(a.src, a.dst);
-        (inter ? res_.ranks[a.src].sent_inter_bytes : res_.ranks[a.src].sent_intra_bytes) +=
-            o.op->bytes;
-        (inter ? res_.inter_bytes : res_.intra_bytes) += o.op->bytes;
-      }
-      complete_queue_.push_back({a.gid, -1});
-      if (o.partner >= 0) complete_queue_.push_back({o.partner, -1});
-    }
-    Drain();
+}
+
+// An activity at its end: a delay phase goes on as its data phase; otherwise its op (and a
+// rendezvous partner) completes, and a transfer's bytes are counted.
+void Sim::Finish(Activity& a) {
+  if (a.phase == Phase::kDelay && a.bytes > 0) {
+    a.phase = Phase::kData;
+    a.remaining = double(a.bytes);
+    acts_.push_back(a);
+    return;
   }
-  if (done_count_ != int(ops_.size())) {
-    std::ostringstream os;
-    os << "schedule deadlocks: " << ops_.size() - done_count_ << " ops never finish; first:";
-    int shown = 0;
-    for (const OpState& o : ops_) {
-      if (o.done || shown >= 8) continue;
-      ++shown;
-      os << " [rank " << o.rank << " op " << o.index << " " << ToString(o.op->kind) << " '"
-         << o.op->label << "' "
-         << (o.posted   ? "posted"
-             : o.issued ? "issued"
-                        : "not issued")
-         << "]";
-    }
-    return Failure::InvalidArgument(os.str(), "schedule");
+  if (a.phase == Phase::kWork && a.compute_stream) --compute_running_[a.src];
+  OpState& o = ops_[a.gid];
+  if (o.op->kind == OpKind::kSend || o.op->kind == OpKind::kPut) {
+    bool inter = !t_.SameMachine(a.src, a.dst);
+    (inter ? res_.ranks[a.src].sent_inter_bytes : res_.ranks[a.src].sent_intra_bytes) +=
+        o.op->bytes;
+    (inter ? res_.inter_bytes : res_.intra_bytes) += o.op->bytes;
   }
-  // Layer time, idle, critical path.
+  complete_queue_.push_back({a.gid, -1});
+  if (o.partner >= 0) complete_queue_.push_back({o.partner, -1});
+}
+
+// The ops that never finished (at most 8 named).
+Failure Sim::DeadlockError() const {
+  std::ostringstream os;
+  os << "schedule deadlocks: " << ops_.size() - done_count_ << " ops never finish; first:";
+  int shown = 0;
+  for (const OpState& o : ops_) {
+    if (o.done || shown >= 8) continue;
+    ++shown;
+    os << " [rank " << o.rank << " op " << o.index << " " << ToString(o.op->kind) << " '"
+       << o.op->label << "' "
+       << (o.posted   ? "posted"
+           : o.issued ? "issued"
+                      : "not issued")
+       << "]";
+  }
+  return Failure::InvalidArgument(os.str(), "schedule");
+}
+
+// Layer time, idle time per rank, and the critical path walked back from the last op to end.
+void Sim::Summarize() {
   int last = -1;
   for (int g = 0; g < int(ops_.size()); ++g) {
     if (last < 0 || ops_[g].end_t > ops_[last].end_t) last = g;
@@ -550,10 +375,27 @@ Result<SimResult> Sim::Run() {
     }
     g = o.released_by;
   }
+}
+
+// check -> build -> issue every stream's first unit -> events until nothing runs -> summary.
+Result<SimResult> Sim::Run() {
+  if (auto f = Check()) return *f;
+  Build();
+  for (int r = 0; r < n_; ++r) {
+    for (int st = 0; st < kNumStreams; ++st) {
+      if (!stream_units_[r][st].empty()) {
+        for (int g : units_[stream_units_[r][st][0]]) Issue(g, -1, 0);
+      }
+    }
+  }
+  Drain();
+  while (!acts_.empty()) Advance();
+  if (done_count_ != int(ops_.size())) return DeadlockError();
+  Summarize();
   return res_;
 }
 
-}  // namespace
+}  // namespace internal
 
 std::string CriticalPath::Describe() const {
   double tot = total_s();
@@ -600,7 +442,7 @@ double SimResult::mean_comm_active_s() const {
 Result<SimResult> Simulate(const Schedule& schedule, const Topology& topology) {
   Result<bool> v = topology.Validate();
   if (!v.ok()) return v.failure();
-  Sim sim(schedule, topology);
+  internal::Sim sim(schedule, topology);
   return sim.Run();
 }
 

@@ -97,7 +97,8 @@
 //   Common overheads (all presets unless noted): kernel launch 5 us; NCCL two-sided sync 15 us
 //   per send/recv pair (rendezvous + proxy hand-off); NCCL SM fraction 0.10 (NCCL's default
 //   ~8-16 channels of 108-132 SMs); one-sided put 2 us (NVSHMEM host-initiated put on a stream).
-//   The measured h200 figures come from ARCHITECTURE.md ("Real components").
+//   The measured h200 figures are files of bench/results/ (the folders named above; index:
+//   docs/results.md).
 //
 // Custom clusters: a JSON object with the keys below (bandwidths in GB/s = 1e9 B/s, times in
 // microseconds), read through ditscale/core/json_text.h (duplicate keys, 1e400 and syntax errors

@@ -124,6 +124,50 @@ int64_t LatentFrames(int64_t frames) {
   return 1 + (frames - 1 + 3) / 4;
 }
 
+namespace {
+
+// A given size must lie in its range; 0 = the model's default (never a silent fallback for a
+// negative value).
+std::optional<Failure> CheckSide(const char* name, int v) {
+  if (v == 0) return std::nullopt;
+  if (auto f = Range(name, v, 16, kMaxImageSide)) {
+    f->message += " (0 = the model's default)";
+    return f;
+  }
+  if (v % 16 != 0) return Bad(name, std::to_string(v) + " is not a multiple of 16");
+  return std::nullopt;
+}
+
+// A video model's frames: --frames, else --duration-s at the model's fps, else its default.
+Result<int64_t> VideoFrames(const ModelSpec& spec, const WorkloadOptions& o) {
+  if (o.duration_s != 0) {
+    if (auto f = RangeReal("duration_s", o.duration_s, 1e-3, kMaxDurationS)) {
+      f->message += " (0 = the model's default)";
+      return *f;
+    }
+  }
+  if (o.frames != 0) {
+    if (auto f = Range("frames", o.frames, 1, kMaxFrames)) {
+      f->message += " (0 = the model's default)";
+      return *f;
+    }
+  }
+  if (o.frames > 0) return static_cast<int64_t>(o.frames);
+  if (o.duration_s > 0) {
+    const int64_t frames = std::llround(o.duration_s * spec.fps) + 1;
+    if (frames > kMaxFrames) {
+      return Bad("duration_s", FormatNumber(o.duration_s) + " s at " + FormatNumber(spec.fps) +
+                                   " fps is " + std::to_string(frames) +
+                                   " frames, over the limit of " + std::to_string(kMaxFrames));
+    }
+    return frames;
+  }
+  if (spec.default_frames > 0) return static_cast<int64_t>(spec.default_frames);
+  return static_cast<int64_t>(std::llround(spec.default_duration_s * spec.fps) + 1);
+}
+
+}  // namespace
+
 Result<Workload> MakeWorkload(const std::string& model, const WorkloadOptions& o) {
   const ModelSpec* spec = nullptr;
   for (const auto& s : Specs()) {
@@ -134,19 +178,8 @@ Result<Workload> MakeWorkload(const std::string& model, const WorkloadOptions& o
     for (const auto& n : WorkloadPresetNames()) known += (known.empty() ? "" : ", ") + n;
     return Bad("model", "unknown model '" + model + "' (known: " + known + ")");
   }
-  // A given size must lie in its range; 0 = the model's default (never a silent fallback for a
-  // negative value).
-  auto side = [](const char* name, int v) -> std::optional<Failure> {
-    if (v == 0) return std::nullopt;
-    if (auto f = Range(name, v, 16, kMaxImageSide)) {
-      f->message += " (0 = the model's default)";
-      return f;
-    }
-    if (v % 16 != 0) return Bad(name, std::to_string(v) + " is not a multiple of 16");
-    return std::nullopt;
-  };
-  if (auto f = side("height", o.height)) return *f;
-  if (auto f = side("width", o.width)) return *f;
+  if (auto f = CheckSide("height", o.height)) return *f;
+  if (auto f = CheckSide("width", o.width)) return *f;
   if (auto f = Range("batch", o.batch, 1, kMaxBatch)) return *f;
   const int h = o.height > 0 ? o.height : spec->default_h;
   const int w = o.width > 0 ? o.width : spec->default_w;
@@ -168,34 +201,9 @@ Result<Workload> MakeWorkload(const std::string& model, const WorkloadOptions& o
     if (o.frames != 0) return Bad("frames", "is for video models; " + model + " is an image model");
     wl.tokens = per_frame;
   } else {
-    if (o.duration_s != 0) {
-      if (auto f = RangeReal("duration_s", o.duration_s, 1e-3, kMaxDurationS)) {
-        f->message += " (0 = the model's default)";
-        return *f;
-      }
-    }
-    if (o.frames != 0) {
-      if (auto f = Range("frames", o.frames, 1, kMaxFrames)) {
-        f->message += " (0 = the model's default)";
-        return *f;
-      }
-    }
-    int64_t frames = 0;
-    if (o.frames > 0) {
-      frames = o.frames;
-    } else if (o.duration_s > 0) {
-      frames = std::llround(o.duration_s * spec->fps) + 1;
-      if (frames > kMaxFrames) {
-        return Bad("duration_s", FormatNumber(o.duration_s) + " s at " + FormatNumber(spec->fps) +
-                                     " fps is " + std::to_string(frames) +
-                                     " frames, over the limit of " + std::to_string(kMaxFrames));
-      }
-    } else if (spec->default_frames > 0) {
-      frames = spec->default_frames;
-    } else {
-      frames = std::llround(spec->default_duration_s * spec->fps) + 1;
-    }
-    wl.tokens = LatentFrames(frames) * per_frame;
+    Result<int64_t> frames = VideoFrames(*spec, o);
+    if (!frames.ok()) return frames.failure();
+    wl.tokens = LatentFrames(*frames) * per_frame;
   }
   if (wl.tokens > kMaxTokens) {
     return Bad(spec->video ? "frames" : "height",

@@ -33,7 +33,7 @@ def plan(*extra, stdout=subprocess.PIPE):
     ("--seed", "-1", "--seed: -1 is out of range [0, 18446744073709551615]"),
     ("--seed", "18446744073709551616", "--seed: 18446744073709551616 is out of range"),
     ("--epoch", "-1", "--epoch: -1 is out of range [0, 9223372036854775807]"),
-    ("--noise", "inf", "--noise: inf is out of range [0, 10]"),
+    ("--noise", "inf", "--noise: inf is out of range [0, 1]"),
     ("--gpu-mem-gib", "nan", "--gpu-mem-gib: nan is out of range"),
     ("--world-size", "1000000000", "--world-size: 1000000000 is out of range [1, 1048576]"),
 ])

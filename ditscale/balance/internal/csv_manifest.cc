@@ -10,6 +10,8 @@
 #include <array>
 #include <cstring>
 #include <exception>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -342,6 +344,50 @@ const char* NextRecordStart(const char* from, const char* end, bool in_quotes) {
   }
 }
 
+// The header row: its columns and the slot of each required one (Header::slot_of).
+std::optional<Failure> ParseHeader(CsvScanner& sc, const std::string& name, Header* h) {
+  const int64_t header_line = sc.line();
+  const char* header_start = sc.pos();
+  std::array<int, kNumRequired> column_of;
+  column_of.fill(-1);
+  std::string why;
+  for (bool last = false; !last;) {
+    std::string_view f;
+    if (h->columns.size() >= kMaxColumns) {
+      return Failure{"header has more than " + std::to_string(kMaxColumns) + " columns (the limit)",
+                     name, header_line, ""};
+    }
+    if (!sc.Field(&f, &last, &why)) {
+      if (FirstLongLine(header_start, sc.pos()) >= 0) break;
+      return Failure{"header: " + why, name, header_line, ""};
+    }
+    f = Trim(f);
+    h->columns.emplace_back(f);
+    int8_t slot = -1;
+    for (int r = 0; r < kNumRequired; ++r) {
+      if (f == kRequired[r]) {
+        if (column_of[r] >= 0) {
+          return Failure{"duplicate column in the header", name, header_line, h->columns.back()};
+        }
+        column_of[r] = static_cast<int>(h->columns.size()) - 1;
+        slot = static_cast<int8_t>(r);
+      }
+    }
+    h->slot_of.push_back(slot);
+  }
+  if (const int64_t k = FirstLongLine(header_start, sc.pos()); k >= 0) {
+    return Failure{LineTooLong(), name, header_line + k, ""};
+  }
+  for (int r = 0; r < kNumRequired; ++r) {
+    if (column_of[r] < 0) {
+      return Failure{"header lacks required column (need path, num_frames, height, width, fps)",
+                     name, header_line, std::string(kRequired[r])};
+    }
+  }
+
+  return std::nullopt;
+}
+
 }  // namespace
 
 Result<std::vector<RowSink>> ParseCsvRows(std::string_view text, const std::string& name,
@@ -356,46 +402,8 @@ Result<std::vector<RowSink>> ParseCsvRows(std::string_view text, const std::stri
   if (!sc.SkipBlankLines()) {
     return Failure{"empty manifest: no header row", name, 1, ""};
   }
-  // Header.
-  const int64_t header_line = sc.line();
-  const char* header_start = sc.pos();
   Header h;
-  std::array<int, kNumRequired> column_of;
-  column_of.fill(-1);
-  std::string why;
-  for (bool last = false; !last;) {
-    std::string_view f;
-    if (h.columns.size() >= kMaxColumns) {
-      return Failure{"header has more than " + std::to_string(kMaxColumns) + " columns (the limit)",
-                     name, header_line, ""};
-    }
-    if (!sc.Field(&f, &last, &why)) {
-      if (FirstLongLine(header_start, sc.pos()) >= 0) break;
-      return Failure{"header: " + why, name, header_line, ""};
-    }
-    f = Trim(f);
-    h.columns.emplace_back(f);
-    int8_t slot = -1;
-    for (int r = 0; r < kNumRequired; ++r) {
-      if (f == kRequired[r]) {
-        if (column_of[r] >= 0) {
-          return Failure{"duplicate column in the header", name, header_line, h.columns.back()};
-        }
-        column_of[r] = static_cast<int>(h.columns.size()) - 1;
-        slot = static_cast<int8_t>(r);
-      }
-    }
-    h.slot_of.push_back(slot);
-  }
-  if (const int64_t k = FirstLongLine(header_start, sc.pos()); k >= 0) {
-    return Failure{LineTooLong(), name, header_line + k, ""};
-  }
-  for (int r = 0; r < kNumRequired; ++r) {
-    if (column_of[r] < 0) {
-      return Failure{"header lacks required column (need path, num_frames, height, width, fps)",
-                     name, header_line, std::string(kRequired[r])};
-    }
-  }
+  if (auto f = ParseHeader(sc, name, &h)) return *f;
 
   const char* data = sc.pos();
   const size_t data_bytes = static_cast<size_t>(end - data);

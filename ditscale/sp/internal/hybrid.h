@@ -118,6 +118,17 @@ class HybridBuilder {
  private:
   // hybrid.cc
   void PlanLayouts();
+  // PlanLayouts' steps for rank r: its coordinates, shard and caller-bound buffers; its work
+  // buffers (gathered rows, accumulator, partials); its gathered slots.
+  void PlanIoBuffers(int r);
+  void PlanWorkBuffers(int r, int64_t max_chunk);
+  void PlanSlots(int r);
+  // Build's steps: the schedule's header, the transfer phases, and the emission of the torus
+  // pipeline or of the Ulysses + ring one.
+  void StartSchedule();
+  void PlanPhases();
+  Schedule EmitTorus();
+  Schedule EmitRing();
   void SyncRound(const std::vector<const Phase*>& phases, const std::string& name, bool at_end);
   void AttendInto(int r, const Region& q, const Region& k, const Region& v, Accumulator* acc,
                   int64_t acc_token_begin, const std::string& label);
@@ -156,6 +167,12 @@ class HybridBuilder {
   void PlanTorusPhases();
   void EmitTorusRing(int r, std::vector<char>* consumed);
   void EmitTorusCompute(int r, std::vector<char>* consumed);
+  // EmitTorusCompute's steps (torus.cc): queries and kv segments as they arrive.
+  struct TorusState;
+  void TorusEnsure(TorusState& st, int phase);
+  void TorusAttendPending(TorusState& st);
+  void TorusOnQuery(TorusState& st, int chunk, int phase, bool flush);
+  void TorusOnKv(TorusState& st, int piece, int hop, int phase, bool final);
   // ulysses_heads.cc: head-chunked Ulysses (R == 1, C > 1), each chunk's all-to-all in
   // pipelined with the attention of the chunk before and its out back with the one after.
   bool head_pipeline() const {

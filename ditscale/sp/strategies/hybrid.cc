@@ -76,11 +76,6 @@ Region HybridBuilder::KvHeads(int r, int buffer, int64_t token_begin, int64_t to
 
 void HybridBuilder::PlanLayouts() {
   const int n = U_ * R_;
-  const int64_t d = shape_.head_dim;
-  const int e = shape_.dtype_bytes;
-  const std::vector<int64_t> text_split = EvenSplit(shape_.text_tokens, R_);
-  int64_t max_chunk = 0;
-  for (int i = 0; i < R_; ++i) max_chunk = std::max(max_chunk, RingChunkTokens(i));
   s_.ranks.resize(n);
   lay_.resize(n);
   b_.clear();
@@ -89,106 +84,12 @@ void HybridBuilder::PlanLayouts() {
     s_.ranks[r].rank = r;
     b_.emplace_back(&s_.ranks[r], shape_, &budget_);
   }
+  int64_t max_chunk = 0;
+  for (int i = 0; i < R_; ++i) max_chunk = std::max(max_chunk, RingChunkTokens(i));
   for (int r = 0; r < n; ++r) {
-    RankLayout& l = lay_[r];
-    ProgramBuilder& b = b_[r];
-    RankProgram& prog = s_.ranks[r];
-    const RankCoords rc = CoordsOfRank(cfg_, r);
-    l.rank = r;
-    l.u = rc.ulysses_index;
-    l.i = rc.ring_index;
-    const int shard = l.i * U_ + l.u;
-    l.shard_begin = shard_begin_[shard];
-    l.shard_tokens = shard_size_[shard];
-    const int64_t hq = kv_size_[l.u] * group_, hkv = kv_size_[l.u];
-    l.q = b.AddBuffer("q", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, H_, d, e);
-    l.k = b.AddBuffer("k", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
-    l.v = b.AddBuffer("v", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
-    // The pure ring without joint text accumulates straight into the caller's out.
-    const bool out_is_acc = U_ == 1 && !joint_text();
-    l.out = b.AddBuffer("out", BufferRole::kOutput,
-                        out_is_acc ? BufferInit::kZero : BufferInit::kUndefined, l.shard_tokens, H_,
-                        d, e);
-    prog.image_token_begin = l.shard_begin;
-    prog.image_token_count = l.shard_tokens;
-    prog.q = l.q;
-    prog.k = l.k;
-    prog.v = l.v;
-    prog.out = l.out;
-    const int64_t T = shape_.text_tokens;
-    if (T > 0) {
-      l.tq = b.AddBuffer("text_q", BufferRole::kInput, BufferInit::kUndefined, T, H_, d, e);
-      l.tk = b.AddBuffer("text_k", BufferRole::kInput, BufferInit::kUndefined, T, Hk_, d, e);
-      l.tv = b.AddBuffer("text_v", BufferRole::kInput, BufferInit::kUndefined, T, Hk_, d, e);
-      l.tout = b.AddBuffer("text_out", BufferRole::kOutput, BufferInit::kUndefined, T, H_, d, e);
-      prog.text_q = l.tq;
-      prog.text_k = l.tk;
-      prog.text_v = l.tv;
-      prog.text_out = l.tout;
-      l.tq_tokens = text_split[l.i];
-      for (int j = 0; j < l.i; ++j) l.tq_begin += text_split[j];
-    }
-    l.chunk_tokens = RingChunkTokens(l.i);
-    int64_t acc_tokens = l.shard_tokens;
-    if (!out_is_acc) {
-      // U == 1 with joint text: the same layout with the rank's own shard as the "gathered"
-      // chunk ("ring.q" = [text q rows; own q], "ring.k/v" = [own k/v; text k/v], the ring's own
-      // buffer), so that every kv block is one attention over all query rows + one merge.
-      const std::string name = U_ > 1 ? "gathered" : "ring";
-      l.qoff = joint_text() ? l.tq_tokens : 0;
-      l.kvoff = overlap_pipeline() ? T : 0;
-      const int64_t q_rows = l.qoff + max_chunk;
-      // Text kv after the image rows (torus: in front of kall, PlanTorusBuffers), so ring blocks
-      // landing in gathered.k/v still start at row 0.
-      const int64_t kv_rows = max_chunk + (joint_text() ? T : 0);
-      if (head_pipeline()) {  // per-chunk gathered buffers and accumulators, nothing shared
-        PlanHeadBuffers(r, q_rows, kv_rows);
-      } else {
-        l.gq =
-            b.AddBuffer(name + ".q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
-        if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
-          l.gk = b.AddBuffer(name + ".k", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv,
-                             d, e);
-          l.gv = b.AddBuffer(name + ".v", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv,
-                             d, e);
-        }
-        l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, q_rows, hq, d, e);
-        acc_tokens = q_rows;
-      }
-    } else {
-      l.gq = l.q;
-      l.gk = l.k;
-      l.gv = l.v;
-      l.acc.out = l.out;
-    }
-    if (!head_pipeline()) {
-      l.acc.lse =
-          b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
-      l.acc.fresh.assign(acc_tokens, 1);
-      const int64_t part_tokens = l.qoff + l.chunk_tokens;
-      l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
-                           hq, d, e);
-      l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined,
-                               part_tokens, hq, 1, 4);
-    }
-    // Gathered slots: own shard first, then torus chunk by chunk, peers in rotated order.
-    l.slots.push_back(Slot{l.u, -1, 0, l.shard_tokens, 0});
-    int64_t cursor = l.shard_tokens;
-    for (int c = 0; c < C_; ++c) {
-      const int64_t a = cursor;
-      for (int dlt = 1; dlt < U_; ++dlt) {
-        const int pu = (l.u + dlt) % U_;
-        const std::vector<int64_t> sub = EvenSplit(shard_size_[l.i * U_ + pu], C_);
-        int64_t off = 0;
-        for (int cc = 0; cc < c; ++cc) off += sub[cc];
-        if (sub[c] == 0) continue;
-        l.slots.push_back(Slot{pu, c, cursor, sub[c], off});
-        cursor += sub[c];
-      }
-      l.chunk_range.emplace_back(a, cursor);
-    }
-    DS_CHECK(U_ == 1 || cursor == l.chunk_tokens, "slot layout covers ", cursor, " of ",
-             l.chunk_tokens, " tokens");
+    PlanIoBuffers(r);
+    PlanWorkBuffers(r, max_chunk);
+    PlanSlots(r);
   }
   // Ring buffers need every rank's slot layout (torus lays out all blocks by piece).
   for (int r = 0; r < n; ++r) {
@@ -198,6 +99,120 @@ void HybridBuilder::PlanLayouts() {
       PlanRingLocations(r);
     }
   }
+}
+
+void HybridBuilder::PlanIoBuffers(int r) {
+  const int64_t d = shape_.head_dim;
+  const int e = shape_.dtype_bytes;
+  RankLayout& l = lay_[r];
+  ProgramBuilder& b = b_[r];
+  RankProgram& prog = s_.ranks[r];
+  const RankCoords rc = CoordsOfRank(cfg_, r);
+  l.rank = r;
+  l.u = rc.ulysses_index;
+  l.i = rc.ring_index;
+  const int shard = l.i * U_ + l.u;
+  l.shard_begin = shard_begin_[shard];
+  l.shard_tokens = shard_size_[shard];
+  l.q = b.AddBuffer("q", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, H_, d, e);
+  l.k = b.AddBuffer("k", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
+  l.v = b.AddBuffer("v", BufferRole::kInput, BufferInit::kUndefined, l.shard_tokens, Hk_, d, e);
+  // The pure ring without joint text accumulates straight into the caller's out.
+  const bool out_is_acc = U_ == 1 && !joint_text();
+  l.out = b.AddBuffer("out", BufferRole::kOutput,
+                      out_is_acc ? BufferInit::kZero : BufferInit::kUndefined, l.shard_tokens, H_,
+                      d, e);
+  prog.image_token_begin = l.shard_begin;
+  prog.image_token_count = l.shard_tokens;
+  prog.q = l.q;
+  prog.k = l.k;
+  prog.v = l.v;
+  prog.out = l.out;
+  const int64_t T = shape_.text_tokens;
+  if (T > 0) {
+    l.tq = b.AddBuffer("text_q", BufferRole::kInput, BufferInit::kUndefined, T, H_, d, e);
+    l.tk = b.AddBuffer("text_k", BufferRole::kInput, BufferInit::kUndefined, T, Hk_, d, e);
+    l.tv = b.AddBuffer("text_v", BufferRole::kInput, BufferInit::kUndefined, T, Hk_, d, e);
+    l.tout = b.AddBuffer("text_out", BufferRole::kOutput, BufferInit::kUndefined, T, H_, d, e);
+    prog.text_q = l.tq;
+    prog.text_k = l.tk;
+    prog.text_v = l.tv;
+    prog.text_out = l.tout;
+    const std::vector<int64_t> text_split = EvenSplit(shape_.text_tokens, R_);
+    l.tq_tokens = text_split[l.i];
+    for (int j = 0; j < l.i; ++j) l.tq_begin += text_split[j];
+  }
+  l.chunk_tokens = RingChunkTokens(l.i);
+}
+
+void HybridBuilder::PlanWorkBuffers(int r, int64_t max_chunk) {
+  const int64_t d = shape_.head_dim;
+  const int e = shape_.dtype_bytes;
+  RankLayout& l = lay_[r];
+  ProgramBuilder& b = b_[r];
+  const int64_t hq = kv_size_[l.u] * group_, hkv = kv_size_[l.u];
+  const int64_t T = shape_.text_tokens;
+  int64_t acc_tokens = l.shard_tokens;
+  if (U_ == 1 && !joint_text()) {  // out is the accumulator (PlanIoBuffers)
+    l.gq = l.q;
+    l.gk = l.k;
+    l.gv = l.v;
+    l.acc.out = l.out;
+  } else {
+    // U == 1 with joint text: the same layout with the rank's own shard as the "gathered"
+    // chunk ("ring.q" = [text q rows; own q], "ring.k/v" = [own k/v; text k/v], the ring's own
+    // buffer), so that every kv block is one attention over all query rows + one merge.
+    const std::string name = U_ > 1 ? "gathered" : "ring";
+    l.qoff = joint_text() ? l.tq_tokens : 0;
+    l.kvoff = overlap_pipeline() ? T : 0;
+    const int64_t q_rows = l.qoff + max_chunk;
+    // Text kv after the image rows (torus: in front of kall, PlanTorusBuffers), so ring blocks
+    // landing in gathered.k/v still start at row 0.
+    const int64_t kv_rows = max_chunk + (joint_text() ? T : 0);
+    if (head_pipeline()) {  // per-chunk gathered buffers and accumulators, nothing shared
+      PlanHeadBuffers(r, q_rows, kv_rows);
+    } else {
+      l.gq = b.AddBuffer(name + ".q", BufferRole::kWork, BufferInit::kUndefined, q_rows, hq, d, e);
+      if (!torus_pipeline()) {  // torus gathers k, v into kall / vall (PlanTorusBuffers)
+        l.gk =
+            b.AddBuffer(name + ".k", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d, e);
+        l.gv =
+            b.AddBuffer(name + ".v", BufferRole::kWork, BufferInit::kUndefined, kv_rows, hkv, d, e);
+      }
+      l.acc.out = b.AddBuffer("acc.out", BufferRole::kWork, BufferInit::kZero, q_rows, hq, d, e);
+      acc_tokens = q_rows;
+    }
+  }
+  if (head_pipeline()) return;
+  l.acc.lse = b.AddBuffer("acc.lse", BufferRole::kWork, BufferInit::kNegInf, acc_tokens, hq, 1, 4);
+  l.acc.fresh.assign(acc_tokens, 1);
+  const int64_t part_tokens = l.qoff + l.chunk_tokens;
+  l.part = b.AddBuffer("partial.out", BufferRole::kScratch, BufferInit::kUndefined, part_tokens, hq,
+                       d, e);
+  l.part_lse = b.AddBuffer("partial.lse", BufferRole::kScratch, BufferInit::kUndefined, part_tokens,
+                           hq, 1, 4);
+}
+
+// Gathered slots: own shard first, then torus chunk by chunk, peers in rotated order.
+void HybridBuilder::PlanSlots(int r) {
+  RankLayout& l = lay_[r];
+  l.slots.push_back(Slot{l.u, -1, 0, l.shard_tokens, 0});
+  int64_t cursor = l.shard_tokens;
+  for (int c = 0; c < C_; ++c) {
+    const int64_t a = cursor;
+    for (int dlt = 1; dlt < U_; ++dlt) {
+      const int pu = (l.u + dlt) % U_;
+      const std::vector<int64_t> sub = EvenSplit(shard_size_[l.i * U_ + pu], C_);
+      int64_t off = 0;
+      for (int cc = 0; cc < c; ++cc) off += sub[cc];
+      if (sub[c] == 0) continue;
+      l.slots.push_back(Slot{pu, c, cursor, sub[c], off});
+      cursor += sub[c];
+    }
+    l.chunk_range.emplace_back(a, cursor);
+  }
+  DS_CHECK(U_ == 1 || cursor == l.chunk_tokens, "slot layout covers ", cursor, " of ",
+           l.chunk_tokens, " tokens");
 }
 
 void HybridBuilder::AttendInto(int r, const Region& q, const Region& k, const Region& v,
@@ -302,7 +317,8 @@ void HybridBuilder::SyncRound(const std::vector<const Phase*>& phases, const std
   }
 }
 
-Schedule HybridBuilder::Build() {
+// The schedule's header: strategy, mesh, config, shape, head groups and notes.
+void HybridBuilder::StartSchedule() {
   s_ = Schedule{};
   s_.strategy = StrategyName(cfg_.strategy);
   s_.mesh = mesh_;
@@ -320,10 +336,10 @@ Schedule HybridBuilder::Build() {
                                    "covers [text; image] queries and keys"
                                  : ""));
   }
-  PlanLayouts();
-  if (head_pipeline()) return BuildHeadPipeline();
-  if (overlap_pipeline()) return BuildOverlap();
-  const int n = U_ * R_;
+}
+
+// The transfer phases: Ulysses forward / back per chunk, ring steps, the text gather.
+void HybridBuilder::PlanPhases() {
   fwd_.clear();
   ring_.clear();
   back_.clear();
@@ -337,34 +353,41 @@ Schedule HybridBuilder::Build() {
   if (!torus_pipeline()) {
     for (int s = 0; s + 1 < R_; ++s) ring_.push_back(PlanRingStep(s));
   }
-  if (shape_.text_tokens > 0 && n > 1) text_ = PlanText();
+  if (shape_.text_tokens > 0 && U_ * R_ > 1) text_ = PlanText();
+}
+
+// Torus: the pieces' phases, then each rank's ring, compute, back and text.
+Schedule HybridBuilder::EmitTorus() {
+  const int n = U_ * R_;
+  PlanTorusPhases();
+  std::vector<const Phase*> phases;
+  for (const TorusIn& t : tin_) phases.push_back(&t.phase);
+  for (const auto& steps : tring_) {
+    for (const Phase& p : steps) phases.push_back(&p);
+  }
+  for (const Phase& p : back_) phases.push_back(&p);
+  phases.push_back(&text_);
+  if (cfg_.one_sided) SyncRound(phases, "ready", false);
+  for (int r = 0; r < n; ++r) {
+    std::vector<char> consumed(tin_.size(), 0);
+    for (const TorusIn& t : tin_) Issue(t.phase, r);
+    EmitTorusRing(r, &consumed);
+    EmitTorusCompute(r, &consumed);
+    for (const Phase& p : back_) Consume(p, r, false);
+    Consume(text_, r, false);
+  }
+  if (cfg_.one_sided) SyncRound(phases, "done", true);
+  return std::move(s_);
+}
+
+// Ulysses forward, the ring steps with their compute, then back and text, rank by rank.
+Schedule HybridBuilder::EmitRing() {
+  const int n = U_ * R_;
   std::vector<const Phase*> all;
   for (const Phase& p : fwd_) all.push_back(&p);
   for (const Phase& p : ring_) all.push_back(&p);
   for (const Phase& p : back_) all.push_back(&p);
   all.push_back(&text_);
-
-  if (torus_pipeline()) {
-    PlanTorusPhases();
-    std::vector<const Phase*> phases;
-    for (const TorusIn& t : tin_) phases.push_back(&t.phase);
-    for (const auto& steps : tring_) {
-      for (const Phase& p : steps) phases.push_back(&p);
-    }
-    for (const Phase& p : back_) phases.push_back(&p);
-    phases.push_back(&text_);
-    if (cfg_.one_sided) SyncRound(phases, "ready", false);
-    for (int r = 0; r < n; ++r) {
-      std::vector<char> consumed(tin_.size(), 0);
-      for (const TorusIn& t : tin_) Issue(t.phase, r);
-      EmitTorusRing(r, &consumed);
-      EmitTorusCompute(r, &consumed);
-      for (const Phase& p : back_) Consume(p, r, false);
-      Consume(text_, r, false);
-    }
-    if (cfg_.one_sided) SyncRound(phases, "done", true);
-    return std::move(s_);
-  }
   if (cfg_.one_sided) SyncRound(all, "ready", false);
   for (const Phase& p : fwd_) {
     for (int r = 0; r < n; ++r) Issue(p, r);
@@ -390,6 +413,15 @@ Schedule HybridBuilder::Build() {
   }
   if (cfg_.one_sided) SyncRound(all, "done", true);
   return std::move(s_);
+}
+
+Schedule HybridBuilder::Build() {
+  StartSchedule();
+  PlanLayouts();
+  if (head_pipeline()) return BuildHeadPipeline();
+  if (overlap_pipeline()) return BuildOverlap();
+  PlanPhases();
+  return torus_pipeline() ? EmitTorus() : EmitRing();
 }
 
 }  // namespace ditscale::sp::internal

@@ -1,6 +1,8 @@
 // Strategy names, config resolution and the BuildSchedule entry point.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "ditscale/core/checked_math.h"
 #include "ditscale/core/range.h"
@@ -44,17 +46,11 @@ int RankOfCoords(const SpConfig& c, int u, int i) {
   return i * c.ulysses_degree + u;
 }
 
-Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
-                               const AttentionShape& shape) {
-  SpConfig c = config;
-  if (std::find(kAllStrategies.begin(), kAllStrategies.end(), c.strategy) == kAllStrategies.end()) {
-    return Bad("strategy", "no strategy numbered " + std::to_string(static_cast<int>(c.strategy)) +
-                               " (" + StrategyNameList() + ")");
-  }
+namespace {
+
+// The degrees: 0 = the strategy's default; their product is the mesh's ranks.
+std::optional<Failure> ResolveDegrees(const SpMesh& mesh, const std::string& name, SpConfig& c) {
   const Strategy st = c.strategy;
-  const std::string name(StrategyName(st));
-  if (mesh.machines < 1) return Bad("machines", "must be >= 1");
-  if (mesh.gpus_per_machine < 1) return Bad("gpus_per_machine", "must be >= 1");
   const int n = mesh.ranks();
   if (c.ulysses_degree < 0) return Bad("ulysses_degree", "must be >= 0 (0 = default)");
   if (c.ring_degree < 0) return Bad("ring_degree", "must be >= 0 (0 = default)");
@@ -79,8 +75,12 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
                                      " x ring_degree " + std::to_string(c.ring_degree) +
                                      " != " + std::to_string(n) + " ranks of the mesh");
   }
-  // The scope of one-sided transfers means nothing for two-sided transport: one canonical form.
-  if (!c.one_sided) c.one_sided_inter = true;
+  return std::nullopt;
+}
+
+// The chunk counts and the other SpConfig fields.
+std::optional<Failure> CheckChunksAndFields(const std::string& name, const SpConfig& c) {
+  const Strategy st = c.strategy;
   if (auto e =
           RangeError("torus_chunks", static_cast<long long>(c.torus_chunks), 1, kMaxTorusChunks)) {
     return Bad("torus_chunks", e->substr(std::string("torus_chunks: ").size()));
@@ -108,11 +108,13 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
     return Bad("ulysses_chunks",
                "head chunks need ulysses_degree >= 2 (one rank has no all-to-all)");
   }
-  if (c.placement == Placement::kStrategyDefault) {
-    c.placement = (st == Strategy::kSwiftFusionTas || st == Strategy::kTorus)
-                      ? Placement::kUlyssesOuter
-                      : Placement::kUlyssesInner;
-  }
+  return std::nullopt;
+}
+
+// The attention shape against the resolved configuration, and the schedule's size.
+std::optional<Failure> CheckShape(const SpMesh& mesh, const std::string& name, const SpConfig& c,
+                                  const AttentionShape& shape) {
+  const int n = mesh.ranks();
   if (shape.batch < 1) return Bad("batch", "must be >= 1");
   if (shape.seq_tokens < n) {
     return Bad("seq_tokens", "needs at least one image token per rank (" + std::to_string(n) +
@@ -153,6 +155,32 @@ Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
                                " ops of one schedule: use fewer ranks, a smaller ring degree or "
                                "fewer chunks");
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<SpConfig> ResolveConfig(const SpMesh& mesh, const SpConfig& config,
+                               const AttentionShape& shape) {
+  SpConfig c = config;
+  if (std::find(kAllStrategies.begin(), kAllStrategies.end(), c.strategy) == kAllStrategies.end()) {
+    return Bad("strategy", "no strategy numbered " + std::to_string(static_cast<int>(c.strategy)) +
+                               " (" + StrategyNameList() + ")");
+  }
+  const Strategy st = c.strategy;
+  const std::string name(StrategyName(st));
+  if (mesh.machines < 1) return Bad("machines", "must be >= 1");
+  if (mesh.gpus_per_machine < 1) return Bad("gpus_per_machine", "must be >= 1");
+  if (auto f = ResolveDegrees(mesh, name, c)) return *f;
+  // The scope of one-sided transfers means nothing for two-sided transport: one canonical form.
+  if (!c.one_sided) c.one_sided_inter = true;
+  if (auto f = CheckChunksAndFields(name, c)) return *f;
+  if (c.placement == Placement::kStrategyDefault) {
+    c.placement = (st == Strategy::kSwiftFusionTas || st == Strategy::kTorus)
+                      ? Placement::kUlyssesOuter
+                      : Placement::kUlyssesInner;
+  }
+  if (auto f = CheckShape(mesh, name, c, shape)) return *f;
   return c;
 }
 

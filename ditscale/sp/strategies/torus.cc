@@ -185,118 +185,154 @@ void HybridBuilder::EmitTorusRing(int r, std::vector<char>* consumed) {
   }
 }
 
-void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
-  RankLayout& l = lay_[r];
-  const int64_t n = l.shard_tokens, T = shape_.text_tokens;
-  const int64_t total = b_[r].decl(l.kall).tokens;
-  const auto K = [&](int64_t a, int64_t e) { return KvHeads(r, l.kall, a, e - a); };
-  const auto V = [&](int64_t a, int64_t e) { return KvHeads(r, l.vall, a, e - a); };
-  // Text is always joint here (U > 1): the text kv is the prefix [0, T) of kall, local from the
-  // start, and the rank's text query rows [0, qoff) of gq / acc travel with the stationary
-  // queries (those starting at image row 0). Queries are named by gathered (image) rows.
-  const int64_t o = l.qoff;
-  const auto row = [&](int64_t a) { return a == 0 ? 0 : a + o; };
-  const auto Q = [&](int64_t a, int64_t e) { return QHeads(r, l.gq, row(a), e + o - row(a)); };
-
-  // Arrival order of queries and kv segments (the same for every rank).
-  std::vector<Item> items;
-  for (int h = 0; h < R_; ++h) items.push_back(Item{false, 0, 0, h, -1});
-  for (size_t x = 0; x < tin_.size(); ++x) {
-    const TorusIn& t = tin_[x];
-    if (t.kv) items.push_back(Item{false, 0, t.chunk + 1, 0, static_cast<int>(x)});
-    if (t.q) items.push_back(Item{true, t.chunk, 0, 0, static_cast<int>(x)});
-    if (t.kv) {
-      for (int h = 1; h < R_; ++h) items.push_back(Item{false, 0, t.chunk + 1, h, -1});
-    }
-  }
-  int last_kv = -1;
-  for (int x = 0; x < static_cast<int>(items.size()); ++x) {
-    if (!items[x].q) last_kv = x;
-  }
-  auto ensure = [&](int phase) {
-    if (phase < 0 || (*consumed)[phase]) return;
-    Consume(tin_[phase].phase, r, Stream::kCompute);
-    (*consumed)[phase] = 1;
-  };
-
-  int64_t qa = n, qp = n, kd = 0, kq = T;  // queries [qa, qp) arrived, not yet attended
-  std::vector<int> arrived, pending;       // query chunks attended / waiting
+// One rank's torus compute in progress (EmitTorusCompute). Text is always joint here (U > 1):
+// the text kv is the prefix [0, T) of kall, local from the start, and the rank's text query rows
+// [0, o) of gq / acc travel with the stationary queries (those starting at image row 0). Queries
+// are named by gathered (image) rows.
+struct HybridBuilder::TorusState {
+  HybridBuilder* b = nullptr;
+  int r = 0;
+  RankLayout* l = nullptr;
+  std::vector<char>* consumed = nullptr;
+  int64_t n = 0, o = 0;  // the rank's image tokens; its text query rows (qoff)
+  // Queries [qa, qp) arrived and not yet attended; kv [0, kd) attended, [kd, kq) arrived.
+  int64_t qa = 0, qp = 0, kd = 0, kq = 0;
+  std::vector<int> arrived, pending;  // query chunks attended / waiting
   bool kv_done = false;
-  const int64_t min_kv = std::min(kMinKvTokens, std::max<int64_t>(n, 1));
-  const int64_t min_q = std::min(kMinQTokens, std::max<int64_t>(n, 1));
-  // Queries [qa, qp) x kv [0, kd); once all kv is in, each chunk is final: send its out back.
-  auto attend_pending = [&]() {
-    if (pending.empty()) return;
-    const std::string tag = "torus q " + RowRange(qa, qp);
-    AttendInto(r, Q(qa, qp), K(0, kd), V(0, kd), &l.acc, row(qa), tag + " x kv " + RowRange(0, kd));
-    qa = qp;
-    for (int c : pending) {
-      arrived.push_back(c);
-      if (kv_done) Issue(back_[c], r);
-    }
-    pending.clear();
-  };
-  int last_q = -1;
-  for (int x = 0; x < static_cast<int>(items.size()); ++x) {
-    if (items[x].q) last_q = x;
-  }
-  // The stationary queries x the last kv event is left for the very end when query chunks are
+  int64_t min_kv = 0, min_q = 0;
+  // The stationary queries x the last kv event, left for the very end when query chunks are
   // still to come: its out stays local, so it covers the last chunk's way back.
   Region deferred_k, deferred_v;
   std::string deferred_label;
+
+  int64_t Row(int64_t a) const { return a == 0 ? 0 : a + o; }
+  Region Q(int64_t a, int64_t e) const { return b->QHeads(r, l->gq, Row(a), e + o - Row(a)); }
+  Region K(int64_t a, int64_t e) const { return b->KvHeads(r, l->kall, a, e - a); }
+  Region V(int64_t a, int64_t e) const { return b->KvHeads(r, l->vall, a, e - a); }
+};
+
+namespace {
+
+// Arrival order of queries and kv segments (the same for every rank).
+std::vector<Item> TorusArrivals(const std::vector<TorusIn>& tin, int rings) {
+  std::vector<Item> items;
+  for (int h = 0; h < rings; ++h) items.push_back(Item{false, 0, 0, h, -1});
+  for (size_t x = 0; x < tin.size(); ++x) {
+    const TorusIn& t = tin[x];
+    if (t.kv) items.push_back(Item{false, 0, t.chunk + 1, 0, static_cast<int>(x)});
+    if (t.q) items.push_back(Item{true, t.chunk, 0, 0, static_cast<int>(x)});
+    if (t.kv) {
+      for (int h = 1; h < rings; ++h) items.push_back(Item{false, 0, t.chunk + 1, h, -1});
+    }
+  }
+  return items;
+}
+
+}  // namespace
+
+void HybridBuilder::TorusEnsure(TorusState& st, int phase) {
+  if (phase < 0 || (*st.consumed)[phase]) return;
+  Consume(tin_[phase].phase, st.r, Stream::kCompute);
+  (*st.consumed)[phase] = 1;
+}
+
+// Queries [qa, qp) x kv [0, kd); once all kv is in, each chunk is final: send its out back.
+void HybridBuilder::TorusAttendPending(TorusState& st) {
+  if (st.pending.empty()) return;
+  const std::string tag = "torus q " + RowRange(st.qa, st.qp);
+  AttendInto(st.r, st.Q(st.qa, st.qp), st.K(0, st.kd), st.V(0, st.kd), &st.l->acc, st.Row(st.qa),
+             tag + " x kv " + RowRange(0, st.kd));
+  st.qa = st.qp;
+  for (int c : st.pending) {
+    st.arrived.push_back(c);
+    if (st.kv_done) Issue(back_[c], st.r);
+  }
+  st.pending.clear();
+}
+
+// A query chunk arrives; small chunks are grouped into one attention, the last chunk stands
+// alone (its out is exposed): `flush` when it or the next query event is the last.
+void HybridBuilder::TorusOnQuery(TorusState& st, int chunk, int phase, bool flush) {
+  TorusEnsure(st, phase);
+  const auto [a, e] = st.l->chunk_range[chunk];
+  DS_CHECK(a == st.qp || a == e, "torus query chunks out of order");
+  st.qp = std::max(st.qp, e);
+  st.pending.push_back(chunk);
+  if (st.qp - st.qa >= st.min_q || flush || !st.kv_done) TorusAttendPending(st);
+}
+
+// A kv segment arrives; attended once min_kv have gathered (within the last piece, once at its
+// end), the final one finishing every query chunk.
+void HybridBuilder::TorusOnKv(TorusState& st, int piece, int hop, int phase, bool final) {
+  TorusEnsure(st, phase);
+  const int r = st.r;
+  RankLayout& l = *st.l;
+  DS_CHECK(l.seg_begin[piece][hop] == st.kq, "torus kv segments out of order");
+  st.kq += l.seg_tokens[piece][hop];
+  if (!final && (st.kq - st.kd < st.min_kv || piece == C_)) return;
+  const int64_t kd = st.kd, kq = st.kq;
+  const std::string kv_tag = " x kv " + RowRange(kd, kq);
+  if (!final) {
+    AttendInto(r, st.Q(0, st.qa), st.K(kd, kq), st.V(kd, kq), &l.acc, 0,
+               (kd == 0 ? "torus stationary q" : "torus q " + RowRange(0, st.qa)) + kv_tag);
+  } else {
+    TorusAttendPending(st);
+    // Finish the queries one chunk at a time; each chunk's out leaves as soon as it is final.
+    for (int c : st.arrived) {
+      const auto [a, e] = l.chunk_range[c];
+      AttendInto(r, st.Q(a, e), st.K(kd, kq), st.V(kd, kq), &l.acc, st.Row(a),
+                 "torus chunk " + std::to_string(c) + " q" + kv_tag);
+      Issue(back_[c], r);
+    }
+    // The stationary queries' out stays local: they go last, behind the chunks' way back.
+    st.deferred_k = st.K(kd, kq);
+    st.deferred_v = st.V(kd, kq);
+    st.deferred_label = "torus stationary q" + kv_tag;
+    if (st.o > 0) {
+      // The text rows leave the deferred stationary call: their all-gather starts now.
+      AttendInto(r, QHeads(r, l.gq, 0, st.o), st.K(kd, kq), st.V(kd, kq), &l.acc, 0,
+                 "torus text q" + kv_tag);
+    }
+  }
+  st.kd = kq;
+  if (final) {
+    const int64_t total = b_[r].decl(l.kall).tokens;
+    DS_CHECK(st.kd == total, "torus kv covers ", st.kd, " of ", total, " tokens");
+    st.kv_done = true;
+    FinishText(r);
+    Issue(text_, r);
+  }
+}
+
+void HybridBuilder::EmitTorusCompute(int r, std::vector<char>* consumed) {
+  RankLayout& l = lay_[r];
+  const int64_t n = l.shard_tokens;
+  TorusState st;
+  st.b = this;
+  st.r = r;
+  st.l = &l;
+  st.consumed = consumed;
+  st.n = n;
+  st.o = l.qoff;
+  st.qa = st.qp = n;
+  st.kq = shape_.text_tokens;
+  st.min_kv = std::min(kMinKvTokens, std::max<int64_t>(n, 1));
+  st.min_q = std::min(kMinQTokens, std::max<int64_t>(n, 1));
+  const std::vector<Item> items = TorusArrivals(tin_, R_);
+  int last_kv = -1, last_q = -1;
+  for (int x = 0; x < static_cast<int>(items.size()); ++x) (items[x].q ? last_q : last_kv) = x;
   for (int x = 0; x < static_cast<int>(items.size()); ++x) {
     const Item& it = items[x];
     if (it.q) {
-      ensure(it.phase);
-      const auto [a, e] = l.chunk_range[it.chunk];
-      DS_CHECK(a == qp || a == e, "torus query chunks out of order");
-      qp = std::max(qp, e);
-      pending.push_back(it.chunk);
-      // Group small chunks into one attention; the last chunk stands alone (its out is exposed).
-      const bool next_is_last = x + 1 == last_q;
-      if (qp - qa >= min_q || x == last_q || next_is_last || !kv_done) attend_pending();
-      continue;
-    }
-    ensure(it.phase);
-    DS_CHECK(l.seg_begin[it.piece][it.hop] == kq, "torus kv segments out of order");
-    kq += l.seg_tokens[it.piece][it.hop];
-    const bool final = x == last_kv;
-    // Within the last piece, one kv event at its end (the piece the stationary queries defer).
-    if (!final && (kq - kd < min_kv || it.piece == C_)) continue;
-    const std::string kv_tag = " x kv " + RowRange(kd, kq);
-    if (!final) {
-      AttendInto(r, Q(0, qa), K(kd, kq), V(kd, kq), &l.acc, 0,
-                 (kd == 0 ? "torus stationary q" : "torus q " + RowRange(0, qa)) + kv_tag);
+      TorusOnQuery(st, it.chunk, it.phase, x == last_q || x + 1 == last_q);
     } else {
-      attend_pending();
-      // Finish the queries one chunk at a time; each chunk's out leaves as soon as it is final.
-      for (int c : arrived) {
-        const auto [a, e] = l.chunk_range[c];
-        AttendInto(r, Q(a, e), K(kd, kq), V(kd, kq), &l.acc, row(a),
-                   "torus chunk " + std::to_string(c) + " q" + kv_tag);
-        Issue(back_[c], r);
-      }
-      // The stationary queries' out stays local: they go last, behind the chunks' way back.
-      deferred_k = K(kd, kq);
-      deferred_v = V(kd, kq);
-      deferred_label = "torus stationary q" + kv_tag;
-    }
-    if (final && o > 0) {
-      // The text rows leave the deferred stationary call: their all-gather starts now.
-      AttendInto(r, QHeads(r, l.gq, 0, o), K(kd, kq), V(kd, kq), &l.acc, 0,
-                 "torus text q" + kv_tag);
-    }
-    kd = kq;
-    if (final) {
-      DS_CHECK(kd == total, "torus kv covers ", kd, " of ", total, " tokens");
-      kv_done = true;
-      FinishText(r);
-      Issue(text_, r);
+      TorusOnKv(st, it.piece, it.hop, it.phase, x == last_kv);
     }
   }
-  attend_pending();
-  if (deferred_k.valid()) {
-    AttendInto(r, QHeads(r, l.gq, o, n), deferred_k, deferred_v, &l.acc, o, deferred_label);
+  TorusAttendPending(st);
+  if (st.deferred_k.valid()) {
+    AttendInto(r, QHeads(r, l.gq, st.o, n), st.deferred_k, st.deferred_v, &l.acc, st.o,
+               st.deferred_label);
     CopyOwnOut(r);
   }
 }

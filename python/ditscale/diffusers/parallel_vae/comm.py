@@ -1,0 +1,87 @@
+"""The collectives of a parallel VAE: the latent shape check, the gather of a band into the
+full tensor, and the exchange of halo rows with the neighbouring bands.
+
+Every collective is an all-gather on the mesh's group, so it ends within the group's timeout
+when a rank does not join. Halos travel as an all-gather of every rank's edge rows (a few rows
+of one layer: small beside the band's compute); rank r takes rank r-1's bottom rows and rank
+r+1's top rows, the true image border gets zero rows (the stock zero padding).
+See docs/diffusers/vae.md.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from .bands import Bands
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def _all_gather(bands: Bands, x: torch.Tensor) -> List[torch.Tensor]:
+    parts = [torch.empty_like(x) for _ in range(bands.size)]
+    dist.all_gather(parts, x.contiguous(), group=bands.mesh.group)
+    return parts
+
+
+def check_same_shape(bands: Bands, z: torch.Tensor, where: str) -> None:
+    """Raises on every rank unless every rank decodes latents of the same shape and dtype."""
+    if bands.size == 1:
+        return
+    code = _DTYPES.index(z.dtype) if z.dtype in _DTYPES else len(_DTYPES)
+    meta = [z.dim(), code] + list(z.shape) + [0] * (8 - z.dim())
+    if z.dim() > 8:
+        raise ValueError(f"{where}: latents of {z.dim()} dimensions (at most 8)")
+    parts = _all_gather(bands, torch.tensor(meta, dtype=torch.int64, device=z.device))
+    metas = [p.tolist() for p in parts]
+    if any(m != metas[0] for m in metas):
+        shapes = [f"rank {r}: {tuple(m[2:2 + m[0]])} {_name(m[1])}" for r, m in enumerate(metas)]
+        raise ValueError(f"{where}: the ranks decode latents of different shapes or dtypes "
+                         f"({'; '.join(shapes)}); every rank must pass the same full latents")
+
+
+def _name(code: int) -> str:
+    return str(_DTYPES[code]) if code < len(_DTYPES) else "another dtype"
+
+
+def gather_rows(bands: Bands, x: torch.Tensor, dim: int, where: str) -> torch.Tensor:
+    """The full tensor along ``dim`` (rows) from every rank's band ``x``, on every rank."""
+    if bands.size == 1:
+        return x
+    dim = dim % x.dim()
+    counts = bands.level_counts(x.shape[dim], where)
+    width = max(counts)
+    if x.shape[dim] < width:  # pad to the largest band, gather, trim
+        pad = list(x.shape)
+        pad[dim] = width - x.shape[dim]
+        x = torch.cat([x, x.new_zeros(pad)], dim)
+    parts = _all_gather(bands, x)
+    return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts, counts)], dim)
+
+
+def add_halo(bands: Bands, x: torch.Tensor, halo: int, dim: int, where: str) -> torch.Tensor:
+    """``x`` (this rank's band along ``dim``) with ``halo`` rows of the band above before it and
+    ``halo`` rows of the band below after it (zeros at the image's top and bottom)."""
+    if halo == 0:
+        return x
+    dim = dim % x.dim()
+    counts = bands.level_counts(x.shape[dim], where)
+    if min(counts) < halo:
+        need = -(-halo // (min(counts) // min(bands.counts)))  # latent rows per rank
+        raise ValueError(f"parallelize_vae: {where} needs {halo} halo rows but the thinnest band "
+                         f"has {min(counts)} rows at its resolution; every rank needs at least "
+                         f"{need} latent rows (latent height >= {need * bands.size} on "
+                         f"{bands.size} ranks)")
+    zeros_shape = list(x.shape)
+    zeros_shape[dim] = halo
+    zeros = x.new_zeros(zeros_shape)
+    if bands.size == 1:
+        return torch.cat([zeros, x, zeros], dim)
+    edges = torch.cat([x.narrow(dim, 0, halo), x.narrow(dim, x.shape[dim] - halo, halo)], dim)
+    parts = _all_gather(bands, edges)
+    r = bands.rank
+    above = parts[r - 1].narrow(dim, halo, halo) if r > 0 else zeros
+    below = parts[r + 1].narrow(dim, 0, halo) if r + 1 < bands.size else zeros
+    return torch.cat([above, x, below], dim)

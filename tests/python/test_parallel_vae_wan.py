@@ -1,6 +1,6 @@
 """parallelize_vae on AutoencoderKLWan (Wan 2.1 and a Wan 2.2-style residual, patched VAE),
-small random weights, on 2 and 4 gloo ranks: decode equal to the single-process decode (odd
-heights and widths, 1 and many frames, batch 2), every rank's convolution FLOPs its share of the
+small random weights, on 2 and 4 gloo ranks: decode and encode equal to the single-process ones
+(odd heights and widths, 1 and many frames, batch 2), every rank's convolution FLOPs its share of the
 single decode, refusals (thin bands, latents differing between ranks, tiling, unknown classes)
 raised on every rank, and remove() giving the stock module back."""
 
@@ -22,6 +22,9 @@ CONFIGS = {
 # (config, latent shape [B, C, T, H, W]): odd heights, 1 frame and several.
 CASES = [("wan2.1", (1, 4, 1, 5, 3)), ("wan2.1", (1, 4, 3, 7, 4)), ("wan2.1", (2, 4, 2, 4, 3)),
          ("wan2.2", (1, 4, 2, 5, 3))]
+# (config, video shape [B, 3, T, H, W]) to encode: latent heights 5 and 7, 1 and 5 frames.
+ENCODE = [("wan2.1", (1, 3, 1, 40, 24)), ("wan2.1", (1, 3, 5, 56, 16)),
+          ("wan2.2", (1, 3, 5, 80, 32))]
 
 
 def _vae(name):
@@ -57,6 +60,19 @@ def _conv_flops(fn):
     return sum(v for k, v in counts.items() if "convolution" in str(k))
 
 
+def _encode_rel(vaes):
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    rel = []
+    for name, shape in ENCODE:
+        vae, x = vaes[name], _latents(shape)
+        ref = vae.encode(x).latent_dist.parameters
+        handle = parallelize_vae(vae)
+        rel.append(_rel(vae.encode(x).latent_dist.parameters, ref))
+        handle.remove()
+        assert torch.equal(vae.encode(x).latent_dist.parameters, ref)
+    return rel
+
+
 def _ranks(rank, world):
     from ditscale.diffusers.parallel_vae import parallelize_vae, unparallelize_vae
     out = {"rel": [], "clamped": [], "flops": None}
@@ -74,6 +90,7 @@ def _ranks(rank, world):
             assert vae.__dict__.keys() == before.keys()
             assert all(m.__dict__.get("forward") is None for m in vae.modules())
             assert torch.equal(vae.decode(z).sample, ref)  # the stock module, no collective
+        out["encode_rel"] = _encode_rel(vaes)
         vae, z = vaes["wan2.1"], _latents((1, 4, 2, 8, 3))
         single = _conv_flops(lambda: vae.decode(z))
         parallelize_vae(vae)
@@ -81,6 +98,7 @@ def _ranks(rank, world):
         out["thin"] = _refusal(lambda: vae.decode(_latents((1, 4, 1, world - 1, 3))))
         mine = (1, 4, 1 + rank, 5, 3)  # rank r passes r + 1 frames
         out["mismatch"] = _refusal(lambda: vae.decode(_latents(mine)))
+        out["enc_rows"] = _refusal(lambda: vae.encode(_latents((1, 3, 1, 36, 16))))
         vae.enable_tiling()
         out["tiling"] = _refusal(lambda: vae.decode(z))
         vae.disable_tiling()
@@ -97,12 +115,14 @@ def test_wan_decode_parallel(world):
         for (name, shape), rel, clamped in zip(CASES, res["rel"], res["clamped"]):
             assert rel < 1e-5, (rank, name, shape, rel)
             assert clamped < 0.5, (name, shape, clamped)  # the comparison is not all +-1
+        assert max(res["encode_rel"]) < 1e-5, (rank, res["encode_rel"])
         band, single = res["flops"]
         rows = [8 // world + (r < 8 % world) for r in range(world)]
         assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, band, single)
         assert "at least 1 row" in res["thin"] and f"over {world} ranks" in res["thin"]
         assert "different shapes" in res["mismatch"] and "rank 1: (1, 4, 2, 5, 3)" in \
             res["mismatch"]
+        assert "H a multiple of 8, got (1, 3, 1, 36, 16)" in res["enc_rows"]
         assert "enable_tiling is not supported yet" in res["tiling"]
         assert "already parallelized" in res["twice"]
         assert "not parallelized" in res["again"]

@@ -21,7 +21,7 @@ from .comm import check_same_shape, gather_rows
 ATTR = "_ditscale_parallel_vae"
 
 # VAE class -> the function listing its decoder's (module, band-aware forward) pairs.
-PLANS: Dict[str, Callable] = {"AutoencoderKLWan": wan.decoder_layers}
+PLANS: Dict[str, Callable] = {"AutoencoderKLWan": wan.wan_layers}
 NOT_YET = ("AutoencoderKL", "AutoencoderKLHunyuanVideo", "AutoencoderKLCogVideoX")
 
 
@@ -61,10 +61,30 @@ def _band_decode(bands: Bands) -> Callable:
     return _decode
 
 
+def _band_encode(bands: Bands) -> Callable:
+    def _encode(self, x):
+        where = f"parallelize_vae: {type(self).__name__}.encode"
+        check_same_shape(bands, x, where)  # first: every rank then decides alike below
+        factor = wan.spatial_factor(self)
+        if x.dim() != 5 or x.shape[3] % factor != 0:
+            raise ValueError(f"{where}: a parallel encode takes [B, C, T, H, W] with H a "
+                             f"multiple of {factor}, got {tuple(x.shape)}")
+        if self.use_tiling:
+            raise ValueError(f"{where}: enable_tiling is not supported yet on a parallel VAE "
+                             f"(call vae.disable_tiling())")
+        bands.start(x.shape[3] // factor)
+        try:
+            rows = x.narrow(3, bands.begin * factor, bands.counts[bands.rank] * factor)
+            return gather_rows(bands, type(self)._encode(self, rows), 3, f"{where} (output)")
+        finally:
+            bands.stop()
+    return _encode
+
+
 def parallelize_vae(vae, mesh: Optional[sp.Mesh] = None) -> VaeHandle:
-    """Makes ``vae.decode(z)`` (called on every rank of ``mesh``'s group, default: the default
-    process group, with the same full latents) compute this rank's band of rows and return the
-    full output on every rank. Returns the handle; ``handle.remove()`` undoes it."""
+    """Makes ``vae.decode(z)`` and ``vae.encode(x)`` (called on every rank of ``mesh``'s group,
+    default: the default process group, with the same full input) compute this rank's band of
+    rows and return the full output on every rank. Returns the handle; ``handle.remove()`` undoes it."""
     cls = type(vae).__name__
     if cls in NOT_YET:
         raise ValueError(f"parallelize_vae: {cls} is not supported yet (supported: "
@@ -86,7 +106,8 @@ def parallelize_vae(vae, mesh: Optional[sp.Mesh] = None) -> VaeHandle:
         module.__dict__["forward"] = types.MethodType(forward, module)
         patched.append((module, "forward"))
     vae.__dict__["_decode"] = types.MethodType(_band_decode(bands), vae)
-    patched.append((vae, "_decode"))
+    vae.__dict__["_encode"] = types.MethodType(_band_encode(bands), vae)
+    patched += [(vae, "_decode"), (vae, "_encode")]
     handle = VaeHandle(vae, bands, patched)
     vae.__dict__[ATTR] = handle
     return handle

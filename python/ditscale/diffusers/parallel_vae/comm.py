@@ -61,27 +61,35 @@ def gather_rows(bands: Bands, x: torch.Tensor, dim: int, where: str) -> torch.Te
     return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts, counts)], dim)
 
 
-def add_halo(bands: Bands, x: torch.Tensor, halo: int, dim: int, where: str) -> torch.Tensor:
-    """``x`` (this rank's band along ``dim``) with ``halo`` rows of the band above before it and
-    ``halo`` rows of the band below after it (zeros at the image's top and bottom)."""
-    if halo == 0:
+def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int,
+             where: str) -> torch.Tensor:
+    """``x`` (this rank's band along ``dim``) with ``top`` rows of the band above before it and
+    ``bottom`` rows of the band below after it (zeros at the image's top and bottom)."""
+    if top == 0 and bottom == 0:
         return x
     dim = dim % x.dim()
     counts = bands.level_counts(x.shape[dim], where)
+    halo = max(top, bottom)
     if min(counts) < halo:
-        need = -(-halo // (min(counts) // min(bands.counts)))  # latent rows per rank
+        scale = counts[bands.rank] // bands.counts[bands.rank]
+        need = -(-halo // scale)  # latent rows per rank
         raise ValueError(f"parallelize_vae: {where} needs {halo} halo rows but the thinnest band "
                          f"has {min(counts)} rows at its resolution; every rank needs at least "
                          f"{need} latent rows (latent height >= {need * bands.size} on "
                          f"{bands.size} ranks)")
-    zeros_shape = list(x.shape)
-    zeros_shape[dim] = halo
-    zeros = x.new_zeros(zeros_shape)
-    if bands.size == 1:
-        return torch.cat([zeros, x, zeros], dim)
-    edges = torch.cat([x.narrow(dim, 0, halo), x.narrow(dim, x.shape[dim] - halo, halo)], dim)
-    parts = _all_gather(bands, edges)
-    r = bands.rank
-    above = parts[r - 1].narrow(dim, halo, halo) if r > 0 else zeros
-    below = parts[r + 1].narrow(dim, 0, halo) if r + 1 < bands.size else zeros
-    return torch.cat([above, x, below], dim)
+    r, last = bands.rank, bands.rank + 1 == bands.size
+    edges = [x.narrow(dim, 0, bottom), x.narrow(dim, x.shape[dim] - top, top)]
+    parts = _all_gather(bands, torch.cat(edges, dim)) if bands.size > 1 else []
+    pieces = [x]
+    if top:
+        pieces.insert(0, parts[r - 1].narrow(dim, bottom, top) if r > 0 else _zeros(x, dim, top))
+    if bottom:
+        pieces.append(parts[r + 1].narrow(dim, 0, bottom) if not last else
+                      _zeros(x, dim, bottom))
+    return torch.cat(pieces, dim)
+
+
+def _zeros(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[dim] = rows
+    return x.new_zeros(shape)

@@ -43,8 +43,19 @@ def conv2d(bands: Bands, name: str) -> Callable:
         if not bands.active:
             return type(self).forward(self, x)
         ph, pw = self.padding
-        x = add_halo(bands, F.pad(x, (pw, pw, 0, 0)), ph, -2, name)
+        x = add_halo(bands, F.pad(x, (pw, pw, 0, 0)), ph, ph, -2, name)
         return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+    return forward
+
+
+def zero_pad2d(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, rows, W]) of an nn.ZeroPad2d (left, right, top, bottom): the
+    width padding, then top / bottom rows of the neighbouring bands (zeros at the border)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        left, right, top, bottom = self.padding
+        return add_halo(bands, F.pad(x, (left, right, 0, 0)), top, bottom, -2, name)
     return forward
 
 
@@ -60,7 +71,7 @@ def wan_causal_conv3d(bands: Bands, name: str) -> Callable:
             padding[4] -= cache_x.shape[2]
         halo = padding[2]
         padding[2] = padding[3] = 0
-        x = add_halo(bands, F.pad(x, padding), halo, 3, name)
+        x = add_halo(bands, F.pad(x, padding), halo, halo, 3, name)
         return nn.Conv3d.forward(self, x)
     return forward
 

@@ -1,8 +1,8 @@
 """parallelize_vae on AutoencoderKLWan (Wan 2.1 and a Wan 2.2-style residual, patched VAE),
 small random weights, on 2 and 4 gloo ranks: decode and encode equal to the single-process ones
-(odd heights and widths, 1 and many frames, batch 2), every rank's convolution FLOPs its share of the
-single decode, refusals (thin bands, latents differing between ranks, tiling, unknown classes)
-raised on every rank, and remove() giving the stock module back."""
+(odd heights and widths, 1 and many frames, batch 2), every rank's convolution FLOPs its share
+of the single decode, refusals (thin bands, latents differing between ranks, tiling, unknown
+classes) raised on every rank, and remove() giving the stock module back."""
 
 import pytest
 import torch
@@ -129,10 +129,12 @@ def test_wan_decode_parallel(world):
 
 
 def test_refused_classes():
-    from diffusers import AutoencoderKL
+    from diffusers import AutoencoderKLCogVideoX
     from ditscale.diffusers.parallel_vae import parallelize_vae
-    vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, layers_per_block=1)
-    with pytest.raises(ValueError, match="AutoencoderKL is not supported yet"):
+    vae = AutoencoderKLCogVideoX(block_out_channels=(8,), norm_num_groups=4, layers_per_block=1,
+                                 latent_channels=4, down_block_types=("CogVideoXDownBlock3D",),
+                                 up_block_types=("CogVideoXUpBlock3D",))
+    with pytest.raises(ValueError, match="AutoencoderKLCogVideoX is not supported yet"):
         parallelize_vae(vae)
     with pytest.raises(ValueError, match="Linear is not supported"):
         parallelize_vae(torch.nn.Linear(2, 2))

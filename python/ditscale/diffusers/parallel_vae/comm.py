@@ -1,11 +1,11 @@
-"""The collectives of a parallel VAE: the latent shape check, the gather of a band into the
-full tensor, and the exchange of halo rows with the neighbouring bands.
+"""The collectives of a parallel VAE: the input shape check, the gather of a band into the
+full tensor, GroupNorm's statistics, and the exchange of halo rows with the neighbouring bands.
 
-Every collective is an all-gather on the mesh's group, so it ends within the group's timeout
-when a rank does not join. Halos travel as an all-gather of every rank's edge rows (a few rows
-of one layer: small beside the band's compute); rank r takes rank r-1's bottom rows and rank
-r+1's top rows, the true image border gets zero rows (the stock zero padding).
-See docs/diffusers/vae.md.
+Every collective is an all-gather (GroupNorm's statistics: an all-reduce) on the mesh's
+group, so it ends within the group's timeout when a rank does not join. Halos travel as an
+all-gather of every rank's edge rows (a few rows of one layer: small beside the band's
+compute); rank r takes rank r-1's bottom rows and rank r+1's top rows, the true image border
+gets zero rows (the stock zero padding). See docs/diffusers/vae.md.
 """
 
 from __future__ import annotations
@@ -26,8 +26,17 @@ def _all_gather(bands: Bands, x: torch.Tensor) -> List[torch.Tensor]:
     return parts
 
 
+def all_reduce_sum(bands: Bands, x: torch.Tensor) -> torch.Tensor:
+    """The sum of ``x`` over the ranks (a new tensor; ``x`` as is on one rank)."""
+    if bands.size == 1:
+        return x
+    x = x.clone()
+    dist.all_reduce(x, group=bands.mesh.group)
+    return x
+
+
 def check_same_shape(bands: Bands, z: torch.Tensor, where: str) -> None:
-    """Raises on every rank unless every rank decodes latents of the same shape and dtype."""
+    """Raises on every rank unless every rank passes an input of the same shape and dtype."""
     if bands.size == 1:
         return
     code = _DTYPES.index(z.dtype) if z.dtype in _DTYPES else len(_DTYPES)
@@ -38,8 +47,8 @@ def check_same_shape(bands: Bands, z: torch.Tensor, where: str) -> None:
     metas = [p.tolist() for p in parts]
     if any(m != metas[0] for m in metas):
         shapes = [f"rank {r}: {tuple(m[2:2 + m[0]])} {_name(m[1])}" for r, m in enumerate(metas)]
-        raise ValueError(f"{where}: the ranks decode latents of different shapes or dtypes "
-                         f"({'; '.join(shapes)}); every rank must pass the same full latents")
+        raise ValueError(f"{where}: the ranks pass inputs of different shapes or dtypes "
+                         f"({'; '.join(shapes)}); every rank must pass the same full input")
 
 
 def _name(code: int) -> str:

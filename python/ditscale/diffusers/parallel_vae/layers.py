@@ -5,8 +5,10 @@ VAE is parallelized (weights untouched). Each runs its stock form outside a para
   time and width as the stock layer does, then takes ``(k - 1) / 2`` halo rows from each
   neighbouring band (zeros at the image border) and convolves without height padding: the band
   of the stock output, exactly;
-- the spatial attention block gathers its keys and values (the 1x1 projections of every band)
-  and attends from this band's queries only.
+- GroupNorm all-reduces each group's sum and sum of squares (float64) over the bands;
+- Wan's spatial attention block gathers its keys and values (the 1x1 projections of every band)
+  and attends from this band's queries only; diffusers' ``Attention`` (AutoencoderKL's mid
+  block) runs on its gathered input and keeps this band's rows.
 See docs/diffusers/vae.md.
 """
 
@@ -19,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .bands import Bands
-from .comm import add_halo, gather_rows
+from .comm import add_halo, all_reduce_sum, gather_rows
 
 
 def check_conv(module: nn.Module, name: str, dim: int) -> None:
@@ -99,4 +101,39 @@ def wan_attention(bands: Bands, name: str) -> Callable:
         x = self.proj(x)
         x = x.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
         return x + identity
+    return forward
+
+
+def group_norm(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, ..., rows, W]) of an nn.GroupNorm: the statistics of each (sample,
+    group) over every band, mean = sum / n, var = sum_sq / n - mean^2, and the normalization in
+    float64 (the affine in float32, then x's dtype)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        groups = x.reshape(x.shape[0], self.num_groups, -1)
+        wide = groups.double()
+        stats = torch.stack([wide.sum(-1), wide.square().sum(-1),
+                             torch.full_like(wide[..., 0], groups.shape[-1])])
+        total = all_reduce_sum(bands, stats)
+        mean = total[0] / total[2]
+        var = (total[1] / total[2] - mean.square()).clamp_min(0)
+        scale = (var + self.eps).rsqrt()
+        y = ((wide - mean[..., None]) * scale[..., None]).float().reshape(x.shape)
+        if self.affine:
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            y = y * self.weight.float().view(shape) + self.bias.float().view(shape)
+        return y.to(x.dtype)
+    return forward
+
+
+def gathered(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, rows, W], ...) of a module that needs the whole image (diffusers'
+    Attention): its stock forward on the gathered input, then this band's rows."""
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x, *args, **kwargs)
+        begin, count = bands.local_range(x.shape[-2], name)
+        full = gather_rows(bands, x, -2, name)
+        return type(self).forward(self, full, *args, **kwargs).narrow(-2, begin, count)
     return forward

@@ -20,18 +20,30 @@ from .bands import Bands
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
-def _all_gather(bands: Bands, x: torch.Tensor) -> List[torch.Tensor]:
+def _failed(where: str, e: Exception) -> RuntimeError:
+    return RuntimeError(f"{where}: a collective of the parallel VAE failed on rank "
+                        f"{dist.get_rank()} (a rank that did not join, or the group timed out): "
+                        f"{e}")
+
+
+def _all_gather(bands: Bands, x: torch.Tensor, where: str) -> List[torch.Tensor]:
     parts = [torch.empty_like(x) for _ in range(bands.size)]
-    dist.all_gather(parts, x.contiguous(), group=bands.mesh.group)
+    try:
+        dist.all_gather(parts, x.contiguous(), group=bands.mesh.group)
+    except RuntimeError as e:
+        raise _failed(where, e) from e
     return parts
 
 
-def all_reduce_sum(bands: Bands, x: torch.Tensor) -> torch.Tensor:
+def all_reduce_sum(bands: Bands, x: torch.Tensor, where: str) -> torch.Tensor:
     """The sum of ``x`` over the ranks (a new tensor; ``x`` as is on one rank)."""
     if bands.size == 1:
         return x
     x = x.clone()
-    dist.all_reduce(x, group=bands.mesh.group)
+    try:
+        dist.all_reduce(x, group=bands.mesh.group)
+    except RuntimeError as e:
+        raise _failed(where, e) from e
     return x
 
 
@@ -43,7 +55,8 @@ def check_same_shape(bands: Bands, z: torch.Tensor, where: str) -> None:
     meta = [z.dim(), code] + list(z.shape) + [0] * (8 - z.dim())
     if z.dim() > 8:
         raise ValueError(f"{where}: latents of {z.dim()} dimensions (at most 8)")
-    parts = _all_gather(bands, torch.tensor(meta, dtype=torch.int64, device=z.device))
+    parts = _all_gather(bands, torch.tensor(meta, dtype=torch.int64, device=z.device),
+                        where)
     metas = [p.tolist() for p in parts]
     if any(m != metas[0] for m in metas):
         shapes = [f"rank {r}: {tuple(m[2:2 + m[0]])} {_name(m[1])}" for r, m in enumerate(metas)]
@@ -66,7 +79,7 @@ def gather_rows(bands: Bands, x: torch.Tensor, dim: int, where: str) -> torch.Te
         pad = list(x.shape)
         pad[dim] = width - x.shape[dim]
         x = torch.cat([x, x.new_zeros(pad)], dim)
-    parts = _all_gather(bands, x)
+    parts = _all_gather(bands, x, where)
     return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts, counts)], dim)
 
 
@@ -88,7 +101,7 @@ def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int,
                          f"{bands.size} ranks)")
     r, last = bands.rank, bands.rank + 1 == bands.size
     edges = [x.narrow(dim, 0, bottom), x.narrow(dim, x.shape[dim] - top, top)]
-    parts = _all_gather(bands, torch.cat(edges, dim)) if bands.size > 1 else []
+    parts = _all_gather(bands, torch.cat(edges, dim), where) if bands.size > 1 else []
     pieces = [x]
     if top:
         pieces.insert(0, parts[r - 1].narrow(dim, bottom, top) if r > 0 else _zeros(x, dim, top))

@@ -115,7 +115,7 @@ def group_norm(bands: Bands, name: str) -> Callable:
         wide = groups.double()
         stats = torch.stack([wide.sum(-1), wide.square().sum(-1),
                              torch.full_like(wide[..., 0], groups.shape[-1])])
-        total = all_reduce_sum(bands, stats)
+        total = all_reduce_sum(bands, stats, name)
         mean = total[0] / total[2]
         var = (total[1] / total[2] - mean.square()).clamp_min(0)
         scale = (var + self.eps).rsqrt()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ... import sp
-from . import kl, wan
+from . import hunyuan, kl, wan
 from .bands import Bands
 from .comm import check_same_shape, gather_rows
 
@@ -37,8 +37,9 @@ class Plan:
 PLANS: Dict[str, Plan] = {
     "AutoencoderKLWan": Plan(wan.wan_layers, 5, wan.spatial_factor),
     "AutoencoderKL": Plan(kl.kl_layers, 4, None),
+    "AutoencoderKLHunyuanVideo": Plan(hunyuan.hunyuan_layers, 5, None),
 }
-NOT_YET = ("AutoencoderKLHunyuanVideo", "AutoencoderKLCogVideoX")
+NOT_YET = ("AutoencoderKLCogVideoX",)
 
 
 class VaeHandle:

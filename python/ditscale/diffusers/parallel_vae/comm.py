@@ -83,10 +83,11 @@ def gather_rows(bands: Bands, x: torch.Tensor, dim: int, where: str) -> torch.Te
     return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts, counts)], dim)
 
 
-def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int,
-             where: str) -> torch.Tensor:
+def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, where: str,
+             border: str = "zeros") -> torch.Tensor:
     """``x`` (this rank's band along ``dim``) with ``top`` rows of the band above before it and
-    ``bottom`` rows of the band below after it (zeros at the image's top and bottom)."""
+    ``bottom`` rows of the band below after it; at the image's top and bottom, zero rows
+    (``border="zeros"``) or copies of the edge row (``"replicate"``)."""
     if top == 0 and bottom == 0:
         return x
     dim = dim % x.dim()
@@ -104,14 +105,18 @@ def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int,
     parts = _all_gather(bands, torch.cat(edges, dim), where) if bands.size > 1 else []
     pieces = [x]
     if top:
-        pieces.insert(0, parts[r - 1].narrow(dim, bottom, top) if r > 0 else _zeros(x, dim, top))
+        pieces.insert(0, parts[r - 1].narrow(dim, bottom, top) if r > 0 else
+                      _border(x, dim, top, 0, border))
     if bottom:
         pieces.append(parts[r + 1].narrow(dim, 0, bottom) if not last else
-                      _zeros(x, dim, bottom))
+                      _border(x, dim, bottom, x.shape[dim] - 1, border))
     return torch.cat(pieces, dim)
 
 
-def _zeros(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
+def _border(x: torch.Tensor, dim: int, rows: int, edge: int, border: str) -> torch.Tensor:
+    """``rows`` rows outside the image: zeros, or copies of row ``edge`` of ``x``."""
+    if border == "replicate":
+        return torch.cat([x.narrow(dim, edge, 1)] * rows, dim)
     shape = list(x.shape)
     shape[dim] = rows
     return x.new_zeros(shape)

@@ -5,8 +5,9 @@
     video = pipe.vae.decode(latents).sample      # the same full latents on every rank
     handle.remove()                              # or unparallelize_vae(pipe.vae)
 
-Modules: bands (geometry), comm (collectives), layers (per-layer replacements), wan (the
-AutoencoderKLWan plan), apply (class table, apply/remove). Manual: docs/diffusers/vae.md.
+Modules: bands (geometry), comm (collectives), layers (per-layer replacements), wan / kl /
+hunyuan (the plans of AutoencoderKLWan, AutoencoderKL, AutoencoderKLHunyuanVideo), apply
+(class table, apply/remove). Manual: docs/diffusers/vae.md.
 """
 
 from .apply import VaeHandle, parallelize_vae, unparallelize_vae

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ... import sp
-from . import hunyuan, kl, wan
+from . import cogvideox, hunyuan, kl, wan
 from .bands import Bands
 from .comm import check_same_shape, gather_rows
 
@@ -38,8 +38,8 @@ PLANS: Dict[str, Plan] = {
     "AutoencoderKLWan": Plan(wan.wan_layers, 5, wan.spatial_factor),
     "AutoencoderKL": Plan(kl.kl_layers, 4, None),
     "AutoencoderKLHunyuanVideo": Plan(hunyuan.hunyuan_layers, 5, None),
+    "AutoencoderKLCogVideoX": Plan(cogvideox.cogvideox_layers, 5, None),
 }
-NOT_YET = ("AutoencoderKLCogVideoX",)
 
 
 class VaeHandle:
@@ -106,9 +106,6 @@ def parallelize_vae(vae, mesh: Optional[sp.Mesh] = None) -> VaeHandle:
     band of rows and return the full output on every rank. Returns the handle;
     ``handle.remove()`` undoes it."""
     cls = type(vae).__name__
-    if cls in NOT_YET:
-        raise ValueError(f"parallelize_vae: {cls} is not supported yet (supported: "
-                         f"{', '.join(PLANS)})")
     if cls not in PLANS:
         raise ValueError(f"parallelize_vae: {cls} is not supported (supported: "
                          f"{', '.join(PLANS)})")

@@ -6,8 +6,7 @@
     handle.remove()                              # or unparallelize_vae(pipe.vae)
 
 Modules: bands (geometry), comm (collectives), layers (per-layer replacements), wan / kl /
-hunyuan (the plans of AutoencoderKLWan, AutoencoderKL, AutoencoderKLHunyuanVideo), apply
-(class table, apply/remove). Manual: docs/diffusers/vae.md.
+hunyuan / cogvideox (the plan of each VAE class), apply (class table, apply/remove). Manual: docs/diffusers/vae.md.
 """
 
 from .apply import VaeHandle, parallelize_vae, unparallelize_vae

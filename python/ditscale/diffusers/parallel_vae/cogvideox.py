@@ -1,0 +1,87 @@
+"""The plan of ``AutoencoderKLCogVideoX``'s decoder: its causal Conv3d (the stock temporal
+cache of the frame batches, then the height halo; zero padding, or copies of the edge row where
+a layer pads with "replicate", as the stock layer branches on its pad_mode), GroupNorm inside the spatial norm (statistics all-reduced); the
+spatial norm's nearest interpolation of the latents, the up-sampling (nearest, then a halo
+Conv2d) and 1x1 convolutions act per position. Any other class is refused by name; encode stays
+stock. See docs/diffusers/vae.md.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import layers
+from .bands import Bands
+from .comm import add_halo
+
+LOCAL = frozenset({"CogVideoXDecoder3D", "CogVideoXMidBlock3D", "CogVideoXResnetBlock3D",
+                   "CogVideoXUpBlock3D", "CogVideoXUpsample3D", "CogVideoXSpatialNorm3D",
+                   "Dropout", "Identity", "ModuleList", "SiLU"})
+
+
+def causal_conv3d(bands: Bands, name: str) -> Callable:
+    """forward(self, inputs [B, C, T, rows, W], conv_cache) -> (output, conv_cache) of a
+    CogVideoXCausalConv3d: the cache holds this band's frames; the convolution pads no height."""
+    def forward(self, inputs: torch.Tensor, conv_cache=None):
+        if not bands.active:
+            return type(self).forward(self, inputs, conv_cache)
+        conv, halo = self.conv, self.height_pad
+        if self.pad_mode == "replicate":
+            padding = list(self.time_causal_padding)
+            padding[2] = padding[3] = 0
+            x = F.pad(inputs, padding, mode="replicate")
+            x, cache, border, width = x, None, "replicate", 0
+        else:
+            x = self.fake_context_parallel_forward(inputs, conv_cache)
+            cache = x[:, :, -self.time_kernel_size + 1:].clone()
+            border, width = "zeros", conv.padding[2]
+        x = add_halo(bands, x, halo, halo, -2, name, border)
+        out = F.conv3d(x, conv.weight, conv.bias, conv.stride, (conv.padding[0], 0, width),
+                       conv.dilation, conv.groups)
+        return out, cache
+    return forward
+
+
+def _check(full: str, module: nn.Module) -> None:
+    cls = type(module).__name__
+    if cls == "CogVideoXCausalConv3d":
+        conv = module.conv
+        if (conv.stride[1] != 1 or conv.dilation[1] != 1
+                or conv.kernel_size[1] != 2 * module.height_pad + 1):
+            raise ValueError(f"parallelize_vae: {full} (CogVideoXCausalConv3d) is not a "
+                             f"stride-1 same-size convolution in height; not supported yet")
+    elif cls == "CogVideoXSafeConv3d" and (module.kernel_size[1], module.stride[1],
+                                           module.padding[1]) != (1, 1, 0):
+        raise ValueError(f"parallelize_vae: {full} (CogVideoXSafeConv3d) is not 1x1 in height; "
+                         f"not supported yet")
+    elif cls == "Conv2d":
+        layers.check_conv(module, full, 0)
+
+
+def _visit(full: str, module: nn.Module, found: list) -> None:
+    cls = type(module).__name__
+    _check(full, module)
+    if cls == "CogVideoXCausalConv3d":
+        return found.append((full, module, causal_conv3d))
+    if cls in ("GroupNorm", "Conv2d"):
+        factory = layers.group_norm if cls == "GroupNorm" else layers.conv2d
+        return found.append((full, module, factory))
+    if cls not in LOCAL and cls != "CogVideoXSafeConv3d":  # that one is 1x1 here
+        raise ValueError(f"parallelize_vae: {full} is a {cls}, which the parallel "
+                         f"AutoencoderKLCogVideoX decoder does not support")
+    for name, child in module.named_children():
+        _visit(f"{full}.{name}", child, found)
+    return None
+
+
+def cogvideox_layers(vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
+    """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
+    found: list = []
+    if vae.post_quant_conv is not None:
+        _visit("post_quant_conv", vae.post_quant_conv, found)
+    _visit("decoder", vae.decoder, found)
+    return [(m, factory(bands, name)) for name, m, factory in found]

@@ -1,0 +1,122 @@
+"""The collectives of a parallel VAE: the input shape check, the gather of a band into the
+full tensor, GroupNorm's statistics, and the exchange of halo rows with the neighbouring bands.
+
+Every collective is an all-gather (GroupNorm's statistics: an all-reduce) on the mesh's
+group, so it ends within the group's timeout when a rank does not join. Halos travel as an
+all-gather of every rank's edge rows (a few rows of one layer: small beside the band's
+compute); rank r takes rank r-1's bottom rows and rank r+1's top rows, the true image border
+gets zero rows (the stock zero padding). See docs/diffusers/vae.md.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from .bands import Bands
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def _failed(where: str, e: Exception) -> RuntimeError:
+    return RuntimeError(f"{where}: a collective of the parallel VAE failed on rank "
+                        f"{dist.get_rank()} (a rank that did not join, or the group timed out): "
+                        f"{e}")
+
+
+def _all_gather(bands: Bands, x: torch.Tensor, where: str) -> List[torch.Tensor]:
+    parts = [torch.empty_like(x) for _ in range(bands.size)]
+    try:
+        dist.all_gather(parts, x.contiguous(), group=bands.mesh.group)
+    except RuntimeError as e:
+        raise _failed(where, e) from e
+    return parts
+
+
+def all_reduce_sum(bands: Bands, x: torch.Tensor, where: str) -> torch.Tensor:
+    """The sum of ``x`` over the ranks (a new tensor; ``x`` as is on one rank)."""
+    if bands.size == 1:
+        return x
+    x = x.clone()
+    try:
+        dist.all_reduce(x, group=bands.mesh.group)
+    except RuntimeError as e:
+        raise _failed(where, e) from e
+    return x
+
+
+def check_same_shape(bands: Bands, z: torch.Tensor, where: str) -> None:
+    """Raises on every rank unless every rank passes an input of the same shape and dtype."""
+    if bands.size == 1:
+        return
+    code = _DTYPES.index(z.dtype) if z.dtype in _DTYPES else len(_DTYPES)
+    meta = [z.dim(), code] + list(z.shape) + [0] * (8 - z.dim())
+    if z.dim() > 8:
+        raise ValueError(f"{where}: latents of {z.dim()} dimensions (at most 8)")
+    parts = _all_gather(bands, torch.tensor(meta, dtype=torch.int64, device=z.device),
+                        where)
+    metas = [p.tolist() for p in parts]
+    if any(m != metas[0] for m in metas):
+        shapes = [f"rank {r}: {tuple(m[2:2 + m[0]])} {_name(m[1])}" for r, m in enumerate(metas)]
+        raise ValueError(f"{where}: the ranks pass inputs of different shapes or dtypes "
+                         f"({'; '.join(shapes)}); every rank must pass the same full input")
+
+
+def _name(code: int) -> str:
+    return str(_DTYPES[code]) if code < len(_DTYPES) else "another dtype"
+
+
+def gather_rows(bands: Bands, x: torch.Tensor, dim: int, where: str) -> torch.Tensor:
+    """The full tensor along ``dim`` (rows) from every rank's band ``x``, on every rank."""
+    if bands.size == 1:
+        return x
+    dim = dim % x.dim()
+    counts = bands.level_counts(x.shape[dim], where)
+    width = max(counts)
+    if x.shape[dim] < width:  # pad to the largest band, gather, trim
+        pad = list(x.shape)
+        pad[dim] = width - x.shape[dim]
+        x = torch.cat([x, x.new_zeros(pad)], dim)
+    parts = _all_gather(bands, x, where)
+    return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts, counts)], dim)
+
+
+def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, where: str,
+             border: str = "zeros") -> torch.Tensor:
+    """``x`` (this rank's band along ``dim``) with ``top`` rows of the band above before it and
+    ``bottom`` rows of the band below after it; at the image's top and bottom, zero rows
+    (``border="zeros"``) or copies of the edge row (``"replicate"``)."""
+    if top == 0 and bottom == 0:
+        return x
+    dim = dim % x.dim()
+    counts = bands.level_counts(x.shape[dim], where)
+    halo = max(top, bottom)
+    if min(counts) < halo:
+        scale = counts[bands.rank] // bands.counts[bands.rank]
+        need = -(-halo // scale)  # latent rows per rank
+        raise ValueError(f"parallelize_vae: {where} needs {halo} halo rows but the thinnest band "
+                         f"has {min(counts)} rows at its resolution; every rank needs at least "
+                         f"{need} latent rows (latent height >= {need * bands.size} on "
+                         f"{bands.size} ranks)")
+    r, last = bands.rank, bands.rank + 1 == bands.size
+    edges = [x.narrow(dim, 0, bottom), x.narrow(dim, x.shape[dim] - top, top)]
+    parts = _all_gather(bands, torch.cat(edges, dim), where) if bands.size > 1 else []
+    pieces = [x]
+    if top:
+        pieces.insert(0, parts[r - 1].narrow(dim, bottom, top) if r > 0 else
+                      _border(x, dim, top, 0, border))
+    if bottom:
+        pieces.append(parts[r + 1].narrow(dim, 0, bottom) if not last else
+                      _border(x, dim, bottom, x.shape[dim] - 1, border))
+    return torch.cat(pieces, dim)
+
+
+def _border(x: torch.Tensor, dim: int, rows: int, edge: int, border: str) -> torch.Tensor:
+    """``rows`` rows outside the image: zeros, or copies of row ``edge`` of ``x``."""
+    if border == "replicate":
+        return torch.cat([x.narrow(dim, edge, 1)] * rows, dim)
+    shape = list(x.shape)
+    shape[dim] = rows
+    return x.new_zeros(shape)

@@ -1,0 +1,110 @@
+"""The plan of ``AutoencoderKLHunyuanVideo``'s decoder: its causal Conv3d (time and width
+padded as stock, replicate padding by default: the image's top and bottom rows are copied, the
+rows between bands come from the neighbours), GroupNorm (statistics all-reduced), and the mid
+block, whose attention over all frames and positions (causal over frames) runs on the gathered
+input with the mask of the whole image. Up-sampling is nearest: per position. Any other class
+is refused by name; encode stays stock. See docs/diffusers/vae.md.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import layers
+from .bands import Bands
+from .comm import add_halo, gather_rows
+
+LOCAL = frozenset({"HunyuanVideoDecoder3D", "HunyuanVideoUpBlock3D",
+                   "HunyuanVideoResnetBlockCausal3D", "HunyuanVideoUpsampleCausal3D",
+                   "Dropout", "Identity", "ModuleList", "SiLU"})
+
+
+def causal_conv3d(bands: Bands, name: str) -> Callable:
+    """forward(self, x [B, C, T, rows, W]) of a HunyuanVideoCausalConv3d."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        padding = list(self.time_causal_padding)
+        halo = padding[2]
+        padding[2] = padding[3] = 0
+        x = F.pad(x, padding, mode=self.pad_mode)
+        border = "replicate" if self.pad_mode == "replicate" else "zeros"
+        return self.conv(add_halo(bands, x, halo, halo, -2, name, border))
+    return forward
+
+
+def mid_block(bands: Bands, name: str) -> Callable:
+    """forward(self, x [B, C, T, rows, W]) of a HunyuanVideoMidBlock3D: its resnets on the band,
+    each attention on the gathered input (mask of the whole image), this band's rows kept."""
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (
+        prepare_causal_attention_mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        x = self.resnets[0](x)
+        for attn, resnet in zip(self.attentions, self.resnets[1:]):
+            if attn is not None:
+                begin, count = bands.local_range(x.shape[-2], name)
+                full = gather_rows(bands, x, -2, name)
+                b, _, t, h, w = full.shape
+                seq = full.permute(0, 2, 3, 4, 1).flatten(1, 3)
+                mask = prepare_causal_attention_mask(t, h * w, seq.dtype, seq.device,
+                                                     batch_size=b)
+                seq = attn(seq, attention_mask=mask)
+                x = seq.unflatten(1, (t, h, w)).permute(0, 4, 1, 2, 3).narrow(-2, begin, count)
+            x = resnet(x)
+        return x
+    return forward
+
+
+def _check(full: str, module: nn.Module) -> None:
+    cls = type(module).__name__
+    if cls == "HunyuanVideoCausalConv3d":
+        conv, pad = module.conv, module.time_causal_padding
+        if module.pad_mode not in ("replicate", "constant") or pad[2] != pad[3]:
+            raise ValueError(f"parallelize_vae: {full} pads with {module.pad_mode!r} {pad}; "
+                             f"not supported yet")
+        if (conv.stride[1] != 1 or conv.dilation[1] != 1 or conv.padding[1] != 0
+                or conv.kernel_size[1] != 2 * pad[2] + 1):
+            raise ValueError(f"parallelize_vae: {full} (HunyuanVideoCausalConv3d) is not a "
+                             f"stride-1 same-size convolution in height; not supported yet")
+    elif cls == "Conv3d" and (module.kernel_size[1], module.stride[1],
+                              module.padding[1]) != (1, 1, 0):
+        raise ValueError(f"parallelize_vae: {full} (Conv3d) is not 1x1 in height; not "
+                         f"supported yet")
+    elif cls == "HunyuanVideoUpsampleCausal3D" and module.upsample_factor[1] not in (1, 2):
+        raise ValueError(f"parallelize_vae: {full} up-samples the height by "
+                         f"{module.upsample_factor[1]}; only 1 or 2 are supported")
+
+
+def _visit(full: str, module: nn.Module, found: list) -> None:
+    cls = type(module).__name__
+    _check(full, module)
+    if cls == "HunyuanVideoCausalConv3d":
+        return found.append((full, module, causal_conv3d))
+    if cls == "GroupNorm":
+        return found.append((full, module, layers.group_norm))
+    if cls == "HunyuanVideoMidBlock3D":
+        found.append((full, module, mid_block))
+        for i, resnet in enumerate(module.resnets):  # its attentions run on the whole image
+            _visit(f"{full}.resnets.{i}", resnet, found)
+        return None
+    if cls not in LOCAL and cls != "Conv3d":  # a Conv3d here is 1x1 (post_quant_conv)
+        raise ValueError(f"parallelize_vae: {full} is a {cls}, which the parallel "
+                         f"AutoencoderKLHunyuanVideo decoder does not support")
+    for name, child in module.named_children():
+        _visit(f"{full}.{name}", child, found)
+    return None
+
+
+def hunyuan_layers(vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
+    """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
+    found: list = []
+    _visit("post_quant_conv", vae.post_quant_conv, found)
+    _visit("decoder", vae.decoder, found)
+    return [(m, factory(bands, name)) for name, m, factory in found]

@@ -1,0 +1,58 @@
+"""The plan of ``AutoencoderKL`` (Flux, SD3, SD): which decoder modules get a band-aware
+forward (:mod:`.layers`): the 3x3 convolutions (halo), GroupNorm (statistics all-reduced), the
+mid block's Attention (gathered); the rest acts per position (activations, nearest up-sampling
+by 2, 1x1 convolutions) or only holds children. Any other class is refused by name. The encoder
+is not parallelized: ``encode`` runs the stock module on every rank. See docs/diffusers/vae.md.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Tuple
+
+import torch.nn as nn
+
+from . import layers
+from .bands import Bands
+
+LOCAL = frozenset({"Decoder", "UNetMidBlock2D", "UpDecoderBlock2D", "ResnetBlock2D",
+                   "Dropout", "Identity", "ModuleList", "SiLU"})
+
+# Class -> the factory of its band-aware forward.
+REPLACED = {"Conv2d": layers.conv2d, "GroupNorm": layers.group_norm,
+            "Attention": layers.gathered}
+
+
+def _check(full: str, module: nn.Module) -> None:
+    cls = type(module).__name__
+    if cls == "Conv2d":
+        layers.check_conv(module, full, 0)
+    elif cls == "Upsample2D" and (module.use_conv_transpose or not module.interpolate
+                                  or module.norm is not None):
+        raise ValueError(f"parallelize_vae: {full} (Upsample2D) with a transposed convolution, a "
+                         f"norm or no interpolation is not supported yet")
+    elif cls == "ResnetBlock2D" and (module.upsample is not None or module.downsample is not None
+                                     or module.time_emb_proj is not None):
+        raise ValueError(f"parallelize_vae: {full} (ResnetBlock2D) re-samples or takes a time "
+                         f"embedding; not supported yet")
+
+
+def _visit(full: str, module: nn.Module, found: list) -> None:
+    cls = type(module).__name__
+    _check(full, module)
+    if cls in REPLACED:
+        found.append((full, module, REPLACED[cls]))
+        return  # Attention's children run as they are, on the gathered input
+    if cls not in LOCAL and cls != "Upsample2D":
+        raise ValueError(f"parallelize_vae: {full} is a {cls}, which the parallel "
+                         f"AutoencoderKL decoder does not support")
+    for name, child in module.named_children():
+        _visit(f"{full}.{name}", child, found)
+
+
+def kl_layers(vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
+    """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
+    found: list = []
+    if vae.post_quant_conv is not None:
+        _visit("post_quant_conv", vae.post_quant_conv, found)
+    _visit("decoder", vae.decoder, found)
+    return [(m, factory(bands, name)) for name, m, factory in found]

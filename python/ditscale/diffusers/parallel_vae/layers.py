@@ -1,0 +1,139 @@
+"""The per-layer replacements of a parallel VAE: forwards bound on the stock modules while a
+VAE is parallelized (weights untouched). Each runs its stock form outside a parallel decode.
+
+- a height-``k`` convolution (Conv2d, Wan's causal Conv3d with its temporal feature cache) pads
+  time and width as the stock layer does, then takes ``(k - 1) / 2`` halo rows from each
+  neighbouring band (zeros at the image border) and convolves without height padding: the band
+  of the stock output, exactly;
+- GroupNorm all-reduces each group's sum and sum of squares (float64) over the bands;
+- Wan's spatial attention block gathers its keys and values (the 1x1 projections of every band)
+  and attends from this band's queries only; diffusers' ``Attention`` (AutoencoderKL's mid
+  block) runs on its gathered input and keeps this band's rows.
+See docs/diffusers/vae.md.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .bands import Bands
+from .comm import add_halo, all_reduce_sum, gather_rows
+
+
+def check_conv(module: nn.Module, name: str, dim: int) -> None:
+    """Refuses a convolution whose height is not a same-size, stride-1 zero-padded window
+    (``dim``: the kernel's height index)."""
+    k, s, d, p = (module.kernel_size[dim], module.stride[dim], module.dilation[dim],
+                  module.padding[dim] if not hasattr(module, "_padding") else
+                  module._padding[2])
+    if module.padding_mode != "zeros" or isinstance(module.padding, str):
+        raise ValueError(f"parallelize_vae: {name} ({type(module).__name__}) pads with "
+                         f"{module.padding_mode!r} {module.padding!r}; not supported yet")
+    if s != 1 or d != 1 or k != 2 * p + 1:
+        raise ValueError(f"parallelize_vae: {name} ({type(module).__name__}) has a height "
+                         f"kernel {k}, stride {s}, dilation {d}, padding {p}; only stride-1 "
+                         f"same-size convolutions are supported yet")
+
+
+def conv2d(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, rows, W]) of an nn.Conv2d over this rank's band of rows."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        ph, pw = self.padding
+        x = add_halo(bands, F.pad(x, (pw, pw, 0, 0)), ph, ph, -2, name)
+        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+    return forward
+
+
+def zero_pad2d(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, rows, W]) of an nn.ZeroPad2d (left, right, top, bottom): the
+    width padding, then top / bottom rows of the neighbouring bands (zeros at the border)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        left, right, top, bottom = self.padding
+        return add_halo(bands, F.pad(x, (left, right, 0, 0)), top, bottom, -2, name)
+    return forward
+
+
+def wan_causal_conv3d(bands: Bands, name: str) -> Callable:
+    """forward(self, x [B, C, T, rows, W], cache_x) of a WanCausalConv3d: the stock causal time
+    padding with the cached frames, then the height halo."""
+    def forward(self, x: torch.Tensor, cache_x=None) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x, cache_x)
+        padding = list(self._padding)
+        if cache_x is not None and self._padding[4] > 0:
+            x = torch.cat([cache_x.to(x.device), x], dim=2)
+            padding[4] -= cache_x.shape[2]
+        halo = padding[2]
+        padding[2] = padding[3] = 0
+        x = add_halo(bands, F.pad(x, padding), halo, halo, 3, name)
+        return nn.Conv3d.forward(self, x)
+    return forward
+
+
+def _heads(qkv: torch.Tensor, frames: int, channels: int):
+    """q, k, v [frames, 1, rows * W, C] of a to_qkv output [frames, 3C, rows, W]."""
+    qkv = qkv.reshape(frames, 1, channels * 3, -1).permute(0, 1, 3, 2).contiguous()
+    return qkv.chunk(3, dim=-1)
+
+
+def wan_attention(bands: Bands, name: str) -> Callable:
+    """forward(self, x [B, C, T, rows, W]) of a WanAttentionBlock (one head over each frame's
+    positions): queries of this band, keys and values of the whole frame."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        identity = x
+        b, c, t, h, w = x.size()
+        x = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        qkv = self.to_qkv(self.norm(x))
+        q, _, _ = _heads(qkv, b * t, c)
+        _, k, v = _heads(gather_rows(bands, qkv, 2, name), b * t, c)
+        x = F.scaled_dot_product_attention(q, k, v)
+        x = x.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
+        x = self.proj(x)
+        x = x.view(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+        return x + identity
+    return forward
+
+
+def group_norm(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, ..., rows, W]) of an nn.GroupNorm: the statistics of each (sample,
+    group) over every band, mean = sum / n, var = sum_sq / n - mean^2, and the normalization in
+    float64 (the affine in float32, then x's dtype)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        groups = x.reshape(x.shape[0], self.num_groups, -1)
+        wide = groups.double()
+        stats = torch.stack([wide.sum(-1), wide.square().sum(-1),
+                             torch.full_like(wide[..., 0], groups.shape[-1])])
+        total = all_reduce_sum(bands, stats, name)
+        mean = total[0] / total[2]
+        var = (total[1] / total[2] - mean.square()).clamp_min(0)
+        scale = (var + self.eps).rsqrt()
+        y = ((wide - mean[..., None]) * scale[..., None]).float().reshape(x.shape)
+        if self.affine:
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            y = y * self.weight.float().view(shape) + self.bias.float().view(shape)
+        return y.to(x.dtype)
+    return forward
+
+
+def gathered(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, rows, W], ...) of a module that needs the whole image (diffusers'
+    Attention): its stock forward on the gathered input, then this band's rows."""
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x, *args, **kwargs)
+        begin, count = bands.local_range(x.shape[-2], name)
+        full = gather_rows(bands, x, -2, name)
+        return type(self).forward(self, full, *args, **kwargs).narrow(-2, begin, count)
+    return forward

@@ -1,0 +1,139 @@
+"""parallelize_vae on AutoencoderKL (an SD-style VAE with quant convs, a Flux/SD3-style one
+without), small random weights, on 2 and 4 gloo ranks: decode equal to the single-process
+decode (GroupNorm statistics over every band, the mid-block attention gathered; odd heights,
+batch 2; bf16 no further from fp32 than the stock bf16 decode), every rank's convolution FLOPs its share, encode left stock, remove() restoring."""
+
+import pytest
+import torch
+
+from gloo_util import run_gloo
+
+BLOCKS = dict(down_block_types=("DownEncoderBlock2D",) * 3,
+              up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(8, 16, 16),
+              norm_num_groups=4, layers_per_block=1)
+CONFIGS = {"sd": dict(latent_channels=4, **BLOCKS),
+           "flux": dict(latent_channels=16, use_quant_conv=False, use_post_quant_conv=False,
+                        **BLOCKS)}
+# (config, latent shape [B, C, H, W]): odd heights, uneven bands on 2 and 4 ranks.
+CASES = [("sd", (1, 4, 5, 3)), ("sd", (2, 4, 7, 6)), ("flux", (1, 16, 6, 5))]
+
+
+def _vae(name):
+    from diffusers import AutoencoderKL
+    torch.manual_seed(0)
+    return AutoencoderKL(**CONFIGS[name]).eval()
+
+
+def _randn(shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _conv_flops(fn):
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    counts = counter.get_flop_counts()["Global"]
+    return sum(v for k, v in counts.items() if "convolution" in str(k))
+
+
+def _bf16_errors(vae, z):
+    """(stock bf16, parallel bf16) relative errors against the stock fp32 decode."""
+    import copy
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    ref = vae.decode(z).sample
+    half = copy.deepcopy(vae).to(torch.bfloat16)
+    stock = _rel(half.decode(z.bfloat16()).sample.float(), ref)
+    handle = parallelize_vae(half)
+    parallel = _rel(half.decode(z.bfloat16()).sample.float(), ref)
+    handle.remove()
+    return stock, parallel
+
+
+def _ranks(rank, world):
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    out = {"rel": []}
+    vaes = {name: _vae(name) for name in CONFIGS}
+    with torch.no_grad():
+        for name, shape in CASES:
+            vae, z = vaes[name], _randn(shape)
+            ref = vae.decode(z).sample
+            before = dict(vae.__dict__)
+            handle = parallelize_vae(vae)
+            out["rel"].append(_rel(vae.decode(z).sample, ref))
+            handle.remove()
+            assert vae.__dict__.keys() == before.keys()
+            assert torch.equal(vae.decode(z).sample, ref)
+        out["bf16"] = _bf16_errors(vaes["sd"], _randn((1, 4, 7, 5)))
+        vae, z, x = vaes["sd"], _randn((1, 4, 8, 3)), _randn((1, 3, 20, 12))
+        single = _conv_flops(lambda: vae.decode(z))
+        enc = vae.encode(x).latent_dist.parameters
+        handle = parallelize_vae(vae)
+        out["flops"] = (_conv_flops(lambda: vae.decode(z)), single)
+        assert torch.equal(vae.encode(x).latent_dist.parameters, enc)  # stock, no collective
+        handle.remove()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_kl_decode_parallel(world):
+    results = run_gloo(_ranks, world, timeout_s=300)
+    for rank, res in enumerate(results):
+        for case, rel in zip(CASES, res["rel"]):
+            assert rel < 1e-5, (rank, case, rel)
+        stock, parallel = res["bf16"]
+        assert parallel <= 1.5 * stock + 1e-3, (rank, stock, parallel)
+        band, single = res["flops"]
+        rows = [8 // world + (r < 8 % world) for r in range(world)]
+        assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, band, single)
+
+
+def test_group_norm_single_rank_matches_stock():
+    """World size 1: the band-aware GroupNorm path (float64 statistics) against a float64
+    F.group_norm, with a large mean beside a small spread: no worse than the stock float32."""
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    vae = _vae("sd")
+    norm = vae.decoder.conv_norm_out
+    x = 100.0 + 0.01 * _randn((2, norm.num_channels, 5, 7))
+    stock = norm(x)
+    ref = torch.nn.functional.group_norm(x.double(), norm.num_groups, norm.weight.double(),
+                                         norm.bias.double(), norm.eps)
+    parallelize_vae(vae)
+    bands = vae._ditscale_parallel_vae.bands
+    bands.start(5)
+    try:
+        got = norm(x)
+    finally:
+        bands.stop()
+    assert _rel(got, ref) < max(1e-6, _rel(stock, ref))
+    assert _rel(got, stock) < 1e-3  # the stock float32 loses ~1e-4 here itself
+
+
+def _one_rank_decodes(rank, world):
+    """Both parallelize (a collective: the mesh of the group), then rank 0 decodes and rank 1
+    never joins: rank 0's first collective must end with an error within the group's timeout."""
+    import time
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    vae = _vae("sd")
+    parallelize_vae(vae)
+    if rank != 0:
+        time.sleep(12)
+        return None
+    start = time.monotonic()
+    try:
+        with torch.no_grad():
+            vae.decode(_randn((1, 4, 5, 3)))
+    except RuntimeError as e:  # gloo's timeout error, named by the layer
+        return time.monotonic() - start, type(e).__name__, str(e)
+    return time.monotonic() - start, None, "decoded alone"
+
+
+def test_rank_decoding_alone_times_out():
+    elapsed, error, message = run_gloo(_one_rank_decodes, 2, timeout_s=120, pg_timeout_s=4)[0]
+    assert error is not None, message
+    assert elapsed < 11, (elapsed, message)
+    assert message.startswith("parallelize_vae: AutoencoderKL.decode: a collective of the "
+                              "parallel VAE failed on rank 0"), message

@@ -68,12 +68,29 @@ def unparallelize(obj):
 
 
 def parallelize_pipeline(pipe, mesh=None, cfg_parallel: bool = True, strategy: str = "auto",
-                         **options):
-    """Sequence (and CFG) parallel ``pipe`` in place; returns it (docs/diffusers/pipelines.md).
+                         parallel_vae: bool = True, **options):
+    """Sequence (and CFG) parallel ``pipe`` in place, its VAE banded over every rank
+    (``parallel_vae``, docs/diffusers/vae.md); returns it (docs/diffusers/pipelines.md).
     :func:`unparallelize_pipeline` undoes it."""
     from ._sp_pipeline import parallelize_pipeline as _impl
 
-    return _impl(pipe, mesh=mesh, cfg_parallel=cfg_parallel, strategy=strategy, **options)
+    return _impl(pipe, mesh=mesh, cfg_parallel=cfg_parallel, strategy=strategy,
+                 parallel_vae=parallel_vae, **options)
+
+
+def parallelize_vae(vae, mesh=None):
+    """Bands ``vae``'s decode (and Wan's encode) over the mesh's ranks, exactly; returns a handle
+    whose ``remove()`` undoes it (docs/diffusers/vae.md)."""
+    from .parallel_vae import parallelize_vae as _impl
+
+    return _impl(vae, mesh=mesh)
+
+
+def unparallelize_vae(vae):
+    """Undoes :func:`parallelize_vae`: the stock module back."""
+    from .parallel_vae import unparallelize_vae as _impl
+
+    return _impl(vae)
 
 
 def unparallelize_pipeline(pipe):
@@ -103,5 +120,6 @@ def remove_fused_adaln(transformer):
 
 
 __all__ = ["SUPPORTED_TRANSFORMERS", "SUPPORTED_PIPELINES", "parallelize", "unparallelize",
-           "parallelize_pipeline", "unparallelize_pipeline", "apply_fused_adaln",
+           "parallelize_pipeline", "unparallelize_pipeline", "parallelize_vae",
+           "unparallelize_vae", "apply_fused_adaln",
            "remove_fused_adaln", "family_of"]

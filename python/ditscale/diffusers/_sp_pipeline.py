@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -23,6 +24,7 @@ from .. import sp
 from . import parallelize, unparallelize
 from ._classes import BASE_ATTR, SUPPORTED_PIPELINES, SUPPORTED_TRANSFORMERS, family_of
 from ._sp_plan import context_of
+from .parallel_vae import parallelize_vae, unparallelize_vae
 from .sp_cache import unsafe_stateful_hooks
 
 WHERE = "ditscale.diffusers.parallelize_pipeline"
@@ -222,6 +224,7 @@ class PipelineState:
     signature: inspect.Signature
     base: type  # the pipeline's diffusers class (unparallelize_pipeline restores it)
     transformers: List[Any] = field(default_factory=list)
+    vae: Any = None  # the VAE parallelize_vae banded (None: stock decode on every rank)
     mode: str = "idle"
     calls: int = 0  # transformer calls of the pipeline call in flight (for messages)
 
@@ -457,8 +460,23 @@ def _transformers(pipe, family: str, spec: PipelineSpec) -> list:
     return found
 
 
+def _parallel_vae(pipe, mesh: sp.Mesh, wanted: bool):
+    """The pipeline's VAE, banded over the whole mesh (every rank decodes the same latents),
+    or None: one rank, not wanted, or diffusers' tiling on (a warning: not composed yet)."""
+    vae = getattr(pipe, "vae", None)
+    if not wanted or vae is None or mesh.size == 1:
+        return None
+    if getattr(vae, "use_tiling", False):
+        warnings.warn(f"{WHERE}: the VAE has diffusers' tiling on, which the parallel VAE does "
+                      f"not compose with yet: every rank decodes the whole output (call "
+                      f"vae.disable_tiling() before parallelize_pipeline to band it)")
+        return None
+    parallelize_vae(vae, mesh=mesh)
+    return vae
+
+
 def parallelize_pipeline(pipe, mesh: Optional[sp.Mesh] = None, cfg_parallel: bool = True,
-                         strategy: str = "auto", **options):
+                         strategy: str = "auto", parallel_vae: bool = True, **options):
     """Sequence- (and CFG-) parallel ``pipe`` in place; returns it (see the module docstring).
 
     ``mesh``: a ``ditscale.sp.Mesh`` (None: the default process group's); ``cfg_parallel``:
@@ -468,9 +486,10 @@ def parallelize_pipeline(pipe, mesh: Optional[sp.Mesh] = None, cfg_parallel: boo
     family = family_of(pipe, SUPPORTED_PIPELINES, "pipeline", WHERE)
     if getattr(pipe, ATTR_PIPE, None) is not None:
         raise ValueError(f"{WHERE}: this {type(pipe).__name__} is already parallelized")
-    if not isinstance(cfg_parallel, bool):
-        raise TypeError(f"{WHERE}: cfg_parallel must be True or False, got "
-                        f"{type(cfg_parallel).__name__} {cfg_parallel!r}")
+    for name, flag in (("cfg_parallel", cfg_parallel), ("parallel_vae", parallel_vae)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{WHERE}: {name} must be True or False, got "
+                            f"{type(flag).__name__} {flag!r}")
     if mesh is None:
         mesh = sp.Mesh.from_process_group()
     elif not isinstance(mesh, sp.Mesh):
@@ -484,17 +503,18 @@ def parallelize_pipeline(pipe, mesh: Optional[sp.Mesh] = None, cfg_parallel: boo
     spec = SPECS[family]
     transformers = _transformers(pipe, family, spec)
     halves = make_halves(mesh) if cfg_parallel else None
-    done = []
+    done, vae = [], None
     try:
         for t in transformers:
             done.append(parallelize(t, mesh=mesh, strategy=strategy, **options))
+        vae = _parallel_vae(pipe, mesh, parallel_vae)
     except BaseException:
         for t in done:
             unparallelize(t)
         raise
     base = type(pipe)
     state = PipelineState(family, spec, mesh, halves, inspect.signature(base.__call__), base,
-                          transformers)
+                          transformers, vae)
     for t in transformers:
         names = list(inspect.signature(t.forward).parameters)
         setattr(t, ATTR_CFG, TransformerState(state, names, type(t)))
@@ -521,6 +541,8 @@ def unparallelize_pipeline(pipe):
         t.__class__ = t_state.base
         delattr(t, ATTR_CFG)
         unparallelize(t)
+    if state.vae is not None:
+        unparallelize_vae(state.vae)
     pipe.__class__ = state.base
     delattr(pipe, ATTR_PIPE)
     return pipe

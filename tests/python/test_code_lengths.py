@@ -70,6 +70,7 @@ def test_tests_are_exempt():
     assert lint.is_test("ditscale/sp/simulator_test.cc")
     assert lint.is_test("tests/python/test_serve.py")
     assert not lint.is_test("ditscale/sp/simulator.cc")
+    assert lint.is_test("lab/probes/adaln_probe.cu")  # experiments: not the library
 
 
 def test_long_files_and_allow_list(tmp_path, monkeypatch):

@@ -328,6 +328,16 @@ def test_unknown_choices_exit_2(capsys):
     assert "invalid choice: 'fast'" in capsys.readouterr().err
 
 
+def test_max_frames_follow_wans_rotary_table():
+    from ditscale.diffusers import tiny
+
+    wan = tiny.make_pipeline("wan")
+    assert cli.limits_of(wan, options.parse(["--pipeline", "wan", "--max-frames", "253"])
+                         ).max_frames == 253
+    with pytest.raises(ValueError, match="--max-frames: 1025 is above 253, the most frames"):
+        cli.limits_of(wan, options.parse(["--pipeline", "wan", "--max-frames", "1025"]))
+
+
 def test_limits_follow_the_model():
     from ditscale.diffusers import tiny
 

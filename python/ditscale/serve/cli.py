@@ -74,7 +74,8 @@ def limits_of(pipe, opts: ServeOptions) -> Limits:
         raise ValueError(f"--max-size: {max_size} is below the pipeline's pixel multiple "
                          f"{rule.pixel_multiple}")
     video = opts.pipeline in tiny.VIDEO_PIPELINES
-    default = _fit_default(opts, size, rule, max_size)
+    max_frames = _max_frames(opts, size, rule)
+    default = _fit_default(opts, size, rule, max_size, max_frames)
     return Limits(
         pipeline=opts.pipeline, video=video, pixel_multiple=rule.pixel_multiple,
         frame_step=rule.frame_step, text_width=width, pooled_width=pooled,
@@ -82,12 +83,25 @@ def limits_of(pipe, opts: ServeOptions) -> Limits:
         has_encoders=generation.has_text_encoders(pipe, f"--weights {opts.weights}"),
         default_size=default, default_steps=opts.steps,
         default_guidance=generation.DEFAULT_GUIDANCE[opts.pipeline], max_size=max_size,
-        max_frames=opts.max_frames if video else 1, max_steps=opts.max_steps,
+        max_frames=max_frames if video else 1, max_steps=opts.max_steps,
         max_batch=opts.max_batch, max_n=opts.max_n, max_timeout_s=opts.request_timeout_s,
         stand_in_tokens=opts.text_tokens)
 
 
-def _fit_default(opts: ServeOptions, size: str, rule, max_size: int):
+def _max_frames(opts: ServeOptions, size: str, rule) -> int:
+    """--max-frames within the model's frame limit (Wan's rotary table): the size's default is
+    lowered to it (logged), a larger value the user gave is refused."""
+    if not rule.max_frames or opts.max_frames <= rule.max_frames:
+        return opts.max_frames
+    if opts.max_frames != SIZE_LIMITS[size][1]:
+        raise ValueError(f"--max-frames: {opts.max_frames} is above {rule.max_frames}, the most "
+                         f"frames the model covers ({rule.limit})")
+    log(f"max frames: {rule.max_frames} (the default {opts.max_frames} is above the most the "
+        f"model covers: {rule.limit})")
+    return rule.max_frames
+
+
+def _fit_default(opts: ServeOptions, size: str, rule, max_size: int, max_frames: int):
     """The default (height, width, frames) of a request: the size's own, fitted within
     ``max_size`` (the aspect kept, sides down to the pixel multiple) and ``--max-frames`` (1 +
     k * the frame step), logged when fitted: a default nobody gave is never a reason to
@@ -102,11 +116,11 @@ def _fit_default(opts: ServeOptions, size: str, rule, max_size: int):
         h, w = fitted
     if opts.pipeline not in tiny.VIDEO_PIPELINES:
         return h, w, frames
-    cap = min(frames, opts.max_frames)
+    cap = min(frames, max_frames)
     fitted = cap - (cap - 1) % rule.frame_step  # the largest 1 + k * step within the cap
     if fitted != frames:
         log(f"default frames: {fitted} ({frames} of {opts.pipeline} ({size}) is above "
-            f"--max-frames {opts.max_frames} or breaks the frame rule 1 + k * "
+            f"--max-frames {max_frames} or breaks the frame rule 1 + k * "
             f"{rule.frame_step})")
     return h, w, fitted
 

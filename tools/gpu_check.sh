@@ -35,7 +35,7 @@ pip_install() {
 }
 case $MODE in
 full)
-  step configure 300 cmake -S . -B "$BUILD" -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF \
+  step configure 300 cmake -S . -B "$BUILD" -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF -DDITSCALE_BUILD_LAB=ON \
        -DDITSCALE_CUDA_ARCHS=90a -DPython3_EXECUTABLE="$(command -v $PY)"
   step build 600 cmake --build "$BUILD" -j"$JOBS"
   [ "${SKIP_CPU_TESTS:-0}" = 1 ] || step ctest-cpu 300 ctest --test-dir "$BUILD" -LE gpu --output-on-failure -j"$JOBS"

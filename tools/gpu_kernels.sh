@@ -30,7 +30,7 @@ if ! timeout 30 "$TEST" --gtest_list_tests >/dev/null 2>&1 || ! [ -x "$BENCH" ];
   echo "== prebuilt binaries do not run here: building"
   B=build-adaln-gpu
   t0=$(date +%s)
-  { timeout 200 cmake -S . -B $B -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF \
+  { timeout 200 cmake -S . -B $B -G Ninja -DDITSCALE_CUDA=ON -DDITSCALE_TORCH=OFF -DDITSCALE_BUILD_LAB=ON \
       -DDITSCALE_CUDA_ARCHS=90a &&
     timeout 420 cmake --build $B -j"$(nproc)" --target adaln_gpu_test adaln_kernel_bench \
       adaln_probe; } \

@@ -242,13 +242,22 @@ def test_block_caches_need_two_blocks():
     assert "WanTransformer3DModel has 1" in message, message
 
 
-def test_refused_at_make_cache_consistent_when_enabled_before():
-    pipe = dd.parallelize_pipeline(make("wan"))
+def test_refused_at_parallelize_when_enabled_before():
+    pipe = make("wan")
     pipe.transformer.enable_cache(diffusers.hooks.TextKVCacheConfig())
-    message = _refusal(lambda: sp_cache.make_cache_consistent(pipe.transformer))
+    message = _refusal(lambda: dd.parallelize_pipeline(pipe))
     assert "TextKVCacheConfig is refused" in message, message
+    assert not hasattr(pipe, "_ditscale_pipeline")  # refused before any change stayed
+    assert "enable_cache" not in pipe.transformer.__dict__
     message = _refusal(lambda: sp_cache.make_cache_consistent(make("wan").transformer))
     assert "is not parallelized" in message, message
+
+
+def test_refused_at_enable_cache_after_parallelize():
+    pipe = dd.parallelize_pipeline(make("wan"))
+    message = _refusal(lambda: pipe.transformer.enable_cache(
+        diffusers.hooks.TextKVCacheConfig()))
+    assert "TextKVCacheConfig is refused" in message, message
 
 
 def test_fbc_enabled_before_is_converted_and_the_undo_restores_the_stock_cache():

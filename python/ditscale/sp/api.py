@@ -13,7 +13,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .config import ENV_COMM_SMS, ENV_TOPOLOGY, Config, config_text, make_config
-from .custom_op import attention_op, mesh_args, refuse_grad
+from .custom_op import attention_op, mesh_args
+from .grad import refuse_grad
 from .meshes import Mesh, check_transport_on_mesh
 
 
@@ -97,8 +98,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     A mesh of one rank runs SDPA here (differentiable, traced by torch.compile as SDPA); more
     ranks run the custom op ``torch.ops.ditscale_sp.attention`` (custom_op.py, then
     dispatch.py): CUDA tensors on the GPU runtime, CPU tensors on the CPU executor over gloo
-    (two-sided transports only). It has no backward: on more than one rank, inputs that require grad while grad mode is on are
-    refused (NotImplementedError: sequence-parallel training is not supported yet)."""
+    (two-sided transports only). On more than one rank, gradients flow for strategy "ulysses"
+    on CPU tensors (grad.py); elsewhere inputs that require grad while grad mode is on are
+    refused (NotImplementedError naming the strategies with a backward)."""
     where = "ditscale.sp.attention"
     joint = joint_q is not None
     if (joint_k is None) != (joint_q is None) or (joint_v is None) != (joint_q is None):
@@ -112,7 +114,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     if mesh is None or mesh.size == 1:  # nothing to transport: any transport
         out, jout = _local_attention(q, k, v, joint_q, joint_k, joint_v)
         return (out, jout) if joint else out
-    refuse_grad(where, mesh.size, (q, k, v, joint_q, joint_k, joint_v))
+    refuse_grad(where, mesh.size, (q, k, v, joint_q, joint_k, joint_v), cfg)
     if cfg.one_sided and not q.is_cuda:
         raise ValueError(f"{where}: transport {cfg.transport!r} is one-sided (NVSHMEM: CUDA "
                          f"tensors only); {q.device.type} tensors run the two-sided transport "

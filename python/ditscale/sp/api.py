@@ -1,8 +1,9 @@
 """ditscale.sp.attention: the public entry of sequence-parallel attention (docs/sp.md). Checks
 the call (configuration, tensors, autograd), runs SDPA when one rank holds everything, and hands
 a mesh of more ranks to the custom op ``torch.ops.ditscale_sp.attention`` (custom_op.py), whose
-kernel dispatches to the GPU or CPU runtime (dispatch.py). The chain, no cycle:
-api -> custom_op -> dispatch -> gpu_runtime | cpu_runtime.
+kernel dispatches to the GPU or CPU runtime (dispatch.py), and whose Autograd kernel applies
+grad.py's backward where the call has one. The chain, no cycle:
+api -> custom_op -> grad -> dispatch -> gpu_runtime | cpu_runtime.
 """
 
 from __future__ import annotations

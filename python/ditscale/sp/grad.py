@@ -59,7 +59,8 @@ class _Attention(torch.autograd.Function):
         kept = cpu_backward.saved_buffers(prog)
         ctx.save_for_backward(*(bufs[i] for i in kept))
         ctx.kept, ctx.prog, ctx.pg, ctx.seconds = kept, prog, pg, seconds
-        ctx.dtypes = tuple(None if t is None else t.dtype for t in (q, k, v) + (joint or (None,) * 3))
+        inputs = (q, k, v, joint_q, joint_k, joint_v)
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
         if jout is None:
             jout = q.new_empty(q.shape[0], 0, q.shape[2], q.shape[3])
         return out, jout

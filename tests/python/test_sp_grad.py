@@ -162,6 +162,11 @@ def _refusals(rank, world):
             sp.attention(q, q, q, mesh=sp.Mesh(*mesh), strategy=strategy)
         except NotImplementedError as e:
             caught[strategy] = str(e)
+    try:  # no backward on the GPU runtime (meta tensors are refused the same way)
+        m = torch.randn(1, 4, 2, 8, device="meta", requires_grad=True)
+        sp.attention(m, m, m, mesh=sp.Mesh(1, 2), strategy="ulysses")
+    except NotImplementedError as e:
+        caught["meta"] = str(e)
     try:
         custom_op.attention_op(q, q, q, None, None, None, *custom_op.mesh_args(sp.Mesh(1, 2)),
                                config_text(sp.make_config("t", strategy="ring")))
@@ -170,12 +175,41 @@ def _refusals(rank, world):
     return caught
 
 
-@pytest.mark.parametrize("unused", [None])
-def test_other_strategies_refuse_inputs_that_require_grad(unused):
+def test_other_strategies_refuse_inputs_that_require_grad():
     for caught in run_gloo(_refusals, 2, timeout_s=90):
-        assert sorted(caught) == sorted([s for s, _ in OTHERS] + ["op"])
+        assert sorted(caught) == sorted([s for s, _ in OTHERS] + ["op", "meta"])
         for strategy, msg in caught.items():
-            name = "ring" if strategy == "op" else strategy
-            assert f"not supported yet for strategy {name!r} on cpu tensors" in msg, msg
+            name = {"op": "ring", "meta": "ulysses"}.get(strategy, strategy)
+            device = "meta" if strategy == "meta" else "cpu"
+            assert f"not supported yet for strategy {name!r} on {device} tensors" in msg, msg
             assert "(gradients: strategy 'ulysses' on CPU tensors over gloo)" in msg
         assert caught["op"].startswith("ditscale_sp::attention: q, k, v require grad")
+
+
+def _lonely_backward(rank, world):
+    """Rank 1 never runs the backward: rank 0's fails within the group's timeout, naming the
+    transfer (no hang); rank 1's double backward is refused before any transfer."""
+    import ditscale.sp as sp
+    q = torch.randn(1, 4, 2, 8, requires_grad=True)
+    out = sp.attention(q, q, q, mesh=sp.Mesh(1, world), strategy="ulysses")
+    twice = None
+    if rank == 1:
+        try:
+            torch.autograd.grad(out.sum(), q, create_graph=True)
+        except NotImplementedError as e:
+            twice = str(e)
+        return twice
+    try:
+        torch.autograd.grad(out.sum(), q)  # no transfer matched: rank 1's failed at once
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_a_backward_without_its_peer_fails_within_the_timeout():
+    lonely, twice = run_gloo(_lonely_backward, 2, timeout_s=90, pg_timeout_s=5)
+    assert lonely is not None and lonely.startswith("ditscale.sp (CPU backward): rank 0: "
+                                                    "gradient of "), lonely
+    assert "did not complete within 5 s" in lonely
+    assert twice == ("ditscale.sp.attention: no double backward on more than one rank "
+                     "(create_graph=True)")

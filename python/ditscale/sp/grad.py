@@ -67,6 +67,9 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, djout):
+        if torch.is_grad_enabled():  # create_graph=True: the backward is not differentiable
+            raise NotImplementedError("ditscale.sp.attention: no double backward on more than "
+                                      "one rank (create_graph=True)")
         saved = dict(zip(ctx.kept, ctx.saved_tensors))
         grads_out = {"out": dout}
         if ctx.prog.io["text_out"] >= 0:

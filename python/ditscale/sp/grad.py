@@ -13,6 +13,7 @@ gradient of the sum of every rank's loss. docs/sp.md ("Gradients").
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import cpu_backward, cpu_runtime
 from .config import Config
@@ -24,8 +25,10 @@ _NAMES = ("q", "k", "v", "joint_q", "joint_k", "joint_v")
 
 
 def has_backward(cfg: Config, q: torch.Tensor) -> bool:
-    """Whether the multi-rank op differentiates cfg on q's device."""
-    return cfg.strategy in GRAD_STRATEGIES and q.device.type == "cpu"
+    """Whether the multi-rank op differentiates cfg on q's device (eagerly: torch.compile does
+    not trace the backward yet)."""
+    return (cfg.strategy in GRAD_STRATEGIES and q.device.type == "cpu"
+            and not torch.compiler.is_compiling() and not is_fake(q))
 
 
 def refuse_grad(where: str, ranks: int, tensors, cfg: Config) -> None:
@@ -40,9 +43,13 @@ def refuse_grad(where: str, ranks: int, tensors, cfg: Config) -> None:
     raise NotImplementedError(
         f"{where}: {', '.join(needs)} require grad on a mesh of {ranks} ranks: "
         f"sequence-parallel training is not supported yet for strategy {cfg.strategy!r} on "
-        f"{tensors[0].device.type} tensors (gradients: strategy {supported} on CPU tensors over "
-        f"gloo); run it under torch.no_grad() or torch.inference_mode(), or detach the inputs "
-        f"(one rank: autograd works)")
+        f"{tensors[0].device.type} tensors{_compiled()} (gradients: strategy {supported} on "
+        f"CPU tensors over gloo, eagerly); run it under torch.no_grad() or "
+        f"torch.inference_mode(), or detach the inputs (one rank: autograd works)")
+
+
+def _compiled() -> str:
+    return " under torch.compile" if torch.compiler.is_compiling() else ""
 
 
 class _Attention(torch.autograd.Function):

@@ -1,7 +1,8 @@
 """Gradients of the multi-rank ditscale.sp.attention on CPU tensors over gloo (gloo_util.run_gloo)
 against dense float64 autograd on one process: strategy "ulysses" (1 and 2 head chunks) on 2 and
 4 ranks, odd token counts, joint text tokens, GQA, uneven head groups, batch 2, float32 and
-bfloat16, the custom op called directly, only some inputs requiring grad, the same bits twice;
+bfloat16, the custom op called directly, only some inputs requiring grad, the same bits twice,
+two subgroups of 2 ranks at once;
 a backward whose peer never comes fails within the timeout, a double backward is refused; every
 other strategy, another device and torch.compile still refused with inputs that require grad.
 
@@ -219,3 +220,32 @@ def test_a_backward_without_its_peer_fails_within_the_timeout():
     assert "did not complete within 5 s" in lonely
     assert twice == ("ditscale.sp.attention: no double backward on more than one rank "
                      "(create_graph=True)")
+
+
+def _subgroups(rank, world):
+    """Two meshes of 2 ranks at once ({0, 1} and {2, 3}: subgroups, ranks of the group differ
+    from the global ones), each against its own dense reference."""
+    import torch.distributed as dist
+
+    import ditscale.sp as sp
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    pair, local = divmod(rank, 2)
+    shape = (1, 9, 3, 4, 2, 8, F32)
+    full, ups, dense, _ = _reference(shape, 50 + pair, 2)
+    begin, count = sp.shard_range(9, 2, local)
+    mine = [x[:, 3 + begin:3 + begin + count].float().requires_grad_() for x in full]
+    joint = [x[:, :3].float().requires_grad_() for x in full]
+    out, jout = sp.attention(*mine, mesh=sp.Mesh(1, 2, groups[pair]), strategy="ulysses",
+                             joint_q=joint[0], joint_k=joint[1], joint_v=joint[2])
+    (out.double().mul(ups[local][0]).sum() + jout.double().mul(ups[local][1]).sum()).backward()
+    errs = [(x.grad.double() - w[:, 3 + begin:3 + begin + count]).abs().max().item()
+            for x, w in zip(mine, dense)]
+    for x, w in zip(joint, dense):
+        total = x.grad.double()
+        dist.all_reduce(total, group=groups[pair])
+        errs.append((total - w[:, :3]).abs().max().item())
+    return max(errs)
+
+
+def test_ulysses_gradients_on_two_subgroups_at_once():
+    assert max(run_gloo(_subgroups, 4, timeout_s=120)) < 2e-5

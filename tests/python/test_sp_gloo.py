@@ -3,7 +3,8 @@ against dense attention of the gathered inputs (float64 on one process): every s
 count on meshes 1 x 2, 2 x 1, 1 x 4 and 2 x 2, strategy "auto", odd token counts, joint text, GQA,
 uneven Ulysses head groups, batch 2, float32 / bfloat16 / float16; the errors (one-sided transport
 on CPU, mixed devices, shapes that differ within the call or across ranks, inputs that require
-grad on more than one rank); torch.compile with
+grad on more than one rank for a strategy without a backward: test_sp_grad.py has the
+gradients); torch.compile with
 fullgraph=True through the custom op torch.ops.ditscale_sp.attention on 1 and 2 ranks.
 
 Each world size is one run_gloo call whose children run every case (spawning and importing torch
@@ -257,7 +258,8 @@ def test_inputs_requiring_grad_are_refused_on_two_ranks():
     for refused, errs, requires_grad in run_gloo(_grad, 2, timeout_s=90):
         for name, msg in zip(("q", "k", "v"), refused):
             assert msg is not None and msg.startswith(f"ditscale.sp.attention: {name} require")
-            assert "on a mesh of 2 ranks: sequence-parallel training is not supported yet" in msg
+            assert "on a mesh of 2 ranks: sequence-parallel training is not supported yet for " \
+                   "strategy 'ring' on cpu tensors (gradients: strategy 'ulysses'" in msg
         assert "q, k, v, joint_q, joint_k, joint_v require grad" in refused[3]
         assert refused[4].startswith("ditscale_sp::attention: q, k, v require grad on a mesh "
                                      "of 2 ranks: sequence-parallel training is not supported")

@@ -18,14 +18,15 @@ topology; validated when made), taken by attention, plan, predict, describe and 
 ``config=``, each also taking the same fields as keyword overrides. The result is dense,
 non-causal attention (scale 1/sqrt(D)) of the local queries over all tokens of all ranks, joint
 text tokens first. On more than one rank it runs the custom op ``torch.ops.ditscale_sp.attention``
-(traced by ``torch.compile``): CUDA tensors on NCCL / NVSHMEM, CPU tensors over gloo; it has no
-backward yet, so inputs that require grad are refused there. Strategies, transports, emulated
+(traced by ``torch.compile``): CUDA tensors on NCCL / NVSHMEM, CPU tensors over gloo; it has a
+backward for strategy "ulysses" on CPU tensors (grad.py) and refuses inputs that require grad
+elsewhere. Strategies, transports, emulated
 machines, the environment and the experiment variants (ditscale._experimental): docs/sp.md.
 
-Modules, a chain with no cycle: api (attention) -> custom_op -> dispatch -> gpu_runtime
+Modules, a chain with no cycle: api (attention) -> custom_op -> grad -> dispatch -> gpu_runtime
 (SpRuntime; synchronize, describe, set_trace, timeline) | cpu_runtime (gloo: cpu_executor,
-cpu_kernels); config (Config, its text encoding), meshes, planning (plan, predict: _core, no
-torch) below them.
+cpu_backward, cpu_kernels); config (Config, its text encoding), meshes, planning (plan,
+predict: _core, no torch) below them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """ditscale.sp.attention: the public entry of sequence-parallel attention (docs/sp.md). Checks
 the call (configuration, tensors, autograd), runs SDPA when one rank holds everything, and hands
 a mesh of more ranks to the custom op ``torch.ops.ditscale_sp.attention`` (custom_op.py), whose
-kernel dispatches to the GPU or CPU runtime (dispatch.py). The chain, no cycle:
-api -> custom_op -> dispatch -> gpu_runtime | cpu_runtime.
+kernel dispatches to the GPU or CPU runtime (dispatch.py), and whose Autograd kernel applies
+grad.py's backward where the call has one. The chain, no cycle:
+api -> custom_op -> grad -> dispatch -> gpu_runtime | cpu_runtime.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .config import ENV_COMM_SMS, ENV_TOPOLOGY, Config, config_text, make_config
-from .custom_op import attention_op, mesh_args, refuse_grad
+from .custom_op import attention_op, mesh_args
+from .grad import refuse_grad
 from .meshes import Mesh, check_transport_on_mesh
 
 
@@ -97,8 +99,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     A mesh of one rank runs SDPA here (differentiable, traced by torch.compile as SDPA); more
     ranks run the custom op ``torch.ops.ditscale_sp.attention`` (custom_op.py, then
     dispatch.py): CUDA tensors on the GPU runtime, CPU tensors on the CPU executor over gloo
-    (two-sided transports only). It has no backward: on more than one rank, inputs that require grad while grad mode is on are
-    refused (NotImplementedError: sequence-parallel training is not supported yet)."""
+    (two-sided transports only). On more than one rank, gradients flow for strategy "ulysses"
+    on CPU tensors (grad.py); elsewhere inputs that require grad while grad mode is on are
+    refused (NotImplementedError naming the strategies with a backward)."""
     where = "ditscale.sp.attention"
     joint = joint_q is not None
     if (joint_k is None) != (joint_q is None) or (joint_v is None) != (joint_q is None):
@@ -112,7 +115,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mesh: Option
     if mesh is None or mesh.size == 1:  # nothing to transport: any transport
         out, jout = _local_attention(q, k, v, joint_q, joint_k, joint_v)
         return (out, jout) if joint else out
-    refuse_grad(where, mesh.size, (q, k, v, joint_q, joint_k, joint_v))
+    refuse_grad(where, mesh.size, (q, k, v, joint_q, joint_k, joint_v), cfg)
     if cfg.one_sided and not q.is_cuda:
         raise ValueError(f"{where}: transport {cfg.transport!r} is one-sided (NVSHMEM: CUDA "
                          f"tensors only); {q.device.type} tensors run the two-sided transport "

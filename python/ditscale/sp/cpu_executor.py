@@ -217,6 +217,16 @@ def execute(prog: Program, pg, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     group (ranks of the program = its ranks). Returns (out [B, S_local, H, d], text_out
     [B, T, H, d] or None), float32, never requiring grad. A transfer that does not complete
     within ``timeout_s`` is a RuntimeError naming the op."""
+    out, text_out, _ = execute_kept(prog, pg, q, k, v, joint, timeout_s)
+    return out, text_out
+
+
+@torch.no_grad()
+def execute_kept(prog: Program, pg, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 joint: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 timeout_s: float = 120.0):
+    """:func:`execute`, also returning every buffer of the run (a list by buffer index: the
+    backward keeps those its attention ops read, cpu_backward.py)."""
     f32 = {"q": q, "k": k, "v": v}
     if joint is not None:
         f32.update(text_q=joint[0], text_k=joint[1], text_v=joint[2])
@@ -238,4 +248,4 @@ def execute(prog: Program, pg, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise run.error
     out = run.bufs[prog.io["out"]]
     text_out = run.bufs[prog.io["text_out"]] if prog.io["text_out"] >= 0 else None
-    return out, text_out
+    return out, text_out, run.bufs

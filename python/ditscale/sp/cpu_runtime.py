@@ -126,6 +126,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               joint: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], mesh: Mesh,
               cfg: Config, where: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out, text_out or None) in q's dtype: the schedule of cfg run on this rank."""
+    out, text_out, _ = attention_kept(q, k, v, joint, mesh, cfg, where)
+    return out, text_out
+
+
+def attention_kept(q, k, v, joint, mesh: Mesh, cfg: Config, where: str):
+    """:func:`attention`, also returning (program, process group, timeout in s, the run's
+    buffers) for the backward (grad.py)."""
     check_gloo(mesh, where)
     text = 0 if joint is None else joint[0].shape[1]
     shape = dict(batch=q.shape[0], seq=seq_total(mesh, q, k, text, where), text=text,
@@ -137,6 +144,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            f"schedule ({prog.description}) gives it {prog.image_tokens[1]} of "
                            f"{shape['seq']}")
     pg = process_group(mesh)
-    out, text_out = cpu_executor.execute(prog, pg, q, k, v, joint, timeout_s(pg))
+    seconds = timeout_s(pg)
+    out, text_out, bufs = cpu_executor.execute_kept(prog, pg, q, k, v, joint, seconds)
     out = out.to(q.dtype)
-    return out, None if text_out is None else text_out.to(q.dtype)
+    text_out = None if text_out is None else text_out.to(q.dtype)
+    return out, text_out, (prog, pg, seconds, bufs)

@@ -7,8 +7,9 @@ with a fake kernel, so that ``torch.compile`` (fullgraph too) traces through it.
 q [B, S_local, H, D], k, v [B, S_local, Hk, D], joint_* [B, T, H or Hk, D] or None; the mesh as
 its process group's name ("" = default) and shape (:func:`mesh_args`: constants of a graph); the
 Config as its one text (config.config_text, after make_config). Returns new tensors (out, joint_out
-[B, T or 0, H, D]). Kernel: dispatch.distributed_attention (one for every device); Autograd: refuses
-inputs that require grad (no backward yet). A ``torch.library.Library`` fragment, not
+[B, T or 0, H, D]). Kernel: dispatch.distributed_attention (one for every device); Autograd:
+inputs that require grad run grad.attention where the call has a backward (grad.GRAD_STRATEGIES
+on CPU tensors) and are refused elsewhere. A ``torch.library.Library`` fragment, not
 ``torch.library.custom_op`` (whose eager calls import torch._dynamo and cost ~10 us more).
 docs/sp.md ("torch.compile").
 """
@@ -21,8 +22,10 @@ import torch
 import torch.distributed as dist
 
 from .. import _extension  # noqa: F401  keys torch.compile's caches to this build of ditscale
+from . import grad
 from .config import config_of_text
 from .dispatch import distributed_attention
+from .grad import refuse_grad
 from .meshes import Mesh
 
 # (group name, machines, gpus_per_machine, the group object's id) -> the Mesh the kernel runs on.
@@ -76,27 +79,16 @@ def _attention_impl(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gp
 _LIB.impl("attention", _attention_impl, "CompositeExplicitAutograd")
 
 
-def refuse_grad(where: str, ranks: int, tensors) -> None:
-    """Refuses inputs (q, k, v, joint_q, joint_k, joint_v; None skipped) that autograd would
-    record: the op has no backward yet, and a graph through it would give wrong gradients."""
-    if not torch.is_grad_enabled():
-        return
-    named = zip(("q", "k", "v", "joint_q", "joint_k", "joint_v"), tensors)
-    needs = [name for name, t in named if t is not None and t.requires_grad]
-    if needs:
-        raise NotImplementedError(
-            f"{where}: {', '.join(needs)} require grad on a mesh of {ranks} ranks: "
-            f"sequence-parallel training is not supported yet (the multi-rank attention has no "
-            f"backward); run it under torch.no_grad() or torch.inference_mode(), or detach the "
-            f"inputs (one rank: autograd works)")
-
-
 def _attention_autograd(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
                         gpus_per_machine, config):
-    """The op's Autograd kernel: inputs that require grad are refused (never a partial graph);
-    others run the kernel below autograd."""
-    refuse_grad("ditscale_sp::attention", machines * gpus_per_machine,
-                (q, k, v, joint_q, joint_k, joint_v))
+    """The op's Autograd kernel: inputs that require grad run grad.attention (a
+    torch.autograd.Function) where the call has a backward and are refused elsewhere (never a
+    partial graph); others run the kernel below autograd."""
+    tensors = (q, k, v, joint_q, joint_k, joint_v)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        cfg = config_of_text(config)
+        refuse_grad("ditscale_sp::attention", machines * gpus_per_machine, tensors, cfg)
+        return grad.attention(*tensors, mesh_of(group_name, machines, gpus_per_machine), cfg)
     with torch._C._AutoDispatchBelowAutograd():
         return attention_op(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
                             gpus_per_machine, config)

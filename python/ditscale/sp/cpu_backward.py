@@ -1,0 +1,153 @@
+"""The backward of one rank's CPU program (cpu_executor.py) whose ops write every region once and
+merge nothing (the Ulysses schedules): the forward program transposed, op by op in reverse order,
+on float32 gradient buffers shaped like the forward's.
+
+- Copy / Pack / Unpack ``dst <- src``: ``g[src] += g[dst]``;
+- Send of ``src`` to a peer: a Recv of the peer's gradient, added to ``g[src]``;
+- Recv into ``dst`` from a peer: a Send of ``g[dst]`` back to it (the same tag, offset by
+  :data:`GRAD_TAG_BASE`);
+- Attention ``dst, dst_lse <- (src, key, value)``: the block's backward from the saved
+  (q, k, v, out, lse) (cpu_kernels.attention_lse_backward), added to ``g[src], g[key],
+  g[value]``.
+
+Transfers are posted at once; a gradient buffer is read or added to only after every Recv posted
+into it has landed (added in posting order: deterministic). A transfer that does not complete
+within the timeout fails naming the op. docs/sp.md ("Gradients").
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Dict, List, Tuple
+
+import torch
+
+from .cpu_executor import TAG_BASE, Op, Program, Region
+from .cpu_kernels import attention_lse_backward
+
+# Gradient transfers' tags: the forward op's tag plus this (forward tags are < 2^18).
+GRAD_TAG_BASE = TAG_BASE + (1 << 20)
+_COPIES = ("Copy", "Pack", "Unpack")
+_INPUTS = ("q", "k", "v", "text_q", "text_k", "text_v")
+
+
+def check_transposable(prog: Program, where: str) -> None:
+    """ValueError unless ``prog`` merges nothing and writes every region at most once (what
+    the transposition needs: no value it reads is ever overwritten)."""
+    written: Dict[int, List[Tuple[int, int, int, int]]] = {}
+    for op in prog.ops:
+        if op.kind == "Merge":
+            raise ValueError(f"{where}: {prog.description}: op #{op.index} '{op.label}' merges "
+                             f"partial results; its backward is not implemented")
+        for r in (op.dst, op.dst_lse):
+            if r is None:
+                continue
+            b, t0, nt, h0, nh = r
+            for u0, nu, g0, ng in written.get(b, ()):
+                if t0 < u0 + nu and u0 < t0 + nt and h0 < g0 + ng and g0 < h0 + nh:
+                    raise ValueError(f"{where}: {prog.description}: op #{op.index} "
+                                     f"'{op.label}' overwrites a region written before; its "
+                                     f"backward is not implemented")
+            written.setdefault(b, []).append((t0, nt, h0, nh))
+
+
+def saved_buffers(prog: Program) -> Tuple[int, ...]:
+    """The buffers the backward reads: those of the attention ops (q, k, v, out, lse)."""
+    used = set()
+    for op in prog.ops:
+        if op.kind == "Attention":
+            used.update(r[0] for r in (op.src, op.key, op.value, op.dst, op.dst_lse))
+    return tuple(sorted(used))
+
+
+class _Backward:
+    """One backward run: gradient buffers (zeros on first use), posted transfers."""
+
+    def __init__(self, prog: Program, pg, saved: Dict[int, torch.Tensor], batch: int,
+                 timeout_s: float):
+        self.prog, self.pg, self.saved = prog, pg, saved
+        self.batch = batch
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
+        self.grads: Dict[int, torch.Tensor] = {}
+        self.pending: Dict[int, List[Tuple[Op, object, torch.Tensor]]] = {}
+        self.sends: List[Tuple[Op, object, torch.Tensor]] = []
+
+    def grad(self, r: Region) -> torch.Tensor:
+        """The gradient of region r (every Recv into its buffer landed first)."""
+        b, t0, nt, h0, nh = r
+        self._land(b)
+        if b not in self.grads:
+            _, _, _, tokens, heads, width = self.prog.buffers[b]
+            self.grads[b] = torch.zeros(self.batch, tokens, heads, width)
+        return self.grads[b][:, t0:t0 + nt, h0:h0 + nh]
+
+    def value(self, r: Region) -> torch.Tensor:
+        b, t0, nt, h0, nh = r
+        return self.saved[b][:, t0:t0 + nt, h0:h0 + nh]
+
+    def _wait(self, op: Op, work) -> None:
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"ditscale.sp (CPU backward): rank {self.prog.rank}: gradient of "
+                               f"{op.kind} '{op.label}' with rank {op.peer} (tag {op.tag}) did "
+                               f"not complete within {self.timeout_s:g} s: {e}") from None
+
+    def _land(self, b: int) -> None:
+        for op, work, land in self.pending.pop(b, ()):
+            self._wait(op, work)
+            self.grad(op.src).add_(land)
+
+    def step(self, op: Op) -> None:
+        if op.kind in _COPIES:
+            self.grad(op.src).add_(self.grad(op.dst))
+        elif op.kind == "Recv":  # the gradient of what arrived goes back to its sender
+            data = self.grad(op.dst).contiguous()
+            self.sends.append((op, self.pg.send([data], op.peer, GRAD_TAG_BASE + op.tag), data))
+        elif op.kind == "Send":  # the gradient of what was sent comes back
+            b, _, nt, _, nh = op.src
+            land = torch.empty(self.batch, nt, nh, self.prog.buffers[b][5])
+            work = self.pg.recv([land], op.peer, GRAD_TAG_BASE + op.tag)
+            self.pending.setdefault(b, []).append((op, work, land))
+        elif op.kind == "Attention":
+            dq, dk, dv = attention_lse_backward(
+                self.grad(op.dst), self.value(op.src), self.value(op.key), self.value(op.value),
+                self.value(op.dst), self.value(op.dst_lse))
+            self.grad(op.src).add_(dq)
+            self.grad(op.key).add_(dk)
+            self.grad(op.value).add_(dv)
+        else:
+            raise ValueError(f"ditscale.sp (CPU backward): op #{op.index} '{op.label}' is a "
+                             f"{op.kind}: no backward")
+
+    def finish(self) -> None:
+        for b in sorted(self.pending):
+            self._land(b)
+        for op, work, _ in self.sends:
+            self._wait(op, work)
+
+
+@torch.no_grad()
+def backward(prog: Program, pg, saved: Dict[int, torch.Tensor],
+             grads_out: Dict[str, torch.Tensor], batch: int,
+             timeout_s: float) -> Dict[str, torch.Tensor]:
+    """The gradients (float32) of prog's inputs ("q", "k", "v", "text_q", ...: those the program
+    has) from those of its outputs (``grads_out``: "out", "text_out") and the forward's
+    ``saved`` buffers (by index: :func:`saved_buffers`)."""
+    run = _Backward(prog, pg, saved, batch, timeout_s)
+    for name, g in grads_out.items():
+        b = prog.io[name]
+        if b >= 0:
+            run.grads[b] = g.float().contiguous().clone()
+    for op in reversed(prog.ops):
+        run.step(op)
+    run.finish()
+    result = {}
+    for name in _INPUTS:
+        b = prog.io[name]
+        if b >= 0:
+            _, _, _, tokens, heads, width = prog.buffers[b]
+            result[name] = run.grad((b, 0, tokens, 0, heads))
+    return result
+

@@ -1,0 +1,251 @@
+"""Gradients of the multi-rank ditscale.sp.attention on CPU tensors over gloo (gloo_util.run_gloo)
+against dense float64 autograd on one process: strategy "ulysses" (1 and 2 head chunks) on 2 and
+4 ranks, odd token counts, joint text tokens, GQA, uneven head groups, batch 2, float32 and
+bfloat16, the custom op called directly, only some inputs requiring grad, the same bits twice,
+two subgroups of 2 ranks at once;
+a backward whose peer never comes fails within the timeout, a double backward is refused; every
+other strategy, another device and torch.compile still refused with inputs that require grad.
+
+The upstream gradients differ per rank (image and text outputs alike): the dense loss is the sum
+of every rank's. A rank's joint-input gradient is that of the heads it computed, so their sum over
+the ranks is compared with the dense one. One run_gloo call per world size runs every case."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gloo_util import run_gloo
+
+# (ulysses_chunks, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
+F32, BF16 = "float32", "bfloat16"
+CASES_2 = [
+    (1, (2, 13, 5, 6, 3, 16, F32)),  # GQA, 7 + 6 tokens, kv heads 2 + 1
+    (1, (1, 9, 4, 3, 3, 8, F32)),  # 3 heads on U=2: 2 + 1
+    (2, (1, 11, 2, 4, 4, 8, F32)),  # 2 head chunks of 1
+    (1, (1, 9, 0, 4, 2, 8, F32)),  # no text
+    (1, (2, 13, 5, 6, 3, 16, BF16)),
+]
+CASES_4 = [
+    (1, (2, 13, 5, 6, 6, 16, F32)),  # 4 + 3 + 3 + 3 tokens; 6 heads: 2, 2, 1, 1
+    (1, (1, 11, 3, 8, 4, 8, F32)),  # GQA: one kv head (two query heads) each
+    (2, (1, 11, 2, 8, 8, 8, F32)),
+    (1, (1, 9, 2, 30, 30, 8, F32)),  # 30 heads: 8, 8, 7, 7
+    (1, (1, 13, 5, 8, 4, 16, BF16)),
+]
+OTHERS = [("ulysses-overlap", (1, 2)), ("ring", (1, 2)), ("usp", (1, 2)),
+          ("swiftfusion-tas", (2, 1)), ("torus", (2, 1)), ("auto", (1, 2))]
+
+
+def _rand(shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64)
+
+
+def _dense(q, k, v):
+    """Dense attention in float64 of [B, L, H, D] over [B, L, Hk, D]."""
+    g = q.shape[2] // k.shape[2]
+    k, v = (x.repeat_interleave(g, 2).transpose(1, 2) for x in (k, v))
+    s = q.transpose(1, 2) @ k.transpose(-1, -2) / math.sqrt(q.shape[3])
+    return (torch.softmax(s, -1) @ v).transpose(1, 2)
+
+
+def _reference(shape, seed, world):
+    """Full q, k, v (float64, rounded to the dtype), every rank's upstream gradients
+    (image [B, count, H, D], text [B, T, H, D]), and the dense gradients of q, k, v."""
+    import ditscale.sp as sp
+    B, S, T, H, Hk, D, dtype = shape
+    dt = getattr(torch, dtype)
+    full = [_rand((B, T + S, h, D), seed + i).to(dt).double() for i, h in enumerate((H, Hk, Hk))]
+    ups = [(_rand((B, sp.shard_range(S, world, r)[1], H, D), seed + 10 + r),
+            _rand((B, T, H, D), seed + 100 + r)) for r in range(world)]
+    dense = [x.clone().requires_grad_() for x in full]
+    out = _dense(*dense)
+    loss = out[:, :T].mul(sum(t for _, t in ups)).sum() if T else 0.0
+    for r, (g_img, _) in enumerate(ups):
+        begin, count = sp.shard_range(S, world, r)
+        loss = loss + out[:, T + begin:T + begin + count].mul(g_img).sum()
+    loss.backward()
+    return full, ups, [x.grad for x in dense], dt
+
+
+def _grads(rank, world, chunks, shape, seed, direct=False):
+    """This rank's gradients (q, k, v image shards; joint q, k, v summed over the ranks)."""
+    import torch.distributed as dist
+
+    import ditscale.sp as sp
+    from ditscale.sp import custom_op
+    from ditscale.sp.config import config_text
+    B, S, T, H, Hk, D, _ = shape
+    full, ups, dense, dt = _reference(shape, seed, world)
+    begin, count = sp.shard_range(S, world, rank)
+    mine = [x[:, T + begin:T + begin + count].to(dt).requires_grad_() for x in full]
+    joint = [x[:, :T].to(dt).requires_grad_() for x in full] if T else []
+    cfg = sp.make_config("t", strategy="ulysses", ulysses_chunks=chunks)
+    if direct:
+        out, jout = custom_op.attention_op(*mine, *(joint or [None] * 3),
+                                           *custom_op.mesh_args(sp.Mesh(1, world)),
+                                           config_text(cfg))
+    else:
+        res = sp.attention(*mine, mesh=sp.Mesh(1, world), config=cfg,
+                           **dict(zip(("joint_q", "joint_k", "joint_v"), joint)))
+        out, jout = res if T else (res, None)
+    loss = out.double().mul(ups[rank][0]).sum()
+    if T:
+        loss = loss + jout.double().mul(ups[rank][1]).sum()
+    loss.backward()
+    errs, bits = [], []
+    for x, want in zip(mine, dense):
+        assert x.grad.dtype == dt
+        errs.append((x.grad.double() - want[:, T + begin:T + begin + count]).abs().max().item())
+        bits.append(x.grad.clone())
+    for x, want in zip(joint, dense):
+        total = x.grad.double()
+        dist.all_reduce(total)
+        errs.append((total - want[:, :T]).abs().max().item())
+        bits.append(x.grad.clone())
+    scale = max(w.abs().max().item() for w in dense)
+    return max(errs) / scale, bits
+
+
+def _all_cases(rank, world, cases):
+    results = []
+    for i, (chunks, shape) in enumerate(cases):
+        err, bits = _grads(rank, world, chunks, shape, 1000 * i)
+        _, again = _grads(rank, world, chunks, shape, 1000 * i, direct=i == 0)
+        results.append((err, all(torch.equal(a, b) for a, b in zip(bits, again))))
+    return results
+
+
+def _check(results, cases):
+    for per_rank in results:
+        for (chunks, shape), (err, same) in zip(cases, per_rank):
+            tol = 1e-2 if shape[-1] == BF16 else 2e-5
+            assert err < tol, (chunks, shape, err)
+            assert same, (chunks, shape)
+
+
+def test_ulysses_gradients_on_two_ranks():
+    _check(run_gloo(_all_cases, 2, CASES_2, timeout_s=240), CASES_2)
+
+
+def test_ulysses_gradients_on_four_ranks():
+    _check(run_gloo(_all_cases, 4, CASES_4, timeout_s=300), CASES_4)
+
+
+def _partial(rank, world):
+    """Only q requires grad (k, v detached): q's gradient, none for k, v."""
+    import ditscale.sp as sp
+    shape = (1, 9, 0, 4, 2, 8, F32)
+    full, ups, dense, _ = _reference(shape, 7, world)
+    begin, count = sp.shard_range(9, world, rank)
+    q, k, v = (x[:, begin:begin + count].float() for x in full)
+    q.requires_grad_()
+    out = sp.attention(q, k, v, mesh=sp.Mesh(1, world), strategy="ulysses")
+    out.double().mul(ups[rank][0]).sum().backward()
+    return (q.grad.double() - dense[0][:, begin:begin + count]).abs().max().item()
+
+
+def test_ulysses_gradient_of_q_alone():
+    assert max(run_gloo(_partial, 2, timeout_s=90)) < 2e-5
+
+
+def _refusals(rank, world):
+    """Every other strategy (and the op called directly) refuses inputs that require grad."""
+    import ditscale.sp as sp
+    from ditscale.sp import custom_op
+    from ditscale.sp.config import config_text
+    q = torch.randn(1, 4, 2, 8, requires_grad=True)
+    caught = {}
+    for strategy, mesh in OTHERS:
+        try:
+            sp.attention(q, q, q, mesh=sp.Mesh(*mesh), strategy=strategy)
+        except NotImplementedError as e:
+            caught[strategy] = str(e)
+    try:  # no backward on the GPU runtime (meta tensors are refused the same way)
+        m = torch.randn(1, 4, 2, 8, device="meta", requires_grad=True)
+        sp.attention(m, m, m, mesh=sp.Mesh(1, 2), strategy="ulysses")
+    except NotImplementedError as e:
+        caught["meta"] = str(e)
+    try:  # torch.compile does not trace the backward yet: refused while tracing
+        torch.compile(lambda a: sp.attention(a, a, a, mesh=sp.Mesh(1, 2), strategy="ulysses"))(q)
+    except NotImplementedError as e:
+        caught["compiled"] = str(e)
+    try:
+        custom_op.attention_op(q, q, q, None, None, None, *custom_op.mesh_args(sp.Mesh(1, 2)),
+                               config_text(sp.make_config("t", strategy="ring")))
+    except NotImplementedError as e:
+        caught["op"] = str(e)
+    return caught
+
+
+def test_other_strategies_refuse_inputs_that_require_grad():
+    for caught in run_gloo(_refusals, 2, timeout_s=90):
+        assert sorted(caught) == sorted([s for s, _ in OTHERS] + ["op", "meta", "compiled"])
+        for strategy, msg in caught.items():
+            name = {"op": "ring", "meta": "ulysses", "compiled": "ulysses"}.get(strategy, strategy)
+            device = {"meta": "meta", "compiled": "cpu tensors under torch.compile"}.get(
+                strategy, "cpu")
+            device = device if strategy == "compiled" else device + " tensors"
+            assert f"not supported yet for strategy {name!r} on {device} (" in msg, msg
+            assert "(gradients: strategy 'ulysses' on CPU tensors over gloo, eagerly)" in msg
+        assert caught["op"].startswith("ditscale_sp::attention: q, k, v require grad")
+
+
+def _lonely_backward(rank, world):
+    """Rank 1 never runs the backward: rank 0's fails within the group's timeout, naming the
+    transfer (no hang); rank 1's double backward is refused before any transfer."""
+    import ditscale.sp as sp
+    q = torch.randn(1, 4, 2, 8, requires_grad=True)
+    out = sp.attention(q, q, q, mesh=sp.Mesh(1, world), strategy="ulysses")
+    twice = None
+    if rank == 1:
+        try:
+            torch.autograd.grad(out.sum(), q, create_graph=True)
+        except NotImplementedError as e:
+            twice = str(e)
+        return twice
+    try:
+        torch.autograd.grad(out.sum(), q)  # no transfer matched: rank 1's failed at once
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_a_backward_without_its_peer_fails_within_the_timeout():
+    lonely, twice = run_gloo(_lonely_backward, 2, timeout_s=90, pg_timeout_s=5)
+    assert lonely is not None and lonely.startswith("ditscale.sp (CPU backward): rank 0: "
+                                                    "gradient of "), lonely
+    assert "did not complete within 5 s" in lonely
+    assert twice == ("ditscale.sp.attention: no double backward on more than one rank "
+                     "(create_graph=True)")
+
+
+def _subgroups(rank, world):
+    """Two meshes of 2 ranks at once ({0, 1} and {2, 3}: subgroups, ranks of the group differ
+    from the global ones), each against its own dense reference."""
+    import torch.distributed as dist
+
+    import ditscale.sp as sp
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    pair, local = divmod(rank, 2)
+    shape = (1, 9, 3, 4, 2, 8, F32)
+    full, ups, dense, _ = _reference(shape, 50 + pair, 2)
+    begin, count = sp.shard_range(9, 2, local)
+    mine = [x[:, 3 + begin:3 + begin + count].float().requires_grad_() for x in full]
+    joint = [x[:, :3].float().requires_grad_() for x in full]
+    out, jout = sp.attention(*mine, mesh=sp.Mesh(1, 2, groups[pair]), strategy="ulysses",
+                             joint_q=joint[0], joint_k=joint[1], joint_v=joint[2])
+    (out.double().mul(ups[local][0]).sum() + jout.double().mul(ups[local][1]).sum()).backward()
+    errs = [(x.grad.double() - w[:, 3 + begin:3 + begin + count]).abs().max().item()
+            for x, w in zip(mine, dense)]
+    for x, w in zip(joint, dense):
+        total = x.grad.double()
+        dist.all_reduce(total, group=groups[pair])
+        errs.append((total - w[:, :3]).abs().max().item())
+    return max(errs)
+
+
+def test_ulysses_gradients_on_two_subgroups_at_once():
+    assert max(run_gloo(_subgroups, 4, timeout_s=120)) < 2e-5

@@ -1,43 +1,12 @@
 """Pipelines built from configs with random weights (no download), and local checkpoints.
 
-``make_pipeline(name, size="tiny", device="cpu", dtype=torch.float32, seed=0)`` builds the
-diffusers pipeline ``name`` from its components' configs, every weight drawn at random from
-``seed`` (the same seed gives the same bits on every rank and run):
-
-- ``flux``: FluxPipeline (FluxTransformer2DModel, AutoencoderKL, FlowMatchEulerDiscreteScheduler)
-- ``sd3``: StableDiffusion3Pipeline (SD3Transformer2DModel, AutoencoderKL,
-  FlowMatchEulerDiscreteScheduler)
-- ``wan``: WanPipeline, Wan 2.1 (WanTransformer3DModel, AutoencoderKLWan,
-  UniPCMultistepScheduler with flow sigmas)
-- ``wan2.2``: WanPipeline, Wan 2.2 A14B (two WanTransformer3DModel: transformer and
-  transformer_2, boundary_ratio 0.875, tiny 0.95; AutoencoderKLWan; UniPCMultistepScheduler)
-- ``hunyuan-video``: HunyuanVideoPipeline (HunyuanVideoTransformer3DModel,
-  AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler)
-- ``cogvideox``: CogVideoXPipeline (CogVideoXTransformer3DModel, AutoencoderKLCogVideoX,
-  CogVideoXDDIMScheduler)
-
-``size="tiny"``: 1-2 blocks of each kind, 3 heads of dimension 8 (16 for CogVideoX's rotary),
-VAEs of a few channels; a CPU pipeline call takes well under a second (tests, the example).
-``size="small"``: the full models' widths, heads and VAEs with a few blocks
-(:data:`SMALL_BLOCKS`: Flux 2 + 4, SD3 4, Wan 4, HunyuanVideo 2 + 4, CogVideoX 4): a GPU
-smoke test or server benchmark at real layer shapes.
-``size="full"``: the published models' dimensions and block counts (Flux.1 dev, SD3.5 medium,
-Wan 2.1 1.3B, Wan 2.2 A14B, HunyuanVideo, CogVideoX 5B) with random weights, for GPU benchmarks
-(build them on the GPU: ``device="cuda"``). Weights are cast to ``dtype`` except a model's
-``_keep_in_fp32_modules`` (as ``from_pretrained(torch_dtype=...)`` loads them).
-
-The text encoders and tokenizers are None: the pipelines are called with prompt embeddings,
-which :func:`make_prompt_embeds` makes locally as deterministic random tensors of the shapes
-the pipeline's text encoders would give (they carry no meaning: the output is noise-like,
-which is all a benchmark or a parallel-vs-single-process test needs). :data:`DEFAULT_SHAPES`
-gives each pipeline's default (height, width, frames) per size: the tiny ones give odd token
-counts (15 for the images, 9 for the videos).
-
-``load_pipeline(name, weights_dir, device, dtype)`` loads a local diffusers checkpoint folder
-(``from_pretrained(..., local_files_only=True)``: no download) after checking its component
-configs (``checkpoint_config``); components saved as None (a checkpoint without text
-encoders) stay None; a missing folder, index or component, another pipeline's checkpoint, or
-a config out of its ranges or of the memory available, is a ValueError naming the file.
+``make_pipeline(name, size="tiny", device="cpu", dtype=torch.float32, seed=0)``: the diffusers
+pipeline ``name`` (:data:`PIPELINES`) from its components' configs, every weight drawn from
+``seed``, at size tiny (CPU tests), small (real widths, few blocks) or full (the published
+dimensions); text encoders None, prompts as :func:`make_prompt_embeds`.
+``load_pipeline(name, weights_dir, device, dtype)``: a local checkpoint folder, its configs
+checked first (``checkpoint_config``). The pipelines, sizes and shapes:
+docs/diffusers/pipelines.md ("Random-weight pipelines and local checkpoints").
 """
 
 from __future__ import annotations

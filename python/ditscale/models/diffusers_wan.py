@@ -1,48 +1,11 @@
-"""diffusers' ``WanTransformer3DModel`` as the model of ditscale's training loop
+"""diffusers' ``WanTransformer3DModel`` as the model of ditscale's training helpers
 (``ditscale.models.training``, ``--model-impl diffusers``): built from a :class:`WanConfig`
-(random weights) or loaded from a local checkpoint folder, and called with a MicroBatch's
-tensors in its own signature.
+(random weights) or loaded from a local checkpoint folder (``checkpoint_config`` / ``load``),
+float32 modules split out for FSDP (``fp32_split``), and called with a MicroBatch's tensors
+(``forward``: ``x_t [B, C, F, H, W]``, ``t [B]``, ``text [B, L, text_dim]`` -> the velocity).
 
-Config (``diffusers_config``): the WanConfig's fields under diffusers' names::
-
-    patch -> patch_size           num_heads -> num_attention_heads   dim / num_heads ->
-    in_channels, out_channels     text_dim, freq_dim, ffn_dim         attention_head_dim
-    num_layers, eps               cross_attn_norm = True (the affine LayerNorm before the
-    qk_norm = "rms_norm_across_heads" (RMSNorm of q and k over all heads)   cross-attention)
-
-and no image conditioning (text-to-video). Both models then have the same parameters, tensor
-for tensor, and compute the same function: with WanDiT's weights mapped onto it (names, and the
-Linear patch embedding as the Conv3d), the diffusers model's velocity is WanDiT's to fp32
-rounding (tested; the 3D RoPE split, theta 10000 (the only value diffusers has), the timestep
-sinusoid, the norms and the patch order agree). Random weights: ``torch.manual_seed(seed)``,
-then the model is constructed on the device, so every rank builds the same weights (diffusers'
-own initialisation: PyTorch's default for the linears and the patch Conv3d, N(0, 1/dim)
-modulation tables; not Wan's zero output head, so the first losses are above WanDiT's).
-
-Checkpoints (``checkpoint_config`` / ``load``): a local diffusers folder of a
-WanTransformer3DModel (its ``config.json`` and ``diffusion_pytorch_model*.safetensors`` or
-``.bin`` (or their ``.index.json`` and shards)), built from its config and loaded in float32
-as ``from_pretrained(local_files_only=True, torch_dtype=float32)`` would (without accelerate,
-which from_pretrained needs for this class); nothing is downloaded. Every rank reads the whole
-checkpoint onto its device. The synthetic data of the training loop are text-to-video
-flow-matching samples of Wan 2.1 latents (16-channel VAE 4x8x8, patch 1x2x2), so the
-checkpoint must have ``out_channels == in_channels``, patch (1, 2, 2) and no image inputs
-(``image_dim`` / ``added_kv_proj_dim`` unset); anything else is a ValueError naming the folder,
-the field and its value.
-
-Precision (``fp32_split``): the parameters are float32 (the FSDP master weights).
-``from_pretrained(torch_dtype=bf16)`` keeps a parameter in float32 when a component of its name
-is in the class's ``_keep_in_fp32_modules`` (Wan: rope, time_embedder, scale_shift_table, norm1,
-norm2, norm3); training keeps the same ones in float32 for compute: the modules outside the
-blocks (``condition_embedder.time_embedder``) become float32 FSDP units, the others (each block's
-``scale_shift_table`` [1, 6, D] and ``norm2`` affine [D], the output ``scale_shift_table``
-[1, 2, D]: a few D per block) are left out of FSDP and replicated in float32, their gradients
-averaged over the ranks by ``StepRunner``. Everything else computes in the training dtype.
-
-Forward (``forward``): ``x_t [B, C, F, H, W]`` (compute dtype), ``t [B]`` float32 in [0, 1000],
-``text [B, L, text_dim]`` (compute dtype) -> the predicted velocity ``[B, C, F, H, W]`` in the
-model's output dtype, ``model(hidden_states=x_t, timestep=t, encoder_hidden_states=text,
-return_dict=False)[0]``.
+The config mapping, the equivalence with WanDiT, the checkpoint rules and the precision split:
+docs/diffusers/training.md ("The diffusers Wan model of the training helpers").
 """
 
 from __future__ import annotations

@@ -1,41 +1,11 @@
 """Distributed training plumbing shared by ``ditscale.shape_bench`` and ``examples/train_dit.py``:
 process group set-up, FSDP2 sharding of the DiT, deterministic synthetic flow-matching data and
-the timed training step.
+the timed training step (``StepRunner.step``: gather -> compute -> wait -> sync -> optim, so
+that wait_s is exactly a rank's load-imbalance idle time and ranks may run different numbers
+of micro-batches per step).
 
-The step (``StepRunner.step``), identical in the shape benchmark and in training so that the
-fitted cost model describes what training does::
-
-    gather   all-gather every FSDP unit's parameters (explicit ``unshard()``; the units are
-             sharded with reshard_after_forward=False, so forward/backward issue no collective)
-    compute  forward + backward of this rank's micro-batches with gradient sync off (gradients
-             accumulate unsharded, locally); no communication at all
-    wait     timed barrier: all_reduce(MAX) of a 1-element flag (also how the ranks agree on an
-             out-of-memory) + synchronize. A rank that finished its compute early waits here,
-             so wait_s is exactly the load-imbalance idle time of that rank
-    sync     one 1-token forward/backward with gradient sync on, loss * 0: FSDP2's post-backward
-             hooks reduce-scatter the accumulated gradients (plus the tiny pass itself); then
-             the gradients of parameters outside FSDP, if any, are averaged (one all_reduce)
-    optim    AdamW step on the shards, zero_grad
-
-Because no collective happens between the start of compute and the barrier, ranks may run
-different numbers of micro-batches per step (the ``balanced`` policy's gradient accumulation)
-without mismatching FSDP's collectives. ``sync_mode="native"`` instead lets the last micro-batch
-reduce-scatter in its own backward (FSDP2's usual overlap); then compute and wait cannot be
-separated and wait_s is reported as NaN.
-
-Synthetic data is a pure function of (seed, epoch, sample id): smooth random latents x0
-(trilinear upsampling of a coarse Gaussian field, unit variance, plus a per-channel offset tied
-to the first text token), Gaussian noise, a logit-normal time t, x_t = (1 - t) x0 + t * noise and
-the velocity target v = noise - x0; text embeddings are rows of a fixed random table indexed by
-random token ids (zero-padded to text_len), like a frozen text encoder's output.
-
-Models (``impl``): ``"ditscale"`` trains ditscale's WanDiT (``wan_dit.py``); ``"diffusers"`` a
-diffusers ``WanTransformer3DModel`` of the same config, or of a local checkpoint
-(``diffusers_wan.py``: building, float32 modules, the forward call). Both get the same FSDP2
-layout (a unit per block, then the root; the timestep MLP a float32 unit), data and step. The
-diffusers model's other float32 parameters (its modulation tables and cross-attention norm
-affines, a few D per block) are replicated outside FSDP, and the step averages their gradients
-over the ranks in its sync phase (one all_reduce); ditscale's WanDiT has none.
+The phases, the synthetic data and the two model implementations: docs/balance.md ("The
+training helpers' step"). Training on real data is ``ditscale.train`` (docs/train.md).
 """
 
 from __future__ import annotations

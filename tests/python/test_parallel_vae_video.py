@@ -1,0 +1,76 @@
+"""parallelize_vae on the causal 3-D video VAEs, AutoencoderKLHunyuanVideo and
+AutoencoderKLCogVideoX (small random weights), on 2 and 4 gloo ranks: decode equal to the
+single-process decode (HunyuanVideo: replicate padding at the image border, the mid block's
+frame-causal attention on the gathered input, temporal tiles of 6 latent frames; CogVideoX: the
+causal Conv3d's temporal cache across the stock frame batches, the spatial norm's GroupNorm over
+every band; both: odd heights, 1 latent frame and many), every rank's convolution FLOPs its
+share, remove() restoring the stock module."""
+
+import pytest
+import torch
+
+from gloo_util import run_gloo
+
+SMALL = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
+             norm_num_groups=4)
+# class -> (its block types' prefix, latent shapes [B, C, F, H, W])
+CASES = {
+    "AutoencoderKLHunyuanVideo": ("HunyuanVideo",
+                                  [(1, 4, 1, 5, 3), (1, 4, 6, 7, 3), (2, 4, 2, 4, 2)]),
+    "AutoencoderKLCogVideoX": ("CogVideoX", [(1, 4, 1, 5, 3), (1, 4, 5, 7, 3), (2, 4, 2, 4, 2)]),
+}
+
+
+def _randn(shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+def _conv_flops(fn):
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    counts = counter.get_flop_counts()["Global"]
+    return sum(v for k, v in counts.items() if "convolution" in str(k))
+
+
+def _make(name: str):
+    import diffusers
+
+    prefix = CASES[name][0]
+    torch.manual_seed(0)
+    return getattr(diffusers, name)(down_block_types=(f"{prefix}DownBlock3D",) * 4,
+                                    up_block_types=(f"{prefix}UpBlock3D",) * 4, **SMALL).eval()
+
+
+def _ranks(rank, world, name):
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    vae = _make(name)
+    out = {"rel": []}
+    with torch.no_grad():
+        for shape in CASES[name][1]:
+            z = _randn(shape)
+            ref = vae.decode(z).sample
+            before = dict(vae.__dict__)
+            handle = parallelize_vae(vae)
+            got = vae.decode(z).sample
+            out["rel"].append(((got - ref).norm() / ref.norm()).item())
+            handle.remove()
+            assert vae.__dict__.keys() == before.keys()
+            assert torch.equal(vae.decode(z).sample, ref)
+        z = _randn((1, 4, 2, 8, 3))
+        single = _conv_flops(lambda: vae.decode(z))
+        parallelize_vae(vae)
+        out["flops"] = (_conv_flops(lambda: vae.decode(z)), single)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("world", [2, 4])
+def test_decode_parallel(name, world):
+    results = run_gloo(_ranks, world, name, timeout_s=300)
+    for rank, res in enumerate(results):
+        for shape, rel in zip(CASES[name][1], res["rel"]):
+            assert rel < 1e-5, (rank, shape, rel)
+        band, single = res["flops"]
+        rows = [8 // world + (r < 8 % world) for r in range(world)]
+        assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, band, single)

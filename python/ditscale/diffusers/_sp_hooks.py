@@ -1,6 +1,7 @@
 """The forward hooks that the entries of a sequence-parallel plan (``_sp_plan``) install: the
 model's input hook (argument binding, device check, refusals, the training refusal), the count,
-shard and gather of token dimensions. Hooks read the mesh's size per call (a CFG-parallel
+shard and gather of token dimensions (differentiable: a shard's backward is the slice's gradient,
+the gather's backward this rank's slice). Hooks read the mesh's size per call (a CFG-parallel
 pipeline runs a pass on a half of the mesh, which may be one rank: then they pass their input
 through). Shapes: B batch, S image/video tokens, S_r this rank's shard of them, T text tokens.
 See docs/diffusers.md.
@@ -14,6 +15,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from ..sp.grad import GRAD_STRATEGIES
 from ._sp_context import SpContext
 
 
@@ -55,18 +57,37 @@ def check_devices(where: str, named: Dict[str, object], device: torch.device) ->
                                  f"parameters on {device}")
 
 
-def refuse_training(where: str, ctx: SpContext, module, named: Dict[str, object]) -> None:
+# What sequence-parallel training supports on more than one rank (a plan with ``trains``).
+TRAINING_SUPPORTED = ("WanTransformer3DModel with strategy 'ulysses' on CPU tensors over gloo, "
+                      "eagerly")
+
+
+def trains_here(ctx: SpContext, trains: bool, device: torch.device) -> bool:
+    """Whether a plan with ``trains`` has a correct backward on ``device`` with this context's
+    strategy (``ditscale.sp``'s differentiable strategies on CPU tensors, not compiled)."""
+    return (trains and ctx.config.strategy in GRAD_STRATEGIES and device.type == "cpu"
+            and not torch.compiler.is_compiling())
+
+
+def refuse_training(where: str, ctx: SpContext, module, named: Dict[str, object],
+                    trains: bool = False) -> None:
     """On more than one rank, a module in training mode with gradients enabled and parameters
-    or tensor inputs that require grad: a ValueError (the sequence-parallel attention and the
-    gather have no backward across ranks yet). One rank is the stock module: allowed."""
+    or tensor inputs that require grad: a ValueError unless :func:`trains_here` (the plan's
+    hooks and the sharded attention then have a backward across ranks). One rank is the stock
+    module: allowed."""
     if ctx.size == 1 or not module.training or not torch.is_grad_enabled():
         return
     inputs = any(isinstance(v, torch.Tensor) and v.requires_grad for v in named.values())
-    if inputs or any(p.requires_grad for p in module.parameters()):
-        raise ValueError(f"{where}: sequence-parallel training is not supported yet: the module "
-                         f"is in training mode with gradients enabled on {ctx.size} ranks, and "
-                         f"its sharded attention has no backward across ranks; call .eval() or "
-                         f"run under torch.no_grad() for inference, or train on one rank")
+    if not inputs and not any(p.requires_grad for p in module.parameters()):
+        return
+    device = next(module.parameters()).device
+    if trains_here(ctx, trains, device):
+        return
+    raise ValueError(f"{where}: sequence-parallel training is not supported yet for "
+                     f"{type(module).__name__} with strategy {ctx.config.strategy!r} on "
+                     f"{device.type} tensors on {ctx.size} ranks (supported: "
+                     f"{TRAINING_SUPPORTED}); call .eval() or run under torch.no_grad() for "
+                     f"inference, or train on one rank")
 
 
 def no_refusal(named: dict) -> None:
@@ -96,9 +117,10 @@ def refuse_attention_kwargs(where: str, key: str = "joint_attention_kwargs",
 
 
 def input_hook(where: str, ctx: SpContext, tokens: Tokens, module, refuse: Callable,
-               shard_lists, prepare: Optional[Callable]):
+               shard_lists, prepare: Optional[Callable], trains: bool = False):
     """The model's forward pre-hook (``with_kwargs=True``): binds the call's arguments to their
-    names, checks their devices and refuses training on several ranks, calls ``refuse(named)``
+    names, checks their devices and refuses training on several ranks (unless ``trains`` and
+    :func:`trains_here`), calls ``refuse(named)``
     (options the integration cannot honour) and ``prepare(ctx, tokens, module, named)`` (a
     family's own input step; True when it changed ``named``), and on more than one rank replaces
     each list of full-sequence residuals [B, S, D] named in ``shard_lists`` (ControlNet samples)
@@ -108,7 +130,7 @@ def input_hook(where: str, ctx: SpContext, tokens: Tokens, module, refuse: Calla
     def hook(module, args, kwargs):
         named = bind(names, args, kwargs)
         check_devices(where, named, next(module.parameters()).device)
-        refuse_training(where, ctx, module, named)
+        refuse_training(where, ctx, module, named, trains)
         refuse(named)
         changed = bool(prepare(ctx, tokens, module, named)) if prepare is not None else False
         if ctx.size > 1:
@@ -188,7 +210,7 @@ def shard_input_hook(where: str, ctx: SpContext, tokens: Tokens, module, name: s
 
 def gather_hook(ctx: SpContext, tokens: Tokens, dim: int):
     """A forward hook for the last token-wise layer: [B, S_r, C] -> the full [B, S, C] on every
-    rank (S = ``tokens.image``)."""
+    rank (S = ``tokens.image``); its backward gives this rank's slice of the gradient."""
 
     def hook(module, args, output):
         return ctx.gather(output, dim, tokens.image)

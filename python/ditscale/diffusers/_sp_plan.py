@@ -118,7 +118,9 @@ class Plan:
     """One family's plan: ``where`` (the prefix of its messages), ``inputs``, ``hooks`` (module
     path -> entry, installed on meshes of more than one rank only: on one rank they would change
     nothing), ``processors``; ``check(transformer)`` the family's own refusals; ``hint`` what a
-    refused processor's message suggests."""
+    refused processor's message suggests; ``trains``: every hook and processor of the plan has
+    a correct backward, so training on several ranks is allowed where ``ditscale.sp`` has one
+    (``_sp_hooks.trains_here``)."""
 
     where: str
     inputs: Inputs
@@ -126,6 +128,7 @@ class Plan:
     processors: Tuple[Processors, ...]
     check: Callable = lambda transformer: None
     hint: str = "unload IP-Adapters and custom processors first"
+    trains: bool = False
 
 
 @dataclass
@@ -203,8 +206,8 @@ def apply(plan: Plan, transformer, ctx: SpContext) -> Record:
     tokens, record = Tokens(), Record(ctx)
     i = plan.inputs
     record.handles.append(transformer.register_forward_pre_hook(
-        input_hook(plan.where, ctx, tokens, transformer, i.refuse, i.shard_lists, i.prepare),
-        with_kwargs=True))
+        input_hook(plan.where, ctx, tokens, transformer, i.refuse, i.shard_lists, i.prepare,
+                   plan.trains), with_kwargs=True))
     for attn, cls in swaps:
         if cls is not None:
             stock = attn.processor

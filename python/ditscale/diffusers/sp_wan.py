@@ -93,4 +93,5 @@ PLAN = Plan(
                            SelfAttentionProcessor),
                 Processors("blocks.*.attn2", (WanAttnProcessor,))),
     check=_check_model,
-    hint="custom processors are not supported")
+    hint="custom processors are not supported",
+    trains=True)  # every hook above differentiates (docs/diffusers.md, "Training")

@@ -2,9 +2,10 @@
 random-weight WanTransformer3DModel (test_diffusers_sp_wan's configurations: 45 video tokens,
 uneven heads) in train mode, loss = output.square().mean() on every rank, backward. The input
 latent's gradient and every parameter's gradient, summed over the ranks (all_reduce SUM), equal
-the single-process ones (fp32: max abs error <= 1e-4 of the largest reference gradient); Wan 2.1
-(one timestep per sample) and Wan 2.2 TI2V (one timestep per video token). The refusals kept:
-strategy "ring" for Wan, strategy "ulysses" for Flux. See docs/diffusers.md ("Training").
+the single-process ones (fp32: max abs error <= 1e-4 of the largest reference gradient): Wan
+2.1 (one timestep per sample), Wan 2.2 TI2V (one timestep per video token), Wan 2.1 I2V. The
+refusals kept: strategy "ring" for Wan, strategy "ulysses" for Flux. See docs/diffusers.md
+("Training").
 """
 
 import copy
@@ -18,7 +19,7 @@ import ditscale.diffusers as dd  # noqa: E402
 import test_diffusers_sp_flux  # noqa: E402
 import test_diffusers_sp_wan  # noqa: E402
 
-KINDS = ("wan2.1", "wan2.2-ti2v")
+KINDS = ("wan2.1", "wan2.2-ti2v", "wan2.1-i2v")
 TOLERANCE = 1e-4
 
 
@@ -88,4 +89,4 @@ def test_parallelized_wan_gradients_equal_the_dense_ones_on_2_ranks():
                 assert error > 1e-2, (kind, error)  # the convention: partial per rank
             else:
                 assert error <= TOLERANCE, (kind, what, error)
-    assert len(results[0]) > 2 * 20  # every parameter of both kinds was compared
+    assert len(results[0]) > 3 * 20  # every parameter of every kind was compared

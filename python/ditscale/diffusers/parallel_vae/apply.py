@@ -36,9 +36,9 @@ class Plan:
 
 PLANS: Dict[str, Plan] = {
     "AutoencoderKLWan": Plan(wan.wan_layers, 5, wan.spatial_factor),
-    "AutoencoderKL": Plan(kl.kl_layers, 4, None),
-    "AutoencoderKLHunyuanVideo": Plan(hunyuan.hunyuan_layers, 5, None),
-    "AutoencoderKLCogVideoX": Plan(cogvideox.cogvideox_layers, 5, None),
+    "AutoencoderKL": Plan(kl.WALK.layers, 4, None),
+    "AutoencoderKLHunyuanVideo": Plan(hunyuan.WALK.layers, 5, None),
+    "AutoencoderKLCogVideoX": Plan(cogvideox.WALK.layers, 5, None),
 }
 
 

@@ -8,7 +8,7 @@ stock. See docs/diffusers/vae.md.
 
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -62,26 +62,8 @@ def _check(full: str, module: nn.Module) -> None:
         layers.check_conv(module, full, 0)
 
 
-def _visit(full: str, module: nn.Module, found: list) -> None:
-    cls = type(module).__name__
-    _check(full, module)
-    if cls == "CogVideoXCausalConv3d":
-        return found.append((full, module, causal_conv3d))
-    if cls in ("GroupNorm", "Conv2d"):
-        factory = layers.group_norm if cls == "GroupNorm" else layers.conv2d
-        return found.append((full, module, factory))
-    if cls not in LOCAL and cls != "CogVideoXSafeConv3d":  # that one is 1x1 here
-        raise ValueError(f"parallelize_vae: {full} is a {cls}, which the parallel "
-                         f"AutoencoderKLCogVideoX decoder does not support")
-    for name, child in module.named_children():
-        _visit(f"{full}.{name}", child, found)
-    return None
-
-
-def cogvideox_layers(vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
-    """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
-    found: list = []
-    if vae.post_quant_conv is not None:
-        _visit("post_quant_conv", vae.post_quant_conv, found)
-    _visit("decoder", vae.decoder, found)
-    return [(m, factory(bands, name)) for name, m, factory in found]
+WALK = layers.Walk(
+    {"CogVideoXCausalConv3d": causal_conv3d, "GroupNorm": layers.group_norm,
+     "Conv2d": layers.conv2d},
+    LOCAL | {"CogVideoXSafeConv3d"},  # that one is 1x1 here
+    "AutoencoderKLCogVideoX decoder", check=_check)

@@ -8,7 +8,7 @@ is refused by name; encode stays stock. See docs/diffusers/vae.md.
 
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -82,29 +82,18 @@ def _check(full: str, module: nn.Module) -> None:
                          f"{module.upsample_factor[1]}; only 1 or 2 are supported")
 
 
-def _visit(full: str, module: nn.Module, found: list) -> None:
-    cls = type(module).__name__
-    _check(full, module)
-    if cls == "HunyuanVideoCausalConv3d":
-        return found.append((full, module, causal_conv3d))
-    if cls == "GroupNorm":
-        return found.append((full, module, layers.group_norm))
-    if cls == "HunyuanVideoMidBlock3D":
-        found.append((full, module, mid_block))
-        for i, resnet in enumerate(module.resnets):  # its attentions run on the whole image
-            _visit(f"{full}.resnets.{i}", resnet, found)
-        return None
-    if cls not in LOCAL and cls != "Conv3d":  # a Conv3d here is 1x1 (post_quant_conv)
-        raise ValueError(f"parallelize_vae: {full} is a {cls}, which the parallel "
-                         f"AutoencoderKLHunyuanVideo decoder does not support")
-    for name, child in module.named_children():
-        _visit(f"{full}.{name}", child, found)
-    return None
+def _mid_block(full: str, module: nn.Module, found: list, walk: layers.Walk) -> bool:
+    """The mid block is replaced whole (its attentions run on the whole image) and its resnets
+    are walked."""
+    if type(module).__name__ != "HunyuanVideoMidBlock3D":
+        return False
+    found.append((full, module, mid_block))
+    for i, resnet in enumerate(module.resnets):
+        walk(f"{full}.resnets.{i}", resnet, found)
+    return True
 
 
-def hunyuan_layers(vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
-    """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
-    found: list = []
-    _visit("post_quant_conv", vae.post_quant_conv, found)
-    _visit("decoder", vae.decoder, found)
-    return [(m, factory(bands, name)) for name, m, factory in found]
+WALK = layers.Walk(
+    {"HunyuanVideoCausalConv3d": causal_conv3d, "GroupNorm": layers.group_norm},
+    LOCAL | {"Conv3d"},  # a Conv3d here is 1x1 (post_quant_conv)
+    "AutoencoderKLHunyuanVideo decoder", check=_check, special=_mid_block)

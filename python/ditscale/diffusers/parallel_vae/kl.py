@@ -7,12 +7,9 @@ is not parallelized: ``encode`` runs the stock module on every rank. See docs/di
 
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
-
 import torch.nn as nn
 
 from . import layers
-from .bands import Bands
 
 LOCAL = frozenset({"Decoder", "UNetMidBlock2D", "UpDecoderBlock2D", "ResnetBlock2D",
                    "Dropout", "Identity", "ModuleList", "SiLU"})
@@ -36,23 +33,4 @@ def _check(full: str, module: nn.Module) -> None:
                          f"embedding; not supported yet")
 
 
-def _visit(full: str, module: nn.Module, found: list) -> None:
-    cls = type(module).__name__
-    _check(full, module)
-    if cls in REPLACED:
-        found.append((full, module, REPLACED[cls]))
-        return  # Attention's children run as they are, on the gathered input
-    if cls not in LOCAL and cls != "Upsample2D":
-        raise ValueError(f"parallelize_vae: {full} is a {cls}, which the parallel "
-                         f"AutoencoderKL decoder does not support")
-    for name, child in module.named_children():
-        _visit(f"{full}.{name}", child, found)
-
-
-def kl_layers(vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
-    """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
-    found: list = []
-    if vae.post_quant_conv is not None:
-        _visit("post_quant_conv", vae.post_quant_conv, found)
-    _visit("decoder", vae.decoder, found)
-    return [(m, factory(bands, name)) for name, m, factory in found]
+WALK = layers.Walk(REPLACED, LOCAL | {"Upsample2D"}, "AutoencoderKL decoder", check=_check)

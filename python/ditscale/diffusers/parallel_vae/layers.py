@@ -14,7 +14,8 @@ See docs/diffusers/vae.md.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,6 +23,45 @@ import torch.nn.functional as F
 
 from .bands import Bands
 from .comm import add_halo, all_reduce_sum, gather_rows
+
+
+@dataclass(frozen=True)
+class Walk:
+    """How a VAE's layers are found: ``replaced`` (class -> the factory of its band-aware
+    forward; the module is taken whole), ``local`` (classes looked through: they compute per
+    row), ``check(full, module)`` (refuses an unsupported configuration by name), ``special``
+    (``(full, module, found, walk) -> True`` when it took the module itself) and ``what`` (the
+    VAE part named in a refusal)."""
+
+    replaced: Dict[str, Callable]
+    local: FrozenSet[str]
+    what: str
+    check: Optional[Callable] = None
+    special: Optional[Callable] = None
+
+    def __call__(self, full: str, module: nn.Module, found: list) -> None:
+        """Appends (name, module, factory) of every layer below ``module`` to ``found``."""
+        cls = type(module).__name__
+        if self.check is not None:
+            self.check(full, module)
+        if self.special is not None and self.special(full, module, found, self):
+            return
+        if cls in self.replaced:
+            found.append((full, module, self.replaced[cls]))
+            return
+        if cls not in self.local:
+            raise ValueError(f"parallelize_vae: {full} is a {cls}, which the parallel "
+                             f"{self.what} does not support")
+        for name, child in module.named_children():
+            self(f"{full}.{name}", child, found)
+
+    def layers(self, vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
+        """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
+        found: list = []
+        if vae.post_quant_conv is not None:
+            self("post_quant_conv", vae.post_quant_conv, found)
+        self("decoder", vae.decoder, found)
+        return [(m, factory(bands, name)) for name, m, factory in found]
 
 
 def check_conv(module: nn.Module, name: str, dim: int) -> None:

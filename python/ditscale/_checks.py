@@ -38,3 +38,10 @@ def check_real(name: str, value, lo: float, hi: float) -> float:
     if not math.isfinite(v) or v < lo or v > hi:
         raise ValueError(f"{name}: {_fmt(v)} is out of range [{_fmt(lo)}, {_fmt(hi)}]")
     return v
+
+
+def check_choice(name: str, value, choices) -> str:
+    """``value`` if it is one of the strings ``choices``, else ValueError naming ``name``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    return value

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from .._checks import check_int
+from .._checks import check_choice, check_int
 
 # auto = copy-engine: cudaMemcpyAsync into the peer's symmetric buffer and stream-written
 # signals (no SM); nvshmem: NVSHMEM's on-stream put-with-signal (kernels).
@@ -26,12 +26,6 @@ ENV_SIGNAL = "DITSCALE_SP_CE_SIGNAL"
 ENV_NET_CHANNELS = "DITSCALE_SP_NET_CHANNELS_PER_PEER"
 
 
-def _choice(name: str, value, choices) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
-    return value
-
-
 @dataclass(frozen=True)
 class Variant:
     """``engine`` one of ENGINES, ``signal`` one of SIGNALS, ``net_channels_per_peer`` [0, 64]
@@ -42,8 +36,8 @@ class Variant:
     net_channels_per_peer: int = 0
 
     def __post_init__(self):
-        _choice("engine", self.engine, ENGINES)
-        _choice("signal", self.signal, SIGNALS)
+        check_choice("engine", self.engine, ENGINES)
+        check_choice("signal", self.signal, SIGNALS)
         check_int("net_channels_per_peer", self.net_channels_per_peer, 0, MAX_NET_CHANNELS)
 
     def op_text(self) -> str:
@@ -79,9 +73,9 @@ def current() -> Variant:
 def _of_environment(engine: str, signal: str, channels: str) -> Variant:
     fields = {}
     if engine:
-        fields["engine"] = _choice(f"${ENV_ENGINE}", engine, ENGINES)
+        fields["engine"] = check_choice(f"${ENV_ENGINE}", engine, ENGINES)
     if signal:
-        fields["signal"] = _choice(f"${ENV_SIGNAL}", signal, SIGNALS)
+        fields["signal"] = check_choice(f"${ENV_SIGNAL}", signal, SIGNALS)
     if channels:
         try:
             value = int(channels)

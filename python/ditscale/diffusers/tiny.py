@@ -16,7 +16,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from .._checks import check_int
+from .._checks import check_choice, check_int
 
 PIPELINES = ("flux", "sd3", "wan", "wan2.2", "hunyuan-video", "cogvideox")
 SIZES = ("tiny", "small", "full")
@@ -48,12 +48,6 @@ DEFAULT_SHAPES: Dict[str, Dict[str, Tuple[int, int, int]]] = {
 TEXT_TOKENS = {"flux": (7, 512, 512), "sd3": (7, 333, 333), "wan": (7, 512, 512),
                "wan2.2": (7, 512, 512), "hunyuan-video": (7, 256, 256),
                "cogvideox": (7, 226, 226)}
-
-
-def _check_choice(name: str, value, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
-    return value
 
 
 # ---- configs ------------------------------------------------------------------------------------
@@ -241,8 +235,8 @@ def make_pipeline(name: str, size: str = "tiny", device="cpu", dtype=torch.float
     it was."""
     import diffusers
 
-    _check_choice("make_pipeline: name", name, PIPELINES)
-    _check_choice("make_pipeline: size", size, SIZES)
+    check_choice("make_pipeline: name", name, PIPELINES)
+    check_choice("make_pipeline: size", size, SIZES)
     check_int("make_pipeline: seed", seed, 0, 2**63 - 1)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"make_pipeline: dtype {dtype!r} is not a floating-point torch.dtype")
@@ -325,8 +319,8 @@ def make_prompt_embeds(pipe, text_tokens: int, batch: int = 1, negative: bool = 
 
 def default_text_tokens(name: str, size: str) -> int:
     """The text length :func:`make_prompt_embeds` is given for ``name`` at ``size``."""
-    _check_choice("default_text_tokens: name", name, PIPELINES)
-    return TEXT_TOKENS[name][SIZES.index(_check_choice("default_text_tokens: size", size, SIZES))]
+    check_choice("default_text_tokens: name", name, PIPELINES)
+    return TEXT_TOKENS[name][SIZES.index(check_choice("default_text_tokens: size", size, SIZES))]
 
 
 # ---- local checkpoints --------------------------------------------------------------------------
@@ -389,7 +383,7 @@ def load_pipeline(name: str, weights_dir: str, device="cpu", dtype=torch.float32
 
     from .checkpoint_config import check_checkpoint
 
-    _check_choice("load_pipeline: name", name, PIPELINES)
+    check_choice("load_pipeline: name", name, PIPELINES)
     where = f"load_pipeline: weights folder {weights_dir!r}"
     if not os.path.isdir(weights_dir):
         raise ValueError(f"{where} does not exist or is not a folder")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from .. import _core
-from .._checks import check_int
+from .._checks import check_choice, check_int
 
 # The strategies, transports and integer ranges are C++'s (ditscale/torch/sp_args.h), exported by
 # _core rather than copied here.
@@ -28,12 +28,6 @@ DEFAULT_TOPOLOGY = "h200-local"
 # Environment variables (overrides of fields left unset, i.e. None).
 ENV_TOPOLOGY = "DITSCALE_SP_TOPOLOGY"
 ENV_COMM_SMS = "DITSCALE_SP_COMM_SMS"
-
-
-def _choice(name: str, value, choices) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -64,12 +58,12 @@ class Config:
     topology: Optional[str] = None
 
     def __post_init__(self):
-        _choice("strategy", self.strategy, STRATEGIES + ("auto",))
+        check_choice("strategy", self.strategy, STRATEGIES + ("auto",))
         for name, (lo, hi) in RANGES.items():
             value = getattr(self, name)
             if value is not None:
                 check_int(name, value, lo, hi)
-        _choice("transport", self.transport, TRANSPORTS)
+        check_choice("transport", self.transport, TRANSPORTS)
         if self.topology is not None and (not isinstance(self.topology, str) or
                                           not self.topology or ";" in self.topology):
             raise ValueError(f"topology: {self.topology!r} is not a preset name or a file "

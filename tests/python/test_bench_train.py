@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import ditscale
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 ARGS = ["--model", "tiny", "--scale", "small", "--videos-480p", "3", "--videos-720p", "2",
@@ -18,9 +20,15 @@ ARGS = ["--model", "tiny", "--scale", "small", "--videos-480p", "3", "--videos-7
         "--train-args", "--no-fused-adaln --num-workers 1"]
 
 
+# The ditscale this test imported (the installed one in CI: the source tree's python/ lacks the
+# compiled modules there) and the repository root for the package `bench`. Never REPO/python: a
+# rank forked later would import the source tree's ditscale.
+PACKAGE_PARENT = str(Path(ditscale.__file__).resolve().parents[1])
+
+
 def _env():
     return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(REPO / "python"), str(REPO),
+                PYTHONPATH=os.pathsep.join([PACKAGE_PARENT, str(REPO),
                                             os.environ.get("PYTHONPATH", "")]))
 
 
@@ -72,7 +80,8 @@ def test_the_report_has_every_table(dry_run):
 
 
 def test_the_synthetic_data_has_the_store_ids_and_shapes(dry_run):
-    sys.path[:0] = [str(REPO / "python"), str(REPO)]
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     from bench.train.synthetic import SyntheticDataset
     from ditscale.latent_store import LatentStore
     from ditscale.train.data import StoreDataset
@@ -95,7 +104,8 @@ def test_the_synthetic_data_has_the_store_ids_and_shapes(dry_run):
     (["--videos-480p", "0", "--videos-720p", "0", "--images", "0"], "at least 1"),
 ])
 def test_bad_options_are_refused(tmp_path, capsys, args, message):
-    sys.path[:0] = [str(REPO / "python"), str(REPO)]
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     from bench.train.bench_train import parse_args
 
     with pytest.raises(SystemExit) as e:

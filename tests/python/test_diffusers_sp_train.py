@@ -3,9 +3,9 @@ random-weight WanTransformer3DModel (test_diffusers_sp_wan's configurations: 45 
 uneven heads) in train mode, loss = output.square().mean() on every rank, backward. The input
 latent's gradient and every parameter's gradient, summed over the ranks (all_reduce SUM), equal
 the single-process ones (fp32: max abs error <= 1e-4 of the largest reference gradient): Wan
-2.1 (one timestep per sample), Wan 2.2 TI2V (one timestep per video token), Wan 2.1 I2V. The
-refusals kept: strategy "ring" for Wan, strategy "ulysses" for Flux. See docs/diffusers.md
-("Training").
+2.1 (one timestep per sample), Wan 2.2 TI2V (one timestep per video token), Wan 2.1 I2V with
+strategy "ulysses", and Wan 2.1 with "ring" (its backward recomputes the layer as Ulysses). The
+refusal kept: Flux (its plan does not train). See docs/diffusers.md ("Training").
 """
 
 import copy
@@ -19,7 +19,9 @@ import ditscale.diffusers as dd  # noqa: E402
 import test_diffusers_sp_flux  # noqa: E402
 import test_diffusers_sp_wan  # noqa: E402
 
-KINDS = ("wan2.1", "wan2.2-ti2v", "wan2.1-i2v")
+# (kind, strategy)
+RUNS = (("wan2.1", "ulysses"), ("wan2.2-ti2v", "ulysses"), ("wan2.1-i2v", "ulysses"),
+        ("wan2.1", "ring"))
 TOLERANCE = 1e-4
 
 
@@ -44,10 +46,11 @@ def _relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 def _train_checks(rank, world):
     """{(kind, what): relative error} of the parallelized gradients against the dense ones."""
     wan, errors = test_diffusers_sp_wan.TestWan(), {}
-    for kind in KINDS:
+    for kind, strategy in RUNS:
         model, inputs = wan.make_model(kind).train(), wan.make_inputs(kind)
         ref_out, ref_latent, ref_params = _gradients(copy.deepcopy(model), inputs)
-        dd.parallelize(model, strategy="ulysses")
+        dd.parallelize(model, strategy=strategy)
+        kind = f"{kind} {strategy}"
         out, latent, params = _gradients(model, inputs)
         errors[(kind, "output")] = _relative_error(out, ref_out)
         # one rank alone holds only its partial gradient: the sum over the ranks is the dense one
@@ -62,21 +65,15 @@ def _train_checks(rank, world):
 
 
 def _check_refusals(world):
-    wan = test_diffusers_sp_wan.TestWan()
-    model, inputs = wan.make_model("wan2.1").train(), wan.make_inputs("wan2.1")
-    dd.parallelize(model, strategy="ring")
-    with pytest.raises(ValueError, match=f"not supported yet for WanTransformer3DModel with "
-                                         f"strategy 'ring' on cpu tensors on {world} ranks "
-                                         f"\\(supported: WanTransformer3DModel with strategy "
-                                         f"'ulysses'"):
-        model(**inputs)
-    with torch.no_grad():  # inference in train mode stays allowed
-        model(**inputs)
     flux = test_diffusers_sp_flux.TestFlux()
     model, inputs = flux.make_model().train(), flux.make_inputs()
     dd.parallelize(model, strategy="ulysses")
-    with pytest.raises(ValueError, match="not supported yet for FluxTransformer2DModel with "
-                                         "strategy 'ulysses'"):
+    with pytest.raises(ValueError, match=f"not supported yet for FluxTransformer2DModel with "
+                                         f"strategy 'ulysses' on cpu tensors on {world} ranks "
+                                         f"\\(supported: WanTransformer3DModel with any "
+                                         f"strategy"):
+        model(**inputs)
+    with torch.no_grad():  # inference in train mode stays allowed
         model(**inputs)
 
 

@@ -1,10 +1,11 @@
 """Gradients of the multi-rank ditscale.sp.attention on CPU tensors over gloo (gloo_util.run_gloo)
-against dense float64 autograd on one process: strategy "ulysses" (1 and 2 head chunks) on 2 and
-4 ranks, odd token counts, joint text tokens, GQA, uneven head groups, batch 2, float32 and
-bfloat16, the custom op called directly, only some inputs requiring grad, the same bits twice,
-two subgroups of 2 ranks at once;
-a backward whose peer never comes fails within the timeout, a double backward is refused; every
-other strategy, another device and torch.compile still refused with inputs that require grad.
+against dense float64 autograd on one process: every strategy (ulysses with 1 and 2 head chunks,
+ulysses-overlap, ring, usp, swiftfusion-tas, torus with 2 and 3 chunks, auto) on 2 and 4 ranks,
+odd token counts, joint text tokens, GQA, uneven head groups, batch 2, float32 and bfloat16, the
+custom op called directly, only some inputs requiring grad, the same bits twice, two subgroups
+of 2 ranks at once; a backward whose peer never comes fails within the timeout, a double
+backward is refused; another device, torch.compile and a layer the backward's Ulysses cannot
+split are refused with inputs that require grad.
 
 The upstream gradients differ per rank (image and text outputs alike): the dense loss is the sum
 of every rank's. A rank's joint-input gradient is that of the heads it computed, so their sum over
@@ -18,24 +19,39 @@ import torch
 
 from gloo_util import run_gloo
 
-# (ulysses_chunks, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
+# (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
 F32, BF16 = "float32", "bfloat16"
+GQA = (2, 13, 5, 6, 3, 16, F32)  # GQA, 7 + 6 tokens on 2 ranks, text; U=2: kv heads 2 + 1
 CASES_2 = [
-    (1, (2, 13, 5, 6, 3, 16, F32)),  # GQA, 7 + 6 tokens, kv heads 2 + 1
-    (1, (1, 9, 4, 3, 3, 8, F32)),  # 3 heads on U=2: 2 + 1
-    (2, (1, 11, 2, 4, 4, 8, F32)),  # 2 head chunks of 1
-    (1, (1, 9, 0, 4, 2, 8, F32)),  # no text
-    (1, (2, 13, 5, 6, 3, 16, BF16)),
+    ("ulysses", {}, (1, 2), GQA),
+    ("ulysses", {}, (1, 2), (1, 9, 4, 3, 3, 8, F32)),  # 3 heads on U=2: 2 + 1
+    ("ulysses", {"ulysses_chunks": 2}, (1, 2), (1, 11, 2, 4, 4, 8, F32)),  # 2 chunks of 1 head
+    ("ulysses", {}, (1, 2), (1, 9, 0, 4, 2, 8, F32)),  # no text
+    ("ulysses", {}, (1, 2), (2, 13, 5, 6, 3, 16, BF16)),
+    ("ulysses-overlap", {}, (1, 2), GQA),
+    ("ring", {}, (1, 2), GQA),
+    ("ring", {}, (1, 2), (1, 9, 0, 3, 3, 8, F32)),  # 3 heads, no text
+    ("usp", {}, (1, 2), GQA),
+    ("swiftfusion-tas", {}, (2, 1), GQA),
+    ("torus", {"chunks": 2}, (2, 1), GQA),
+    ("torus", {"chunks": 2}, (2, 1), (2, 13, 5, 6, 3, 16, BF16)),
+    ("auto", {}, (2, 1), GQA),
 ]
 CASES_4 = [
-    (1, (2, 13, 5, 6, 6, 16, F32)),  # 4 + 3 + 3 + 3 tokens; 6 heads: 2, 2, 1, 1
-    (1, (1, 11, 3, 8, 4, 8, F32)),  # GQA: one kv head (two query heads) each
-    (2, (1, 11, 2, 8, 8, 8, F32)),
-    (1, (1, 9, 2, 30, 30, 8, F32)),  # 30 heads: 8, 8, 7, 7
-    (1, (1, 13, 5, 8, 4, 16, BF16)),
+    ("ulysses", {}, (1, 4), (2, 13, 5, 6, 6, 16, F32)),  # 4 + 3 + 3 + 3 tokens; heads 2, 2, 1, 1
+    ("ulysses", {}, (1, 4), (1, 11, 3, 8, 4, 8, F32)),  # GQA: one kv head (two query heads) each
+    ("ulysses", {"ulysses_chunks": 2}, (1, 4), (1, 11, 2, 8, 8, 8, F32)),
+    ("ulysses", {}, (1, 4), (1, 9, 2, 30, 30, 8, F32)),  # 30 heads: 8, 8, 7, 7
+    ("ulysses", {}, (1, 4), (1, 13, 5, 8, 4, 16, BF16)),
+    ("ulysses-overlap", {}, (1, 4), (2, 13, 5, 6, 6, 16, F32)),
+    ("ring", {}, (1, 4), (2, 13, 5, 6, 6, 16, F32)),
+    ("ring", {}, (1, 4), (1, 11, 0, 4, 2, 8, F32)),  # receives into its own k, v buffers
+    ("usp", {}, (2, 2), (1, 11, 3, 8, 4, 8, F32)),
+    ("usp", {}, (2, 2), (1, 13, 5, 8, 4, 16, BF16)),
+    ("swiftfusion-tas", {}, (2, 2), (2, 14, 0, 4, 2, 8, F32)),
+    ("torus", {"chunks": 2}, (2, 2), (1, 10, 3, 4, 4, 8, F32)),
+    ("torus", {"chunks": 3}, (2, 2), (1, 11, 3, 8, 4, 8, F32)),
 ]
-OTHERS = [("ulysses-overlap", (1, 2)), ("ring", (1, 2)), ("usp", (1, 2)),
-          ("swiftfusion-tas", (2, 1)), ("torus", (2, 1)), ("auto", (1, 2))]
 
 
 def _rand(shape, seed):
@@ -70,7 +86,7 @@ def _reference(shape, seed, world):
     return full, ups, [x.grad for x in dense], dt
 
 
-def _grads(rank, world, chunks, shape, seed, direct=False):
+def _grads(rank, world, strategy, fields, mesh, shape, seed, direct=False):
     """This rank's gradients (q, k, v image shards; joint q, k, v summed over the ranks)."""
     import torch.distributed as dist
 
@@ -82,13 +98,13 @@ def _grads(rank, world, chunks, shape, seed, direct=False):
     begin, count = sp.shard_range(S, world, rank)
     mine = [x[:, T + begin:T + begin + count].to(dt).requires_grad_() for x in full]
     joint = [x[:, :T].to(dt).requires_grad_() for x in full] if T else []
-    cfg = sp.make_config("t", strategy="ulysses", ulysses_chunks=chunks)
+    cfg = sp.make_config("t", strategy=strategy, **fields)
     if direct:
         out, jout = custom_op.attention_op(*mine, *(joint or [None] * 3),
-                                           *custom_op.mesh_args(sp.Mesh(1, world)),
+                                           *custom_op.mesh_args(sp.Mesh(*mesh)),
                                            config_text(cfg))
     else:
-        res = sp.attention(*mine, mesh=sp.Mesh(1, world), config=cfg,
+        res = sp.attention(*mine, mesh=sp.Mesh(*mesh), config=cfg,
                            **dict(zip(("joint_q", "joint_k", "joint_v"), joint)))
         out, jout = res if T else (res, None)
     loss = out.double().mul(ups[rank][0]).sum()
@@ -111,27 +127,27 @@ def _grads(rank, world, chunks, shape, seed, direct=False):
 
 def _all_cases(rank, world, cases):
     results = []
-    for i, (chunks, shape) in enumerate(cases):
-        err, bits = _grads(rank, world, chunks, shape, 1000 * i)
-        _, again = _grads(rank, world, chunks, shape, 1000 * i, direct=i == 0)
+    for i, case in enumerate(cases):
+        err, bits = _grads(rank, world, *case, 1000 * i)
+        _, again = _grads(rank, world, *case, 1000 * i, direct=i == 0)
         results.append((err, all(torch.equal(a, b) for a, b in zip(bits, again))))
     return results
 
 
 def _check(results, cases):
     for per_rank in results:
-        for (chunks, shape), (err, same) in zip(cases, per_rank):
-            tol = 1e-2 if shape[-1] == BF16 else 2e-5
-            assert err < tol, (chunks, shape, err)
-            assert same, (chunks, shape)
+        for case, (err, same) in zip(cases, per_rank):
+            tol = 1e-2 if case[-1][-1] == BF16 else 2e-5
+            assert err < tol, (case, err)
+            assert same, case
 
 
-def test_ulysses_gradients_on_two_ranks():
-    _check(run_gloo(_all_cases, 2, CASES_2, timeout_s=240), CASES_2)
+def test_every_strategy_gradients_on_two_ranks():
+    _check(run_gloo(_all_cases, 2, CASES_2, timeout_s=300), CASES_2)
 
 
-def test_ulysses_gradients_on_four_ranks():
-    _check(run_gloo(_all_cases, 4, CASES_4, timeout_s=300), CASES_4)
+def test_every_strategy_gradients_on_four_ranks():
+    _check(run_gloo(_all_cases, 4, CASES_4, timeout_s=400), CASES_4)
 
 
 def _partial(rank, world):
@@ -152,45 +168,49 @@ def test_ulysses_gradient_of_q_alone():
 
 
 def _refusals(rank, world):
-    """Every other strategy (and the op called directly) refuses inputs that require grad."""
+    """Without a backward (another device, torch.compile, a layer the recomputation cannot
+    split), inputs that require grad are refused before any transfer of the layer."""
     import ditscale.sp as sp
     from ditscale.sp import custom_op
     from ditscale.sp.config import config_text
     q = torch.randn(1, 4, 2, 8, requires_grad=True)
     caught = {}
-    for strategy, mesh in OTHERS:
-        try:
-            sp.attention(q, q, q, mesh=sp.Mesh(*mesh), strategy=strategy)
-        except NotImplementedError as e:
-            caught[strategy] = str(e)
     try:  # no backward on the GPU runtime (meta tensors are refused the same way)
         m = torch.randn(1, 4, 2, 8, device="meta", requires_grad=True)
         sp.attention(m, m, m, mesh=sp.Mesh(1, 2), strategy="ulysses")
     except NotImplementedError as e:
         caught["meta"] = str(e)
     try:  # torch.compile does not trace the backward yet: refused while tracing
-        torch.compile(lambda a: sp.attention(a, a, a, mesh=sp.Mesh(1, 2), strategy="ulysses"))(q)
+        torch.compile(lambda a: sp.attention(a, a, a, mesh=sp.Mesh(1, 2), strategy="ring"))(q)
     except NotImplementedError as e:
         caught["compiled"] = str(e)
     try:
-        custom_op.attention_op(q, q, q, None, None, None, *custom_op.mesh_args(sp.Mesh(1, 2)),
+        m = torch.randn(1, 4, 2, 8, device="meta", requires_grad=True)
+        custom_op.attention_op(m, m, m, None, None, None, *custom_op.mesh_args(sp.Mesh(1, 2)),
                                config_text(sp.make_config("t", strategy="ring")))
     except NotImplementedError as e:
         caught["op"] = str(e)
+    try:  # ring on 2 ranks of a 1-head layer: its backward's Ulysses cannot split 1 head
+        sp.attention(torch.randn(1, 4, 1, 8, requires_grad=True), q[:, :, :1], q[:, :, :1],
+                     mesh=sp.Mesh(1, 2), strategy="ring")
+    except NotImplementedError as e:
+        caught["heads"] = str(e)
     return caught
 
 
-def test_other_strategies_refuse_inputs_that_require_grad():
+def test_calls_without_a_backward_refuse_inputs_that_require_grad():
     for caught in run_gloo(_refusals, 2, timeout_s=90):
-        assert sorted(caught) == sorted([s for s, _ in OTHERS] + ["op", "meta", "compiled"])
-        for strategy, msg in caught.items():
-            name = {"op": "ring", "meta": "ulysses", "compiled": "ulysses"}.get(strategy, strategy)
-            device = {"meta": "meta", "compiled": "cpu tensors under torch.compile"}.get(
-                strategy, "cpu")
-            device = device if strategy == "compiled" else device + " tensors"
+        assert sorted(caught) == ["compiled", "heads", "meta", "op"]
+        for key, name, device in (("meta", "ulysses", "meta tensors"),
+                                  ("compiled", "ring", "cpu tensors under torch.compile"),
+                                  ("op", "ring", "meta tensors")):
+            msg = caught[key]
             assert f"not supported yet for strategy {name!r} on {device} (" in msg, msg
-            assert "(gradients: strategy 'ulysses' on CPU tensors over gloo, eagerly)" in msg
+            assert "(gradients: every strategy on CPU tensors over gloo, eagerly)" in msg
         assert caught["op"].startswith("ditscale_sp::attention: q, k, v require grad")
+        assert caught["heads"].startswith("ditscale.sp.attention: the backward of strategy "
+                                          "'ring' on 2 ranks runs as Ulysses over the same "
+                                          "group, which cannot split this layer ("), caught
 
 
 def _lonely_backward(rank, world):

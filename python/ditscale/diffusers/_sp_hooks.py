@@ -58,7 +58,7 @@ def check_devices(where: str, named: Dict[str, object], device: torch.device) ->
 
 
 # What sequence-parallel training supports on more than one rank (a plan with ``trains``).
-TRAINING_SUPPORTED = ("WanTransformer3DModel with strategy 'ulysses' on CPU tensors over gloo, "
+TRAINING_SUPPORTED = ("WanTransformer3DModel with any strategy on CPU tensors over gloo, "
                       "eagerly")
 
 

@@ -130,15 +130,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out, text_out
 
 
-def attention_kept(q, k, v, joint, mesh: Mesh, cfg: Config, where: str):
-    """:func:`attention`, also returning (program, process group, timeout in s, the run's
-    buffers) for the backward (grad.py)."""
+def program_for(q, k, joint, mesh: Mesh, cfg: Config, where: str) -> cpu_executor.Program:
+    """This rank's program of cfg for the layer of q [B, S_r, H, D], k [B, S_r, Hk, D] and the
+    joint text (q, k, v [B, T, ., D]) or None, after the group's shape check."""
     check_gloo(mesh, where)
     text = 0 if joint is None else joint[0].shape[1]
     shape = dict(batch=q.shape[0], seq=seq_total(mesh, q, k, text, where), text=text,
                  heads=q.shape[2], kv_heads=k.shape[2], head_dim=q.shape[3],
                  dtype_bytes=q.element_size())
-    prog = program(mesh, cfg, shape, where)
+    return program(mesh, cfg, shape, where)
+
+
+def attention_kept(q, k, v, joint, mesh: Mesh, cfg: Config, where: str):
+    """:func:`attention`, also returning (program, process group, timeout in s, the run's
+    buffers) for the backward (grad.py)."""
+    prog = program_for(q, k, joint, mesh, cfg, where)
     if prog.image_tokens[1] != q.shape[1]:  # shard_range's split is every schedule's
         raise RuntimeError(f"{where}: rank {mesh.rank} holds {q.shape[1]} image tokens, the "
                            f"schedule ({prog.description}) gives it {prog.image_tokens[1]} of "

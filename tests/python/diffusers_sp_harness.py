@@ -7,8 +7,9 @@ parameters kept), unparallelize giving the stock module back bit for bit, parall
 and undoing what was not done refused, a look-alike class refused, inputs on another device and
 custom processors refused, training on one rank allowed, torch.compile(fullgraph=True) at one
 rank; and ONE gloo spawn of 4 ranks that runs every strategy on the 4 ranks and on two groups
-of 2 against the single-process module, the training refusal, unparallelize after a multi-rank
-run, fewer tokens than ranks, and the family's own multi-rank checks (``multi_rank_checks``).
+of 2 against the single-process module, training with strategy "ring" (gradients summed over the
+ranks against the single-process ones: sp_train_util.py), unparallelize after a multi-rank run,
+fewer tokens than ranks, and the family's own multi-rank checks (``multi_rank_checks``).
 See docs/diffusers.md.
 """
 
@@ -23,6 +24,7 @@ import torch
 import ditscale.diffusers as dd
 from ditscale import sp
 from ditscale.diffusers import _sp_plan
+from sp_train_util import training_errors
 
 WORLD = 4
 
@@ -228,7 +230,19 @@ def gloo_checks(rank: int, world: int, family_class) -> dict:
     errors.update(_strategy_errors(fam, pairs[rank // 2], 2))
     _check_multi_rank_refusals_and_undo(fam, world)
     errors.update({("family", k): v for k, v in fam.multi_rank_checks(rank, world).items()})
+    errors.update(_training_errors(fam))
     return errors
+
+
+def _training_errors(fam: SpFamilyTests) -> dict:
+    """Training through the plan with strategy "ring" on every rank: {("training", what):
+    relative error} of the gradients summed over the ranks against the single-process ones."""
+    kind = fam.KINDS[0]
+    model, inputs = fam.make_model(kind).train(), fam.make_inputs(kind)
+    errors = training_errors(model, inputs, lambda m: dd.parallelize(m, strategy="ring"), kind)
+    alone = errors.pop((kind, "latent, rank alone"))
+    assert alone > 1e-2, alone  # a rank holds a partial gradient
+    return {("training", what): err for (_, what), err in errors.items()}
 
 
 def _strategy_errors(fam: SpFamilyTests, group, world: int) -> dict:
@@ -256,9 +270,6 @@ def _check_multi_rank_refusals_and_undo(fam: SpFamilyTests, world: int) -> None:
     dd.parallelize(model, strategy="ulysses")
     with pytest.raises(ValueError, match=f"cannot be split over {world} ranks"):
         fam.run(model, fam.too_few_tokens(kind, world))
-    trained = dd.parallelize(fam.make_model(kind), strategy="ring").train()  # no backward
-    with pytest.raises(ValueError, match="sequence-parallel training is not supported yet"):
-        trained(**inputs)
     assert fam.error(fam.run(model, inputs), ref, kind) <= fam.TOLERANCE
     dd.unparallelize(model)  # every hook of a multi-rank plan removed: the stock module again
     assert hook_count(model) == 0

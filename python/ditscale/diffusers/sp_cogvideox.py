@@ -114,4 +114,5 @@ PLAN = Plan(
     processors=(Processors("transformer_blocks.*.attn1",
                            (CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0),
                            JointAttentionProcessor),),
-    hint="custom processors are not supported")
+    hint="custom processors are not supported",
+    trains=True)  # every hook above differentiates (docs/diffusers.md, "Training")

@@ -95,4 +95,5 @@ PLAN = Plan(
         "proj_out": Gather(dim=1),                  # [B, S_r, C_out] -> [B, S, C_out]
     },
     processors=(Processors("transformer_blocks.*.attn", _STOCK, DoubleStreamProcessor),
-                Processors("single_transformer_blocks.*.attn", _STOCK, SingleStreamProcessor)))
+                Processors("single_transformer_blocks.*.attn", _STOCK, SingleStreamProcessor)),
+    trains=True)  # every hook above differentiates (docs/diffusers.md, "Training")

@@ -116,4 +116,5 @@ PLAN = Plan(
     # The token refiner (context_embedder) keeps its stock processor and runs whole everywhere.
     processors=(Processors("transformer_blocks.*.attn", _STOCK, JointProcessor),
                 Processors("single_transformer_blocks.*.attn", _STOCK, JointProcessor)),
-    check=_check_model)
+    check=_check_model,
+    trains=True)  # every hook above differentiates (docs/diffusers.md, "Training")

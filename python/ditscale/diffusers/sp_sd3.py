@@ -51,4 +51,5 @@ PLAN = Plan(
     processors=(Processors("transformer_blocks.*.attn", (JointAttnProcessor2_0,), JointProcessor),
                 Processors("transformer_blocks.*.attn2", (JointAttnProcessor2_0,), JointProcessor,
                            optional=True)),
-    hint="unfuse QKV projections, unload IP-Adapters and custom processors first")
+    hint="unfuse QKV projections, unload IP-Adapters and custom processors first",
+    trains=True)  # every hook above differentiates (docs/diffusers.md, "Training")

@@ -3,7 +3,8 @@
 Under 2 gloo processes (one spawn): tiny Wan, Flux, HunyuanVideo (two-call CFG) and CogVideoX
 (batched CFG) pipelines with 3 blocks, 6 steps, FirstBlockCache at thresholds that skip some
 steps and compute others, PyramidAttentionBroadcast (Wan: refused under the two-call split;
-CogVideoX), TaylorSeer and MagCache on Wan; each with CFG
+CogVideoX), TaylorSeer and MagCache on Wan, FasterCache on CogVideoX (refused under the CFG
+split); each with CFG
 parallelism (halves of one rank) and with cfg_parallel=False (sequence parallel over both
 ranks): the latents equal the single-process cached pipeline's within fp32 tolerance, the same
 bits on both ranks, and differ from the uncached run (the cache did skip). Then, on a group with
@@ -82,6 +83,12 @@ def cache_config(label: str, pipe):
         return h.TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=2,
                                        cache_identifiers=[r"blocks\.\d+\.attn1"],
                                        taylor_factors_dtype=torch.float32)
+    if label == "faster":  # CogVideoX's latents are [B, F, C, H, W]
+        return diffusers.FasterCacheConfig(
+            spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(-1, 1001),
+            unconditional_batch_skip_range=2, unconditional_batch_timestep_skip_range=(-1, 1001),
+            current_timestep_callback=lambda: pipe.current_timestep,
+            attention_weight_callback=lambda _: 0.5, tensor_format="BFCHW")
     assert label == "mag"
     return h.MagCacheConfig(threshold=0.5, num_inference_steps=STEPS, retention_ratio=0.0,
                             mag_ratios=[1.0, 0.99, 0.98, 0.97, 0.96, 0.95])
@@ -90,10 +97,15 @@ def cache_config(label: str, pipe):
 # Per family the caches run (thresholds chosen from the tiny models' metrics: mixed decisions
 # with margins of at least 0.01 to the threshold).
 # PyramidAttentionBroadcast under Wan's two-call CFG split is refused (checked below).
+# FasterCache (CogVideoX: a batched [uncond; cond] call) is refused under any CFG split (below).
 CASES = {"wan": ("fbc:0.1", "fbc:0.2", "fbc:0.3", "pab", "taylorseer", "mag"),
-         "cogvideox": ("fbc:0.4", "fbc:0.5", "pab"),
+         "cogvideox": ("fbc:0.4", "fbc:0.5", "pab", "faster"),
          "flux": ("fbc:0.25",), "hunyuan-video": ("fbc:0.25",)}
 MODES = ("split", "sp")  # CFG parallelism (halves of 1 rank), cfg_parallel=False (SP over 2)
+REFUSED = {("wan", "pab", "split"): "blocks.0.attn1: pyramid_attention_broadcast (its one cache "
+                                    "is shared",
+           ("cogvideox", "faster", "split"): "(root): faster_cache_denoiser (it approximates the "
+                                             "unconditional rows of a batch [uncond; cond]"}
 
 
 def parallel(name: str, mode: str, mesh=None):
@@ -115,16 +127,17 @@ def compare_all(rank, world):
             ref_pipe.transformer.enable_cache(cache_config(label, ref_pipe))
             ref = latents(ref_pipe, name)
             for mode in MODES:
-                if (name, label, mode) == ("wan", "pab", "split"):
+                if (name, label, mode) in REFUSED:
                     continue
                 pipe = parallel(name, mode)
                 pipe.transformer.enable_cache(cache_config(label, pipe))
                 got = latents(pipe, name)
                 results[(name, label, mode)] = (relative_error(got, ref),
                                                 relative_error(ref, plain), got)
-    pipe = parallel("wan", "split")
-    pipe.transformer.enable_cache(cache_config("pab", pipe))
-    results["pab-two-call-split"] = _outcome(lambda: latents(pipe, "wan"))
+    for name, label, mode in REFUSED:
+        pipe = parallel(name, mode)
+        pipe.transformer.enable_cache(cache_config(label, pipe))
+        results[("refused", name, label)] = _outcome(lambda: latents(pipe, name))
     return results, diverge(rank)
 
 
@@ -182,11 +195,12 @@ def test_caches_match_the_single_process_run_and_diverging_ranks_fail_fast():
     results = gloo_util.run_gloo(compare_all, 2, timeout_s=300)
     (r0, d0), (r1, d1) = results
     for rank, r in enumerate((r0, r1)):
-        message = r.pop("pab-two-call-split")[0]
-        assert "blocks.0.attn1: pyramid_attention_broadcast (its one cache is shared" in message, \
-            (rank, message)
+        for (name, label, mode), words in REFUSED.items():
+            message = r.pop(("refused", name, label))[0]
+            assert f"CFG parallelism of a {name} pipeline" in message, (rank, message)
+            assert words in message, (rank, message)
     assert set(r0) == {(n, lb, m) for n, labels in CASES.items() for lb in labels
-                       for m in MODES} - {("wan", "pab", "split")}
+                       for m in MODES} - set(REFUSED)
     bad = {k: e for k, (e, _, _) in r0.items() if not e <= TOLERANCE}
     assert not bad, f"relative errors above {TOLERANCE}: {bad}"
     for key, (_, _, got) in r1.items():
@@ -218,8 +232,6 @@ def _refusal(fn) -> str:
 
 
 @pytest.mark.parametrize("config,named", [
-    (lambda: diffusers.FasterCacheConfig(current_timestep_callback=lambda: 0),
-     "FasterCacheConfig"),
     (lambda: diffusers.hooks.MagCacheConfig(calibrate=True, num_inference_steps=4),
      "MagCacheConfig(calibrate=True)"),
     (lambda: diffusers.hooks.SeaCacheConfig(), "SeaCacheConfig"),

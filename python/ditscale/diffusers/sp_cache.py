@@ -32,9 +32,8 @@ HOOKS: Dict[str, Optional[str]] = {
     "TaylorSeerCacheHook": None,
     "MagCacheHeadHook": None,  # calibrate=True is refused by CONFIGS
     "MagCacheBlockHook": None,
-    "FasterCacheDenoiserHook": "it splits the batch into unconditional and conditional rows, "
-                               "which CFG parallelism moves to other ranks (not supported)",
-    "FasterCacheBlockHook": "FasterCache is refused as a whole",
+    "FasterCacheDenoiserHook": None,  # refused under a CFG split: ANY_SPLIT
+    "FasterCacheBlockHook": None,
     "SeaCacheRootHook": "its spectral filter needs the whole frame on one rank and it votes "
                         "over the default process group, not the sequence-parallel one",
     "SeaCacheLeaderBlockHook": "SeaCache is refused as a whole",
@@ -52,13 +51,20 @@ TWO_CALL_SPLIT: Dict[str, str] = {
                                      "call of a step, which the split runs on different ranks",
 }
 
+# Hooks kept under sequence parallelism but refused under any CFG split (batched or two-call), at
+# the call: the reason.
+_FASTER_CACHE = ("it approximates the unconditional rows of a batch [uncond; cond] from the "
+                 "conditional ones, which a CFG split runs on different ranks")
+ANY_SPLIT: Dict[str, str] = {"FasterCacheDenoiserHook": _FASTER_CACHE,
+                             "FasterCacheBlockHook": _FASTER_CACHE}
+
 # enable_cache's config class -> None (kept) or the refusal's reason; any other class: refused.
 CONFIGS: Dict[str, Optional[str]] = {
     "FirstBlockCacheConfig": None,
     "PyramidAttentionBroadcastConfig": None,
     "TaylorSeerCacheConfig": None,
     "MagCacheConfig": None,
-    "FasterCacheConfig": HOOKS["FasterCacheDenoiserHook"],
+    "FasterCacheConfig": None,
     "SeaCacheConfig": HOOKS["SeaCacheRootHook"],
     "TextKVCacheConfig": HOOKS["TextKVCacheTransformerHook"],
 }
@@ -148,16 +154,17 @@ def _split_pattern(module) -> Optional[str]:
 
 def unsafe_stateful_hooks(module) -> List[str]:
     """The stateful diffusers hooks on ``module`` that a CFG split must still refuse
-    ("submodule: hook"): those :func:`make_cache_consistent` has not made safe, and under a
-    two-call split those of :data:`TWO_CALL_SPLIT`."""
+    ("submodule: hook (reason)"): those :func:`make_cache_consistent` has not made safe, those
+    of :data:`ANY_SPLIT`, and under a two-call split those of :data:`TWO_CALL_SPLIT`."""
     two_call = _split_pattern(module) == "two-call"
     found = []
     for where, hook in _hooks(module):
         kind = type(hook).__name__
+        refused = {**ANY_SPLIT, **(TWO_CALL_SPLIT if two_call else {})}
         safe = is_consistent(hook) or (kind in HOOKS and HOOKS[kind] is None
-                                       and not (two_call and kind in TWO_CALL_SPLIT))
+                                       and kind not in refused)
         if getattr(hook, "_is_stateful", False) and not safe:
-            found.append(f"{where} ({TWO_CALL_SPLIT.get(kind, kind)})")
+            found.append(f"{where} ({refused.get(kind, kind)})")
     return found
 
 

@@ -3,7 +3,8 @@
 toy store and seed: the same samples per step, losses and gradient norms (which a wrong loss
 scale would change) and final parameters within fp32 tolerance; an exact resume of the
 sp_degree-2 run; a resume on 2 ranks with sp_degree 2 (1 data-parallel rank: the rest of the
-epoch re-planned) that trains every sample of the epoch once; the configuration's refusals.
+epoch re-planned) that trains every sample of the epoch once; the refusals (range, a degree that
+does not divide the world size, CUDA, samples of fewer tokens than ranks).
 See docs/train.md ("Sequence parallelism").
 """
 
@@ -17,6 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 from ditscale import ops  # noqa: E402
+from ditscale.latent_store import LatentStore  # noqa: E402
 from ditscale.train import parallel  # noqa: E402
 from ditscale.train.config import load_config  # noqa: E402
 from train_util import make_toy_store, run_train  # noqa: E402
@@ -133,6 +135,10 @@ def test_sp_degree_refusals(tmp_path):
         parallel.check(2, "ulysses", 4, torch.device("cuda"))
     parallel.check(1, "ulysses", 3, torch.device("cuda"))  # no sequence parallelism: any device
     store = make_toy_store(tmp_path / "store", n=4)
+    parallel.check_tokens(LatentStore(store), 16)  # the smallest sample: an image of 4 x 4 x 1
+    with pytest.raises(ValueError, match="sp_degree: 17 > the 16 tokens of store sample 0 "
+                                         "\\(num_frames 1, 64x64\\)"):
+        parallel.check_tokens(LatentStore(store), 17)
     proc = run_train(1, _args(store, str(tmp_path / "out"), **{"sp-degree": 2}))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "ditscale.train: error: sp_degree: 2 does not divide the world size 1" in proc.stderr

@@ -51,10 +51,12 @@ class Setup:
 
 
 def prepare(cfg) -> Setup:
-    """The checks that need no process group: store, model, fused AdaLN, the checkpoint."""
+    """The checks that need no process group: store, model, tokens per sample for sp_degree,
+    fused AdaLN, the checkpoint."""
     store = LatentStore(cfg.store)
     wan = model_mod.model_config(cfg.model, cfg.num_layers, store.meta.max_text_tokens)
     model_mod.check_store(store, wan)
+    parallel.check_tokens(store, cfg.sp_degree)
     if cfg.fused_adaln:
         from .. import ops
         from ..models import diffusers_wan

@@ -61,6 +61,32 @@ def check(sp_degree: int, strategy: str, world: int, device: torch.device) -> No
                          f"set sp_degree = 1 (--sp-degree 1)")
 
 
+def check_tokens(store, sp_degree: int) -> None:
+    """ValueError naming the first store sample with fewer than ``sp_degree`` tokens (each rank
+    of an SP group needs one): the training shapes of the manifest rows through the store's
+    shape model (one ``seq_len`` per distinct raw shape)."""
+    if sp_degree == 1:
+        return
+    import numpy as np
+
+    from .. import _core
+
+    m = _core.read_manifest(store.manifest_path)
+    rows = np.stack([np.asarray(m.num_frames, np.float64), np.asarray(m.height, np.float64),
+                     np.asarray(m.width, np.float64), np.asarray(m.fps, np.float64)], axis=1)
+    shapes, first = np.unique(rows, axis=0, return_index=True)
+    bad = []
+    for (f, h, w, fps), i in zip(shapes.astype(np.int64).tolist(), first.tolist()):
+        tokens = _core.seq_len(f, h, w, float(rows[i, 3]), store.shape_model)
+        if tokens < sp_degree:
+            bad.append((i, f, h, w, tokens))
+    if bad:
+        i, f, h, w, tokens = min(bad)
+        raise ValueError(f"sp_degree: {sp_degree} > the {tokens} tokens of store sample {i} "
+                         f"(num_frames {f}, {h}x{w}): every rank of a sequence-parallel group "
+                         f"needs one")
+
+
 def make_layout(sp_degree: int, strategy: str, timeout_s: float, device: torch.device) -> Layout:
     """Checks, then builds every SP group on every rank (torch.distributed initialised);
     returns this rank's layout."""

@@ -271,9 +271,11 @@ class StepRunner:
     """Runs training steps of an FSDP2 model (see the module docstring)."""
 
     def __init__(self, model, optimizer, device: torch.device, sync_mode: str = "timed",
-                 cfg: Optional[WanConfig] = None, dtype: torch.dtype = torch.float32):
+                 cfg: Optional[WanConfig] = None, dtype: torch.dtype = torch.float32,
+                 sync_tokens: int = 1):
         """cfg: the model's config (default ``model.cfg``; a diffusers model has none); dtype:
-        the compute dtype of the inputs (that of the gradient-sync pass's 1-token batch)."""
+        the compute dtype of the inputs (that of the gradient-sync pass's batch); sync_tokens:
+        the tokens of that batch (a sequence-parallel model needs one per rank of its group)."""
         from torch.distributed.fsdp import FSDPModule
 
         if sync_mode not in ("timed", "native"):
@@ -288,12 +290,14 @@ class StepRunner:
             raise ValueError(f"StepRunner: cfg is required for a {type(model).__name__} "
                              f"(it has no .cfg)")
         self._dtype = dtype
+        self._sync_tokens = int(sync_tokens)
 
     def _dummy_batch(self) -> MicroBatch:
-        """A 1-token input for the gradient-sync pass."""
+        """A ``sync_tokens``-token input for the gradient-sync pass (one row of patches)."""
         if self._dummy is None:
             cfg, dev, dt = self._cfg, self.device, self._dtype
             lt, lh, lw = cfg.patch
+            lw *= self._sync_tokens
             self._dummy = MicroBatch(
                 torch.zeros(1, cfg.in_channels, lt, lh, lw, device=dev, dtype=dt),
                 torch.full((1,), 500.0, device=dev),

@@ -4,9 +4,10 @@ A checkpoint folder holds
     dcp/               torch.distributed.checkpoint of {"model", "optim", "ema"} (sharded DTensors:
                        loads on any world size)
     rng-R.pt           rank R's torch (and CUDA) RNG states
-    train_state.pt     rank 0: step, epoch, the segment's world size, excluded ids and sampler
-                       state, the scheduler's state, the consumed ids of the epoch
-    meta.json          rank 0, written last: format, step, world size, the model's description
+    train_state.pt     rank 0: step, epoch, the segment's (data-parallel) world size, excluded
+                       ids and sampler state, the scheduler's state, the consumed ids of the epoch
+    meta.json          rank 0, written last: format, step, world size, sp_degree, the model's
+                       description
 It is written under ``.tmp-step-N`` and renamed by rank 0 once every rank has finished (a crash
 while saving leaves a ``.tmp-*`` folder that is ignored and removed by the next save); then the
 oldest beyond ``keep`` are removed. A checkpoint of another model (meta.json's description) is

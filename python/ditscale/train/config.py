@@ -94,6 +94,11 @@ FIELDS: List[Field] = [
        "backward: off, full (every block), every (every k-th block, k = ac_every)",
        choices=("off", "full", "every")),
     _f("transformer", "ac_every", "int", 2, "k of activation_checkpointing = every", 1, 1000),
+    _f("transformer", "sp_degree", "int", 1, "sequence parallelism: each sample's tokens "
+       "split over sp_degree consecutive ranks (must divide the world size; data-parallel "
+       "size = world / sp_degree; > 1: CPU/gloo only so far)", 1, 64),
+    _f("transformer", "sp_strategy", "choice", "ulysses", "attention strategy of sp_degree > 1 "
+       "(only those with a backward on several ranks: ulysses, so far)", choices=("ulysses",)),
     _f("objective", "timestep_sampling", "choice", "uniform", "distribution of u in [0, 1] "
        "before the shift", choices=("uniform", "logit-normal")),
     _f("objective", "logit_mean", "float", 0.0, "logit-normal mean", -10.0, 10.0),

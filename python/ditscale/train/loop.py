@@ -2,10 +2,13 @@
 segments, logging, validation and checkpoints; SIGTERM saves a checkpoint and stops.
 
     setup (before the process group): store, model config, store/model check, checkpoint/model
-    check -> process group -> model (FSDP2), AdamW, schedule, EMA -> resume -> per segment:
+    check -> process group -> layout (sp_degree: the SP groups) -> model (sequence-parallel,
+    FSDP2), AdamW, schedule, EMA -> resume -> per segment:
     DataLoader from the segment's step; per step: this rank's micro-batches -> Stepper.step ->
     gathered per-rank stats -> metrics line -> validation -> checkpoint.
 
+Every rank of an SP group trains its data-parallel index's micro-batches; the metrics count
+each sample once (the first rank of each SP group reports its group's loss, samples, tokens).
 Exit status: 0 when ``steps`` steps are done, 143 after a SIGTERM (its checkpoint saved).
 See [docs/train.md](../../../docs/train.md).
 """
@@ -26,7 +29,7 @@ import torch.distributed as dist
 from .. import Error as DitscaleError
 from ..latent_store import LatentStore
 from ..models.training import MicroBatch, init_distributed
-from . import checkpoint, model as model_mod
+from . import checkpoint, model as model_mod, parallel
 from .data import StoreDataset, make_loader
 from .logs import RunLog
 from .objective import Objective, to_device
@@ -48,10 +51,12 @@ class Setup:
 
 
 def prepare(cfg) -> Setup:
-    """The checks that need no process group: store, model, fused AdaLN, the checkpoint."""
+    """The checks that need no process group: store, model, tokens per sample for sp_degree,
+    fused AdaLN, the checkpoint."""
     store = LatentStore(cfg.store)
     wan = model_mod.model_config(cfg.model, cfg.num_layers, store.meta.max_text_tokens)
     model_mod.check_store(store, wan)
+    parallel.check_tokens(store, cfg.sp_degree)
     if cfg.fused_adaln:
         from .. import ops
         from ..models import diffusers_wan
@@ -90,6 +95,8 @@ class Trainer:
     def __init__(self, cfg, setup: Setup, env, dataset=None):
         self.cfg, self.setup, self.env = cfg, setup, env
         self.rank, self.world, self.device = env.rank, env.world_size, env.device
+        self.layout = parallel.make_layout(cfg.sp_degree, cfg.sp_strategy, cfg.pg_timeout_s,
+                                           self.device)
         auto = "bf16" if self.device.type == "cuda" else "fp32"
         self.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
             auto if cfg.dtype == "auto" else cfg.dtype]
@@ -98,12 +105,13 @@ class Trainer:
             os.makedirs(cfg.out, exist_ok=True)
             with open(os.path.join(cfg.out, "config.json"), "w") as f:
                 json.dump(asdict(cfg), f, indent=1)
-        self.model = model_mod.build(self.wan, cfg, self.device, self.dtype)
+        self.model = model_mod.build(self.wan, cfg, self.device, self.dtype, self.layout)
         self.optimizer = adamw(self.model, cfg)
         self.scheduler = scheduler(self.optimizer, cfg)
         self.ema = Ema(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.stepper = Stepper(self.model, self.optimizer, self.scheduler, self.ema,
-                               self.device, self.wan, self.dtype, cfg.grad_clip)
+                               self.device, self.wan, self.dtype, cfg.grad_clip,
+                               cfg.sp_degree)
         self.objective = Objective(cfg.seed, cfg.shift, cfg.timestep_sampling, cfg.logit_mean,
                                    cfg.logit_std)
         self.dataset = (StoreDataset(self.store, self.store.meta.max_text_tokens)
@@ -116,8 +124,9 @@ class Trainer:
 
     # ---- segments -----------------------------------------------------------------------
     def segment(self, epoch: int, excluded=None) -> Segment:
-        return Segment(self.store.manifest_path, len(self.store), epoch, self.rank, self.world,
-                       excluded, **self.sampler_kw)
+        """The plan over the data-parallel ranks (this rank: its SP group's index)."""
+        return Segment(self.store.manifest_path, len(self.store), epoch, self.layout.dp_rank,
+                       self.layout.dp, excluded, **self.sampler_kw)
 
     def resume(self) -> Segment:
         """The segment and its step to continue at (``self.seg_step``), from the checkpoint."""
@@ -128,7 +137,7 @@ class Trainer:
         ts = checkpoint.load(folder, self.model, self.optimizer, self.ema)
         self.scheduler.load_state_dict(ts["scheduler"])
         self.step, epoch = int(ts["step"]), int(ts["epoch"])
-        if ts["world_size"] == self.world:
+        if ts["world_size"] == self.layout.dp:
             seg = self.segment(epoch, ts["excluded"].numpy())
             try:
                 self.seg_step = seg.load_state_dict(ts["sampler"])
@@ -139,7 +148,8 @@ class Trainer:
             return seg
         consumed = ts["consumed"].numpy()
         self.seg_step = 0
-        self.log.message(f"resume: world size {ts['world_size']} -> {self.world}; epoch "
+        self.log.message(f"resume: data-parallel world size {ts['world_size']} -> "
+                         f"{self.layout.dp}; epoch "
                          f"{epoch}: {len(consumed)} samples consumed, the other "
                          f"{len(self.store) - len(consumed)} re-planned")
         if len(consumed) >= len(self.store):
@@ -182,7 +192,8 @@ class Trainer:
             t0 = time.perf_counter()
             mbs = [self._micro_batch(next(loader)) for _ in range(seg.counts[k])]
             t_data = time.perf_counter() - t0
-            total = len(seg.step_ids(k))
+            total = len(seg.step_ids(k))  # each sample once (the plan is over the dp ranks)
+            # W / N: FSDP averages over all W ranks (step.py derives it with sp_degree > 1)
             res = self.stepper.step(mbs, self.world / total, self.stop_requested)
             self.step += 1
             self.seg_step += 1
@@ -206,17 +217,19 @@ class Trainer:
                     compute_s=res.compute_s, wait_s=res.wait_s, shapes=res.shapes)
         every = [None] * self.world
         dist.all_gather_object(every, mine)
-        n = sum(r["samples"] for r in every)
-        tokens = sum(r["tokens"] for r in every)
+        groups = every[:: self.layout.sp]  # one rank per SP group: each sample once
+        n = sum(r["samples"] for r in groups)
+        tokens = sum(r["tokens"] for r in groups)
         return {"step": self.step, "epoch": seg.epoch,
-                "loss": sum(r["loss_sum"] for r in every) / max(n, 1), "lr": res.lr,
+                "loss": sum(r["loss_sum"] for r in groups) / max(n, 1), "lr": res.lr,
                 "grad_norm": res.grad_norm, "tokens": tokens,
                 "samples": seg.step_ids(k) if self.rank == 0 else [],
                 "tokens_per_s": tokens / step_s, "step_time_s": step_s, "data_wait_s": t_data,
                 "compute_s": [r["compute_s"] for r in every],
                 "wait_s": [r["wait_s"] for r in every],
-                "micro_batches": [len(r["shapes"]) for r in every],
-                "shapes": [r["shapes"] for r in every], "world_size": self.world}
+                "micro_batches": [len(r["shapes"]) for r in groups],
+                "shapes": [r["shapes"] for r in groups], "world_size": self.world,
+                "sp_degree": self.layout.sp}
 
     def _after_step(self, record: Dict, seg: Segment, stop: bool) -> None:
         cfg, step = self.cfg, self.step
@@ -230,12 +243,13 @@ class Trainer:
 
     def save(self, seg: Segment) -> str:
         train_state = {
-            "step": self.step, "epoch": seg.epoch, "world_size": self.world,
+            "step": self.step, "epoch": seg.epoch, "world_size": self.layout.dp,  # the plan's
             "excluded": torch.from_numpy(seg.excluded.copy()),
             "sampler": seg.state_dict(self.seg_step),
             "consumed": torch.from_numpy(np.asarray(seg.consumed(self.seg_step), np.int64)),
             "scheduler": self.scheduler.state_dict()}
-        meta = {"world_size": self.world, "epoch": seg.epoch, "ema": self.ema is not None,
+        meta = {"world_size": self.world, "sp_degree": self.layout.sp, "epoch": seg.epoch,
+                "ema": self.ema is not None,
                 "model": model_mod.describe(self.wan)}
         return checkpoint.save(self.cfg.out, self.step, self.model, self.optimizer, self.ema,
                                train_state, meta, self.cfg.keep_checkpoints)

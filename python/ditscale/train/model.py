@@ -9,6 +9,8 @@ checked against the latent store, with the fused AdaLN, activation checkpointing
   (``LatentStore.check_model``); the padded text length is the store's ``max_text_tokens``.
 - Activation checkpointing wraps a block's forward in ``torch.utils.checkpoint`` (non-reentrant):
   ``full`` every block, ``every`` the blocks 0, k, 2k, ...
+- Sequence parallelism (``sp_degree`` > 1, ``parallel``): the diffusers model is parallelized
+  over this rank's SP group after the fused AdaLN, before the checkpointing and FSDP2.
 - FSDP2 (``fully_shard``): one unit per block, then the root; the float32 modules of Wan as in
   ``ditscale.models.training.build_model`` (params fp32, compute in the training dtype).
 See [docs/train.md](../../../docs/train.md).
@@ -90,13 +92,18 @@ def apply_activation_checkpointing(model, mode: str, every: int) -> int:
     return len(chosen)
 
 
-def build(cfg: WanConfig, tcfg, device: torch.device, dtype: torch.dtype):
-    """The FSDP2-sharded model (fp32 parameters; see the module)."""
+def build(cfg: WanConfig, tcfg, device: torch.device, dtype: torch.dtype, layout=None):
+    """The FSDP2-sharded model (fp32 parameters; see the module), sequence-parallel over this
+    rank's SP group of ``layout`` (``parallel.Layout``; None: none)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from . import parallel
 
     folder = None if tcfg.model in PRESETS else tcfg.model
     model = diffusers_wan.build(cfg, device, seed=tcfg.seed, weights=folder,
                                 fused_adaln=tcfg.fused_adaln)
+    if layout is not None:
+        parallel.parallelize(model, layout, tcfg.sp_strategy)
     apply_activation_checkpointing(model, tcfg.activation_checkpointing, tcfg.ac_every)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                               cast_forward_inputs=False)

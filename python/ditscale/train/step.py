@@ -10,6 +10,16 @@ forward/backward, loss * 0, reduce-scatters the accumulated gradients) and the a
 replicated parameters' gradients; then ``optim.clip_grad_norm``, AdamW, the scheduler, the EMA.
 The gradient is that of the mean per-sample loss over every rank's samples of the step:
 ``loss_scale = world_size / samples_in_step`` (FSDP averages over the ranks).
+
+Sequence parallelism (W ranks, SP groups of sp ranks, dp = W / sp; N samples in the step, each
+trained by one SP group): every rank of group g computes the same loss L_g (the sum of its
+per-sample losses, on the gathered output) and holds a partial gradient P_{g,i}, with
+sum_i P_{g,i} = grad L_g (docs/sp.md, "Gradients"). FSDP's reduce-scatter (and the replicated
+parameters' all_reduce) average over all W ranks, so with the loss scaled by s:
+    (1 / W) sum_g sum_i s P_{g,i} = (s / W) sum_g grad L_g,
+which is the data-parallel gradient (1 / N) sum_g grad L_g for s = W / N = sp * (dp / N): the
+same ``loss_scale = world_size / samples_in_step`` with N counting each sample once (the plan is
+over the dp ranks); i.e. dp's scale dp / N times sp_degree.
 """
 
 from __future__ import annotations
@@ -40,8 +50,10 @@ class StepResult:
 
 
 class Stepper:
-    def __init__(self, model, optimizer, scheduler, ema, device, wan_cfg, dtype, grad_clip):
-        self.runner = StepRunner(model, optimizer, device, cfg=wan_cfg, dtype=dtype)
+    def __init__(self, model, optimizer, scheduler, ema, device, wan_cfg, dtype, grad_clip,
+                 sp_degree: int = 1):
+        self.runner = StepRunner(model, optimizer, device, cfg=wan_cfg, dtype=dtype,
+                                 sync_tokens=sp_degree)
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
         self.device, self.grad_clip = device, grad_clip
 

@@ -1,0 +1,114 @@
+"""The ranks' layout of a run: data parallelism x sequence parallelism (``sp_degree``).
+
+The W ranks form W / sp_degree sequence-parallel (SP) groups of sp_degree consecutive ranks:
+rank r is in group r // sp_degree, which is also its data-parallel index (the rank the
+sampler's plan is made for, over W / sp_degree data-parallel ranks). Every rank of an SP group
+trains the same micro-batches with the transformer's tokens split over the group
+(``ditscale.diffusers.parallelize`` on the group's mesh); FSDP2 still shards the parameters over
+all W ranks. The SP process groups are made once, at set-up, on every rank (a collective);
+the checks run before, alike on every rank. See [docs/train.md](../../../docs/train.md)
+("Sequence parallelism").
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place: ``rank`` of ``world``, SP groups of ``sp`` ranks; ``group``: its SP
+    process group (None when sp == 1)."""
+
+    rank: int
+    world: int
+    sp: int
+    group: Optional[Any] = None
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: the world size the sampler's plan is made for."""
+        return self.world // self.sp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.sp
+
+    @property
+    def sp_rank(self) -> int:
+        return self.rank % self.sp
+
+
+def check(sp_degree: int, strategy: str, world: int, device: torch.device) -> None:
+    """ValueError (the same on every rank) when ``sp_degree`` cannot train here: it must divide
+    ``world``, and above 1 the strategy must have a backward on several ranks on ``device``."""
+    if world % sp_degree:
+        raise ValueError(f"sp_degree: {sp_degree} does not divide the world size {world} (the "
+                         f"ranks form world / sp_degree groups of sp_degree consecutive ranks)")
+    if sp_degree == 1:
+        return
+    from ..sp.grad import GRAD_STRATEGIES
+
+    if strategy not in GRAD_STRATEGIES or device.type != "cpu":
+        raise ValueError(f"sp_degree: {sp_degree} > 1 needs sequence-parallel attention with a "
+                         f"backward on several ranks, which exists for strategy "
+                         f"{', '.join(repr(s) for s in GRAD_STRATEGIES)} on CPU tensors over "
+                         f"gloo only so far (sp_strategy {strategy!r}, device {device.type}); "
+                         f"set sp_degree = 1 (--sp-degree 1)")
+
+
+def check_tokens(store, sp_degree: int) -> None:
+    """ValueError naming the first store sample with fewer than ``sp_degree`` tokens (each rank
+    of an SP group needs one): the training shapes of the manifest rows through the store's
+    shape model (one ``seq_len`` per distinct raw shape)."""
+    if sp_degree == 1:
+        return
+    import numpy as np
+
+    from .. import _core
+
+    m = _core.read_manifest(store.manifest_path)
+    rows = np.stack([np.asarray(m.num_frames, np.float64), np.asarray(m.height, np.float64),
+                     np.asarray(m.width, np.float64), np.asarray(m.fps, np.float64)], axis=1)
+    shapes, first = np.unique(rows, axis=0, return_index=True)
+    bad = []
+    for (f, h, w, fps), i in zip(shapes.astype(np.int64).tolist(), first.tolist()):
+        tokens = _core.seq_len(f, h, w, float(rows[i, 3]), store.shape_model)
+        if tokens < sp_degree:
+            bad.append((i, f, h, w, tokens))
+    if bad:
+        i, f, h, w, tokens = min(bad)
+        raise ValueError(f"sp_degree: {sp_degree} > the {tokens} tokens of store sample {i} "
+                         f"(num_frames {f}, {h}x{w}): every rank of a sequence-parallel group "
+                         f"needs one")
+
+
+def make_layout(sp_degree: int, strategy: str, timeout_s: float, device: torch.device) -> Layout:
+    """Checks, then builds every SP group on every rank (torch.distributed initialised);
+    returns this rank's layout."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    check(sp_degree, strategy, world, device)
+    if sp_degree == 1:
+        return Layout(rank, world, 1)
+    ranks = [list(range(g * sp_degree, (g + 1) * sp_degree)) for g in range(world // sp_degree)]
+    group, _ = dist.new_subgroups_by_enumeration(
+        ranks, timeout=datetime.timedelta(seconds=timeout_s))
+    return Layout(rank, world, sp_degree, group)
+
+
+def parallelize(model, layout: Layout, strategy: str):
+    """``model`` (a diffusers Wan transformer, before FSDP) sequence-parallel over this rank's
+    SP group (nothing when sp == 1); returns it."""
+    if layout.sp == 1:
+        return model
+    from .. import sp
+    from ..diffusers import parallelize as sp_parallelize
+
+    mesh = sp.Mesh.from_process_group(layout.group)
+    return sp_parallelize(model, mesh=mesh, strategy=strategy)

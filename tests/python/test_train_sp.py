@@ -3,7 +3,7 @@
 toy store and seed: the same samples per step, losses and gradient norms (which a wrong loss
 scale would change) and final parameters within fp32 tolerance; an exact resume of the
 sp_degree-2 run; a resume on 2 ranks with sp_degree 2 (1 data-parallel rank: the rest of the
-epoch re-planned) that trains every sample of the epoch once; the refusals (range, a degree that
+epoch re-planned, strategy ring) that trains every sample of the epoch once; the refusals (range, a degree that
 does not divide the world size, CUDA, samples of fewer tokens than ranks).
 See docs/train.md ("Sequence parallelism").
 """
@@ -105,13 +105,14 @@ def test_sp_resume_is_exact(runs):
 
 def test_resume_on_one_sp_group_trains_the_epoch_once(runs):
     """The 4-rank sp_degree-2 checkpoint of step 2 (2 data-parallel ranks) on 2 ranks with
-    sp_degree 2 (1 data-parallel rank): the rest of the epoch is re-planned."""
+    sp_degree 2 (1 data-parallel rank) and strategy ring: the rest of the epoch is re-planned."""
     first = [x for x in _lines(runs["sp"]) if x["step"] <= 2]
     epoch = first[-1]["epoch"]
     out = str(runs["root"] / "one-group")
     ck = os.path.join(runs["sp"], "checkpoints", "step-000000002")
     proc = run_train(2, _args(runs["store"], out, resume=ck, steps=40,
-                              **{"sp-degree": 2, "checkpoint-every": 0}))
+                              **{"sp-degree": 2, "checkpoint-every": 0,
+                                 "sp-strategy": "ring"}))
     _check(proc)
     assert "data-parallel world size 2 -> 1" in proc.stdout + proc.stderr
     later = _lines(out)
@@ -126,8 +127,9 @@ def test_sp_degree_refusals(tmp_path):
     for bad in ("0", "65"):
         with pytest.raises(ValueError, match=f"sp_degree: {bad} is out of range \\[1, 64\\]"):
             load_config(base + ["--sp-degree", bad])
-    with pytest.raises(ValueError, match="sp_strategy: 'ring' is not one of ulysses"):
-        load_config(base + ["--sp-strategy", "ring"])
+    with pytest.raises(ValueError, match="sp_strategy: 'torus' is not one of ulysses"):
+        load_config(base + ["--sp-strategy", "torus"])
+    assert load_config(base + ["--sp-strategy", "ring"]).sp_strategy == "ring"
     with pytest.raises(ValueError, match="sp_degree: 2 does not divide the world size 3"):
         parallel.check(2, "ulysses", 3, torch.device("cpu"))
     with pytest.raises(ValueError, match="sp_degree: 2 > 1 needs .* on CPU tensors over gloo "

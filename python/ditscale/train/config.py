@@ -98,7 +98,8 @@ FIELDS: List[Field] = [
        "split over sp_degree consecutive ranks (must divide the world size; data-parallel "
        "size = world / sp_degree; > 1: CPU/gloo only so far)", 1, 64),
     _f("transformer", "sp_strategy", "choice", "ulysses", "attention strategy of sp_degree > 1 "
-       "(only those with a backward on several ranks: ulysses, so far)", choices=("ulysses",)),
+       "within a group (ring: its backward recomputes the layer as ulysses)",
+       choices=("ulysses", "ring")),
     _f("objective", "timestep_sampling", "choice", "uniform", "distribution of u in [0, 1] "
        "before the shift", choices=("uniform", "logit-normal")),
     _f("objective", "logit_mean", "float", 0.0, "logit-normal mean", -10.0, 10.0),

@@ -55,10 +55,9 @@ def check(sp_degree: int, strategy: str, world: int, device: torch.device) -> No
 
     if strategy not in GRAD_STRATEGIES or device.type != "cpu":
         raise ValueError(f"sp_degree: {sp_degree} > 1 needs sequence-parallel attention with a "
-                         f"backward on several ranks, which exists for strategy "
-                         f"{', '.join(repr(s) for s in GRAD_STRATEGIES)} on CPU tensors over "
-                         f"gloo only so far (sp_strategy {strategy!r}, device {device.type}); "
-                         f"set sp_degree = 1 (--sp-degree 1)")
+                         f"backward on several ranks, which exists on CPU tensors over gloo "
+                         f"only so far (sp_strategy {strategy!r}, device {device.type}); set "
+                         f"sp_degree = 1 (--sp-degree 1)")
 
 
 def check_tokens(store, sp_degree: int) -> None:

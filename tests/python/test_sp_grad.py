@@ -213,9 +213,15 @@ def test_calls_without_a_backward_refuse_inputs_that_require_grad():
                                           "group, which cannot split this layer ("), caught
 
 
+LONELY_TIMEOUT_S = 5
+
+
 def _lonely_backward(rank, world):
-    """Rank 1 never runs the backward: rank 0's fails within the group's timeout, naming the
-    transfer (no hang); rank 1's double backward is refused before any transfer."""
+    """Rank 1 never runs the backward (it stays in the group, alive, past the timeout): rank 0's
+    fails within the group's timeout, naming the transfer (no hang); rank 1's double backward is
+    refused before any transfer."""
+    import time
+
     import ditscale.sp as sp
     q = torch.randn(1, 4, 2, 8, requires_grad=True)
     out = sp.attention(q, q, q, mesh=sp.Mesh(1, world), strategy="ulysses")
@@ -225,6 +231,7 @@ def _lonely_backward(rank, world):
             torch.autograd.grad(out.sum(), q, create_graph=True)
         except NotImplementedError as e:
             twice = str(e)
+        time.sleep(LONELY_TIMEOUT_S + 2)  # leaving would close the pair: another error
         return twice
     try:
         torch.autograd.grad(out.sum(), q)  # no transfer matched: rank 1's failed at once
@@ -234,7 +241,7 @@ def _lonely_backward(rank, world):
 
 
 def test_a_backward_without_its_peer_fails_within_the_timeout():
-    lonely, twice = run_gloo(_lonely_backward, 2, timeout_s=90, pg_timeout_s=5)
+    lonely, twice = run_gloo(_lonely_backward, 2, timeout_s=90, pg_timeout_s=LONELY_TIMEOUT_S)
     assert lonely is not None and lonely.startswith("ditscale.sp (CPU backward): rank 0: "
                                                     "gradient of "), lonely
     assert "did not complete within 5 s" in lonely

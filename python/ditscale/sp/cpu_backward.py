@@ -86,6 +86,15 @@ class _Backward:
         b, t0, nt, h0, nh = r
         return self.saved[b][:, t0:t0 + nt, h0:h0 + nh]
 
+    def _post(self, op: Op, post, tensor: torch.Tensor):
+        """``post([tensor], peer, tag)`` (the process group's send or recv), a failure named."""
+        try:
+            return post([tensor], op.peer, GRAD_TAG_BASE + op.tag)
+        except RuntimeError as e:
+            raise RuntimeError(f"ditscale.sp (CPU backward): rank {self.prog.rank}: gradient of "
+                               f"{op.kind} '{op.label}' with rank {op.peer} (tag {op.tag}) "
+                               f"could not be posted: {e}") from None
+
     def _wait(self, op: Op, work) -> None:
         try:
             work.wait(self.timeout)
@@ -104,11 +113,11 @@ class _Backward:
             self.grad(op.src).add_(self.grad(op.dst))
         elif op.kind == "Recv":  # the gradient of what arrived goes back to its sender
             data = self.grad(op.dst).contiguous()
-            self.sends.append((op, self.pg.send([data], op.peer, GRAD_TAG_BASE + op.tag), data))
+            self.sends.append((op, self._post(op, self.pg.send, data), data))
         elif op.kind == "Send":  # the gradient of what was sent comes back
             b, _, nt, _, nh = op.src
             land = torch.empty(self.batch, nt, nh, self.prog.buffers[b][5])
-            work = self.pg.recv([land], op.peer, GRAD_TAG_BASE + op.tag)
+            work = self._post(op, self.pg.recv, land)
             self.pending.setdefault(b, []).append((op, work, land))
         elif op.kind == "Attention":
             dq, dk, dv = attention_lse_backward(

@@ -21,8 +21,10 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from torch._subclasses.fake_tensor import is_fake
+
 from .. import _extension  # noqa: F401  keys torch.compile's caches to this build of ditscale
-from . import grad
+from . import grad, recompute
 from .config import config_of_text
 from .dispatch import distributed_attention
 from .grad import refuse_grad
@@ -63,6 +65,12 @@ _LIB = torch.library.Library("ditscale_sp", "FRAGMENT")
 _LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k, "
             "Tensor? joint_v, str group_name, int machines, int gpus_per_machine, str config) "
             "-> (Tensor, Tensor)")
+# The gradients (dq, dk, dv, djoint_q, djoint_k, djoint_v; [B, 0, ., D] without joint inputs)
+# from (dout, djoint_out) by recomputation (recompute.py): the backward torch.compile traces.
+_LIB.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k, "
+            "Tensor? joint_v, Tensor dout, Tensor djoint_out, str group_name, int machines, "
+            "int gpus_per_machine, str config) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+            "Tensor)")
 
 
 def _attention_impl(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gpus_per_machine,
@@ -79,15 +87,73 @@ def _attention_impl(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gp
 _LIB.impl("attention", _attention_impl, "CompositeExplicitAutograd")
 
 
+def _joint_grad_shapes(q, k, joint_q):
+    """Shapes of (djoint_q, djoint_k, djoint_v): the joint inputs', or [B, 0, H or Hk, D]."""
+    if joint_q is None:
+        return ((q.shape[0], 0, q.shape[2], q.shape[3]),) + ((k.shape[0], 0) + k.shape[2:],) * 2
+    return None
+
+
+def _attention_backward_impl(q, k, v, joint_q, joint_k, joint_v, dout, djoint_out, group_name,
+                             machines, gpus_per_machine, config):
+    if q.device.type != "cpu":
+        raise NotImplementedError(f"ditscale_sp::attention_backward: no backward on "
+                                  f"{q.device.type} tensors yet (CPU tensors over gloo only)")
+    joint = None if joint_q is None else (joint_q, joint_k, joint_v)
+    g = recompute.gradients(q, k, v, joint, dout, djoint_out,
+                            mesh_of(group_name, machines, gpus_per_machine),
+                            config_of_text(config))
+    out = [g["q"].to(q.dtype), g["k"].to(k.dtype), g["v"].to(v.dtype)]
+    if joint is None:
+        return (*out, *(q.new_zeros(s) for s in _joint_grad_shapes(q, k, None)))
+    return (*out, *(g[n].to(t.dtype) for n, t in zip(("text_q", "text_k", "text_v"), joint)))
+
+
+_LIB.impl("attention_backward", _attention_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("ditscale_sp::attention_backward", lib=_LIB)
+def _attention_backward_fake(q, k, v, joint_q, joint_k, joint_v, dout, djoint_out, group_name,
+                             machines, gpus_per_machine, config):
+    grads = [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
+    if joint_q is None:
+        return (*grads, *(q.new_empty(s) for s in _joint_grad_shapes(q, k, None)))
+    return (*grads, *(t.new_empty(t.shape) for t in (joint_q, joint_k, joint_v)))
+
+
+class _Traced(torch.autograd.Function):
+    """The op under torch.compile (fake tensors): the forward is the op, it keeps only the
+    inputs, and its backward is the ``attention_backward`` op, both traced into the graphs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, joint_q, joint_k, joint_v, group_name, machines,
+                gpus_per_machine, config):
+        args = (group_name, machines, gpus_per_machine, config)
+        ctx.args, ctx.has_joint = args, joint_q is not None
+        ctx.save_for_backward(q, k, v, *((joint_q, joint_k, joint_v) if ctx.has_joint else ()))
+        return attention_op(q, k, v, joint_q, joint_k, joint_v, *args)
+
+    @staticmethod
+    def backward(ctx, dout, djoint_out):
+        t = ctx.saved_tensors
+        joint = tuple(t[3:6]) if ctx.has_joint else (None, None, None)
+        grads = attention_backward_op(t[0], t[1], t[2], *joint, dout, djoint_out, *ctx.args)
+        return (*grads[:3], *(grads[3:] if ctx.has_joint else (None,) * 3), None, None, None,
+                None)
+
+
 def _attention_autograd(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
                         gpus_per_machine, config):
     """The op's Autograd kernel: inputs that require grad run grad.attention (a
-    torch.autograd.Function) where the call has a backward and are refused elsewhere (never a
-    partial graph); others run the kernel below autograd."""
+    torch.autograd.Function; under torch.compile :class:`_Traced`) where the call has a
+    backward and are refused elsewhere (never a partial graph); others run the kernel below
+    autograd."""
     tensors = (q, k, v, joint_q, joint_k, joint_v)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         cfg = config_of_text(config)
         refuse_grad("ditscale_sp::attention", machines * gpus_per_machine, tensors, cfg)
+        if torch.compiler.is_compiling() or is_fake(q):
+            return _Traced.apply(*tensors, group_name, machines, gpus_per_machine, config)
         return grad.attention(*tensors, mesh_of(group_name, machines, gpus_per_machine), cfg)
     with torch._C._AutoDispatchBelowAutograd():
         return attention_op(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
@@ -104,3 +170,4 @@ def _attention_fake(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gp
 
 
 attention_op = torch.ops.ditscale_sp.attention.default
+attention_backward_op = torch.ops.ditscale_sp.attention_backward.default

@@ -1,0 +1,106 @@
+"""The backward of the multi-rank attention on CPU tensors over gloo by recomputation: the layer
+run again (without autograd) with a schedule whose program is transposable, then that program
+transposed (cpu_backward.py).
+
+The schedule: the call's own when its program merges nothing and writes every region once (the
+Ulysses schedules), else Ulysses over the same group (attention is the same function whatever
+the schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated for the
+recomputation (Ulysses gives every rank at least one) and their gradients summed back. Used by
+the eager backward of a non-transposable schedule (grad.py) and by the backward op that
+torch.compile traces (custom_op.py). docs/sp.md ("Gradients").
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from . import cpu_backward, cpu_runtime
+from .config import Config
+from .meshes import Mesh
+
+WHERE = "ditscale.sp.attention"
+Joint = Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def transposable(prog) -> bool:
+    try:
+        cpu_backward.check_transposable(prog, WHERE)
+    except ValueError:
+        return False
+    return True
+
+
+def _ulysses(cfg: Config) -> Config:
+    return Config(strategy="ulysses", transport="nccl", comm_sms=0, topology=cfg.topology)
+
+
+def _kv_groups(q, k, mesh: Mesh) -> int:
+    """How many times the recomputation repeats each kv head: 1, or the GQA group size when
+    there are fewer kv heads than ranks."""
+    return 1 if k.shape[2] >= mesh.size else q.shape[2] // k.shape[2]
+
+
+def _expand(k: torch.Tensor, g: int) -> torch.Tensor:
+    """k [B, T, Hk, D] -> [B, T, Hk * g, D], kv head h as heads h*g .. h*g+g-1."""
+    return k if g == 1 else k.repeat_interleave(g, dim=2)
+
+
+def _fold(dk: torch.Tensor, g: int) -> torch.Tensor:
+    """The gradient of :func:`_expand`: [B, T, Hk * g, D] -> [B, T, Hk, D] (sum of a group)."""
+    B, T, H, D = dk.shape
+    return dk if g == 1 else dk.reshape(B, T, H // g, g, D).sum(3)
+
+
+def plan(q, k, joint: Joint, mesh: Mesh, cfg: Config) -> Tuple[Config, int]:
+    """(the configuration the layer is recomputed with, kv head repeats); NotImplementedError
+    (alike on every rank: the shape is the group's) when no Ulysses schedule splits the layer."""
+    prog = cpu_runtime.program_for(q, k, joint, mesh, cfg, WHERE)
+    if transposable(prog):
+        return cfg, 1
+    g = _kv_groups(q, k, mesh)
+    if joint is not None:
+        joint = (joint[0], _expand(joint[1], g), joint[2])
+    try:
+        cpu_runtime.program_for(q, _expand(k, g), joint, mesh, _ulysses(cfg), WHERE)
+    except ValueError as e:
+        raise NotImplementedError(
+            f"{WHERE}: the backward of strategy {cfg.strategy!r} on {mesh.size} ranks runs as "
+            f"Ulysses over the same group, which cannot split this layer ({e}); train with "
+            f"fewer ranks in the group or more heads") from None
+    return _ulysses(cfg), g
+
+
+def run_kept(q, k, v, joint: Joint, mesh: Mesh, cfg: Config, g: int):
+    """(program, process group, timeout in s, {buffer index: saved tensor}) of the layer run
+    with ``cfg`` on the inputs (kv heads repeated g times), without autograd."""
+    k, v = _expand(k, g), _expand(v, g)
+    if joint is not None:
+        joint = (joint[0], _expand(joint[1], g), _expand(joint[2], g))
+    with torch.no_grad():
+        _, _, (prog, pg, seconds, bufs) = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg,
+                                                                     WHERE)
+    return prog, pg, seconds, {i: bufs[i] for i in cpu_backward.saved_buffers(prog)}
+
+
+def transposed(prog, pg, seconds: float, saved, dout: torch.Tensor,
+               djout: Optional[torch.Tensor], g: int) -> Dict[str, torch.Tensor]:
+    """The float32 gradients {"q", "k", "v", "text_q", ...: those the program has} of the
+    program's inputs from dOut (and dJointOut), kv heads folded back."""
+    grads_out = {"out": dout}
+    if prog.io["text_out"] >= 0:
+        grads_out["text_out"] = djout
+    grads = cpu_backward.backward(prog, pg, saved, grads_out, dout.shape[0], seconds)
+    for name in ("k", "v", "text_k", "text_v"):
+        if name in grads:
+            grads[name] = _fold(grads[name], g)
+    return grads
+
+
+def gradients(q, k, v, joint: Joint, dout, djout, mesh: Mesh,
+              cfg: Config) -> Dict[str, torch.Tensor]:
+    """The gradients of the layer's inputs (see :func:`transposed`) by recomputation."""
+    rcfg, g = plan(q, k, joint, mesh, cfg)
+    prog, pg, seconds, saved = run_kept(q, k, v, joint, mesh, rcfg, g)
+    return transposed(prog, pg, seconds, saved, dout, djout, g)

@@ -2,7 +2,8 @@
 
 - :func:`parallelize` / :func:`unparallelize` (transformer): sequence parallelism through
   ``ditscale.sp``, applied from the family's declarative plan (``sp_<family>.PLAN``,
-  ``_sp_plan``) and removed bit for bit.
+  ``_sp_plan``) and removed bit for bit; :func:`sequence_group` runs its calls on another
+  group for a while (a sequence-parallel degree per micro-batch).
 - :func:`parallelize_pipeline` / :func:`unparallelize_pipeline`: the same for a pipeline's
   transformer(s), plus CFG parallelism.
 - :func:`apply_fused_adaln` / :func:`remove_fused_adaln`: norm + modulation through
@@ -47,6 +48,17 @@ def parallelize(transformer, mesh=None, strategy: str = "auto", **options):
         _sp_plan.remove(where, transformer)
         raise
     return transformer
+
+
+def sequence_group(transformer, mesh):
+    """A context manager: within it, the parallelized ``transformer`` runs its calls on ``mesh``
+    (a ``ditscale.sp.Mesh`` of another process group; one rank runs the stock path) instead of
+    the mesh of :func:`parallelize`, which must have more than one rank. Training with a
+    sequence-parallel degree per micro-batch parallelizes once on the largest group and runs
+    each micro-batch on its own group (docs/diffusers.md, "Training")."""
+    from . import _sp_plan
+
+    return _sp_plan.on_mesh("ditscale.diffusers.sequence_group", transformer, mesh)
 
 
 def unparallelize(obj):

@@ -12,6 +12,8 @@ the stock module back (the same processor objects, no hook left). See docs/diffu
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -139,6 +141,7 @@ class Record:
     ctx: SpContext
     handles: List[object] = field(default_factory=list)
     processors: List[Tuple[object, object, object]] = field(default_factory=list)
+    hooked: bool = False  # the hooks of a multi-rank mesh are installed (size > 1 at apply)
 
 
 # ---- apply / remove ----------------------------------------------------------------------------
@@ -152,6 +155,26 @@ def context_of(module) -> Optional[SpContext]:
     """The SpContext of a parallelized module, else None."""
     record = record_of(module)
     return None if record is None else record.ctx
+
+
+@contextlib.contextmanager
+def on_mesh(where: str, transformer, mesh):
+    """Within the block, ``transformer``'s calls run on ``mesh`` (another process group, one
+    rank included) instead of the mesh it was parallelized with; the mesh is restored after.
+    It must have been parallelized on more than one rank (its hooks installed)."""
+    record = record_of(transformer)
+    if record is None:
+        raise ValueError(f"{where}: this {type(transformer).__name__} is not parallelized")
+    if not record.hooked:
+        raise ValueError(f"{where}: this {type(transformer).__name__} was parallelized on one "
+                         f"rank (no hooks installed); parallelize it on a mesh of more than one "
+                         f"rank, e.g. its largest sequence-parallel group")
+    ctx, before = record.ctx, record.ctx.mesh
+    ctx.mesh = mesh
+    try:
+        yield transformer
+    finally:
+        ctx.mesh = before
 
 
 def _expand(root, pattern: str) -> List[Tuple[str, object]]:
@@ -217,6 +240,7 @@ def apply(plan: Plan, transformer, ctx: SpContext) -> Record:
     if ctx.size > 1:
         for module, entry in modules:
             record.handles.append(entry.register(plan.where, module, ctx, tokens))
+        record.hooked = True
     transformer.__dict__[ATTR] = record
     return record
 

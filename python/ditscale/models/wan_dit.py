@@ -4,8 +4,10 @@ latents [B, 16, T, H, W] -> patchify (1, 2, 2) -> N = T * (H / 2) * (W / 2) toke
 -> 30 / 40 blocks (self-attention with 3D RoPE, cross-attention to the text, MLP, each with its
 AdaLN modulation in fp32) -> head -> unpatchify. ``fused_adaln=True`` computes the AdaLN parts
 with ``ditscale.ops.adaln`` / ``adaln_gated`` (each block's residuals fused into the next norm),
-``False`` with the eager formula; the two are numerically equivalent. The architecture, the
-fused schedule and the RoPE split: docs/models.md.
+``False`` with the eager formula; the two are numerically equivalent.
+``sequence_parallel(mesh)`` splits the video tokens over a mesh of ranks (self-attention through
+``ditscale.sp.attention``, differentiable; the output gathered on every rank). The architecture,
+the fused schedule and the RoPE split: docs/models.md.
 """
 
 from __future__ import annotations
@@ -217,6 +219,8 @@ class _Attention(nn.Module):
         self.norm_q = nn.RMSNorm(d, eps=cfg.eps)
         self.norm_k = nn.RMSNorm(d, eps=cfg.eps)
 
+    sp = None  # the model's sequence-parallel context (WanDiT.sequence_parallel), self-attention
+
     def forward(self, x, context=None, rope=None):
         b, n, _ = x.shape
         kv = x if context is None else context
@@ -225,6 +229,9 @@ class _Attention(nn.Module):
         v = self.v(kv).view(b, kv.shape[1], self.num_heads, self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if context is None and self.sp is not None and self.sp.size > 1:  # this rank's tokens
+            out = self.sp.attention(q.contiguous(), k.contiguous(), v.contiguous())
+            return self.o(out.reshape(b, n, -1).to(x.dtype))
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.o(out.transpose(1, 2).reshape(b, n, -1))
@@ -317,6 +324,22 @@ class WanDiT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def sequence_parallel(self, mesh=None, strategy: str = "ulysses", **options) -> "WanDiT":
+        """Splits the video tokens over ``mesh`` (a ``ditscale.sp.Mesh``; None: the default
+        process group's): every rank calls the model with the full inputs, holds its
+        ``ditscale.sp.shard_range`` share of the tokens through the blocks (self-attention by
+        ``ditscale.sp.attention`` with ``strategy`` and ``options``, cross-attention and MLP
+        local) and gets the full output. Differentiable: each rank's gradients are partials
+        that sum over the mesh to the single-process ones (docs/diffusers.md, "Training").
+        Returns the model."""
+        from ..diffusers._sp_context import make_context
+
+        ctx = make_context("WanDiT.sequence_parallel", mesh, strategy, options)
+        self.__dict__["sp"] = ctx  # not a submodule, not a parameter
+        for block in self.blocks:
+            block.self_attn.__dict__["sp"] = ctx
+        return self
+
     def _rope(self, grid, device):
         key = (tuple(grid), str(device))
         if key not in self._rope_cache:
@@ -343,6 +366,9 @@ class WanDiT(nn.Module):
             e = self.time_embedding(sinusoid).float()
             e0 = self.time_projection(e).float().unflatten(1, (6, cfg.dim))
         rope = self._rope(grid, x.device)
+        tokens, sp = x.shape[1], self.__dict__.get("sp")
+        if sp is not None and sp.size > 1:  # this rank's tokens and their rotary rows
+            x, rope = sp.shard(x, 1), tuple(sp.shard(r, 0) for r in rope)
         hm = (self.head_modulation.float() + e[:, None]).chunk(2, dim=1)  # shift, scale
         if self.fused_adaln:
             from .. import ops
@@ -355,5 +381,8 @@ class WanDiT(nn.Module):
             for block in self.blocks:
                 x = block(x, e0, context, rope)
             y = _modulate(x, hm[0], hm[1], cfg.eps)
-        return unpatchify(self.head(y), grid, cfg.patch)
+        out = self.head(y)
+        if sp is not None and sp.size > 1:
+            out = sp.gather(out, 1, tokens)
+        return unpatchify(out, grid, cfg.patch)
 

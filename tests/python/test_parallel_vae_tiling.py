@@ -3,7 +3,8 @@ several), on 2 gloo ranks: decode and encode equal to the stock TILED decode / e
 rank (AutoencoderKL and AutoencoderKLWan; AutoencoderKLHunyuanVideo and AutoencoderKLCogVideoX),
 each rank running only its share of the stock tiles for real (the decoder's conv_in counted on
 real inputs), an input below the tile size decoded on bands, ranks whose tiling differs refused
-on every rank, and remove() giving the stock module back."""
+on every rank, remove() giving the stock module back; parallelize_pipeline parallelizing a
+tiling VAE (tiny Flux) the same way."""
 
 import pytest
 import torch
@@ -120,3 +121,32 @@ def _check(results, names):
 def test_tiled_parallel(names):
     results = run_gloo(_ranks, 2, names, timeout_s=240)
     _check(results, names)
+
+
+def _pipeline_ranks(rank, world):
+    """parallelize_pipeline on a tiny Flux pipeline whose VAE tiles: no warning, the VAE
+    parallel (tiles over the ranks), its decode the stock tiled one; unparallelize undoes it."""
+    import warnings
+
+    import ditscale.diffusers as dd
+    from ditscale.diffusers import _sp_pipeline, tiny
+
+    pipes = [tiny.make_pipeline("flux") for _ in range(2)]
+    for pipe in pipes:
+        pipe.vae.enable_tiling()
+        pipe.vae.tile_sample_min_size, pipe.vae.tile_latent_min_size = 8, 4  # 2x VAE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dd.parallelize_pipeline(pipes[1], strategy="ulysses")
+    vae = pipes[1].vae
+    assert _sp_pipeline.state_of(pipes[1]).vae is vae and "_decode" in vae.__dict__
+    z = _randn((1, vae.config.latent_channels, 9, 7))
+    with torch.no_grad():
+        rel = _rel(vae.decode(z).sample, pipes[0].vae.decode(z).sample)
+    dd.unparallelize_pipeline(pipes[1])
+    assert "_decode" not in vae.__dict__
+    return rel
+
+
+def test_pipeline_parallelizes_a_tiling_vae():
+    assert max(run_gloo(_pipeline_ranks, 2, timeout_s=120)) < 1e-5

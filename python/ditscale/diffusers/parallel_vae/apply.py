@@ -1,10 +1,11 @@
-"""Applying and removing a parallel VAE: the class table, the band-aware ``_decode`` (shape
-check across ranks, this rank's latent rows, the stock decode on them, the gather of the
-output rows) and the handle whose ``remove()`` gives the stock module back.
+"""Applying and removing a parallel VAE: the class table, the band-aware ``_decode`` /
+``_encode`` (shape and tiling check across ranks; where diffusers' tiling would tile the input,
+its tiles over the ranks (:mod:`.tiles`); else this rank's rows, the stock code on them, the
+gather of the output rows) and the handle whose ``remove()`` gives the stock module back.
 
 The replacements are instance attributes bound over the stock methods (``forward`` of each
-replaced layer, ``_decode`` of the VAE); weights and buffers are never touched, so removing
-them restores the stock module exactly. See docs/diffusers/vae.md.
+replaced layer, ``_decode`` and ``_encode`` of the VAE); weights and buffers are never touched,
+so removing them restores the stock module exactly. See docs/diffusers/vae.md.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from .bands import Bands
 from .comm import add_halo
 
 LOCAL = frozenset({"CogVideoXEncoder3D", "CogVideoXDownBlock3D", "CogVideoXDecoder3D",
-                   "CogVideoXMidBlock3D", "CogVideoXResnetBlock3D", "CogVideoXUpBlock3D", "CogVideoXUpsample3D", "CogVideoXSpatialNorm3D",
+                   "CogVideoXMidBlock3D", "CogVideoXResnetBlock3D", "CogVideoXUpBlock3D",
+                   "CogVideoXUpsample3D", "CogVideoXSpatialNorm3D",
                    "Dropout", "Identity", "ModuleList", "SiLU"})
 
 

@@ -115,6 +115,8 @@ def _check(results, names):
             per_tile = stock // tiles  # Wan: one call per frame of a tile
             assert mine == per_tile * len(range(rank, tiles, 2)), (rank, name, mine, stock)
             assert "tiling settings differ" in got["differ"], got["differ"]
+            assert "rank 0: " in got["differ"] and "float32, tiling on; rank 1: " in \
+                got["differ"] and got["differ"].count("tiling off") == 1, got["differ"]
 
 
 @pytest.mark.parametrize("names", [("kl", "wan"), ("hunyuan", "cogvideox")])

@@ -72,7 +72,7 @@ def settings(vae) -> List[int]:
     """The tiling settings of ``vae`` as integers (compared across ranks): ``use_tiling`` and
     every numeric ``tile_*`` / ``use_*`` attribute, floats in millionths."""
     names = sorted(k for k in vae.__dict__ if k.startswith(("tile_", "use_")))
-    values = [getattr(vae, k) for k in names]
+    values = [vae.use_tiling] + [getattr(vae, k) for k in names]
     return [round(v * 1_000_000) if isinstance(v, float) else int(v) for v in values
             if isinstance(v, (bool, int, float))]
 

@@ -49,8 +49,9 @@ def _video(name, prefix):
 CASES = {
     "kl": (_kl, (2, 4, 7, 9), 9, (1, 3, 36, 28), (1, 4, 4, 3)),
     "wan": (_wan, (1, 4, 2, 7, 5), 6, (1, 3, 5, 56, 40), (1, 4, 2, 4, 3)),
-    "hunyuan": (lambda: _video("AutoencoderKLHunyuanVideo", "HunyuanVideo"), (1, 4, 3, 7, 5), 6,
-                (1, 3, 5, 56, 40), (1, 4, 2, 4, 3)),
+    # HunyuanVideo: 2 frame-wise temporal tiles, each tiled spatially; its encode the same
+    "hunyuan": (lambda: _video("AutoencoderKLHunyuanVideo", "HunyuanVideo"), (1, 4, 6, 7, 5), 12,
+                (1, 3, 21, 56, 40), (1, 4, 2, 4, 3)),
     "cogvideox": (lambda: _video("AutoencoderKLCogVideoX", "CogVideoX"), (1, 4, 3, 7, 5), 6,
                   (1, 3, 5, 56, 40), (1, 4, 2, 4, 3)),
 }

@@ -1,5 +1,5 @@
 """The per-layer replacements of a parallel VAE: forwards bound on the stock modules while a
-VAE is parallelized (weights untouched). Each runs its stock form outside a parallel decode.
+VAE is parallelized (weights untouched). Each runs its stock form outside a parallel call.
 
 - a height-``k`` convolution (Conv2d, Wan's causal Conv3d with its temporal feature cache) pads
   time and width as the stock layer does, then takes ``(k - 1) / 2`` halo rows from each

@@ -1,7 +1,9 @@
 """parallelize_vae on AutoencoderKL (an SD-style VAE with quant convs, a Flux/SD3-style one
 without), small random weights, on 2 and 4 gloo ranks: decode equal to the single-process
 decode (GroupNorm statistics over every band, the mid-block attention gathered; odd heights,
-batch 2; bf16 no further from fp32 than the stock bf16 decode), every rank's convolution FLOPs its share, encode left stock, remove() restoring."""
+batch 2; bf16 no further from fp32 than the stock bf16 decode), encode equal to the
+single-process encode (Downsample2D's stride-2 convs over the bands; odd latent heights), every
+rank's convolution FLOPs its share of the single decode and encode, remove() restoring."""
 
 import pytest
 import torch
@@ -16,6 +18,8 @@ CONFIGS = {"sd": dict(latent_channels=4, **BLOCKS),
                         **BLOCKS)}
 # (config, latent shape [B, C, H, W]): odd heights, uneven bands on 2 and 4 ranks.
 CASES = [("sd", (1, 4, 5, 3)), ("sd", (2, 4, 7, 6)), ("flux", (1, 16, 6, 5))]
+# (config, image shape [B, 3, H, W]) to encode: 4 input rows a latent row, latent heights 5, 7, 6.
+ENCODE = [("sd", (1, 3, 20, 12)), ("sd", (2, 3, 28, 9)), ("flux", (1, 3, 24, 10))]
 
 
 def _vae(name):
@@ -67,15 +71,36 @@ def _ranks(rank, world):
             handle.remove()
             assert vae.__dict__.keys() == before.keys()
             assert torch.equal(vae.decode(z).sample, ref)
+        out["encode_rel"] = _encode_rel(vaes)
         out["bf16"] = _bf16_errors(vaes["sd"], _randn((1, 4, 7, 5)))
-        vae, z, x = vaes["sd"], _randn((1, 4, 8, 3)), _randn((1, 3, 20, 12))
-        single = _conv_flops(lambda: vae.decode(z))
-        enc = vae.encode(x).latent_dist.parameters
+        vae, z, x = vaes["sd"], _randn((1, 4, 8, 3)), _randn((1, 3, 32, 12))
+        single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)))
         handle = parallelize_vae(vae)
-        out["flops"] = (_conv_flops(lambda: vae.decode(z)), single)
-        assert torch.equal(vae.encode(x).latent_dist.parameters, enc)  # stock, no collective
+        out["flops"] = (_conv_flops(lambda: vae.decode(z)), single[0])
+        out["encode_flops"] = (_conv_flops(lambda: vae.encode(x)), single[1])
+        out["enc_thin"] = _refusal(lambda: vae.encode(_randn((1, 3, 4 * (world - 1), 8))))
         handle.remove()
     return out
+
+
+def _encode_rel(vaes):
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    rel = []
+    for name, shape in ENCODE:
+        vae, x = vaes[name], _randn(shape)
+        ref = vae.encode(x).latent_dist.parameters
+        handle = parallelize_vae(vae)
+        rel.append(_rel(vae.encode(x).latent_dist.parameters, ref))
+        handle.remove()
+    return rel
+
+
+def _refusal(fn):
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -86,9 +111,13 @@ def test_kl_decode_parallel(world):
             assert rel < 1e-5, (rank, case, rel)
         stock, parallel = res["bf16"]
         assert parallel <= 1.5 * stock + 1e-3, (rank, stock, parallel)
-        band, single = res["flops"]
+        assert max(res["encode_rel"]) < 1e-5, (rank, res["encode_rel"])
         rows = [8 // world + (r < 8 % world) for r in range(world)]
-        assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, band, single)
+        for key in ("flops", "encode_flops"):  # halo rows are inputs: exactly the band's share
+            band, single = res[key]
+            assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, key, band,
+                                                                              single)
+        assert f"height >= {4 * world}" in res["enc_thin"], res["enc_thin"]
 
 
 def test_group_norm_single_rank_matches_stock():

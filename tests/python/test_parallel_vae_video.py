@@ -3,8 +3,10 @@ AutoencoderKLCogVideoX (small random weights), on 2 and 4 gloo ranks: decode equ
 single-process decode (HunyuanVideo: replicate padding at the image border, the mid block's
 frame-causal attention on the gathered input, temporal tiles of 6 latent frames; CogVideoX: the
 causal Conv3d's temporal cache across the stock frame batches, the spatial norm's GroupNorm over
-every band; both: odd heights, 1 latent frame and many), every rank's convolution FLOPs its
-share, remove() restoring the stock module."""
+every band; both: odd heights, 1 latent frame and many), encode equal to the single-process
+encode (the stride-2 causal convs / down-samplers and temporal down-sampling over the bands, odd
+latent heights, 1 frame and 9), every rank's convolution FLOPs its share of the single decode
+and encode, remove() restoring the stock module."""
 
 import pytest
 import torch
@@ -19,6 +21,8 @@ CASES = {
                                   [(1, 4, 1, 5, 3), (1, 4, 6, 7, 3), (2, 4, 2, 4, 2)]),
     "AutoencoderKLCogVideoX": ("CogVideoX", [(1, 4, 1, 5, 3), (1, 4, 5, 7, 3), (2, 4, 2, 4, 2)]),
 }
+# images [B, 3, F, H, W] to encode (8 input rows a latent row): latent heights 5, 7, 4.
+ENCODE = [(1, 3, 1, 40, 16), (1, 3, 9, 56, 8), (2, 3, 1, 32, 8)]
 
 
 def _randn(shape):
@@ -57,11 +61,26 @@ def _ranks(rank, world, name):
             handle.remove()
             assert vae.__dict__.keys() == before.keys()
             assert torch.equal(vae.decode(z).sample, ref)
-        z = _randn((1, 4, 2, 8, 3))
-        single = _conv_flops(lambda: vae.decode(z))
+        out["encode_rel"] = _encode_rel(vae)
+        z, x = _randn((1, 4, 2, 8, 3)), _randn((1, 3, 5, 64, 8))
+        single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)))
         parallelize_vae(vae)
-        out["flops"] = (_conv_flops(lambda: vae.decode(z)), single)
+        out["flops"] = (_conv_flops(lambda: vae.decode(z)), single[0])
+        out["encode_flops"] = (_conv_flops(lambda: vae.encode(x)), single[1])
     return out
+
+
+def _encode_rel(vae):
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    rel = []
+    for shape in ENCODE:
+        x = _randn(shape)
+        ref = vae.encode(x).latent_dist.parameters
+        handle = parallelize_vae(vae)
+        got = vae.encode(x).latent_dist.parameters
+        rel.append(((got - ref).norm() / ref.norm()).item())
+        handle.remove()
+    return rel
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -71,6 +90,9 @@ def test_decode_parallel(name, world):
     for rank, res in enumerate(results):
         for shape, rel in zip(CASES[name][1], res["rel"]):
             assert rel < 1e-5, (rank, shape, rel)
-        band, single = res["flops"]
+        assert max(res["encode_rel"]) < 1e-5, (rank, res["encode_rel"])
         rows = [8 // world + (r < 8 % world) for r in range(world)]
-        assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, band, single)
+        for key in ("flops", "encode_flops"):  # halo rows are inputs: exactly the band's share
+            band, single = res[key]
+            assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, key, band,
+                                                                              single)

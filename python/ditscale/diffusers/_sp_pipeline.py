@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -461,15 +460,11 @@ def _transformers(pipe, family: str, spec: PipelineSpec) -> list:
 
 
 def _parallel_vae(pipe, mesh: sp.Mesh, wanted: bool):
-    """The pipeline's VAE, banded over the whole mesh (every rank decodes the same latents),
-    or None: one rank, not wanted, or diffusers' tiling on (a warning: not composed yet)."""
+    """The pipeline's VAE, parallel over the whole mesh (every rank decodes the same latents:
+    on bands, or diffusers' own tiles spread over the ranks where its tiling is on), or None:
+    one rank, or not wanted."""
     vae = getattr(pipe, "vae", None)
     if not wanted or vae is None or mesh.size == 1:
-        return None
-    if getattr(vae, "use_tiling", False):
-        warnings.warn(f"{WHERE}: the VAE has diffusers' tiling on, which the parallel VAE does "
-                      f"not compose with yet: every rank decodes the whole output (call "
-                      f"vae.disable_tiling() before parallelize_pipeline to band it)")
         return None
     parallelize_vae(vae, mesh=mesh)
     return vae

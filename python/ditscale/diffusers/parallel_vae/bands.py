@@ -2,8 +2,9 @@
 
 The latent height ``H`` is split as ``ditscale.sp.shard_range`` splits tokens (the first
 ``H % N`` ranks hold one row more); a layer that works at ``s`` times the latent resolution
-(after the decoder's up-samplings) holds ``s`` times those rows. Every rank knows every rank's
-band, so each decision below (refusing a band thinner than a halo) is the same on every rank.
+(after the decoder's up-samplings, before the encoder's down-samplings) holds ``s`` times those
+rows. Every rank knows every rank's band, so each decision below (refusing a band thinner than
+a halo) is the same on every rank.
 See docs/diffusers/vae.md.
 """
 
@@ -19,11 +20,11 @@ from ... import sp
 
 @dataclass
 class Bands:
-    """The group (``mesh``) and, during one parallel decode, the latent height it splits.
-    ``counts[r]``: latent rows of rank r; ``begin``: this rank's first latent row."""
+    """The group (``mesh``) and, during one parallel decode or encode, the latent height it
+    splits. ``counts[r]``: latent rows of rank r; ``begin``: this rank's first latent row."""
 
     mesh: sp.Mesh
-    height: Optional[int] = None  # latent rows; None outside a parallel decode
+    height: Optional[int] = None  # latent rows; None outside a parallel call
     counts: List[int] = field(default_factory=list)
     begin: int = 0
 

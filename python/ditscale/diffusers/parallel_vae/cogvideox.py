@@ -1,9 +1,11 @@
-"""The plan of ``AutoencoderKLCogVideoX``'s decoder: its causal Conv3d (the stock temporal
-cache of the frame batches, then the height halo; zero padding, or copies of the edge row where
-a layer pads with "replicate", as the stock layer branches on its pad_mode), GroupNorm inside the spatial norm (statistics all-reduced); the
-spatial norm's nearest interpolation of the latents, the up-sampling (nearest, then a halo
-Conv2d) and 1x1 convolutions act per position. Any other class is refused by name; encode stays
-stock. See docs/diffusers/vae.md.
+"""The plan of ``AutoencoderKLCogVideoX``: its causal Conv3d (the stock temporal cache of the
+frame batches, then the height halo; zero padding, or copies of the edge row where a layer pads
+with "replicate", as the stock layer branches on its pad_mode), GroupNorm (the encoder's and
+the one inside the decoder's spatial norm: statistics all-reduced), the encoder's
+down-samplers (time averaged per position, then a stride-2 Conv2d whose bottom pad row comes
+from the next band); the spatial norm's nearest interpolation of the latents, the up-sampling
+(nearest, then a halo Conv2d) and 1x1 convolutions act per position. Any other class is
+refused by name. See docs/diffusers/vae.md.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from . import layers
 from .bands import Bands
 from .comm import add_halo
 
-LOCAL = frozenset({"CogVideoXDecoder3D", "CogVideoXMidBlock3D", "CogVideoXResnetBlock3D",
-                   "CogVideoXUpBlock3D", "CogVideoXUpsample3D", "CogVideoXSpatialNorm3D",
+LOCAL = frozenset({"CogVideoXEncoder3D", "CogVideoXDownBlock3D", "CogVideoXDecoder3D",
+                   "CogVideoXMidBlock3D", "CogVideoXResnetBlock3D", "CogVideoXUpBlock3D",
+                   "CogVideoXUpsample3D", "CogVideoXSpatialNorm3D",
                    "Dropout", "Identity", "ModuleList", "SiLU"})
 
 
@@ -66,4 +69,4 @@ WALK = layers.Walk(
     {"CogVideoXCausalConv3d": causal_conv3d, "GroupNorm": layers.group_norm,
      "Conv2d": layers.conv2d},
     LOCAL | {"CogVideoXSafeConv3d"},  # that one is 1x1 here
-    "AutoencoderKLCogVideoX decoder", check=_check)
+    "AutoencoderKLCogVideoX", check=_check, special=layers.down_sampler)

@@ -10,6 +10,7 @@ gets zero rows (the stock zero padding). See docs/diffusers/vae.md.
 
 from __future__ import annotations
 
+import zlib
 from typing import List
 
 import torch
@@ -47,21 +48,25 @@ def all_reduce_sum(bands: Bands, x: torch.Tensor, where: str) -> torch.Tensor:
     return x
 
 
-def check_same_shape(bands: Bands, z: torch.Tensor, where: str) -> None:
-    """Raises on every rank unless every rank passes an input of the same shape and dtype."""
+def check_same_shape(bands: Bands, z: torch.Tensor, where: str, tiling: List[int]) -> None:
+    """Raises on every rank unless every rank passes an input of the same shape and dtype and
+    its VAE has the same tiling settings (``tiling``: use_tiling, then the other settings)."""
     if bands.size == 1:
         return
-    code = _DTYPES.index(z.dtype) if z.dtype in _DTYPES else len(_DTYPES)
-    meta = [z.dim(), code] + list(z.shape) + [0] * (8 - z.dim())
     if z.dim() > 8:
-        raise ValueError(f"{where}: latents of {z.dim()} dimensions (at most 8)")
+        raise ValueError(f"{where}: an input of {z.dim()} dimensions (at most 8)")
+    code = _DTYPES.index(z.dtype) if z.dtype in _DTYPES else len(_DTYPES)
+    digest = zlib.crc32(repr(tiling).encode())
+    meta = [z.dim(), code, int(bool(tiling[0])), digest] + list(z.shape) + [0] * (8 - z.dim())
     parts = _all_gather(bands, torch.tensor(meta, dtype=torch.int64, device=z.device),
                         where)
     metas = [p.tolist() for p in parts]
     if any(m != metas[0] for m in metas):
-        shapes = [f"rank {r}: {tuple(m[2:2 + m[0]])} {_name(m[1])}" for r, m in enumerate(metas)]
-        raise ValueError(f"{where}: the ranks pass inputs of different shapes or dtypes "
-                         f"({'; '.join(shapes)}); every rank must pass the same full input")
+        shapes = [f"rank {r}: {tuple(m[4:4 + m[0]])} {_name(m[1])}, tiling "
+                  f"{'on' if m[2] else 'off'}" for r, m in enumerate(metas)]
+        raise ValueError(f"{where}: the ranks pass inputs of different shapes or dtypes or "
+                         f"their VAEs' tiling settings differ ({'; '.join(shapes)}); every rank "
+                         f"must pass the same full input to the same VAE")
 
 
 def _name(code: int) -> str:
@@ -81,6 +86,17 @@ def gather_rows(bands: Bands, x: torch.Tensor, dim: int, where: str) -> torch.Te
         x = torch.cat([x, x.new_zeros(pad)], dim)
     parts = _all_gather(bands, x, where)
     return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts, counts)], dim)
+
+
+def gather_flat(bands: Bands, mine: List[torch.Tensor], sizes: List[int], dtype: torch.dtype,
+                device, where: str) -> List[torch.Tensor]:
+    """Every rank's 1-D tensors ``mine`` concatenated (rank r's: ``sizes[r]`` elements), on
+    every rank: one all-gather of buffers padded to the largest."""
+    width = max(sizes)
+    buf = torch.cat(mine) if mine else torch.empty(0, dtype=dtype, device=device)
+    buf = torch.cat([buf, buf.new_zeros(width - buf.numel())])
+    parts = _all_gather(bands, buf, where) if bands.size > 1 else [buf]
+    return [p.narrow(0, 0, n) for p, n in zip(parts, sizes)]
 
 
 def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, where: str,

@@ -1,9 +1,10 @@
-"""The plan of ``AutoencoderKLHunyuanVideo``'s decoder: its causal Conv3d (time and width
-padded as stock, replicate padding by default: the image's top and bottom rows are copied, the
-rows between bands come from the neighbours), GroupNorm (statistics all-reduced), and the mid
-block, whose attention over all frames and positions (causal over frames) runs on the gathered
-input with the mask of the whole image. Up-sampling is nearest: per position. Any other class
-is refused by name; encode stays stock. See docs/diffusers/vae.md.
+"""The plan of ``AutoencoderKLHunyuanVideo``: its causal Conv3d (time and width padded as
+stock, replicate padding by default: the image's top and bottom rows are copied, the rows
+between bands come from the neighbours; the encoder's stride-2 ones on bands aligned to 2),
+GroupNorm (statistics all-reduced), and the mid blocks, whose attention over all frames and
+positions (causal over frames) runs on the gathered input with the mask of the whole image.
+Up-sampling is nearest: per position. Any other class is refused by name.
+See docs/diffusers/vae.md.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import torch.nn.functional as F
 
 from . import layers
 from .bands import Bands
-from .comm import add_halo, gather_rows
+from .comm import gather_rows
 
-LOCAL = frozenset({"HunyuanVideoDecoder3D", "HunyuanVideoUpBlock3D",
+LOCAL = frozenset({"HunyuanVideoEncoder3D", "HunyuanVideoDownBlock3D",
+                   "HunyuanVideoDownsampleCausal3D", "HunyuanVideoDecoder3D",
+                   "HunyuanVideoUpBlock3D",
                    "HunyuanVideoResnetBlockCausal3D", "HunyuanVideoUpsampleCausal3D",
                    "Dropout", "Identity", "ModuleList", "SiLU"})
 
@@ -33,7 +36,9 @@ def causal_conv3d(bands: Bands, name: str) -> Callable:
         padding[2] = padding[3] = 0
         x = F.pad(x, padding, mode=self.pad_mode)
         border = "replicate" if self.pad_mode == "replicate" else "zeros"
-        return self.conv(add_halo(bands, x, halo, halo, -2, name, border))
+        conv = self.conv
+        return conv(layers.conv_rows(bands, x, conv.kernel_size[1], conv.stride[1], halo, -2,
+                                     name, border))
     return forward
 
 
@@ -69,10 +74,11 @@ def _check(full: str, module: nn.Module) -> None:
         if module.pad_mode not in ("replicate", "constant") or pad[2] != pad[3]:
             raise ValueError(f"parallelize_vae: {full} pads with {module.pad_mode!r} {pad}; "
                              f"not supported yet")
-        if (conv.stride[1] != 1 or conv.dilation[1] != 1 or conv.padding[1] != 0
-                or conv.kernel_size[1] != 2 * pad[2] + 1):
-            raise ValueError(f"parallelize_vae: {full} (HunyuanVideoCausalConv3d) is not a "
-                             f"stride-1 same-size convolution in height; not supported yet")
+        if conv.padding[1] != 0:
+            raise ValueError(f"parallelize_vae: {full} (HunyuanVideoCausalConv3d) pads in its "
+                             f"Conv3d too; not supported yet")
+        layers.check_window(full, "HunyuanVideoCausalConv3d", conv.kernel_size[1],
+                            conv.stride[1], conv.dilation[1], pad[2])
     elif cls == "Conv3d" and (module.kernel_size[1], module.stride[1],
                               module.padding[1]) != (1, 1, 0):
         raise ValueError(f"parallelize_vae: {full} (Conv3d) is not 1x1 in height; not "
@@ -95,5 +101,5 @@ def _mid_block(full: str, module: nn.Module, found: list, walk: layers.Walk) -> 
 
 WALK = layers.Walk(
     {"HunyuanVideoCausalConv3d": causal_conv3d, "GroupNorm": layers.group_norm},
-    LOCAL | {"Conv3d"},  # a Conv3d here is 1x1 (post_quant_conv)
-    "AutoencoderKLHunyuanVideo decoder", check=_check, special=_mid_block)
+    LOCAL | {"Conv3d"},  # a Conv3d here is 1x1 (quant_conv, post_quant_conv)
+    "AutoencoderKLHunyuanVideo", check=_check, special=_mid_block)

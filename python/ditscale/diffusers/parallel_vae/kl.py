@@ -1,8 +1,9 @@
-"""The plan of ``AutoencoderKL`` (Flux, SD3, SD): which decoder modules get a band-aware
-forward (:mod:`.layers`): the 3x3 convolutions (halo), GroupNorm (statistics all-reduced), the
-mid block's Attention (gathered); the rest acts per position (activations, nearest up-sampling
-by 2, 1x1 convolutions) or only holds children. Any other class is refused by name. The encoder
-is not parallelized: ``encode`` runs the stock module on every rank. See docs/diffusers/vae.md.
+"""The plan of ``AutoencoderKL`` (Flux, SD3, SD): which encoder and decoder modules get a
+band-aware forward (:mod:`.layers`): the 3x3 convolutions (halo), the encoder's Downsample2D
+(its stride-2 conv takes the row below from the next band instead of its own zero pad row),
+GroupNorm (statistics all-reduced), the mid blocks' Attention (gathered); the rest acts per
+position (activations, nearest up-sampling by 2, 1x1 convolutions) or only holds children. Any
+other class is refused by name. See docs/diffusers/vae.md.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import torch.nn as nn
 
 from . import layers
 
-LOCAL = frozenset({"Decoder", "UNetMidBlock2D", "UpDecoderBlock2D", "ResnetBlock2D",
+LOCAL = frozenset({"Encoder", "DownEncoderBlock2D", "Downsample2D", "Decoder",
+                   "UNetMidBlock2D", "UpDecoderBlock2D", "ResnetBlock2D",
                    "Dropout", "Identity", "ModuleList", "SiLU"})
 
 # Class -> the factory of its band-aware forward.
@@ -33,4 +35,5 @@ def _check(full: str, module: nn.Module) -> None:
                          f"embedding; not supported yet")
 
 
-WALK = layers.Walk(REPLACED, LOCAL | {"Upsample2D"}, "AutoencoderKL decoder", check=_check)
+WALK = layers.Walk(REPLACED, LOCAL | {"Upsample2D"}, "AutoencoderKL", check=_check,
+                   special=layers.down_sampler)

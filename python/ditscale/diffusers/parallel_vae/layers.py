@@ -1,10 +1,11 @@
 """The per-layer replacements of a parallel VAE: forwards bound on the stock modules while a
-VAE is parallelized (weights untouched). Each runs its stock form outside a parallel decode.
+VAE is parallelized (weights untouched). Each runs its stock form outside a parallel call.
 
 - a height-``k`` convolution (Conv2d, Wan's causal Conv3d with its temporal feature cache) pads
   time and width as the stock layer does, then takes ``(k - 1) / 2`` halo rows from each
   neighbouring band (zeros at the image border) and convolves without height padding: the band
-  of the stock output, exactly;
+  of the stock output, exactly; a stride-``s`` one (the encoder's down-sampling, bands aligned
+  to ``s``) takes its top padding's rows from above and ``k - s - top`` from below;
 - GroupNorm all-reduces each group's sum and sum of squares (float64) over the bands;
 - Wan's spatial attention block gathers its keys and values (the 1x1 projections of every band)
   and attends from this band's queries only; diffusers' ``Attention`` (AutoencoderKL's mid
@@ -56,16 +57,23 @@ class Walk:
             self(f"{full}.{name}", child, found)
 
     def layers(self, vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
-        """(module, band-aware forward) of every layer of post_quant_conv and the decoder."""
+        """(module, band-aware forward) of every layer of the encoder, quant_conv,
+        post_quant_conv and the decoder."""
         found: list = []
-        if vae.post_quant_conv is not None:
-            self("post_quant_conv", vae.post_quant_conv, found)
-        self("decoder", vae.decoder, found)
+        for part in PARTS:
+            if getattr(vae, part, None) is not None:
+                self(part, getattr(vae, part), found)
         return [(m, factory(bands, name)) for name, m, factory in found]
 
 
+# The parts of a VAE a plan walks (quant_conv / post_quant_conv may be None).
+PARTS = ("encoder", "quant_conv", "post_quant_conv", "decoder")
+
+
 def check_conv(module: nn.Module, name: str, dim: int) -> None:
-    """Refuses a convolution whose height is not a same-size, stride-1 zero-padded window
+    """Refuses a convolution whose height window does not map bands to bands: zero padding
+    ``p`` above and below, kernel ``k``, stride ``s`` (> 1 in the encoder only, whose bands
+    start on multiples of every stride) with ``k - s <= 2p <= k - 1`` and ``k - s - p >= 0``
     (``dim``: the kernel's height index)."""
     k, s, d, p = (module.kernel_size[dim], module.stride[dim], module.dilation[dim],
                   module.padding[dim] if not hasattr(module, "_padding") else
@@ -73,10 +81,29 @@ def check_conv(module: nn.Module, name: str, dim: int) -> None:
     if module.padding_mode != "zeros" or isinstance(module.padding, str):
         raise ValueError(f"parallelize_vae: {name} ({type(module).__name__}) pads with "
                          f"{module.padding_mode!r} {module.padding!r}; not supported yet")
-    if s != 1 or d != 1 or k != 2 * p + 1:
-        raise ValueError(f"parallelize_vae: {name} ({type(module).__name__}) has a height "
-                         f"kernel {k}, stride {s}, dilation {d}, padding {p}; only stride-1 "
-                         f"same-size convolutions are supported yet")
+    check_window(name, type(module).__name__, k, s, d, p)
+
+
+def check_window(name: str, cls: str, k: int, s: int, d: int, p: int) -> None:
+    """The height window of :func:`check_conv` (``d``: dilation, ``p``: top padding)."""
+    strided_ok = s == 1 or name.startswith("encoder.")
+    if d != 1 or not strided_ok or not k - s <= 2 * p <= k - 1 or k - s - p < 0:
+        raise ValueError(f"parallelize_vae: {name} ({cls}) has a height kernel {k}, stride {s}, "
+                         f"dilation {d}, padding {p}; only same-size stride-1 convolutions "
+                         f"(and the encoder's down-sampling strides) are supported yet")
+
+
+def conv_rows(bands: Bands, x: torch.Tensor, k: int, s: int, top: int, dim: int, where: str,
+              border: str = "zeros") -> torch.Tensor:
+    """``x`` (this band along ``dim``) with the rows a height-``k``, stride-``s`` convolution
+    padded ``top`` rows above needs for this band's output rows (``rows / s`` of them):
+    ``top`` rows of the band above, ``k - s - top`` of the band below (at the image border:
+    zeros, or copies of the edge row). The band must start on a multiple of ``s``."""
+    begin, count = bands.local_range(x.shape[dim], where)
+    if begin % s or count % s:
+        raise RuntimeError(f"parallelize_vae: {where} has stride {s} but this band holds rows "
+                           f"[{begin}, {begin + count}), not aligned to it")
+    return add_halo(bands, x, top, k - s - top, dim, where, border)
 
 
 def conv2d(bands: Bands, name: str) -> Callable:
@@ -85,9 +112,56 @@ def conv2d(bands: Bands, name: str) -> Callable:
         if not bands.active:
             return type(self).forward(self, x)
         ph, pw = self.padding
-        x = add_halo(bands, F.pad(x, (pw, pw, 0, 0)), ph, ph, -2, name)
+        x = conv_rows(bands, F.pad(x, (pw, pw, 0, 0)), self.kernel_size[0], self.stride[0], ph,
+                      -2, name)
         return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
     return forward
+
+
+def padded_down_conv2d(bands: Bands, name: str) -> Callable:
+    """forward(self, x [N, C, rows + 1, W + 1]) of the stride-2 Conv2d of a down-sampler that
+    zero-pads (0, 1, 0, 1) itself (AutoencoderKL's Downsample2D with padding 0, CogVideoX's):
+    the zero row it added below this band becomes the first row of the band below (zeros at
+    the image's bottom only)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active:
+            return type(self).forward(self, x)
+        x = conv_rows(bands, x.narrow(-2, 0, x.shape[-2] - 1), self.kernel_size[0],
+                      self.stride[0], 0, -2, name)
+        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+    return forward
+
+
+# Down-samplers that zero-pad (0, 1, 0, 1) before their stride-2 Conv2d ``conv``:
+# class -> whether a module pads itself (else its conv pads and is walked as a Conv2d).
+SELF_PADDING = {
+    "Downsample2D": lambda m: m.use_conv and m.padding == 0,
+    "CogVideoXDownsample3D": lambda m: True,
+}
+
+
+def down_sampler(full: str, module: nn.Module, found: list, walk: "Walk") -> bool:
+    """Walk's ``special`` hook for the :data:`SELF_PADDING` down-samplers: True when it took
+    ``module`` (its conv gets :func:`padded_down_conv2d`)."""
+    cls = type(module).__name__
+    if cls not in SELF_PADDING:
+        return False
+    conv = module.conv
+    if (type(conv).__name__ != "Conv2d" or getattr(module, "norm", None) is not None
+            or not full.startswith("encoder.")):
+        raise ValueError(f"parallelize_vae: {full} ({cls}) with a norm, no convolution or in "
+                         f"the decoder is not supported yet")
+    if not SELF_PADDING[cls](module):
+        return False  # its Conv2d pads: walked as one
+    if conv.padding[0] != 0 or conv.padding_mode != "zeros":
+        raise ValueError(f"parallelize_vae: {full} ({cls}) pads and its conv pads too")
+    if conv.kernel_size[0] - conv.stride[0] != 1 or conv.dilation[0] != 1:  # 1 row below
+        raise ValueError(f"parallelize_vae: {full}.conv (Conv2d) has a height kernel "
+                         f"{conv.kernel_size[0]}, stride {conv.stride[0]}, dilation "
+                         f"{conv.dilation[0]}; a self-padding down-sampler needs kernel = "
+                         f"stride + 1, dilation 1")
+    found.append((f"{full}.conv", conv, padded_down_conv2d))
+    return True
 
 
 def zero_pad2d(bands: Bands, name: str) -> Callable:
@@ -113,7 +187,8 @@ def wan_causal_conv3d(bands: Bands, name: str) -> Callable:
             padding[4] -= cache_x.shape[2]
         halo = padding[2]
         padding[2] = padding[3] = 0
-        x = add_halo(bands, F.pad(x, padding), halo, halo, 3, name)
+        x = conv_rows(bands, F.pad(x, padding), self.kernel_size[1], self.stride[1], halo, 3,
+                      name)
         return nn.Conv3d.forward(self, x)
     return forward
 

@@ -71,9 +71,3 @@ def wan_layers(vae, bands: Bands) -> List[Tuple[nn.Module, Callable]]:
         _visit(name, getattr(vae, name), found)
     return [(m, factory(bands, name)) for name, m, factory in found]
 
-
-def spatial_factor(vae) -> int:
-    """Input rows per latent row of the encoder: 2 per down-sampling, times the patch size."""
-    downs = sum(type(m).__name__ == "WanResample" and m.mode.startswith("downsample")
-                for m in vae.encoder.modules())
-    return 2 ** downs * (vae.config.patch_size or 1)

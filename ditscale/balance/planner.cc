@@ -413,9 +413,8 @@ void BuildOnePerRankPlan(const ShapedManifest& shaped, const CostModel& cost,
                          const std::vector<Chunk>& chunks, Plan& plan) {
   plan.micro_batches.reserve(chunks.size());
   for (const Chunk& c : chunks) {
-    plan.micro_batches.push_back(MicroBatch{c.begin, c.end, c.shape, 1,
-                                            cost.StepTime(c.end - c.begin,
-                                                          shaped.shapes[c.shape].seq_len)});
+    plan.micro_batches.push_back(MicroBatch{
+        c.begin, c.end, c.shape, cost.StepTime(c.end - c.begin, shaped.shapes[c.shape].seq_len)});
   }
   BuildOnePerRank(plan);
 }

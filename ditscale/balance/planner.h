@@ -84,10 +84,10 @@ struct MicroBatch {
   int64_t begin = 0;
   int64_t end = 0;
   int32_t shape = 0;  // index into ShapedManifest::shapes
-  // Ranks training it together: 1, or d of an aligned group (ranks g*d .. g*d+d-1; every rank of
-  // the group lists it in the step).
-  int16_t sp_degree = 1;
   double predicted_cost_s = 0;  // per rank: a + its micro-batch cost
+  // Ranks training it together: 1, or d of an aligned group (ranks g*d .. g*d+d-1; every rank of
+  // the group lists it in the step). Last, so that {begin, end, shape, cost} still reads as before.
+  int16_t sp_degree = 1;
 };
 
 struct Plan {

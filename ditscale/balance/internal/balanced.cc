@@ -217,7 +217,7 @@ class BalancedSteps {
       if (c == 0) continue;
       const int64_t idx = static_cast<int64_t>(plan_.micro_batches.size());
       plan_.micro_batches.push_back(
-          MicroBatch{pos_[i], pos_[i] + c, sel_[i].shape, 1, ctx_.StepTime(c, sel_[i].shape)});
+          MicroBatch{pos_[i], pos_[i] + c, sel_[i].shape, ctx_.StepTime(c, sel_[i].shape)});
       pos_[i] += c;
       lists_[as.rank].push_back(idx);
       step_mbs_.push_back(idx);
@@ -281,7 +281,7 @@ class BalancedSteps {
       if (b == c.end - c.begin) wunit_[j] = std::numeric_limits<double>::infinity();
       const int64_t idx = static_cast<int64_t>(plan_.micro_batches.size());
       plan_.micro_batches.push_back(
-          MicroBatch{c.begin, c.begin + b, c.shape, 1, ctx_.StepTime(b, c.shape)});
+          MicroBatch{c.begin, c.begin + b, c.shape, ctx_.StepTime(b, c.shape)});
       if (lists_[r].empty()) load_[r] += ctx_.step_overhead;
       lists_[r].push_back(idx);
       c.begin += b;

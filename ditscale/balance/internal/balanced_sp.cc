@@ -241,8 +241,7 @@ class SpSteps {
     const double cost = ctx_.mb_overhead + static_cast<double>(count) * ctx_.Unit(c.shape, d);
     const int64_t idx = static_cast<int64_t>(plan_.micro_batches.size());
     plan_.micro_batches.push_back(MicroBatch{c.begin, c.begin + count, c.shape,
-                                             static_cast<int16_t>(d),
-                                             ctx_.step_overhead + cost});
+                                             ctx_.step_overhead + cost, static_cast<int16_t>(d)});
     c.begin += count;
     for (int r = g * d; r < g * d + d; ++r) lists_[r].push_back(idx);
   }
@@ -255,7 +254,9 @@ class SpSteps {
     }
   }
 
-  // 4. Tops every group up to the step's level from the lookahead window, at d_min.
+  // 4. Tops every group up to the step's level from the lookahead window: each chunk at its
+  // smallest degree where a group has room, else at the next degrees (a long sample on d_min
+  // ranks may not fit a gap that it fits on more ranks).
   void FillGaps() {
     while (win_.size() - head_ < static_cast<size_t>(ctx_.lookahead) && next_ < chunks_.size()) {
       win_.push_back(chunks_[next_++]);
@@ -265,17 +266,23 @@ class SpSteps {
     if (level - low <= kGapTolerance * level) return;
     for (size_t j = head_; j < win_.size(); ++j) {
       Chunk& c = win_[j];
-      if (c.begin >= c.end) continue;
-      const int d = ctx_.min_degree_of_shape[c.shape];
-      const double u = ctx_.Unit(c.shape, d);
-      for (int32_t g = 0; g < w_ / d && c.begin < c.end; ++g) {
-        const double room = level - GroupMax(g, d) - ctx_.mb_overhead;
-        if (room <= kGapTolerance * level || room * kSlack < u) continue;
-        const int64_t b = std::clamp<int64_t>(static_cast<int64_t>(FastFloor(room * kSlack / u)),
-                                              1, c.end - c.begin);
-        AddToGroup(g, d, ctx_.mb_overhead + static_cast<double>(b) * u);
-        NewMicroBatch(c, b, g, d);
+      for (int d = ctx_.min_degree_of_shape[c.shape]; d > 0 && c.begin < c.end;
+           d = ctx_.NextDegree(d, w_)) {
+        FillGroups(c, d, level);
       }
+    }
+  }
+
+  // Puts samples of c on every group of degree d with room below `level`.
+  void FillGroups(Chunk& c, int d, double level) {
+    const double u = ctx_.Unit(c.shape, d);
+    for (int32_t g = 0; g < w_ / d && c.begin < c.end; ++g) {
+      const double room = level - GroupMax(g, d) - ctx_.mb_overhead;
+      if (room <= kGapTolerance * level || room * kSlack < u) continue;
+      const int64_t b = std::clamp<int64_t>(static_cast<int64_t>(FastFloor(room * kSlack / u)), 1,
+                                            c.end - c.begin);
+      AddToGroup(g, d, ctx_.mb_overhead + static_cast<double>(b) * u);
+      NewMicroBatch(c, b, g, d);
     }
   }
 

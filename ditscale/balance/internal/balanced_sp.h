@@ -10,7 +10,8 @@
 //  3. raises the degree (to the next allowed one) of a micro-batch on the slowest rank while that
 //     lowers the step's slowest rank (re-assigning the step each time; at most kMaxRaiseTrials
 //     trials per step);
-//  4. tops every group below the step's level up from a lookahead window, at d_min.
+//  4. tops every group below the step's level up from a lookahead window: each chunk at its
+//     d_min, or at a larger degree where a gap of more ranks holds it.
 // Every rank's list is ordered by (degree descending, micro-batch index). Used by planner_sp.cc.
 #pragma once
 

@@ -259,15 +259,25 @@ Runs RunPolicies(const PlanArgs& a, const Corpus& c, const Models& m, int64_t m_
 void WarnAboutPlans(const PlanArgs& a, const Runs& runs, TailPolicy tail) {
   for (size_t i = 0; i < runs.policies.size(); ++i) {
     const SimResult& s = runs.runs[i].sim;
-    if (DroppedFraction(s) > kDroppedWarnFraction) {
+    const int64_t unfit = runs.runs[i].plan.samples_unfit;
+    if (unfit > 0) {
+      std::fprintf(stderr,
+                   "warning: policy %s drops %lld of %lld samples: over M_mem = %lld tokens per "
+                   "rank at every degree of --sp-degrees (S > the largest degree x M_mem)\n",
+                   RunName(runs, i).c_str(), static_cast<long long>(unfit),
+                   static_cast<long long>(s.samples + s.dropped_samples),
+                   static_cast<long long>(runs.po.m_mem_tokens));
+    }
+    const double tail_dropped = static_cast<double>(s.dropped_samples - unfit);
+    const double all = static_cast<double>(s.samples + s.dropped_samples);
+    if (all > 0 && tail_dropped / all > kDroppedWarnFraction) {
       std::fprintf(stderr,
                    "warning: policy %s drops %lld of %lld samples (%.1f%%, more than %g%%): the "
-                   "last step of tail policy '%s' with %d ranks (and samples over M_mem at every "
-                   "sequence-parallel degree: %lld); use --tail pad or keep, or fewer ranks\n",
-                   RunName(runs, i).c_str(), static_cast<long long>(s.dropped_samples),
-                   static_cast<long long>(s.samples + s.dropped_samples), 100 * DroppedFraction(s),
-                   100 * kDroppedWarnFraction, TailPolicyName(tail), a.world_size,
-                   static_cast<long long>(runs.runs[i].plan.samples_unfit));
+                   "last step of tail policy '%s' with %d ranks; use --tail pad or keep, or "
+                   "fewer ranks\n",
+                   RunName(runs, i).c_str(), static_cast<long long>(tail_dropped),
+                   static_cast<long long>(all), 100 * tail_dropped / all,
+                   100 * kDroppedWarnFraction, TailPolicyName(tail), a.world_size);
     }
     if (runs.runs[i].plan.rank_budget_raised && !a.quiet) {
       std::fprintf(stderr,

@@ -80,6 +80,9 @@ def test_samples_fitting_no_degree_are_dropped_and_counted():
     assert run["samples_unfit"] > 0
     assert run["dropped_samples"] == run["samples_unfit"]
     assert run["samples"] + run["dropped_samples"] == 2000
+    warned = plan("--m-mem", "20000", "--sp-degrees", "1,2", "--tail", "keep")
+    assert (f"warning: policy balanced sp=1,2 drops {run['samples_unfit']} of 2000 samples: over "
+            "M_mem = 20000 tokens per rank at every degree of --sp-degrees") in warned.stderr
 
 
 def test_compare_adds_fixed_degree_rows():

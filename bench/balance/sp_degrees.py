@@ -20,10 +20,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ditscale._checks import check_int
+from ditscale._checks import check_int, check_real
 
-# kind -> (share of the rows, (height, width)); clips draw frames 4k + 1 in [17, 121].
-MIX = {"image": (0.5, None), "480p": (0.3, (480, 832)), "720p": (0.2, (720, 1280))}
+# kind -> (height, width); clips draw frames 4k + 1 in [17, 121]. Rows: --image-share images,
+# the rest 480p and 720p clips 3:2.
+CLIPS = {"480p": (480, 832), "720p": (720, 1280)}
 IMAGE_SIZES = [(1024, 1024), (768, 1024), (1024, 768), (512, 512), (720, 1280), (480, 832)]
 WORLD_SIZES = (8, 16, 64)
 MODEL = {"base": "wan2.1-14b", "name": "wan2.1-14b-121f", "max_frames": 121}
@@ -37,10 +38,10 @@ REGIMES = {
 }
 
 
-def write_manifest(path: Path, rows: int, seed: int) -> None:
+def write_manifest(path: Path, rows: int, seed: int, image_share: float) -> None:
     rng = random.Random(seed)
-    kinds = list(MIX)
-    weights = [MIX[k][0] for k in kinds]
+    kinds = ["image", "480p", "720p"]
+    weights = [image_share, 0.6 * (1 - image_share), 0.4 * (1 - image_share)]
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["path", "text", "num_frames", "height", "width", "fps"])
@@ -50,7 +51,7 @@ def write_manifest(path: Path, rows: int, seed: int) -> None:
                 h, wd = rng.choice(IMAGE_SIZES)
                 w.writerow([f"img/{i:07d}.jpg", "an image", 1, h, wd, ""])
             else:
-                h, wd = MIX[kind][1]
+                h, wd = CLIPS[kind]
                 frames = 4 * rng.randint(4, 30) + 1
                 w.writerow([f"{kind}/{i:07d}.mp4", "a clip", frames, h, wd, 16])
 
@@ -97,14 +98,16 @@ def main() -> None:
     ap.add_argument("--ditscale", default="build/tools/ditscale")
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--image-share", type=float, default=0.5, help="share of image rows")
     ap.add_argument("--sp-efficiency", default="",
                     help="JSON for the cost file's sp_efficiency, e.g. '{\"8\": 0.85}'")
     args = ap.parse_args()
     check_int("--rows", args.rows, 1, 10_000_000)
+    check_real("--image-share", args.image_share, 0.0, 1.0)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         manifest, model = d / "corpus.csv", d / "model.json"
-        write_manifest(manifest, args.rows, args.seed)
+        write_manifest(manifest, args.rows, args.seed, args.image_share)
         model.write_text(json.dumps(MODEL))
         base = analytical_cost(args.ditscale, manifest, model)
         if args.sp_efficiency:

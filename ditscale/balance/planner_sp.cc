@@ -70,16 +70,13 @@ void SetSpBatchSizes(const ShapedManifest& shaped, const PlanOptions& options,
 }
 
 double SpMinRankBudget(const ShapedManifest& shaped, const SpContext& ctx,
-                       const std::vector<int64_t>& count, int world_size) {
+                       const std::vector<int64_t>& count) {
   double budget = 0;
   for (size_t s = 0; s < shaped.shapes.size(); ++s) {
     const int d_min = ctx.min_degree_of_shape[s];
     if (count[s] == 0 || d_min == 0) continue;
-    double best = ctx.Unit(static_cast<int32_t>(s), d_min);
-    for (int d = ctx.NextDegree(d_min, world_size); d > 0; d = ctx.NextDegree(d, world_size)) {
-      best = std::min(best, ctx.Unit(static_cast<int32_t>(s), d));
-    }
-    budget = std::max(budget, ctx.step_overhead + ctx.mb_overhead + best);
+    budget = std::max(budget, ctx.step_overhead + ctx.mb_overhead +
+                                  ctx.Unit(static_cast<int32_t>(s), d_min));
   }
   return budget;
 }
@@ -96,7 +93,7 @@ std::optional<Failure> BuildSpPlan(const ShapedManifest& shaped, const CostModel
   ctx.comm_per_sample_s = options.sp_comm_per_sample_s;
   ctx.step_overhead = cost.a;
   ctx.mb_overhead = cost.a_mb;
-  const double min_budget = SpMinRankBudget(shaped, ctx, count, options.world_size);
+  const double min_budget = SpMinRankBudget(shaped, ctx, count);
   if (min_budget <= 0) {
     return Failure::Infeasible("no sample fits the memory budget M_mem = " +
                                std::to_string(options.m_mem_tokens) +
@@ -106,7 +103,8 @@ std::optional<Failure> BuildSpPlan(const ShapedManifest& shaped, const CostModel
   if (options.rank_budget_s > 0 && options.rank_budget_s < min_budget) {
     return Failure::InvalidArgument(
         "rank budget " + FormatNumber(options.rank_budget_s) +
-        " s is below the per-rank cost of the most expensive sample at its cheapest degree, " +
+        " s is below the per-rank cost of the most expensive sample at its smallest fitting "
+        "degree, " +
         FormatNumber(min_budget) + " s; give a budget >= " + FormatNumber(min_budget) +
         " s, or 0 for the default");
   }

@@ -63,10 +63,12 @@ std::optional<Failure> CheckSpOptions(const ShapedManifest& shaped, const PlanOp
 void SetSpBatchSizes(const ShapedManifest& shaped, const PlanOptions& options,
                      const std::vector<int64_t>& count, Plan& plan);
 
-// The smallest per-rank budget: max over the shapes with fitting samples of
-// a + min over degrees d >= d_min of (a_mb + Work(S) / (d eff(d)) + comm(d, S)).
+// The smallest per-rank budget: max over the shapes with fitting samples of one sample's
+// per-rank cost at its smallest fitting degree, a + a_mb + Work(S) / (d_min eff(d_min)) +
+// comm(d_min, S) (MinRankBudget at d_min: the steps hold every sample at d_min; a raise then
+// only shortens a step).
 double SpMinRankBudget(const ShapedManifest& shaped, const SpContext& ctx,
-                       const std::vector<int64_t>& count, int world_size);
+                       const std::vector<int64_t>& count);
 
 // The budget (given, or the default raised to SpMinRankBudget), then the steps.
 std::optional<Failure> BuildSpPlan(const ShapedManifest& shaped, const CostModel& cost,

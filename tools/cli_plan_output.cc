@@ -56,8 +56,8 @@ void PrintTable(const Runs& all) {
               "epoch (s)", "lower bd (s)", "ep/lb", "bubble", "steps", "dropped", "mb/rank");
   for (size_t i = 0; i < runs.size(); ++i) {
     const SimResult& s = runs[i].sim;
-    std::printf("%-*s %12.1f %9.2f%% %12.1f %12.1f %8.4f %9.2f%% %8lld %9lld %8.2f\n",
-                width, RunName(all, i).c_str(), s.tokens_per_s_per_gpu, 100 * s.compute_cv, s.epoch_time_s,
+    std::printf("%-*s %12.1f %9.2f%% %12.1f %12.1f %8.4f %9.2f%% %8lld %9lld %8.2f\n", width,
+                RunName(all, i).c_str(), s.tokens_per_s_per_gpu, 100 * s.compute_cv, s.epoch_time_s,
                 s.lower_bound_s, s.lower_bound_s > 0 ? s.epoch_time_s / s.lower_bound_s : 0,
                 100 * s.bubble_fraction, static_cast<long long>(s.num_steps),
                 static_cast<long long>(s.dropped_samples), MicroBatchesPerRankStep(s));
@@ -201,8 +201,8 @@ void WriteReport(const PlanOutcome& o) {
   in.count_of_shape = o.c.shaped.count;
   for (size_t i = 0; i < o.runs.policies.size(); ++i) {
     const Plan& p = o.runs.runs[i].plan;
-    in.policies.push_back({RunName(o.runs, i), o.runs.runs[i].sim,
-                           p.batch_size_of_shape, p.m_comp, p.p, p.rank_budget_s});
+    in.policies.push_back({RunName(o.runs, i), o.runs.runs[i].sim, p.batch_size_of_shape, p.m_comp,
+                           p.p, p.rank_budget_s});
   }
   in.budget_sweep = o.sweep;
   Unwrap(WriteReportHtml(a.report, in));

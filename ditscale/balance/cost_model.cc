@@ -193,8 +193,8 @@ std::optional<Failure> ReadSpEfficiency(const nlohmann::json& j, const std::stri
 Result<CostModel> CostFromJson(const nlohmann::json& j, const std::string& path,
                                MemoryModel* memory_out) {
   if (!j.is_object()) return Failure::InFile(path, 1, "", "expected a JSON object");
-  static const char* kKnown[] = {"kind", "a",      "a_mb",          "b",     "p",
-                                 "c1",   "c2",     "sp_efficiency", "source", "memory"};
+  static const char* kKnown[] = {"kind", "a",  "a_mb",          "b",      "p",
+                                 "c1",   "c2", "sp_efficiency", "source", "memory"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown)) {
       return JsonFailure(path, it.key(),
@@ -270,9 +270,8 @@ std::string CostModelToJson(const CostModel& cost, const MemoryModel* memory) {
   j["c1"] = cost.c1;
   j["c2"] = cost.c2;
   if (cost.sp_efficiency != std::array<double, 4>{1, 1, 1, 1}) {
-    j["sp_efficiency"] = {{"2", cost.sp_efficiency[1]},
-                          {"4", cost.sp_efficiency[2]},
-                          {"8", cost.sp_efficiency[3]}};
+    j["sp_efficiency"] = {
+        {"2", cost.sp_efficiency[1]}, {"4", cost.sp_efficiency[2]}, {"8", cost.sp_efficiency[3]}};
   }
   if (!cost.source.empty()) j["source"] = cost.source;
   if (memory != nullptr) j["memory"] = {{"m0", memory->m0}, {"m1", memory->m1}};

@@ -83,7 +83,8 @@ void ApplyTail(TailPolicy tail, Plan& plan) {
   int64_t pad = -1;
   for (int64_t m = 0; m < static_cast<int64_t>(plan.micro_batches.size()); ++m) {
     if (plan.micro_batches[m].sp_degree != 1) continue;
-    if (pad < 0 || plan.micro_batches[m].predicted_cost_s < plan.micro_batches[pad].predicted_cost_s) {
+    if (pad < 0 ||
+        plan.micro_batches[m].predicted_cost_s < plan.micro_batches[pad].predicted_cost_s) {
       pad = m;
     }
   }

@@ -47,7 +47,9 @@ Result<Policy> ParsePolicy(const std::string& name);
 // What happens to samples that do not fill a last global step.
 enum class TailPolicy {
   kDrop,  // dropped (counted in Plan::dropped_samples), default
-  kPad,   // ranks without work repeat the smallest micro-batch of the epoch (reported)
+  kPad,   // ranks without work repeat the smallest micro-batch of the epoch (reported); with
+          // sequence-parallel degrees the smallest one-rank micro-batch (none: the step stays
+          // partial, as under kKeep)
   kKeep,  // a last partial step where some ranks get nothing
 };
 
@@ -83,7 +85,7 @@ Result<TailPolicy> ParseTailPolicy(const std::string& name);
 struct MicroBatch {
   int64_t begin = 0;
   int64_t end = 0;
-  int32_t shape = 0;  // index into ShapedManifest::shapes
+  int32_t shape = 0;            // index into ShapedManifest::shapes
   double predicted_cost_s = 0;  // per rank: a + its micro-batch cost
   // Ranks training it together: 1, or d of an aligned group (ranks g*d .. g*d+d-1; every rank of
   // the group lists it in the step). Last, so that {begin, end, shape, cost} still reads as before.

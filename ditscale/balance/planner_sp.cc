@@ -34,12 +34,11 @@ std::optional<Failure> CheckSpOptions(const ShapedManifest& shaped, const PlanOp
   }
   const size_t want = shaped.shapes.size() * kSpDegreeSlots;
   if (options.sp_comm_per_sample_s.size() != want) {
-    return Failure::InvalidArgument("sp_comm_per_sample_s has " +
-                                        std::to_string(options.sp_comm_per_sample_s.size()) +
-                                        " entries, expected shapes x " +
-                                        std::to_string(kSpDegreeSlots) + " = " +
-                                        std::to_string(want),
-                                    "sp_comm_per_sample_s");
+    return Failure::InvalidArgument(
+        "sp_comm_per_sample_s has " + std::to_string(options.sp_comm_per_sample_s.size()) +
+            " entries, expected shapes x " + std::to_string(kSpDegreeSlots) + " = " +
+            std::to_string(want),
+        "sp_comm_per_sample_s");
   }
   for (double c : options.sp_comm_per_sample_s) {
     if (auto e = RangeError("sp_comm_per_sample_s (s)", c, 0.0, kMaxRankBudgetS)) {
@@ -64,7 +63,8 @@ void SetSpBatchSizes(const ShapedManifest& shaped, const PlanOptions& options,
       continue;
     }
     const double m_comp = plan.m_comp > 0 ? d * plan.m_comp : 0;
-    plan.batch_size_of_shape[s] = DualConstraintBatch(len, d * options.m_mem_tokens, m_comp, plan.p);
+    plan.batch_size_of_shape[s] =
+        DualConstraintBatch(len, d * options.m_mem_tokens, m_comp, plan.p);
   }
   plan.dropped_samples += plan.samples_unfit;
 }
@@ -75,8 +75,8 @@ double SpMinRankBudget(const ShapedManifest& shaped, const SpContext& ctx,
   for (size_t s = 0; s < shaped.shapes.size(); ++s) {
     const int d_min = ctx.min_degree_of_shape[s];
     if (count[s] == 0 || d_min == 0) continue;
-    budget = std::max(budget, ctx.step_overhead + ctx.mb_overhead +
-                                  ctx.Unit(static_cast<int32_t>(s), d_min));
+    budget = std::max(
+        budget, ctx.step_overhead + ctx.mb_overhead + ctx.Unit(static_cast<int32_t>(s), d_min));
   }
   return budget;
 }
@@ -95,10 +95,10 @@ std::optional<Failure> BuildSpPlan(const ShapedManifest& shaped, const CostModel
   ctx.mb_overhead = cost.a_mb;
   const double min_budget = SpMinRankBudget(shaped, ctx, count);
   if (min_budget <= 0) {
-    return Failure::Infeasible("no sample fits the memory budget M_mem = " +
-                               std::to_string(options.m_mem_tokens) +
-                               " tokens per rank at any sequence-parallel degree of the list "
-                               "(the largest degree times M_mem is below every sample's S)");
+    return Failure::Infeasible(
+        "no sample fits the memory budget M_mem = " + std::to_string(options.m_mem_tokens) +
+        " tokens per rank at any sequence-parallel degree of the list "
+        "(the largest degree times M_mem is below every sample's S)");
   }
   if (options.rank_budget_s > 0 && options.rank_budget_s < min_budget) {
     return Failure::InvalidArgument(

@@ -34,10 +34,10 @@ double RankCost(const Plan& plan, const ShapedManifest& shaped, const CostModel&
     if (mb.sp_degree != 1) {
       slot = SpSlot(mb.sp_degree);
       const size_t at = static_cast<size_t>(mb.shape) * kSpDegreeSlots + slot;
-      DS_CHECK(mb.sp_degree > 1 && mb.sp_degree <= kMaxSpDegree &&
-                   at < plan.sp_comm_per_sample_s.size(),
-               "micro-batch ", m, " has sequence-parallel degree ", mb.sp_degree,
-               " without a communication table in the plan");
+      DS_CHECK(
+          mb.sp_degree > 1 && mb.sp_degree <= kMaxSpDegree && at < plan.sp_comm_per_sample_s.size(),
+          "micro-batch ", m, " has sequence-parallel degree ", mb.sp_degree,
+          " without a communication table in the plan");
       const double comm = static_cast<double>(n) * plan.sp_comm_per_sample_s[at];
       term = cost.SpMicroBatchTime(n, shaped.shapes[mb.shape].seq_len, mb.sp_degree, 0) + comm;
       out->comm_s += comm;

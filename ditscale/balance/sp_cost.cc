@@ -30,18 +30,22 @@ Result<std::vector<int>> ParseSpDegrees(const std::string& text, int world_size)
       used = 0;
     }
     if (used == 0 || used != item.size()) {
-      return Failure::InvalidArgument(field + ": '" + item + "' is not an integer (expected a list "
-                                      "such as 1,2,4,8)", field);
+      return Failure::InvalidArgument(field + ": '" + item +
+                                          "' is not an integer (expected a list "
+                                          "such as 1,2,4,8)",
+                                      field);
     }
     if (d < 1 || d > kMaxSpDegree || (d & (d - 1)) != 0) {
       return Failure::InvalidArgument(field + ": " + std::to_string(d) +
-                                      " is not a power of two in [1, " +
-                                      std::to_string(kMaxSpDegree) + "]", field);
+                                          " is not a power of two in [1, " +
+                                          std::to_string(kMaxSpDegree) + "]",
+                                      field);
     }
     if (d > world_size || world_size % d != 0) {
       return Failure::InvalidArgument(field + ": " + std::to_string(d) +
-                                      " must be at most the world size " +
-                                      std::to_string(world_size) + " and divide it", field);
+                                          " must be at most the world size " +
+                                          std::to_string(world_size) + " and divide it",
+                                      field);
     }
     if (std::find(out.begin(), out.end(), d) != out.end()) {
       return Failure::InvalidArgument(field + ": " + std::to_string(d) + " is given twice", field);
@@ -83,9 +87,9 @@ Result<double> CommOfOneSample(const ModelPreset& model, const sp::Topology& nod
   config.ring_degree = 1;
   Result<sp::PlanCandidate> c = sp::EvaluateConfig(node, w, config);
   if (!c.ok()) {
-    return Failure::InvalidArgument("sequence-parallel degree " + std::to_string(degree) +
-                                    " for model " + model.name + " at S = " +
-                                    std::to_string(seq_len) + ": " + c.failure().ToString());
+    return Failure::InvalidArgument(
+        "sequence-parallel degree " + std::to_string(degree) + " for model " + model.name +
+        " at S = " + std::to_string(seq_len) + ": " + c.failure().ToString());
   }
   return 3.0 * static_cast<double>(model.layers) * c->sim.mean_exposed_comm_s();
 }

@@ -145,7 +145,8 @@ class SpSteps {
     order_.resize(tasks_.size());
     for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int32_t>(i);
     auto rank_cost = [this](const Task& t) {
-      return ctx_.mb_overhead + static_cast<double>(t.c.end - t.c.begin) * ctx_.Unit(t.c.shape, t.d);
+      return ctx_.mb_overhead +
+             static_cast<double>(t.c.end - t.c.begin) * ctx_.Unit(t.c.shape, t.d);
     };
     std::stable_sort(order_.begin(), order_.end(), [&](int32_t x, int32_t y) {
       const Task &a = tasks_[x], &b = tasks_[y];

@@ -30,14 +30,14 @@ inline constexpr int kMaxRaiseTrials = 32;
 
 struct SpContext {
   const CostModel* cost = nullptr;
-  std::vector<int> degrees;                // allowed, ascending
-  std::vector<int> min_degree_of_shape;    // d_min per shape (0: no chunk has that shape)
-  std::vector<double> work_of_shape;       // Work(S), s
-  std::vector<double> comm_per_sample_s;   // [shape * kSpDegreeSlots + SpSlot(d)]
-  double step_overhead = 0;                // a, s
-  double mb_overhead = 0;                  // a_mb, s
-  double budget = 0;                       // per-rank budget of a step, s
-  int64_t lookahead = 0;                   // chunks beyond the cut that may fill gaps
+  std::vector<int> degrees;               // allowed, ascending
+  std::vector<int> min_degree_of_shape;   // d_min per shape (0: no chunk has that shape)
+  std::vector<double> work_of_shape;      // Work(S), s
+  std::vector<double> comm_per_sample_s;  // [shape * kSpDegreeSlots + SpSlot(d)]
+  double step_overhead = 0;               // a, s
+  double mb_overhead = 0;                 // a_mb, s
+  double budget = 0;                      // per-rank budget of a step, s
+  int64_t lookahead = 0;                  // chunks beyond the cut that may fill gaps
 
   // Per-rank cost of one more sample of `shape` on d ranks: Work(S) / (d eff(d)) + comm(d, S).
   double Unit(int32_t shape, int d) const;

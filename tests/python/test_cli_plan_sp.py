@@ -117,3 +117,9 @@ def test_emitted_groups_are_aligned_and_every_sample_is_trained_once(tmp_path):
         trained += ids
     assert sorted(trained) == sorted(set(trained))
     assert len(trained) == 2000
+
+
+def test_unknown_topology_is_refused():
+    r = plan("--sp-degrees", "1,8", "--sp-topology", "nope")
+    assert r.returncode == 1
+    assert "nope: column 'cluster': neither a preset" in r.stderr, r.stderr

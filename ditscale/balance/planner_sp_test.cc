@@ -132,6 +132,30 @@ TEST(SpCost, DegreeListRanges) {
   EXPECT_EQ(MinSpDegree(90000, 10000, {1, 2, 4, 8}), 0);
 }
 
+TEST(SpCost, UlyssesCommFromTheSpSimulator) {
+  const ModelPreset wan = *GetModelPreset("wan2.1-14b");
+  const std::vector<TrainShape> shapes = {
+      {1, 16, 16, 3600}, {1, 16, 16, 75600}, {1, 32, 32, 75600}};
+  const std::vector<double> t = *UlyssesCommPerSample(wan, shapes, {1, 2, 8}, kDefaultSpTopology);
+  ASSERT_EQ(t.size(), shapes.size() * kSpDegreeSlots);
+  auto at = [&](size_t s, int d) { return t[s * kSpDegreeSlots + SpSlot(d)]; };
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    EXPECT_EQ(at(s, 1), 0);
+    EXPECT_EQ(at(s, 4), 0);  // not asked for
+  }
+  for (int d : {2, 8}) {
+    EXPECT_GT(at(0, d), 0);
+    EXPECT_GT(at(1, d), 3 * at(0, d));  // 21x the tokens (a small sample is latency-bound)
+    EXPECT_EQ(at(1, d), at(2, d));      // the same S: one simulation
+  }
+  // 75,600 tokens on 8 NVLink4 ranks, 40 layers x 3: the all-to-alls move 4 x S x 5120 x 2 B
+  // x 7/8 / 8 per rank and layer pass (~340 MB at 360 GB/s, ~1 ms): ~0.1 s, a few % of the
+  // sample's ~6 s of compute per rank.
+  EXPECT_GT(at(1, 8), 0.05);
+  EXPECT_LT(at(1, 8), 0.5);
+  EXPECT_FALSE(UlyssesCommPerSample(wan, shapes, {1, 2}, "no-such-topology").ok());
+}
+
 TEST(SpPlan, OptionsAreChecked) {
   const ShapedManifest m = Shaped({1000, 5000}, {50, 50}, 1);
   PlanOptions o = SpOptions(m, 4, {1, 8});

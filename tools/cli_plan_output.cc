@@ -163,6 +163,7 @@ void WritePlanSummary(const PlanOutcome& o, const nlohmann::json& cost_json) {
   const PolicyRun& run = o.runs.runs[o.runs.main_idx];
   const Plan& p = run.plan;
   nlohmann::json s = PolicyJson(run);
+  AddSpJson(o.runs, o.runs.main_idx, &s);
   s["policy"] = PolicyName(p.policy);
   s["world_size"] = o.a.world_size;
   s["seed"] = o.a.seed;

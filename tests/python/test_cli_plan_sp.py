@@ -123,3 +123,14 @@ def test_unknown_topology_is_refused():
     r = plan("--sp-degrees", "1,8", "--sp-topology", "nope")
     assert r.returncode == 1
     assert "nope: column 'cluster': neither a preset" in r.stderr, r.stderr
+
+
+def test_no_sample_fitting_any_degree_is_an_error_and_out_has_the_degrees(tmp_path):
+    r = plan("--m-mem", "30", "--sp-degrees", "1,2,4,8")  # the shortest sample: 252 tokens
+    assert r.returncode == 1
+    assert "no sample fits the memory budget M_mem = 30 tokens per rank at any" in r.stderr
+    out = tmp_path / "plan.json"
+    r = plan("--m-mem", "20000", "--sp-degrees", "2,8", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())
+    assert s["sp_degrees"] == [2, 8] and set(s["per_degree"]) <= {"2", "8"}

@@ -296,8 +296,9 @@ std::vector<BudgetSweepRow> BudgetSweep(const Corpus& c, const CostModel& cost, 
   PlanOptions bo = runs.po;
   bo.policy = Policy::kBalanced;
   bo.rank_budget_s = 0;
+  bo.sp_degrees = runs.sp_degrees[runs.main_idx];  // --sp-degrees: the main run's
   const double base = DefaultRankBudget(c.shaped, cost, bo.m_comp, PlanExponent(c.shaped, cost));
-  const double floor_budget = MinRankBudget(c.shaped, cost);
+  const double floor_budget = MinRankBudget(c.shaped, cost, bo);
   const double mult[] = {1, 1.5, 2, 3, 4, 6, 8, 16};
   SimOptions quick = runs.so;
   quick.keep_rank_costs = false;

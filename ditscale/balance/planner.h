@@ -189,6 +189,11 @@ double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, do
 // The smallest per-rank budget of a balanced step: the cost of the most expensive single
 // sample, a + a_mb + max_S Work(S) over the shapes with samples (0 for an empty manifest).
 double MinRankBudget(const ShapedManifest& shaped, const CostModel& cost);
+// The same for `options` (planner_sp.cc): MinRankBudget without sequence-parallel degrees; with
+// them the costliest sample's per-rank cost at its smallest fitting degree (samples fitting at no
+// degree left out). Options as MakePlan takes them (sp_comm_per_sample_s sized; not checked).
+double MinRankBudget(const ShapedManifest& shaped, const CostModel& cost,
+                     const PlanOptions& options);
 
 // M_comp minimising the simulated epoch time of the adaptive policy (steps of one micro-batch
 // per rank, step time = max over ranks). Candidates: 40 log-spaced values between min_S S^p

@@ -120,3 +120,29 @@ std::optional<Failure> BuildSpPlan(const ShapedManifest& shaped, const CostModel
 }
 
 }  // namespace ditscale::balance::internal
+
+namespace ditscale::balance {
+
+double MinRankBudget(const ShapedManifest& shaped, const CostModel& cost,
+                     const PlanOptions& options) {
+  if (options.sp_degrees.empty()) return MinRankBudget(shaped, cost);
+  std::vector<int64_t> count = shaped.count;
+  if (count.size() != shaped.shapes.size()) {
+    count.assign(shaped.shapes.size(), 0);
+    for (int32_t s : shaped.shape_of) ++count[s];
+  }
+  internal::SpContext ctx;
+  ctx.cost = &cost;
+  ctx.degrees = options.sp_degrees;
+  ctx.comm_per_sample_s = options.sp_comm_per_sample_s;
+  ctx.step_overhead = cost.a;
+  ctx.mb_overhead = cost.a_mb;
+  for (const TrainShape& t : shaped.shapes) {
+    ctx.work_of_shape.push_back(cost.Work(t.seq_len));
+    ctx.min_degree_of_shape.push_back(
+        MinSpDegree(t.seq_len, options.m_mem_tokens, options.sp_degrees));
+  }
+  return internal::SpMinRankBudget(shaped, ctx, count);
+}
+
+}  // namespace ditscale::balance

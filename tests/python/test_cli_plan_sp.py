@@ -134,3 +134,11 @@ def test_no_sample_fitting_any_degree_is_an_error_and_out_has_the_degrees(tmp_pa
     assert r.returncode == 0, r.stderr
     s = json.loads(out.read_text())
     assert s["sp_degrees"] == [2, 8] and set(s["per_degree"]) <= {"2", "8"}
+
+
+def test_budget_sweep_plans_with_the_degrees():
+    r = plan("--m-mem", "20000", "--sp-degrees", "1,2,4,8", "--budget-sweep", "--json")
+    assert r.returncode == 0, r.stderr
+    sweep = json.loads(r.stdout)["budget_sweep"]
+    assert len(sweep) >= 2
+    assert all(row["tokens_per_s_per_gpu"] > 0 for row in sweep)

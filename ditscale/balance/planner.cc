@@ -384,7 +384,7 @@ std::optional<Failure> BuildBalancedPlan(const ShapedManifest& shaped, const Cos
                                          const PlanOptions& options,
                                          std::vector<double> work_of_shape,
                                          const std::vector<Chunk>& chunks, Plan& plan) {
-  const double max_unit = MinRankBudget(shaped, cost);
+  const double max_unit = MinRankBudget(shaped, cost, options);  // {1}: fitting samples
   if (options.rank_budget_s > 0 && options.rank_budget_s < max_unit) {
     return Failure::InvalidArgument(
         "rank budget " + FormatNumber(options.rank_budget_s) +
@@ -465,7 +465,7 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
   std::jthread prefault = ReserveChunks(count, options, num_samples, &chunks, &plan);
   CutChunks(bucket_begin, plan.batch_size_of_shape, options, &chunks);
   plan.rank_offsets.push_back(0);
-  if (sp) {
+  if (sp && options.sp_degrees != std::vector<int>{1}) {
     if (auto f = internal::BuildSpPlan(shaped, cost, options, std::move(work_of_shape).value(),
                                        count, chunks, plan)) {
       return *f;

@@ -71,7 +71,8 @@ struct PlanOptions {
   // Sequence parallelism per micro-batch (balanced only; sp_cost.h, planner_sp.cc). Empty: every
   // micro-batch on one rank, samples over M_mem run alone at B = 1 (the plan of before).
   // Otherwise the allowed degrees: sorted, distinct powers of two in [1, kMaxSpDegree], each at
-  // most world_size and dividing it ({1}: one rank per micro-batch, samples over M_mem dropped).
+  // most world_size and dividing it. {1}: the plan of before with the samples over M_mem dropped
+  // (counted in Plan::samples_unfit): the same plan when there are none.
   std::vector<int> sp_degrees;
   // comm(d, S) per sample, s, [shape * kSpDegreeSlots + SpSlot(d)] (UlyssesCommPerSample);
   // required (finite, >= 0) when sp_degrees is not empty.

@@ -265,5 +265,37 @@ TEST(SpPlan, WithoutDegreesEveryMicroBatchIsOnOneRank) {
   EXPECT_EQ(s.comm_s, 0);
 }
 
+// {1}: the plan without degrees when no sample is over M_mem; those over it are dropped.
+TEST(SpPlan, DegreeOneIsThePlanWithoutDegrees) {
+  for (int64_t m_mem : {int64_t{40000}, int64_t{20000}}) {
+    const ShapedManifest m = Shaped({1000, 4096, 15000, 30000}, {300, 100, 40, 10}, 11);
+    PlanOptions o = SpOptions(m, 4, {1});
+    o.m_mem_tokens = m_mem;
+    o.tail = TailPolicy::kDrop;
+    PlanOptions plain = o;
+    plain.sp_degrees.clear();
+    const Plan a = *MakePlan(m, QuadCost(), o);
+    const Plan b = *MakePlan(m, QuadCost(), plain);
+    if (m_mem == 40000) {
+      EXPECT_EQ(a.work, b.work);
+      EXPECT_EQ(a.rank_offsets, b.rank_offsets);
+      EXPECT_EQ(a.rank_budget_s, b.rank_budget_s);
+      ASSERT_EQ(a.micro_batches.size(), b.micro_batches.size());
+      for (size_t i = 0; i < a.micro_batches.size(); ++i) {
+        EXPECT_EQ(a.micro_batches[i].begin, b.micro_batches[i].begin);
+        EXPECT_EQ(a.micro_batches[i].end, b.micro_batches[i].end);
+        EXPECT_EQ(a.micro_batches[i].predicted_cost_s, b.micro_batches[i].predicted_cost_s);
+      }
+      EXPECT_EQ(a.samples_unfit, 0);
+    } else {
+      EXPECT_EQ(a.samples_unfit, 10);
+      EXPECT_EQ(b.samples_unfit, 0);
+      EXPECT_EQ(b.samples_over_m_mem, 10);  // run alone at B = 1
+      for (const MicroBatch& mb : a.micro_batches) EXPECT_LE(m.shapes[mb.shape].seq_len, m_mem);
+      CheckSpPlan(m, a, o);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ditscale::balance

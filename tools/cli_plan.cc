@@ -154,15 +154,18 @@ Plan LightPlan(const Plan& plan) {
   light.rank_budget_s = plan.rank_budget_s;
   light.samples_over_m_mem = plan.samples_over_m_mem;
   light.rank_budget_raised = plan.rank_budget_raised;
+  light.samples_unfit = plan.samples_unfit;
+  light.sp_degrees = plan.sp_degrees;
   light.batch_size_of_shape = plan.batch_size_of_shape;
   return light;
 }
 
 // Plans and simulates runs.runs[i]; keeps the whole plan only where it is written out.
-void RunPolicy(const PlanArgs& a, const Corpus& c, const CostModel& cost, Policy main_policy,
-               size_t i, Runs& runs) {
+void RunPolicy(const PlanArgs& a, const Corpus& c, const CostModel& cost, size_t i, Runs& runs) {
   PlanOptions opt = runs.po;
   opt.policy = runs.policies[i];
+  opt.sp_degrees = runs.sp_degrees[i];
+  if (opt.sp_degrees.empty()) opt.sp_comm_per_sample_s.clear();
   PolicyRun& r = runs.runs[i];
   auto t = std::chrono::steady_clock::now();
   const double c0 = ThreadCpuSeconds();
@@ -172,8 +175,7 @@ void RunPolicy(const PlanArgs& a, const Corpus& c, const CostModel& cost, Policy
   t = std::chrono::steady_clock::now();
   r.sim = Simulate(r.plan, c.shaped, cost, runs.so);
   r.sim_s = Seconds(t);
-  const bool keep_plan =
-      runs.policies[i] == main_policy && (!a.emit_batches.empty() || !a.out.empty());
+  const bool keep_plan = i == runs.main_idx && (!a.emit_batches.empty() || !a.out.empty());
   if (!keep_plan) r.plan = LightPlan(r.plan);
 }
 
@@ -211,9 +213,10 @@ void RunAll(size_t n, bool progress, F&& run) {
 }
 
 // --policy (or the three of --compare), with M_comp chosen once (adaptive's search) and shared
-// by adaptive and balanced.
-Runs RunPolicies(const PlanArgs& a, const Corpus& c, const CostModel& cost, int64_t m_mem,
+// by adaptive and balanced; the runs of --sp-degrees (cli_plan_sp.cc) after them.
+Runs RunPolicies(const PlanArgs& a, const Corpus& c, const Models& m, int64_t m_mem,
                  Policy main_policy, TailPolicy tail, bool progress) {
+  const CostModel& cost = m.cost;
   Runs runs;
   runs.po.world_size = a.world_size;
   runs.po.seed = a.seed;
@@ -230,17 +233,25 @@ Runs RunPolicies(const PlanArgs& a, const Corpus& c, const CostModel& cost, int6
   } else {
     runs.policies = {main_policy};
   }
+  for (size_t i = 0; i < runs.policies.size(); ++i) {
+    if (runs.policies[i] == main_policy) runs.main_idx = i;
+  }
+  runs.sp_degrees.assign(runs.policies.size(), {});
+  const int sp_main = AddSpRuns(a, m.model, c, runs);
+  if (sp_main >= 0) {
+    if (!a.compare) {  // the run with degrees replaces the plain one
+      runs.policies.erase(runs.policies.begin());
+      runs.sp_degrees.erase(runs.sp_degrees.begin());
+    }
+    runs.main_idx = a.compare ? static_cast<size_t>(sp_main) : 0;
+  }
   if (runs.po.m_comp <= 0) {
     const auto t0 = std::chrono::steady_clock::now();
     runs.po.m_comp = ChooseMComp(c.shaped, cost, runs.po, PlanExponent(c.shaped, cost)).m_comp;
     runs.mcomp_s = Seconds(t0);
   }
   runs.runs.resize(runs.policies.size());
-  RunAll(runs.policies.size(), progress,
-         [&](size_t i) { RunPolicy(a, c, cost, main_policy, i, runs); });
-  for (size_t i = 0; i < runs.policies.size(); ++i) {
-    if (runs.policies[i] == main_policy) runs.main_idx = i;
-  }
+  RunAll(runs.policies.size(), progress, [&](size_t i) { RunPolicy(a, c, cost, i, runs); });
   return runs;
 }
 
@@ -248,20 +259,31 @@ Runs RunPolicies(const PlanArgs& a, const Corpus& c, const CostModel& cost, int6
 void WarnAboutPlans(const PlanArgs& a, const Runs& runs, TailPolicy tail) {
   for (size_t i = 0; i < runs.policies.size(); ++i) {
     const SimResult& s = runs.runs[i].sim;
-    if (DroppedFraction(s) > kDroppedWarnFraction) {
+    const int64_t unfit = runs.runs[i].plan.samples_unfit;
+    if (unfit > 0) {
+      std::fprintf(stderr,
+                   "warning: policy %s drops %lld of %lld samples: over M_mem = %lld tokens per "
+                   "rank at every degree of --sp-degrees (S > the largest degree x M_mem)\n",
+                   RunName(runs, i).c_str(), static_cast<long long>(unfit),
+                   static_cast<long long>(s.samples + s.dropped_samples),
+                   static_cast<long long>(runs.po.m_mem_tokens));
+    }
+    const double tail_dropped = static_cast<double>(s.dropped_samples - unfit);
+    const double all = static_cast<double>(s.samples + s.dropped_samples);
+    if (all > 0 && tail_dropped / all > kDroppedWarnFraction) {
       std::fprintf(stderr,
                    "warning: policy %s drops %lld of %lld samples (%.1f%%, more than %g%%): the "
                    "last step of tail policy '%s' with %d ranks; use --tail pad or keep, or "
                    "fewer ranks\n",
-                   PolicyName(runs.policies[i]), static_cast<long long>(s.dropped_samples),
-                   static_cast<long long>(s.samples + s.dropped_samples), 100 * DroppedFraction(s),
+                   RunName(runs, i).c_str(), static_cast<long long>(tail_dropped),
+                   static_cast<long long>(all), 100 * tail_dropped / all,
                    100 * kDroppedWarnFraction, TailPolicyName(tail), a.world_size);
     }
     if (runs.runs[i].plan.rank_budget_raised && !a.quiet) {
       std::fprintf(stderr,
                    "note: policy %s: the default per-rank budget was raised to %.4g s, the cost "
                    "of the most expensive sample\n",
-                   PolicyName(runs.policies[i]), runs.runs[i].plan.rank_budget_s);
+                   RunName(runs, i).c_str(), runs.runs[i].plan.rank_budget_s);
     }
   }
 }
@@ -274,8 +296,9 @@ std::vector<BudgetSweepRow> BudgetSweep(const Corpus& c, const CostModel& cost, 
   PlanOptions bo = runs.po;
   bo.policy = Policy::kBalanced;
   bo.rank_budget_s = 0;
+  bo.sp_degrees = runs.sp_degrees[runs.main_idx];  // --sp-degrees: the main run's
   const double base = DefaultRankBudget(c.shaped, cost, bo.m_comp, PlanExponent(c.shaped, cost));
-  const double floor_budget = MinRankBudget(c.shaped, cost);
+  const double floor_budget = MinRankBudget(c.shaped, cost, bo);
   const double mult[] = {1, 1.5, 2, 3, 4, 6, 8, 16};
   SimOptions quick = runs.so;
   quick.keep_rank_costs = false;
@@ -304,8 +327,8 @@ void RunPlan(const PlanArgs& a) {
   const Models m = LoadModels(a);
   const int64_t m_mem = MemoryBudgetTokens(a, m.memory);
   const Corpus c = ReadCorpus(a, m.model);
-  CheckMemoryBudget(c, m_mem);
-  const Runs runs = RunPolicies(a, c, m.cost, m_mem, main_policy, tail, progress);
+  if (a.sp_degrees == "1") CheckMemoryBudget(c, m_mem);  // else: fitting degrees (planner_sp.cc)
+  const Runs runs = RunPolicies(a, c, m, m_mem, main_policy, tail, progress);
   WarnAboutPlans(a, runs, tail);
   std::vector<BudgetSweepRow> sweep;
   if (a.budget_sweep) sweep = BudgetSweep(c, m.cost, runs, progress);
@@ -363,7 +386,17 @@ void RegisterPlanCommand(CLI::App& app) {
   sub->add_flag("--overhead-per-micro-batch", a->overhead_per_mb,
                 "Charge the whole fixed overhead per micro-batch: a_mb := a + a_mb, a := 0 "
                 "(conservative; a fitted a_mb is the accurate way)");
-  sub->add_flag("--compare", a->compare, "Run the three policies side by side");
+  sub->add_flag("--compare", a->compare,
+                "Run the three policies side by side (with --sp-degrees: also balanced at each "
+                "fixed degree 1, 2, 4, 8)");
+  sub->add_option("--sp-degrees", a->sp_degrees,
+                  "Sequence-parallel degrees a balanced micro-batch may use, e.g. 1,2,4,8 "
+                  "(powers of two <= 8 dividing --world-size; 1: every micro-batch on one rank)")
+      ->capture_default_str();
+  sub->add_option("--sp-topology", a->sp_topology,
+                  "Node topology of the sequence-parallel communication: an sp preset or JSON "
+                  "file (ditscale sp)")
+      ->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->add_option("--out", a->out, "Write the plan summary JSON");
   sub->add_option("--emit-batches", a->emit_batches, "Write one JSON line per (step, rank)");

@@ -17,6 +17,7 @@
 #include "ditscale/balance/report.h"
 #include "ditscale/balance/shapes.h"
 #include "ditscale/balance/simulate.h"
+#include "ditscale/balance/sp_cost.h"
 #include "ditscale/core/error.h"
 #include "ditscale/core/result.h"
 
@@ -34,6 +35,8 @@ struct PlanArgs {
   uint64_t seed = 0;
   bool compare = false, json = false, skip_bad_rows = false, budget_sweep = false;
   bool overhead_per_mb = false, quiet = false;
+  std::string sp_degrees = "1";  // "1": every micro-batch on one rank (the plan of before)
+  std::string sp_topology = kDefaultSpTopology;
 };
 
 // One policy planned and simulated, with the times taken.
@@ -63,6 +66,8 @@ struct Corpus {
 // The policies planned and simulated, and the options they share.
 struct Runs {
   std::vector<Policy> policies;
+  // Per run: its sequence-parallel degrees (PlanOptions::sp_degrees; empty: none).
+  std::vector<std::vector<int>> sp_degrees;
   std::vector<PolicyRun> runs;
   PlanOptions po;
   SimOptions so;
@@ -93,6 +98,19 @@ T Unwrap(Result<T> r) {
   if (!r.ok()) throw Error(r.failure().ToString());
   return std::move(r).value();
 }
+
+// Run i's name: the policy's, with its degrees when it has some ("balanced sp=1,2,4,8").
+std::string RunName(const Runs& runs, size_t i);
+// --sp-degrees: the runs to make beside the policies (cli_plan_sp.cc): none for "1"; else the
+// balanced policy with the degrees, and under --compare also one fixed degree each (1, 2, 4, 8
+// where the world size allows). Sets runs.po.sp_comm_per_sample_s from the sp simulator.
+// Returns the index of the run with the given degrees (the main run) or -1 for "1".
+int AddSpRuns(const PlanArgs& a, const ModelPreset& model, const Corpus& c, Runs& runs);
+// The degrees' JSON fields of a run with degrees (micro-batches and tokens per degree,
+// communication share, samples dropped as fitting at no degree).
+void AddSpJson(const Runs& runs, size_t i, nlohmann::json* j);
+// The text table of the runs with degrees.
+void PrintSpTable(const Runs& runs);
 
 // Dropped samples / samples of the epoch (trained + dropped).
 double DroppedFraction(const SimResult& s);

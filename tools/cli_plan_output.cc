@@ -47,16 +47,36 @@ nlohmann::json PolicyJson(const PolicyRun& r) {
           {"simulate_time_s", r.sim_s}};
 }
 
-void PrintTable(const std::vector<Policy>& policies, const std::vector<PolicyRun>& runs) {
-  std::printf("%-12s %12s %10s %12s %12s %8s %10s %8s %9s %8s\n", "policy", "tok/s/GPU", "CV",
+void PrintTable(const Runs& all) {
+  const std::vector<PolicyRun>& runs = all.runs;
+  bool sp = false;
+  for (const auto& d : all.sp_degrees) sp = sp || !d.empty();
+  const int width = sp ? 22 : 12;
+  std::printf("%-*s %12s %10s %12s %12s %8s %10s %8s %9s %8s\n", width, "policy", "tok/s/GPU", "CV",
               "epoch (s)", "lower bd (s)", "ep/lb", "bubble", "steps", "dropped", "mb/rank");
   for (size_t i = 0; i < runs.size(); ++i) {
     const SimResult& s = runs[i].sim;
-    std::printf("%-12s %12.1f %9.2f%% %12.1f %12.1f %8.4f %9.2f%% %8lld %9lld %8.2f\n",
-                PolicyName(policies[i]), s.tokens_per_s_per_gpu, 100 * s.compute_cv, s.epoch_time_s,
+    std::printf("%-*s %12.1f %9.2f%% %12.1f %12.1f %8.4f %9.2f%% %8lld %9lld %8.2f\n", width,
+                RunName(all, i).c_str(), s.tokens_per_s_per_gpu, 100 * s.compute_cv, s.epoch_time_s,
                 s.lower_bound_s, s.lower_bound_s > 0 ? s.epoch_time_s / s.lower_bound_s : 0,
                 100 * s.bubble_fraction, static_cast<long long>(s.num_steps),
                 static_cast<long long>(s.dropped_samples), MicroBatchesPerRankStep(s));
+  }
+}
+
+// `"],"sp_degree":[d,..],"sp_group":[g,..` of (step k, rank r)'s micro-batches: the group of
+// degree d is ranks g*d .. g*d+d-1 (the closing "]" follows).
+void WriteSpFields(std::FILE* f, const Plan& plan, int64_t k, int64_t r) {
+  const int64_t w = plan.world_size;
+  const int64_t b = plan.rank_offsets[k * w + r], e = plan.rank_offsets[k * w + r + 1];
+  std::fputs("],\"sp_degree\":[", f);
+  for (int64_t i = b; i < e; ++i) {
+    std::fprintf(f, i == b ? "%d" : ",%d", plan.micro_batches[plan.work[i]].sp_degree);
+  }
+  std::fputs("],\"sp_group\":[", f);
+  for (int64_t i = b; i < e; ++i) {
+    std::fprintf(f, i == b ? "%lld" : ",%lld",
+                 static_cast<long long>(r / plan.micro_batches[plan.work[i]].sp_degree));
   }
 }
 
@@ -87,6 +107,7 @@ void EmitBatches(const std::string& path, const Plan& plan, const SimResult& sim
         }
         std::fputc(']', f);
       }
+      if (!plan.sp_degrees.empty()) WriteSpFields(f, plan, k, r);
       std::fprintf(f, "],\"predicted_cost_s\":%.9g}\n", sim.rank_cost_s[k * w + r]);
     }
   }
@@ -115,7 +136,9 @@ nlohmann::json SummaryJson(const PlanOutcome& o, std::chrono::steady_clock::time
   j["skipped_rows"] = o.c.manifest.rows_skipped;
   j["distinct_shapes"] = static_cast<int64_t>(o.c.shaped.shapes.size());
   for (size_t i = 0; i < o.runs.policies.size(); ++i) {
-    j["policies"][PolicyName(o.runs.policies[i])] = PolicyJson(o.runs.runs[i]);
+    nlohmann::json pj = PolicyJson(o.runs.runs[i]);
+    AddSpJson(o.runs, i, &pj);
+    j["policies"][RunName(o.runs, i)] = pj;
   }
   for (const auto& r : o.sweep) {
     j["budget_sweep"].push_back({{"rank_budget_s", r.budget_s},
@@ -140,6 +163,7 @@ void WritePlanSummary(const PlanOutcome& o, const nlohmann::json& cost_json) {
   const PolicyRun& run = o.runs.runs[o.runs.main_idx];
   const Plan& p = run.plan;
   nlohmann::json s = PolicyJson(run);
+  AddSpJson(o.runs, o.runs.main_idx, &s);
   s["policy"] = PolicyName(p.policy);
   s["world_size"] = o.a.world_size;
   s["seed"] = o.a.seed;
@@ -178,8 +202,8 @@ void WriteReport(const PlanOutcome& o) {
   in.count_of_shape = o.c.shaped.count;
   for (size_t i = 0; i < o.runs.policies.size(); ++i) {
     const Plan& p = o.runs.runs[i].plan;
-    in.policies.push_back({PolicyName(o.runs.policies[i]), o.runs.runs[i].sim,
-                           p.batch_size_of_shape, p.m_comp, p.p, p.rank_budget_s});
+    in.policies.push_back({RunName(o.runs, i), o.runs.runs[i].sim, p.batch_size_of_shape, p.m_comp,
+                           p.p, p.rank_budget_s});
   }
   in.budget_sweep = o.sweep;
   Unwrap(WriteReportHtml(a.report, in));
@@ -201,10 +225,12 @@ void PrintText(const PlanOutcome& o, std::chrono::steady_clock::time_point t_sta
               o.m.cost.a, o.m.cost.a_mb);
   for (size_t i = 0; i < o.runs.policies.size(); ++i) {
     if (o.runs.policies[i] == Policy::kBalanced) {
-      std::printf("balanced per-rank budget %.4g s\n", o.runs.runs[i].plan.rank_budget_s);
+      std::printf("%s per-rank budget %.4g s\n", RunName(o.runs, i).c_str(),
+                  o.runs.runs[i].plan.rank_budget_s);
     }
   }
-  PrintTable(o.runs.policies, o.runs.runs);
+  PrintTable(o.runs);
+  PrintSpTable(o.runs);
   if (!o.sweep.empty()) {
     std::printf("\nbalanced budget sweep\n%12s %9s %12s %8s %8s %12s\n", "budget (s)", "CV",
                 "epoch (s)", "ep/lb", "steps", "samples/step");

@@ -57,6 +57,15 @@ double CostModel::MicroBatchTime(int64_t batch, int64_t seq_len) const {
   return a_mb + static_cast<double>(batch) * Work(seq_len);
 }
 
+double CostModel::SpMicroBatchTime(int64_t batch, int64_t seq_len, int degree,
+                                   double comm_per_sample_s) const {
+  int slot = 0;
+  while ((1 << slot) < degree && slot < 3) ++slot;
+  const double b = static_cast<double>(batch);
+  return a_mb + b * Work(seq_len) / (static_cast<double>(degree) * sp_efficiency[slot]) +
+         b * comm_per_sample_s;
+}
+
 double CostModel::StepTime(int64_t batch, int64_t seq_len) const {
   return a + MicroBatchTime(batch, seq_len);
 }
@@ -156,15 +165,41 @@ bool GetNumber(const nlohmann::json& j, const std::string& key, const std::strin
   return true;
 }
 
+// "sp_efficiency": {"2": .., "4": .., "8": ..} (each optional, in [kMinSpEfficiency, 1]).
+std::optional<Failure> ReadSpEfficiency(const nlohmann::json& j, const std::string& path,
+                                        CostModel* c) {
+  auto it = j.find("sp_efficiency");
+  if (it == j.end()) return std::nullopt;
+  if (!it->is_object()) {
+    return JsonFailure(path, "sp_efficiency", "expected {\"2\": .., \"4\": .., \"8\": ..}");
+  }
+  static const char* kDegrees[] = {"2", "4", "8"};
+  for (auto k = it->begin(); k != it->end(); ++k) {
+    if (std::find(std::begin(kDegrees), std::end(kDegrees), k.key()) == std::end(kDegrees)) {
+      return JsonFailure(path, "sp_efficiency." + k.key(), "unknown degree (known: 2, 4, 8)");
+    }
+  }
+  std::optional<Failure> f;
+  for (int slot = 1; slot <= 3; ++slot) {
+    const std::string key = kDegrees[slot - 1];
+    if (!GetNumber(*it, key, path, "sp_efficiency." + key, false, kMinSpEfficiency, 1,
+                   &c->sp_efficiency[slot], &f)) {
+      return f;
+    }
+  }
+  return std::nullopt;
+}
+
 Result<CostModel> CostFromJson(const nlohmann::json& j, const std::string& path,
                                MemoryModel* memory_out) {
   if (!j.is_object()) return Failure::InFile(path, 1, "", "expected a JSON object");
-  static const char* kKnown[] = {"kind", "a", "a_mb", "b", "p", "c1", "c2", "source", "memory"};
+  static const char* kKnown[] = {"kind", "a",  "a_mb",          "b",      "p",
+                                 "c1",   "c2", "sp_efficiency", "source", "memory"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown)) {
       return JsonFailure(path, it.key(),
-                         "unknown field (known: kind, a, a_mb, b, p, c1, c2, source, "
-                         "memory)");
+                         "unknown field (known: kind, a, a_mb, b, p, c1, c2, sp_efficiency, "
+                         "source, memory)");
     }
   }
   if (auto it = j.find("source"); it != j.end() && !it->is_string()) {
@@ -191,6 +226,7 @@ Result<CostModel> CostFromJson(const nlohmann::json& j, const std::string& path,
     return JsonFailure(path, power ? "b" : "c1", "the per-sample work term must be > 0");
   }
   c.source = "json:" + path;
+  if (auto f_eff = ReadSpEfficiency(j, path, &c)) return *f_eff;
   if (auto it = j.find("memory"); it != j.end()) {
     if (!it->is_object()) return JsonFailure(path, "memory", "expected {\"m0\": .., \"m1\": ..}");
     for (auto k = it->begin(); k != it->end(); ++k) {
@@ -233,6 +269,10 @@ std::string CostModelToJson(const CostModel& cost, const MemoryModel* memory) {
   j["p"] = cost.p;
   j["c1"] = cost.c1;
   j["c2"] = cost.c2;
+  if (cost.sp_efficiency != std::array<double, 4>{1, 1, 1, 1}) {
+    j["sp_efficiency"] = {
+        {"2", cost.sp_efficiency[1]}, {"4", cost.sp_efficiency[2]}, {"8", cost.sp_efficiency[3]}};
+  }
   if (!cost.source.empty()) j["source"] = cost.source;
   if (memory != nullptr) j["memory"] = {{"m0", memory->m0}, {"m1", memory->m1}};
   return j.dump(2);

@@ -10,11 +10,14 @@
 //           pass, small-kernel inefficiency). 0 unless fitted from benchmark rows with k >= 2.
 //   a step of one micro-batch: StepTime(B, S) = a + a_mb + B * Work(S).
 //   memory:     peak_bytes(B, S)  = m0 + m1 * B * S
+//   on d sequence-parallel ranks (sp_cost.h), per rank:
+//               a_mb + B * Work(S) / (d * eff(d)) + B * comm(d, S);  m0 + m1 * B * S / d
 //
 // M_mem (tokens per batch) follows from the memory model and a GPU capacity:
 //   M_mem = floor((gpu_mem_bytes * (1 - safety) - m0) / m1).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,6 +37,9 @@ struct CostModel {
   double c1 = 0;       // quadratic: s per token
   double c2 = 0;       // quadratic: s per token^2
   std::string source;  // "analytical:<preset>@h200", "fit:<file>", "json:<file>"
+  // eff(d) of sequence parallelism on d = 1, 2, 4, 8 ranks, [log2 d] (sp_cost.h); eff(1) = 1.
+  // 1 unless the cost JSON gives it (fitted from benchmarks at d > 1).
+  std::array<double, 4> sp_efficiency = {1, 1, 1, 1};
 
   // Predicted step time (s) of a step made of one micro-batch of B samples of S tokens:
   // a + a_mb + B * Work(S).
@@ -44,6 +50,10 @@ struct CostModel {
   // Cost of one micro-batch pass inside a step, without the per-step overhead:
   // a_mb + B * Work(S).
   double MicroBatchTime(int64_t batch, int64_t seq_len) const;
+  // Per-rank cost of a micro-batch of B samples on `degree` ranks (sp_cost.h):
+  // a_mb + B * Work(S) / (degree * eff(degree)) + B * comm_per_sample_s. degree in {1, 2, 4, 8}.
+  double SpMicroBatchTime(int64_t batch, int64_t seq_len, int degree,
+                          double comm_per_sample_s) const;
   // Per-sample work term without any fixed overhead: B * Work(S) is what a micro-batch adds on
   // top of a_mb.
   double Work(int64_t seq_len) const;
@@ -83,12 +93,15 @@ struct MemoryAssumptions {
 MemoryModel AnalyticalMemory(const ModelPreset& model, const MemoryAssumptions& assume);
 
 // JSON round trip: {"kind": "power", "a": ..., "a_mb": ..., "b": ..., "p": ..., "c1":...,
-//  "c2":..., "memory": {"m0": ..., "m1": ...}}. "a_mb" is optional on read (default 0: files
-//  written before it existed read as before) and always written. Failures name the file and
+//  "c2":..., "sp_efficiency": {"2": ..., "4": ..., "8": ...}, "memory": {"m0": ..., "m1": ...}}.
+//  "a_mb" is optional on read (default 0: files written before it existed read as before) and
+//  always written. "sp_efficiency" is optional (each key optional, default 1) and written only
+//  when some eff(d) != 1. Failures name the file and
 //  the field ("a: -1 is out of range [0, 1e+06]"). Ranges on read:
 //    a, a_mb          [0, kMaxOverheadS] s
 //    b, c1, c2        [0, kMaxCoefficient], and the work term b (power) or c1 + c2 must be > 0
 //    p                [kMinExponent, kMaxExponent]
+//    sp_efficiency.2/4/8  [kMinSpEfficiency, 1]
 //    memory.m0        [0, kMaxMemoryBytes];  memory.m1 (0, kMaxMemoryBytes]
 //  The file is read through ReadJsonFile (ditscale/core/json_text.h): duplicate keys, numbers
 //  beyond double and syntax errors are refused with the file (and line).
@@ -97,6 +110,7 @@ inline constexpr double kMaxCoefficient = 1e6;
 inline constexpr double kMinExponent = 0.5;
 inline constexpr double kMaxExponent = 4;
 inline constexpr double kMaxMemoryBytes = 1e18;
+inline constexpr double kMinSpEfficiency = 0.01;
 Result<CostModel> LoadCostModel(const std::string& path, MemoryModel* memory_out = nullptr);
 // The same from text already in memory; `file` names it in Failures.
 Result<CostModel> ParseCostModel(std::string_view text, const std::string& file,

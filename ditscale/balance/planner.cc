@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ditscale/balance/internal/balanced.h"
+#include "ditscale/balance/internal/balanced_sp.h"
 #include "ditscale/balance/internal/buckets.h"
 #include "ditscale/balance/internal/prefault.h"
 #include "ditscale/balance/internal/prng.h"
@@ -66,10 +67,10 @@ void ApplyTail(TailPolicy tail, Plan& plan) {
   const int64_t wb = plan.rank_offsets[first], we = plan.rank_offsets[first + w];
   if (tail == TailPolicy::kDrop) {
     int64_t min_mb = static_cast<int64_t>(plan.micro_batches.size());
-    for (int64_t i = wb; i < we; ++i) {
-      const MicroBatch& mb = plan.micro_batches[plan.work[i]];
-      plan.dropped_samples += mb.end - mb.begin;
-      min_mb = std::min(min_mb, plan.work[i]);
+    for (int64_t i = wb; i < we; ++i) min_mb = std::min(min_mb, plan.work[i]);
+    // Every micro-batch from min_mb on is in the tail, listed once per rank of its group.
+    for (size_t m = min_mb; m < plan.micro_batches.size(); ++m) {
+      plan.dropped_samples += plan.micro_batches[m].end - plan.micro_batches[m].begin;
     }
     // The tail's micro-batches are the last ones created.
     plan.micro_batches.resize(min_mb);
@@ -77,11 +78,17 @@ void ApplyTail(TailPolicy tail, Plan& plan) {
     plan.rank_offsets.resize(first + 1);
     return;
   }
-  // kPad: empty ranks repeat the cheapest micro-batch of the epoch (lowest index on ties).
-  int64_t pad = 0;
-  for (int64_t m = 1; m < static_cast<int64_t>(plan.micro_batches.size()); ++m) {
-    if (plan.micro_batches[m].predicted_cost_s < plan.micro_batches[pad].predicted_cost_s) pad = m;
+  // kPad: empty ranks repeat the cheapest micro-batch of the epoch on one rank (lowest index on
+  // ties).
+  int64_t pad = -1;
+  for (int64_t m = 0; m < static_cast<int64_t>(plan.micro_batches.size()); ++m) {
+    if (plan.micro_batches[m].sp_degree != 1) continue;
+    if (pad < 0 ||
+        plan.micro_batches[m].predicted_cost_s < plan.micro_batches[pad].predicted_cost_s) {
+      pad = m;
+    }
   }
+  if (pad < 0) return;  // no one-rank micro-batch to repeat: the step stays partial (as 'keep')
   std::vector<std::vector<int64_t>> lists(w);
   for (int64_t r = 0; r < w; ++r) {
     for (int64_t i = plan.rank_offsets[first + r]; i < plan.rank_offsets[first + r + 1]; ++i) {
@@ -341,7 +348,8 @@ std::jthread ReserveChunks(const std::vector<int64_t>& count, const PlanOptions&
                            int64_t num_samples, std::vector<Chunk>* chunks, Plan* plan) {
   int64_t n = 0;
   for (size_t s = 0; s < count.size(); ++s) {
-    n += (count[s] + plan->batch_size_of_shape[s] - 1) / plan->batch_size_of_shape[s];
+    const int64_t b = plan->batch_size_of_shape[s];  // 0: no fitting degree (planner_sp.cc)
+    if (b > 0) n += (count[s] + b - 1) / b;
   }
   chunks->reserve(n);
   if (!UseHelperThreads(num_samples)) return {};
@@ -362,6 +370,7 @@ void CutChunks(const std::vector<int64_t>& bucket_begin, const std::vector<int64
                const PlanOptions& options, std::vector<Chunk>* chunks) {
   for (size_t s = 0; s + 1 < bucket_begin.size(); ++s) {
     const int64_t b = batch_size[s];
+    if (b == 0) continue;  // fits at no sequence-parallel degree: dropped (planner_sp.cc)
     for (int64_t i = bucket_begin[s]; i < bucket_begin[s + 1]; i += b) {
       chunks->push_back(Chunk{i, std::min(i + b, bucket_begin[s + 1]), static_cast<int32_t>(s)});
     }
@@ -375,7 +384,7 @@ std::optional<Failure> BuildBalancedPlan(const ShapedManifest& shaped, const Cos
                                          const PlanOptions& options,
                                          std::vector<double> work_of_shape,
                                          const std::vector<Chunk>& chunks, Plan& plan) {
-  const double max_unit = MinRankBudget(shaped, cost);
+  const double max_unit = MinRankBudget(shaped, cost, options);  // {1}: fitting samples
   if (options.rank_budget_s > 0 && options.rank_budget_s < max_unit) {
     return Failure::InvalidArgument(
         "rank budget " + FormatNumber(options.rank_budget_s) +
@@ -439,12 +448,15 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
   if (auto f = CheckOptions(options)) return *f;
   if (auto f = CheckShaped(shaped, &bucket_begin)) return *f;
   if (auto f = CheckCostAndSize(shaped, cost, options)) return *f;
+  if (auto f = internal::CheckSpOptions(shaped, options)) return *f;
+  const bool sp = !options.sp_degrees.empty();
   const std::vector<int64_t> count = ShapeCounts(shaped);
   Result<std::vector<double>> work_of_shape = WorkOfShapes(shaped, cost, count);
   if (!work_of_shape.ok()) return work_of_shape.failure();
   const int64_t num_samples = static_cast<int64_t>(shaped.shape_of.size());
 
   Plan plan = StartPlan(shaped, cost, options, count);
+  if (sp) internal::SetSpBatchSizes(shaped, options, count, plan);
   internal::Buckets buckets;
   std::exception_ptr buckets_error;
   std::jthread ids_worker = SortIds(shaped, options, &buckets, &buckets_error);
@@ -453,7 +465,12 @@ Result<Plan> MakePlan(const ShapedManifest& shaped, const CostModel& cost_in,
   std::jthread prefault = ReserveChunks(count, options, num_samples, &chunks, &plan);
   CutChunks(bucket_begin, plan.batch_size_of_shape, options, &chunks);
   plan.rank_offsets.push_back(0);
-  if (options.policy == Policy::kBalanced) {
+  if (sp && options.sp_degrees != std::vector<int>{1}) {
+    if (auto f = internal::BuildSpPlan(shaped, cost, options, std::move(work_of_shape).value(),
+                                       count, chunks, plan)) {
+      return *f;
+    }
+  } else if (options.policy == Policy::kBalanced) {
     if (auto f = BuildBalancedPlan(shaped, cost, options, std::move(work_of_shape).value(), chunks,
                                    plan)) {
       return *f;

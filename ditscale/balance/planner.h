@@ -47,7 +47,9 @@ Result<Policy> ParsePolicy(const std::string& name);
 // What happens to samples that do not fill a last global step.
 enum class TailPolicy {
   kDrop,  // dropped (counted in Plan::dropped_samples), default
-  kPad,   // ranks without work repeat the smallest micro-batch of the epoch (reported)
+  kPad,   // ranks without work repeat the smallest micro-batch of the epoch (reported); with
+          // sequence-parallel degrees the smallest one-rank micro-batch (none: the step stays
+          // partial, as under kKeep)
   kKeep,  // a last partial step where some ranks get nothing
 };
 
@@ -66,6 +68,15 @@ struct PlanOptions {
   // OverheadPerMicroBatch(cost) instead (a_mb := a + a_mb, a := 0; conservative). Kept for old
   // callers: a cost model with a fitted a_mb is the accurate way to charge micro-batches.
   bool overhead_per_micro_batch = false;
+  // Sequence parallelism per micro-batch (balanced only; sp_cost.h, planner_sp.cc). Empty: every
+  // micro-batch on one rank, samples over M_mem run alone at B = 1 (the plan of before).
+  // Otherwise the allowed degrees: sorted, distinct powers of two in [1, kMaxSpDegree], each at
+  // most world_size and dividing it. {1}: the plan of before with the samples over M_mem dropped
+  // (counted in Plan::samples_unfit): the same plan when there are none.
+  std::vector<int> sp_degrees;
+  // comm(d, S) per sample, s, [shape * kSpDegreeSlots + SpSlot(d)] (UlyssesCommPerSample);
+  // required (finite, >= 0) when sp_degrees is not empty.
+  std::vector<double> sp_comm_per_sample_s;
 };
 
 const char* TailPolicyName(TailPolicy t);
@@ -75,8 +86,11 @@ Result<TailPolicy> ParseTailPolicy(const std::string& name);
 struct MicroBatch {
   int64_t begin = 0;
   int64_t end = 0;
-  int32_t shape = 0;  // index into ShapedManifest::shapes
-  double predicted_cost_s = 0;
+  int32_t shape = 0;            // index into ShapedManifest::shapes
+  double predicted_cost_s = 0;  // per rank: a + its micro-batch cost
+  // Ranks training it together: 1, or d of an aligned group (ranks g*d .. g*d+d-1; every rank of
+  // the group lists it in the step). Last, so that {begin, end, shape, cost} still reads as before.
+  int16_t sp_degree = 1;
 };
 
 struct Plan {
@@ -103,6 +117,14 @@ struct Plan {
   bool overhead_per_micro_batch = false;
 
   bool rank_budget_raised = false;  // balanced, default budget: raised to MinRankBudget
+
+  // Sequence parallelism (PlanOptions::sp_degrees; empty: not used). A rank's micro-batches in
+  // a step are ordered by degree (descending), then index: the ranks of a group reach each of
+  // their shared micro-batches together, so a rank's time is the sum of its costs.
+  std::vector<int> sp_degrees;
+  std::vector<double> sp_comm_per_sample_s;  // copied from the options
+  std::vector<int> sp_min_degree_of_shape;   // smallest fitting degree; 0: fits at none
+  int64_t samples_unfit = 0;  // dropped (in dropped_samples too): over M_mem at every degree
 
   // Dropped samples / all samples of the epoch (0 for an empty plan).
   double dropped_fraction() const {
@@ -168,6 +190,11 @@ double DefaultRankBudget(const ShapedManifest& shaped, const CostModel& cost, do
 // The smallest per-rank budget of a balanced step: the cost of the most expensive single
 // sample, a + a_mb + max_S Work(S) over the shapes with samples (0 for an empty manifest).
 double MinRankBudget(const ShapedManifest& shaped, const CostModel& cost);
+// The same for `options` (planner_sp.cc): MinRankBudget without sequence-parallel degrees; with
+// them the costliest sample's per-rank cost at its smallest fitting degree (samples fitting at no
+// degree left out). Options as MakePlan takes them (sp_comm_per_sample_s sized; not checked).
+double MinRankBudget(const ShapedManifest& shaped, const CostModel& cost,
+                     const PlanOptions& options);
 
 // M_comp minimising the simulated epoch time of the adaptive policy (steps of one micro-batch
 // per rank, step time = max over ranks). Candidates: 40 log-spaced values between min_S S^p

@@ -5,6 +5,7 @@
 
 #include "ditscale/balance/internal/buckets.h"
 #include "ditscale/balance/internal/prng.h"
+#include "ditscale/balance/sp_cost.h"
 #include "ditscale/core/checked_math.h"
 #include "ditscale/core/error.h"
 
@@ -29,6 +30,18 @@ double RankCost(const Plan& plan, const ShapedManifest& shaped, const CostModel&
              " but the manifest has ", num_shapes, " shapes");
     const int64_t n = mb.end - mb.begin;
     double term = cost.a_mb + static_cast<double>(n) * work_of_shape[mb.shape];
+    int slot = 0;
+    if (mb.sp_degree != 1) {
+      slot = SpSlot(mb.sp_degree);
+      const size_t at = static_cast<size_t>(mb.shape) * kSpDegreeSlots + slot;
+      DS_CHECK(
+          mb.sp_degree > 1 && mb.sp_degree <= kMaxSpDegree && at < plan.sp_comm_per_sample_s.size(),
+          "micro-batch ", m, " has sequence-parallel degree ", mb.sp_degree,
+          " without a communication table in the plan");
+      const double comm = static_cast<double>(n) * plan.sp_comm_per_sample_s[at];
+      term = cost.SpMicroBatchTime(n, shaped.shapes[mb.shape].seq_len, mb.sp_degree, 0) + comm;
+      out->comm_s += comm;
+    }
     if (sigma > 0) {
       internal::SplitMix64 rng(internal::StreamKey(options.noise_seed, plan.epoch,
                                                    internal::kSimNoise, static_cast<uint64_t>(i)));
@@ -39,9 +52,11 @@ double RankCost(const Plan& plan, const ShapedManifest& shaped, const CostModel&
     if (!seen[m]) {
       seen[m] = 1;
       out->samples += n;
-      out->tokens = CheckedAdd(
-          out->tokens, CheckedMul(n, shaped.shapes[mb.shape].seq_len, "tokens of a micro-batch"),
-          "tokens of the plan");
+      const int64_t tokens =
+          CheckedMul(n, shaped.shapes[mb.shape].seq_len, "tokens of a micro-batch");
+      out->tokens = CheckedAdd(out->tokens, tokens, "tokens of the plan");
+      ++out->sp_micro_batches[slot];
+      out->sp_tokens[slot] += tokens;
     }
   }
   if (e > b) cost_r += cost.a;
@@ -56,6 +71,7 @@ void Finish(double total, double cv_sum, int64_t cv_steps, SimResult* out) {
   if (out->epoch_time_s > 0) {
     out->bubble_fraction = 1 - total / (w * out->epoch_time_s);
     out->tokens_per_s_per_gpu = static_cast<double>(out->tokens) / out->epoch_time_s / w;
+    out->comm_fraction = out->comm_s / (w * out->epoch_time_s);
   }
   if (out->num_steps > 0) {
     const double mean = out->epoch_time_s / static_cast<double>(out->num_steps);

@@ -18,8 +18,14 @@
 //   step_time_cv        = std_k(step_time) / mean_k(step_time)
 //   bubble_fraction     = sum_k (W * step_time[k] - sum_r c[k][r]) / (W * epoch_time_s)
 //   tokens_per_s_per_gpu = tokens trained (padded repeats excluded) / epoch_time_s / W
+// Sequence parallelism (Plan::sp_degrees, sp_cost.h): a micro-batch of degree d is in the list of
+// each of its d ranks, each paying a_mb + B_i * (Work(S_i) / (d eff(d)) + comm(d, S_i)); it is
+// counted once in tokens and samples. Ranks of a group reach it together (planner.h: lists
+// ordered by degree), so the sum per rank is the rank's time.
+//   comm_fraction       = sum_{k,r} B_i * comm(d, S_i) over executions / (W * epoch_time_s)
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -60,6 +66,11 @@ struct SimResult {
   int64_t dropped_samples = 0;       // copied from the plan
   int64_t padded_micro_batches = 0;  // copied from the plan
   double mean_samples_per_step = 0;  // the global batch in samples
+  double comm_s = 0;                 // rank-seconds of sequence-parallel communication
+  double comm_fraction = 0;          // comm_s / (W * epoch_time_s)
+  // Per degree 1, 2, 4, 8 ([log2 d]): distinct micro-batches and their tokens (padded excluded).
+  std::array<int64_t, 4> sp_micro_batches{};
+  std::array<int64_t, 4> sp_tokens{};
 };
 
 // Simulates `plan` (made from `shaped`) under `cost`. Throws ditscale::Error when the plan does

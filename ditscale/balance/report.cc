@@ -196,6 +196,47 @@ void Bars(std::ostringstream& o, const std::string& title, const ReportInput& in
   o << "</svg>\n";
 }
 
+// Whether any run trained tokens at a sequence-parallel degree above 1.
+bool UsesDegrees(const ReportInput& in) {
+  for (const auto& p : in.policies) {
+    for (size_t slot = 1; slot < p.sim.sp_tokens.size(); ++slot) {
+      if (p.sim.sp_tokens[slot] > 0) return true;
+    }
+  }
+  return false;
+}
+
+// One stacked bar per run: the share of its tokens trained at degree 1, 2, 4, 8 (SimResult::
+// sp_tokens, slot i = degree 2^i), and its share of rank-time in communication.
+void DegreePlot(std::ostringstream& o, const ReportInput& in) {
+  const double bar_h = 22, w = 760, label_w = 150, len = w - label_w - 120;
+  const double h = 40 + bar_h * 1.4 * static_cast<double>(in.policies.size());
+  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h
+    << "' font-family='sans-serif' font-size='11'><text x='0' y='14' font-weight='bold'>"
+       "tokens by sequence-parallel degree (right: communication share)</text>\n";
+  for (size_t slot = 0; slot < 4; ++slot) {
+    o << "<text x='" << label_w + 70 * static_cast<double>(slot) << "' y='30' fill='"
+      << kColors[slot % 5] << "'>&#9632; d=" << (1 << slot) << "</text>";
+  }
+  for (size_t i = 0; i < in.policies.size(); ++i) {
+    const SimResult& s = in.policies[i].sim;
+    const double y = 38 + bar_h * 1.4 * static_cast<double>(i);
+    double total = 0, x = label_w;
+    for (int64_t t : s.sp_tokens) total += static_cast<double>(t);
+    o << "<text x='0' y='" << y + 15 << "'>" << Escape(in.policies[i].name) << "</text>";
+    for (size_t slot = 0; slot < s.sp_tokens.size() && total > 0; ++slot) {
+      if (s.sp_tokens[slot] == 0) continue;
+      const double part = len * static_cast<double>(s.sp_tokens[slot]) / total;
+      o << "<rect x='" << x << "' y='" << y << "' width='" << part << "' height='" << bar_h
+        << "' fill='" << kColors[slot % 5] << "'/>";
+      x += part;
+    }
+    o << "<text x='" << label_w + len + 6 << "' y='" << y + 15 << "'>"
+      << Num(100 * s.comm_fraction, 2) << "% comm</text>\n";
+  }
+  o << "</svg>\n";
+}
+
 }  // namespace
 
 std::string RenderReportHtml(const ReportInput& in) {
@@ -238,6 +279,12 @@ std::string RenderReportHtml(const ReportInput& in) {
   Bars(
       o, "bubble fraction (idle share of rank-time)", in,
       [](const SimResult& s) { return s.bubble_fraction; }, nullptr);
+  if (UsesDegrees(in)) {
+    o << "<h2>Sequence-parallel degrees</h2>\n<p>The share of each run's tokens trained on 1, "
+         "2, 4 or 8 ranks together, and the share of rank-time in sequence-parallel "
+         "communication.</p>\n";
+    DegreePlot(o, in);
+  }
 
   o << "<h2>Per-step rank loads</h2>\n<p>First " << in.max_steps
     << " steps; dots: each rank's predicted cost, line: step time (max over ranks), dashed: the "

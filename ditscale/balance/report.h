@@ -4,7 +4,9 @@
 //   2. bucket batch size B by sequence length S (log-log), one series per policy;
 //   3. policy comparison bars: tokens/s per GPU, epoch time against its lower bound,
 //      compute-load CV and bubble fraction;
-//   4. optional tables: the budget sweep of the balanced policy and the run's settings.
+//   4. with sequence-parallel degrees (a run with tokens at d > 1): the share of each run's
+//      tokens at d = 1, 2, 4, 8 as stacked bars, and its communication share;
+//   5. optional tables: the budget sweep of the balanced policy and the run's settings.
 #pragma once
 
 #include <string>

@@ -55,6 +55,30 @@ TEST(Report, SelfContainedPageWithEveryPlot) {
   EXPECT_EQ(Count(html, "<circle"), 3 * 150 * 4 + 3 * 3);
   EXPECT_NE(html.find("budget sweep"), std::string::npos);
   EXPECT_NE(html.find("stroke-dasharray"), std::string::npos);  // the balanced budget line
+  EXPECT_EQ(html.find("Sequence-parallel degrees"), std::string::npos);  // no run used them
+}
+
+TEST(Report, DegreesPlotTheTokenSharesOfEachRun) {
+  ReportInput in;
+  in.seq_len_of_shape = {1560, 75600};
+  in.count_of_shape = {10, 2};
+  for (int d : {0, 1}) {
+    ReportPolicy p;
+    p.name = d ? "balanced sp 1,2,4,8" : "balanced sp 1";
+    p.sim.world_size = 8;
+    p.sim.sp_tokens = {15600, d ? 75600 : 0, 0, d ? 75600 : 0};
+    p.sim.comm_fraction = d ? 0.035 : 0;
+    in.policies.push_back(p);
+  }
+  const std::string html = RenderReportHtml(in);
+  EXPECT_NE(html.find("<h2>Sequence-parallel degrees</h2>"), std::string::npos);
+  EXPECT_EQ(Count(html, "d=8</text>"), 1);
+  EXPECT_NE(html.find("3.50% comm"), std::string::npos);
+  // The stacked segments: 1 (all at d = 1) + 3 (d = 1, 2, 8).
+  const size_t at = html.find("<h2>Sequence-parallel degrees</h2>");
+  const std::string section = html.substr(at, html.find("</svg>", at) - at);
+  EXPECT_EQ(Count(section, "<rect"), 1 + 3);
+  EXPECT_EQ(Count(html, "<svg"), Count(html, "</svg>"));
 }
 
 TEST(Report, WriteFailureNamesTheFile) {

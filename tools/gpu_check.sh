@@ -114,6 +114,8 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sp ]; then
   if [ "$NGPU" -ge 2 ]; then
     if has test; then
       step sp-check-nvlink 300 $TRUN tests/gpu/sp_attention_check.py
+      # Gradients of every strategy's backward on CUDA (torch_backward.py) against dense autograd.
+      step sp-grad-check 300 $TRUN tests/gpu/sp_grad_check.py
       # The one-sided cases above ran on the default engine (copy engines on one host); these on
       # NVSHMEM's on-stream kernels.
       step sp-check-nvlink-nvshmem-engine 240 env DITSCALE_SP_ONE_SIDED_ENGINE=nvshmem \

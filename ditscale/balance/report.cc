@@ -237,6 +237,22 @@ void DegreePlot(std::ostringstream& o, const ReportInput& in) {
   o << "</svg>\n";
 }
 
+// The policy comparison table: one row per run.
+void ComparisonTable(std::ostringstream& o, const ReportInput& in) {
+  o << "<h2>Policy comparison</h2>\n<table><tr><th>policy</th><th>tokens/s/GPU</th>"
+       "<th>epoch (s)</th><th>lower bound (s)</th><th>compute CV</th><th>bubble</th>"
+       "<th>steps</th><th>samples/step</th><th>dropped</th><th>M_comp</th></tr>\n";
+  for (const auto& p : in.policies) {
+    const SimResult& s = p.sim;
+    o << "<tr><td>" << Escape(p.name) << "</td><td>" << Num(s.tokens_per_s_per_gpu) << "</td><td>"
+      << Num(s.epoch_time_s) << "</td><td>" << Num(s.lower_bound_s) << "</td><td>"
+      << Num(100 * s.compute_cv, 2) << "%</td><td>" << Num(100 * s.bubble_fraction, 2)
+      << "%</td><td>" << s.num_steps << "</td><td>" << Num(s.mean_samples_per_step, 1)
+      << "</td><td>" << s.dropped_samples << "</td><td>" << Num(p.m_comp, 4) << "</td></tr>\n";
+  }
+  o << "</table>\n";
+}
+
 }  // namespace
 
 std::string RenderReportHtml(const ReportInput& in) {
@@ -254,18 +270,7 @@ std::string RenderReportHtml(const ReportInput& in) {
     }
     o << "</table>\n";
   }
-  o << "<h2>Policy comparison</h2>\n<table><tr><th>policy</th><th>tokens/s/GPU</th>"
-       "<th>epoch (s)</th><th>lower bound (s)</th><th>compute CV</th><th>bubble</th>"
-       "<th>steps</th><th>samples/step</th><th>dropped</th><th>M_comp</th></tr>\n";
-  for (const auto& p : in.policies) {
-    const SimResult& s = p.sim;
-    o << "<tr><td>" << Escape(p.name) << "</td><td>" << Num(s.tokens_per_s_per_gpu) << "</td><td>"
-      << Num(s.epoch_time_s) << "</td><td>" << Num(s.lower_bound_s) << "</td><td>"
-      << Num(100 * s.compute_cv, 2) << "%</td><td>" << Num(100 * s.bubble_fraction, 2)
-      << "%</td><td>" << s.num_steps << "</td><td>" << Num(s.mean_samples_per_step, 1)
-      << "</td><td>" << s.dropped_samples << "</td><td>" << Num(p.m_comp, 4) << "</td></tr>\n";
-  }
-  o << "</table>\n";
+  ComparisonTable(o, in);
   Bars(
       o, "tokens/s per GPU (higher is better)", in,
       [](const SimResult& s) { return s.tokens_per_s_per_gpu; }, nullptr);

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from gloo_util import run_gloo
@@ -201,8 +202,8 @@ def test_calls_without_a_backward_refuse_inputs_that_require_grad():
         for key, name in (("meta", "ulysses"), ("op", "ring")):
             msg = caught[key]
             assert f"not supported yet for strategy {name!r} on meta tensors (" in msg, msg
-            assert ("(gradients: every strategy on CPU tensors over gloo, eagerly and under "
-                    "torch.compile)") in msg
+            assert ("(gradients: every strategy on CPU tensors over gloo and CUDA tensors over "
+                    "NCCL, eagerly and under torch.compile)") in msg
         assert caught["op"].startswith("ditscale_sp::attention: q, k, v require grad")
         assert caught["heads"].startswith("ditscale.sp.attention: the backward of strategy "
                                           "'ring' on 2 ranks runs as Ulysses over the same "
@@ -238,6 +239,51 @@ def test_a_compiled_step_equals_the_eager_one():
     for result in run_gloo(_compiled_step, 2, timeout_s=300):
         assert result.keys() == {"ulysses", "ring"}
         assert max(result.values()) <= 1e-6, result
+
+
+# The backward through PyTorch's collectives (torch_backward.py: CUDA tensors over NCCL use it;
+# here the same code on CPU tensors over gloo): (world, shape).
+TORCH_CASES = [
+    (2, (2, 13, 5, 6, 3, 16, F32)),  # GQA, text, heads 3 + 3
+    (2, (1, 9, 0, 3, 3, 8, F32)),  # 3 heads: 2 + 1, no text
+    (4, (1, 11, 3, 3, 1, 8, F32)),  # 3 heads on 4 ranks (one rank has none), 1 kv head
+    (4, (2, 13, 5, 6, 6, 16, BF16)),
+]
+
+
+def _torch_backward(rank, world):
+    import torch.distributed as dist
+
+    import ditscale.sp as sp
+    from ditscale.sp import torch_backward
+    errors = []
+    for w, shape in TORCH_CASES:
+        if w != world:
+            continue
+        B, S, T, H, Hk, D, dtype = shape
+        full, ups, dense, dt = _reference(shape, 31, world)
+        begin, count = sp.shard_range(S, world, rank)
+        mine = [x[:, T + begin:T + begin + count].to(dt) for x in full]
+        joint = tuple(x[:, :T].to(dt) for x in full) if T else None
+        g = torch_backward.gradients(*mine, joint, ups[rank][0].to(dt),
+                                     ups[rank][1].to(dt) if T else None, sp.Mesh(1, world))
+        errs = [(g[n].double() - w_[:, T + begin:T + begin + count]).abs().max().item()
+                for n, w_ in zip(("q", "k", "v"), dense)]
+        for n, w_ in zip(("text_q", "text_k", "text_v"), dense if T else ()):
+            total = g[n].double()
+            dist.all_reduce(total)
+            errs.append((total - w_[:, :T]).abs().max().item())
+        errors.append(max(errs) / max(x.abs().max().item() for x in dense))
+    return errors
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_backward_through_torch_collectives_matches_dense(world):
+    cases = [s for w, s in TORCH_CASES if w == world]
+    for errors in run_gloo(_torch_backward, world, timeout_s=200):
+        assert len(errors) == len(cases)
+        for shape, err in zip(cases, errors):
+            assert err < (1e-2 if shape[-1] == BF16 else 2e-5), (shape, err)
 
 
 LONELY_TIMEOUT_S = 5

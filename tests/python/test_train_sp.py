@@ -132,9 +132,10 @@ def test_sp_degree_refusals(tmp_path):
     assert load_config(base + ["--sp-strategy", "ring"]).sp_strategy == "ring"
     with pytest.raises(ValueError, match="sp_degree: 2 does not divide the world size 3"):
         parallel.check(2, "ulysses", 3, torch.device("cpu"))
-    with pytest.raises(ValueError, match="sp_degree: 2 > 1 needs .* on CPU tensors over gloo "
-                                         "only so far \\(sp_strategy 'ulysses', device cuda\\)"):
-        parallel.check(2, "ulysses", 4, torch.device("cuda"))
+    with pytest.raises(ValueError, match="sp_degree: 2 > 1 needs .* on CPU \\(gloo\\) and "
+                                         "CUDA \\(NCCL\\) tensors \\(sp_strategy 'ulysses', "
+                                         "device meta\\)"):
+        parallel.check(2, "ulysses", 4, torch.device("meta"))
     parallel.check(1, "ulysses", 3, torch.device("cuda"))  # no sequence parallelism: any device
     store = make_toy_store(tmp_path / "store", n=4)
     parallel.check_tokens(LatentStore(store), 16)  # the smallest sample: an image of 4 x 4 x 1

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..sp.grad import GRAD_STRATEGIES
+from ..sp.grad import GRAD_DEVICES, GRAD_STRATEGIES
 from ._sp_context import SpContext
 
 
@@ -58,13 +58,14 @@ def check_devices(where: str, named: Dict[str, object], device: torch.device) ->
 
 
 # What sequence-parallel training supports on more than one rank (a plan with ``trains``).
-TRAINING_SUPPORTED = "every family with any strategy on CPU tensors over gloo, eagerly"
+TRAINING_SUPPORTED = ("every family with any strategy on CPU tensors over gloo and CUDA tensors "
+                      "over NCCL, eagerly")
 
 
 def trains_here(ctx: SpContext, trains: bool, device: torch.device) -> bool:
     """Whether a plan with ``trains`` has a correct backward on ``device`` with this context's
-    strategy (``ditscale.sp``'s differentiable strategies on CPU tensors, not compiled)."""
-    return (trains and ctx.config.strategy in GRAD_STRATEGIES and device.type == "cpu"
+    strategy (``ditscale.sp``'s differentiable strategies on its devices, not compiled)."""
+    return (trains and ctx.config.strategy in GRAD_STRATEGIES and device.type in GRAD_DEVICES
             and not torch.compiler.is_compiling())
 
 

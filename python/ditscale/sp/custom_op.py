@@ -8,8 +8,9 @@ q [B, S_local, H, D], k, v [B, S_local, Hk, D], joint_* [B, T, H or Hk, D] or No
 its process group's name ("" = default) and shape (:func:`mesh_args`: constants of a graph); the
 Config as its one text (config.config_text, after make_config). Returns new tensors (out, joint_out
 [B, T or 0, H, D]). Kernel: dispatch.distributed_attention (one for every device); Autograd:
-inputs that require grad run grad.attention where the call has a backward (grad.GRAD_STRATEGIES
-on CPU tensors) and are refused elsewhere. A ``torch.library.Library`` fragment, not
+inputs that require grad run grad.attention (CPU) or the second op ``attention_backward`` (under
+torch.compile and on CUDA tensors) where the call has a backward (grad.has_backward) and are
+refused elsewhere. A ``torch.library.Library`` fragment, not
 ``torch.library.custom_op`` (whose eager calls import torch._dynamo and cost ~10 us more).
 docs/sp.md ("torch.compile").
 """
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 
 from .. import _extension  # noqa: F401  keys torch.compile's caches to this build of ditscale
-from . import grad, recompute
+from . import grad, recompute, torch_backward
 from .config import config_of_text
 from .dispatch import distributed_attention
 from .grad import refuse_grad
@@ -96,13 +97,12 @@ def _joint_grad_shapes(q, k, joint_q):
 
 def _attention_backward_impl(q, k, v, joint_q, joint_k, joint_v, dout, djoint_out, group_name,
                              machines, gpus_per_machine, config):
-    if q.device.type != "cpu":
-        raise NotImplementedError(f"ditscale_sp::attention_backward: no backward on "
-                                  f"{q.device.type} tensors yet (CPU tensors over gloo only)")
     joint = None if joint_q is None else (joint_q, joint_k, joint_v)
-    g = recompute.gradients(q, k, v, joint, dout, djoint_out,
-                            mesh_of(group_name, machines, gpus_per_machine),
-                            config_of_text(config))
+    mesh = mesh_of(group_name, machines, gpus_per_machine)
+    if q.device.type == "cpu":  # the schedule's program transposed (recompute.py)
+        g = recompute.gradients(q, k, v, joint, dout, djoint_out, mesh, config_of_text(config))
+    else:  # PyTorch's collectives and SDPA (torch_backward.py)
+        g = torch_backward.gradients(q, k, v, joint, dout, djoint_out, mesh)
     out = [g["q"].to(q.dtype), g["k"].to(k.dtype), g["v"].to(v.dtype)]
     if joint is None:
         return (*out, *(q.new_zeros(s) for s in _joint_grad_shapes(q, k, None)))
@@ -121,9 +121,10 @@ def _attention_backward_fake(q, k, v, joint_q, joint_k, joint_v, dout, djoint_ou
     return (*grads, *(t.new_empty(t.shape) for t in (joint_q, joint_k, joint_v)))
 
 
-class _Traced(torch.autograd.Function):
-    """The op under torch.compile (fake tensors): the forward is the op, it keeps only the
-    inputs, and its backward is the ``attention_backward`` op, both traced into the graphs."""
+class _ByOps(torch.autograd.Function):
+    """The forward is the op, keeping only the inputs; the backward is the
+    ``attention_backward`` op. Under torch.compile (fake tensors) both are traced into the
+    graphs; on CUDA tensors it is the eager autograd too."""
 
     @staticmethod
     def forward(ctx, q, k, v, joint_q, joint_k, joint_v, group_name, machines,
@@ -145,15 +146,15 @@ class _Traced(torch.autograd.Function):
 def _attention_autograd(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
                         gpus_per_machine, config):
     """The op's Autograd kernel: inputs that require grad run grad.attention (a
-    torch.autograd.Function; under torch.compile :class:`_Traced`) where the call has a
-    backward and are refused elsewhere (never a partial graph); others run the kernel below
-    autograd."""
+    torch.autograd.Function, CPU tensors) or :class:`_ByOps` (under torch.compile, and on CUDA
+    tensors) where the call has a backward and are refused elsewhere (never a partial graph);
+    others run the kernel below autograd."""
     tensors = (q, k, v, joint_q, joint_k, joint_v)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         cfg = config_of_text(config)
         refuse_grad("ditscale_sp::attention", machines * gpus_per_machine, tensors, cfg)
-        if torch.compiler.is_compiling() or is_fake(q):
-            return _Traced.apply(*tensors, group_name, machines, gpus_per_machine, config)
+        if torch.compiler.is_compiling() or is_fake(q) or q.device.type != "cpu":
+            return _ByOps.apply(*tensors, group_name, machines, gpus_per_machine, config)
         return grad.attention(*tensors, mesh_of(group_name, machines, gpus_per_machine), cfg)
     with torch._C._AutoDispatchBelowAutograd():
         return attention_op(q, k, v, joint_q, joint_k, joint_v, group_name, machines,

@@ -27,10 +27,13 @@ GRAD_STRATEGIES = ("ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas
 _NAMES = ("q", "k", "v", "joint_q", "joint_k", "joint_v")
 
 
+GRAD_DEVICES = ("cpu", "cuda")  # CPU over gloo; CUDA over NCCL (torch_backward.py)
+
+
 def has_backward(cfg: Config, q: torch.Tensor) -> bool:
     """Whether the multi-rank op differentiates cfg on q's device (eagerly and under
     torch.compile)."""
-    return cfg.strategy in GRAD_STRATEGIES and q.device.type == "cpu"
+    return cfg.strategy in GRAD_STRATEGIES and q.device.type in GRAD_DEVICES
 
 
 def refuse_grad(where: str, ranks: int, tensors, cfg: Config) -> None:
@@ -45,7 +48,7 @@ def refuse_grad(where: str, ranks: int, tensors, cfg: Config) -> None:
         f"{where}: {', '.join(needs)} require grad on a mesh of {ranks} ranks: "
         f"sequence-parallel training is not supported yet for strategy {cfg.strategy!r} on "
         f"{tensors[0].device.type} tensors (gradients: every strategy on CPU tensors over "
-        f"gloo, eagerly and under torch.compile); run it under torch.no_grad() or "
+        f"gloo and CUDA tensors over NCCL, eagerly and under torch.compile); run it under torch.no_grad() or "
         f"torch.inference_mode(), or detach the inputs (one rank: autograd works)")
 
 

@@ -96,7 +96,7 @@ FIELDS: List[Field] = [
     _f("transformer", "ac_every", "int", 2, "k of activation_checkpointing = every", 1, 1000),
     _f("transformer", "sp_degree", "int", 1, "sequence parallelism: each sample's tokens "
        "split over sp_degree consecutive ranks (must divide the world size; data-parallel "
-       "size = world / sp_degree; > 1: CPU/gloo only so far)", 1, 64),
+       "size = world / sp_degree; > 1 on CUDA: not yet run on GPUs)", 1, 64),
     _f("transformer", "sp_strategy", "choice", "ulysses", "attention strategy of sp_degree > 1 "
        "within a group (ring: its backward recomputes the layer as ulysses)",
        choices=("ulysses", "ring")),

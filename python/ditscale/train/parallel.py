@@ -51,12 +51,12 @@ def check(sp_degree: int, strategy: str, world: int, device: torch.device) -> No
                          f"ranks form world / sp_degree groups of sp_degree consecutive ranks)")
     if sp_degree == 1:
         return
-    from ..sp.grad import GRAD_STRATEGIES
+    from ..sp.grad import GRAD_DEVICES, GRAD_STRATEGIES
 
-    if strategy not in GRAD_STRATEGIES or device.type != "cpu":
+    if strategy not in GRAD_STRATEGIES or device.type not in GRAD_DEVICES:
         raise ValueError(f"sp_degree: {sp_degree} > 1 needs sequence-parallel attention with a "
-                         f"backward on several ranks, which exists on CPU tensors over gloo "
-                         f"only so far (sp_strategy {strategy!r}, device {device.type}); set "
+                         f"backward on several ranks, which exists on CPU (gloo) and CUDA (NCCL) "
+                         f"tensors (sp_strategy {strategy!r}, device {device.type}); set "
                          f"sp_degree = 1 (--sp-degree 1)")
 
 

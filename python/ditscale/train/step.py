@@ -36,9 +36,9 @@ a micro-batch only on the first rank of its group, so that the metrics count it 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-import contextlib
 from typing import List, Optional, Sequence
 
 import torch

@@ -1,5 +1,6 @@
 #include "ditscale/balance/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -60,6 +61,14 @@ std::optional<std::string> SamplerConfigError(const SamplerConfig& c, int rank, 
   if (auto e = RangeError("mem_safety", c.mem_safety, 0, kMaxMemSafety)) return e;
   if (auto e = RangeError("m_comp", c.plan.m_comp, 0, kMaxMComp)) return e;
   if (auto e = RangeError("rank_budget_s", c.plan.rank_budget_s, 0, kMaxRankBudgetS)) return e;
+  if (!c.plan.sp_degrees.empty()) {
+    if (auto e = SpDegreesError(c.plan.sp_degrees, world_size, "sp_degrees")) return e;
+    if (c.plan.policy != Policy::kBalanced) {
+      return std::string("sp_degrees: needs policy 'balanced' (got '") + PolicyName(c.plan.policy) +
+             "'): only the balanced policy plans sequence-parallel "
+             "groups";
+    }
+  }
   return std::nullopt;
 }
 
@@ -77,6 +86,11 @@ uint64_t PlanFingerprint(const Plan& plan) {
   h = Mix(h, plan.work.size());
   for (int64_t w : plan.work) h = Mix(h, static_cast<uint64_t>(w));
   for (int64_t o : plan.rank_offsets) h = Mix(h, static_cast<uint64_t>(o));
+  if (!plan.sp_degrees.empty()) {  // absent: the fingerprint of a plan without degrees as before
+    h = Mix(h, plan.sp_degrees.size());
+    for (int d : plan.sp_degrees) h = Mix(h, static_cast<uint64_t>(d));
+    for (const MicroBatch& mb : plan.micro_batches) h = Mix(h, static_cast<uint64_t>(mb.sp_degree));
+  }
   return h == 0 ? 1 : h;
 }
 
@@ -199,6 +213,13 @@ Result<BalancedBatchSampler> BalancedBatchSampler::FromConfig(const SamplerConfi
 
   ShapedManifest shaped = ShapeManifest(*manifest, *model);
   in.num_shapes = static_cast<int64_t>(shaped.shapes.size());
+  if (!options.sp_degrees.empty()) {
+    std::sort(options.sp_degrees.begin(), options.sp_degrees.end());
+    Result<std::vector<double>> comm =
+        UlyssesCommPerSample(*model, shaped.shapes, options.sp_degrees, config.sp_topology);
+    if (!comm.ok()) return comm.failure();
+    options.sp_comm_per_sample_s = std::move(comm).value();
+  }
   Result<BalancedBatchSampler> s =
       FromShaped(std::move(shaped), in.cost, options, rank, world_size);
   if (!s.ok()) return s.failure();
@@ -265,6 +286,7 @@ MicroBatchRef BalancedBatchSampler::MakeRef(int64_t step, int rank, int64_t inde
   ref.last_of_step = index + 1 == count;
   ref.shape = mb.shape;
   ref.predicted_cost_s = mb.predicted_cost_s;
+  ref.sp_degree = mb.sp_degree;
   return ref;
 }
 
@@ -351,7 +373,8 @@ void BalancedBatchSampler::LoadState(const SamplerState& state) {
         plan->seed);
   Check(state.plan_fingerprint == fingerprint, "state.plan_fingerprint: ", state.plan_fingerprint,
         " differs from this sampler's plan of epoch ", state.epoch, " (", fingerprint,
-        "): the state was saved on another manifest, model, cost model or plan options");
+        "): the state was saved on another manifest, model, cost model or plan options (sp_degrees "
+        "included)");
   const int64_t num_steps = plan->num_steps();
   CheckInt("state.step", state.step, 0, num_steps);
   auto cell_size = [&](int64_t k) {

@@ -46,6 +46,7 @@
 #include "ditscale/balance/manifest.h"
 #include "ditscale/balance/planner.h"
 #include "ditscale/balance/shapes.h"
+#include "ditscale/balance/sp_cost.h"
 #include "ditscale/core/result.h"
 
 namespace ditscale::balance {
@@ -64,6 +65,9 @@ using EpochPlanner = std::function<Result<Plan>(int64_t epoch)>;
 //   mem_safety      [0, kMaxMemSafety] (share of GPU memory kept free)
 //   m_comp          [0, kMaxMComp] (0: chosen by the planner)
 //   rank_budget_s   [0, kMaxRankBudgetS] (0: the planner's default)
+//   sp_degrees      empty (off), or the rules of `ditscale plan --sp-degrees` (SpDegreesError:
+//                   distinct powers of two in [1, kMaxSpDegree] dividing world_size), policy
+//                   balanced only
 // Above kDroppedWarnFraction of an epoch's samples dropped the Python sampler warns.
 inline constexpr int64_t kMaxEpoch = INT64_MAX;
 inline constexpr double kMinGpuMemGib = 0.001;
@@ -91,6 +95,9 @@ struct MicroBatchRef {
   bool last_of_step = false;          // index_in_step == micro_batches_in_step - 1
   int32_t shape = 0;                  // index into ShapedManifest::shapes
   double predicted_cost_s = 0;        // the planner's predicted cost of this micro-batch
+  // Ranks training it together (MicroBatch::sp_degree): 1, or d > 1 for the aligned group
+  // (rank / d) * d .. + d - 1, every rank of which lists it in the same place of its order.
+  int32_t sp_degree = 1;
 };
 
 // What a sampler built from files resolved on the way (for reports and the Python binding).
@@ -122,7 +129,11 @@ struct SamplerConfig {
   // M_mem when plan.m_mem_tokens == 0: MemoryModel::MaxTokens(gpu_mem_gib * 2^30, mem_safety).
   double gpu_mem_gib = 141.0;
   double mem_safety = 0.1;  // share of GPU memory kept free
-  PlanOptions plan;         // policy, seed, epoch, m_mem_tokens, m_comp, tail, ...
+  // policy, seed, epoch, m_mem_tokens, m_comp, tail, sp_degrees, ... With sp_degrees, FromConfig
+  // fills sp_comm_per_sample_s as `ditscale plan --sp-degrees` does (UlyssesCommPerSample on
+  // sp_topology, an sp preset or JSON file).
+  PlanOptions plan;
+  std::string sp_topology = kDefaultSpTopology;
 };
 
 // The first out-of-range number of (config, rank, world_size), as RangeError words it
@@ -132,7 +143,9 @@ std::optional<std::string> SamplerConfigError(const SamplerConfig& config, int r
                                               int world_size);
 
 // A 64-bit hash of everything that defines what a plan yields (ids, micro-batch bounds, cells,
-// world size, seed, epoch). Equal plans have equal fingerprints; never 0.
+// world size, seed, epoch; with sequence-parallel degrees also the allowed degrees and each
+// micro-batch's: without them the hash is that of before). Equal plans have equal
+// fingerprints; never 0.
 uint64_t PlanFingerprint(const Plan& plan);
 
 // Checks the structure of a plan for `world_size` ranks (cells in range, micro-batch bounds in

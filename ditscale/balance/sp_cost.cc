@@ -16,6 +16,27 @@ int SpSlot(int degree) {
   return slot;
 }
 
+std::optional<std::string> SpDegreesError(const std::vector<int>& degrees, int world_size,
+                                          const std::string& name) {
+  std::vector<int> seen;
+  for (int d : degrees) {
+    if (d < 1 || d > kMaxSpDegree || (d & (d - 1)) != 0) {
+      return name + ": " + std::to_string(d) + " is not a power of two in [1, " +
+             std::to_string(kMaxSpDegree) + "]";
+    }
+    if (d > world_size || world_size % d != 0) {
+      return name + ": " + std::to_string(d) + " must be at most the world size " +
+             std::to_string(world_size) + " and divide it";
+    }
+    if (std::find(seen.begin(), seen.end(), d) != seen.end()) {
+      return name + ": " + std::to_string(d) + " is given twice";
+    }
+    seen.push_back(d);
+  }
+  if (degrees.empty()) return name + ": the list is empty (give at least one degree, e.g. 1,2)";
+  return std::nullopt;
+}
+
 Result<std::vector<int>> ParseSpDegrees(const std::string& text, int world_size) {
   const std::string field = "--sp-degrees";
   std::vector<int> out;
@@ -35,22 +56,9 @@ Result<std::vector<int>> ParseSpDegrees(const std::string& text, int world_size)
                                           "such as 1,2,4,8)",
                                       field);
     }
-    if (d < 1 || d > kMaxSpDegree || (d & (d - 1)) != 0) {
-      return Failure::InvalidArgument(field + ": " + std::to_string(d) +
-                                          " is not a power of two in [1, " +
-                                          std::to_string(kMaxSpDegree) + "]",
-                                      field);
-    }
-    if (d > world_size || world_size % d != 0) {
-      return Failure::InvalidArgument(field + ": " + std::to_string(d) +
-                                          " must be at most the world size " +
-                                          std::to_string(world_size) + " and divide it",
-                                      field);
-    }
-    if (std::find(out.begin(), out.end(), d) != out.end()) {
-      return Failure::InvalidArgument(field + ": " + std::to_string(d) + " is given twice", field);
-    }
     out.push_back(d);
+    // Item by item, so that the first bad entry is the one named.
+    if (auto e = SpDegreesError(out, world_size, field)) return Failure::InvalidArgument(*e, field);
   }
   if (out.empty() || text.empty() || text.back() == ',') {
     return Failure::InvalidArgument(field + ": '" + text + "' is not a list such as 1,2,4,8",

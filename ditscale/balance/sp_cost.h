@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,11 @@ int SpSlot(int degree);
 // dividing it, no duplicates; returned sorted ascending. Failures name the option, the value and
 // the range ("--sp-degrees: 3 is not a power of two in [1, 8]").
 Result<std::vector<int>> ParseSpDegrees(const std::string& text, int world_size);
+
+// The first broken rule of ParseSpDegrees in a list of degrees (any order), worded with `name`
+// ("sp_degrees: 3 is not a power of two in [1, 8]"); an empty list is refused too. nullopt: valid.
+std::optional<std::string> SpDegreesError(const std::vector<int>& degrees, int world_size,
+                                          const std::string& name);
 
 // The smallest degree of `degrees` (sorted) at which one sample of S tokens fits the memory
 // budget (S <= d * m_mem_tokens); 0 when none does.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numbers
 import os
 import warnings
-from typing import Iterator, List, Mapping, Optional, Tuple
+from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import _core
 from ._checks import INT64_MAX, UINT64_MAX, check_int
@@ -145,11 +145,16 @@ class BalancedBatchSampler:
         or ``"step"`` (one item per step: the list of this rank's micro-batches).
       format: ``"csv"``, ``"jsonl"``, ``"parquet"`` or ``""`` (from the file extension); for a
         path only.
+      sp_degrees: None, or the sequence-parallel degrees the balanced planner may give a
+        micro-batch (e.g. ``[1, 2, 4]``, as ``ditscale plan --sp-degrees``): a micro-batch of
+        degree d is trained by the aligned group of ranks ``(rank // d) * d .. + d - 1``, each of
+        which yields it; ``micro_batch_degrees()`` / ``cell_degrees()`` tell the degrees.
 
     Ranges (``ditscale/balance/sampler.h``): world_size in [1, 1048576], rank in
     [0, world_size - 1], seed in [0, 2^64 - 1], epoch in [0, 2^63 - 1], m_mem_tokens in
     [1, 2^50], gpu_mem_gib in [0.001, 1048576], mem_safety in [0, 0.99], m_comp in [0, 1e300] and
-    rank_budget_s in [0, 1e9] (0 or None: chosen by the planner).
+    rank_budget_s in [0, 1e9] (0 or None: chosen by the planner); sp_degrees: distinct powers of
+    two in [1, 8], each dividing world_size, policy "balanced" only.
 
     Raises ``ValueError`` / ``TypeError`` for an argument out of range or of the wrong type,
     ``ditscale.Error`` for bad files (``file:line: column 'x': ...`` for manifest errors) and
@@ -177,6 +182,7 @@ class BalancedBatchSampler:
         skip_bad_rows: bool = False,
         mode: str = "micro_batch",
         format: str = "",
+        sp_degrees: Optional[Sequence[int]] = None,
     ):
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
@@ -200,6 +206,7 @@ class BalancedBatchSampler:
             tail=tail,
             skip_bad_rows=bool(skip_bad_rows),
             format=format,
+            sp_degrees=sp_degrees,
         )
         self.mode = mode
         self.tail = tail
@@ -259,6 +266,20 @@ class BalancedBatchSampler:
             start = state["micro_batch"] if k == state["step"] else 0
             flags.extend(i + 1 == counts[k] for i in range(start, counts[k]))
         return flags
+
+    def micro_batch_degrees(self) -> List[int]:
+        """For each micro-batch that the next iteration will yield (as
+        ``last_micro_batch_flags``), its sequence-parallel degree d: this rank trains it with the
+        ranks ``(rank // d) * d .. + d - 1``, which yield it in the same place of their order
+        (all 1 without ``sp_degrees``)."""
+        state = self._impl.state()
+        if not self._resume_pending and self._done("micro_batch"):
+            state = {"step": 0, "micro_batch": 0}
+        degrees: List[int] = []
+        for k in range(state["step"], self._impl.num_steps):
+            cell = self._impl.cell_degrees(k, self._impl.rank)
+            degrees.extend(cell[state["micro_batch"] if k == state["step"] else 0:])
+        return degrees
 
     def _done(self, mode: Optional[str] = None) -> bool:
         if (mode or self.mode) == "step":
@@ -392,6 +413,15 @@ class BalancedBatchSampler:
         """Micro-batches of any (step, rank) of the current plan, without moving the cursor;
         step in [0, num_steps - 1], rank in [0, world_size - 1] (else ValueError)."""
         return self._impl.cell(step, rank)
+
+    def cell_degrees(self, step: int, rank: int) -> List[int]:
+        """The sequence-parallel degree of each micro-batch of ``cell(step, rank)``."""
+        return self._impl.cell_degrees(step, rank)
+
+    @property
+    def sp_degrees(self) -> List[int]:
+        """The plan's allowed sequence-parallel degrees, ascending ([]: none)."""
+        return self._impl.sp_degrees
 
     def __repr__(self) -> str:
         return (

@@ -27,6 +27,7 @@
 #include "ditscale/balance/sampler.h"
 #include "ditscale/balance/shapes.h"
 #include "ditscale/balance/simulate.h"
+#include "ditscale/balance/sp_cost.h"
 #include "ditscale/core/error.h"
 #include "ditscale/core/range.h"
 #include "python/src/bindings.h"
@@ -111,6 +112,29 @@ double RealArg(py::handle v, std::string_view name, double lo, double hi) {
   return x;
 }
 
+// sp_degrees: None (off) or a sequence of integers, each in [1, kMaxSpDegree], then the rules of
+// SpDegreesError (powers of two, dividing world_size, distinct) and policy balanced: ValueError.
+std::vector<int> SpDegreesArg(py::handle v, int world_size, balance::Policy policy) {
+  if (v.is_none()) return {};
+  if (py::isinstance<py::str>(v) || py::isinstance<py::bytes>(v) ||
+      !py::isinstance<py::sequence>(v)) {
+    TypeMismatch("sp_degrees", v, "None or a list of integers such as [1, 2, 4]");
+  }
+  std::vector<int> out;
+  for (py::handle d : v.cast<py::sequence>()) {
+    out.push_back(static_cast<int>(IntArg(d, "sp_degrees", 1, balance::kMaxSpDegree)));
+  }
+  if (out.empty()) {
+    throw py::value_error("sp_degrees: the list is empty (None: no sequence parallelism)");
+  }
+  if (auto e = balance::SpDegreesError(out, world_size, "sp_degrees")) throw py::value_error(*e);
+  if (policy != balance::Policy::kBalanced) {
+    throw py::value_error(std::string("sp_degrees: needs policy 'balanced' (got '") +
+                          balance::PolicyName(policy) + "')");
+  }
+  return out;
+}
+
 int WorldSizeArg(py::handle v, std::string_view name = "world_size") {
   return static_cast<int>(IntArg(v, name, 1, balance::kMaxWorldSize));
 }
@@ -180,6 +204,8 @@ py::dict Summary(const BalancedBatchSampler& s) {
   d["p"] = plan.p;
   d["rank_budget_s"] = plan.rank_budget_s;
   d["samples_over_m_mem"] = plan.samples_over_m_mem;
+  d["sp_degrees"] = plan.sp_degrees;
+  d["samples_unfit"] = plan.samples_unfit;
   if (s.shaped() && s.cost()) {
     balance::SimOptions o;
     o.overhead_per_micro_batch = plan.overhead_per_micro_batch;
@@ -218,7 +244,7 @@ std::unique_ptr<BalancedBatchSampler> MakeSampler(
     const std::optional<std::string>& cost, const std::optional<std::string>& bench,
     py::handle m_mem_tokens, py::handle gpu_mem_gib, py::handle mem_safety, py::handle m_comp,
     py::handle rank_budget_s, const std::string& tail, bool skip_bad_rows,
-    const std::string& format) {
+    const std::string& format, py::handle sp_degrees) {
   using namespace balance;  // NOLINT: the k* limits
   const int world = WorldSizeArg(world_size);
   const int r = static_cast<int>(IntArg(rank, "rank", 0, world - 1));
@@ -248,6 +274,7 @@ std::unique_ptr<BalancedBatchSampler> MakeSampler(
   if (!rank_budget_s.is_none()) {
     config.plan.rank_budget_s = RealArg(rank_budget_s, "rank_budget_s", 0, kMaxRankBudgetS);
   }
+  config.plan.sp_degrees = SpDegreesArg(sp_degrees, world, config.plan.policy);
   std::optional<Result<BalancedBatchSampler>> s;
   {
     py::gil_scoped_release release;
@@ -268,6 +295,7 @@ py::dict Limits() {
   d["max_m_comp"] = kMaxMComp;
   d["max_rank_budget_s"] = kMaxRankBudgetS;
   d["dropped_warn_fraction"] = kDroppedWarnFraction;
+  d["max_sp_degree"] = kMaxSpDegree;
   return d;
 }
 
@@ -416,7 +444,8 @@ void BindSampler(py::module_& m) {
            py::arg("bench") = py::none(), py::arg("m_mem_tokens") = py::none(),
            py::arg("gpu_mem_gib") = 141.0, py::arg("mem_safety") = 0.1,
            py::arg("m_comp") = py::none(), py::arg("rank_budget_s") = py::none(),
-           py::arg("tail") = "drop", py::arg("skip_bad_rows") = false, py::arg("format") = "")
+           py::arg("tail") = "drop", py::arg("skip_bad_rows") = false, py::arg("format") = "",
+           py::arg("sp_degrees") = py::none())
       .def_property_readonly("rank", &BalancedBatchSampler::rank)
       .def_property_readonly("world_size", &BalancedBatchSampler::world_size)
       .def_property_readonly("epoch", &BalancedBatchSampler::epoch)
@@ -427,6 +456,9 @@ void BindSampler(py::module_& m) {
       .def_property_readonly("remaining_steps", &BalancedBatchSampler::RemainingSteps)
       .def_property_readonly("dropped_samples", &BalancedBatchSampler::DroppedSamples)
       .def_property_readonly("padded_micro_batches", &BalancedBatchSampler::PaddedMicroBatches)
+      .def_property_readonly(
+          "sp_degrees", [](const BalancedBatchSampler& s) { return s.plan().sp_degrees; },
+          "The plan's allowed sequence-parallel degrees (empty: none).")
       .def_property_readonly(
           "num_planned_samples",
           [](const BalancedBatchSampler& s) { return static_cast<int64_t>(s.plan().ids.size()); })
@@ -465,6 +497,17 @@ void BindSampler(py::module_& m) {
             return out;
           },
           py::arg("step"), py::arg("rank"), "Micro-batches of (step, rank), cursor unchanged.")
+      .def(
+          "cell_degrees",
+          [](const BalancedBatchSampler& s, py::handle step_arg, py::handle rank_arg) {
+            const int64_t step = IntArg(step_arg, "step", 0, s.NumSteps() - 1);
+            const int rank = static_cast<int>(IntArg(rank_arg, "rank", 0, s.world_size() - 1));
+            std::vector<int> out;
+            for (const MicroBatchRef& mb : s.Cell(step, rank)) out.push_back(mb.sp_degree);
+            return out;
+          },
+          py::arg("step"), py::arg("rank"),
+          "The sequence-parallel degree of each micro-batch of (step, rank), in cell order.")
       .def(
           "micro_batches_per_step",
           [](const BalancedBatchSampler& s) {

@@ -97,6 +97,10 @@ FIELDS: List[Field] = [
     _f("transformer", "sp_degree", "int", 1, "sequence parallelism: each sample's tokens "
        "split over sp_degree consecutive ranks (must divide the world size; data-parallel "
        "size = world / sp_degree; > 1 on CUDA: not yet run on GPUs)", 1, 64),
+    _f("transformer", "sp_degrees", "str", "", "sequence parallelism per micro-batch: the "
+       "degrees the balanced plan may give a micro-batch, e.g. 1,2,4 (powers of two in [1, 8] "
+       "dividing the world size; a micro-batch of degree d runs on the aligned group of d "
+       "ranks); empty: off; not with sp_degree > 1"),
     _f("transformer", "sp_strategy", "choice", "ulysses", "attention strategy of sp_degree > 1 "
        "within a group (ring: its backward recomputes the layer as ulysses)",
        choices=("ulysses", "ring")),
@@ -251,6 +255,17 @@ def finish(values: Dict[str, Any]) -> TrainConfig:
     for k in ("validation_height", "validation_width"):
         if v[k] % 16:
             raise ValueError(f"{k}: {v[k]} is not a multiple of 16")
+    if v["sp_degrees"]:
+        from .parallel_mixed import parse_degrees
+
+        parse_degrees(v["sp_degrees"])
+        if v["sp_degree"] > 1:
+            raise ValueError(f"sp_degrees and sp_degree: give one of them (sp_degrees "
+                             f"{v['sp_degrees']!r}: a degree per micro-batch; sp_degree "
+                             f"{v['sp_degree']}: one degree for every sample)")
+        if v["policy"] != "balanced":
+            raise ValueError(f"sp_degrees: needs policy 'balanced' (got {v['policy']!r}): only "
+                             f"the balanced plan gives micro-batches degrees")
     if v["resume"] not in ("auto", "never") and not os.path.isdir(v["resume"]):
         raise ValueError(f"resume: {v['resume']!r} is not a checkpoint folder (or auto, never)")
     return TrainConfig(**v)

@@ -9,6 +9,8 @@ segments, logging, validation and checkpoints; SIGTERM saves a checkpoint and st
 
 Every rank of an SP group trains its data-parallel index's micro-batches; the metrics count
 each sample once (the first rank of each SP group reports its group's loss, samples, tokens).
+With ``sp_degrees`` (``parallel_mixed``) the plan is over all ranks and each micro-batch runs on
+its degree's group; a rank reports the micro-batches whose group it leads.
 Exit status: 0 when ``steps`` steps are done, 143 after a SIGTERM (its checkpoint saved).
 See [docs/train.md](../../../docs/train.md).
 """
@@ -29,7 +31,7 @@ import torch.distributed as dist
 from .. import Error as DitscaleError
 from ..latent_store import LatentStore
 from ..models.training import MicroBatch, init_distributed
-from . import checkpoint, model as model_mod, parallel
+from . import checkpoint, model as model_mod, parallel, parallel_mixed
 from .data import StoreDataset, make_loader
 from .logs import RunLog
 from .objective import Objective, to_device
@@ -56,7 +58,8 @@ def prepare(cfg) -> Setup:
     store = LatentStore(cfg.store)
     wan = model_mod.model_config(cfg.model, cfg.num_layers, store.meta.max_text_tokens)
     model_mod.check_store(store, wan)
-    parallel.check_tokens(store, cfg.sp_degree)
+    degrees = parallel_mixed.parse_degrees(cfg.sp_degrees) if cfg.sp_degrees else [1]
+    parallel.check_tokens(store, max(cfg.sp_degree, *degrees))
     if cfg.fused_adaln:
         from .. import ops
         from ..models import diffusers_wan
@@ -95,8 +98,13 @@ class Trainer:
     def __init__(self, cfg, setup: Setup, env, dataset=None):
         self.cfg, self.setup, self.env = cfg, setup, env
         self.rank, self.world, self.device = env.rank, env.world_size, env.device
-        self.layout = parallel.make_layout(cfg.sp_degree, cfg.sp_strategy, cfg.pg_timeout_s,
-                                           self.device)
+        self.degrees = parallel_mixed.parse_degrees(cfg.sp_degrees) if cfg.sp_degrees else None
+        if self.degrees:
+            self.layout = parallel_mixed.make_layout(self.degrees, cfg.sp_strategy,
+                                                     cfg.pg_timeout_s, self.device)
+        else:
+            self.layout = parallel.make_layout(cfg.sp_degree, cfg.sp_strategy,
+                                               cfg.pg_timeout_s, self.device)
         auto = "bf16" if self.device.type == "cuda" else "fp32"
         self.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
             auto if cfg.dtype == "auto" else cfg.dtype]
@@ -111,7 +119,7 @@ class Trainer:
         self.ema = Ema(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         self.stepper = Stepper(self.model, self.optimizer, self.scheduler, self.ema,
                                self.device, self.wan, self.dtype, cfg.grad_clip,
-                               cfg.sp_degree)
+                               cfg.sp_degree, self.layout if self.degrees else None)
         self.objective = Objective(cfg.seed, cfg.shift, cfg.timestep_sampling, cfg.logit_mean,
                                    cfg.logit_std)
         self.dataset = (StoreDataset(self.store, self.store.meta.max_text_tokens)
@@ -119,7 +127,7 @@ class Trainer:
         self.sampler_kw = dict(
             model=self.store.shape_model, policy=cfg.policy, seed=cfg.seed,
             cost=cfg.cost or None, m_mem_tokens=cfg.m_mem_tokens or None,
-            gpu_mem_gib=cfg.gpu_mem_gib, tail=cfg.tail)
+            gpu_mem_gib=cfg.gpu_mem_gib, tail=cfg.tail, sp_degrees=self.degrees)
         self.step, self.stop_requested = 0, False
 
     # ---- segments -----------------------------------------------------------------------
@@ -143,8 +151,8 @@ class Trainer:
                 self.seg_step = seg.load_state_dict(ts["sampler"])
             except (DitscaleError, ValueError) as e:
                 raise ValueError(f"checkpoint {folder!r}: its data plan is not this run's "
-                                 f"(store, policy, cost, seed, m_mem_tokens or tail "
-                                 f"changed?): {e}") from e
+                                 f"(store, policy, cost, seed, m_mem_tokens, tail or "
+                                 f"sp_degrees changed?): {e}") from e
             return seg
         consumed = ts["consumed"].numpy()
         self.seg_step = 0
@@ -194,7 +202,8 @@ class Trainer:
             t_data = time.perf_counter() - t0
             total = len(seg.step_ids(k))  # each sample once (the plan is over the dp ranks)
             # W / N: FSDP averages over all W ranks (step.py derives it with sp_degree > 1)
-            res = self.stepper.step(mbs, self.world / total, self.stop_requested)
+            res = self.stepper.step(mbs, self.world / total, self.stop_requested,
+                                    seg.my_degrees(k))
             self.step += 1
             self.seg_step += 1
             record = self._record(seg, k, res, t_data, time.perf_counter() - t0)
@@ -214,7 +223,8 @@ class Trainer:
 
     def _record(self, seg: Segment, k: int, res, t_data: float, step_s: float) -> Dict:
         mine = dict(loss_sum=res.loss_sum, samples=res.samples, tokens=res.tokens,
-                    compute_s=res.compute_s, wait_s=res.wait_s, shapes=res.shapes)
+                    compute_s=res.compute_s, wait_s=res.wait_s, shapes=res.shapes,
+                    degrees=res.degrees)
         every = [None] * self.world
         dist.all_gather_object(every, mine)
         groups = every[:: self.layout.sp]  # one rank per SP group: each sample once
@@ -229,7 +239,8 @@ class Trainer:
                 "wait_s": [r["wait_s"] for r in every],
                 "micro_batches": [len(r["shapes"]) for r in groups],
                 "shapes": [r["shapes"] for r in groups], "world_size": self.world,
-                "sp_degree": self.layout.sp}
+                "sp_degree": self.layout.sp,
+                **({"sp_degrees": [r["degrees"] for r in groups]} if self.degrees else {})}
 
     def _after_step(self, record: Dict, seg: Segment, stop: bool) -> None:
         cfg, step = self.cfg, self.step
@@ -248,7 +259,8 @@ class Trainer:
             "sampler": seg.state_dict(self.seg_step),
             "consumed": torch.from_numpy(np.asarray(seg.consumed(self.seg_step), np.int64)),
             "scheduler": self.scheduler.state_dict()}
-        meta = {"world_size": self.world, "sp_degree": self.layout.sp, "epoch": seg.epoch,
+        meta = {"world_size": self.world, "sp_degree": self.layout.sp,
+                "sp_degrees": self.degrees or [], "epoch": seg.epoch,
                 "ema": self.ema is not None,
                 "model": model_mod.describe(self.wan)}
         return checkpoint.save(self.cfg.out, self.step, self.model, self.optimizer, self.ema,

@@ -42,6 +42,15 @@ class Layout:
     def sp_rank(self) -> int:
         return self.rank % self.sp
 
+    @property
+    def model_degree(self) -> int:
+        """The degree the transformer is parallelized on (``parallel_mixed``: the largest)."""
+        return self.sp
+
+    @property
+    def model_group(self) -> Optional[Any]:
+        return self.group
+
 
 def check(sp_degree: int, strategy: str, world: int, device: torch.device) -> None:
     """ValueError (the same on every rank) when ``sp_degree`` cannot train here: it must divide
@@ -101,13 +110,14 @@ def make_layout(sp_degree: int, strategy: str, timeout_s: float, device: torch.d
     return Layout(rank, world, sp_degree, group)
 
 
-def parallelize(model, layout: Layout, strategy: str):
+def parallelize(model, layout, strategy: str):
     """``model`` (a diffusers Wan transformer, before FSDP) sequence-parallel over this rank's
-    SP group (nothing when sp == 1); returns it."""
-    if layout.sp == 1:
+    group of ``layout.model_degree`` ranks (nothing when 1); returns it. ``layout``: a
+    ``Layout`` or a ``parallel_mixed.MixedLayout``."""
+    if layout.model_degree == 1:
         return model
     from .. import sp
     from ..diffusers import parallelize as sp_parallelize
 
-    mesh = sp.Mesh.from_process_group(layout.group)
+    mesh = sp.Mesh.from_process_group(layout.model_group)
     return sp_parallelize(model, mesh=mesh, strategy=strategy)

@@ -9,7 +9,8 @@ a new sampler is built over those manifest rows as a ``pyarrow.Table`` and its i
 to store ids): every sample of the epoch is trained exactly once across the change. Such a rest
 is planned with tail "keep" where the run's tail is "drop" (a rank may get no micro-batch in the
 last step), so that no sample of it is dropped and a rest smaller than the world size still
-plans. See [docs/train.md](../../../docs/train.md).
+plans. With ``sp_degrees`` a micro-batch of degree d is listed by the d ranks of its group and
+counted once, by the group's first rank. See [docs/train.md](../../../docs/train.md).
 """
 
 from __future__ import annotations
@@ -63,9 +64,16 @@ class Segment:
     def my_cell(self, step: int) -> List[List[int]]:
         return self.cell(step, self.rank)
 
+    def my_degrees(self, step: int) -> List[int]:
+        """The sequence-parallel degree of each micro-batch of ``my_cell(step)``."""
+        return self.sampler.cell_degrees(step, self.rank)
+
     def step_ids(self, step: int) -> List[int]:
-        """Every store id trained in step ``step`` over all ranks (rank order)."""
-        return [i for r in range(self.world_size) for mb in self.cell(step, r) for i in mb]
+        """Every store id trained in step ``step`` over all ranks (rank order), each once: a
+        micro-batch of degree d counted on the first rank of its group only."""
+        return [i for r in range(self.world_size)
+                for d, mb in zip(self.sampler.cell_degrees(step, r), self.cell(step, r))
+                if r % d == 0 for i in mb]
 
     def consumed(self, steps: int) -> np.ndarray:
         """Sorted store ids of the epoch consumed once ``steps`` steps of this segment ran."""

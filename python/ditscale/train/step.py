@@ -20,13 +20,26 @@ parameters' all_reduce) average over all W ranks, so with the loss scaled by s:
 which is the data-parallel gradient (1 / N) sum_g grad L_g for s = W / N = sp * (dp / N): the
 same ``loss_scale = world_size / samples_in_step`` with N counting each sample once (the plan is
 over the dp ranks); i.e. dp's scale dp / N times sp_degree.
+
+A degree per micro-batch (``sp_degrees``, ``parallel_mixed``; the plan over all W ranks): micro-
+batch m of degree d_m is trained by its group G_m of d_m ranks, each computing the same loss
+L_m and a partial gradient P_{m,i} (i in G_m), sum_{i in G_m} P_{m,i} = grad L_m (d_m = 1: the
+one rank's full gradient). Rank i accumulates s * sum_{m: i in G_m} P_{m,i}; the average over
+the W ranks is
+    (1 / W) sum_i s sum_{m: i in G_m} P_{m,i} = (s / W) sum_m grad L_m,
+the gradient (1 / N) sum_m grad L_m of the mean loss over the step's N distinct samples for
+s = W / N again: ``loss_scale = world_size / samples_in_step``, N counting each micro-batch's
+samples once (not once per rank of its group). Each micro-batch runs, forward and backward,
+inside ``sequence_group`` on its group; the sync pass on the 1-rank group. The result reports
+a micro-batch only on the first rank of its group, so that the metrics count it once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,6 +54,7 @@ class StepResult:
     samples: int = 0
     tokens: int = 0
     shapes: List[List[int]] = field(default_factory=list)  # [B, C, F', H', W'] per micro-batch
+    degrees: List[int] = field(default_factory=list)  # sequence-parallel degree per micro-batch
     compute_s: float = 0.0
     wait_s: float = 0.0
     step_s: float = 0.0
@@ -50,29 +64,44 @@ class StepResult:
 
 
 class Stepper:
+    """``sp_degree``: the fixed degree (the sync pass's tokens); ``mixed``: a
+    ``parallel_mixed.MixedLayout`` when each micro-batch has its own degree (``sp_degree`` 1)."""
+
     def __init__(self, model, optimizer, scheduler, ema, device, wan_cfg, dtype, grad_clip,
-                 sp_degree: int = 1):
+                 sp_degree: int = 1, mixed=None):
         self.runner = StepRunner(model, optimizer, device, cfg=wan_cfg, dtype=dtype,
                                  sync_tokens=sp_degree)
         self.model, self.optimizer, self.scheduler, self.ema = model, optimizer, scheduler, ema
-        self.device, self.grad_clip = device, grad_clip
+        self.device, self.grad_clip, self.mixed = device, grad_clip, mixed
 
-    def step(self, mbs: Sequence[MicroBatch], loss_scale: float, stop: bool) -> StepResult:
+    def _on(self, degree: int):
+        if self.mixed is None:
+            return contextlib.nullcontext()
+        return self.mixed.on_group(self.model, degree)
+
+    def step(self, mbs: Sequence[MicroBatch], loss_scale: float, stop: bool,
+             degrees: Optional[Sequence[int]] = None) -> StepResult:
+        """``degrees``: each micro-batch's degree (with ``mixed``; None: all 1)."""
         r, run, dev = StepResult(), self.runner, self.device
+        degrees = [1] * len(mbs) if degrees is None else list(degrees)
         r.lr = float(self.optimizer.param_groups[0]["lr"])
         t0 = time.perf_counter()
         for h in [u.unshard(async_op=True) for u in run.units]:
             if h is not None:
                 h.wait()
         loss_sum = torch.zeros((), device=dev, dtype=torch.float64)
-        for mb in mbs:
+        for mb, d in zip(mbs, degrees, strict=True):
             run._set_sync(False)
-            losses = per_sample_loss(self.model, mb)
-            (losses.sum() * loss_scale).backward()
+            with self._on(d):
+                losses = per_sample_loss(self.model, mb)
+                (losses.sum() * loss_scale).backward()
+            if self.mixed is not None and not self.mixed.leads(d):
+                continue  # the group's first rank reports it
             loss_sum += losses.detach().double().sum()
             r.samples += len(mb.sample_ids)
             r.tokens += mb.tokens
             r.shapes.append(list(mb.x_t.shape))
+            r.degrees.append(d)
         synchronize(dev)
         t1 = time.perf_counter()
         flag = torch.tensor([1.0 if stop else 0.0], device=dev)
@@ -80,7 +109,8 @@ class Stepper:
         synchronize(dev)
         t2 = time.perf_counter()
         run._set_sync(True)
-        (per_sample_loss(self.model, run._dummy_batch()).sum() * 0.0).backward()
+        with self._on(1):
+            (per_sample_loss(self.model, run._dummy_batch()).sum() * 0.0).backward()
         run._average_replicated_grads()
         r.grad_norm = clip_grad_norm(self.model, self.grad_clip)
         self.optimizer.step()

@@ -95,7 +95,10 @@ TEST(Sampler, EveryIdExactlyOnceAcrossRanks) {
   std::mt19937_64 rng(seed);
   for (TailPolicy tail : {TailPolicy::kDrop, TailPolicy::kKeep}) {
     for (int ws : {1, 2, 3, 8}) {
-      const int64_t n = 1 + static_cast<int64_t>(rng() % 500);
+      // kDrop needs one micro-batch (1..4 ids) for every rank: at least 4 * ws ids, else the
+      // plan has no step (a failure of Create, tested elsewhere).
+      const int64_t least = tail == TailPolicy::kDrop ? 4 * ws : 1;
+      const int64_t n = least + static_cast<int64_t>(rng() % 500);
       std::vector<int> seen(static_cast<size_t>(n), 0);
       int64_t dropped = -1;
       int64_t steps = -1;

@@ -434,19 +434,11 @@ void BindShapes(py::module_& m) {
       (std::string("Tokens S the transformer sees for one raw sample.") + ranges).c_str());
 }
 
-void BindSampler(py::module_& m) {
-  py::class_<BalancedBatchSampler>(
-      m, "_BalancedBatchSampler",
-      "The C++ sampler; use ditscale.BalancedBatchSampler (python/ditscale/sampler.py).")
-      .def(py::init(&MakeSampler), py::arg("manifest"), py::arg("rank"), py::arg("world_size"),
-           py::kw_only(), py::arg("model") = "wan2.1-1.3b", py::arg("policy") = "balanced",
-           py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("cost") = py::none(),
-           py::arg("bench") = py::none(), py::arg("m_mem_tokens") = py::none(),
-           py::arg("gpu_mem_gib") = 141.0, py::arg("mem_safety") = 0.1,
-           py::arg("m_comp") = py::none(), py::arg("rank_budget_s") = py::none(),
-           py::arg("tail") = "drop", py::arg("skip_bad_rows") = false, py::arg("format") = "",
-           py::arg("sp_degrees") = py::none())
-      .def_property_readonly("rank", &BalancedBatchSampler::rank)
+using SamplerClass = py::class_<BalancedBatchSampler>;
+
+// The sampler's read-only properties.
+void BindSamplerProperties(SamplerClass& c) {
+  c.def_property_readonly("rank", &BalancedBatchSampler::rank)
       .def_property_readonly("world_size", &BalancedBatchSampler::world_size)
       .def_property_readonly("epoch", &BalancedBatchSampler::epoch)
       .def_property_readonly("num_steps", &BalancedBatchSampler::NumSteps)
@@ -459,44 +451,23 @@ void BindSampler(py::module_& m) {
       .def_property_readonly(
           "sp_degrees", [](const BalancedBatchSampler& s) { return s.plan().sp_degrees; },
           "The plan's allowed sequence-parallel degrees (empty: none).")
-      .def_property_readonly(
-          "num_planned_samples",
-          [](const BalancedBatchSampler& s) { return static_cast<int64_t>(s.plan().ids.size()); })
-      .def("set_epoch",
-           [](BalancedBatchSampler& s, py::handle epoch) {
-             const int64_t e = IntArg(epoch, "epoch", 0, balance::kMaxEpoch);
-             py::gil_scoped_release release;
-             s.SetEpoch(e);
-           })
-      .def("reset", &BalancedBatchSampler::Reset)
-      .def(
-          "next_micro_batch",
-          [](BalancedBatchSampler& s) -> py::object {
-            std::optional<MicroBatchRef> mb = s.NextMicroBatch();
-            if (!mb) return py::none();
-            return py::make_tuple(IdsToList(mb->ids), mb->last_of_step);
-          },
-          "(ids, last_of_step) of the next micro-batch of this rank, or None at the end.")
-      .def(
-          "next_step",
-          [](BalancedBatchSampler& s) -> py::object {
-            std::vector<MicroBatchRef> mbs;
-            if (!s.NextStep(&mbs)) return py::none();
-            py::list out(mbs.size());
-            for (size_t i = 0; i < mbs.size(); ++i) out[i] = IdsToList(mbs[i].ids);
-            return out;
-          },
-          "The rest of the current step (list of micro-batches), or None at the end.")
-      .def(
-          "cell",
-          [](const BalancedBatchSampler& s, py::handle step_arg, py::handle rank_arg) {
-            const int64_t step = IntArg(step_arg, "step", 0, s.NumSteps() - 1);
-            const int rank = static_cast<int>(IntArg(rank_arg, "rank", 0, s.world_size() - 1));
-            py::list out;
-            for (const MicroBatchRef& mb : s.Cell(step, rank)) out.append(IdsToList(mb.ids));
-            return out;
-          },
-          py::arg("step"), py::arg("rank"), "Micro-batches of (step, rank), cursor unchanged.")
+      .def_property_readonly("num_planned_samples", [](const BalancedBatchSampler& s) {
+        return static_cast<int64_t>(s.plan().ids.size());
+      });
+}
+
+// The cells of the plan: micro-batches, degrees and counts of (step, rank), cursor unchanged.
+void BindSamplerCells(SamplerClass& c) {
+  c.def(
+       "cell",
+       [](const BalancedBatchSampler& s, py::handle step_arg, py::handle rank_arg) {
+         const int64_t step = IntArg(step_arg, "step", 0, s.NumSteps() - 1);
+         const int rank = static_cast<int>(IntArg(rank_arg, "rank", 0, s.world_size() - 1));
+         py::list out;
+         for (const MicroBatchRef& mb : s.Cell(step, rank)) out.append(IdsToList(mb.ids));
+         return out;
+       },
+       py::arg("step"), py::arg("rank"), "Micro-batches of (step, rank), cursor unchanged.")
       .def(
           "cell_degrees",
           [](const BalancedBatchSampler& s, py::handle step_arg, py::handle rank_arg) {
@@ -515,8 +486,49 @@ void BindSampler(py::module_& m) {
             for (int64_t k = 0; k < s.NumSteps(); ++k) out[k] = s.MicroBatchesInCell(k, s.rank());
             return out;
           },
-          "c(k, rank) for every step k of the epoch.")
-      .def("state", [](const BalancedBatchSampler& s) { return StateToDict(s.State()); })
+          "c(k, rank) for every step k of the epoch.");
+}
+
+void BindSampler(py::module_& m) {
+  SamplerClass c(
+      m, "_BalancedBatchSampler",
+      "The C++ sampler; use ditscale.BalancedBatchSampler (python/ditscale/sampler.py).");
+  c.def(py::init(&MakeSampler), py::arg("manifest"), py::arg("rank"), py::arg("world_size"),
+        py::kw_only(), py::arg("model") = "wan2.1-1.3b", py::arg("policy") = "balanced",
+        py::arg("seed") = 0, py::arg("epoch") = 0, py::arg("cost") = py::none(),
+        py::arg("bench") = py::none(), py::arg("m_mem_tokens") = py::none(),
+        py::arg("gpu_mem_gib") = 141.0, py::arg("mem_safety") = 0.1, py::arg("m_comp") = py::none(),
+        py::arg("rank_budget_s") = py::none(), py::arg("tail") = "drop",
+        py::arg("skip_bad_rows") = false, py::arg("format") = "",
+        py::arg("sp_degrees") = py::none());
+  BindSamplerProperties(c);
+  c.def("set_epoch",
+        [](BalancedBatchSampler& s, py::handle epoch) {
+          const int64_t e = IntArg(epoch, "epoch", 0, balance::kMaxEpoch);
+          py::gil_scoped_release release;
+          s.SetEpoch(e);
+        })
+      .def("reset", &BalancedBatchSampler::Reset)
+      .def(
+          "next_micro_batch",
+          [](BalancedBatchSampler& s) -> py::object {
+            std::optional<MicroBatchRef> mb = s.NextMicroBatch();
+            if (!mb) return py::none();
+            return py::make_tuple(IdsToList(mb->ids), mb->last_of_step);
+          },
+          "(ids, last_of_step) of the next micro-batch of this rank, or None at the end.")
+      .def(
+          "next_step",
+          [](BalancedBatchSampler& s) -> py::object {
+            std::vector<MicroBatchRef> mbs;
+            if (!s.NextStep(&mbs)) return py::none();
+            py::list out(mbs.size());
+            for (size_t i = 0; i < mbs.size(); ++i) out[i] = IdsToList(mbs[i].ids);
+            return out;
+          },
+          "The rest of the current step (list of micro-batches), or None at the end.");
+  BindSamplerCells(c);
+  c.def("state", [](const BalancedBatchSampler& s) { return StateToDict(s.State()); })
       .def("load_state",
            [](BalancedBatchSampler& s, const py::dict& d) {
              balance::SamplerState st = StateFromDict(d);

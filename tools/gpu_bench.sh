@@ -21,6 +21,8 @@
 #             compiled (SP_MODELS, SP_TOKENS, SP_ARGS)
 #   adaln     bench.diffusers.adaln_models: stock vs apply_fused_adaln, fwd+bwd (ADALN_MODELS,
 #             ADALN_TOKENS, ADALN_ARGS)
+#   sp-grad   bench.sp.grad_share: sp.attention fwd+bwd at degree 1 vs SDPA, and one rank's
+#             share of the backward at d = 2, 4, 8 (SP_GRAD_ARGS); sp-grad-share.md in $OUT
 #   saved     bench.diffusers.saved_tensors: what compiled blocks keep for the backward, stock vs
 #             fused, and inductor's fwd-left / peak memory (SAVED_MODELS, SAVED_TOKENS)
 #   train     NPROC=1 MODEL_IMPL=diffusers tools/gpu_train.sh sweep fit train report with the
@@ -83,6 +85,8 @@ has sp && step sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \
 has adaln && step adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
   --models "${ADALN_MODELS:-wan2.1-1.3b}" --tokens "${ADALN_TOKENS:-1024,32760}" \
   ${ADALN_ARGS:---reps 10 --max-s 8} --out-dir "$OUT"
+has sp-grad && step sp-grad "$PHASE_S" $PY -m bench.sp.grad_share ${SP_GRAD_ARGS:-} \
+  --out-dir "$OUT"
 has saved && step saved "$PHASE_S" $PY -m bench.diffusers.saved_tensors \
   --models "${SAVED_MODELS:-wan2.1-1.3b}" --tokens "${SAVED_TOKENS:-32760}" --out-dir "$OUT"
 has train && step train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
@@ -112,7 +116,7 @@ tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
 echo
 echo "== gpu_bench ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
 print_rows
-for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/adaln-models.md \
+for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/sp-grad-share.md "$OUT"/adaln-models.md \
   "$OUT"/saved-tensors.md "$OUT"/train-real_*.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done

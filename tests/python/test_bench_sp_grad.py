@@ -1,0 +1,47 @@
+"""bench.sp.grad_share dry run on the CPU (tiny shapes): the report's rows (degree 1: the op and
+SDPA; one row per degree of one rank's backward share) and the refused options."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ditscale
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE_PARENT = str(Path(ditscale.__file__).resolve().parents[1])
+
+
+def _run(args, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [PACKAGE_PARENT, str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "bench.sp.grad_share", "--out-dir",
+                           str(tmp_path), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_dry_run_writes_every_row(tmp_path):
+    pytest.importorskip("torch")
+    r = _run(["--device", "cpu", "--shapes", "tiny:129", "--degrees", "2,4", "--reps", "2"],
+             tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = (tmp_path / "sp-grad-share.md").read_text()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| tiny |")]
+    assert [ln.split("|")[3].strip() for ln in rows] == [
+        "sp.attention fwd+bwd", "SDPA fwd+bwd", "backward share, d=2 (2 heads)",
+        "backward share, d=4 (1 heads)"]
+    assert re.search(r"[+-]\d+\.\d\d% \(paired rounds\)", rows[0])
+    assert all(re.search(r"\d+\.\d\dx ideal", ln) for ln in rows[2:])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shapes", "nope:10"], "--shapes: 'nope' is not one of"),
+    (["--shapes", "tiny:0"], "--shapes tokens: 0 is out of range [1, 1048576]"),
+    (["--degrees", "1"], "--degrees: 1 is out of range [2, 64]"),
+])
+def test_bad_options_are_refused(tmp_path, args, message):
+    r = _run(args, tmp_path)
+    assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]

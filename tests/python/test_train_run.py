@@ -4,7 +4,6 @@ checkpoints (kept K); SIGKILL then resume gives the uninterrupted losses bit for
 1 rank of a 2-rank checkpoint trains every sample of the epoch exactly once; SIGTERM saves a
 checkpoint and stops."""
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,8 @@ pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
 from ditscale import ops  # noqa: E402
-from train_util import env, make_toy_store, run_train, train_cmd  # noqa: E402
+from train_util import (check_ok, env, make_toy_store, metrics_lines, run_train,  # noqa: E402
+                        train_cmd)
 
 STEPS = 16
 N = 24
@@ -37,22 +37,13 @@ def _args(store, out, **extra):
     return flags + ["--no-progress"] + ([] if ops.is_available() else ["--no-fused-adaln"])
 
 
-def _lines(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(x) for x in f]
-
-
-def _check(proc):
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-
-
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     store = make_toy_store(root / "store", n=N)
     out = str(root / "full")
-    _check(run_train(2, _args(store, out)))
-    return {"root": root, "store": store, "out": out, "lines": _lines(out)}
+    check_ok(run_train(2, _args(store, out)))
+    return {"root": root, "store": store, "out": out, "lines": metrics_lines(out)}
 
 
 def test_two_ranks_learn_and_log(toy):
@@ -101,8 +92,8 @@ def test_sigkill_then_resume_is_bit_identical(toy):
         proc.wait()
     # the checkpoint of step 3 is there; the kill may have left one of step 6 half-written
     assert os.path.isdir(os.path.join(out, "checkpoints", "step-000000003"))
-    _check(run_train(2, _args(toy["store"], out)))
-    got, want = _lines(out), toy["lines"]
+    check_ok(run_train(2, _args(toy["store"], out)))
+    got, want = metrics_lines(out), toy["lines"]
     assert [x["step"] for x in got] == list(range(1, STEPS + 1))
     for a, b in zip(got, want):
         assert (a["loss"], a["grad_norm"], a["samples"], a["lr"]) == \
@@ -117,8 +108,8 @@ def test_resume_on_one_rank_trains_the_epoch_once(toy):
     out = str(toy["root"] / "one")
     ck = os.path.join(toy["out"], "checkpoints", "step-000000012")
     proc = run_train(1, _args(toy["store"], out, resume=ck, steps=24, **{"validate-every": 0}))
-    _check(proc)
-    later = _lines(out)
+    check_ok(proc)
+    later = metrics_lines(out)
     assert later[0]["step"] == 13 and all(x["world_size"] == 1 for x in later)
     assert "world size 2 -> 1" in proc.stdout + proc.stderr
     seen = Counter(i for x in first + later if x["epoch"] == epoch for i in x["samples"])
@@ -140,6 +131,6 @@ def test_sigterm_saves_and_stops(toy):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 143, text[-3000:]
-    step = _lines(out)[-1]["step"]
+    step = metrics_lines(out)[-1]["step"]
     assert os.listdir(os.path.join(out, "checkpoints")) == [f"step-{step:09d}"]
     assert "SIGTERM" in text

@@ -3,12 +3,12 @@
 toy store and seed: the same samples per step, losses and gradient norms (which a wrong loss
 scale would change) and final parameters within fp32 tolerance; an exact resume of the
 sp_degree-2 run; a resume on 2 ranks with sp_degree 2 (1 data-parallel rank: the rest of the
-epoch re-planned, strategy ring) that trains every sample of the epoch once; the refusals (range, a degree that
-does not divide the world size, CUDA, samples of fewer tokens than ranks).
+epoch re-planned, strategy ring) that trains every sample of the epoch once; the refusals (range,
+a degree that does not divide the world size, a device without a backward, samples of fewer
+tokens than ranks).
 See docs/train.md ("Sequence parallelism").
 """
 
-import json
 import os
 from collections import Counter
 
@@ -21,7 +21,7 @@ from ditscale import ops  # noqa: E402
 from ditscale.latent_store import LatentStore  # noqa: E402
 from ditscale.train import parallel  # noqa: E402
 from ditscale.train.config import load_config  # noqa: E402
-from train_util import make_toy_store, run_train  # noqa: E402
+from train_util import check_ok, make_toy_store, metrics_lines, run_train  # noqa: E402
 
 N, STEPS = 24, 4
 TOLERANCE = 1e-5  # relative, losses and gradient norms (fp32; summation orders differ)
@@ -39,15 +39,6 @@ def _args(store, out, **extra):
         [] if ops.is_available() else ["--no-fused-adaln"])
 
 
-def _lines(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(x) for x in f]
-
-
-def _check(proc):
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-
-
 def _params(out, step):
     """{name: tensor} of the model of the checkpoint of ``step`` (DCP read in this process)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -62,8 +53,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("train_sp")
     store = make_toy_store(root / "store", n=N)
     dp, sp = str(root / "dp"), str(root / "sp")
-    _check(run_train(2, _args(store, dp)))
-    _check(run_train(4, _args(store, sp, **{"sp-degree": 2})))
+    check_ok(run_train(2, _args(store, dp)))
+    check_ok(run_train(4, _args(store, sp, **{"sp-degree": 2})))
     return {"root": root, "store": store, "dp": dp, "sp": sp}
 
 
@@ -72,7 +63,7 @@ def _close(a, b, tol=TOLERANCE):
 
 
 def test_sp_gives_the_data_parallel_result(runs):
-    dp, sp = _lines(runs["dp"]), _lines(runs["sp"])
+    dp, sp = metrics_lines(runs["dp"]), metrics_lines(runs["sp"])
     assert [x["step"] for x in sp] == list(range(1, STEPS + 1))
     for a, b in zip(sp, dp):
         assert a["samples"] == b["samples"] and a["tokens"] == b["tokens"], a["step"]
@@ -95,8 +86,8 @@ def test_sp_gives_the_data_parallel_result(runs):
 def test_sp_resume_is_exact(runs):
     out = str(runs["root"] / "sp-resumed")
     ck = os.path.join(runs["sp"], "checkpoints", "step-000000002")
-    _check(run_train(4, _args(runs["store"], out, resume=ck, **{"sp-degree": 2})))
-    got, want = _lines(out), _lines(runs["sp"])[2:]
+    check_ok(run_train(4, _args(runs["store"], out, resume=ck, **{"sp-degree": 2})))
+    got, want = metrics_lines(out), metrics_lines(runs["sp"])[2:]
     assert [x["step"] for x in got] == [3, 4]
     for a, b in zip(got, want):
         assert (a["loss"], a["grad_norm"], a["samples"]) == \
@@ -106,16 +97,16 @@ def test_sp_resume_is_exact(runs):
 def test_resume_on_one_sp_group_trains_the_epoch_once(runs):
     """The 4-rank sp_degree-2 checkpoint of step 2 (2 data-parallel ranks) on 2 ranks with
     sp_degree 2 (1 data-parallel rank) and strategy ring: the rest of the epoch is re-planned."""
-    first = [x for x in _lines(runs["sp"]) if x["step"] <= 2]
+    first = [x for x in metrics_lines(runs["sp"]) if x["step"] <= 2]
     epoch = first[-1]["epoch"]
     out = str(runs["root"] / "one-group")
     ck = os.path.join(runs["sp"], "checkpoints", "step-000000002")
     proc = run_train(2, _args(runs["store"], out, resume=ck, steps=40,
                               **{"sp-degree": 2, "checkpoint-every": 0,
                                  "sp-strategy": "ring"}))
-    _check(proc)
+    check_ok(proc)
     assert "data-parallel world size 2 -> 1" in proc.stdout + proc.stderr
-    later = _lines(out)
+    later = metrics_lines(out)
     assert later[0]["step"] == 3 and all(len(x["shapes"]) == 1 for x in later)
     seen = Counter(i for x in first + later if x["epoch"] == epoch for i in x["samples"])
     assert sorted(seen) == list(range(N)) and set(seen.values()) == {1}, seen

@@ -9,7 +9,6 @@ resume on 2 ranks (the rest of the epoch re-planned, every sample once) and the 
 See docs/train.md ("Sequence parallelism per micro-batch").
 """
 
-import json
 import os
 from collections import Counter
 
@@ -22,7 +21,7 @@ from ditscale import ops  # noqa: E402
 from ditscale.train import parallel_mixed  # noqa: E402
 from ditscale.train.config import load_config  # noqa: E402
 from test_train_sp import _params  # noqa: E402
-from train_util import make_toy_store, run_train  # noqa: E402
+from train_util import check_ok, make_toy_store, metrics_lines, run_train  # noqa: E402
 
 N, STEPS, SEED, SHIFT = 24, 3, 0, 3.0
 TOLERANCE = 1e-5  # relative, losses and gradient norms (fp32; summation orders differ)
@@ -38,21 +37,12 @@ def _args(store, out, **extra):
         [] if ops.is_available() else ["--no-fused-adaln"])
 
 
-def _lines(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return [json.loads(x) for x in f]
-
-
-def _check(proc):
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("train_sp_mixed")
     store = make_toy_store(root / "store", n=N)
     out = str(root / "mixed")
-    _check(run_train(4, _args(store, out)))
+    check_ok(run_train(4, _args(store, out)))
     return {"root": root, "store": store, "out": out}
 
 
@@ -91,7 +81,7 @@ def _close(a, b, tol=TOLERANCE):
 
 
 def test_mixed_degrees_train_the_dense_mean_loss(runs):
-    lines = _lines(runs["out"])
+    lines = metrics_lines(runs["out"])
     assert [x["step"] for x in lines] == list(range(1, STEPS + 1))
     first = lines[0]["sp_degrees"]  # per rank, the degrees of the micro-batches it leads
     assert 2 in first[0] and first[1] == [] and set(first[2] + first[3]) == {1}, first
@@ -107,8 +97,8 @@ def test_mixed_degrees_train_the_dense_mean_loss(runs):
 def test_mixed_resume_is_exact(runs):
     out = str(runs["root"] / "resumed")
     ck = os.path.join(runs["out"], "checkpoints", "step-000000001")
-    _check(run_train(4, _args(runs["store"], out, resume=ck)))
-    got, want = _lines(out), _lines(runs["out"])[1:]
+    check_ok(run_train(4, _args(runs["store"], out, resume=ck)))
+    got, want = metrics_lines(out), metrics_lines(runs["out"])[1:]
     assert [x["step"] for x in got] == [2, 3]
     for a, b in zip(got, want):
         assert (a["loss"], a["grad_norm"], a["samples"], a["sp_degrees"]) == \
@@ -116,15 +106,15 @@ def test_mixed_resume_is_exact(runs):
 
 
 def test_mixed_resume_on_two_ranks_trains_the_epoch_once(runs):
-    first = [x for x in _lines(runs["out"]) if x["step"] <= 1]
+    first = [x for x in metrics_lines(runs["out"]) if x["step"] <= 1]
     epoch = first[-1]["epoch"]
     out = str(runs["root"] / "two")
     ck = os.path.join(runs["out"], "checkpoints", "step-000000001")
     proc = run_train(2, _args(runs["store"], out, resume=ck, steps=20,
                               **{"checkpoint-every": 0}))
-    _check(proc)
+    check_ok(proc)
     assert "data-parallel world size 4 -> 2" in proc.stdout + proc.stderr
-    later = _lines(out)
+    later = metrics_lines(out)
     seen = Counter(i for x in first + later if x["epoch"] == epoch for i in x["samples"])
     assert set(seen.values()) == {1}, seen
     assert any(x["epoch"] == epoch + 1 for x in later)

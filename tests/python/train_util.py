@@ -11,6 +11,7 @@ transformer (``ditscale.train``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,3 +86,14 @@ def train_cmd(nproc: int, args) -> list:
 def run_train(nproc: int, args, timeout_s: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(train_cmd(nproc, args), env=env(), capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+def metrics_lines(out) -> list:
+    """The run folder's metrics.jsonl, one dict per step."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(x) for x in f]
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> None:
+    """A run that exited 0, else its output's tail."""
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from gloo_util import run_gloo
+from vae_util import conv_flops as _conv_flops  # noqa: E402
+from vae_util import refusal as _refusal, rel as _rel, seeded_randn as _randn  # noqa: E402
 
 BLOCKS = dict(down_block_types=("DownEncoderBlock2D",) * 3,
               up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(8, 16, 16),
@@ -26,22 +28,6 @@ def _vae(name):
     from diffusers import AutoencoderKL
     torch.manual_seed(0)
     return AutoencoderKL(**CONFIGS[name]).eval()
-
-
-def _randn(shape):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
-
-
-def _rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _conv_flops(fn):
-    from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    counts = counter.get_flop_counts()["Global"]
-    return sum(v for k, v in counts.items() if "convolution" in str(k))
 
 
 def _bf16_errors(vae, z):
@@ -93,14 +79,6 @@ def _encode_rel(vaes):
         rel.append(_rel(vae.encode(x).latent_dist.parameters, ref))
         handle.remove()
     return rel
-
-
-def _refusal(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return None
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gloo_util import run_gloo
+from vae_util import seeded_randn as _randn, rel as _rel, refusal as _refusal  # noqa: E402
 
 
 def _kl():
@@ -55,22 +56,6 @@ CASES = {
     "cogvideox": (lambda: _video("AutoencoderKLCogVideoX", "CogVideoX"), (1, 4, 3, 7, 5), 6,
                   (1, 3, 5, 56, 40), (1, 4, 2, 4, 3)),
 }
-
-
-def _randn(shape):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
-
-
-def _rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _refusal(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return None
 
 
 def _case(name, rank):

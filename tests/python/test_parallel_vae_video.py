@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from gloo_util import run_gloo
+from vae_util import seeded_randn as _randn, conv_flops as _conv_flops  # noqa: E402
 
 SMALL = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
              norm_num_groups=4)
@@ -23,18 +24,6 @@ CASES = {
 }
 # images [B, 3, F, H, W] to encode (8 input rows a latent row): latent heights 5, 7, 4.
 ENCODE = [(1, 3, 1, 40, 16), (1, 3, 9, 56, 8), (2, 3, 1, 32, 8)]
-
-
-def _randn(shape):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
-
-
-def _conv_flops(fn):
-    from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    counts = counter.get_flop_counts()["Global"]
-    return sum(v for k, v in counts.items() if "convolution" in str(k))
 
 
 def _make(name: str):

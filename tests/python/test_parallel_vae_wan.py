@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from gloo_util import run_gloo
+from vae_util import conv_flops as _conv_flops  # noqa: E402
+from vae_util import refusal as _refusal, rel as _rel, seeded_randn as _latents  # noqa: E402
 
 # (name, AutoencoderKLWan config): Wan 2.1's layout and Wan 2.2's (residual blocks, patch 2).
 CONFIGS = {
@@ -34,30 +36,6 @@ def _vae(name):
     for p in vae.parameters():  # weights at a scale where the output is not all clamped
         p.data.mul_(1.5)
     return vae
-
-
-def _latents(shape):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
-
-
-def _rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _refusal(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def _conv_flops(fn):
-    from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    counts = counter.get_flop_counts()["Global"]
-    return sum(v for k, v in counts.items() if "convolution" in str(k))
 
 
 def _encode_rel(vaes):

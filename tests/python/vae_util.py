@@ -1,0 +1,32 @@
+"""What the parallel VAE tests share: seeded inputs, the relative error, a refusal's message and
+the convolution FLOPs of a call (torch.utils.flop_counter)."""
+
+import torch
+
+
+def seeded_randn(shape) -> torch.Tensor:
+    """Standard normal of ``shape``, seeded by the shape (the same on every rank)."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b||."""
+    return ((a - b).norm() / b.norm()).item()
+
+
+def refusal(fn):
+    """The message of the ValueError ``fn()`` raises, or None."""
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def conv_flops(fn) -> int:
+    """The convolution FLOPs of ``fn()``."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    counts = counter.get_flop_counts()["Global"]
+    return sum(v for k, v in counts.items() if "convolution" in str(k))

@@ -16,7 +16,7 @@ ranks it is the dense gradient of the sum of every rank's loss. docs/sp.md ("Gra
 from __future__ import annotations
 
 import torch
-from . import cpu_backward, cpu_runtime, recompute
+from . import cpu_backward, cpu_runtime, recompute, torch_backward
 from .config import Config
 from .dispatch import check_distributed
 from .meshes import Mesh
@@ -64,7 +64,8 @@ class _Attention(torch.autograd.Function):
         check_distributed(q, mesh, _WHERE)
         joint = None if joint_q is None else (joint_q, joint_k, joint_v)
         inputs = (q, k, v, joint_q, joint_k, joint_v)
-        ctx.rcfg, ctx.kv_groups = recompute.plan(q, k, joint, mesh, cfg)
+        planned = recompute.plan(q, k, joint, mesh, cfg)
+        ctx.rcfg, ctx.kv_groups = planned if planned is not None else (None, 1)
         ctx.recompute = ctx.rcfg is not cfg
         out, jout, (prog, pg, seconds, bufs) = cpu_runtime.attention_kept(
             q, k, v, joint, mesh, cfg, _WHERE)
@@ -88,16 +89,25 @@ class _Attention(torch.autograd.Function):
         if ctx.recompute:
             t = ctx.saved_tensors
             joint = tuple(t[3:6]) if ctx.has_joint else None
+            if ctx.rcfg is None:  # no Ulysses split of the layer (recompute.plan)
+                g = torch_backward.gradients(t[0], t[1], t[2], joint, dout,
+                                             djout if ctx.has_joint else None, ctx.mesh)
+                return _results(ctx, g)
             prog, pg, seconds, saved = recompute.run_kept(t[0], t[1], t[2], joint, ctx.mesh,
                                                           ctx.rcfg, ctx.kv_groups)
         else:
             prog, pg, seconds = ctx.prog, ctx.pg, ctx.seconds
             saved = dict(zip(ctx.kept, ctx.saved_tensors))
         g = recompute.transposed(prog, pg, seconds, saved, dout, djout, ctx.kv_groups)
-        result = []
-        for name, dtype, needed in zip(_NAMES_OUT, ctx.dtypes, ctx.needs_input_grad):
-            result.append(g[name].to(dtype) if needed and name in g else None)
-        return (*result, None, None)
+        return _results(ctx, g)
+
+
+def _results(ctx, g):
+    """backward's return: the gradients asked for, in the inputs' dtypes."""
+    result = []
+    for name, dtype, needed in zip(_NAMES_OUT, ctx.dtypes, ctx.needs_input_grad):
+        result.append(g[name].to(dtype) if needed and name in g else None)
+    return (*result, None, None)
 
 
 def attention(q, k, v, joint_q, joint_k, joint_v, mesh: Mesh, cfg: Config):

@@ -5,7 +5,8 @@ transposed (cpu_backward.py).
 The schedule: the call's own when its program merges nothing and writes every region once (the
 Ulysses schedules), else Ulysses over the same group (attention is the same function whatever
 the schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated for the
-recomputation (Ulysses gives every rank at least one) and their gradients summed back. Used by
+recomputation (Ulysses gives every rank at least one) and their gradients summed back; a layer
+with fewer query heads than ranks takes torch_backward.py's instead. Used by
 the eager backward of a non-transposable schedule (grad.py) and by the backward op that
 torch.compile traces (custom_op.py). docs/sp.md ("Gradients").
 """
@@ -16,7 +17,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from . import cpu_backward, cpu_runtime
+from . import cpu_backward, cpu_runtime, torch_backward
 from .config import Config
 from .meshes import Mesh
 
@@ -53,9 +54,11 @@ def _fold(dk: torch.Tensor, g: int) -> torch.Tensor:
     return dk if g == 1 else dk.reshape(B, T, H // g, g, D).sum(3)
 
 
-def plan(q, k, joint: Joint, mesh: Mesh, cfg: Config) -> Tuple[Config, int]:
-    """(the configuration the layer is recomputed with, kv head repeats); NotImplementedError
-    (alike on every rank: the shape is the group's) when no Ulysses schedule splits the layer."""
+def plan(q, k, joint: Joint, mesh: Mesh, cfg: Config) -> Optional[Tuple[Config, int]]:
+    """(the configuration the layer is recomputed with, kv head repeats), or None when no
+    Ulysses schedule splits the layer (fewer query heads than ranks): the caller then takes the
+    backward of torch_backward.py, which leaves ranks without heads idle. Alike on every rank
+    (the shape is the group's)."""
     prog = cpu_runtime.program_for(q, k, joint, mesh, cfg, WHERE)
     if transposable(prog):
         return cfg, 1
@@ -64,11 +67,8 @@ def plan(q, k, joint: Joint, mesh: Mesh, cfg: Config) -> Tuple[Config, int]:
         joint = (joint[0], _expand(joint[1], g), joint[2])
     try:
         cpu_runtime.program_for(q, _expand(k, g), joint, mesh, _ulysses(cfg), WHERE)
-    except ValueError as e:
-        raise NotImplementedError(
-            f"{WHERE}: the backward of strategy {cfg.strategy!r} on {mesh.size} ranks runs as "
-            f"Ulysses over the same group, which cannot split this layer ({e}); train with "
-            f"fewer ranks in the group or more heads") from None
+    except ValueError:
+        return None
     return _ulysses(cfg), g
 
 
@@ -100,7 +100,10 @@ def transposed(prog, pg, seconds: float, saved, dout: torch.Tensor,
 
 def gradients(q, k, v, joint: Joint, dout, djout, mesh: Mesh,
               cfg: Config) -> Dict[str, torch.Tensor]:
-    """The gradients of the layer's inputs (see :func:`transposed`) by recomputation."""
-    rcfg, g = plan(q, k, joint, mesh, cfg)
-    prog, pg, seconds, saved = run_kept(q, k, v, joint, mesh, rcfg, g)
-    return transposed(prog, pg, seconds, saved, dout, djout, g)
+    """The gradients of the layer's inputs (see :func:`transposed`) by recomputation (with no
+    Ulysses split of the layer: torch_backward.py's)."""
+    planned = plan(q, k, joint, mesh, cfg)
+    if planned is None:
+        return torch_backward.gradients(q, k, v, joint, dout, djout, mesh)
+    prog, pg, seconds, saved = run_kept(q, k, v, joint, mesh, *planned)
+    return transposed(prog, pg, seconds, saved, dout, djout, planned[1])

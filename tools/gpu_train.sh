@@ -158,7 +158,7 @@ ditscale.diffusers.adaln_wan; print('diffusers', diffusers.__version__)"
       flag=$FF
       [ "$run" = balanced-nofused ] && flag=--no-fused-adaln
       [ "$run" = balanced-nofused ] && [ -n "$FF" ] && continue  # no fused op: nothing to compare
-      step "train-$run" $((TRAIN_BUDGET_S + 240)) "${LAUNCH[@]}" examples/train_dit.py \
+      step "train-$run" $((TRAIN_BUDGET_S + 240)) "${LAUNCH[@]}" bench/train/policies.py \
            --manifest "$MANIFEST" --model "$MODEL" --num-layers "$LAYERS" \
            --shape-model "$SHAPE_MODEL" --policy "$pol" --steps "$TRAIN_STEPS" \
            --time-budget-s "$TRAIN_BUDGET_S" --m-mem "$MM" "${COST[@]}" $flag --seed "$SEED" \

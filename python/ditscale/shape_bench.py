@@ -5,7 +5,7 @@
     python -m ditscale.shape_bench --model tiny --device cpu --shapes 1x64x64,5x64x64 ...
     ditscale fit bench.csv --out cost.json
 
-A step is exactly examples/train_dit.py's (models.training.StepRunner); a point that runs out of
+A step is exactly bench/train/policies.py's (models.training.StepRunner); a point that runs out of
 memory is written as a '# infeasible' line and the model rebuilt. The grid, gradient-accumulation
 rows and CSV columns: docs/shape_bench.md.
 """
@@ -269,7 +269,7 @@ class Sweep:
         """(step, compute, sync, optim) seconds of each timed step, or None on out of memory."""
         a = self.args
         # k micro-batches of distinct samples; the loss scale averages over all k * B samples
-        # as train_dit's accumulated steps do.
+        # as bench/train/policies.py's accumulated steps do.
         mbs = [self.data.for_pixels(list(range(i * b, (i + 1) * b)), f, h, w) for i in range(k)]
         reset_peak_memory(self.dev)
         rows = []

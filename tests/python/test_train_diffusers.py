@@ -1,6 +1,6 @@
 """Training diffusers' WanTransformer3DModel with ditscale's loop (--model-impl diffusers) on CPU:
 the config gives ditscale's WanDiT (the same parameters, the same function with WanDiT's weights
-mapped onto it), the forward adapter is the model's own call, the float32 modules stay float32 under bf16 FSDP2, examples/train_dit.py runs
+mapped onto it), the forward adapter is the model's own call, the float32 modules stay float32 under bf16 FSDP2, bench/train/policies.py runs
 and learns, two gloo ranks take the same sampler batches as the ditscale path and get the
 dense model's gradient (unequal micro-batch counts, replicated float32 parameters included),
 and --weights loads a local checkpoint or says clearly why it cannot."""
@@ -32,7 +32,7 @@ from ditscale.models.training import (  # noqa: E402
 )
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "train_dit.py"
+TRAIN = REPO / "bench" / "train" / "policies.py"
 MANIFEST = REPO / "examples" / "manifests" / "mixed_2k.csv"
 CPU = torch.device("cpu")
 
@@ -190,7 +190,7 @@ def test_bf16_fsdp_keeps_the_fp32_modules_fp32(single_process):
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
-# ---- examples/train_dit.py ----------------------------------------------------------------------
+# ---- bench/train/policies.py ----------------------------------------------------------------------
 
 def test_train_dit_diffusers_learns(shape_model, tmp_path, single_process, capsys):
     train = load_train_module()

@@ -1,4 +1,4 @@
-"""examples/train_dit.py and the FSDP2 step on CPU (gloo, tiny model): the sampler inside a
+"""bench/train/policies.py and the FSDP2 step on CPU (gloo, tiny model): the sampler inside a
 DataLoader feeding the model, the JSONL log and summary, and the gradient of a step whose ranks
 run different numbers of micro-batches (the balanced policy's gradient accumulation)."""
 
@@ -20,7 +20,7 @@ from ditscale.models import WanDiT, make_config  # noqa: E402
 from ditscale.models.training import SyntheticData, per_sample_loss  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "train_dit.py"
+TRAIN = REPO / "bench" / "train" / "policies.py"
 SLOW = pytest.mark.skipif(not os.environ.get("DITSCALE_SLOW_TESTS"),
                           reason="slow: set DITSCALE_SLOW_TESTS=1")
 

@@ -4,7 +4,7 @@
     model = WanDiT(make_config("wan2.1-1.3b", num_layers=4), fused_adaln=True)
 
 ``ditscale.models.training`` holds the FSDP2 step, the synthetic data and the process-group
-helpers shared by ``python -m ditscale.shape_bench`` and ``examples/train_dit.py``.
+helpers shared by ``python -m ditscale.shape_bench`` and ``bench/train/policies.py``.
 """
 
 from .wan_dit import (  # noqa: F401

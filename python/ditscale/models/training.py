@@ -1,4 +1,4 @@
-"""Distributed training plumbing shared by ``ditscale.shape_bench`` and ``examples/train_dit.py``:
+"""Distributed training plumbing shared by ``ditscale.shape_bench`` and ``bench/train/policies.py``:
 process group set-up, FSDP2 sharding of the DiT, deterministic synthetic flow-matching data and
 the timed training step (``StepRunner.step``: gather -> compute -> wait -> sync -> optim, so
 that wait_s is exactly a rank's load-imbalance idle time and ranks may run different numbers

@@ -4,10 +4,10 @@ AdaptiveLoad policy, and measure the load balance (the measurements of docs/bala
 train on your own data (a latent store), with checkpoints and validation, use
 ``python -m ditscale.train`` (docs/train.md).
 
-    torchrun --nproc-per-node 2 examples/train_dit.py --manifest examples/manifests/mixed_2k.csv \\
-        --model wan2.1-1.3b --num-layers 8 --policy balanced --steps 30 --cost cost.json \\
+    torchrun --nproc-per-node 2 bench/train/policies.py \\
+        --manifest examples/manifests/mixed_2k.csv --model wan2.1-1.3b --num-layers 8 --policy balanced --steps 30 --cost cost.json \\
         --log-json balanced.jsonl
-    python examples/train_dit.py --model tiny --device cpu ...      (world size 1, no torchrun)
+    python bench/train/policies.py --model tiny --device cpu ...      (world size 1, no torchrun)
     ... --model-impl diffusers [--weights DIR]     (diffusers' WanTransformer3DModel instead)
 
 Model (``--model-impl``): ``ditscale`` (default) trains ditscale's WanDiT
@@ -287,7 +287,7 @@ def train(args, env, cfg) -> Dict:
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_shapes,
                         num_workers=args.num_workers)
     plan = sampler.plan_summary
-    log(f"train_dit: {args.model_impl} {cfg.name} ({cfg.num_layers} layers, dim {cfg.dim}), "
+    log(f"policies: {args.model_impl} {cfg.name} ({cfg.num_layers} layers, dim {cfg.dim}), "
         f"world size {world}, "
         f"{dev.type}, {dtype}, fused AdaLN {'on' if fused else 'off'}, sync {args.sync}; policy "
         f"{args.policy}: {plan['num_steps']} steps/epoch, M_mem {plan['m_mem_tokens']}, "
@@ -299,7 +299,7 @@ def train(args, env, cfg) -> Dict:
     data = SyntheticData(cfg, dev, dtype, seed=args.seed)
     jsonl = open(args.log_json, "w") if (is0 and args.log_json) else None
     records = []  # per global step: (epoch, step, [W, len(FIELDS)] array, loss)
-    t_start = time.perf_counter()
+    t_start = time.monotonic()  # the --time-budget-s deadline (the step times: StepRunner)
     gstep, epoch = 0, 0
     while gstep < args.steps:
         sampler.set_epoch(epoch)
@@ -352,7 +352,7 @@ def train(args, env, cfg) -> Dict:
                                             "tokens": int(rows[:, 6].sum())}) + "\n")
                     jsonl.flush()
             gstep += 1
-            elapsed = torch.tensor([time.perf_counter() - t_start], dtype=torch.float64,
+            elapsed = torch.tensor([time.monotonic() - t_start], dtype=torch.float64,
                                    device=dev)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             over = args.time_budget_s is not None and elapsed.item() > args.time_budget_s

@@ -5,8 +5,8 @@ train on your own data (a latent store), with checkpoints and validation, use
 ``python -m ditscale.train`` (docs/train.md).
 
     torchrun --nproc-per-node 2 bench/train/policies.py \\
-        --manifest examples/manifests/mixed_2k.csv --model wan2.1-1.3b --num-layers 8 --policy balanced --steps 30 --cost cost.json \\
-        --log-json balanced.jsonl
+        --manifest examples/manifests/mixed_2k.csv --model wan2.1-1.3b --num-layers 8 \\
+        --policy balanced --steps 30 --cost cost.json --log-json balanced.jsonl
     python bench/train/policies.py --model tiny --device cpu ...      (world size 1, no torchrun)
     ... --model-impl diffusers [--weights DIR]     (diffusers' WanTransformer3DModel instead)
 

@@ -58,8 +58,11 @@ def prepare(cfg) -> Setup:
     store = LatentStore(cfg.store)
     wan = model_mod.model_config(cfg.model, cfg.num_layers, store.meta.max_text_tokens)
     model_mod.check_store(store, wan)
-    degrees = parallel_mixed.parse_degrees(cfg.sp_degrees) if cfg.sp_degrees else [1]
-    parallel.check_tokens(store, max(cfg.sp_degree, *degrees))
+    if cfg.sp_degrees:  # the largest degree of the list (the check is per degree, conservative)
+        parallel.check_tokens(store, max(parallel_mixed.parse_degrees(cfg.sp_degrees)),
+                              "sp_degrees (largest)")
+    else:
+        parallel.check_tokens(store, cfg.sp_degree)
     if cfg.fused_adaln:
         from .. import ops
         from ..models import diffusers_wan

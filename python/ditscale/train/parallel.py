@@ -69,7 +69,7 @@ def check(sp_degree: int, strategy: str, world: int, device: torch.device) -> No
                          f"sp_degree = 1 (--sp-degree 1)")
 
 
-def check_tokens(store, sp_degree: int) -> None:
+def check_tokens(store, sp_degree: int, field: str = "sp_degree") -> None:
     """ValueError naming the first store sample with fewer than ``sp_degree`` tokens (each rank
     of an SP group needs one): the training shapes of the manifest rows through the store's
     shape model (one ``seq_len`` per distinct raw shape)."""
@@ -90,7 +90,7 @@ def check_tokens(store, sp_degree: int) -> None:
             bad.append((i, f, h, w, tokens))
     if bad:
         i, f, h, w, tokens = min(bad)
-        raise ValueError(f"sp_degree: {sp_degree} > the {tokens} tokens of store sample {i} "
+        raise ValueError(f"{field}: {sp_degree} > the {tokens} tokens of store sample {i} "
                          f"(num_frames {f}, {h}x{w}): every rank of a sequence-parallel group "
                          f"needs one")
 

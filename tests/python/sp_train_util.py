@@ -19,10 +19,12 @@ import torch
 ZERO_GRADIENT = ("to_k.bias", "add_k_proj.bias")
 
 
-def gradients(model, inputs) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
-    """(output, latent gradient, {parameter name: gradient}) of loss = output.square().mean()."""
+def gradients(model, inputs, call=None
+              ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
+    """(output, latent gradient, {parameter name: gradient}) of loss = output.square().mean();
+    ``call`` runs the model (e.g. its torch.compile wrapper; default: the model)."""
     latent = inputs["hidden_states"].clone().requires_grad_(True)
-    out = model(**dict(inputs, hidden_states=latent))[0]
+    out = (model if call is None else call)(**dict(inputs, hidden_states=latent))[0]
     out.square().mean().backward()
     return out.detach(), latent.grad, {n: p.grad for n, p in model.named_parameters()}
 
@@ -37,13 +39,16 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor, scale: float = 0.0) -> 
     return float((got - ref).abs().max() / max(float(ref.abs().max()), scale, 1e-12))
 
 
-def training_errors(model, inputs, parallelize, label: str) -> Dict[Tuple[str, str], float]:
+def training_errors(model, inputs, parallelize, label: str,
+                    compile_backend=None) -> Dict[Tuple[str, str], float]:
     """{(label, what): relative error} of ``parallelize(model)``'s gradients (summed over the
-    ranks) against the single-process ones; ``what``: "output", "latent", "latent, rank alone"
-    (large: a rank holds a partial) and every parameter's name."""
+    ranks; under ``torch.compile(backend=compile_backend)`` when given) against the
+    single-process ones; ``what``: "output", "latent", "latent, rank alone" (large: a rank holds
+    a partial) and every parameter's name."""
     ref_out, ref_latent, ref_params = gradients(copy.deepcopy(model), inputs)
     parallelize(model)
-    out, latent, params = gradients(model, inputs)
+    call = torch.compile(model, backend=compile_backend) if compile_backend else None
+    out, latent, params = gradients(model, inputs, call)
     errors = {(label, "output"): relative_error(out, ref_out),
               (label, "latent, rank alone"): relative_error(latent, ref_latent),
               (label, "latent"): relative_error(summed(latent), ref_latent)}

@@ -4,7 +4,8 @@ uneven heads) in train mode, loss = output.square().mean() on every rank, backwa
 latent's gradient and every parameter's gradient, summed over the ranks (all_reduce SUM), equal
 the single-process ones (fp32: max abs error <= 1e-4 of the largest reference gradient): Wan
 2.1 (one timestep per sample), Wan 2.2 TI2V (one timestep per video token), Wan 2.1 I2V with
-strategy "ulysses", and Wan 2.1 with "ring" (its backward recomputes the layer as Ulysses); the
+strategy "ulysses", and Wan 2.1 with "ring" (its backward recomputes the layer as Ulysses),
+eagerly and under torch.compile (backend aot_eager); the
 other families' gradients are checked in their harness spawn (diffusers_sp_harness.py). The
 refusal kept: tensors on another device than the CPU. See docs/diffusers.md ("Training").
 """
@@ -18,20 +19,20 @@ import ditscale.diffusers as dd  # noqa: E402
 import test_diffusers_sp_wan  # noqa: E402
 from sp_train_util import check_training_errors, training_errors  # noqa: E402
 
-# (kind, strategy)
-RUNS = (("wan2.1", "ulysses"), ("wan2.2-ti2v", "ulysses"), ("wan2.1-i2v", "ulysses"),
-        ("wan2.1", "ring"))
+# (kind, strategy, torch.compile backend or None)
+RUNS = (("wan2.1", "ulysses", None), ("wan2.2-ti2v", "ulysses", None),
+        ("wan2.1-i2v", "ulysses", None), ("wan2.1", "ring", None), ("wan2.1", "ring", "aot_eager"))
 TOLERANCE = 1e-4
 
 
 def _train_checks(rank, world):
     """{(label, what): relative error} of the parallelized gradients against the dense ones."""
     wan, errors = test_diffusers_sp_wan.TestWan(), {}
-    for kind, strategy in RUNS:
+    for kind, strategy, backend in RUNS:
         model, inputs = wan.make_model(kind).train(), wan.make_inputs(kind)
         errors.update(training_errors(model, inputs,
                                       lambda m: dd.parallelize(m, strategy=strategy),
-                                      f"{kind} {strategy}"))
+                                      f"{kind} {strategy} {backend or 'eager'}", backend))
     _check_refusal(world)
     return errors
 

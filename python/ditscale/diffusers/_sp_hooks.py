@@ -59,14 +59,14 @@ def check_devices(where: str, named: Dict[str, object], device: torch.device) ->
 
 # What sequence-parallel training supports on more than one rank (a plan with ``trains``).
 TRAINING_SUPPORTED = ("every family with any strategy on CPU tensors over gloo and CUDA tensors "
-                      "over NCCL, eagerly")
+                      "over NCCL")
 
 
 def trains_here(ctx: SpContext, trains: bool, device: torch.device) -> bool:
     """Whether a plan with ``trains`` has a correct backward on ``device`` with this context's
-    strategy (``ditscale.sp``'s differentiable strategies on its devices, not compiled)."""
-    return (trains and ctx.config.strategy in GRAD_STRATEGIES and device.type in GRAD_DEVICES
-            and not torch.compiler.is_compiling())
+    strategy (``ditscale.sp``'s differentiable strategies on its devices, eagerly or under
+    torch.compile)."""
+    return trains and ctx.config.strategy in GRAD_STRATEGIES and device.type in GRAD_DEVICES
 
 
 def refuse_training(where: str, ctx: SpContext, module, named: Dict[str, object],

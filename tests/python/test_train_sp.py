@@ -25,6 +25,9 @@ from train_util import check_ok, make_toy_store, metrics_lines, run_train  # noq
 
 N, STEPS = 24, 4
 TOLERANCE = 1e-5  # relative, losses and gradient norms (fp32; summation orders differ)
+# The sp run also validates at its last step (after the step's training: the comparisons hold).
+VALIDATE = {"validate-every": 4, "validation-samples": 1, "validation-steps": 2,
+            "validation-frames": 5, "validation-height": 32, "validation-width": 32}
 PARAM_TOLERANCE = 2e-5  # absolute, parameters after STEPS AdamW steps of lr 5e-3
 
 
@@ -54,8 +57,15 @@ def runs(tmp_path_factory):
     store = make_toy_store(root / "store", n=N)
     dp, sp = str(root / "dp"), str(root / "sp")
     check_ok(run_train(2, _args(store, dp)))
-    check_ok(run_train(4, _args(store, sp, **{"sp-degree": 2})))
+    check_ok(run_train(4, _args(store, sp, **{"sp-degree": 2}, **VALIDATE)))
     return {"root": root, "store": store, "dp": dp, "sp": sp}
+
+
+def test_sp_run_writes_its_validation_video(runs):
+    """Validation generates through the parallelized transformer on every rank of a group."""
+    video = os.path.join(runs["sp"], "validation", f"step-{STEPS:09d}", "sample-0.mp4")
+    assert os.path.getsize(video) > 100 and open(video, "rb").read(12)[4:8] == b"ftyp"
+    assert metrics_lines(runs["sp"])[-1]["validation"] == [os.path.relpath(video, runs["sp"])]
 
 
 def _close(a, b, tol=TOLERANCE):

@@ -11,6 +11,7 @@ import torch
 from gloo_util import run_gloo
 from vae_util import conv_flops as _conv_flops  # noqa: E402
 from vae_util import refusal as _refusal, rel as _rel, seeded_randn as _randn  # noqa: E402
+from vae_util import encode_rel  # noqa: E402
 
 BLOCKS = dict(down_block_types=("DownEncoderBlock2D",) * 3,
               up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(8, 16, 16),
@@ -57,7 +58,7 @@ def _ranks(rank, world):
             handle.remove()
             assert vae.__dict__.keys() == before.keys()
             assert torch.equal(vae.decode(z).sample, ref)
-        out["encode_rel"] = _encode_rel(vaes)
+        out["encode_rel"] = encode_rel([(vaes[n], _randn(s)) for n, s in ENCODE])
         out["bf16"] = _bf16_errors(vaes["sd"], _randn((1, 4, 7, 5)))
         vae, z, x = vaes["sd"], _randn((1, 4, 8, 3)), _randn((1, 3, 32, 12))
         single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)))
@@ -67,18 +68,6 @@ def _ranks(rank, world):
         out["enc_thin"] = _refusal(lambda: vae.encode(_randn((1, 3, 4 * (world - 1), 8))))
         handle.remove()
     return out
-
-
-def _encode_rel(vaes):
-    from ditscale.diffusers.parallel_vae import parallelize_vae
-    rel = []
-    for name, shape in ENCODE:
-        vae, x = vaes[name], _randn(shape)
-        ref = vae.encode(x).latent_dist.parameters
-        handle = parallelize_vae(vae)
-        rel.append(_rel(vae.encode(x).latent_dist.parameters, ref))
-        handle.remove()
-    return rel
 
 
 @pytest.mark.parametrize("world", [2, 4])

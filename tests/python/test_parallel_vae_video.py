@@ -13,6 +13,7 @@ import torch
 
 from gloo_util import run_gloo
 from vae_util import seeded_randn as _randn, conv_flops as _conv_flops  # noqa: E402
+from vae_util import encode_rel  # noqa: E402
 
 SMALL = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
              norm_num_groups=4)
@@ -50,26 +51,13 @@ def _ranks(rank, world, name):
             handle.remove()
             assert vae.__dict__.keys() == before.keys()
             assert torch.equal(vae.decode(z).sample, ref)
-        out["encode_rel"] = _encode_rel(vae)
+        out["encode_rel"] = encode_rel([(vae, _randn(s)) for s in ENCODE])
         z, x = _randn((1, 4, 2, 8, 3)), _randn((1, 3, 5, 64, 8))
         single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)))
         parallelize_vae(vae)
         out["flops"] = (_conv_flops(lambda: vae.decode(z)), single[0])
         out["encode_flops"] = (_conv_flops(lambda: vae.encode(x)), single[1])
     return out
-
-
-def _encode_rel(vae):
-    from ditscale.diffusers.parallel_vae import parallelize_vae
-    rel = []
-    for shape in ENCODE:
-        x = _randn(shape)
-        ref = vae.encode(x).latent_dist.parameters
-        handle = parallelize_vae(vae)
-        got = vae.encode(x).latent_dist.parameters
-        rel.append(((got - ref).norm() / ref.norm()).item())
-        handle.remove()
-    return rel
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -10,6 +10,7 @@ import torch
 from gloo_util import run_gloo
 from vae_util import conv_flops as _conv_flops  # noqa: E402
 from vae_util import refusal as _refusal, rel as _rel, seeded_randn as _latents  # noqa: E402
+from vae_util import encode_rel  # noqa: E402
 
 # (name, AutoencoderKLWan config): Wan 2.1's layout and Wan 2.2's (residual blocks, patch 2).
 CONFIGS = {
@@ -38,19 +39,6 @@ def _vae(name):
     return vae
 
 
-def _encode_rel(vaes):
-    from ditscale.diffusers.parallel_vae import parallelize_vae
-    rel = []
-    for name, shape in ENCODE:
-        vae, x = vaes[name], _latents(shape)
-        ref = vae.encode(x).latent_dist.parameters
-        handle = parallelize_vae(vae)
-        rel.append(_rel(vae.encode(x).latent_dist.parameters, ref))
-        handle.remove()
-        assert torch.equal(vae.encode(x).latent_dist.parameters, ref)
-    return rel
-
-
 def _ranks(rank, world):
     from ditscale.diffusers.parallel_vae import parallelize_vae, unparallelize_vae
     out = {"rel": [], "clamped": [], "flops": None}
@@ -68,7 +56,7 @@ def _ranks(rank, world):
             assert vae.__dict__.keys() == before.keys()
             assert all(m.__dict__.get("forward") is None for m in vae.modules())
             assert torch.equal(vae.decode(z).sample, ref)  # the stock module, no collective
-        out["encode_rel"] = _encode_rel(vaes)
+        out["encode_rel"] = encode_rel([(vaes[n], _latents(s)) for n, s in ENCODE])
         vae, z = vaes["wan2.1"], _latents((1, 4, 2, 8, 3))
         single = _conv_flops(lambda: vae.decode(z))
         parallelize_vae(vae)

@@ -30,3 +30,17 @@ def conv_flops(fn) -> int:
         fn()
     counts = counter.get_flop_counts()["Global"]
     return sum(v for k, v in counts.items() if "convolution" in str(k))
+
+
+def encode_rel(cases) -> list:
+    """[rel(parallel encode, stock encode)] of each (vae, x) in ``cases``, each vae
+    parallelized for the call and given back (its stock encode again, bit for bit)."""
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    out = []
+    for vae, x in cases:
+        ref = vae.encode(x).latent_dist.parameters
+        handle = parallelize_vae(vae)
+        out.append(rel(vae.encode(x).latent_dist.parameters, ref))
+        handle.remove()
+        assert torch.equal(vae.encode(x).latent_dist.parameters, ref)
+    return out

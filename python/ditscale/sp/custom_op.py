@@ -88,11 +88,9 @@ def _attention_impl(q, k, v, joint_q, joint_k, joint_v, group_name, machines, gp
 _LIB.impl("attention", _attention_impl, "CompositeExplicitAutograd")
 
 
-def _joint_grad_shapes(q, k, joint_q):
-    """Shapes of (djoint_q, djoint_k, djoint_v): the joint inputs', or [B, 0, H or Hk, D]."""
-    if joint_q is None:
-        return ((q.shape[0], 0, q.shape[2], q.shape[3]),) + ((k.shape[0], 0) + k.shape[2:],) * 2
-    return None
+def _no_joint_grad_shapes(q, k):
+    """Shapes of (djoint_q, djoint_k, djoint_v) without joint inputs: [B, 0, H or Hk, D]."""
+    return ((q.shape[0], 0, q.shape[2], q.shape[3]),) + ((k.shape[0], 0) + k.shape[2:],) * 2
 
 
 def _attention_backward_impl(q, k, v, joint_q, joint_k, joint_v, dout, djoint_out, group_name,
@@ -105,7 +103,7 @@ def _attention_backward_impl(q, k, v, joint_q, joint_k, joint_v, dout, djoint_ou
         g = torch_backward.gradients(q, k, v, joint, dout, djoint_out, mesh)
     out = [g["q"].to(q.dtype), g["k"].to(k.dtype), g["v"].to(v.dtype)]
     if joint is None:
-        return (*out, *(q.new_zeros(s) for s in _joint_grad_shapes(q, k, None)))
+        return (*out, *(q.new_zeros(s) for s in _no_joint_grad_shapes(q, k)))
     return (*out, *(g[n].to(t.dtype) for n, t in zip(("text_q", "text_k", "text_v"), joint)))
 
 
@@ -117,7 +115,7 @@ def _attention_backward_fake(q, k, v, joint_q, joint_k, joint_v, dout, djoint_ou
                              machines, gpus_per_machine, config):
     grads = [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)]
     if joint_q is None:
-        return (*grads, *(q.new_empty(s) for s in _joint_grad_shapes(q, k, None)))
+        return (*grads, *(q.new_empty(s) for s in _no_joint_grad_shapes(q, k)))
     return (*grads, *(t.new_empty(t.shape) for t in (joint_q, joint_k, joint_v)))
 
 

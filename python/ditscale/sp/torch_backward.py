@@ -134,7 +134,8 @@ def gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: Joint,
 
 
 def _token_counts(local: int, group, world: int, device) -> List[int]:
-    """Every rank's image tokens (one all_gather of an int64)."""
+    """Every rank's image tokens (one all_gather of an int64 per call: not memoised, since a key
+    only this rank knows, its own count, could send one rank into the collective alone)."""
     mine = torch.tensor([local], dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)

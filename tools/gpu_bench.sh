@@ -23,6 +23,8 @@
 #             ADALN_TOKENS, ADALN_ARGS)
 #   sp-grad   bench.sp.grad_share: sp.attention fwd+bwd at degree 1 vs SDPA, and one rank's
 #             share of the backward at d = 2, 4, 8 (SP_GRAD_ARGS); sp-grad-share.md in $OUT
+#   vae       bench.diffusers.vae_bands: the stock VAE decode vs parallelize_vae at world size 1,
+#             and one rank's band at N = 2, 4, 8 alone (VAE_ARGS; vae-bands.md in $OUT)
 #   saved     bench.diffusers.saved_tensors: what compiled blocks keep for the backward, stock vs
 #             fused, and inductor's fwd-left / peak memory (SAVED_MODELS, SAVED_TOKENS)
 #   train     NPROC=1 MODEL_IMPL=diffusers tools/gpu_train.sh sweep fit train report with the
@@ -87,6 +89,7 @@ has adaln && step adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
   ${ADALN_ARGS:---reps 10 --max-s 8} --out-dir "$OUT"
 has sp-grad && step sp-grad "$PHASE_S" $PY -m bench.sp.grad_share ${SP_GRAD_ARGS:-} \
   --out-dir "$OUT"
+has vae && step vae "$PHASE_S" $PY -m bench.diffusers.vae_bands ${VAE_ARGS:-} --out-dir "$OUT"
 has saved && step saved "$PHASE_S" $PY -m bench.diffusers.saved_tensors \
   --models "${SAVED_MODELS:-wan2.1-1.3b}" --tokens "${SAVED_TOKENS:-32760}" --out-dir "$OUT"
 has train && step train "${TRAIN_S:-420}" env NPROC=1 MODEL_IMPL=diffusers \
@@ -116,7 +119,8 @@ tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
 echo
 echo "== gpu_bench ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
 print_rows
-for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/sp-grad-share.md "$OUT"/adaln-models.md \
+for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/sp-grad-share.md "$OUT"/vae-bands.md \
+  "$OUT"/adaln-models.md \
   "$OUT"/saved-tensors.md "$OUT"/train-real_*.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }
 done

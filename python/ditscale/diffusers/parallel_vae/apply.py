@@ -74,6 +74,8 @@ def _band_decode(bands: Bands, plan: Plan) -> Callable:
         if z.dim() != plan.latent_dims:
             raise ValueError(f"{where}: latents must have {plan.latent_dims} dimensions "
                              f"(height at -2), got {tuple(z.shape)}")
+        if bands.size == 1:  # one band is the whole image: the stock decode
+            return type(self)._decode(self, z, return_dict=return_dict)
         if tiles.tiles(self, z, encode=False):
             out = tiles.run_tiled(self, bands, False, lambda: type(self)._decode(
                 self, z, return_dict=False)[0], where)
@@ -101,6 +103,8 @@ def _band_encode(bands: Bands, plan: Plan) -> Callable:
     def _encode(self, x):
         where = f"parallelize_vae: {type(self).__name__}.encode"
         check_same_shape(bands, x, where, tiles.settings(self))  # first: ranks decide alike
+        if bands.size == 1:  # one band is the whole image: the stock encode
+            return type(self)._encode(self, x)
         if x.dim() == plan.latent_dims and tiles.tiles(self, x, encode=True):
             return tiles.run_tiled(self, bands, True, lambda: type(self)._encode(self, x), where)
         factor = encode_factor(self)

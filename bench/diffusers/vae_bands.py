@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""The parallel VAE on one device: the stock decode against ``parallelize_vae`` at world size 1,
+and one rank's band at N ranks run alone (the prediction of a decode on N GPUs without N GPUs).
+
+    python -m bench.diffusers.vae_bands [--cases wan2.1-480p,wan2.1-720p,hunyuan-video,flux]
+        [--ranks 2,4,8] [--band-ranks 0,1] [--reps 2] [--dtype bf16|fp32] [--device cuda|cpu]
+        [--out-dir DIR]
+
+A band at N ranks runs in a fake process group of N ranks (torch's ``fake`` backend: every
+collective returns at once and moves nothing, an all-gather copies the local part), so the time
+and peak memory are one rank's compute with its halo rows, its share of the copies of the output
+gather, and none of the communication. Timed: ``--band-ranks`` (default 0 and 1: the widest band
+and an interior band with two halos); the slowest is the predicted decode time at N. Activations:
+the peak allocated during the call minus what was allocated before it (weights and latents).
+Targets (docs/diffusers/vae.md): slowest band within 15% of stock / N, peak activations at N = 8
+at most 0.2x the stock decode's. Writes DIR/vae-bands.md; cases: :data:`CASES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+from bench import reporter
+from bench.timing import time_fn
+from ditscale._checks import check_int
+
+FLUX = dict(latent_channels=16, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+            use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611,
+            shift_factor=0.1159)
+TINY_WAN = dict(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                temperal_downsample=[False, True, True], latents_mean=[0.0] * 4,
+                latents_std=[1.0] * 4)
+TINY_KL = dict(latent_channels=4, block_out_channels=(8, 16, 16), norm_num_groups=4,
+               layers_per_block=1, down_block_types=("DownEncoderBlock2D",) * 3,
+               up_block_types=("UpDecoderBlock2D",) * 3)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A VAE class with a config (its published one when empty) and the latents it decodes."""
+
+    cls: str
+    latents: Tuple[int, ...]  # [B, C, (F,) H, W]
+    config: Dict = field(default_factory=dict)
+    output: str = ""  # what the latents decode to
+
+
+CASES = {
+    "wan2.1-480p": Case("AutoencoderKLWan", (1, 16, 21, 60, 104), {}, "480x832, 81 frames"),
+    "wan2.1-720p": Case("AutoencoderKLWan", (1, 16, 21, 90, 160), {}, "720x1280, 81 frames"),
+    "hunyuan-video": Case("AutoencoderKLHunyuanVideo", (1, 16, 16, 68, 120), {},
+                          "544x960, 61 frames"),
+    "cogvideox": Case("AutoencoderKLCogVideoX", (1, 16, 13, 60, 90), {}, "480x720, 49 frames"),
+    "flux": Case("AutoencoderKL", (1, 16, 256, 256), FLUX, "2048x2048"),
+    "tiny-wan": Case("AutoencoderKLWan", (1, 4, 3, 16, 12), TINY_WAN, "128x96, 9 frames"),
+    "tiny-kl": Case("AutoencoderKL", (1, 4, 16, 12), TINY_KL, "64x48"),
+}
+DTYPES = ("bf16", "fp32")
+
+
+def _list(text: str, name: str, lo: int, hi: int) -> List[int]:
+    try:
+        return [check_int(name, int(x), lo, hi) for x in text.split(",")]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_cases(text: str) -> List[str]:
+    names = text.split(",")
+    for n in names:
+        if n not in CASES:
+            raise argparse.ArgumentTypeError(f"--cases: {n!r} is not one of {', '.join(CASES)}")
+    return names
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=parse_cases,
+                    default=parse_cases("wan2.1-480p,wan2.1-720p,hunyuan-video,flux"))
+    ap.add_argument("--ranks", type=lambda t: _list(t, "--ranks", 2, 64), default=[2, 4, 8])
+    ap.add_argument("--band-ranks", type=lambda t: _list(t, "--band-ranks", 0, 63),
+                    default=[0, 1])
+    ap.add_argument("--reps", type=lambda t: _list(t, "--reps", 1, 100)[0], default=2)
+    ap.add_argument("--dtype", choices=DTYPES, default="bf16")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                    help="default: cuda when there, else cpu")
+    ap.add_argument("--out-dir", default=".")
+    return ap.parse_args(argv)
+
+
+class Meter:
+    """Time (CUDA events or wall clock) and peak activations of one decode function."""
+
+    def __init__(self, dev, reps: int):
+        self.dev, self.reps = dev, reps
+
+    def __call__(self, fn):
+        """(Timing, peak activations in MiB or None on the CPU)."""
+        import torch
+        t = time_fn(fn, warmup=1, reps=self.reps, min_reps=1)
+        if self.dev.type != "cuda":
+            return t, None
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return t, (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def _vae(case: Case, dev, dtype):
+    import diffusers
+    import torch
+    torch.manual_seed(0)
+    with torch.device(dev):
+        vae = getattr(diffusers, case.cls)(**case.config)
+    return vae.to(dtype).eval()
+
+
+def _group(world: int, rank: int):
+    """A fake process group of ``world`` ranks as ``rank`` (the previous one destroyed)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+
+
+def _parallel(vae, z, world: int, rank: int, meter: Meter):
+    """(Timing, peak MiB, output) of ``rank``'s decode in a fake group of ``world`` ranks."""
+    import ditscale.sp as sp
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+    _group(world, rank)
+    handle = parallelize_vae(vae, mesh=sp.Mesh.from_process_group())
+    try:
+        t, peak = meter(lambda: vae.decode(z).sample)
+        out = vae.decode(z).sample if world == 1 else None
+    finally:
+        handle.remove()
+    return t, peak, out
+
+
+def _mib(x) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or b in (None, 0) else f"{a / b:.3f}x"
+
+
+def case_rows(name: str, args, dev, dtype) -> List[list]:
+    """The stock row, the world-size-1 row, and one row per N (its slowest timed band)."""
+    import torch
+    case = CASES[name]
+    vae = _vae(case, dev, dtype)
+    z = torch.randn(case.latents, generator=torch.Generator().manual_seed(0)).to(dev, dtype)
+    meter = Meter(dev, args.reps)
+    with torch.no_grad():
+        t0, p0 = meter(lambda: vae.decode(z).sample)
+        ref = vae.decode(z).sample
+        t1, p1, out = _parallel(vae, z, 1, 0, meter)
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        rows = [[name, "stock", "-", *reporter.timing_cells(t0), "1.000x", _mib(p0),
+                 _ratio(p0, p0), "-"],
+                [name, "parallelize_vae, N=1", "0", *reporter.timing_cells(t1),
+                 _ratio(t1.median_ms, t0.median_ms), _mib(p1), _ratio(p1, p0),
+                 f"rel. error {err:.1e}"]]
+        for world in args.ranks:
+            rows.append(_band_row(name, vae, z, world, args, meter, t0, p0))
+    return rows
+
+
+def _band_row(name, vae, z, world, args, meter, t0, p0) -> list:
+    bands = [r for r in args.band_ranks if r < world]
+    runs = {r: _parallel(vae, z, world, r, meter)[:2] for r in bands}
+    slow = max(runs, key=lambda r: runs[r][0].median_ms)
+    t, _ = runs[slow]
+    peaks = [p for _, p in runs.values() if p is not None]
+    peak = max(peaks) if peaks else None
+    ideal = t0.median_ms / world
+    return [name, f"band at N={world}", str(slow), *reporter.timing_cells(t),
+            f"{t.median_ms / ideal:.3f}x of stock/N", _mib(peak), _ratio(peak, p0),
+            f"speed-up {t0.median_ms / t.median_ms:.2f}x"]
+
+
+def run(args) -> str:
+    import torch
+    import torch.distributed as dist
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    rows = []
+    try:
+        for name in args.cases:
+            rows += case_rows(name, args, dev, dtype)
+            print(reporter.table(COLUMNS, rows[-2 - len(args.ranks):]), flush=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    outputs = "; ".join(f"{n}: {CASES[n].cls} {CASES[n].output}, latents "
+                        f"{list(CASES[n].latents)}" for n in args.cases)
+    notes = (f"{args.dtype}, random weights of each class's published config. Bands: one "
+             f"rank's decode in a fake process group (no communication), ranks "
+             f"{args.band_ranks} timed, the slowest shown; time vs stock/N and activations "
+             f"(peak allocated during the call minus before it) vs the stock decode's. "
+             f"Cases: {outputs}.")
+    return reporter.report("Parallel VAE decode: stock, world size 1, one rank's band at N",
+                           COLUMNS, rows, notes=notes, argv=sys.argv)
+
+
+COLUMNS = ["case", "what", "rank", *reporter.TIMING_COLUMNS, "time ratio", "peak act. MiB",
+           "act. ratio", "note"]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    text = run(args)
+    reporter.write(os.path.join(args.out_dir, "vae-bands.md"), text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

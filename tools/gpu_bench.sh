@@ -23,6 +23,8 @@
 #             ADALN_TOKENS, ADALN_ARGS)
 #   sp-grad   bench.sp.grad_share: sp.attention fwd+bwd at degree 1 vs SDPA, and one rank's
 #             share of the backward at d = 2, 4, 8 (SP_GRAD_ARGS); sp-grad-share.md in $OUT
+#   sp-block  bench.sp.block_share: one Ulysses rank's share of a Wan block's training step at
+#             d = 2, 4, 8 alone, eff(d, S) (SP_BLOCK_ARGS; sp-block-share.md, sp-block-eff.json)
 #   vae       bench.diffusers.vae_bands: the stock VAE decode vs parallelize_vae at world size 1,
 #             and one rank's band at N = 2, 4, 8 alone (VAE_ARGS; vae-bands.md in $OUT)
 #   saved     bench.diffusers.saved_tensors: what compiled blocks keep for the backward, stock vs
@@ -89,6 +91,8 @@ has adaln && step adaln "$PHASE_S" $PY -m bench.diffusers.adaln_models \
   ${ADALN_ARGS:---reps 10 --max-s 8} --out-dir "$OUT"
 has sp-grad && step sp-grad "$PHASE_S" $PY -m bench.sp.grad_share ${SP_GRAD_ARGS:-} \
   --out-dir "$OUT"
+has sp-block && step sp-block "$PHASE_S" $PY -m bench.sp.block_share ${SP_BLOCK_ARGS:-} \
+  --out-dir "$OUT" --json "$OUT/sp-block-eff.json"
 has vae && step vae "$PHASE_S" $PY -m bench.diffusers.vae_bands ${VAE_ARGS:-} --out-dir "$OUT"
 has saved && step saved "$PHASE_S" $PY -m bench.diffusers.saved_tensors \
   --models "${SAVED_MODELS:-wan2.1-1.3b}" --tokens "${SAVED_TOKENS:-32760}" --out-dir "$OUT"
@@ -119,7 +123,7 @@ tar -czf "$OUT/logs.tar.gz" -C "$LOGS" . 2>/dev/null
 echo
 echo "== gpu_bench ($(head -1 "$LOGS/gpu.txt"); PHASES=$PHASES)"
 print_rows
-for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/sp-grad-share.md "$OUT"/vae-bands.md \
+for f in "$OUT"/adaln-kernels.txt "$OUT"/sp-overhead.md "$OUT"/sp-grad-share.md "$OUT"/sp-block-share.md "$OUT"/vae-bands.md \
   "$OUT"/adaln-models.md \
   "$OUT"/saved-tensors.md "$OUT"/train-real_*.md "$OUT"/serve*.md; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; }

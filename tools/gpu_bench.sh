@@ -7,9 +7,9 @@
 #   PHASES="wheels build test sp" tools/gpu_bench.sh        (one GPU; carry .whl)
 #
 # PHASES (default "wheels build test sp adaln"):
-#   wheels    .whl/*.whl into /tmp/site (diffusers 0.42.1, importlib_metadata; py-spy and
-#             imageio-ffmpeg 0.7.0's manylinux2014 wheel (29 MB: MP4 for the server's videos)
-#             when there; the image has the rest)
+#   wheels    every .whl/*.whl into /tmp/site: diffusers 0.42.1, importlib_metadata and zipp;
+#             av (PyAV: the train-real phase's media), py-spy (SERVE_PYSPY) and imageio-ffmpeg
+#             (the server's MP4s) where a phase needs them; the image has the rest
 #   build     ditscale with CUDA + Torch (tools/gpu_check.sh's build, BUILD_MODE default py)
 #   kernels   the AdaLN kernels' own GPU tests: tests/gpu/adaln_gpu_test (CUDA gtest against the
 #             CPU reference, every kernel path; that target alone, CMake with CUDA) and
@@ -64,8 +64,7 @@ STEP_LOG_DIR=$LOGS STEP_TAIL=12
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$LOGS/gpu.txt" 2>&1
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/gpu.txt"
 has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/diffusers-*.whl .whl/importlib_metadata-*.whl \
-  $(ls .whl/py_spy-*.whl .whl/imageio_ffmpeg-*.whl 2>/dev/null)
+  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
   bash tools/gpu_check.sh build

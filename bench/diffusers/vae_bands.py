@@ -6,10 +6,10 @@ and one rank's band at N ranks run alone (the prediction of a decode on N GPUs w
         [--ranks 2,4,8] [--band-ranks 0,1] [--reps 2] [--dtype bf16|fp32] [--device cuda|cpu]
         [--out-dir DIR]
 
-A band at N ranks runs in a fake process group of N ranks (torch's ``fake`` backend: every
-collective returns at once and moves nothing, an all-gather copies the local part), so the time
-and peak memory are one rank's compute with its halo rows, its share of the copies of the output
-gather, and none of the communication. Timed: ``--band-ranks`` (default 0 and 1: the widest band
+A band at N ranks runs as rank r of a fake process group of N ranks (torch's ``fake``
+backend) with the parallel VAE's all-gathers answered by this rank's own part, N times, as a
+view (no kernel, no communication), so the time and peak memory are one rank's compute with its
+halo rows and the copy of the gathered output, and none of the communication. Timed: ``--band-ranks`` (default 0 and 1: the widest band
 and an interior band with two halos); the slowest is the predicted decode time at N. Activations:
 the peak allocated during the call minus what was allocated before it (weights and latents).
 Targets (docs/diffusers/vae.md): slowest band within 15% of stock / N, peak activations at N = 8
@@ -131,16 +131,23 @@ def _group(world: int, rank: int):
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
 
 
+def _own_parts(bands, x, where):
+    """The all-gather of one rank alone: its own ``x`` as every rank's part (a view)."""
+    return x.reshape((1,) + tuple(x.shape)).expand((bands.size,) + tuple(x.shape))
+
+
 def _parallel(vae, z, world: int, rank: int, meter: Meter):
     """(Timing, peak MiB, output) of ``rank``'s decode in a fake group of ``world`` ranks."""
     import ditscale.sp as sp
-    from ditscale.diffusers.parallel_vae import parallelize_vae
+    from ditscale.diffusers.parallel_vae import comm, parallelize_vae
     _group(world, rank)
     handle = parallelize_vae(vae, mesh=sp.Mesh.from_process_group())
+    gather, comm._all_gather = comm._all_gather, _own_parts
     try:
         t, peak = meter(lambda: vae.decode(z).sample)
         out = vae.decode(z).sample if world == 1 else None
     finally:
+        comm._all_gather = gather
         handle.remove()
     return t, peak, out
 
@@ -193,7 +200,7 @@ def run(args) -> str:
     import torch.distributed as dist
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+        torch.cuda.set_device(dev.index or 0)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     rows = []
     try:
@@ -206,7 +213,8 @@ def run(args) -> str:
     outputs = "; ".join(f"{n}: {CASES[n].cls} {CASES[n].output}, latents "
                         f"{list(CASES[n].latents)}" for n in args.cases)
     notes = (f"{args.dtype}, random weights of each class's published config. Bands: one "
-             f"rank's decode in a fake process group (no communication), ranks "
+             f"rank's decode alone (its all-gathers answered by its own part: no "
+             f"communication), ranks "
              f"{args.band_ranks} timed, the slowest shown; time vs stock/N and activations "
              f"(peak allocated during the call minus before it) vs the stock decode's. "
              f"Cases: {outputs}.")

@@ -1,7 +1,7 @@
 """The plan of ``AutoencoderKLCogVideoX``: its causal Conv3d (the stock temporal cache of the
 frame batches, then the height halo; zero padding, or copies of the edge row where a layer pads
 with "replicate", as the stock layer branches on its pad_mode), GroupNorm (the encoder's and
-the one inside the decoder's spatial norm: statistics all-reduced), the encoder's
+the one inside the decoder's spatial norm: statistics combined over the bands), the encoder's
 down-samplers (time averaged per position, then a stride-2 Conv2d whose bottom pad row comes
 from the next band); the spatial norm's nearest interpolation of the latents, the up-sampling
 (nearest, then a halo Conv2d) and 1x1 convolutions act per position. Any other class is

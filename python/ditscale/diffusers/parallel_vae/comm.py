@@ -1,8 +1,7 @@
 """The collectives of a parallel VAE: the input shape check, the gather of a band into the
 full tensor, GroupNorm's statistics, and the exchange of halo rows with the neighbouring bands.
 
-Every collective is an all-gather (GroupNorm's statistics: an all-reduce) on the mesh's
-group, so it ends within the group's timeout when a rank does not join. Halos travel as an
+Every collective is an all-gather into one tensor on the mesh's group, so it ends within the group's timeout when a rank does not join. Halos travel as an
 all-gather of every rank's edge rows (a few rows of one layer: small beside the band's
 compute); rank r takes rank r-1's bottom rows and rank r+1's top rows, the true image border
 gets zero rows (the stock zero padding). See docs/diffusers/vae.md.
@@ -27,25 +26,31 @@ def _failed(where: str, e: Exception) -> RuntimeError:
                         f"{e}")
 
 
-def _all_gather(bands: Bands, x: torch.Tensor, where: str) -> List[torch.Tensor]:
-    parts = [torch.empty_like(x) for _ in range(bands.size)]
+def _all_gather(bands: Bands, x: torch.Tensor, where: str) -> torch.Tensor:
+    """Every rank's ``x`` stacked, [size, *x.shape]: one collective into one tensor (no
+    per-rank outputs to allocate and copy; a caller indexes only the parts it reads)."""
+    out = x.new_empty(bands.size * x.numel())  # flat: what every backend takes
     try:
-        dist.all_gather(parts, x.contiguous(), group=bands.mesh.group)
+        dist.all_gather_into_tensor(out, x.reshape(-1), group=bands.mesh.group)
     except RuntimeError as e:
         raise _failed(where, e) from e
-    return parts
+    return out.view((bands.size,) + tuple(x.shape))
 
 
-def all_reduce_sum(bands: Bands, x: torch.Tensor, where: str) -> torch.Tensor:
-    """The sum of ``x`` over the ranks (a new tensor; ``x`` as is on one rank)."""
+def group_stats(bands: Bands, count: int, mean: torch.Tensor, var: torch.Tensor,
+                where: str):
+    """(mean, variance) over every band of statistics that each band computed over its
+    ``count`` elements (``mean``, ``var``: float64, the same shape on every rank): one
+    all-gather of (count, mean, var), then mean = sum n_r m_r / n and
+    var = sum n_r (v_r + (m_r - mean)^2) / n (the same inputs, so the same bits, on every
+    rank)."""
     if bands.size == 1:
-        return x
-    x = x.clone()
-    try:
-        dist.all_reduce(x, group=bands.mesh.group)
-    except RuntimeError as e:
-        raise _failed(where, e) from e
-    return x
+        return mean, var
+    mine = torch.stack([torch.full_like(mean, float(count)), mean, var])
+    n, m, v = _all_gather(bands, mine, where).unbind(1)  # each [size, *mean.shape]
+    total = n.sum(0)
+    mean = (n * m).sum(0) / total
+    return mean, (n * (v + (m - mean).square())).sum(0) / total
 
 
 def check_same_shape(bands: Bands, z: torch.Tensor, where: str, tiling: List[int]) -> None:
@@ -60,7 +65,7 @@ def check_same_shape(bands: Bands, z: torch.Tensor, where: str, tiling: List[int
     meta = [z.dim(), code, int(bool(tiling[0])), digest] + list(z.shape) + [0] * (8 - z.dim())
     parts = _all_gather(bands, torch.tensor(meta, dtype=torch.int64, device=z.device),
                         where)
-    metas = [p.tolist() for p in parts]
+    metas = parts.tolist()
     if any(m != metas[0] for m in metas):
         shapes = [f"rank {r}: {tuple(m[4:4 + m[0]])} {_name(m[1])}, tiling "
                   f"{'on' if m[2] else 'off'}" for r, m in enumerate(metas)]
@@ -84,8 +89,10 @@ def gather_rows(bands: Bands, x: torch.Tensor, dim: int, where: str) -> torch.Te
         pad = list(x.shape)
         pad[dim] = width - x.shape[dim]
         x = torch.cat([x, x.new_zeros(pad)], dim)
-    parts = _all_gather(bands, x, where)
-    return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts, counts)], dim)
+    parts = _all_gather(bands, x, where)  # [size, ..., width, ...]
+    if min(counts) == width:  # even bands: one copy
+        return parts.movedim(0, dim).flatten(dim, dim + 1)
+    return torch.cat([p.narrow(dim, 0, c) for p, c in zip(parts.unbind(0), counts)], dim)
 
 
 def gather_flat(bands: Bands, mine: List[torch.Tensor], sizes: List[int], dtype: torch.dtype,
@@ -95,8 +102,8 @@ def gather_flat(bands: Bands, mine: List[torch.Tensor], sizes: List[int], dtype:
     width = max(sizes)
     buf = torch.cat(mine) if mine else torch.empty(0, dtype=dtype, device=device)
     buf = torch.cat([buf, buf.new_zeros(width - buf.numel())])
-    parts = _all_gather(bands, buf, where) if bands.size > 1 else [buf]
-    return [p.narrow(0, 0, n) for p, n in zip(parts, sizes)]
+    parts = _all_gather(bands, buf, where) if bands.size > 1 else buf[None]
+    return [p.narrow(0, 0, n) for p, n in zip(parts.unbind(0), sizes)]
 
 
 def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, where: str,
@@ -118,7 +125,7 @@ def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, whe
                          f"{bands.size} ranks)")
     r, last = bands.rank, bands.rank + 1 == bands.size
     edges = [x.narrow(dim, 0, bottom), x.narrow(dim, x.shape[dim] - top, top)]
-    parts = _all_gather(bands, torch.cat(edges, dim), where) if bands.size > 1 else []
+    parts = _all_gather(bands, torch.cat(edges, dim), where) if bands.size > 1 else None
     pieces = [x]
     if top:
         pieces.insert(0, parts[r - 1].narrow(dim, bottom, top) if r > 0 else

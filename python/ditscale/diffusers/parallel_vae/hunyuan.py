@@ -1,7 +1,7 @@
 """The plan of ``AutoencoderKLHunyuanVideo``: its causal Conv3d (time and width padded as
 stock, replicate padding by default: the image's top and bottom rows are copied, the rows
 between bands come from the neighbours; the encoder's stride-2 ones on bands aligned to 2),
-GroupNorm (statistics all-reduced), and the mid blocks, whose attention over all frames and
+GroupNorm (statistics combined over the bands), and the mid blocks, whose attention over all frames and
 positions (causal over frames) runs on the gathered input with the mask of the whole image.
 Up-sampling is nearest: per position. Any other class is refused by name.
 See docs/diffusers/vae.md.

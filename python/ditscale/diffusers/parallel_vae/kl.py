@@ -1,7 +1,7 @@
 """The plan of ``AutoencoderKL`` (Flux, SD3, SD): which encoder and decoder modules get a
 band-aware forward (:mod:`.layers`): the 3x3 convolutions (halo), the encoder's Downsample2D
 (its stride-2 conv takes the row below from the next band instead of its own zero pad row),
-GroupNorm (statistics all-reduced), the mid blocks' Attention (gathered); the rest acts per
+GroupNorm (statistics combined over the bands), the mid blocks' Attention (gathered); the rest acts per
 position (activations, nearest up-sampling by 2, 1x1 convolutions) or only holds children. Any
 other class is refused by name. See docs/diffusers/vae.md.
 """

@@ -6,7 +6,7 @@ VAE is parallelized (weights untouched). Each runs its stock form outside a para
   neighbouring band (zeros at the image border) and convolves without height padding: the band
   of the stock output, exactly; a stride-``s`` one (the encoder's down-sampling, bands aligned
   to ``s``) takes its top padding's rows from above and ``k - s - top`` from below;
-- GroupNorm all-reduces each group's sum and sum of squares (float64) over the bands;
+- GroupNorm combines each group's per-band count, mean and variance over the bands;
 - Wan's spatial attention block gathers its keys and values (the 1x1 projections of every band)
   and attends from this band's queries only; diffusers' ``Attention`` (AutoencoderKL's mid
   block) runs on its gathered input and keeps this band's rows.
@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .bands import Bands
-from .comm import add_halo, all_reduce_sum, gather_rows
+from .comm import add_halo, gather_rows, group_stats
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,10 @@ def conv2d(bands: Bands, name: str) -> Callable:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
-        ph, pw = self.padding
-        x = conv_rows(bands, F.pad(x, (pw, pw, 0, 0)), self.kernel_size[0], self.stride[0], ph,
-                      -2, name)
-        return F.conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        ph, pw = self.padding  # the width padding stays the convolution's own (no copy)
+        x = conv_rows(bands, x, self.kernel_size[0], self.stride[0], ph, -2, name)
+        return F.conv2d(x, self.weight, self.bias, self.stride, (0, pw), self.dilation,
+                        self.groups)
     return forward
 
 
@@ -181,15 +181,15 @@ def wan_causal_conv3d(bands: Bands, name: str) -> Callable:
     def forward(self, x: torch.Tensor, cache_x=None) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x, cache_x)
-        padding = list(self._padding)
+        padding = list(self._padding)  # (W left, W right, H top, H bottom, T front, T back)
         if cache_x is not None and self._padding[4] > 0:
             x = torch.cat([cache_x.to(x.device), x], dim=2)
             padding[4] -= cache_x.shape[2]
-        halo = padding[2]
-        padding[2] = padding[3] = 0
-        x = conv_rows(bands, F.pad(x, padding), self.kernel_size[1], self.stride[1], halo, 3,
-                      name)
-        return nn.Conv3d.forward(self, x)
+        if padding[4] or padding[5]:  # time only: the width padding stays the convolution's
+            x = F.pad(x, (0, 0, 0, 0, padding[4], padding[5]))
+        x = conv_rows(bands, x, self.kernel_size[1], self.stride[1], padding[2], 3, name)
+        return F.conv3d(x, self.weight, self.bias, self.stride, (0, 0, padding[0]),
+                        self.dilation, self.groups)
     return forward
 
 
@@ -220,24 +220,24 @@ def wan_attention(bands: Bands, name: str) -> Callable:
 
 
 def group_norm(bands: Bands, name: str) -> Callable:
-    """forward(self, x [N, C, ..., rows, W]) of an nn.GroupNorm: the statistics of each (sample,
-    group) over every band, mean = sum / n, var = sum_sq / n - mean^2, and the normalization in
-    float64 (the affine in float32, then x's dtype)."""
+    """forward(self, x [N, C, ..., rows, W]) of an nn.GroupNorm over every band: each band's
+    (count, mean, variance) per (sample, group) in float32 (Welford), combined exactly in
+    float64 (:func:`.comm.group_stats`), then y = x * scale + shift per channel in float32
+    (scale = weight / sqrt(var + eps), shift = bias - mean * scale) and x's dtype."""
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
-        groups = x.reshape(x.shape[0], self.num_groups, -1)
-        wide = groups.double()
-        stats = torch.stack([wide.sum(-1), wide.square().sum(-1),
-                             torch.full_like(wide[..., 0], groups.shape[-1])])
-        total = all_reduce_sum(bands, stats, name)
-        mean = total[0] / total[2]
-        var = (total[1] / total[2] - mean.square()).clamp_min(0)
-        scale = (var + self.eps).rsqrt()
-        y = ((wide - mean[..., None]) * scale[..., None]).float().reshape(x.shape)
+        b, c = x.shape[0], x.shape[1]
+        flat = x.reshape(b, self.num_groups, -1)
+        var, mean = torch.var_mean(flat.float(), dim=-1, correction=0)
+        mean, var = group_stats(bands, flat.shape[-1], mean.double(), var.double(), name)
+        scale = (var + self.eps).rsqrt().repeat_interleave(c // self.num_groups, dim=1)
+        shift = -mean.repeat_interleave(c // self.num_groups, dim=1) * scale
         if self.affine:
-            shape = [1, -1] + [1] * (x.dim() - 2)
-            y = y * self.weight.float().view(shape) + self.bias.float().view(shape)
+            scale = scale * self.weight.double()
+            shift = shift * self.weight.double() + self.bias.double()
+        shape = [b, c] + [1] * (x.dim() - 2)
+        y = torch.addcmul(shift.float().view(shape), x, scale.float().view(shape))
         return y.to(x.dtype)
     return forward
 

@@ -35,6 +35,8 @@ FLUX = dict(latent_channels=16, block_out_channels=(128, 256, 512, 512), layers_
 TINY_WAN = dict(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                 temperal_downsample=[False, True, True], latents_mean=[0.0] * 4,
                 latents_std=[1.0] * 4)
+TINY_VIDEO = dict(block_out_channels=(8, 8, 16, 16), latent_channels=4, layers_per_block=1,
+                  norm_num_groups=4)
 TINY_KL = dict(latent_channels=4, block_out_channels=(8, 16, 16), norm_num_groups=4,
                layers_per_block=1, down_block_types=("DownEncoderBlock2D",) * 3,
                up_block_types=("UpDecoderBlock2D",) * 3)
@@ -59,6 +61,12 @@ CASES = {
     "flux": Case("AutoencoderKL", (1, 16, 256, 256), FLUX, "2048x2048"),
     "tiny-wan": Case("AutoencoderKLWan", (1, 4, 3, 16, 12), TINY_WAN, "128x96, 9 frames"),
     "tiny-kl": Case("AutoencoderKL", (1, 4, 16, 12), TINY_KL, "64x48"),
+    "tiny-hunyuan": Case("AutoencoderKLHunyuanVideo", (1, 4, 3, 16, 12), dict(
+        down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 4, **TINY_VIDEO), "128x96, 9 frames"),
+    "tiny-cogvideox": Case("AutoencoderKLCogVideoX", (1, 4, 3, 16, 12), dict(
+        down_block_types=("CogVideoXDownBlock3D",) * 4,
+        up_block_types=("CogVideoXUpBlock3D",) * 4, **TINY_VIDEO), "128x96, 9 frames"),
 }
 DTYPES = ("bf16", "fp32")
 

@@ -127,7 +127,7 @@ def run(args) -> str:
     store.close()
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+        torch.cuda.set_device(dev.index or 0)
     dist.init_process_group(backend, init_method=f"file://{store.name}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=60))
     rows = []

@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from bench import reporter
 from bench.timing import time_fn
@@ -101,24 +101,51 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One decode function's timing, peak activations (MiB) and GPU busy time of one call
+    (ms); the last two None on the CPU."""
+
+    t: object  # bench.timing.Timing
+    peak: Optional[float]
+    busy: Optional[float]
+
+    def busy_text(self) -> str:
+        """"GPU busy X ms (Y%)": the kernels' time of one call against its median."""
+        if self.busy is None:
+            return ""
+        return f"GPU busy {self.busy:.0f} ms ({100 * self.busy / self.t.median_ms:.0f}%)"
+
+
 class Meter:
-    """Time (CUDA events or wall clock) and peak activations of one decode function."""
+    """Measures a decode function (warm-up 1, ``reps`` samples)."""
 
     def __init__(self, dev, reps: int):
         self.dev, self.reps = dev, reps
 
-    def __call__(self, fn):
-        """(Timing, peak activations in MiB or None on the CPU)."""
+    def __call__(self, fn) -> Measure:
         import torch
         t = time_fn(fn, warmup=1, reps=self.reps, min_reps=1)
         if self.dev.type != "cuda":
-            return t, None
+            return Measure(t, None, None)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         fn()
         torch.cuda.synchronize()
-        return t, (torch.cuda.max_memory_allocated() - before) / 2**20
+        peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+        return Measure(t, peak, _busy_ms(fn))
+
+
+def _busy_ms(fn) -> float:
+    """The summed device time of the kernels and copies of one call of ``fn`` (torch.profiler):
+    below the call's CUDA-event time by the time the GPU waited for the host."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
 
 
 def _vae(case: Case, dev, dtype):
@@ -145,19 +172,20 @@ def _own_parts(bands, x, where):
 
 
 def _parallel(vae, z, world: int, rank: int, meter: Meter):
-    """(Timing, peak MiB, output) of ``rank``'s decode in a fake group of ``world`` ranks."""
+    """(Measure, output or None) of ``rank``'s decode in a fake group of ``world`` ranks (the
+    output at world size 1)."""
     import ditscale.sp as sp
     from ditscale.diffusers.parallel_vae import comm, parallelize_vae
     _group(world, rank)
     handle = parallelize_vae(vae, mesh=sp.Mesh.from_process_group())
     gather, comm._all_gather = comm._all_gather, _own_parts
     try:
-        t, peak = meter(lambda: vae.decode(z).sample)
+        m = meter(lambda: vae.decode(z).sample)
         out = vae.decode(z).sample if world == 1 else None
     finally:
         comm._all_gather = gather
         handle.remove()
-    return t, peak, out
+    return m, out
 
 
 def _mib(x) -> str:
@@ -176,31 +204,32 @@ def case_rows(name: str, args, dev, dtype) -> List[list]:
     z = torch.randn(case.latents, generator=torch.Generator().manual_seed(0)).to(dev, dtype)
     meter = Meter(dev, args.reps)
     with torch.no_grad():
-        t0, p0 = meter(lambda: vae.decode(z).sample)
+        m0 = meter(lambda: vae.decode(z).sample)
         ref = vae.decode(z).sample
-        t1, p1, out = _parallel(vae, z, 1, 0, meter)
+        m1, out = _parallel(vae, z, 1, 0, meter)
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        rows = [[name, "stock", "-", *reporter.timing_cells(t0), "1.000x", _mib(p0),
-                 _ratio(p0, p0), "-"],
-                [name, "parallelize_vae, N=1", "0", *reporter.timing_cells(t1),
-                 _ratio(t1.median_ms, t0.median_ms), _mib(p1), _ratio(p1, p0),
-                 f"rel. error {err:.1e}"]]
+        rows = [_row(name, "stock", "-", m0, m0, 1, m0.busy_text()),
+                _row(name, "parallelize_vae, N=1", "0", m1, m0, 1, f"rel. error {err:.1e}",
+                     m1.busy_text())]
         for world in args.ranks:
-            rows.append(_band_row(name, vae, z, world, args, meter, t0, p0))
+            bands = [r for r in args.band_ranks if r < world]
+            runs = {r: _parallel(vae, z, world, r, meter)[0] for r in bands}
+            slow = max(runs, key=lambda r: runs[r].t.median_ms)
+            m = runs[slow]
+            peaks = [x.peak for x in runs.values() if x.peak is not None]
+            m = Measure(m.t, max(peaks) if peaks else None, m.busy)
+            rows.append(_row(name, f"band at N={world}", str(slow), m, m0, world,
+                             f"speed-up {m0.t.median_ms / m.t.median_ms:.2f}x",
+                             m.busy_text()))
     return rows
 
 
-def _band_row(name, vae, z, world, args, meter, t0, p0) -> list:
-    bands = [r for r in args.band_ranks if r < world]
-    runs = {r: _parallel(vae, z, world, r, meter)[:2] for r in bands}
-    slow = max(runs, key=lambda r: runs[r][0].median_ms)
-    t, _ = runs[slow]
-    peaks = [p for _, p in runs.values() if p is not None]
-    peak = max(peaks) if peaks else None
-    ideal = t0.median_ms / world
-    return [name, f"band at N={world}", str(slow), *reporter.timing_cells(t),
-            f"{t.median_ms / ideal:.3f}x of stock/N", _mib(peak), _ratio(peak, p0),
-            f"speed-up {t0.median_ms / t.median_ms:.2f}x"]
+def _row(name, what, rank, m: Measure, m0: Measure, world: int, *notes: str) -> list:
+    """A table row: ``m`` against the stock decode ``m0`` / ``world``; the non-empty notes."""
+    ratio = m.t.median_ms / (m0.t.median_ms / world)
+    return [name, what, rank, *reporter.timing_cells(m.t),
+            f"{ratio:.3f}x" + (" of stock/N" if world > 1 else ""), _mib(m.peak),
+            _ratio(m.peak, m0.peak), "; ".join(n for n in notes if n) or "-"]
 
 
 def run(args) -> str:

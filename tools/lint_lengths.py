@@ -30,7 +30,6 @@ ALLOW = {
     # GPU (tools/gpu_check.sh adaln) before it lands; remove each entry with that measurement.
     "ditscale/kernels/adaln.cu:adaln_fwd_vec_kernel": "GPU kernel, split with a measurement",
     "ditscale/kernels/adaln_bwd.cu:adaln_bwd_vec_kernel": "GPU kernel, split with a measurement",
-    "ditscale/kernels/attn_merge.cu:attn_merge_kernel": "GPU kernel, split with a measurement",
     "ditscale/kernels/internal/adaln_bwd_pipe.cuh:adaln_bwd_pipe_kernel": "GPU kernel",
     "ditscale/kernels/internal/adaln_fwd_pipe.cuh:adaln_fwd_pipe_kernel": "GPU kernel",
     "ditscale/kernels/internal/adaln_fwd_tma.cuh:adaln_fwd_tma_kernel": "GPU kernel",

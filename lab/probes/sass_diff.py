@@ -43,7 +43,8 @@ _ADDR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*")
 _FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
 _RES = re.compile(r"^\s*Function (\S+):\s*(.*)$")
 # An anonymous namespace's symbol carries a hash of the file's path: the only name normalised.
-_ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_\w+?_[0-9a-f]{8}")
+_ANON = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_[0-9a-f]{8}")
+ANON_NAME = "12_GLOBAL__N_0"  # the normalised namespace (a valid mangled name: demangles too)
 
 
 def compile_cubin(root: Path, src: str, arch: str, out: Path) -> None:
@@ -62,11 +63,11 @@ def sass_by_function(cubin: Path) -> dict:
     for line in text.splitlines():
         m = _FUNC.match(line)
         if m:
-            cur = funcs.setdefault(_ANON.sub("_GLOBAL__N_", m.group(1)), [])
+            cur = funcs.setdefault(_ANON.sub(ANON_NAME, m.group(1)), [])
             continue
         if cur is None or not line.strip() or ".headerflags" in line:
             continue
-        cur.append(_ANON.sub("_GLOBAL__N_", " ".join(_ADDR.sub("", line).split())))
+        cur.append(_ANON.sub(ANON_NAME, " ".join(_ADDR.sub("", line).split())))
     return funcs
 
 
@@ -79,18 +80,18 @@ def res_usage(cubin: Path) -> dict:
     for i, line in enumerate(lines):
         m = _RES.match(line)
         if m and i + 1 < len(lines):
-            out[_ANON.sub("_GLOBAL__N_", m.group(1))] = " ".join(lines[i + 1].split())
+            out[_ANON.sub(ANON_NAME, m.group(1))] = " ".join(lines[i + 1].split())
     return out
 
 
 def demangle(names: list) -> dict:
-    """{symbol: demangled name} (cu++filt when present)."""
-    try:
-        res = subprocess.run([tool("cu++filt")], input="\n".join(names), capture_output=True, text=True,
-                             check=True).stdout.splitlines()
-        return dict(zip(names, res))
-    except (OSError, SystemExit, subprocess.CalledProcessError):
+    """{symbol: demangled name} (c++filt when present)."""
+    filt = shutil.which("c++filt")
+    if filt is None:
         return {n: n for n in names}
+    res = subprocess.run([filt], input="\n".join(names), capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    return dict(zip(names, res))
 
 
 def compare(src: str, old: Path, new: Path, show: int) -> bool:
@@ -103,7 +104,8 @@ def compare(src: str, old: Path, new: Path, show: int) -> bool:
     print(f"== {src}: {len(names)} functions")
     for name in names:
         a, b = old_s.get(name), new_s.get(name)
-        label = pretty[name][:150]
+        label = pretty[name].replace("ditscale::kernels::", "").replace("(anonymous namespace)::", "")
+        label = label[:label.rfind("(")] if label.endswith(")") else label
         if a is None or b is None:
             print(f"  MISSING in {'old' if a is None else 'new'}: {label}")
             same = False

@@ -5,12 +5,14 @@ Compiles each given .cu file of an old tree (default: `git archive <ref>` of thi
 of the new tree (default: this checkout) to an sm_90a cubin with the flags the CMake build uses
 (ditscale/kernels, -O3 -lineinfo -std=c++20), then compares per function (every template
 instantiation): the `cuobjdump -sass` instruction streams, with the addresses in comments
-dropped (the instruction text and its 128-bit encoding, scheduling bits included, are kept), and
-the `cuobjdump -res-usage` lines (registers, stack, shared, ...). A one-question probe
-(lab/README.md), not part of the build; needs nvcc and cuobjdump, no GPU.
+dropped and the anonymous namespace's per-path hash in symbols normalised (the instruction text
+and its 128-bit encoding, scheduling bits included, are kept), and the `cuobjdump -res-usage`
+lines (registers, stack, shared, ...). A one-question probe (lab/README.md), not part of the
+build; needs nvcc and cuobjdump, no GPU.
 
     python3 lab/probes/sass_diff.py ditscale/kernels/adaln.cu ditscale/kernels/attn_merge.cu
     python3 lab/probes/sass_diff.py --old-ref main --arch sm_90a FILE...   # exits 1 on a difference
+    python3 lab/probes/sass_diff.py --objects OLD.o NEW.o     # two built objects (or cubins)
 """
 import argparse
 import difflib
@@ -104,7 +106,8 @@ def compare(src: str, old: Path, new: Path, show: int) -> bool:
     print(f"== {src}: {len(names)} functions")
     for name in names:
         a, b = old_s.get(name), new_s.get(name)
-        label = pretty[name].replace("ditscale::kernels::", "").replace("(anonymous namespace)::", "")
+        label = pretty[name].replace("ditscale::kernels::", "")
+        label = label.replace("(anonymous namespace)::", "")
         label = label[:label.rfind("(")] if label.endswith(")") else label
         if a is None or b is None:
             print(f"  MISSING in {'old' if a is None else 'new'}: {label}")
@@ -126,7 +129,9 @@ def compare(src: str, old: Path, new: Path, show: int) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+", help=".cu files, relative to the repository root")
+    ap.add_argument("files", nargs="+", help=".cu files, relative to the repository root "
+                    "(with --objects: the old and the new object file)")
+    ap.add_argument("--objects", action="store_true", help="compare two built objects / cubins")
     ap.add_argument("--old-ref", default="main", help="git ref of the old tree (default main)")
     ap.add_argument("--old-root", type=Path, help="an old tree on disk instead of --old-ref")
     ap.add_argument("--new-root", type=Path, default=REPO, help="the new tree (this checkout)")
@@ -134,6 +139,12 @@ def main() -> int:
     ap.add_argument("--show", type=int, default=20, help="differing lines printed per function")
     ap.add_argument("--old-cache", type=Path, help="keep / reuse the old tree's cubins here")
     args = ap.parse_args()
+    if args.objects:
+        if len(args.files) != 2:
+            ap.error("--objects takes OLD NEW")
+        ok = compare(args.files[1], Path(args.files[0]), Path(args.files[1]), args.show)
+        print("ALL IDENTICAL" if ok else "SASS DIFFERS")
+        return 0 if ok else 1
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         old_root = args.old_root

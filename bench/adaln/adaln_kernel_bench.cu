@@ -175,12 +175,21 @@ struct ShapeBufs {
   ShapeBufs(const Shape& s, bool gated)
       : elems(static_cast<std::size_t>(s.b * s.n * s.d)),
         xbytes(elems * 2),
-        x(xbytes), y(xbytes), dy(xbytes), dx(xbytes), copy(xbytes),
-        branch(gated ? xbytes : 0), h(gated ? xbytes : 0), dh(gated ? xbytes : 0),
-        dbranch(gated ? xbytes : 0), dgate(gated ? s.b * s.d * 2 : 0),
+        x(xbytes),
+        y(xbytes),
+        dy(xbytes),
+        dx(xbytes),
+        copy(xbytes),
+        branch(gated ? xbytes : 0),
+        h(gated ? xbytes : 0),
+        dh(gated ? xbytes : 0),
+        dbranch(gated ? xbytes : 0),
+        dgate(gated ? s.b * s.d * 2 : 0),
         mod(static_cast<std::size_t>(s.b * 6 * s.d) * 2),
-        mean(s.b * s.n * 4), rstd(s.b * s.n * 4),  // fp32
-        dscale(s.b * s.d * 2), dshift(s.b * s.d * 2) {}
+        mean(s.b * s.n * 4),
+        rstd(s.b * s.n * 4),  // fp32
+        dscale(s.b * s.d * 2),
+        dshift(s.b * s.d * 2) {}
   std::size_t elems, xbytes;
   Buf x, y, dy, dx, copy;
   Buf branch, h, dh, dbranch, dgate;
@@ -262,17 +271,16 @@ void bench_shape(const Shape& s, const Options& o, const std::vector<Variant>& v
   Buf ws(adaln_backward_workspace_bytes(b));
   b.workspace = ws.p;
   b.workspace_bytes = adaln_backward_workspace_bytes(b);
-  const double copy_ms = time_ms([&] {
-    check(cudaMemcpyAsync(m.copy.p, m.x.p, m.xbytes, cudaMemcpyDeviceToDevice), "copy");
-  });
+  const double copy_ms = time_ms(
+      [&] { check(cudaMemcpyAsync(m.copy.p, m.x.p, m.xbytes, cudaMemcpyDeviceToDevice), "copy"); });
   const double gbps = 1e-6;  // bytes per ms -> GB/s
   const double copy_bw = 2.0 * m.xbytes / copy_ms * gbps;
   for (const Variant& v : vs) {
     const double fwd_ms =
         time_ms([&] { internal::adaln_forward_cuda_tuned(f, nullptr, v.tuning); });
-    const double bwd_ms = o.fwd_only ? 0.0 : time_ms([&] {
-      internal::adaln_backward_cuda_tuned(b, nullptr, v.tuning);
-    });
+    const double bwd_ms =
+        o.fwd_only ? 0.0
+                   : time_ms([&] { internal::adaln_backward_cuda_tuned(b, nullptr, v.tuning); });
     const double fwd_bw = (o.gated ? 4.0 : 2.0) * m.xbytes / fwd_ms * gbps;
     const double bwd_bw = o.fwd_only ? 0.0 : (o.gated ? 6.0 : 3.0) * m.xbytes / bwd_ms * gbps;
     std::printf(

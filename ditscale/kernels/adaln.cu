@@ -52,9 +52,9 @@ __device__ __forceinline__ void fwd_vec_gated_inputs(const FwdArgs& a, std::int6
 // The modulation and affine of vector d of sample b, token n: scale, shift, weight w (1 without
 // one) and bias bi (0 without one).
 template <typename T, int V>
-__device__ __forceinline__ void fwd_vec_modulation(const FwdArgs& a, std::int64_t b,
-                                                   std::int64_t n, std::int64_t d, float (&sc)[V],
-                                                   float (&sh)[V], float (&w)[V], float (&bi)[V]) {
+__device__ __forceinline__ void fwd_vec_modulation(const FwdArgs& a, std::int64_t b, std::int64_t n,
+                                                   std::int64_t d, float (&sc)[V], float (&sh)[V],
+                                                   float (&w)[V], float (&bi)[V]) {
   load_view_vec<V, T>(a.scale, view_offset(a.scale, b, n, d), sc);
   load_view_vec<V, T>(a.shift, view_offset(a.shift, b, n, d), sh);
   if (a.weight != nullptr) {

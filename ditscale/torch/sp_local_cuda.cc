@@ -47,8 +47,7 @@ void WarmUp(const char* who, const sp::Schedule& schedule, const sp::AttentionSh
     TORCH_CHECK(e.ok(), who, ": rank ", r, ": ", e.failure().ToString());
     const sp::RankProgram& p = schedule.ranks[r];
     Tensor wq = at::zeros({shape.batch, p.image_token_count, shape.heads, shape.head_dim}, opts);
-    Tensor wk =
-        at::zeros({shape.batch, p.image_token_count, shape.kv_heads, shape.head_dim}, opts);
+    Tensor wk = at::zeros({shape.batch, p.image_token_count, shape.kv_heads, shape.head_dim}, opts);
     Tensor wo = at::empty_like(wq), wt, wtk, wto;
     if (joint) {
       wt = at::zeros({shape.batch, shape.text_tokens, shape.heads, shape.head_dim}, opts);
@@ -88,10 +87,9 @@ struct LocalIo {
   std::vector<Tensor> qs, ks, vs, outs, touts;
 };
 
-LocalIo ShardInputs(const sp::Schedule& schedule, const Tensor& q, const Tensor& k,
-                    const Tensor& v, const std::optional<Tensor>& tq,
-                    const std::optional<Tensor>& tk, const std::optional<Tensor>& tv,
-                    bool joint) {
+LocalIo ShardInputs(const sp::Schedule& schedule, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const std::optional<Tensor>& tq, const std::optional<Tensor>& tk,
+                    const std::optional<Tensor>& tv, bool joint) {
   LocalIo io;
   io.qc = q.contiguous();
   Tensor kc = k.contiguous(), vc = v.contiguous();
@@ -129,9 +127,9 @@ Tensor RunLayers(const Executors& ex, const sp::Schedule& schedule, LocalIo& io,
   Tensor first;
   for (int64_t l = 0; l < layers; ++l) {
     for (int r = 0; r < static_cast<int>(ex.size()); ++r) {
-      ex[r]->Run(IoOf(io.qs[r], io.ks[r], io.vs[r], io.outs[r], io.tqc, io.tkc, io.tvc,
-                      io.touts[r]),
-                 streams[r].stream());
+      ex[r]->Run(
+          IoOf(io.qs[r], io.ks[r], io.vs[r], io.outs[r], io.tqc, io.tkc, io.tvc, io.touts[r]),
+          streams[r].stream());
     }
     if (l == 0 && layers > 1) {
       for (const auto& st : streams) {

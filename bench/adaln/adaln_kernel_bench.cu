@@ -102,40 +102,207 @@ Variant parse_variant(const std::string& spec) {
   return v;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace ditscale::kernels;
+struct Options {
   bool quick = false;
   bool fwd_only = false;
   bool gated = false;
   std::string variants = "auto,pipe";
-  std::string shapes_arg;
+  std::string shapes;
+};
+
+// argv -> options; false (after printing the usage) on an unknown argument.
+bool parse_args(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
-      quick = true;
+      o.quick = true;
     } else if (arg == "--fwd-only") {
-      fwd_only = true;
+      o.fwd_only = true;
     } else if (arg == "--gated") {
-      gated = true;
+      o.gated = true;
     } else if (arg == "--variants" && i + 1 < argc) {
-      variants = argv[++i];
+      o.variants = argv[++i];
     } else if (arg == "--shapes" && i + 1 < argc) {
-      shapes_arg = argv[++i];
+      o.shapes = argv[++i];
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--quick] [--fwd-only] [--gated] [--variants auto,base,pipe,pdl=0,...] "
           "[--shapes B:N:D,...]\n",
           argv[0]);
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+struct Shape {
+  std::int64_t b, n, d;
+};
+
+// The shapes timed: --shapes, else the default grid (--quick: a smaller one). False (after a
+// message) on a malformed --shapes entry.
+bool shapes_of(const Options& o, std::vector<Shape>& shapes) {
+  if (!o.shapes.empty()) {
+    for (const std::string& spec : ditscale::bench::split_commas(o.shapes)) {
+      long long b = 0, n = 0, d = 0;
+      if (std::sscanf(spec.c_str(), "%lld:%lld:%lld", &b, &n, &d) != 3 || b < 1 || n < 1 || d < 8 ||
+          d % 8 != 0) {
+        std::fprintf(stderr, "--shapes: '%s' is not B:N:D (D a multiple of 8)\n", spec.c_str());
+        return false;
+      }
+      shapes.push_back({b, n, d});
+    }
+    return true;
+  }
+  std::vector<std::int64_t> ns = {4096, 16384, 65536};
+  const std::vector<std::int64_t> ds = {1024, 1536, 3072, 5120};
+  std::vector<std::int64_t> bs = {1, 2};
+  if (o.quick) {
+    ns = {16384, 65536};
+    bs = {1};
+  }
+  for (std::int64_t B : bs) {
+    for (std::int64_t N : ns) {
+      for (std::int64_t D : ds) shapes.push_back({B, N, D});
+    }
+  }
+  return true;
+}
+
+// The device buffers of one shape (bf16 unless noted; the gated ones empty when not gated).
+struct ShapeBufs {
+  ShapeBufs(const Shape& s, bool gated)
+      : elems(static_cast<std::size_t>(s.b * s.n * s.d)),
+        xbytes(elems * 2),
+        x(xbytes),
+        y(xbytes),
+        dy(xbytes),
+        dx(xbytes),
+        copy(xbytes),
+        branch(gated ? xbytes : 0),
+        h(gated ? xbytes : 0),
+        dh(gated ? xbytes : 0),
+        dbranch(gated ? xbytes : 0),
+        dgate(gated ? s.b * s.d * 2 : 0),
+        mod(static_cast<std::size_t>(s.b * 6 * s.d) * 2),
+        mean(s.b * s.n * 4),
+        rstd(s.b * s.n * 4),  // fp32
+        dscale(s.b * s.d * 2),
+        dshift(s.b * s.d * 2) {}
+  std::size_t elems, xbytes;
+  Buf x, y, dy, dx, copy;
+  Buf branch, h, dh, dbranch, dgate;
+  Buf mod;  // [B, 6, D]: shift, scale, gate, ...
+  Buf mean, rstd;
+  Buf dscale, dshift;
+};
+
+// Deterministic inputs: x, dy, the modulation (and branch, dh_out when gated).
+void fill_inputs(ShapeBufs& m, const Shape& s, bool gated) {
+  fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(m.x.p), m.elems, 1u);
+  fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(m.dy.p), m.elems, 2u);
+  fill_pattern<<<64, 256>>>(static_cast<std::uint16_t*>(m.mod.p), s.b * 6 * s.d, 3u);
+  if (gated) {
+    fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(m.branch.p), m.elems, 4u);
+    fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(m.dh.p), m.elems, 5u);
+  }
+  check(cudaGetLastError(), "fill_pattern");
+}
+
+// The forward's parameters: LayerNorm of x (gated: of h = residual + gate * branch), per-sample
+// shift and scale (and gate) rows of mod.
+ditscale::kernels::AdaLNFwdParams fwd_params(ShapeBufs& m, const Shape& s, bool gated) {
+  using ditscale::kernels::DType;
+  const std::int64_t N = s.n, D = s.d;
+  ditscale::kernels::AdaLNFwdParams f;
+  f.batch = s.b;
+  f.seq_len = N;
+  f.dim = D;
+  f.dtype = DType::kBFloat16;
+  f.shift = {m.mod.p, DType::kBFloat16, 6 * D, 0};
+  f.scale = {static_cast<std::uint16_t*>(m.mod.p) + D, DType::kBFloat16, 6 * D, 0};
+  f.x = {m.x.p, DType::kBFloat16, N * D, D};
+  if (gated) {
+    f.gate = {static_cast<std::uint16_t*>(m.mod.p) + 2 * D, DType::kBFloat16, 6 * D, 0};
+    f.residual = f.x;
+    f.x = {};
+    f.branch = {m.branch.p, DType::kBFloat16, N * D, D};
+    f.h = m.h.p;
+  }
+  f.y = m.y.p;
+  f.mean = static_cast<float*>(m.mean.p);
+  f.rstd = static_cast<float*>(m.rstd.p);
+  return f;
+}
+
+// The backward's parameters matching forward f (workspace not set).
+ditscale::kernels::AdaLNBwdParams bwd_params(ShapeBufs& m, const Shape& s, bool gated,
+                                             const ditscale::kernels::AdaLNFwdParams& f) {
+  using ditscale::kernels::DType;
+  const std::int64_t N = s.n, D = s.d;
+  ditscale::kernels::AdaLNBwdParams b;
+  static_cast<ditscale::kernels::AdaLNConfig&>(b) =
+      static_cast<const ditscale::kernels::AdaLNConfig&>(f);
+  b.x = f.x;
+  if (gated) {
+    b.residual = f.residual;
+    b.branch = f.branch;
+    b.dh_out = {m.dh.p, DType::kBFloat16, N * D, D};
+    b.dbranch = m.dbranch.p;
+    b.dgate = m.dgate.p;
+  }
+  b.mean = f.mean;
+  b.rstd = f.rstd;
+  b.dy = {m.dy.p, DType::kBFloat16, N * D, D};
+  b.dx = m.dx.p;
+  b.dscale = m.dscale.p;
+  b.dshift = m.dshift.p;
+  return b;
+}
+
+// Times the copy, then every variant's forward and backward on one shape; one row each.
+void bench_shape(const Shape& s, const Options& o, const std::vector<Variant>& vs) {
+  using namespace ditscale::kernels;
+  ShapeBufs m(s, o.gated);
+  fill_inputs(m, s, o.gated);
+  const AdaLNFwdParams f = fwd_params(m, s, o.gated);
+  AdaLNBwdParams b = bwd_params(m, s, o.gated, f);
+  Buf ws(adaln_backward_workspace_bytes(b));
+  b.workspace = ws.p;
+  b.workspace_bytes = adaln_backward_workspace_bytes(b);
+  const double copy_ms = time_ms(
+      [&] { check(cudaMemcpyAsync(m.copy.p, m.x.p, m.xbytes, cudaMemcpyDeviceToDevice), "copy"); });
+  const double gbps = 1e-6;  // bytes per ms -> GB/s
+  const double copy_bw = 2.0 * m.xbytes / copy_ms * gbps;
+  for (const Variant& v : vs) {
+    const double fwd_ms =
+        time_ms([&] { internal::adaln_forward_cuda_tuned(f, nullptr, v.tuning); });
+    const double bwd_ms =
+        o.fwd_only ? 0.0
+                   : time_ms([&] { internal::adaln_backward_cuda_tuned(b, nullptr, v.tuning); });
+    const double fwd_bw = (o.gated ? 4.0 : 2.0) * m.xbytes / fwd_ms * gbps;
+    const double bwd_bw = o.fwd_only ? 0.0 : (o.gated ? 6.0 : 3.0) * m.xbytes / bwd_ms * gbps;
+    std::printf(
+        "%-10s %2lld %6lld %5lld | %7.3f %6.0f | %7.3f %6.0f %5.1f%% | %7.3f %6.0f %5.1f%% | "
+        "%7.3f\n",
+        v.name.c_str(), static_cast<long long>(s.b), static_cast<long long>(s.n),
+        static_cast<long long>(s.d), copy_ms, copy_bw, fwd_ms, fwd_bw, 100.0 * fwd_bw / copy_bw,
+        bwd_ms, bwd_bw, 100.0 * bwd_bw / copy_bw, fwd_ms + bwd_ms);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse_args(argc, argv, o)) return 2;
   std::vector<Variant> vs;
-  for (const std::string& spec : ditscale::bench::split_commas(variants)) {
+  for (const std::string& spec : ditscale::bench::split_commas(o.variants)) {
     vs.push_back(parse_variant(spec));
   }
+  std::vector<Shape> shapes;
+  if (!shapes_of(o, shapes)) return 2;
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
     std::printf("adaln_kernel_bench: no CUDA device, nothing to do\n");
@@ -144,119 +311,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("device: %s (%d SMs)%s\n", prop.name, prop.multiProcessorCount,
-              gated ? ", gated ops (fwd 4 |x|, bwd 6 |x|)" : "");
+              o.gated ? ", gated ops (fwd 4 |x|, bwd 6 |x|)" : "");
   std::printf("%-10s %2s %6s %5s | %7s %6s | %7s %6s %6s | %7s %6s %6s | %7s\n", "variant", "B",
               "N", "D", "copy_ms", "GB/s", "fwd_ms", "GB/s", "%copy", "bwd_ms", "GB/s", "%copy",
               "f+b_ms");
-  std::vector<std::int64_t> ns = {4096, 16384, 65536};
-  std::vector<std::int64_t> ds = {1024, 1536, 3072, 5120};
-  std::vector<std::int64_t> bs = {1, 2};
-  if (quick) {
-    ns = {16384, 65536};
-    bs = {1};
-  }
-  struct Shape {
-    std::int64_t b, n, d;
-  };
-  std::vector<Shape> shapes;
-  for (std::int64_t B : bs) {
-    for (std::int64_t N : ns) {
-      for (std::int64_t D : ds) shapes.push_back({B, N, D});
-    }
-  }
-  if (!shapes_arg.empty()) {
-    shapes.clear();
-    for (const std::string& spec : ditscale::bench::split_commas(shapes_arg)) {
-      long long b = 0, n = 0, d = 0;
-      if (std::sscanf(spec.c_str(), "%lld:%lld:%lld", &b, &n, &d) != 3 || b < 1 || n < 1 || d < 8 ||
-          d % 8 != 0) {
-        std::fprintf(stderr, "--shapes: '%s' is not B:N:D (D a multiple of 8)\n", spec.c_str());
-        return 2;
-      }
-      shapes.push_back({b, n, d});
-    }
-  }
-  for (const Shape& shape : shapes) {
-    {
-      {
-        const std::int64_t B = shape.b, N = shape.n, D = shape.d;
-        const std::size_t elems = static_cast<std::size_t>(B * N * D);
-        const std::size_t xbytes = elems * 2;
-        Buf x(xbytes), y(xbytes), dy(xbytes), dx(xbytes), copy(xbytes);
-        Buf branch(gated ? xbytes : 0), h(gated ? xbytes : 0), dh(gated ? xbytes : 0),
-            dbranch(gated ? xbytes : 0), dgate(gated ? B * D * 2 : 0);
-        Buf mod(static_cast<std::size_t>(B * 6 * D) * 2);
-        Buf mean(B * N * 4), rstd(B * N * 4);
-        Buf dscale(B * D * 2), dshift(B * D * 2);
-        fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(x.p), elems, 1u);
-        fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(dy.p), elems, 2u);
-        fill_pattern<<<64, 256>>>(static_cast<std::uint16_t*>(mod.p), B * 6 * D, 3u);
-        if (gated) {
-          fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(branch.p), elems, 4u);
-          fill_pattern<<<1024, 256>>>(static_cast<std::uint16_t*>(dh.p), elems, 5u);
-        }
-        check(cudaGetLastError(), "fill_pattern");
-
-        AdaLNFwdParams f;
-        f.batch = B;
-        f.seq_len = N;
-        f.dim = D;
-        f.dtype = DType::kBFloat16;
-        f.shift = {mod.p, DType::kBFloat16, 6 * D, 0};
-        f.scale = {static_cast<std::uint16_t*>(mod.p) + D, DType::kBFloat16, 6 * D, 0};
-        f.x = {x.p, DType::kBFloat16, N * D, D};
-        if (gated) {
-          f.gate = {static_cast<std::uint16_t*>(mod.p) + 2 * D, DType::kBFloat16, 6 * D, 0};
-          f.residual = f.x;
-          f.x = {};
-          f.branch = {branch.p, DType::kBFloat16, N * D, D};
-          f.h = h.p;
-        }
-        f.y = y.p;
-        f.mean = static_cast<float*>(mean.p);
-        f.rstd = static_cast<float*>(rstd.p);
-
-        AdaLNBwdParams b;
-        static_cast<AdaLNConfig&>(b) = static_cast<const AdaLNConfig&>(f);
-        b.x = f.x;
-        if (gated) {
-          b.residual = f.residual;
-          b.branch = f.branch;
-          b.dh_out = {dh.p, DType::kBFloat16, N * D, D};
-          b.dbranch = dbranch.p;
-          b.dgate = dgate.p;
-        }
-        b.mean = f.mean;
-        b.rstd = f.rstd;
-        b.dy = {dy.p, DType::kBFloat16, N * D, D};
-        b.dx = dx.p;
-        b.dscale = dscale.p;
-        b.dshift = dshift.p;
-        Buf ws(adaln_backward_workspace_bytes(b));
-        b.workspace = ws.p;
-        b.workspace_bytes = adaln_backward_workspace_bytes(b);
-
-        const double copy_ms = time_ms(
-            [&] { check(cudaMemcpyAsync(copy.p, x.p, xbytes, cudaMemcpyDeviceToDevice), "copy"); });
-        const double gbps = 1e-6;  // bytes per ms -> GB/s
-        const double copy_bw = 2.0 * xbytes / copy_ms * gbps;
-        for (const Variant& v : vs) {
-          const double fwd_ms =
-              time_ms([&] { internal::adaln_forward_cuda_tuned(f, nullptr, v.tuning); });
-          const double bwd_ms = fwd_only ? 0.0 : time_ms([&] {
-            internal::adaln_backward_cuda_tuned(b, nullptr, v.tuning);
-          });
-          const double fwd_bw = (gated ? 4.0 : 2.0) * xbytes / fwd_ms * gbps;
-          const double bwd_bw = fwd_only ? 0.0 : (gated ? 6.0 : 3.0) * xbytes / bwd_ms * gbps;
-          std::printf(
-              "%-10s %2lld %6lld %5lld | %7.3f %6.0f | %7.3f %6.0f %5.1f%% | %7.3f %6.0f %5.1f%% | "
-              "%7.3f\n",
-              v.name.c_str(), static_cast<long long>(B), static_cast<long long>(N),
-              static_cast<long long>(D), copy_ms, copy_bw, fwd_ms, fwd_bw, 100.0 * fwd_bw / copy_bw,
-              bwd_ms, bwd_bw, 100.0 * bwd_bw / copy_bw, fwd_ms + bwd_ms);
-        }
-      }
-    }
-  }
+  for (const Shape& shape : shapes) bench_shape(shape, o, vs);
   return 0;
 }

@@ -38,6 +38,39 @@ namespace ditscale::kernels {
 namespace internal {
 namespace {
 
+// The gated variant's inputs of vector d (feature offset) of sample b, token n: residual r,
+// gate g and branch br (h = r + g * br).
+template <typename T, int V>
+__device__ __forceinline__ void fwd_vec_gated_inputs(const FwdArgs& a, std::int64_t b,
+                                                     std::int64_t n, std::int64_t d, float (&r)[V],
+                                                     float (&g)[V], float (&br)[V]) {
+  load_vec<V>(static_cast<const T*>(a.x.data) + view_offset(a.x, b, n, d), r);
+  load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
+  load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), br);
+}
+
+// The modulation and affine of vector d of sample b, token n: scale, shift, weight w (1 without
+// one) and bias bi (0 without one).
+template <typename T, int V>
+__device__ __forceinline__ void fwd_vec_modulation(const FwdArgs& a, std::int64_t b, std::int64_t n,
+                                                   std::int64_t d, float (&sc)[V], float (&sh)[V],
+                                                   float (&w)[V], float (&bi)[V]) {
+  load_view_vec<V, T>(a.scale, view_offset(a.scale, b, n, d), sc);
+  load_view_vec<V, T>(a.shift, view_offset(a.shift, b, n, d), sh);
+  if (a.weight != nullptr) {
+    load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) w[e] = 1.f;
+  }
+  if (a.bias != nullptr) {
+    load_view_vec<V, T>(DevView{a.bias, 0, 0, a.affine_f32}, d, bi);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) bi[e] = 0.f;
+  }
+}
+
 // Register budget: fwd_vec_max_threads (adaln_plan.h).
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(fwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1)
@@ -51,8 +84,7 @@ __global__ void __launch_bounds__(fwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
   const std::int64_t n = row_ok ? row - b * a.n : 0;
   const int nvec = static_cast<int>(a.d / V);
   const float inv_d = 1.0f / static_cast<float>(a.d);
-
-  float v[kVecs][V];
+  float v[kVecs][V];  // the row's input (x, or h when gated), by vectors; zeros past the row
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int vi = j * blockDim.x + threadIdx.x;
@@ -60,9 +92,7 @@ __global__ void __launch_bounds__(fwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
     if (row_ok && vi < nvec) {
       if (a.gated) {
         float r[V], g[V], br[V];
-        load_vec<V>(static_cast<const T*>(a.x.data) + view_offset(a.x, b, n, d), r);
-        load_view_vec<V, T>(a.gate, view_offset(a.gate, b, n, d), g);
-        load_vec<V>(static_cast<const T*>(a.branch.data) + view_offset(a.branch, b, n, d), br);
+        fwd_vec_gated_inputs<T, V>(a, b, n, d, r, g, br);
 #pragma unroll
         for (int e = 0; e < V; ++e) v[j][e] = gated_h<T>(r[e], g[e], br[e]);
         store_vec<V>(static_cast<T*>(a.h) + row * a.d + d, v[j]);
@@ -104,27 +134,13 @@ __global__ void __launch_bounds__(fwd_vec_max_threads(kVecs * 16 / sizeof(T)), 1
     a.rstd[row] = rstd;
   }
   if (!row_ok) return;  // no barrier below
-
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int vi = j * blockDim.x + threadIdx.x;
     if (vi >= nvec) continue;
     const std::int64_t d = static_cast<std::int64_t>(vi) * V;
     float sc[V], sh[V], w[V], bi[V];
-    load_view_vec<V, T>(a.scale, view_offset(a.scale, b, n, d), sc);
-    load_view_vec<V, T>(a.shift, view_offset(a.shift, b, n, d), sh);
-    if (a.weight != nullptr) {
-      load_view_vec<V, T>(DevView{a.weight, 0, 0, a.affine_f32}, d, w);
-    } else {
-#pragma unroll
-      for (int e = 0; e < V; ++e) w[e] = 1.f;
-    }
-    if (a.bias != nullptr) {
-      load_view_vec<V, T>(DevView{a.bias, 0, 0, a.affine_f32}, d, bi);
-    } else {
-#pragma unroll
-      for (int e = 0; e < V; ++e) bi[e] = 0.f;
-    }
+    fwd_vec_modulation<T, V>(a, b, n, d, sc, sh, w, bi);
     float y[V];
 #pragma unroll
     for (int e = 0; e < V; ++e) {

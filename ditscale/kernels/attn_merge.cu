@@ -52,6 +52,92 @@ __device__ __forceinline__ void store_chunk(T* p, const float (&in)[V]) {
   }
 }
 
+// (b, t, h) of a row index: 32-bit multiply-shift division when the rows fit. A 64-bit division
+// is a ~70-instruction subroutine, four per row of 48-96 bytes per lane: this took the bf16
+// pairwise merge on the H200 from 40% to 45% of the copy rate (bench/attn_merge_bench).
+template <bool kSmall>
+__device__ __forceinline__ void row_coords(const AttnMergeParams& p, std::int64_t row,
+                                           const FastDiv& div_heads, const FastDiv& div_tokens,
+                                           std::int64_t& b, std::int64_t& t, std::int64_t& h) {
+  if constexpr (kSmall) {
+    const auto r32 = static_cast<std::uint32_t>(row);
+    const std::uint32_t bt = div_heads.Div(r32);
+    h = r32 - bt * div_heads.d;
+    const std::uint32_t b32 = div_tokens.Div(bt);
+    t = bt - b32 * div_tokens.d;
+    b = b32;
+  } else {
+    h = row % p.heads;
+    const std::int64_t bt = row / p.heads;
+    t = bt % p.tokens;
+    b = bt / p.tokens;
+  }
+}
+
+// One row's merge weights: l[i] = input i's lse, m = their max (NaN if any is NaN), sum =
+// sum_i exp(l[i] - m), w[i] = exp(l[i] - m) / sum (0 for absent or empty inputs).
+__device__ __forceinline__ void row_weights(const AttnMergeParams& p, std::int64_t b,
+                                            std::int64_t t, std::int64_t h,
+                                            float (&l)[kMaxMergeInputs],
+                                            float (&w)[kMaxMergeInputs], float& m, float& sum) {
+  const int k = p.num_inputs;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  m = neg_inf;
+  bool any_nan = false;
+#pragma unroll
+  for (int i = 0; i < kMaxMergeInputs; ++i) {
+    if (i < k) {
+      const LseView& v = p.in_lse[i];
+      // A plain load, not __ldg: out_lse may alias this input.
+      l[i] = v.data[b * v.stride_b + t * v.stride_t + h * v.stride_h];
+      any_nan = any_nan || isnan(l[i]);
+      m = fmaxf(m, l[i]);
+    }
+  }
+  if (any_nan) m = __int_as_float(0x7fc00000);  // NaN propagates (fmaxf would drop it)
+  sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxMergeInputs; ++i) {
+    w[i] = (i < k && l[i] != neg_inf) ? expf(l[i] - m) : 0.f;
+    sum += w[i];
+  }
+  const float inv = (m == neg_inf) ? 0.f : 1.f / sum;
+#pragma unroll
+  for (int i = 0; i < kMaxMergeInputs; ++i) w[i] *= inv;
+}
+
+// out[b, t, h, :] = sum_i w[i] * in_i[b, t, h, :], this lane's chunks of V elements (every
+// `group`-th chunk from lane_in_group).
+template <typename T, int V>
+__device__ __forceinline__ void merge_row(const AttnMergeParams& p, std::int64_t b, std::int64_t t,
+                                          std::int64_t h, const float (&l)[kMaxMergeInputs],
+                                          const float (&w)[kMaxMergeInputs], int lane_in_group,
+                                          int group, std::int64_t chunks) {
+  const int k = p.num_inputs;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  T* out_row =
+      static_cast<T*>(p.out.data) + b * p.out.stride_b + t * p.out.stride_t + h * p.out.stride_h;
+  for (std::int64_t c = lane_in_group; c < chunks; c += group) {
+    const std::int64_t d = c * V;
+    float acc[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxMergeInputs; ++i) {
+      if (i < k && l[i] != neg_inf) {  // empty blocks are never read
+        const AttnOutView& v = p.in[i];
+        const T* src =
+            static_cast<const T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h + d;
+        float x[V];
+        load_chunk<T, V>(src, x);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = fmaf(w[i], x[e], acc[e]);
+      }
+    }
+    store_chunk<T, V>(out_row + d, acc);
+  }
+}
+
 // `group` lanes per row (power of two <= 32); `chunks` = ceil(D / V) chunks per row.
 template <typename T, int V, bool kSmall>
 __global__ void __launch_bounds__(kThreads)
@@ -63,75 +149,17 @@ __global__ void __launch_bounds__(kThreads)
                               << (lane & ~(group - 1));
   const std::int64_t rows = p.batch * p.tokens * p.heads;
   const std::int64_t groups_per_grid = static_cast<std::int64_t>(gridDim.x) * blockDim.x / group;
-  const int k = p.num_inputs;
   const float neg_inf = -__int_as_float(0x7f800000);
   for (std::int64_t row =
            (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / group;
        row < rows; row += groups_per_grid) {
-    // (b, t, h) of the row: 32-bit multiply-shift division when the rows fit. A 64-bit division
-    // is a ~70-instruction subroutine, four per row of 48-96 bytes per lane: this took the bf16
-    // pairwise merge on the H200 from 40% to 45% of the copy rate (bench/attn_merge_bench).
     std::int64_t h, t, b;
-    if constexpr (kSmall) {
-      const auto r32 = static_cast<std::uint32_t>(row);
-      const std::uint32_t bt = div_heads.Div(r32);
-      h = r32 - bt * div_heads.d;
-      const std::uint32_t b32 = div_tokens.Div(bt);
-      t = bt - b32 * div_tokens.d;
-      b = b32;
-    } else {
-      h = row % p.heads;
-      const std::int64_t bt = row / p.heads;
-      t = bt % p.tokens;
-      b = bt / p.tokens;
-    }
-
+    row_coords<kSmall>(p, row, div_heads, div_tokens, b, t, h);
     float l[kMaxMergeInputs];
-    float m = neg_inf;
-    bool any_nan = false;
-#pragma unroll
-    for (int i = 0; i < kMaxMergeInputs; ++i) {
-      if (i < k) {
-        const LseView& v = p.in_lse[i];
-        // A plain load, not __ldg: out_lse may alias this input.
-        l[i] = v.data[b * v.stride_b + t * v.stride_t + h * v.stride_h];
-        any_nan = any_nan || isnan(l[i]);
-        m = fmaxf(m, l[i]);
-      }
-    }
-    if (any_nan) m = __int_as_float(0x7fc00000);  // NaN propagates (fmaxf would drop it)
     float w[kMaxMergeInputs];
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMaxMergeInputs; ++i) {
-      w[i] = (i < k && l[i] != neg_inf) ? expf(l[i] - m) : 0.f;
-      sum += w[i];
-    }
-    const float inv = (m == neg_inf) ? 0.f : 1.f / sum;
-#pragma unroll
-    for (int i = 0; i < kMaxMergeInputs; ++i) w[i] *= inv;
-
-    T* out_row =
-        static_cast<T*>(p.out.data) + b * p.out.stride_b + t * p.out.stride_t + h * p.out.stride_h;
-    for (std::int64_t c = lane_in_group; c < chunks; c += group) {
-      const std::int64_t d = c * V;
-      float acc[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kMaxMergeInputs; ++i) {
-        if (i < k && l[i] != neg_inf) {  // empty blocks are never read
-          const AttnOutView& v = p.in[i];
-          const T* src =
-              static_cast<const T*>(v.data) + b * v.stride_b + t * v.stride_t + h * v.stride_h + d;
-          float x[V];
-          load_chunk<T, V>(src, x);
-#pragma unroll
-          for (int e = 0; e < V; ++e) acc[e] = fmaf(w[i], x[e], acc[e]);
-        }
-      }
-      store_chunk<T, V>(out_row + d, acc);
-    }
+    float m, sum;
+    row_weights(p, b, t, h, l, w, m, sum);
+    merge_row<T, V>(p, b, t, h, l, w, lane_in_group, group, chunks);
     if (p.out_lse.data != nullptr) {
       __syncwarp(group_mask);  // every lane of the row has read in_lse (out_lse may alias it)
       if (lane_in_group == 0) {

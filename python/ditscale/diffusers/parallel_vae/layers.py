@@ -222,23 +222,22 @@ def wan_attention(bands: Bands, name: str) -> Callable:
 def group_norm(bands: Bands, name: str) -> Callable:
     """forward(self, x [N, C, ..., rows, W]) of an nn.GroupNorm over every band: each band's
     (count, mean, variance) per (sample, group) in float32 (Welford), combined exactly in
-    float64 (:func:`.comm.group_stats`), then y = x * scale + shift per channel in float32
-    (scale = weight / sqrt(var + eps), shift = bias - mean * scale) and x's dtype."""
+    float64 (:func:`.comm.group_stats`), then the normalization with those statistics per
+    channel as one fused kernel (an inference batch norm over the N * C channels: float32
+    inside, x's dtype out)."""
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
-        b, c = x.shape[0], x.shape[1]
+        b, c, per = x.shape[0], x.shape[1], x.shape[1] // self.num_groups
         flat = x.reshape(b, self.num_groups, -1)
         var, mean = torch.var_mean(flat.float(), dim=-1, correction=0)
         mean, var = group_stats(bands, flat.shape[-1], mean.double(), var.double(), name)
-        scale = (var + self.eps).rsqrt().repeat_interleave(c // self.num_groups, dim=1)
-        shift = -mean.repeat_interleave(c // self.num_groups, dim=1) * scale
-        if self.affine:
-            scale = scale * self.weight.double()
-            shift = shift * self.weight.double() + self.bias.double()
-        shape = [b, c] + [1] * (x.dim() - 2)
-        y = torch.addcmul(shift.float().view(shape), x, scale.float().view(shape))
-        return y.to(x.dtype)
+        weight = self.weight.float().repeat(b) if self.affine else None
+        bias = self.bias.float().repeat(b) if self.affine else None
+        mean, var = (t.float().repeat_interleave(per, dim=1).reshape(-1) for t in (mean, var))
+        eps = max(self.eps, torch.finfo(torch.float32).tiny)  # batch_norm takes eps > 0 only
+        y = F.batch_norm(x.reshape(1, b * c, -1), mean, var, weight, bias, False, 0.0, eps)
+        return y.reshape(x.shape)
     return forward
 
 

@@ -13,7 +13,8 @@ halo rows and the copy of the gathered output, and none of the communication. Ti
 and an interior band with two halos); the slowest is the predicted decode time at N. Activations:
 the peak allocated during the call minus what was allocated before it (weights and latents).
 Targets (docs/diffusers/vae.md): slowest band within 15% of stock / N, peak activations at N = 8
-at most 0.2x the stock decode's. Writes DIR/vae-bands.md; cases: :data:`CASES`.
+at most 0.2x the stock decode's. Writes DIR/vae-bands.md (and on a GPU the top kernels of each
+measured call to DIR/vae-bands-kernels.txt); cases: :data:`CASES`.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Measure:
     t: object  # bench.timing.Timing
     peak: Optional[float]
     busy: Optional[float]
+    kernels: str = ""  # the top kernels of one call by device time (torch.profiler's table)
 
     def busy_text(self) -> str:
         """"GPU busy X ms (Y%)": the kernels' time of one call against its median."""
@@ -134,18 +136,21 @@ class Meter:
         fn()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - before) / 2**20
-        return Measure(t, peak, _busy_ms(fn))
+        return Measure(t, peak, *_busy(fn))
 
 
-def _busy_ms(fn) -> float:
-    """The summed device time of the kernels and copies of one call of ``fn`` (torch.profiler):
-    below the call's CUDA-event time by the time the GPU waited for the host."""
+def _busy(fn):
+    """(ms, table): the summed device time of the kernels and copies of one call of ``fn``
+    (torch.profiler; below the call's CUDA-event time by the time the GPU waited for the
+    host), and its top kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+    events = prof.key_averages()
+    return (sum(e.self_device_time_total for e in events) / 1e3,
+            events.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=70))
 
 
 def _vae(case: Case, dev, dtype):
@@ -196,8 +201,9 @@ def _ratio(a, b) -> str:
     return "-" if a is None or b in (None, 0) else f"{a / b:.3f}x"
 
 
-def case_rows(name: str, args, dev, dtype) -> List[list]:
-    """The stock row, the world-size-1 row, and one row per N (its slowest timed band)."""
+def case_rows(name: str, args, dev, dtype, kernels: list) -> List[list]:
+    """The stock row, the world-size-1 row, and one row per N (its slowest timed band); appends
+    (case, what, Measure) of the stock decode and each band to ``kernels``."""
     import torch
     case = CASES[name]
     vae = _vae(case, dev, dtype)
@@ -208,6 +214,7 @@ def case_rows(name: str, args, dev, dtype) -> List[list]:
         ref = vae.decode(z).sample
         m1, out = _parallel(vae, z, 1, 0, meter)
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        kernels.append((name, "stock", m0))
         rows = [_row(name, "stock", "-", m0, m0, 1, m0.busy_text()),
                 _row(name, "parallelize_vae, N=1", "0", m1, m0, 1, f"rel. error {err:.1e}",
                      m1.busy_text())]
@@ -217,7 +224,8 @@ def case_rows(name: str, args, dev, dtype) -> List[list]:
             slow = max(runs, key=lambda r: runs[r].t.median_ms)
             m = runs[slow]
             peaks = [x.peak for x in runs.values() if x.peak is not None]
-            m = Measure(m.t, max(peaks) if peaks else None, m.busy)
+            m = Measure(m.t, max(peaks) if peaks else None, m.busy, m.kernels)
+            kernels.append((name, f"band at N={world}, rank {slow}", m))
             rows.append(_row(name, f"band at N={world}", str(slow), m, m0, world,
                              f"speed-up {m0.t.median_ms / m.t.median_ms:.2f}x",
                              m.busy_text()))
@@ -232,17 +240,24 @@ def _row(name, what, rank, m: Measure, m0: Measure, world: int, *notes: str) -> 
             _ratio(m.peak, m0.peak), "; ".join(n for n in notes if n) or "-"]
 
 
-def run(args) -> str:
+def kernel_tables(kernels: list) -> str:
+    """The top kernels of each measured call, as text."""
+    return "".join(f"== {name}: {what} ({m.busy_text()})\n{m.kernels}\n" for name, what, m in
+                   kernels if m.kernels)
+
+
+def run(args):
+    """(the report, the kernel tables)."""
     import torch
     import torch.distributed as dist
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
         torch.cuda.set_device(dev.index or 0)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    rows = []
+    rows, kernels = [], []
     try:
         for name in args.cases:
-            rows += case_rows(name, args, dev, dtype)
+            rows += case_rows(name, args, dev, dtype, kernels)
             print(reporter.table(COLUMNS, rows[-2 - len(args.ranks):]), flush=True)
     finally:
         if dist.is_initialized():
@@ -255,8 +270,8 @@ def run(args) -> str:
              f"{args.band_ranks} timed, the slowest shown; time vs stock/N and activations "
              f"(peak allocated during the call minus before it) vs the stock decode's. "
              f"Cases: {outputs}.")
-    return reporter.report("Parallel VAE decode: stock, world size 1, one rank's band at N",
-                           COLUMNS, rows, notes=notes, argv=sys.argv)
+    return (reporter.report("Parallel VAE decode: stock, world size 1, one rank's band at N",
+                            COLUMNS, rows, notes=notes, argv=sys.argv), kernel_tables(kernels))
 
 
 COLUMNS = ["case", "what", "rank", *reporter.TIMING_COLUMNS, "time ratio", "peak act. MiB",
@@ -265,8 +280,10 @@ COLUMNS = ["case", "what", "rank", *reporter.TIMING_COLUMNS, "time ratio", "peak
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    text = run(args)
+    text, kernels = run(args)
     reporter.write(os.path.join(args.out_dir, "vae-bands.md"), text)
+    if kernels:
+        reporter.write(os.path.join(args.out_dir, "vae-bands-kernels.txt"), kernels)
     print(text)
     return 0
 

@@ -133,3 +133,16 @@ def test_rank_decoding_alone_times_out():
     assert elapsed < 11, (elapsed, message)
     assert message.startswith("parallelize_vae: AutoencoderKL.decode: a collective of the "
                               "parallel VAE failed on rank 0"), message
+
+
+@pytest.mark.parametrize("chunk", [1, 2500, 7000, 1 << 24])
+def test_group_statistics_in_chunks_equal_one_pass(monkeypatch, chunk):
+    """GroupNorm's band statistics taken a few groups at a time (a bounded float32 copy) are
+    those of one var_mean over the whole activation."""
+    from ditscale.diffusers.parallel_vae import layers
+    x = (_randn((2, 8, 1000)) * 3 + 1).bfloat16()
+    var, mean = torch.var_mean(x.float(), dim=-1, correction=0)
+    monkeypatch.setattr(layers, "STATS_CHUNK", chunk)
+    m, v = layers._var_mean(x)
+    assert m.dtype == v.dtype == torch.float64
+    assert torch.equal(m, mean.double()) and torch.equal(v, var.double())

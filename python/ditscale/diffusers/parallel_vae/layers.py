@@ -219,19 +219,32 @@ def wan_attention(bands: Bands, name: str) -> Callable:
     return forward
 
 
+# Elements of the float32 copy that one step of :func:`_var_mean` makes (64 MiB).
+STATS_CHUNK = 1 << 24
+
+
+def _var_mean(flat: torch.Tensor):
+    """(mean, variance) in float64 of each [sample, group] row of ``flat`` [B, G, n]: float32
+    Welford (torch.var_mean) over a few groups at a time, so the float32 copy of a bf16
+    activation stays near :data:`STATS_CHUNK` elements."""
+    step = max(1, STATS_CHUNK // max(1, flat.shape[0] * flat.shape[2]))
+    parts = [torch.var_mean(g.float(), dim=-1, correction=0) for g in flat.split(step, dim=1)]
+    return (torch.cat([m for _, m in parts], 1).double(),
+            torch.cat([v for v, _ in parts], 1).double())
+
+
 def group_norm(bands: Bands, name: str) -> Callable:
     """forward(self, x [N, C, ..., rows, W]) of an nn.GroupNorm over every band: each band's
-    (count, mean, variance) per (sample, group) in float32 (Welford), combined exactly in
-    float64 (:func:`.comm.group_stats`), then the normalization with those statistics per
-    channel as one fused kernel (an inference batch norm over the N * C channels: float32
-    inside, x's dtype out)."""
+    (count, mean, variance) per (sample, group) in float32 (Welford, :func:`_var_mean`),
+    combined exactly in float64 (:func:`.comm.group_stats`), then the normalization with those
+    statistics per channel as one fused kernel (an inference batch norm over the N * C
+    channels: float32 inside, x's dtype out)."""
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
         b, c, per = x.shape[0], x.shape[1], x.shape[1] // self.num_groups
         flat = x.reshape(b, self.num_groups, -1)
-        var, mean = torch.var_mean(flat.float(), dim=-1, correction=0)
-        mean, var = group_stats(bands, flat.shape[-1], mean.double(), var.double(), name)
+        mean, var = group_stats(bands, flat.shape[-1], *_var_mean(flat), name)
         weight = self.weight.float().repeat(b) if self.affine else None
         bias = self.bias.float().repeat(b) if self.affine else None
         mean, var = (t.float().repeat_interleave(per, dim=1).reshape(-1) for t in (mean, var))

@@ -13,7 +13,7 @@ import torch
 
 from gloo_util import run_gloo
 from vae_util import seeded_randn as _randn, conv_flops as _conv_flops  # noqa: E402
-from vae_util import encode_rel  # noqa: E402
+from vae_util import attention_flops, encode_rel, refusal as _refusal  # noqa: E402
 
 SMALL = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
              norm_num_groups=4)
@@ -53,10 +53,12 @@ def _ranks(rank, world, name):
             assert torch.equal(vae.decode(z).sample, ref)
         out["encode_rel"] = encode_rel([(vae, _randn(s)) for s in ENCODE])
         z, x = _randn((1, 4, 2, 8, 3)), _randn((1, 3, 5, 64, 8))
-        single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)))
+        single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)),
+                  attention_flops(lambda: vae.decode(z)))
         parallelize_vae(vae)
         out["flops"] = (_conv_flops(lambda: vae.decode(z)), single[0])
         out["encode_flops"] = (_conv_flops(lambda: vae.encode(x)), single[1])
+        out["attention_flops"] = (attention_flops(lambda: vae.decode(z)), single[2])
     return out
 
 
@@ -69,7 +71,27 @@ def test_decode_parallel(name, world):
             assert rel < 1e-5, (rank, shape, rel)
         assert max(res["encode_rel"]) < 1e-5, (rank, res["encode_rel"])
         rows = [8 // world + (r < 8 % world) for r in range(world)]
+        band, single = res["attention_flops"]  # the mid block: this band's queries only
+        assert band == single * rows[rank] // 8, (rank, band, single)
+        assert (single > 0) == (name == "AutoencoderKLHunyuanVideo")  # CogVideoX: no attention
         for key in ("flops", "encode_flops"):  # halo rows are inputs: exactly the band's share
             band, single = res[key]
             assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, key, band,
                                                                               single)
+
+
+def test_a_mid_block_attention_processor_it_does_not_know_is_refused():
+    """The parallel mid block reproduces AttnProcessor2_0's attention for its band's queries; an
+    attention with another processor is refused by name at parallelize_vae."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+
+    class MyProcessor(AttnProcessor2_0):
+        pass
+
+    vae = _make("AutoencoderKLHunyuanVideo")
+    vae.decoder.mid_block.attentions[0].set_processor(MyProcessor())
+    message = _refusal(lambda: parallelize_vae(vae))
+    assert message and "decoder.mid_block.attentions.0 uses MyProcessor" in message, message
+

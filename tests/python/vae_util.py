@@ -1,5 +1,5 @@
 """What the parallel VAE tests share: seeded inputs, the relative error, a refusal's message and
-the convolution FLOPs of a call (torch.utils.flop_counter)."""
+the convolution and attention FLOPs of a call (torch.utils.flop_counter)."""
 
 import torch
 
@@ -30,6 +30,15 @@ def conv_flops(fn) -> int:
         fn()
     counts = counter.get_flop_counts()["Global"]
     return sum(v for k, v in counts.items() if "convolution" in str(k))
+
+
+def attention_flops(fn) -> int:
+    """The attention matmuls' FLOPs of ``fn()`` (SDPA on its math backend: batched matmuls)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        fn()
+    return sum(v for k, v in counter.get_flop_counts()["Global"].items() if "bmm" in str(k))
 
 
 def encode_rel(cases) -> list:

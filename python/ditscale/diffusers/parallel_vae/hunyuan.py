@@ -1,8 +1,9 @@
 """The plan of ``AutoencoderKLHunyuanVideo``: its causal Conv3d (time and width padded as
 stock, replicate padding by default: the image's top and bottom rows are copied, the rows
 between bands come from the neighbours; the encoder's stride-2 ones on bands aligned to 2),
-GroupNorm (statistics combined over the bands), and the mid blocks, whose attention over all frames and
-positions (causal over frames) runs on the gathered input with the mask of the whole image.
+GroupNorm (statistics combined over the bands), and the mid blocks, whose attention over all
+frames and positions (causal over frames) runs for this band's queries over the keys and values
+of the gathered input.
 Up-sampling is nearest: per position. Any other class is refused by name.
 See docs/diffusers/vae.md.
 """
@@ -44,27 +45,46 @@ def causal_conv3d(bands: Bands, name: str) -> Callable:
 
 def mid_block(bands: Bands, name: str) -> Callable:
     """forward(self, x [B, C, T, rows, W]) of a HunyuanVideoMidBlock3D: its resnets on the band,
-    each attention on the gathered input (mask of the whole image), this band's rows kept."""
-    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (
-        prepare_causal_attention_mask)
-
+    each attention for this band's queries over the keys and values of the gathered input."""
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
         x = self.resnets[0](x)
         for attn, resnet in zip(self.attentions, self.resnets[1:]):
             if attn is not None:
-                begin, count = bands.local_range(x.shape[-2], name)
-                full = gather_rows(bands, x, -2, name)
-                b, _, t, h, w = full.shape
-                seq = full.permute(0, 2, 3, 4, 1).flatten(1, 3)
-                mask = prepare_causal_attention_mask(t, h * w, seq.dtype, seq.device,
-                                                     batch_size=b)
-                seq = attn(seq, attention_mask=mask)
-                x = seq.unflatten(1, (t, h, w)).permute(0, 4, 1, 2, 3).narrow(-2, begin, count)
+                begin, _ = bands.local_range(x.shape[-2], name)
+                x = band_attention(attn, x, gather_rows(bands, x, -2, name), begin)
             x = resnet(x)
         return x
     return forward
+
+
+def band_attention(attn, band: torch.Tensor, full: torch.Tensor, begin: int) -> torch.Tensor:
+    """What diffusers' Attention computes with AttnProcessor2_0 and the stock frame-causal mask
+    (group norm, q / k / v, SDPA, output projection, residual, rescale) for the positions of
+    ``band`` [B, C, T, rows, W] only, which start at row ``begin`` of ``full`` [B, C, T, H, W]:
+    queries of the band, keys and values of every position (1 / N of the stock's work)."""
+    b, _, t, h, w = full.shape
+    rows = band.shape[-2]
+    normed = full if attn.group_norm is None else attn.group_norm(
+        full.flatten(2)).view(full.shape)
+    kv = normed.permute(0, 2, 3, 4, 1).flatten(1, 3)                      # [B, T*H*W, C]
+    q = attn.to_q(normed.narrow(-2, begin, rows).permute(0, 2, 3, 4, 1).flatten(1, 3))
+    k, v = attn.to_k(kv), attn.to_v(kv)
+    d = k.shape[-1] // attn.heads
+    q, k, v = (z.view(b, -1, attn.heads, d).transpose(1, 2) for z in (q, k, v))
+    q = q if attn.norm_q is None else attn.norm_q(q)
+    k = k if attn.norm_k is None else attn.norm_k(k)
+    frame_q = torch.arange(t, device=band.device).repeat_interleave(rows * w)
+    frame_k = torch.arange(t, device=band.device).repeat_interleave(h * w)
+    mask = torch.zeros((), dtype=q.dtype, device=band.device).masked_fill(
+        frame_k[None, :] > frame_q[:, None], float("-inf"))              # [T*rows*W, T*H*W]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+    o = attn.to_out[1](attn.to_out[0](o.transpose(1, 2).flatten(2).to(q.dtype)))
+    if attn.residual_connection:
+        o = o + band.permute(0, 2, 3, 4, 1).flatten(1, 3)
+    o = o / attn.rescale_output_factor
+    return o.unflatten(1, (t, rows, w)).permute(0, 4, 1, 2, 3)
 
 
 def _check(full: str, module: nn.Module) -> None:
@@ -88,11 +108,22 @@ def _check(full: str, module: nn.Module) -> None:
                          f"{module.upsample_factor[1]}; only 1 or 2 are supported")
 
 
+# Attention processors whose computation band_attention reproduces.
+PROCESSORS = frozenset({"AttnProcessor2_0", "AttnProcessor"})
+
+
 def _mid_block(full: str, module: nn.Module, found: list, walk: layers.Walk) -> bool:
-    """The mid block is replaced whole (its attentions run on the whole image) and its resnets
-    are walked."""
+    """The mid block is replaced whole (its attentions: band queries over the gathered input)
+    and its resnets are walked."""
     if type(module).__name__ != "HunyuanVideoMidBlock3D":
         return False
+    for i, attn in enumerate(module.attentions):
+        kind = type(getattr(attn, "processor", None)).__name__
+        if attn is not None and (kind not in PROCESSORS or attn.spatial_norm is not None):
+            raise ValueError(f"parallelize_vae: {full}.attentions.{i} uses {kind}"
+                             f"{' with a spatial norm' if attn.spatial_norm is not None else ''};"
+                             f" the parallel mid block computes {', '.join(sorted(PROCESSORS))}'s"
+                             f" attention only")
     found.append((full, module, mid_block))
     for i, resnet in enumerate(module.resnets):
         walk(f"{full}.resnets.{i}", resnet, found)

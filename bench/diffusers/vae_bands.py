@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from bench import reporter
+from bench.common import int_list, name_list
 from bench.timing import time_fn
-from ditscale._checks import check_int
 
 FLUX = dict(latent_channels=16, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
             down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
@@ -72,29 +72,18 @@ CASES = {
 DTYPES = ("bf16", "fp32")
 
 
-def _list(text: str, name: str, lo: int, hi: int) -> List[int]:
-    try:
-        return [check_int(name, int(x), lo, hi) for x in text.split(",")]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def parse_cases(text: str) -> List[str]:
-    names = text.split(",")
-    for n in names:
-        if n not in CASES:
-            raise argparse.ArgumentTypeError(f"--cases: {n!r} is not one of {', '.join(CASES)}")
-    return names
+    return name_list(text, "--cases", CASES)
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=parse_cases,
                     default=parse_cases("wan2.1-480p,wan2.1-720p,hunyuan-video,flux"))
-    ap.add_argument("--ranks", type=lambda t: _list(t, "--ranks", 2, 64), default=[2, 4, 8])
-    ap.add_argument("--band-ranks", type=lambda t: _list(t, "--band-ranks", 0, 63),
+    ap.add_argument("--ranks", type=lambda t: int_list(t, "--ranks", 2, 64), default=[2, 4, 8])
+    ap.add_argument("--band-ranks", type=lambda t: int_list(t, "--band-ranks", 0, 63),
                     default=[0, 1])
-    ap.add_argument("--reps", type=lambda t: _list(t, "--reps", 1, 100)[0], default=2)
+    ap.add_argument("--reps", type=lambda t: int_list(t, "--reps", 1, 100)[0], default=2)
     ap.add_argument("--dtype", choices=DTYPES, default="bf16")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
                     help="default: cuda when there, else cpu")

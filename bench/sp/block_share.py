@@ -27,29 +27,14 @@ import sys
 from typing import Dict, List
 
 from bench import reporter
+from bench.common import int_list, name_list
 from bench.timing import time_fn
-from ditscale._checks import check_int
 
 # name: (dim, ffn_dim, heads)
 MODELS: Dict[str, tuple] = {"wan2.1-1.3b": (1536, 8960, 12), "wan2.1-14b": (5120, 13824, 40),
                             "tiny": (64, 128, 8)}
 TEXT_TOKENS = 512
 MAX_TOKENS = 1 << 20
-
-
-def _ints(text: str, name: str, lo: int, hi: int) -> List[int]:
-    try:
-        return [check_int(name, int(x), lo, hi) for x in text.split(",")]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _models(text: str) -> List[str]:
-    for n in text.split(","):
-        if n not in MODELS:
-            raise argparse.ArgumentTypeError(f"--models: {n!r} is not one of "
-                                             f"{', '.join(MODELS)}")
-    return text.split(",")
 
 
 class UlyssesShare:
@@ -155,11 +140,13 @@ def run(args):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=_models, default=_models("wan2.1-1.3b,wan2.1-14b"))
-    ap.add_argument("--tokens", type=lambda t: _ints(t, "--tokens", 8, MAX_TOKENS),
+    ap.add_argument("--models", type=lambda t: name_list(t, "--models", MODELS),
+                    default=["wan2.1-1.3b", "wan2.1-14b"])
+    ap.add_argument("--tokens", type=lambda t: int_list(t, "--tokens", 8, MAX_TOKENS),
                     default=[1560, 8190, 32760, 75600])
-    ap.add_argument("--degrees", type=lambda t: _ints(t, "--degrees", 2, 64), default=[2, 4, 8])
-    ap.add_argument("--reps", type=lambda t: _ints(t, "--reps", 1, 100)[0], default=3)
+    ap.add_argument("--degrees", type=lambda t: int_list(t, "--degrees", 2, 64),
+                    default=[2, 4, 8])
+    ap.add_argument("--reps", type=lambda t: int_list(t, "--reps", 1, 100)[0], default=3)
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None)
     ap.add_argument("--out-dir", default=".")
     ap.add_argument("--json", default=None, help="also write the efficiencies here")

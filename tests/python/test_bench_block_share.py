@@ -2,25 +2,15 @@
 share doing 1 / d of the block's self-attention FLOPs, and the refused options."""
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-import ditscale
-
-REPO = Path(__file__).resolve().parents[2]
-PACKAGE_PARENT = str(Path(ditscale.__file__).resolve().parents[1])
+from bench_util import REPO, run_bench
 
 
 def _run(args, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [PACKAGE_PARENT, str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "bench.sp.block_share", "--out-dir",
-                           str(tmp_path), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=240)
+    return run_bench("bench.sp.block_share", args, tmp_path)
 
 
 def test_dry_run_writes_rows_and_json(tmp_path):

@@ -1,26 +1,15 @@
 """bench.sp.grad_share dry run on the CPU (tiny shapes): the report's rows (degree 1: the op and
 SDPA; one row per degree of one rank's backward share) and the refused options."""
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-import ditscale
-
-REPO = Path(__file__).resolve().parents[2]
-PACKAGE_PARENT = str(Path(ditscale.__file__).resolve().parents[1])
+from bench_util import run_bench
 
 
 def _run(args, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [PACKAGE_PARENT, str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "bench.sp.grad_share", "--out-dir",
-                           str(tmp_path), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=240)
+    return run_bench("bench.sp.grad_share", args, tmp_path)
 
 
 def test_dry_run_writes_every_row(tmp_path):

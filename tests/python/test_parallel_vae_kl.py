@@ -11,7 +11,7 @@ import torch
 from gloo_util import run_gloo
 from vae_util import conv_flops as _conv_flops  # noqa: E402
 from vae_util import refusal as _refusal, rel as _rel, seeded_randn as _randn  # noqa: E402
-from vae_util import encode_rel  # noqa: E402
+from vae_util import attention_flops, encode_rel  # noqa: E402
 
 BLOCKS = dict(down_block_types=("DownEncoderBlock2D",) * 3,
               up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(8, 16, 16),
@@ -61,10 +61,12 @@ def _ranks(rank, world):
         out["encode_rel"] = encode_rel([(vaes[n], _randn(s)) for n, s in ENCODE])
         out["bf16"] = _bf16_errors(vaes["sd"], _randn((1, 4, 7, 5)))
         vae, z, x = vaes["sd"], _randn((1, 4, 8, 3)), _randn((1, 3, 32, 12))
-        single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)))
+        single = (_conv_flops(lambda: vae.decode(z)), _conv_flops(lambda: vae.encode(x)),
+                  attention_flops(lambda: vae.decode(z)))
         handle = parallelize_vae(vae)
         out["flops"] = (_conv_flops(lambda: vae.decode(z)), single[0])
         out["encode_flops"] = (_conv_flops(lambda: vae.encode(x)), single[1])
+        out["attention_flops"] = (attention_flops(lambda: vae.decode(z)), single[2])
         out["enc_thin"] = _refusal(lambda: vae.encode(_randn((1, 3, 4 * (world - 1), 8))))
         handle.remove()
     return out
@@ -80,6 +82,8 @@ def test_kl_decode_parallel(world):
         assert parallel <= 1.5 * stock + 1e-3, (rank, stock, parallel)
         assert max(res["encode_rel"]) < 1e-5, (rank, res["encode_rel"])
         rows = [8 // world + (r < 8 % world) for r in range(world)]
+        band, single = res["attention_flops"]  # the mid block: this band's queries only
+        assert single > 0 and band == single * rows[rank] // 8, (rank, band, single)
         for key in ("flops", "encode_flops"):  # halo rows are inputs: exactly the band's share
             band, single = res[key]
             assert band == pytest.approx(single * rows[rank] / 8, rel=0.01), (rank, key, band,
@@ -88,7 +92,8 @@ def test_kl_decode_parallel(world):
 
 
 def test_group_norm_single_rank_matches_stock():
-    """World size 1: the band-aware GroupNorm path (float64 statistics) against a float64
+    """World size 1: the band-aware GroupNorm path (float32 Welford statistics combined in
+    float64, one fused normalization) against a float64
     F.group_norm, with a large mean beside a small spread: no worse than the stock float32."""
     from ditscale.diffusers.parallel_vae import parallelize_vae
     vae = _vae("sd")
@@ -146,3 +151,20 @@ def test_group_statistics_in_chunks_equal_one_pass(monkeypatch, chunk):
     m, v = layers._var_mean(x)
     assert m.dtype == v.dtype == torch.float64
     assert torch.equal(m, mean.double()) and torch.equal(v, var.double())
+
+
+def test_a_mid_block_attention_processor_it_does_not_know_is_refused():
+    """The parallel mid block's attention reproduces AttnProcessor2_0 for its band's queries;
+    an Attention with another processor is refused by name at parallelize_vae."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+
+    class MyProcessor(AttnProcessor2_0):
+        pass
+
+    vae = _vae("sd")
+    vae.decoder.mid_block.attentions[0].set_processor(MyProcessor())
+    message = _refusal(lambda: parallelize_vae(vae))
+    assert message and "decoder.mid_block.attentions.0 uses MyProcessor" in message, message
+

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import layers
+from .attention import band_attention, check_attention
 from .bands import Bands
 from .comm import gather_rows
 
@@ -53,38 +54,23 @@ def mid_block(bands: Bands, name: str) -> Callable:
         for attn, resnet in zip(self.attentions, self.resnets[1:]):
             if attn is not None:
                 begin, _ = bands.local_range(x.shape[-2], name)
-                x = band_attention(attn, x, gather_rows(bands, x, -2, name), begin)
+                _, _, t, rows, w = x.shape
+                full = gather_rows(bands, x, -2, name)
+                mask = causal_mask(t, rows * w, full.shape[-2] * w, x.dtype, x.device)
+                x = band_attention(attn, x, full, begin, mask)
             x = resnet(x)
         return x
     return forward
 
 
-def band_attention(attn, band: torch.Tensor, full: torch.Tensor, begin: int) -> torch.Tensor:
-    """What diffusers' Attention computes with AttnProcessor2_0 and the stock frame-causal mask
-    (group norm, q / k / v, SDPA, output projection, residual, rescale) for the positions of
-    ``band`` [B, C, T, rows, W] only, which start at row ``begin`` of ``full`` [B, C, T, H, W]:
-    queries of the band, keys and values of every position (1 / N of the stock's work)."""
-    b, _, t, h, w = full.shape
-    rows = band.shape[-2]
-    normed = full if attn.group_norm is None else attn.group_norm(
-        full.flatten(2)).view(full.shape)
-    kv = normed.permute(0, 2, 3, 4, 1).flatten(1, 3)                      # [B, T*H*W, C]
-    q = attn.to_q(normed.narrow(-2, begin, rows).permute(0, 2, 3, 4, 1).flatten(1, 3))
-    k, v = attn.to_k(kv), attn.to_v(kv)
-    d = k.shape[-1] // attn.heads
-    q, k, v = (z.view(b, -1, attn.heads, d).transpose(1, 2) for z in (q, k, v))
-    q = q if attn.norm_q is None else attn.norm_q(q)
-    k = k if attn.norm_k is None else attn.norm_k(k)
-    frame_q = torch.arange(t, device=band.device).repeat_interleave(rows * w)
-    frame_k = torch.arange(t, device=band.device).repeat_interleave(h * w)
-    mask = torch.zeros((), dtype=q.dtype, device=band.device).masked_fill(
-        frame_k[None, :] > frame_q[:, None], float("-inf"))              # [T*rows*W, T*H*W]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
-    o = attn.to_out[1](attn.to_out[0](o.transpose(1, 2).flatten(2).to(q.dtype)))
-    if attn.residual_connection:
-        o = o + band.permute(0, 2, 3, 4, 1).flatten(1, 3)
-    o = o / attn.rescale_output_factor
-    return o.unflatten(1, (t, rows, w)).permute(0, 4, 1, 2, 3)
+def causal_mask(frames: int, band: int, whole: int, dtype, device) -> torch.Tensor:
+    """The stock frame-causal mask's rows of a band: [frames * band, frames * whole], 0 where
+    the key's frame is at most the query's, -inf elsewhere (``band`` / ``whole``: positions of
+    one frame in the band / the image)."""
+    frame_q = torch.arange(frames, device=device).repeat_interleave(band)
+    frame_k = torch.arange(frames, device=device).repeat_interleave(whole)
+    return torch.zeros((), dtype=dtype, device=device).masked_fill(
+        frame_k[None, :] > frame_q[:, None], float("-inf"))
 
 
 def _check(full: str, module: nn.Module) -> None:
@@ -108,22 +94,14 @@ def _check(full: str, module: nn.Module) -> None:
                          f"{module.upsample_factor[1]}; only 1 or 2 are supported")
 
 
-# Attention processors whose computation band_attention reproduces.
-PROCESSORS = frozenset({"AttnProcessor2_0", "AttnProcessor"})
-
-
 def _mid_block(full: str, module: nn.Module, found: list, walk: layers.Walk) -> bool:
     """The mid block is replaced whole (its attentions: band queries over the gathered input)
     and its resnets are walked."""
     if type(module).__name__ != "HunyuanVideoMidBlock3D":
         return False
     for i, attn in enumerate(module.attentions):
-        kind = type(getattr(attn, "processor", None)).__name__
-        if attn is not None and (kind not in PROCESSORS or attn.spatial_norm is not None):
-            raise ValueError(f"parallelize_vae: {full}.attentions.{i} uses {kind}"
-                             f"{' with a spatial norm' if attn.spatial_norm is not None else ''};"
-                             f" the parallel mid block computes {', '.join(sorted(PROCESSORS))}'s"
-                             f" attention only")
+        if attn is not None:
+            check_attention(f"{full}.attentions.{i}", attn)
     found.append((full, module, mid_block))
     for i, resnet in enumerate(module.resnets):
         walk(f"{full}.resnets.{i}", resnet, found)

@@ -8,8 +8,8 @@ VAE is parallelized (weights untouched). Each runs its stock form outside a para
   to ``s``) takes its top padding's rows from above and ``k - s - top`` from below;
 - GroupNorm combines each group's per-band count, mean and variance over the bands;
 - Wan's spatial attention block gathers its keys and values (the 1x1 projections of every band)
-  and attends from this band's queries only; diffusers' ``Attention`` (AutoencoderKL's mid
-  block) runs on its gathered input and keeps this band's rows.
+  and attends from this band's queries only (diffusers' ``Attention`` of a mid block: the
+  same in :mod:`.attention`).
 See docs/diffusers/vae.md.
 """
 
@@ -251,16 +251,4 @@ def group_norm(bands: Bands, name: str) -> Callable:
         eps = max(self.eps, torch.finfo(torch.float32).tiny)  # batch_norm takes eps > 0 only
         y = F.batch_norm(x.reshape(1, b * c, -1), mean, var, weight, bias, False, 0.0, eps)
         return y.reshape(x.shape)
-    return forward
-
-
-def gathered(bands: Bands, name: str) -> Callable:
-    """forward(self, x [N, C, rows, W], ...) of a module that needs the whole image (diffusers'
-    Attention): its stock forward on the gathered input, then this band's rows."""
-    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if not bands.active:
-            return type(self).forward(self, x, *args, **kwargs)
-        begin, count = bands.local_range(x.shape[-2], name)
-        full = gather_rows(bands, x, -2, name)
-        return type(self).forward(self, full, *args, **kwargs).narrow(-2, begin, count)
     return forward

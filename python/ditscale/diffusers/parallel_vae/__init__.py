@@ -6,7 +6,8 @@ output; with diffusers' tiling on, every rank computes its share of the stock ti
     video = pipe.vae.decode(latents).sample      # the same full latents on every rank
     handle.remove()                              # or unparallelize_vae(pipe.vae)
 
-Modules: bands (geometry), comm (collectives), layers (per-layer replacements), wan / kl /
+Modules: bands (geometry), comm (collectives), layers (per-layer replacements), attention (a
+mid block's attention for the band's queries), wan / kl /
 hunyuan / cogvideox (the plan of each VAE class), tiles (diffusers' tiles over the ranks),
 apply (class table, apply/remove). Manual: docs/diffusers/vae.md.
 """

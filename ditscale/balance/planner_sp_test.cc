@@ -9,6 +9,7 @@
 #include <set>
 
 #include "ditscale/balance/cost_model.h"
+#include "ditscale/balance/internal/sp_test_util.h"
 #include "ditscale/balance/planner.h"
 #include "ditscale/balance/simulate.h"
 #include "ditscale/balance/sp_cost.h"
@@ -16,27 +17,12 @@
 namespace ditscale::balance {
 namespace {
 
-CostModel QuadCost() {
-  CostModel c;
-  c.kind = CostModel::Kind::kQuadratic;
-  c.a = 0.05, c.a_mb = 0.01, c.c1 = 1e-5, c.c2 = 1e-9;
-  c.source = "test";
-  return c;
-}
+CostModel QuadCost() { return internal::QuadraticTestCost(); }
 
-// Shapes of the given lengths with the given counts; ids 0..n-1 in a shuffled shape order.
+// Shapes of the given lengths with the given counts; ids 0, 3, 6, ... in a shuffled shape order.
 ShapedManifest Shaped(const std::vector<int64_t>& lens, const std::vector<int64_t>& counts,
                       uint64_t seed) {
-  ShapedManifest m;
-  for (int64_t s : lens) m.shapes.push_back(TrainShape{1, 16, 16, s});
-  m.count = counts;
-  for (size_t s = 0; s < counts.size(); ++s) {
-    for (int64_t i = 0; i < counts[s]; ++i) m.shape_of.push_back(static_cast<int32_t>(s));
-  }
-  std::mt19937_64 g(seed);
-  std::shuffle(m.shape_of.begin(), m.shape_of.end(), g);
-  for (size_t i = 0; i < m.shape_of.size(); ++i) m.ids.push_back(static_cast<int64_t>(i) * 3);
-  return m;
+  return internal::ShapedTestManifest(lens, counts, seed, 3);
 }
 
 // comm(d, S) = k * S * (d - 1) / d per sample (a stand-in table; the CLI simulates it).

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "ditscale/balance/internal/sp_test_util.h"
 #include "ditscale/balance/sampler.h"
 #include "ditscale/balance/sp_cost.h"
 #include "ditscale/core/error.h"
@@ -18,27 +19,11 @@
 namespace ditscale::balance {
 namespace {
 
-CostModel Quad() {
-  CostModel c;
-  c.kind = CostModel::Kind::kQuadratic;
-  c.a = 0.05, c.a_mb = 0.01, c.c1 = 1e-5, c.c2 = 1e-9;
-  c.source = "test";
-  return c;
-}
+CostModel Quad() { return internal::QuadraticTestCost(); }
 
 ShapedManifest Corpus() {
-  ShapedManifest m;
-  const std::vector<int64_t> lens = {256, 4096, 15000, 30000, 70000};
-  const std::vector<int64_t> counts = {300, 120, 40, 20, 8};
-  for (int64_t s : lens) m.shapes.push_back(TrainShape{1, 16, 16, s});
-  m.count = counts;
-  for (size_t s = 0; s < counts.size(); ++s) {
-    for (int64_t i = 0; i < counts[s]; ++i) m.shape_of.push_back(static_cast<int32_t>(s));
-  }
-  std::mt19937_64 g(5);
-  std::shuffle(m.shape_of.begin(), m.shape_of.end(), g);
-  for (size_t i = 0; i < m.shape_of.size(); ++i) m.ids.push_back(static_cast<int64_t>(i));
-  return m;
+  return internal::ShapedTestManifest({256, 4096, 15000, 30000, 70000}, {300, 120, 40, 20, 8}, 5,
+                                      1);
 }
 
 PlanOptions Options(const ShapedManifest& m, std::vector<int> degrees) {

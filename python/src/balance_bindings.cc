@@ -538,6 +538,19 @@ void BindSampler(py::module_& m) {
       .def("summary", &Summary);
   m.def("_sampler_limits", &Limits,
         "The ranges of the sampler's numeric arguments (ditscale/balance/sampler.h).");
+  m.def(
+      "_sp_degrees_error",
+      [](py::handle degrees, py::handle world_size) -> std::optional<std::string> {
+        std::vector<int> out;
+        for (py::handle d : degrees.cast<py::sequence>()) {
+          out.push_back(static_cast<int>(IntArg(d, "sp_degrees", 1, balance::kMaxSpDegree)));
+        }
+        return balance::SpDegreesError(out, WorldSizeArg(world_size), "sp_degrees");
+      },
+      py::arg("degrees"), py::arg("world_size"),
+      "The first broken rule of a list of sequence-parallel degrees (sp_cost.h SpDegreesError: "
+      "powers of two in [1, 8], at most world_size and dividing it, distinct, not empty), or "
+      "None.");
 }
 
 }  // namespace

@@ -20,28 +20,24 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .. import _core
-from .._checks import check_int
 
 MAX_DEGREE: int = _core._sampler_limits()["max_sp_degree"]
 
 
 def parse_degrees(text: str) -> List[int]:
-    """``"1,2,4"`` -> [1, 2, 4] (ascending), by the rules of ``ditscale plan --sp-degrees``
-    except the world size (``check``): integers, powers of two in [1, MAX_DEGREE], distinct;
+    """``"1,2,4"`` -> [1, 2, 4] (ascending): integers, then the rules of
+    ``ditscale plan --sp-degrees`` (C++ ``SpDegreesError``) except the world size (``check``);
     else ValueError / TypeError naming ``sp_degrees``."""
     out: List[int] = []
     for item in text.split(","):
         try:
-            d = int(item.strip())
+            out.append(int(item.strip()))
         except ValueError:
             raise ValueError(f"sp_degrees: {item!r} is not an integer (expected a list such as "
                              f"1,2,4)") from None
-        check_int("sp_degrees", d, 1, MAX_DEGREE)
-        if d & (d - 1):
-            raise ValueError(f"sp_degrees: {d} is not a power of two in [1, {MAX_DEGREE}]")
-        if d in out:
-            raise ValueError(f"sp_degrees: {d} is given twice")
-        out.append(d)
+    error = _core._sp_degrees_error(out, MAX_DEGREE)  # any world that every degree divides
+    if error:
+        raise ValueError(error)
     return sorted(out)
 
 
@@ -51,10 +47,9 @@ def check(degrees: List[int], strategy: str, world: int, device: torch.device) -
     ``device`` (as ``parallel.check``)."""
     from . import parallel
 
-    for d in degrees:
-        if d > world or world % d:
-            raise ValueError(f"sp_degrees: {d} must be at most the world size {world} and "
-                             f"divide it")
+    error = _core._sp_degrees_error(degrees, world)
+    if error:
+        raise ValueError(error)
     try:
         parallel.check(max(degrees), strategy, world, device)
     except ValueError as e:

@@ -11,7 +11,7 @@ import torch
 from gloo_util import run_gloo
 from vae_util import conv_flops as _conv_flops  # noqa: E402
 from vae_util import refusal as _refusal, rel as _rel, seeded_randn as _randn  # noqa: E402
-from vae_util import attention_flops, encode_rel  # noqa: E402
+from vae_util import attention_flops, encode_rel, unknown_processor_refusal  # noqa: E402
 
 BLOCKS = dict(down_block_types=("DownEncoderBlock2D",) * 3,
               up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(8, 16, 16),
@@ -156,15 +156,6 @@ def test_group_statistics_in_chunks_equal_one_pass(monkeypatch, chunk):
 def test_a_mid_block_attention_processor_it_does_not_know_is_refused():
     """The parallel mid block's attention reproduces AttnProcessor2_0 for its band's queries;
     an Attention with another processor is refused by name at parallelize_vae."""
-    from diffusers.models.attention_processor import AttnProcessor2_0
-
-    from ditscale.diffusers.parallel_vae import parallelize_vae
-
-    class MyProcessor(AttnProcessor2_0):
-        pass
-
     vae = _vae("sd")
-    vae.decoder.mid_block.attentions[0].set_processor(MyProcessor())
-    message = _refusal(lambda: parallelize_vae(vae))
+    message = unknown_processor_refusal(vae, vae.decoder.mid_block.attentions[0])
     assert message and "decoder.mid_block.attentions.0 uses MyProcessor" in message, message
-

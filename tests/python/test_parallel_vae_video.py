@@ -13,7 +13,7 @@ import torch
 
 from gloo_util import run_gloo
 from vae_util import seeded_randn as _randn, conv_flops as _conv_flops  # noqa: E402
-from vae_util import attention_flops, encode_rel, refusal as _refusal  # noqa: E402
+from vae_util import attention_flops, encode_rel, unknown_processor_refusal  # noqa: E402
 
 SMALL = dict(latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
              norm_num_groups=4)
@@ -83,15 +83,6 @@ def test_decode_parallel(name, world):
 def test_a_mid_block_attention_processor_it_does_not_know_is_refused():
     """The parallel mid block reproduces AttnProcessor2_0's attention for its band's queries; an
     attention with another processor is refused by name at parallelize_vae."""
-    from diffusers.models.attention_processor import AttnProcessor2_0
-
-    from ditscale.diffusers.parallel_vae import parallelize_vae
-
-    class MyProcessor(AttnProcessor2_0):
-        pass
-
     vae = _make("AutoencoderKLHunyuanVideo")
-    vae.decoder.mid_block.attentions[0].set_processor(MyProcessor())
-    message = _refusal(lambda: parallelize_vae(vae))
+    message = unknown_processor_refusal(vae, vae.decoder.mid_block.attentions[0])
     assert message and "decoder.mid_block.attentions.0 uses MyProcessor" in message, message
-

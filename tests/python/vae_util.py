@@ -41,6 +41,20 @@ def attention_flops(fn) -> int:
     return sum(v for k, v in counter.get_flop_counts()["Global"].items() if "bmm" in str(k))
 
 
+def unknown_processor_refusal(vae, attn) -> str:
+    """parallelize_vae's refusal of ``vae`` once ``attn`` (one of its Attention modules) has a
+    processor class the parallel VAE does not know (a subclass of AttnProcessor2_0)."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    from ditscale.diffusers.parallel_vae import parallelize_vae
+
+    class MyProcessor(AttnProcessor2_0):
+        pass
+
+    attn.set_processor(MyProcessor())
+    return refusal(lambda: parallelize_vae(vae))
+
+
 def encode_rel(cases) -> list:
     """[rel(parallel encode, stock encode)] of each (vae, x) in ``cases``, each vae
     parallelized for the call and given back (its stock encode again, bit for bit)."""

@@ -6,15 +6,16 @@ and one rank's band at N ranks run alone (the prediction of a decode on N GPUs w
         [--ranks 2,4,8] [--band-ranks 0,1] [--reps 2] [--dtype bf16|fp32] [--device cuda|cpu]
         [--out-dir DIR]
 
-A band at N ranks runs as rank r of a fake process group of N ranks (torch's ``fake``
-backend) with the parallel VAE's all-gathers answered by this rank's own part, N times, as a
-view (no kernel, no communication), so the time and peak memory are one rank's compute with its
-halo rows and the copy of the gathered output, and none of the communication. Timed: ``--band-ranks`` (default 0 and 1: the widest band
-and an interior band with two halos); the slowest is the predicted decode time at N. Activations:
-the peak allocated during the call minus what was allocated before it (weights and latents).
-Targets (docs/diffusers/vae.md): slowest band within 15% of stock / N, peak activations at N = 8
-at most 0.2x the stock decode's. Writes DIR/vae-bands.md (and on a GPU the top kernels of each
-measured call to DIR/vae-bands-kernels.txt); cases: :data:`CASES`.
+A band at N ranks runs as rank r of a fake process group of N ranks (torch's ``fake`` backend)
+with the parallel VAE's all-gathers answered by this rank's own part, N times, as a view (no
+kernel, no communication), so the time and peak memory are one rank's compute with its halo rows
+and the copy of the gathered output, and none of the communication. Timed: ``--band-ranks``
+(default 0 and 1: the widest band and an interior band with two halos); the slowest is the
+predicted decode time at N. Activations: the peak allocated during the call minus what was
+allocated before it (weights and latents). Targets (docs/diffusers/vae.md): slowest band within
+15% of stock / N, peak activations at N = 8 at most 0.2x the stock decode's. Writes DIR/vae-
+bands.md (and on a GPU the top kernels of each measured call to DIR/vae-bands-kernels.txt);
+cases: :data:`CASES`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def band_attention(attn, band: torch.Tensor, full: torch.Tensor, begin: int,
     """``attn``'s output at the positions of ``band`` [B, C, ..., rows, W], which start at row
     ``begin`` of ``full`` [B, C, ..., H, W] (the same positions flattened in the same order);
     ``mask``: an additive [band positions, all positions] mask, or None."""
-    b, c = full.shape[:2]
+    b = full.shape[0]
     normed = full if attn.group_norm is None else attn.group_norm(
         full.flatten(2)).view(full.shape)
     kv = normed.flatten(2).transpose(1, 2)                            # [B, L, C]

@@ -1,10 +1,11 @@
 """The collectives of a parallel VAE: the input shape check, the gather of a band into the
 full tensor, GroupNorm's statistics, and the exchange of halo rows with the neighbouring bands.
 
-Every collective is an all-gather into one tensor on the mesh's group, so it ends within the group's timeout when a rank does not join. Halos travel as an
-all-gather of every rank's edge rows (a few rows of one layer: small beside the band's
-compute); rank r takes rank r-1's bottom rows and rank r+1's top rows, the true image border
-gets zero rows (the stock zero padding). See docs/diffusers/vae.md.
+Every collective is an all-gather into one tensor on the mesh's group, so it ends within the
+group's timeout when a rank does not join. Halos travel as an all-gather of every rank's edge
+rows (a few rows of one layer: small beside the band's compute); rank r takes rank r-1's bottom
+rows and rank r+1's top rows, the true image border gets zero rows (the stock zero padding).
+See docs/diffusers/vae.md.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ and the copy of the gathered output, and none of the communication. Timed: ``--b
 (default 0 and 1: the widest band and an interior band with two halos); the slowest is the
 predicted decode time at N. Activations: the peak allocated during the call minus what was
 allocated before it (weights and latents). Targets (docs/diffusers/vae.md): slowest band within
-15% of stock / N, peak activations at N = 8 at most 0.2x the stock decode's. Writes DIR/vae-
-bands.md (and on a GPU the top kernels of each measured call to DIR/vae-bands-kernels.txt);
-cases: :data:`CASES`.
+15% of stock / N, peak activations at N = 8 at most 0.2x the stock decode's. Writes
+DIR/vae-bands.md (and on a GPU the top kernels of each measured call to
+DIR/vae-bands-kernels.txt); cases: :data:`CASES`.
 """
 
 from __future__ import annotations

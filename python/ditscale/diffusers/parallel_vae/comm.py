@@ -107,6 +107,20 @@ def gather_flat(bands: Bands, mine: List[torch.Tensor], sizes: List[int], dtype:
     return [p.narrow(0, 0, n) for p, n in zip(parts.unbind(0), sizes)]
 
 
+def check_halo(bands: Bands, counts: List[int], halo: int, where: str) -> None:
+    """Refuses (on every rank alike) bands ``counts`` (rows of each rank at a layer's
+    resolution) of which one is thinner than the ``halo`` rows a layer takes from it, with the
+    latent height that would do."""
+    if min(counts) >= halo:
+        return
+    scale = counts[bands.rank] // bands.counts[bands.rank]
+    need = -(-halo // scale)  # latent rows per rank
+    raise ValueError(f"parallelize_vae: {where} needs {halo} halo rows but the thinnest band "
+                     f"has {min(counts)} rows at its resolution; every rank needs at least "
+                     f"{need} latent rows (latent height >= {need * bands.size} on "
+                     f"{bands.size} ranks)")
+
+
 def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, where: str,
              border: str = "zeros") -> torch.Tensor:
     """``x`` (this rank's band along ``dim``) with ``top`` rows of the band above before it and
@@ -115,15 +129,7 @@ def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, whe
     if top == 0 and bottom == 0:
         return x
     dim = dim % x.dim()
-    counts = bands.level_counts(x.shape[dim], where)
-    halo = max(top, bottom)
-    if min(counts) < halo:
-        scale = counts[bands.rank] // bands.counts[bands.rank]
-        need = -(-halo // scale)  # latent rows per rank
-        raise ValueError(f"parallelize_vae: {where} needs {halo} halo rows but the thinnest band "
-                         f"has {min(counts)} rows at its resolution; every rank needs at least "
-                         f"{need} latent rows (latent height >= {need * bands.size} on "
-                         f"{bands.size} ranks)")
+    check_halo(bands, bands.level_counts(x.shape[dim], where), max(top, bottom), where)
     r, last = bands.rank, bands.rank + 1 == bands.size
     edges = [x.narrow(dim, 0, bottom), x.narrow(dim, x.shape[dim] - top, top)]
     parts = _all_gather(bands, torch.cat(edges, dim), where) if bands.size > 1 else None

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .band_input import conv_input
 from .bands import Bands
 from .comm import add_halo, gather_rows, group_stats
 
@@ -93,16 +94,22 @@ def check_window(name: str, cls: str, k: int, s: int, d: int, p: int) -> None:
                          f"(and the encoder's down-sampling strides) are supported yet")
 
 
+def check_aligned(bands: Bands, rows: int, s: int, where: str) -> None:
+    """Raises unless this band (``rows`` rows at a stride-``s`` layer's resolution) starts and
+    ends on multiples of ``s``."""
+    begin, count = bands.local_range(rows, where)
+    if begin % s or count % s:
+        raise RuntimeError(f"parallelize_vae: {where} has stride {s} but this band holds rows "
+                           f"[{begin}, {begin + count}), not aligned to it")
+
+
 def conv_rows(bands: Bands, x: torch.Tensor, k: int, s: int, top: int, dim: int, where: str,
               border: str = "zeros") -> torch.Tensor:
     """``x`` (this band along ``dim``) with the rows a height-``k``, stride-``s`` convolution
     padded ``top`` rows above needs for this band's output rows (``rows / s`` of them):
     ``top`` rows of the band above, ``k - s - top`` of the band below (at the image border:
     zeros, or copies of the edge row). The band must start on a multiple of ``s``."""
-    begin, count = bands.local_range(x.shape[dim], where)
-    if begin % s or count % s:
-        raise RuntimeError(f"parallelize_vae: {where} has stride {s} but this band holds rows "
-                           f"[{begin}, {begin + count}), not aligned to it")
+    check_aligned(bands, x.shape[dim], s, where)
     return add_halo(bands, x, top, k - s - top, dim, where, border)
 
 
@@ -111,8 +118,10 @@ def conv2d(bands: Bands, name: str) -> Callable:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
-        ph, pw = self.padding  # the width padding stays the convolution's own (no copy)
-        x = conv_rows(bands, x, self.kernel_size[0], self.stride[0], ph, -2, name)
+        ph, pw = self.padding  # the width padding stays the convolution's own (as stock's)
+        k, s = self.kernel_size[0], self.stride[0]
+        check_aligned(bands, x.shape[-2], s, name)
+        x = conv_input(bands, [x], 0, 0, ph, k - s - ph, 0, 0, name)
         return F.conv2d(x, self.weight, self.bias, self.stride, (0, pw), self.dilation,
                         self.groups)
     return forward
@@ -181,15 +190,15 @@ def wan_causal_conv3d(bands: Bands, name: str) -> Callable:
     def forward(self, x: torch.Tensor, cache_x=None) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x, cache_x)
-        padding = list(self._padding)  # (W left, W right, H top, H bottom, T front, T back)
-        if cache_x is not None and self._padding[4] > 0:
-            x = torch.cat([cache_x.to(x.device), x], dim=2)
-            padding[4] -= cache_x.shape[2]
-        if padding[4] or padding[5]:  # time only: the width padding stays the convolution's
-            x = F.pad(x, (0, 0, 0, 0, padding[4], padding[5]))
-        x = conv_rows(bands, x, self.kernel_size[1], self.stride[1], padding[2], 3, name)
-        return F.conv3d(x, self.weight, self.bias, self.stride, (0, 0, padding[0]),
-                        self.dilation, self.groups)
+        left, right, top, _, front, back = self._padding
+        frames = [x]
+        if cache_x is not None and front > 0:
+            frames.insert(0, cache_x)
+            front -= cache_x.shape[2]
+        k, s = self.kernel_size[1], self.stride[1]
+        check_aligned(bands, x.shape[-2], s, name)
+        x = conv_input(bands, frames, front, back, top, k - s - top, left, right, name)
+        return F.conv3d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
     return forward
 
 

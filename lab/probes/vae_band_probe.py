@@ -86,7 +86,7 @@ def conv_table(stock: dict, bands: dict, world: int) -> str:
 def run(args) -> str:
     import torch
     from ditscale.diffusers.parallel_vae import band_input
-    dev = torch.device(args.device)
+    dev = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     case = vb.CASES[args.case]

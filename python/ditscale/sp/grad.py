@@ -15,8 +15,11 @@ ranks it is the dense gradient of the sum of every rank's loss. docs/sp.md ("Gra
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
-from . import cpu_backward, cpu_runtime, recompute, torch_backward
+
+from . import cpu_backward, cpu_runtime, recompute, ring_backward, torch_backward
 from .config import Config
 from .dispatch import check_distributed
 from .meshes import Mesh
@@ -64,11 +67,17 @@ class _Attention(torch.autograd.Function):
         check_distributed(q, mesh, _WHERE)
         joint = None if joint_q is None else (joint_q, joint_k, joint_v)
         inputs = (q, k, v, joint_q, joint_k, joint_v)
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
+        out, jout, kept = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, _WHERE)
+        ctx.ring = _ring_of(q, k, joint, mesh, kept) if cfg.strategy == "ring" else None
+        if ctx.ring is not None:  # the ring's own backward: inputs, output rows and their LSE
+            rows = ring_backward.kept(ctx.ring.layout, kept[3], q.shape[1])
+            ctx.save_for_backward(*(t for t in inputs if t is not None), *rows)
+            return out, _joint_out(q, jout)
         planned = recompute.plan(q, k, joint, mesh, cfg)
         ctx.rcfg, ctx.kv_groups = planned if planned is not None else (None, 1)
         ctx.recompute = ctx.rcfg is not cfg
-        out, jout, (prog, pg, seconds, bufs) = cpu_runtime.attention_kept(
-            q, k, v, joint, mesh, cfg, _WHERE)
+        prog, pg, seconds, bufs = kept
         if ctx.recompute:  # only this rank's inputs: the backward recomputes the rest
             ctx.save_for_backward(*(t for t in inputs if t is not None))
             ctx.mesh, ctx.has_joint = mesh, joint is not None
@@ -76,16 +85,18 @@ class _Attention(torch.autograd.Function):
             kept = cpu_backward.saved_buffers(prog)
             ctx.save_for_backward(*(bufs[i] for i in kept))
             ctx.kept, ctx.prog, ctx.pg, ctx.seconds = kept, prog, pg, seconds
-        ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
-        if jout is None:
-            jout = q.new_empty(q.shape[0], 0, q.shape[2], q.shape[3])
-        return out, jout
+        return out, _joint_out(q, jout)
 
     @staticmethod
     def backward(ctx, dout, djout):
         if torch.is_grad_enabled():  # create_graph=True: the backward is not differentiable
             raise NotImplementedError("ditscale.sp.attention: no double backward on more than "
                                       "one rank (create_graph=True)")
+        if ctx.ring is not None:  # the ring's own schedule (ring_backward.py)
+            has_joint = len(ctx.saved_tensors) == 8
+            g = ring_backward.gradients(ctx.ring, ctx.saved_tensors, dout,
+                                        djout if has_joint else None)
+            return _results(ctx, g)
         if ctx.recompute:
             t = ctx.saved_tensors
             joint = tuple(t[3:6]) if ctx.has_joint else None
@@ -100,6 +111,23 @@ class _Attention(torch.autograd.Function):
             saved = dict(zip(ctx.kept, ctx.saved_tensors))
         g = recompute.transposed(prog, pg, seconds, saved, dout, djout, ctx.kv_groups)
         return _results(ctx, g)
+
+
+def _joint_out(q, jout):
+    """The joint output, [B, 0, H, D] without joint inputs (the Function returns two tensors)."""
+    return q.new_empty(q.shape[0], 0, q.shape[2], q.shape[3]) if jout is None else jout
+
+
+def _ring_of(q, k, joint, mesh: Mesh, kept) -> Optional[ring_backward.Ring]:
+    """The ring backward's state for the forward run ``kept`` (program, group, timeout,
+    buffers), or None when its program is not ring-shaped (ring_backward.layout)."""
+    prog, _, seconds, _ = kept
+    lay = ring_backward.layout(prog, mesh.size, q.shape[2])
+    if lay is None:
+        return None
+    text = 0 if joint is None else joint[0].shape[1]
+    seq = cpu_runtime.seq_total(mesh, q, k, text, _WHERE)  # memoised by the forward's check
+    return ring_backward.Ring(lay, mesh, seq, seconds)
 
 
 def _results(ctx, g):

@@ -15,8 +15,6 @@ ranks it is the dense gradient of the sum of every rank's loss. docs/sp.md ("Gra
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from . import cpu_backward, cpu_runtime, recompute, ring_backward, torch_backward
@@ -69,7 +67,7 @@ class _Attention(torch.autograd.Function):
         inputs = (q, k, v, joint_q, joint_k, joint_v)
         ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
         out, jout, kept = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, _WHERE)
-        ctx.ring = _ring_of(q, k, joint, mesh, kept) if cfg.strategy == "ring" else None
+        ctx.ring = ring_backward.state(q, k, joint, mesh, kept) if cfg.strategy == "ring" else None
         if ctx.ring is not None:  # the ring's own backward: inputs, output rows and their LSE
             rows = ring_backward.kept(ctx.ring.layout, kept[3], q.shape[1])
             ctx.save_for_backward(*(t for t in inputs if t is not None), *rows)
@@ -117,17 +115,6 @@ def _joint_out(q, jout):
     """The joint output, [B, 0, H, D] without joint inputs (the Function returns two tensors)."""
     return q.new_empty(q.shape[0], 0, q.shape[2], q.shape[3]) if jout is None else jout
 
-
-def _ring_of(q, k, joint, mesh: Mesh, kept) -> Optional[ring_backward.Ring]:
-    """The ring backward's state for the forward run ``kept`` (program, group, timeout,
-    buffers), or None when its program is not ring-shaped (ring_backward.layout)."""
-    prog, _, seconds, _ = kept
-    lay = ring_backward.layout(prog, mesh.size, q.shape[2])
-    if lay is None:
-        return None
-    text = 0 if joint is None else joint[0].shape[1]
-    seq = cpu_runtime.seq_total(mesh, q, k, text, _WHERE)  # memoised by the forward's check
-    return ring_backward.Ring(lay, mesh, seq, seconds)
 
 
 def _results(ctx, g):

@@ -30,6 +30,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from . import cpu_runtime
+from .config import Config
 from .cpu_executor import TAG_BASE, Program
 from .cpu_kernels import attention_lse_backward
 from .meshes import Mesh, shard_range
@@ -163,6 +165,19 @@ class Ring:
     timeout_s: float
 
 
+def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
+    """The backward's state for the forward ``run`` (cpu_runtime.attention_kept's program,
+    group, timeout, buffers) of q [B, S_r, H, D], k, or None when its program is not ring-shaped
+    (:func:`layout`)."""
+    prog, _, seconds, _ = run
+    lay = layout(prog, mesh.size, q.shape[2])
+    if lay is None:
+        return None
+    text = 0 if joint is None else joint[0].shape[1]
+    seq = cpu_runtime.seq_total(mesh, q, k, text, WHERE)  # memoised by the forward's check
+    return Ring(lay, mesh, seq, seconds)
+
+
 def _exchange(ring: Ring, sends, recvs, what: str) -> None:
     """Posts ``sends`` [(group rank, tensor, tag)] and ``recvs`` (the same, landing in the
     tensor) at once and waits for all (receives first), each within the timeout."""
@@ -257,3 +272,17 @@ def gradients(ring: Ring, saved: Sequence[torch.Tensor], dout: torch.Tensor,
         result["text_q"] = torch.zeros_like(joint[0])
         result["text_q"][:, t0:t0 + n] = dq[:, :n]
     return result
+
+
+def recomputed(q, k, v, joint, dout, djout, mesh: Mesh,
+               cfg: Config) -> Optional[Dict[str, torch.Tensor]]:
+    """:func:`gradients` after running the ring forward again (without autograd) for its output
+    rows and LSE: the backward op torch.compile traces (recompute.gradients), whose forward
+    keeps only the inputs; None when the program is not ring-shaped."""
+    with torch.no_grad():
+        run = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, WHERE)[2]
+    ring = state(q, k, joint, mesh, run)
+    if ring is None:
+        return None
+    rows = kept(ring.layout, run[3], q.shape[1])
+    return gradients(ring, (q, k, v, *(joint or ()), *rows), dout, djout)

@@ -3,7 +3,8 @@
 autograd on 2, 3 and 4 ranks (meshes 1 x 2, 1 x 3, 1 x 4, 2 x 2; odd token counts, joint text
 with fewer text tokens than ranks, GQA, fewer heads than ranks, batch 2, float32 and bfloat16),
 the same bits twice; that the ring path runs (the forward keeps exactly q, k, v, the joint
-inputs, the output rows and their log-sum-exp; no Ulysses recomputation, no torch_backward);
+inputs, the output rows and their log-sum-exp; no Ulysses recomputation, no torch_backward),
+also in the backward op torch.compile traces (the eager bits);
 a rank that skips the backward makes the others fail within the group's timeout, naming
 ditscale.sp.attention. The references and the loss are test_sp_grad.py's (one spawn per world
 size runs every case)."""
@@ -11,7 +12,7 @@ size runs every case)."""
 from __future__ import annotations
 
 from gloo_util import run_gloo
-from test_sp_grad import BF16, F32, _grads
+from test_sp_grad import BF16, F32, _grads, _reference
 
 # (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
 CASES_2 = [
@@ -87,8 +88,38 @@ def _check(results, cases):
             assert saved, case
 
 
+def _op_is_eager(rank, world):
+    """The backward op torch.compile traces (custom_op.attention_backward_op: the ring forward
+    again, then its backward) gives the eager backward's bits, through the ring backward."""
+    import torch
+
+    import ditscale.sp as sp
+    from ditscale.sp import custom_op
+    from ditscale.sp.config import config_text
+    seen = _no_recomputation()
+    full, ups, _, _ = _reference((1, 11, 3, 4, 2, 8, F32), 5, world)
+    begin, count = sp.shard_range(11, world, rank)
+    xs = [x[:, 3 + begin:3 + begin + count].float() for x in full]
+    xs += [x[:, :3].float() for x in full]
+    xs = [x.requires_grad_() for x in xs]
+    cfg, mesh = sp.make_config("t", strategy="ring"), sp.Mesh(1, world)
+    out, tout = sp.attention(*xs[:3], mesh=mesh, config=cfg, joint_q=xs[3], joint_k=xs[4],
+                             joint_v=xs[5])
+    dout, dtout = ups[rank][0].float(), ups[rank][1].float()
+    eager = torch.autograd.grad((out, tout), xs, (dout, dtout))
+    by_op = custom_op.attention_backward_op(*(x.detach() for x in xs), dout, dtout,
+                                            *custom_op.mesh_args(mesh), config_text(cfg))
+    return len(seen) == 2 and all(a.equal(b) for a, b in zip(eager, by_op))
+
+
+def _two_ranks(rank, world):
+    return _cases(rank, world, CASES_2), _op_is_eager(rank, world)
+
+
 def test_ring_backward_on_two_ranks():
-    _check(run_gloo(_cases, 2, CASES_2, timeout_s=300), CASES_2)
+    results = run_gloo(_two_ranks, 2, timeout_s=300)
+    _check([cases for cases, _ in results], CASES_2)
+    assert all(same for _, same in results)
 
 
 def test_ring_backward_on_four_ranks():

@@ -8,7 +8,8 @@ the schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated
 recomputation (Ulysses gives every rank at least one) and their gradients summed back; a layer
 with fewer query heads than ranks takes torch_backward.py's instead. Used by
 the eager backward of a non-transposable schedule (grad.py) and by the backward op that
-torch.compile traces (custom_op.py). docs/sp.md ("Gradients").
+torch.compile traces (custom_op.py), where strategy ring runs its forward again and its own
+backward (ring_backward.py). docs/sp.md ("Gradients").
 """
 
 from __future__ import annotations

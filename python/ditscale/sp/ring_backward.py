@@ -1,24 +1,11 @@
 """The ring strategy's own backward on CPU tensors over gloo: this rank's query rows meet every
 rank's k, v block in turn, and each block's dK, dV accumulator travels along the ring with the
-block, back to its owner. The forward (the ring program, cpu_executor.py) keeps only this rank's
-q, k, v (and the joint text inputs), its output rows and their merged log-sum-exp (:func:`layout`
-finds them among the program's buffers). docs/sp.md ("Gradients").
-
-Rank r of N holds q [B, S_r, H, D], k, v [B, S_r, Hk, D] and, with joint text, the text rows
-[t_r, t_r + T_r) of the T text tokens it computed. Rows = [text rows; image rows]: Q, O, dO
-[B, T_r + S_r, H, D], LSE [B, T_r + S_r, H, 1] (the final merged one). Per k, v block
-(cpu_kernels.attention_lse_backward, GQA folded), with scale = 1 / sqrt(D):
-
-    P = exp(Q K^T scale - LSE)        D_row = rowsum(dO * O)
-    dV = P^T dO    dS = P * (dO V^T - D_row)    dQ += scale dS K    dK = scale dS^T Q
-
-The blocks: the joint text k, v (local: every rank's rows attend it; a rank's text-k/v gradient
-is that of its rows, the sum over the ranks the dense one), then N ring steps: at step s rank r
-holds rank (r - s) mod N's image block, adds its dK, dV to the block's accumulators (float32) and
-sends block and accumulators to rank r + 1 (one message, dist.batch_isend_irecv); after step
-N - 1 only the accumulators travel, landing on their owner. dO of the text rows: every rank's
-dTextOut [B, T, H, D] for those rows, summed in rank order (the transpose of the forward's
-gather of the text output). Fixed order of additions: the same bits on every run.
+block, back to its owner (dist.batch_isend_irecv, one message a step). The forward (the ring
+program, cpu_executor.py) keeps only this rank's q, k, v (and the joint text inputs), its output
+rows and their merged log-sum-exp, which :func:`layout` finds among the program's buffers; no
+recomputation. Float32 accumulators, a fixed order of additions (the same bits on every run); a
+transfer that does not complete within the group's timeout fails naming ditscale.sp.attention.
+Shapes and formulas: :func:`gradients`; docs/sp.md ("Gradients").
 """
 
 from __future__ import annotations
@@ -223,7 +210,9 @@ def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
 
 def _ring(ring: Ring, rows, k: torch.Tensor, v: torch.Tensor):
     """(dQ of the rows, dK, dV of this rank's image block) over the N ring steps; ``rows`` =
-    (dO, Q, O, LSE) of this rank's rows, k, v float32."""
+    (dO, Q, O, LSE) of this rank's rows, k, v float32. At step s rank r holds rank
+    (r - s) mod N's block, adds its dK, dV to the block's accumulators and sends block and
+    accumulators to rank r + 1; after step N - 1 only the accumulators travel, to their owner."""
     mesh, D = ring.mesh, k.shape[3]
     me, N = mesh.rank, mesh.size
     dq = torch.zeros_like(rows[1])
@@ -250,7 +239,19 @@ def gradients(ring: Ring, saved: Sequence[torch.Tensor], dout: torch.Tensor,
               djout: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The float32 gradients {"q", "k", "v", with joint text "text_q", "text_k", "text_v"} of
     this rank's inputs from ``saved`` = (q, k, v, [text q, k, v,] out rows, lse rows) and dOut
-    [B, S_r, H, D] (dTextOut [B, T, H, D] with joint text)."""
+    [B, S_r, H, D] (dTextOut [B, T, H, D] with joint text).
+
+    Rank r of N holds q [B, S_r, H, D], k, v [B, S_r, Hk, D] and computed the text rows
+    [t_r, t_r + T_r) of the T text tokens. Its rows = [text rows; image rows]: Q, O, dO
+    [B, T_r + S_r, H, D], LSE [B, T_r + S_r, H, 1] (the final merged one); dO of the text rows is
+    every rank's dTextOut of them, summed in rank order. Per k, v block
+    (cpu_kernels.attention_lse_backward, GQA folded), scale = 1 / sqrt(D)::
+
+        P = exp(Q K^T scale - LSE)        D_row = rowsum(dO * O)
+        dV = P^T dO    dS = P * (dO V^T - D_row)    dQ += scale dS K    dK = scale dS^T Q
+
+    The blocks: the joint text k, v (local; a rank's text k, v gradient is that of its rows,
+    their sum over the ranks the dense one), then the N ring steps of :func:`_ring`."""
     q, k, v = (t.float() for t in saved[:3])
     joint = tuple(t.float() for t in saved[3:6]) if len(saved) == 8 else None
     out, lse = saved[-2:]

@@ -10,7 +10,8 @@ device is refused with inputs that require grad; fewer heads than ranks take tor
 
 The upstream gradients differ per rank (image and text outputs alike): the dense loss is the sum
 of every rank's. A rank's joint-input gradient is that of the heads (ring: the text rows) it
-computed, so their sum over the ranks is compared with the dense one. One run_gloo call per world size runs every case."""
+computed, so their sum over the ranks is compared with the dense one. One run_gloo call per
+world size runs every case."""
 
 from __future__ import annotations
 

@@ -68,7 +68,9 @@ class _Attention(torch.autograd.Function):
         inputs = (q, k, v, joint_q, joint_k, joint_v)
         ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
         out, jout, kept = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, _WHERE)
-        ctx.ring = ring_backward.state(q, k, joint, mesh, kept) if cfg.strategy == "ring" else None
+        ctx.ring = None
+        if cfg.strategy == "ring":
+            ctx.ring = ring_backward.state(q, k, joint, mesh, kept)
         if ctx.ring is not None:  # the ring's own backward: inputs, output rows and their LSE
             rows = ring_backward.kept(ctx.ring.layout, kept[3], q.shape[1])
             ctx.save_for_backward(*(t for t in inputs if t is not None), *rows)
@@ -92,9 +94,8 @@ class _Attention(torch.autograd.Function):
             raise NotImplementedError("ditscale.sp.attention: no double backward on more than "
                                       "one rank (create_graph=True)")
         if ctx.ring is not None:  # the ring's own schedule (ring_backward.py)
-            has_joint = len(ctx.saved_tensors) == 8
-            g = ring_backward.gradients(ctx.ring, ctx.saved_tensors, dout,
-                                        djout if has_joint else None)
+            saved = ctx.saved_tensors
+            g = ring_backward.gradients(ctx.ring, saved, dout, djout if len(saved) == 8 else None)
             return _results(ctx, g)
         if ctx.recompute:
             t = ctx.saved_tensors
@@ -115,7 +116,6 @@ class _Attention(torch.autograd.Function):
 def _joint_out(q, jout):
     """The joint output, [B, 0, H, D] without joint inputs (the Function returns two tensors)."""
     return q.new_empty(q.shape[0], 0, q.shape[2], q.shape[3]) if jout is None else jout
-
 
 
 def _results(ctx, g):

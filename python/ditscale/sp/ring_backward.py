@@ -272,7 +272,8 @@ def gradients(ring: Ring, saved: Sequence[torch.Tensor], dout: torch.Tensor,
     if joint is not None:
         result["text_q"] = torch.zeros_like(joint[0])
         result["text_q"][:, t0:t0 + n] = dq[:, :n]
-    return result
+    # Contiguous, as the backward op's fake kernel promises (a compiled graph views them).
+    return {name: g.contiguous() for name, g in result.items()}
 
 
 def recomputed(q, k, v, joint, dout, djout, mesh: Mesh,

@@ -4,7 +4,7 @@ uneven heads) in train mode, loss = output.square().mean() on every rank, backwa
 latent's gradient and every parameter's gradient, summed over the ranks (all_reduce SUM), equal
 the single-process ones (fp32: max abs error <= 1e-4 of the largest reference gradient): Wan
 2.1 (one timestep per sample), Wan 2.2 TI2V (one timestep per video token), Wan 2.1 I2V with
-strategy "ulysses", and Wan 2.1 with "ring" (its backward recomputes the layer as Ulysses),
+strategy "ulysses", and Wan 2.1 with "ring" (the ring's own backward, ring_backward.py),
 eagerly and under torch.compile (backend aot_eager); the
 other families' gradients are checked in their harness spawn (diffusers_sp_harness.py). The
 refusal kept: tensors on another device than the CPU. See docs/diffusers.md ("Training").

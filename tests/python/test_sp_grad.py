@@ -5,11 +5,13 @@ odd token counts, joint text tokens, GQA, uneven head groups, batch 2, float32 a
 custom op called directly, only some inputs requiring grad, the same bits twice, two subgroups
 of 2 ranks at once; a backward whose peer never comes fails within the timeout, a double
 backward is refused; a compiled step (fullgraph, aot_eager) equals the eager one; another
-device is refused with inputs that require grad; fewer heads than ranks take torch_backward.py.
+device is refused with inputs that require grad; fewer heads than ranks take torch_backward.py
+(but for strategy ring, whose own backward test_sp_ring_backward.py tests further).
 
 The upstream gradients differ per rank (image and text outputs alike): the dense loss is the sum
-of every rank's. A rank's joint-input gradient is that of the heads it computed, so their sum over
-the ranks is compared with the dense one. One run_gloo call per world size runs every case."""
+of every rank's. A rank's joint-input gradient is that of the heads (ring: the text rows) it
+computed, so their sum over the ranks is compared with the dense one. One run_gloo call per
+world size runs every case."""
 
 from __future__ import annotations
 
@@ -32,7 +34,9 @@ CASES_2 = [
     ("ulysses-overlap", {}, (1, 2), GQA),
     ("ring", {}, (1, 2), GQA),
     ("ring", {}, (1, 2), (1, 9, 0, 3, 3, 8, F32)),  # 3 heads, no text
-    ("ring", {}, (1, 2), (1, 9, 3, 1, 1, 8, F32)),  # 1 head: no Ulysses split (torch_backward)
+    ("ring", {}, (1, 2), (1, 9, 3, 1, 1, 8, F32)),  # 1 head on 2 ranks: the ring's own backward
+    # 1 head: no Ulysses split, the backward of torch_backward.py
+    ("usp", {"ulysses_degree": 1, "ring_degree": 2}, (1, 2), (1, 9, 3, 1, 1, 8, F32)),
     ("usp", {}, (1, 2), GQA),
     ("swiftfusion-tas", {}, (2, 1), GQA),
     ("torus", {"chunks": 2}, (2, 1), GQA),
@@ -48,7 +52,7 @@ CASES_4 = [
     ("ulysses-overlap", {}, (1, 4), (2, 13, 5, 6, 6, 16, F32)),
     ("ring", {}, (1, 4), (2, 13, 5, 6, 6, 16, F32)),
     ("ring", {}, (1, 4), (1, 11, 0, 4, 2, 8, F32)),  # receives into its own k, v buffers
-    ("ring", {}, (1, 4), (1, 11, 3, 3, 1, 8, F32)),  # 3 heads on 4 ranks (torch_backward)
+    ("ring", {}, (1, 4), (1, 11, 3, 3, 1, 8, F32)),  # 3 heads on 4 ranks
     ("usp", {}, (2, 2), (1, 11, 3, 8, 4, 8, F32)),
     ("usp", {}, (2, 2), (1, 13, 5, 8, 4, 16, BF16)),
     ("swiftfusion-tas", {}, (2, 2), (2, 14, 0, 4, 2, 8, F32)),

@@ -5,18 +5,20 @@ torch.autograd.Function the op's Autograd kernel applies (custom_op.py).
 A program that merges nothing and writes every region once (the Ulysses schedules) is
 transposed: the forward saves only the buffers its attention ops read (this rank's head group of
 q, k, v over the whole sequence, its output and log-sum-exp) and the backward runs the program
-transposed (cpu_backward.py): dOut all-to-all (sequence -> heads), the attention backward, dQ,
-dK, dV all-to-all back. Any other schedule (ring, usp, swiftfusion-tas, torus) saves only this
-rank's input shards; its backward recomputes the layer as Ulysses over the same group (the same
-function: attention does not depend on the schedule) and transposes that program. Joint text
-inputs: each rank's gradient is that of the heads it computed (zero elsewhere); summed over the
-ranks it is the dense gradient of the sum of every rank's loss. docs/sp.md ("Gradients").
+transposed (cpu_backward.py). Strategy ring has its own backward (ring_backward.py): the forward
+saves this rank's inputs, output rows and their log-sum-exp; dK, dV return along the ring. Any
+other schedule (usp, swiftfusion-tas, torus, ulysses-overlap) saves only this rank's input
+shards; its backward recomputes the layer as Ulysses over the same group and transposes that
+program. Joint text inputs: each rank's gradient is that of the heads (ring: the text rows) it
+computed (zero elsewhere); summed over the ranks it is the dense gradient of the sum of every
+rank's loss. docs/sp.md ("Gradients").
 """
 
 from __future__ import annotations
 
 import torch
-from . import cpu_backward, cpu_runtime, recompute, torch_backward
+
+from . import cpu_backward, cpu_runtime, recompute, ring_backward, torch_backward
 from .config import Config
 from .dispatch import check_distributed
 from .meshes import Mesh
@@ -64,11 +66,19 @@ class _Attention(torch.autograd.Function):
         check_distributed(q, mesh, _WHERE)
         joint = None if joint_q is None else (joint_q, joint_k, joint_v)
         inputs = (q, k, v, joint_q, joint_k, joint_v)
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
+        out, jout, kept = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, _WHERE)
+        ctx.ring = None
+        if cfg.strategy == "ring":
+            ctx.ring = ring_backward.state(q, k, joint, mesh, kept)
+        if ctx.ring is not None:  # the ring's own backward: inputs, output rows and their LSE
+            rows = ring_backward.kept(ctx.ring.layout, kept[3], q.shape[1])
+            ctx.save_for_backward(*(t for t in inputs if t is not None), *rows)
+            return out, _joint_out(q, jout)
         planned = recompute.plan(q, k, joint, mesh, cfg)
         ctx.rcfg, ctx.kv_groups = planned if planned is not None else (None, 1)
         ctx.recompute = ctx.rcfg is not cfg
-        out, jout, (prog, pg, seconds, bufs) = cpu_runtime.attention_kept(
-            q, k, v, joint, mesh, cfg, _WHERE)
+        prog, pg, seconds, bufs = kept
         if ctx.recompute:  # only this rank's inputs: the backward recomputes the rest
             ctx.save_for_backward(*(t for t in inputs if t is not None))
             ctx.mesh, ctx.has_joint = mesh, joint is not None
@@ -76,16 +86,17 @@ class _Attention(torch.autograd.Function):
             kept = cpu_backward.saved_buffers(prog)
             ctx.save_for_backward(*(bufs[i] for i in kept))
             ctx.kept, ctx.prog, ctx.pg, ctx.seconds = kept, prog, pg, seconds
-        ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
-        if jout is None:
-            jout = q.new_empty(q.shape[0], 0, q.shape[2], q.shape[3])
-        return out, jout
+        return out, _joint_out(q, jout)
 
     @staticmethod
     def backward(ctx, dout, djout):
         if torch.is_grad_enabled():  # create_graph=True: the backward is not differentiable
             raise NotImplementedError("ditscale.sp.attention: no double backward on more than "
                                       "one rank (create_graph=True)")
+        if ctx.ring is not None:  # the ring's own schedule (ring_backward.py)
+            saved = ctx.saved_tensors
+            g = ring_backward.gradients(ctx.ring, saved, dout, djout if len(saved) == 8 else None)
+            return _results(ctx, g)
         if ctx.recompute:
             t = ctx.saved_tensors
             joint = tuple(t[3:6]) if ctx.has_joint else None
@@ -100,6 +111,11 @@ class _Attention(torch.autograd.Function):
             saved = dict(zip(ctx.kept, ctx.saved_tensors))
         g = recompute.transposed(prog, pg, seconds, saved, dout, djout, ctx.kv_groups)
         return _results(ctx, g)
+
+
+def _joint_out(q, jout):
+    """The joint output, [B, 0, H, D] without joint inputs (the Function returns two tensors)."""
+    return q.new_empty(q.shape[0], 0, q.shape[2], q.shape[3]) if jout is None else jout
 
 
 def _results(ctx, g):

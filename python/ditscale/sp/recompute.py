@@ -8,7 +8,8 @@ the schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated
 recomputation (Ulysses gives every rank at least one) and their gradients summed back; a layer
 with fewer query heads than ranks takes torch_backward.py's instead. Used by
 the eager backward of a non-transposable schedule (grad.py) and by the backward op that
-torch.compile traces (custom_op.py). docs/sp.md ("Gradients").
+torch.compile traces (custom_op.py), where strategy ring runs its forward again and its own
+backward (ring_backward.py). docs/sp.md ("Gradients").
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from . import cpu_backward, cpu_runtime, torch_backward
+from . import cpu_backward, cpu_runtime, ring_backward, torch_backward
 from .config import Config
 from .meshes import Mesh
 
@@ -101,7 +102,12 @@ def transposed(prog, pg, seconds: float, saved, dout: torch.Tensor,
 def gradients(q, k, v, joint: Joint, dout, djout, mesh: Mesh,
               cfg: Config) -> Dict[str, torch.Tensor]:
     """The gradients of the layer's inputs (see :func:`transposed`) by recomputation (with no
-    Ulysses split of the layer: torch_backward.py's)."""
+    Ulysses split of the layer: torch_backward.py's); strategy ring: its own backward after
+    its forward again (ring_backward.py)."""
+    if cfg.strategy == "ring":
+        grads = ring_backward.recomputed(q, k, v, joint, dout, djout, mesh, cfg)
+        if grads is not None:
+            return grads
     planned = plan(q, k, joint, mesh, cfg)
     if planned is None:
         return torch_backward.gradients(q, k, v, joint, dout, djout, mesh)

@@ -102,7 +102,7 @@ FIELDS: List[Field] = [
        "dividing the world size; a micro-batch of degree d runs on the aligned group of d "
        "ranks); empty: off; not with sp_degree > 1"),
     _f("transformer", "sp_strategy", "choice", "ulysses", "attention strategy of sp_degree > 1 "
-       "within a group (ring: its backward recomputes the layer as ulysses)",
+       "within a group (ring: its own backward, dK/dV returned along the ring)",
        choices=("ulysses", "ring")),
     _f("objective", "timestep_sampling", "choice", "uniform", "distribution of u in [0, 1] "
        "before the shift", choices=("uniform", "logit-normal")),

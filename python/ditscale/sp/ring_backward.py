@@ -1,0 +1,290 @@
+"""The ring strategy's own backward on CPU tensors over gloo: this rank's query rows meet every
+rank's k, v block in turn, and each block's dK, dV accumulator travels along the ring with the
+block, back to its owner (dist.batch_isend_irecv, one message a step). The forward (the ring
+program, cpu_executor.py) keeps only this rank's q, k, v (and the joint text inputs), its output
+rows and their merged log-sum-exp, which :func:`layout` finds among the program's buffers; no
+recomputation. Float32 accumulators, a fixed order of additions (the same bits on every run); a
+transfer that does not complete within the group's timeout fails naming ditscale.sp.attention.
+Shapes and formulas: :func:`gradients`; docs/sp.md ("Gradients").
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import cpu_runtime
+from .config import Config
+from .cpu_executor import TAG_BASE, Program
+from .cpu_kernels import attention_lse_backward
+from .meshes import Mesh, shard_range
+
+WHERE = "ditscale.sp.attention"
+# Tags of the ring backward's transfers (the forward's are TAG_BASE + [0, 2^18), those of the
+# transposed program cpu_backward.GRAD_TAG_BASE + [0, 2^18)): ring step s, then the text rows.
+RING_TAG = TAG_BASE + (1 << 21)
+TEXT_TAG = RING_TAG + (1 << 20)
+_COPIES = ("Copy", "Pack", "Unpack")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this rank's output rows are in the ring program: ``acc`` (buffer of the merged
+    output) and ``lse`` (buffer of its merged log-sum-exp, the same rows), the image rows from
+    ``image`` (S_r of them), the text rows (acc row, text token, count); ``pieces``: every
+    rank's text rows (text token, count), by group rank (empty without text)."""
+
+    acc: int
+    lse: int
+    image: int
+    text: Tuple[int, int, int]
+    pieces: Tuple[Tuple[int, int], ...]
+
+
+def _writers(prog: Program, b: int):
+    return [op for op in prog.ops if any(r is not None and r[0] == b
+                                         for r in (op.dst, op.dst_lse))]
+
+
+def _acc(prog: Program, heads: int) -> Optional[Tuple[int, int]]:
+    """(buffer, first row) of the merged image output: the out buffer itself, or the source of
+    the one Copy into it (all rows, all heads)."""
+    out = prog.io["out"]
+    ops = _writers(prog, out)
+    whole = (0, prog.image_tokens[1], 0, heads)
+    if len(ops) == 1 and ops[0].kind in _COPIES and tuple(ops[0].dst[1:]) == whole:
+        src = ops[0].src
+        return (src[0], src[1]) if (src[3], src[4]) == (0, heads) else None
+    if ops and all(op.kind in ("Attention", "Merge") for op in ops):
+        return out, 0
+    return None
+
+
+def _lse(prog: Program, acc: int) -> Optional[int]:
+    """The buffer of acc's log-sum-exp: every op writing acc writes it too, on the same rows and
+    heads, and nothing else writes it."""
+    ops = _writers(prog, acc)
+    lse = {op.dst_lse[0] for op in ops if op.dst_lse is not None}
+    if not ops or len(lse) != 1:
+        return None
+    b = lse.pop()
+    for op in ops:
+        if op.kind not in ("Attention", "Merge") or op.dst_lse is None or \
+                tuple(op.dst_lse[1:]) != tuple(op.dst[1:]) or op.dst[0] != acc:
+            return None
+    return b if {op.index for op in _writers(prog, b)} == {op.index for op in ops} else None
+
+
+def _origin(prog: Program, op, acc: int) -> int:
+    """The rank whose rows a write into text_out brings: this rank's for a copy out of acc, the
+    peer of a Recv into it or into the staging buffer it unpacks; -1 for anything else."""
+    if op.kind in _COPIES and op.src[0] == acc:
+        return prog.rank
+    if op.kind in _COPIES:
+        ops = _writers(prog, op.src[0])
+        op = ops[0] if len(ops) == 1 else op
+    return op.peer if op.kind == "Recv" else -1
+
+
+def _text(prog: Program, acc: int, ranks: int, heads: int):
+    """(this rank's text rows (acc row, token, count), every rank's (token, count)) from the
+    writes into text_out (a copy of acc's rows, the peers' rows received), or None unless they
+    tile the text."""
+    b = prog.io["text_out"]
+    if b < 0:
+        return (0, 0, 0), ()
+    tokens = prog.buffers[b][3]
+    pieces: List[Optional[Tuple[int, int]]] = [None] * ranks
+    mine = (0, 0, 0)
+    for op in _writers(prog, b):
+        who = _origin(prog, op, acc)
+        if (op.dst[3], op.dst[4]) != (0, heads) or not 0 <= who < ranks or \
+                pieces[who] is not None:
+            return None
+        pieces[who] = (op.dst[1], op.dst[2])
+        if who == prog.rank:
+            mine = (op.src[1], op.dst[1], op.dst[2])
+    pieces = [p if p is not None else (0, 0) for p in pieces]
+    covered = sorted(p for p in pieces if p[1] > 0)
+    ends = [0] + [t + n for t, n in covered]
+    if any(t != e for (t, _), e in zip(covered, ends)) or ends[-1] != tokens:
+        return None
+    return mine, tuple(pieces)
+
+
+def layout(prog: Program, ranks: int, heads: int) -> Optional[Layout]:
+    """The Layout of a ring program's output rows, None when the program is not shaped so (its
+    backward then recomputes the layer, recompute.py)."""
+    found = _acc(prog, heads)
+    if found is None:
+        return None
+    acc, image = found
+    lse = _lse(prog, acc)
+    text = _text(prog, acc, ranks, heads)
+    if lse is None or text is None:
+        return None
+    return Layout(acc, lse, image, *text)
+
+
+def kept(lay: Layout, bufs: Sequence[torch.Tensor], image_tokens: int):
+    """(out rows [B, T_r + S_r, H, D], lse rows [B, T_r + S_r, H, 1]) of a run's buffers,
+    float32 copies of the rows only (the forward saves them)."""
+    a, _, n = lay.text
+    rows = []
+    for b in (lay.acc, lay.lse):
+        parts = [bufs[b][:, a:a + n], bufs[b][:, lay.image:lay.image + image_tokens]]
+        rows.append(torch.cat(parts, 1))
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class Ring:
+    """What the backward needs besides the saved tensors: the layout, the mesh, the layer's
+    total image tokens and the transfer timeout in seconds."""
+
+    layout: Layout
+    mesh: Mesh
+    seq: int
+    timeout_s: float
+
+
+def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
+    """The backward's state for the forward ``run`` (cpu_runtime.attention_kept's program,
+    group, timeout, buffers) of q [B, S_r, H, D], k, or None when its program is not ring-shaped
+    (:func:`layout`)."""
+    prog, _, seconds, _ = run
+    lay = layout(prog, mesh.size, q.shape[2])
+    if lay is None:
+        return None
+    text = 0 if joint is None else joint[0].shape[1]
+    seq = cpu_runtime.seq_total(mesh, q, k, text, WHERE)  # memoised by the forward's check
+    return Ring(lay, mesh, seq, seconds)
+
+
+def _exchange(ring: Ring, sends, recvs, what: str) -> None:
+    """Posts ``sends`` [(group rank, tensor, tag)] and ``recvs`` (the same, landing in the
+    tensor) at once and waits for all (receives first), each within the timeout."""
+    mesh = ring.mesh
+    ops = [dist.P2POp(dist.isend, t, group=mesh.group, tag=tag, group_peer=p)
+           for p, t, tag in sends]
+    ops += [dist.P2POp(dist.irecv, t, group=mesh.group, tag=tag, group_peer=p)
+            for p, t, tag in recvs]
+    if not ops:
+        return
+    peers = [p for p, _, _ in sends] + [p for p, _, _ in recvs]
+    try:
+        works = dist.batch_isend_irecv(ops)
+    except RuntimeError as e:
+        raise RuntimeError(f"{WHERE}: rank {mesh.rank}: ring backward, {what}: the transfers "
+                           f"with ranks {sorted(set(peers))} could not be posted: {e}") from None
+    timeout = datetime.timedelta(seconds=ring.timeout_s)
+    for i in [*range(len(sends), len(ops)), *range(len(sends))]:
+        try:
+            works[i].wait(timeout)
+        except RuntimeError as e:
+            kind = "send to" if i < len(sends) else "receive from"
+            raise RuntimeError(f"{WHERE}: rank {mesh.rank}: ring backward, {what}: the {kind} "
+                               f"rank {peers[i]} did not complete within {ring.timeout_s:g} s "
+                               f"(a rank that skips the backward?): {e}") from None
+
+
+def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
+    """dO of this rank's text rows [B, T_r, H, D]: every rank's dTextOut of them, summed in rank
+    order (each rank sends every other rank that rank's rows)."""
+    me, (_, t0, n) = ring.mesh.rank, ring.layout.text
+    djout = djout.float()
+    sends = [(j, djout[:, t:t + c].contiguous(), TEXT_TAG)
+             for j, (t, c) in enumerate(ring.layout.pieces) if j != me and c > 0]
+    B, _, H, D = djout.shape
+    got = {j: djout.new_empty(B, n, H, D) for j in range(ring.mesh.size) if j != me and n > 0}
+    _exchange(ring, sends, [(j, t, TEXT_TAG) for j, t in got.items()], "text rows' dOut")
+    total = torch.zeros(B, n, H, D)
+    for j in range(ring.mesh.size if n else 0):
+        total += djout[:, t0:t0 + n] if j == me else got[j]
+    return total
+
+
+def _ring(ring: Ring, rows, k: torch.Tensor, v: torch.Tensor):
+    """(dQ of the rows, dK, dV of this rank's image block) over the N ring steps; ``rows`` =
+    (dO, Q, O, LSE) of this rank's rows, k, v float32. At step s rank r holds rank
+    (r - s) mod N's block, adds its dK, dV to the block's accumulators and sends block and
+    accumulators to rank r + 1; after step N - 1 only the accumulators travel, to their owner."""
+    mesh, D = ring.mesh, k.shape[3]
+    me, N = mesh.rank, mesh.size
+    dq = torch.zeros_like(rows[1])
+    block = torch.cat([k, v], 3)  # [B, S_j, Hk, 2D]: k | v of the block held
+    grad = torch.zeros_like(block)  # its dK | dV accumulator
+    for s in range(N):
+        gq, gk, gv = attention_lse_backward(rows[0], rows[1], block[..., :D], block[..., D:],
+                                            rows[2], rows[3])
+        dq += gq
+        grad += torch.cat([gk, gv], 3)
+        owner = (me - s - 1) % N  # the block received now
+        count = shard_range(ring.seq, N, owner)[1]
+        send = grad.contiguous() if s == N - 1 else torch.cat([block, grad], 3)
+        land = send.new_empty(send.shape[0], count, *send.shape[2:])
+        tag = RING_TAG + s
+        _exchange(ring, [((me + 1) % N, send, tag)] if send.shape[1] else [],
+                  [((me - 1) % N, land, tag)] if count else [], f"step {s} of {N}")
+        block, grad = (None, land) if s == N - 1 else (land[..., :2 * D], land[..., 2 * D:])
+    return dq, grad[..., :D], grad[..., D:]
+
+
+@torch.no_grad()
+def gradients(ring: Ring, saved: Sequence[torch.Tensor], dout: torch.Tensor,
+              djout: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The float32 gradients {"q", "k", "v", with joint text "text_q", "text_k", "text_v"} of
+    this rank's inputs from ``saved`` = (q, k, v, [text q, k, v,] out rows, lse rows) and dOut
+    [B, S_r, H, D] (dTextOut [B, T, H, D] with joint text).
+
+    Rank r of N holds q [B, S_r, H, D], k, v [B, S_r, Hk, D] and computed the text rows
+    [t_r, t_r + T_r) of the T text tokens. Its rows = [text rows; image rows]: Q, O, dO
+    [B, T_r + S_r, H, D], LSE [B, T_r + S_r, H, 1] (the final merged one); dO of the text rows is
+    every rank's dTextOut of them, summed in rank order. Per k, v block
+    (cpu_kernels.attention_lse_backward, GQA folded), scale = 1 / sqrt(D)::
+
+        P = exp(Q K^T scale - LSE)        D_row = rowsum(dO * O)
+        dV = P^T dO    dS = P * (dO V^T - D_row)    dQ += scale dS K    dK = scale dS^T Q
+
+    The blocks: the joint text k, v (local; a rank's text k, v gradient is that of its rows,
+    their sum over the ranks the dense one), then the N ring steps of :func:`_ring`."""
+    q, k, v = (t.float() for t in saved[:3])
+    joint = tuple(t.float() for t in saved[3:6]) if len(saved) == 8 else None
+    out, lse = saved[-2:]
+    _, t0, n = ring.layout.text
+    dq_rows, q_rows = dout.float(), q
+    if joint is not None:
+        dq_rows = torch.cat([_text_dout(ring, djout), dq_rows], 1)
+        q_rows = torch.cat([joint[0][:, t0:t0 + n], q], 1)
+    rows = (dq_rows.contiguous(), q_rows.contiguous(), out, lse)
+    result = {}
+    dq = torch.zeros_like(q_rows)
+    if joint is not None:  # the text block, local (every rank holds the text k, v)
+        dq, result["text_k"], result["text_v"] = attention_lse_backward(*rows[:2], *joint[1:],
+                                                                         *rows[2:])
+    dq_ring, result["k"], result["v"] = _ring(ring, rows, k.contiguous(), v.contiguous())
+    dq += dq_ring
+    result["q"] = dq[:, n:]
+    if joint is not None:
+        result["text_q"] = torch.zeros_like(joint[0])
+        result["text_q"][:, t0:t0 + n] = dq[:, :n]
+    # Contiguous, as the backward op's fake kernel promises (a compiled graph views them).
+    return {name: g.contiguous() for name, g in result.items()}
+
+
+def recomputed(q, k, v, joint, dout, djout, mesh: Mesh,
+               cfg: Config) -> Optional[Dict[str, torch.Tensor]]:
+    """:func:`gradients` after running the ring forward again (without autograd) for its output
+    rows and LSE: the backward op torch.compile traces (recompute.gradients), whose forward
+    keeps only the inputs; None when the program is not ring-shaped."""
+    with torch.no_grad():
+        run = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, WHERE)[2]
+    ring = state(q, k, joint, mesh, run)
+    if ring is None:
+        return None
+    rows = kept(ring.layout, run[3], q.shape[1])
+    return gradients(ring, (q, k, v, *(joint or ()), *rows), dout, djout)

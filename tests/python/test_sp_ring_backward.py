@@ -1,0 +1,166 @@
+"""The ring strategy's own backward (ditscale/sp/ring_backward.py) on CPU tensors over gloo
+(gloo_util.run_gloo): gradients of q, k, v and the joint text inputs against dense float64
+autograd on 2, 3 and 4 ranks (meshes 1 x 2, 1 x 3, 1 x 4, 2 x 2; odd token counts, joint text
+with fewer text tokens than ranks, GQA, fewer heads than ranks, batch 2, float32 and bfloat16),
+the same bits twice; that the ring path runs (the forward keeps exactly q, k, v, the joint
+inputs, the output rows and their log-sum-exp; no Ulysses recomputation, no torch_backward),
+also in the backward op torch.compile traces (the eager bits);
+a rank that skips the backward makes the others fail within the group's timeout, naming
+ditscale.sp.attention. The references and the loss are test_sp_grad.py's (one spawn per world
+size runs every case)."""
+
+from __future__ import annotations
+
+from gloo_util import run_gloo
+from test_sp_grad import BF16, F32, _grads, _reference
+
+# (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
+CASES_2 = [
+    ("ring", {}, (1, 2), (2, 13, 5, 6, 3, 16, F32)),  # GQA, 7 + 6 tokens, text
+    ("ring", {}, (1, 2), (1, 9, 0, 3, 3, 8, F32)),  # no text
+    ("ring", {}, (1, 2), (1, 9, 3, 1, 1, 8, F32)),  # 1 head on 2 ranks (recompute: none)
+    ("ring", {}, (1, 2), (2, 13, 5, 6, 3, 16, BF16)),
+]
+CASES_3 = [("ring", {}, (1, 3), (1, 10, 2, 4, 2, 8, F32))]  # 4 + 3 + 3 tokens, 1 + 1 + 0 text
+CASES_4 = [
+    ("ring", {}, (1, 4), (2, 13, 5, 6, 6, 16, F32)),
+    ("ring", {}, (1, 4), (1, 11, 0, 4, 2, 8, F32)),  # the forward receives into k, v
+    ("ring", {}, (1, 4), (1, 11, 3, 3, 1, 8, F32)),  # 3 heads, 1 kv head; text 1, 1, 1, 0
+    ("ring", {}, (2, 2), (1, 11, 3, 8, 4, 8, F32)),
+    ("ring", {}, (1, 4), (1, 13, 5, 8, 4, 16, BF16)),
+]
+
+
+def _no_recomputation():
+    """Makes every other backward raise and records the ring backward's saved tensors."""
+    from ditscale.sp import recompute, ring_backward, torch_backward
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the ring backward recomputed the layer")
+
+    recompute.plan = recompute.run_kept = torch_backward.gradients = refuse
+    seen = []
+    real = ring_backward.gradients
+
+    def spy(ring, saved, dout, djout):
+        seen.append([(tuple(t.shape), t.dtype) for t in saved])
+        return real(ring, saved, dout, djout)
+
+    ring_backward.gradients = spy
+    return seen
+
+
+def _expected_saved(rank, world, shape):
+    """(shape, dtype) of q, k, v, the joint inputs, the output rows, the lse rows."""
+    import torch
+
+    import ditscale.sp as sp
+    B, S, T, H, Hk, D, dtype = shape
+    dt = getattr(torch, dtype)
+    n, rows = sp.shard_range(S, world, rank)[1], sp.shard_range(T, world, rank)[1]
+    inputs = [(B, n, H, D), (B, n, Hk, D), (B, n, Hk, D)]
+    inputs += [(B, T, H, D), (B, T, Hk, D), (B, T, Hk, D)] if T else []
+    return [(s, dt) for s in inputs] + [((B, rows + n, H, D), torch.float32),
+                                        ((B, rows + n, H, 1), torch.float32)]
+
+
+def _cases(rank, world, cases):
+    """Per case: (error against dense, the same bits twice, saved tensors as expected)."""
+    seen = _no_recomputation()
+    results = []
+    for i, case in enumerate(cases):
+        seen.clear()
+        err, bits = _grads(rank, world, *case, 1000 * i)
+        _, again = _grads(rank, world, *case, 1000 * i, direct=i == 0)
+        want = _expected_saved(rank, world, case[-1])
+        same = all(a.equal(b) for a, b in zip(bits, again))
+        results.append((err, same, seen == [want, want]))
+    return results
+
+
+def _check(results, cases):
+    for per_rank in results:
+        assert len(per_rank) == len(cases)
+        for case, (err, same, saved) in zip(cases, per_rank):
+            tol = 1e-2 if case[-1][-1] == BF16 else 2e-5
+            assert err < tol, (case, err)
+            assert same, case
+            assert saved, case
+
+
+def _op_is_eager(rank, world):
+    """The backward op torch.compile traces (custom_op.attention_backward_op: the ring forward
+    again, then its backward) gives the eager backward's bits, through the ring backward, in
+    contiguous tensors (a compiled graph views them as its fake kernel's)."""
+    import torch
+
+    import ditscale.sp as sp
+    from ditscale.sp import custom_op
+    from ditscale.sp.config import config_text
+    seen = _no_recomputation()
+    full, ups, _, _ = _reference((1, 11, 3, 4, 2, 8, F32), 5, world)
+    begin, count = sp.shard_range(11, world, rank)
+    xs = [x[:, 3 + begin:3 + begin + count].float() for x in full]
+    xs += [x[:, :3].float() for x in full]
+    xs = [x.requires_grad_() for x in xs]
+    cfg, mesh = sp.make_config("t", strategy="ring"), sp.Mesh(1, world)
+    out, tout = sp.attention(*xs[:3], mesh=mesh, config=cfg, joint_q=xs[3], joint_k=xs[4],
+                             joint_v=xs[5])
+    dout, dtout = ups[rank][0].float(), ups[rank][1].float()
+    eager = torch.autograd.grad((out, tout), xs, (dout, dtout))
+    by_op = custom_op.attention_backward_op(*(x.detach() for x in xs), dout, dtout,
+                                            *custom_op.mesh_args(mesh), config_text(cfg))
+    contiguous = all(g.is_contiguous() for g in by_op)  # as the op's fake kernel's
+    return len(seen) == 2 and contiguous and all(a.equal(b) for a, b in zip(eager, by_op))
+
+
+def _two_ranks(rank, world):
+    return _cases(rank, world, CASES_2), _op_is_eager(rank, world)
+
+
+def test_ring_backward_on_two_ranks():
+    results = run_gloo(_two_ranks, 2, timeout_s=300)
+    _check([cases for cases, _ in results], CASES_2)
+    assert all(same for _, same in results)
+
+
+def test_ring_backward_on_four_ranks():
+    _check(run_gloo(_cases, 4, CASES_4, timeout_s=400), CASES_4)
+
+
+LONELY_TIMEOUT_S = 5
+
+
+def _three_ranks_then_one_skips(rank, world):
+    """A ring of 3 against dense; then rank 2 never runs the backward (it stays in the group,
+    alive, past the timeout): ranks 0 and 1 fail within the group's timeout."""
+    import time
+
+    import torch
+
+    import ditscale.sp as sp
+    checked = _cases(rank, world, CASES_3)
+    q = torch.randn(1, 4, 2, 8, requires_grad=True)
+    out = sp.attention(q, q, q, mesh=sp.Mesh(1, world), strategy="ring")
+    if rank == 2:
+        time.sleep(LONELY_TIMEOUT_S + 3)  # leaving would close the pairs: another error
+        return checked, None
+    start = time.monotonic()
+    try:
+        out.sum().backward()
+    except RuntimeError as e:
+        return checked, (str(e), time.monotonic() - start)
+    return checked, None
+
+
+def test_a_rank_that_skips_the_ring_backward_fails_the_others():
+    results = run_gloo(_three_ranks_then_one_skips, 3, timeout_s=120,
+                       pg_timeout_s=LONELY_TIMEOUT_S)
+    _check([checked for checked, _ in results], CASES_3)
+    assert results[2][1] is None
+    for rank in (0, 1):
+        msg, seconds = results[rank][1]
+        assert msg.startswith(f"ditscale.sp.attention: rank {rank}: ring backward, step 0 of "
+                              f"3: the "), msg
+        assert f"did not complete within {LONELY_TIMEOUT_S} s" in msg, msg
+        assert seconds < LONELY_TIMEOUT_S + 3, seconds

@@ -2,8 +2,9 @@
 """Where one rank's band of a parallel VAE decode spends its time against 1/N of the stock
 decode: the whole call (time, GPU busy, top kernels) and its convolutions grouped by weight shape
 (one row per kind of layer: device time of the stock decode / N against the band's), for each
-layout of the band's padded convolution inputs (``ncdhw``: the stock one; ``channels-last``:
-channels innermost, the layout cuDNN computes in, so it skips its own transposes).
+layout of the band's padded convolution inputs, forced (``ncdhw``: the stock one;
+``channels-last``: channels innermost, the layout cuDNN computes in, so it skips its own
+transposes; the library's for Wan), and the host's issue time of the call.
 
     python -m lab.probes.vae_band_probe [--case wan2.1-480p] [--world 8] [--ranks 0,1]
         [--layouts ncdhw,channels-last] [--device cuda|cpu] [--out DIR]
@@ -22,20 +23,8 @@ import sys
 from bench.common import int_list, name_list
 from bench.diffusers import vae_bands as vb
 
-LAYOUTS = ("ncdhw", "channels-last", "ncdhw+rms", "channels-last+rms")
+LAYOUTS = ("ncdhw", "channels-last")
 
-
-def fused_rms_forward(self, x):
-    """WanRMS_norm's function (x / ||x||_C * sqrt(C) * gamma + bias) as one F.rms_norm over
-    the channels (float32 inside): x * rsqrt(mean_C(x^2) + eps) * gamma, eps = 1e-24 / C so
-    that it matches F.normalize's max(||x||, 1e-12) wherever ||x|| > 1e-12."""
-    import torch.nn.functional as F
-    if not self.channel_first:
-        return type(self)._stock_forward(self, x)
-    c = x.shape[1]
-    w = self.gamma.reshape(-1).to(x.dtype)
-    y = F.rms_norm(x.movedim(1, -1), (c,), w, eps=1e-24 / c).movedim(-1, 1)
-    return y + self.bias if not isinstance(self.bias, float) else y
 
 
 def _empty_for(layout: str):
@@ -43,7 +32,7 @@ def _empty_for(layout: str):
     import torch
     formats = {5: torch.channels_last_3d, 4: torch.channels_last}
 
-    def empty(x, shape):
+    def empty(x, shape, channels_last=False):
         if layout == "ncdhw":
             return x.new_empty(shape)
         return torch.empty(shape, dtype=x.dtype, device=x.device,
@@ -103,8 +92,7 @@ def run(args) -> str:
         original = band_input._empty
         try:
             for layout in args.layouts:
-                band_input._empty = _empty_for(layout.split("+")[0])
-                _patch_norm(layout.endswith("+rms"))
+                band_input._empty = _empty_for(layout)
                 runs = {r: vb._parallel(vae, z, args.world, r, meter)[0] for r in args.ranks}
                 slow = max(runs, key=lambda r: runs[r].t.median_ms)
                 m = runs[slow]
@@ -117,7 +105,6 @@ def run(args) -> str:
                 print(parts[-1], flush=True)
         finally:
             band_input._empty = original
-            _patch_norm(False)
     return (f"# VAE band probe: {args.case} at N = {args.world}\n\n" + "".join(parts)
             + "\n## cuDNN convolutions by weight shape\n\n" + conv_table(stock, convs, args.world)
             + "\n")
@@ -136,15 +123,6 @@ def host_ms(fn) -> float:
     t1 = time.perf_counter()
     sync()
     return 1e3 * (t1 - t0)
-
-
-def _patch_norm(on: bool) -> None:
-    """WanRMS_norm's forward: fused_rms_forward (on) or the stock one."""
-    from diffusers.models.autoencoders import autoencoder_kl_wan as wan
-    cls = wan.WanRMS_norm
-    if not hasattr(cls, "_stock_forward"):
-        cls._stock_forward = cls.forward
-    cls.forward = fused_rms_forward if on else cls._stock_forward
 
 
 def _band_convs(vae, z, world: int, rank: int) -> dict:

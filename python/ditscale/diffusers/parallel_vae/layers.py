@@ -113,15 +113,16 @@ def conv_rows(bands: Bands, x: torch.Tensor, k: int, s: int, top: int, dim: int,
     return add_halo(bands, x, top, k - s - top, dim, where, border)
 
 
-def conv2d(bands: Bands, name: str) -> Callable:
-    """forward(self, x [N, C, rows, W]) of an nn.Conv2d over this rank's band of rows."""
+def conv2d(bands: Bands, name: str, channels_last: bool = False) -> Callable:
+    """forward(self, x [N, C, rows, W]) of an nn.Conv2d over this rank's band of rows (its
+    input assembled channels innermost if asked: :mod:`.band_input`)."""
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
         ph, pw = self.padding  # the width padding stays the convolution's own (as stock's)
         k, s = self.kernel_size[0], self.stride[0]
         check_aligned(bands, x.shape[-2], s, name)
-        x = conv_input(bands, [x], 0, 0, ph, k - s - ph, 0, 0, name)
+        x = conv_input(bands, [x], 0, 0, ph, k - s - ph, 0, 0, name, channels_last)
         return F.conv2d(x, self.weight, self.bias, self.stride, (0, pw), self.dilation,
                         self.groups)
     return forward
@@ -184,9 +185,15 @@ def zero_pad2d(bands: Bands, name: str) -> Callable:
     return forward
 
 
+def wan_conv2d(bands: Bands, name: str) -> Callable:
+    """:func:`conv2d` with its input channels innermost (the layout of Wan's band)."""
+    return conv2d(bands, name, channels_last=True)
+
+
 def wan_causal_conv3d(bands: Bands, name: str) -> Callable:
-    """forward(self, x [B, C, T, rows, W], cache_x) of a WanCausalConv3d: the stock causal time
-    padding with the cached frames, then the height halo."""
+    """forward(self, x [B, C, T, rows, W], cache_x) of a WanCausalConv3d: its input (the cached
+    frames, the stock causal time and width padding, the height halo) assembled in one buffer,
+    channels innermost (:mod:`.band_input`), convolved without padding as the stock layer is."""
     def forward(self, x: torch.Tensor, cache_x=None) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x, cache_x)
@@ -197,8 +204,24 @@ def wan_causal_conv3d(bands: Bands, name: str) -> Callable:
             front -= cache_x.shape[2]
         k, s = self.kernel_size[1], self.stride[1]
         check_aligned(bands, x.shape[-2], s, name)
-        x = conv_input(bands, frames, front, back, top, k - s - top, left, right, name)
+        x = conv_input(bands, frames, front, back, top, k - s - top, left, right, name, True)
         return F.conv3d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+    return forward
+
+
+def wan_rms_norm(bands: Bands, name: str) -> Callable:
+    """forward(self, x [B, C, ...]) of a channels-first WanRMS_norm, whose function
+    ``x / ||x||_C * sqrt(C) * gamma + bias`` is ``x * rsqrt(mean_C(x^2) + eps) * gamma + bias``:
+    one F.rms_norm over the channels (float32 inside, x's dtype out) instead of the stock's
+    chain of float32 copies, with eps = 1e-24 / C, which equals the stock's
+    ``max(||x||, 1e-12)`` wherever ``||x|| > 1e-12`` (a zero vector gives zeros in both)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not bands.active or not self.channel_first:
+            return type(self).forward(self, x)
+        c = x.shape[1]
+        y = F.rms_norm(x.movedim(1, -1), (c,), self.gamma.reshape(-1).to(x.dtype),
+                       eps=1e-24 / c).movedim(-1, 1)
+        return y if isinstance(self.bias, float) and self.bias == 0.0 else y + self.bias
     return forward
 
 

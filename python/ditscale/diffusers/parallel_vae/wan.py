@@ -1,9 +1,10 @@
 """The plan of ``AutoencoderKLWan`` (Wan 2.1 and 2.2): which encoder and decoder modules get a
-band-aware forward (:mod:`.layers`) and which work per position and run as they are (RMS norm
-over channels, activations, nearest up-sampling by 2, Wan 2.2's DupUp3D / AvgDown3D on bands
-aligned to their factor, the containers). The encoder's down-sampling (a bottom zero row, then
-a stride-2 convolution) takes the row below from the next band. Any other class is refused by
-name. See docs/diffusers/vae.md.
+band-aware forward (:mod:`.layers`: the convolutions, whose inputs a band assembles channels
+innermost, the RMS norm over channels as one fused kernel, the attention block) and which work
+per position and run as they are (activations, nearest up-sampling by 2, Wan 2.2's DupUp3D /
+AvgDown3D on bands aligned to their factor, the containers). The encoder's down-sampling (a
+bottom zero row, then a stride-2 convolution) takes the row below from the next band. Any other
+class is refused by name. See docs/diffusers/vae.md.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from .bands import Bands
 # Classes that act per position (or only hold children): no halo, no collective.
 LOCAL = frozenset({"WanEncoder3d", "WanDecoder3d", "WanMidBlock", "WanResidualBlock",
                    "WanUpBlock", "WanResidualUpBlock", "WanResidualDownBlock", "WanUpsample",
-                   "WanRMS_norm", "DupUp3D", "AvgDown3D", "Dropout", "Identity", "Sequential",
+                   "DupUp3D", "AvgDown3D", "Dropout", "Identity", "Sequential",
                    "ModuleList", "SiLU"})
 
 # Class -> (the factory of its band-aware forward, the kernel's height index to check or None).
 REPLACED: Dict[str, Tuple[Callable, object]] = {
     "WanCausalConv3d": (layers.wan_causal_conv3d, 1),
-    "Conv2d": (layers.conv2d, 0),
+    "Conv2d": (layers.wan_conv2d, 0),
+    "WanRMS_norm": (layers.wan_rms_norm, None),
     "WanAttentionBlock": (layers.wan_attention, None),  # its children run as they are
 }
 

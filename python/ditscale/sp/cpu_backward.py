@@ -18,7 +18,7 @@ within the timeout fails naming the op. docs/sp.md ("Gradients").
 from __future__ import annotations
 
 import datetime
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,11 +31,11 @@ _COPIES = ("Copy", "Pack", "Unpack")
 _INPUTS = ("q", "k", "v", "text_q", "text_k", "text_v")
 
 
-def check_transposable(prog: Program, where: str) -> None:
-    """ValueError unless ``prog`` merges nothing and writes every region at most once (what
-    the transposition needs: no value it reads is ever overwritten)."""
+def check_transposable(prog: Program, where: str, ops: Optional[Sequence[Op]] = None) -> None:
+    """ValueError unless ``prog`` (or its ``ops``) merges nothing and writes every region at most
+    once (what the transposition needs: no value it reads is ever overwritten)."""
     written: Dict[int, List[Tuple[int, int, int, int]]] = {}
-    for op in prog.ops:
+    for op in prog.ops if ops is None else ops:
         if op.kind == "Merge":
             raise ValueError(f"{where}: {prog.description}: op #{op.index} '{op.label}' merges "
                              f"partial results; its backward is not implemented")
@@ -60,8 +60,10 @@ def saved_buffers(prog: Program) -> Tuple[int, ...]:
     return tuple(sorted(used))
 
 
-class _Backward:
-    """One backward run: gradient buffers (zeros on first use), posted transfers."""
+class Transposer:
+    """One backward run: gradient buffers (zeros on first use), posted transfers. ``step`` each
+    op in reverse order, then ``finish``; usp_backward.py steps the ops of a program's Ulysses
+    phases only and adds its ring's gradients in between (``grad``)."""
 
     def __init__(self, prog: Program, pg, saved: Dict[int, torch.Tensor], batch: int,
                  timeout_s: float):
@@ -130,11 +132,28 @@ class _Backward:
             raise ValueError(f"ditscale.sp (CPU backward): op #{op.index} '{op.label}' is a "
                              f"{op.kind}: no backward")
 
+    def seed(self, grads_out: Dict[str, torch.Tensor]) -> None:
+        """The gradients of the program's outputs ("out", "text_out")."""
+        for name, g in grads_out.items():
+            b = self.prog.io[name]
+            if b >= 0:
+                self.grads[b] = g.float().contiguous().clone()
+
     def finish(self) -> None:
         for b in sorted(self.pending):
             self._land(b)
         for op, work, _ in self.sends:
             self._wait(op, work)
+
+    def inputs(self) -> Dict[str, torch.Tensor]:
+        """The gradients of the program's inputs ("q", "k", ...: those it has), after finish."""
+        result = {}
+        for name in _INPUTS:
+            b = self.prog.io[name]
+            if b >= 0:
+                _, _, _, tokens, heads, width = self.prog.buffers[b]
+                result[name] = self.grad((b, 0, tokens, 0, heads))
+        return result
 
 
 @torch.no_grad()
@@ -144,19 +163,10 @@ def backward(prog: Program, pg, saved: Dict[int, torch.Tensor],
     """The gradients (float32) of prog's inputs ("q", "k", "v", "text_q", ...: those the program
     has) from those of its outputs (``grads_out``: "out", "text_out") and the forward's
     ``saved`` buffers (by index: :func:`saved_buffers`)."""
-    run = _Backward(prog, pg, saved, batch, timeout_s)
-    for name, g in grads_out.items():
-        b = prog.io[name]
-        if b >= 0:
-            run.grads[b] = g.float().contiguous().clone()
+    run = Transposer(prog, pg, saved, batch, timeout_s)
+    run.seed(grads_out)
     for op in reversed(prog.ops):
         run.step(op)
     run.finish()
-    result = {}
-    for name in _INPUTS:
-        b = prog.io[name]
-        if b >= 0:
-            _, _, _, tokens, heads, width = prog.buffers[b]
-            result[name] = run.grad((b, 0, tokens, 0, heads))
-    return result
+    return run.inputs()
 

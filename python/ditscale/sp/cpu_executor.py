@@ -66,6 +66,10 @@ class Program:
     # Input buffers the schedule also writes (ring without joint text receives into k and v):
     # execute runs them on copies, so the caller's tensors are never written.
     written_inputs: Tuple[str, ...] = ()
+    # The resolved strategy and degrees (the backward picks the schedule's own, grad.py).
+    strategy: str = ""
+    ulysses_degree: int = 1
+    ring_degree: int = 1
 
 
 def load_program(raw: dict, description: str) -> Program:
@@ -91,7 +95,8 @@ def load_program(raw: dict, description: str) -> Program:
         written.update(r[0] for r in (op.dst, op.dst_lse) if r is not None and r[0] in inputs)
     return Program(raw["rank"], (raw["image_token_begin"], raw["image_token_count"]),
                    tuple(tuple(b) for b in raw["buffers"]), ops, io, _units(ops), description,
-                   tuple(n for n in sorted(io) if io[n] >= 0 and io[n] in written))
+                   tuple(n for n in sorted(io) if io[n] >= 0 and io[n] in written),
+                   raw["strategy"], raw["ulysses_degree"], raw["ring_degree"])
 
 
 def _units(ops: Sequence[Op]) -> Tuple[Tuple[Tuple[int, ...], ...], ...]:

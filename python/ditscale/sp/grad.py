@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_backward, cpu_runtime, recompute, ring_backward, torch_backward
+from . import cpu_backward, cpu_runtime, recompute, torch_backward
 from .config import Config
 from .dispatch import check_distributed
 from .meshes import Mesh
@@ -68,12 +68,10 @@ class _Attention(torch.autograd.Function):
         inputs = (q, k, v, joint_q, joint_k, joint_v)
         ctx.dtypes = tuple(None if t is None else t.dtype for t in inputs)
         out, jout, kept = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, _WHERE)
-        ctx.ring = None
-        if cfg.strategy == "ring":
-            ctx.ring = ring_backward.state(q, k, joint, mesh, kept)
-        if ctx.ring is not None:  # the ring's own backward: inputs, output rows and their LSE
-            rows = ring_backward.kept(ctx.ring.layout, kept[3], q.shape[1])
-            ctx.save_for_backward(*(t for t in inputs if t is not None), *rows)
+        ctx.own = recompute.own(q, k, joint, mesh, kept)
+        if ctx.own is not None:  # the schedule's own backward (ring_backward, usp_backward)
+            module, state = ctx.own
+            ctx.save_for_backward(*module.saved(state, inputs, kept[3]))
             return out, _joint_out(q, jout)
         planned = recompute.plan(q, k, joint, mesh, cfg)
         ctx.rcfg, ctx.kv_groups = planned if planned is not None else (None, 1)
@@ -93,10 +91,9 @@ class _Attention(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: the backward is not differentiable
             raise NotImplementedError("ditscale.sp.attention: no double backward on more than "
                                       "one rank (create_graph=True)")
-        if ctx.ring is not None:  # the ring's own schedule (ring_backward.py)
-            saved = ctx.saved_tensors
-            g = ring_backward.gradients(ctx.ring, saved, dout, djout if len(saved) == 8 else None)
-            return _results(ctx, g)
+        if ctx.own is not None:  # the schedule's own (ring_backward.py, usp_backward.py)
+            module, state = ctx.own
+            return _results(ctx, module.backward(state, ctx.saved_tensors, dout, djout))
         if ctx.recompute:
             t = ctx.saved_tensors
             joint = tuple(t[3:6]) if ctx.has_joint else None

@@ -18,7 +18,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from . import cpu_backward, cpu_runtime, ring_backward, torch_backward
+from . import cpu_backward, cpu_runtime, ring_backward, torch_backward, usp_backward
 from .config import Config
 from .meshes import Mesh
 
@@ -99,15 +99,47 @@ def transposed(prog, pg, seconds: float, saved, dout: torch.Tensor,
     return grads
 
 
+def own(q, k, joint: Joint, mesh: Mesh, run):
+    """(module, state) of the schedule's own backward for the forward ``run``
+    (cpu_runtime.attention_kept's program, group, timeout, buffers): ring_backward for a plain
+    ring (ulysses_degree 1: ring, auto resolved so, usp / swiftfusion-tas / torus of degree 1),
+    usp_backward for a Ulysses x ring program; None for any other (or a layout not found).
+    The module's ``saved(state, inputs, buffers)`` is what the forward keeps, its
+    ``backward(state, saved, dout, djout)`` the gradients."""
+    prog = run[0]
+    if prog.ring_degree < 2:
+        return None
+    if prog.ulysses_degree == 1:
+        found = ring_backward.state(q, k, joint, mesh, run)
+        return None if found is None else (ring_backward, found)
+    found = usp_backward.state(mesh, run)
+    return None if found is None else (usp_backward, found)
+
+
+def _own_again(q, k, v, joint: Joint, dout, djout, mesh: Mesh, cfg: Config):
+    """The own backward's gradients after running the forward again (without autograd; the
+    backward op torch.compile traces keeps only the inputs), None for a schedule without one."""
+    prog = cpu_runtime.program_for(q, k, joint, mesh, cfg, WHERE)
+    if prog.ring_degree < 2 or (prog.ulysses_degree > 1 and usp_backward.layout_of(prog, mesh) is None):
+        return None
+    with torch.no_grad():
+        run = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, WHERE)[2]
+    found = own(q, k, joint, mesh, run)
+    if found is None:
+        return None
+    module, state = found
+    kept = module.saved(state, (q, k, v, *(joint or (None,) * 3)), run[3])
+    return module.backward(state, kept, dout, djout)
+
+
 def gradients(q, k, v, joint: Joint, dout, djout, mesh: Mesh,
               cfg: Config) -> Dict[str, torch.Tensor]:
-    """The gradients of the layer's inputs (see :func:`transposed`) by recomputation (with no
-    Ulysses split of the layer: torch_backward.py's); strategy ring: its own backward after
-    its forward again (ring_backward.py)."""
-    if cfg.strategy == "ring":
-        grads = ring_backward.recomputed(q, k, v, joint, dout, djout, mesh, cfg)
-        if grads is not None:
-            return grads
+    """The gradients of the layer's inputs (see :func:`transposed`): a schedule's own backward
+    after its forward again (:func:`own`), else by recomputation (with no Ulysses split of the
+    layer: torch_backward.py's)."""
+    grads = _own_again(q, k, v, joint, dout, djout, mesh, cfg)
+    if grads is not None:
+        return grads
     planned = plan(q, k, joint, mesh, cfg)
     if planned is None:
         return torch_backward.gradients(q, k, v, joint, dout, djout, mesh)

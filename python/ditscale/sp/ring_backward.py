@@ -142,6 +142,16 @@ def kept(lay: Layout, bufs: Sequence[torch.Tensor], image_tokens: int):
 
 
 @dataclass(frozen=True)
+class Link:
+    """The transfers of one backward schedule: the mesh (peers are its group ranks), the
+    timeout in seconds of each, and the schedule's name in errors ("ring backward")."""
+
+    mesh: Mesh
+    timeout_s: float
+    name: str
+
+
+@dataclass(frozen=True)
 class Ring:
     """What the backward needs besides the saved tensors: the layout, the mesh, the layer's
     total image tokens and the transfer timeout in seconds."""
@@ -150,6 +160,10 @@ class Ring:
     mesh: Mesh
     seq: int
     timeout_s: float
+
+    @property
+    def link(self) -> Link:
+        return Link(self.mesh, self.timeout_s, "ring backward")
 
 
 def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
@@ -165,10 +179,10 @@ def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
     return Ring(lay, mesh, seq, seconds)
 
 
-def _exchange(ring: Ring, sends, recvs, what: str) -> None:
+def exchange(link: Link, sends, recvs, what: str) -> None:
     """Posts ``sends`` [(group rank, tensor, tag)] and ``recvs`` (the same, landing in the
     tensor) at once and waits for all (receives first), each within the timeout."""
-    mesh = ring.mesh
+    mesh = link.mesh
     ops = [dist.P2POp(dist.isend, t, group=mesh.group, tag=tag, group_peer=p)
            for p, t, tag in sends]
     ops += [dist.P2POp(dist.irecv, t, group=mesh.group, tag=tag, group_peer=p)
@@ -179,16 +193,16 @@ def _exchange(ring: Ring, sends, recvs, what: str) -> None:
     try:
         works = dist.batch_isend_irecv(ops)
     except RuntimeError as e:
-        raise RuntimeError(f"{WHERE}: rank {mesh.rank}: ring backward, {what}: the transfers "
+        raise RuntimeError(f"{WHERE}: rank {mesh.rank}: {link.name}, {what}: the transfers "
                            f"with ranks {sorted(set(peers))} could not be posted: {e}") from None
-    timeout = datetime.timedelta(seconds=ring.timeout_s)
+    timeout = datetime.timedelta(seconds=link.timeout_s)
     for i in [*range(len(sends), len(ops)), *range(len(sends))]:
         try:
             works[i].wait(timeout)
         except RuntimeError as e:
             kind = "send to" if i < len(sends) else "receive from"
-            raise RuntimeError(f"{WHERE}: rank {mesh.rank}: ring backward, {what}: the {kind} "
-                               f"rank {peers[i]} did not complete within {ring.timeout_s:g} s "
+            raise RuntimeError(f"{WHERE}: rank {mesh.rank}: {link.name}, {what}: the {kind} "
+                               f"rank {peers[i]} did not complete within {link.timeout_s:g} s "
                                f"(a rank that skips the backward?): {e}") from None
 
 
@@ -201,11 +215,40 @@ def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
              for j, (t, c) in enumerate(ring.layout.pieces) if j != me and c > 0]
     B, _, H, D = djout.shape
     got = {j: djout.new_empty(B, n, H, D) for j in range(ring.mesh.size) if j != me and n > 0}
-    _exchange(ring, sends, [(j, t, TEXT_TAG) for j, t in got.items()], "text rows' dOut")
+    exchange(ring.link, sends, [(j, t, TEXT_TAG) for j, t in got.items()], "text rows' dOut")
     total = torch.zeros(B, n, H, D)
     for j in range(ring.mesh.size if n else 0):
         total += djout[:, t0:t0 + n] if j == me else got[j]
     return total
+
+
+def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Sequence[int],
+           home: bool):
+    """(dQ of the rows, the dK | dV accumulator [B, ., Hk, 2D] of the block held at the end)
+    over ``len(counts)`` steps (``home``) or one more (not ``home``); ``rows`` = (dO, Q, O, LSE)
+    float32, ``block`` the k | v [B, S_j, Hk, 2D] held first. Each step adds the held block's
+    dK, dV to its accumulator, then sends block and accumulator to rank ``to`` and receives the
+    next ones (``counts[s]`` tokens) from rank ``frm``; with ``home`` the last step sends only
+    the accumulator (to the block's owner)."""
+    D = block.shape[3] // 2
+    dq = torch.zeros_like(rows[1])
+    grad = torch.zeros_like(block)  # the held block's dK | dV accumulator
+    steps = len(counts) + (0 if home else 1)
+    for s in range(steps):
+        gq, gk, gv = attention_lse_backward(rows[0], rows[1], block[..., :D], block[..., D:],
+                                            rows[2], rows[3])
+        dq += gq
+        grad += torch.cat([gk, gv], 3)
+        if s == len(counts):
+            break
+        last = home and s == steps - 1
+        send = grad.contiguous() if last else torch.cat([block, grad], 3)
+        land = send.new_empty(send.shape[0], counts[s], *send.shape[2:])
+        tag = RING_TAG + s
+        exchange(link, [(to, send, tag)] if send.shape[1] else [],
+                 [(frm, land, tag)] if counts[s] else [], f"step {s} of {steps}")
+        block, grad = (None, land) if last else (land[..., :2 * D], land[..., 2 * D:])
+    return dq, grad
 
 
 def _ring(ring: Ring, rows, k: torch.Tensor, v: torch.Tensor):
@@ -215,22 +258,9 @@ def _ring(ring: Ring, rows, k: torch.Tensor, v: torch.Tensor):
     accumulators to rank r + 1; after step N - 1 only the accumulators travel, to their owner."""
     mesh, D = ring.mesh, k.shape[3]
     me, N = mesh.rank, mesh.size
-    dq = torch.zeros_like(rows[1])
-    block = torch.cat([k, v], 3)  # [B, S_j, Hk, 2D]: k | v of the block held
-    grad = torch.zeros_like(block)  # its dK | dV accumulator
-    for s in range(N):
-        gq, gk, gv = attention_lse_backward(rows[0], rows[1], block[..., :D], block[..., D:],
-                                            rows[2], rows[3])
-        dq += gq
-        grad += torch.cat([gk, gv], 3)
-        owner = (me - s - 1) % N  # the block received now
-        count = shard_range(ring.seq, N, owner)[1]
-        send = grad.contiguous() if s == N - 1 else torch.cat([block, grad], 3)
-        land = send.new_empty(send.shape[0], count, *send.shape[2:])
-        tag = RING_TAG + s
-        _exchange(ring, [((me + 1) % N, send, tag)] if send.shape[1] else [],
-                  [((me - 1) % N, land, tag)] if count else [], f"step {s} of {N}")
-        block, grad = (None, land) if s == N - 1 else (land[..., :2 * D], land[..., 2 * D:])
+    counts = [shard_range(ring.seq, N, (me - s - 1) % N)[1] for s in range(N)]
+    dq, grad = rotate(ring.link, rows, torch.cat([k, v], 3), (me + 1) % N, (me - 1) % N,
+                      counts, home=True)
     return dq, grad[..., :D], grad[..., D:]
 
 
@@ -276,15 +306,14 @@ def gradients(ring: Ring, saved: Sequence[torch.Tensor], dout: torch.Tensor,
     return {name: g.contiguous() for name, g in result.items()}
 
 
-def recomputed(q, k, v, joint, dout, djout, mesh: Mesh,
-               cfg: Config) -> Optional[Dict[str, torch.Tensor]]:
-    """:func:`gradients` after running the ring forward again (without autograd) for its output
-    rows and LSE: the backward op torch.compile traces (recompute.gradients), whose forward
-    keeps only the inputs; None when the program is not ring-shaped."""
-    with torch.no_grad():
-        run = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, WHERE)[2]
-    ring = state(q, k, joint, mesh, run)
-    if ring is None:
-        return None
-    rows = kept(ring.layout, run[3], q.shape[1])
-    return gradients(ring, (q, k, v, *(joint or ()), *rows), dout, djout)
+def saved(ring: Ring, inputs, bufs) -> Tuple[torch.Tensor, ...]:
+    """What the forward keeps: the inputs (q, k, v, joint q, k, v; None skipped), then the
+    output and lse rows of the run's buffers (:func:`kept`)."""
+    rows = kept(ring.layout, bufs, inputs[0].shape[1])
+    return (*(t for t in inputs if t is not None), *rows)
+
+
+def backward(ring: Ring, saved_: Sequence[torch.Tensor], dout: torch.Tensor,
+             djout: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """:func:`gradients` of :func:`saved`'s tensors (dTextOut used with joint inputs only)."""
+    return gradients(ring, saved_, dout, djout if len(saved_) == 8 else None)

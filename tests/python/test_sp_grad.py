@@ -5,8 +5,8 @@ odd token counts, joint text tokens, GQA, uneven head groups, batch 2, float32 a
 custom op called directly, only some inputs requiring grad, the same bits twice, two subgroups
 of 2 ranks at once; a backward whose peer never comes fails within the timeout, a double
 backward is refused; a compiled step (fullgraph, aot_eager) equals the eager one; another
-device is refused with inputs that require grad; fewer heads than ranks take torch_backward.py
-(but for strategy ring, whose own backward test_sp_ring_backward.py tests further).
+device is refused with inputs that require grad. The schedules' own backwards are tested further
+by test_sp_ring_backward.py and test_sp_usp_backward.py.
 
 The upstream gradients differ per rank (image and text outputs alike): the dense loss is the sum
 of every rank's. A rank's joint-input gradient is that of the heads (ring: the text rows) it
@@ -35,7 +35,7 @@ CASES_2 = [
     ("ring", {}, (1, 2), GQA),
     ("ring", {}, (1, 2), (1, 9, 0, 3, 3, 8, F32)),  # 3 heads, no text
     ("ring", {}, (1, 2), (1, 9, 3, 1, 1, 8, F32)),  # 1 head on 2 ranks: the ring's own backward
-    # 1 head: no Ulysses split, the backward of torch_backward.py
+    # 1 head, ulysses degree 1: a plain ring, the ring's own backward
     ("usp", {"ulysses_degree": 1, "ring_degree": 2}, (1, 2), (1, 9, 3, 1, 1, 8, F32)),
     ("usp", {}, (1, 2), GQA),
     ("swiftfusion-tas", {}, (2, 1), GQA),

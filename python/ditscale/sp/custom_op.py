@@ -67,8 +67,9 @@ _LIB.define("attention(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? jo
             "Tensor? joint_v, str group_name, int machines, int gpus_per_machine, str config) "
             "-> (Tensor, Tensor)")
 # The gradients (dq, dk, dv, djoint_q, djoint_k, djoint_v; [B, 0, ., D] without joint inputs)
-# from (dout, djoint_out) by recomputation (recompute.py; ring: its forward again and its own
-# backward): the backward torch.compile traces.
+# from (dout, djoint_out) by recomputation (recompute.py; a schedule with a backward of its own,
+# a ring or Ulysses x ring program: its forward again, then that backward): the backward
+# torch.compile traces.
 _LIB.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor? joint_q, Tensor? joint_k, "
             "Tensor? joint_v, Tensor dout, Tensor djoint_out, str group_name, int machines, "
             "int gpus_per_machine, str config) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "

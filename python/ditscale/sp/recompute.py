@@ -6,10 +6,11 @@ The schedule: the call's own when its program merges nothing and writes every re
 Ulysses schedules), else Ulysses over the same group (attention is the same function whatever
 the schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated for the
 recomputation (Ulysses gives every rank at least one) and their gradients summed back; a layer
-with fewer query heads than ranks takes torch_backward.py's instead. Used by
-the eager backward of a non-transposable schedule (grad.py) and by the backward op that
-torch.compile traces (custom_op.py), where strategy ring runs its forward again and its own
-backward (ring_backward.py). docs/sp.md ("Gradients").
+with fewer query heads than ranks takes torch_backward.py's instead. Used by the eager backward
+of a schedule with neither a transposable program nor a backward of its own (:func:`own`:
+ring_backward.py for a plain ring, usp_backward.py for a Ulysses x ring program; grad.py) and
+by the backward op that torch.compile traces (custom_op.py), where a schedule with its own
+backward runs its forward again, then that backward. docs/sp.md ("Gradients").
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def _own_again(q, k, v, joint: Joint, dout, djout, mesh: Mesh, cfg: Config):
     """The own backward's gradients after running the forward again (without autograd; the
     backward op torch.compile traces keeps only the inputs), None for a schedule without one."""
     prog = cpu_runtime.program_for(q, k, joint, mesh, cfg, WHERE)
-    if prog.ring_degree < 2 or (prog.ulysses_degree > 1 and usp_backward.layout_of(prog, mesh) is None):
+    if prog.ring_degree < 2:
+        return None
+    if prog.ulysses_degree > 1 and usp_backward.layout_of(prog, mesh) is None:
         return None
     with torch.no_grad():
         run = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg, WHERE)[2]

@@ -2,19 +2,14 @@
 (:data:`GRAD_STRATEGIES` on CPU tensors over gloo), the refusal of the others, and the
 torch.autograd.Function the op's Autograd kernel applies (custom_op.py).
 
-A program that merges nothing and writes every region once (the Ulysses schedules) is
-transposed: the forward saves only the buffers its attention ops read (this rank's head group of
-q, k, v over the whole sequence, its output and log-sum-exp) and the backward runs the program
-transposed (cpu_backward.py). A plain ring (strategy ring, auto resolved to it, usp /
-swiftfusion-tas / torus of ulysses degree 1) has its own backward (ring_backward.py): the forward
-saves this rank's inputs, output rows and their log-sum-exp; dK, dV return along the ring. A
-Ulysses x ring program (usp, swiftfusion-tas) has its own (usp_backward.py): the forward saves
-the head group's query rows, output, LSE, last ring block and text kv rows; the backward
-transposes the Ulysses phases and runs the ring reversed. Any other schedule (torus with a
-Ulysses degree > 1, ulysses-overlap) saves only this rank's input shards; its backward
-recomputes the layer as Ulysses over the same group and transposes that program. Joint text
-inputs: each rank's gradient is that of the heads (ring: the text rows) it computed (zero
-elsewhere); summed over the ranks it is the dense gradient of the sum of every rank's loss.
+A transposable program (Ulysses) saves what its attention ops read and runs transposed
+(cpu_backward.py). A plain ring (ring, auto resolved to it, degree-1 usp / swiftfusion-tas /
+torus) has its own backward (ring_backward.py: inputs, output rows and LSE saved; dK, dV along
+the ring), a Ulysses x ring program (usp, swiftfusion-tas) too (usp_backward.py: the head
+group's rows saved; the Ulysses phases transposed, the ring reversed). Any other (torus of Ulysses
+degree > 1, ulysses-overlap) saves this rank's input shards and recomputes the layer as Ulysses
+(recompute.py). A rank's joint-input gradient is that of the heads or text rows it computed
+(zero elsewhere): summed over the ranks, the dense gradient of the sum of every rank's loss.
 docs/sp.md ("Gradients").
 """
 

@@ -216,13 +216,21 @@ def wan_rms_norm(bands: Bands, name: str) -> Callable:
     chain of float32 copies, with eps = 1e-24 / C, which equals the stock's
     ``max(||x||, 1e-12)`` wherever ``||x|| > 1e-12`` (a zero vector gives zeros in both)."""
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not bands.active or not self.channel_first:
+        if not bands.active:
             return type(self).forward(self, x)
-        c = x.shape[1]
-        y = F.rms_norm(x.movedim(1, -1), (c,), self.gamma.reshape(-1).to(x.dtype),
-                       eps=1e-24 / c).movedim(-1, 1)
-        return y if isinstance(self.bias, float) and self.bias == 0.0 else y + self.bias
+        return _fused_rms(self, x)
     return forward
+
+
+def _fused_rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """WanRMS_norm ``norm`` of ``x`` as :func:`wan_rms_norm` computes it (channels-last
+    ones: the stock forward)."""
+    if not norm.channel_first:
+        return type(norm).forward(norm, x)
+    c = x.shape[1]
+    y = F.rms_norm(x.movedim(1, -1), (c,), norm.gamma.reshape(-1).to(x.dtype),
+                   eps=1e-24 / c).movedim(-1, 1)
+    return y if isinstance(norm.bias, float) and norm.bias == 0.0 else y + norm.bias
 
 
 def _heads(qkv: torch.Tensor, frames: int, channels: int):
@@ -233,14 +241,15 @@ def _heads(qkv: torch.Tensor, frames: int, channels: int):
 
 def wan_attention(bands: Bands, name: str) -> Callable:
     """forward(self, x [B, C, T, rows, W]) of a WanAttentionBlock (one head over each frame's
-    positions): queries of this band, keys and values of the whole frame."""
+    positions): its norm fused (:func:`wan_rms_norm`), queries of this band, keys and values of
+    the whole frame."""
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not bands.active:
             return type(self).forward(self, x)
         identity = x
         b, c, t, h, w = x.size()
         x = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        qkv = self.to_qkv(self.norm(x))
+        qkv = self.to_qkv(_fused_rms(self.norm, x))
         q, _, _ = _heads(qkv, b * t, c)
         _, k, v = _heads(gather_rows(bands, qkv, 2, name), b * t, c)
         x = F.scaled_dot_product_attention(q, k, v)

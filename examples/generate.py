@@ -35,9 +35,9 @@ Ranges (checked, named in errors): --height, --width [8, 16384] (the pipeline ad
 divisibility rule and limits: SD3's position embedding, Wan's rotary table); --frames
 [1, 1025] (videos; 1 for images; Wan: within its rotary table); --steps [1, 1000]; --guidance
 [0, 100]; --seed [0, 2^63 - 1]; --fps [1, 240]; --text-tokens [1, 4096]; --cache
-first-block:THRESHOLD [0, 1] (``cache_option``; --vae-parallel on | off; step caching that decides alike on every rank:
-``sp_cache``, docs/diffusers/cache.md). Defaults: the tiny or
-full shape of the pipeline (``tiny.DEFAULT_SHAPES``; --size: tiny, with --weights full), 2 steps
+first-block:THRESHOLD [0, 1] (``cache_option``; step caching that decides alike on every rank:
+``sp_cache``, docs/diffusers/cache.md); --vae-parallel on | off. Defaults: the tiny or full
+shape of the pipeline (``tiny.DEFAULT_SHAPES``; --size: tiny, with --weights full), 2 steps
 tiny / 30 full, each pipeline's usual guidance.
 """
 

@@ -14,7 +14,8 @@ groups of d consecutive ranks), one sample per group (81 x 720 x 1280: 21 x 45 x
 tokens), ``models.training.StepRunner`` (forward + backward, gradient sync, AdamW). Predicted:
 bench/train/sp_predict.py (the planner's SP cost with Work(S) from the smallest measured
 degree). ``--longest`` adds frames (``--frames-step``) at each degree until a step runs out of
-memory (caught on every rank, memory freed) or the budget ends. Without torchrun: one rank;
+memory (caught on every rank, memory freed; a rank out of memory inside a collective that the
+others wait in ends them all at --timeout-s) or the budget ends. Without torchrun: one rank;
 ``--model tiny --device cpu`` is the CI dry run (``--oom-above-tokens``: a step of more tokens
 per rank counts as out of memory, StepRunner's test hook). Writes DIR/sp-step-N.md on rank 0.
 """
@@ -243,8 +244,9 @@ def longest(run: Run, args) -> list:
 
 
 def degree_rows(env, args, degree: int):
-    """(measured row cells without the prediction, median step s or None, longest row)."""
+    """(measured row cells without the prediction, median step s or None, note, longest row)."""
     import torch.distributed as dist
+    from ditscale.models.training import release_memory
     run = build_run(env, args, degree)
     mesh = f"{run.layout.dp} x {degree}"
     tokens = run.data.micro_batch([0], latent(args, args.frames)).tokens
@@ -256,10 +258,15 @@ def degree_rows(env, args, degree: int):
     except OutOfMemory:
         row = [degree, mesh, tokens, "-", "-", "-", 0, "-", "-", "-"]
         median_s, note = None, "out of memory"
-    far = longest(run, args) if args.longest else None
-    group = run.layout.group
+    far = None
+    if args.longest and median_s is None:  # it did not fit at --frames: nothing longer will
+        far = [degree, "none", "-", "-", "-", f"out of memory at {args.frames} frames", 0]
+    elif args.longest:
+        far = longest(run, args)
+    group, dev = run.layout.group, run.runner.device
     del run
     gc.collect()
+    release_memory(dev)  # the next degree builds its model on a clean device
     if group is not None:
         dist.destroy_process_group(group)
     return row, median_s, note, far

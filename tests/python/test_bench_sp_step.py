@@ -81,3 +81,21 @@ def test_the_prediction_is_the_planner_cost():
 def test_bad_options_are_refused(tmp_path, args, message):
     r = run_bench("bench.train.sp_step", [*TINY, *args], tmp_path)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-2000:]
+
+
+def test_a_degree_that_does_not_fit_is_reported_and_the_next_one_anchors(tmp_path):
+    """6 tokens per rank: the 8-token clip fits at degree 2 only; degree 1 is out of memory on
+    both ranks in its first step (no hang), its --longest not searched."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [PACKAGE_PARENT, str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "-m", "bench.train.sp_step", *TINY, "--longest", "--max-frames", "9",
+           "--frames-step", "4", "--oom-above-tokens", "6", "--out-dir", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps, longest = _tables(tmp_path / "sp-step-2.md")
+    assert [(c[0], c[3], c[11], c[12]) for c in steps] == [
+        ("2", steps[0][3], "1.00", "-"), ("1", "-", "-", "out of memory")]
+    assert float(steps[1][10]) > 0  # predicted from degree 2
+    assert longest[1] == ["1", "none", "-", "-", "-", "out of memory at 5 frames", "0"]
+    assert (longest[0][:2], longest[0][5]) == (["2", "9"], "--max-frames 9")  # 12 tokens: 6 a rank

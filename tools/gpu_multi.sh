@@ -18,7 +18,8 @@
 #             pipeline call, examples/generate.py on all GPUs with --vae-parallel on and off
 #             (GEN_ARGS; per-stage seconds in generate-vae-{on,off}.txt)
 #   sp-train  bench.train.sp_step on all GPUs: Wan 2.1 1.3B, 75,600 tokens, every degree, and
-#             --longest (SP_STEP_ARGS; sp-step-N.md)
+#             --longest (SP_STEP_ARGS, e.g. "--degrees 8,4 --longest"; timeout SP_S, default 560;
+#             sp-step-N.md, rewritten after each degree: a timeout keeps the degrees done)
 #   degrees   bench.train.sp_degrees: the corpus and store (in $WORK, kept between calls on a
 #             warm machine: DEG_CORPUS_ARGS), ditscale.train on all GPUs with sp_degrees
 #             (DEG_MIXED, default 1,2,4,8 up to N) and with each fixed degree of DEG_FIXED (default
@@ -86,8 +87,8 @@ if has vae; then
   done
 fi
 
-has sp-train && step sp-train "$PART_S" "${TORCHRUN[@]}" --nproc-per-node "$N" \
-  -m bench.train.sp_step ${SP_STEP_ARGS:---reps 3 --longest --longest-budget-s 90} "${DEV[@]}" \
+has sp-train && step sp-train "${SP_S:-560}" "${TORCHRUN[@]}" --nproc-per-node "$N" \
+  -m bench.train.sp_step ${SP_STEP_ARGS:---reps 3 --longest --longest-budget-s 60} "${DEV[@]}" \
   --timeout-s "$PG_S" --out-dir "$OUT"
 
 if has degrees; then

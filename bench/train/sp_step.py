@@ -305,31 +305,39 @@ def notes_text(args, env, wan, eff) -> str:
             + (f"{eff} ({args.eff_json})" if eff else "1 (no --eff-json)") + ".")
 
 
-def run_all(env, args) -> str:
-    degrees = args.degrees or default_degrees(env.world_size)
-    check_degrees(degrees, env.world_size)
-    rows, measured, notes, far = [], {}, {}, []
-    for d in degrees:
-        row, measured[d], notes[d], lrow = degree_rows(env, args, d)
-        rows.append(row)
-        if lrow is not None:
-            far.append(lrow)
-        if env.rank == 0:
-            print(f"degree {d}: {row}", flush=True)
-    from ditscale.train import model
-    wan = model.model_config(args.model, args.num_layers, args.text_tokens)
-    pt, ph, pw = wan.patch
-    lt, lh, lw = latent(args, args.frames)
-    tokens = (lt // pt) * (lh // ph) * (lw // pw)
-    eff = sp_predict.read_eff(args.eff_json, args.model, tokens)
+def report_text(env, args, wan, tokens, eff, rows, measured, notes, far) -> str:
     rows = with_predictions(rows, measured, notes, wan, tokens, args, eff)
     text = reporter.report(f"Sequence-parallel training step on {env.world_size} ranks",
                            COLUMNS, rows, notes=notes_text(args, env, wan, eff))
     if far:
         text += ("\n## The longest clip that fits\n\n" + reporter.table(LONGEST_COLUMNS, far)
                  + f"\n\nframes from {args.frames} by {args.frames_step} up to "
-                 f"{args.max_frames}, one step each, {args.longest_budget_s} s per degree.\n")
+                 f"{args.max_frames}, one step each; no new try after {args.longest_budget_s} s "
+                 f"per degree.\n")
     return text
+
+
+def run_all(env, args) -> None:
+    """Every degree; rank 0 rewrites DIR/sp-step-N.md after each (a run stopped by its
+    timeout keeps the degrees it measured)."""
+    from ditscale.train import model
+    degrees = args.degrees or default_degrees(env.world_size)
+    check_degrees(degrees, env.world_size)
+    wan = model.model_config(args.model, args.num_layers, args.text_tokens)
+    (pt, ph, pw), (lt, lh, lw) = wan.patch, latent(args, args.frames)
+    tokens = (lt // pt) * (lh // ph) * (lw // pw)
+    eff = sp_predict.read_eff(args.eff_json, args.model, tokens)
+    path = os.path.join(args.out_dir, f"sp-step-{env.world_size}.md")
+    rows, measured, notes, far, text = [], {}, {}, [], ""
+    for d in degrees:
+        row, measured[d], notes[d], lrow = degree_rows(env, args, d)
+        rows.append(row)
+        far += [lrow] if lrow is not None else []
+        if env.rank == 0:
+            text = report_text(env, args, wan, tokens, eff, rows, measured, notes, far)
+            reporter.write(path, text)
+    if env.rank == 0:
+        print(text)
 
 
 def main(argv=None) -> int:
@@ -338,12 +346,9 @@ def main(argv=None) -> int:
     from ditscale.models.training import init_distributed
     env = init_distributed(args.device or "auto", timeout_s=args.timeout_s)
     try:
-        text = run_all(env, args)
+        run_all(env, args)
     finally:
         dist.destroy_process_group()
-    if env.rank == 0:
-        reporter.write(os.path.join(args.out_dir, f"sp-step-{env.world_size}.md"), text)
-        print(text)
     return 0
 
 

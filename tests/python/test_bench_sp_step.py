@@ -99,3 +99,15 @@ def test_a_degree_that_does_not_fit_is_reported_and_the_next_one_anchors(tmp_pat
     assert float(steps[1][10]) > 0  # predicted from degree 2
     assert longest[1] == ["1", "none", "-", "-", "-", "out of memory at 5 frames", "0"]
     assert (longest[0][:2], longest[0][5]) == (["2", "9"], "--max-frames 9")  # 12 tokens: 6 a rank
+
+
+def test_eff_is_read_at_the_nearest_token_count(tmp_path):
+    from bench.train import sp_predict
+    path = tmp_path / "eff.json"
+    path.write_text('{"wan2.1-1.3b": {"2": {"32760": 0.9, "75600": 1.01}, "4": {"8190": 0.4}}}')
+    assert sp_predict.read_eff(str(path), "wan2.1-1.3b", 70000) == {2: 1.01, 4: 0.4}
+    assert sp_predict.read_eff(str(path), "wan2.1-14b", 70000) == {}
+    assert sp_predict.read_eff(None, "wan2.1-1.3b", 70000) == {}
+    path.write_text('{"wan2.1-1.3b": {"2": {"75600": 7}}}')
+    with pytest.raises(ValueError, match=r"eff\(2\) = 7.0 of wan2.1-1.3b is outside"):
+        sp_predict.read_eff(str(path), "wan2.1-1.3b", 75600)

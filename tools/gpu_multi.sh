@@ -88,7 +88,8 @@ if has vae; then
 fi
 
 has sp-train && step sp-train "${SP_S:-560}" "${TORCHRUN[@]}" --nproc-per-node "$N" \
-  -m bench.train.sp_step ${SP_STEP_ARGS:---reps 3 --longest --longest-budget-s 60} "${DEV[@]}" \
+  -m bench.train.sp_step ${SP_STEP_ARGS:---reps 3 --longest --longest-budget-s 60 \
+  --eff-json bench/results/sp-block-eff_h100_2026-12.json} "${DEV[@]}" \
   --timeout-s "$PG_S" --out-dir "$OUT"
 
 if has degrees; then

@@ -17,7 +17,10 @@ without them gets stand-in embeddings seeded by the prompt texts, as the server 
 (--guidance > 1: the CFG scale, ``true_cfg_scale`` for Flux and HunyuanVideo, whose embedded
 guidance keeps its default) on an even rank count, the conditional and unconditional passes
 run on the two halves of the ranks (--no-cfg-parallel: both over all ranks); the image/video
-tokens are sharded over the ranks of each half by --strategy (default auto).
+tokens are sharded over the ranks of each half by --strategy (default auto). The VAE decode is
+banded over every rank (``parallelize_vae``, docs/diffusers/vae.md) with --vae-parallel on (the
+default; one rank decodes alone either way); off: every rank runs the stock decode of the whole
+image/video (the baseline of the parallel decode's share of the call).
 
 Printed by rank 0: the parallel layout, each step (``step k/n: ms``, after a device
 synchronize; step 1 from the first transformer forward), the latency per step (mean) and in
@@ -33,8 +36,8 @@ divisibility rule and limits: SD3's position embedding, Wan's rotary table); --f
 [1, 1025] (videos; 1 for images; Wan: within its rotary table); --steps [1, 1000]; --guidance
 [0, 100]; --seed [0, 2^63 - 1]; --fps [1, 240]; --text-tokens [1, 4096]; --cache
 first-block:THRESHOLD [0, 1] (``cache_option``; step caching that decides alike on every rank:
-``sp_cache``, docs/diffusers/cache.md). Defaults: the tiny or
-full shape of the pipeline (``tiny.DEFAULT_SHAPES``; --size: tiny, with --weights full), 2 steps
+``sp_cache``, docs/diffusers/cache.md); --vae-parallel on | off. Defaults: the tiny or full
+shape of the pipeline (``tiny.DEFAULT_SHAPES``; --size: tiny, with --weights full), 2 steps
 tiny / 30 full, each pipeline's usual guidance.
 """
 
@@ -49,7 +52,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ditscale._checks import check_int, check_real
+from ditscale._checks import check_choice, check_int, check_real
 from ditscale.diffusers import generation, parallelize_pipeline
 from ditscale.diffusers import tiny
 from ditscale.diffusers.cache_option import KINDS, parse_cache
@@ -80,6 +83,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="length of the made prompt embeddings (no --weights)")
     p.add_argument("--strategy", default="auto", help="a ditscale.sp strategy or auto")
     p.add_argument("--no-cfg-parallel", action="store_true")
+    p.add_argument("--vae-parallel", default="on",
+                   help="on: the VAE decode banded over every rank (parallelize_vae); off: the "
+                        "stock decode on every rank")
     p.add_argument("--cache", default="none",
                    help="step caching: none, or " + "; ".join(
                        f"{k}:{v.field.upper()} in [{v.lo:g}, {v.hi:g}]: {v.meaning}"
@@ -111,6 +117,7 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     args.seed = check_int("--seed", args.seed, 0, 2**63 - 1)
     args.fps = check_int("--fps", args.fps, 1, 240)
     args.cache_config = parse_cache("--cache", args.cache)
+    args.vae_parallel = check_choice("--vae-parallel", args.vae_parallel, ("on", "off"))
     if args.text_tokens is None:
         args.text_tokens = tiny.default_text_tokens(args.pipeline, args.size)
     args.text_tokens = check_int("--text-tokens", args.text_tokens, 1, 4096)
@@ -181,6 +188,12 @@ def layout(pipe, guided: bool, world: int) -> str:
         return (f"CFG parallel: the cond and uncond passes on 2 halves of {n} rank(s)"
                 + (", each sequence parallel" if n > 1 else ""))
     return f"sequence parallel over {world} rank(s)" + ("" if guided else " (no guidance)")
+
+
+def vae_layout(pipe, world: int) -> str:
+    if state_of(pipe).vae is not None:
+        return f"VAE decode banded over {world} ranks"
+    return "VAE decode: stock" + (" on every rank" if world > 1 else "")
 
 
 def step_printer(steps: int, timer, rank: int):
@@ -279,7 +292,8 @@ def main(argv=None) -> int:
         if wrong:  # the pipelines would round it silently, or fail deep inside
             raise ValueError(f"--height/--width/--frames: {wrong}")
         pipe = parallelize_pipeline(pipe, cfg_parallel=not args.no_cfg_parallel,
-                                    strategy=args.strategy)
+                                    strategy=args.strategy,
+                                    parallel_vae=args.vae_parallel == "on")
         enable_cache(pipe, args.cache_config)
         kwargs = call_kwargs(args, pipe, device, rank)
         if rank == 0:
@@ -287,7 +301,7 @@ def main(argv=None) -> int:
             print(f"{args.pipeline} ({'weights ' + args.weights if args.weights else args.size}"
                   f", {args.dtype}, {device.type}): {shape}, {args.steps} steps, guidance "
                   f"{args.guidance:g}; {layout(pipe, args.guidance > 1, world)}, strategy "
-                  f"{args.strategy}", flush=True)
+                  f"{args.strategy}; {vae_layout(pipe, world)}", flush=True)
         timer = generation.StageTimer(device)
         with timer.attach(pipe):
             out = pipe(**kwargs, callback_on_step_end=timer.step_callback(

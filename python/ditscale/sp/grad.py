@@ -49,8 +49,9 @@ def refuse_grad(where: str, ranks: int, tensors, cfg: Config) -> None:
         f"{where}: {', '.join(needs)} require grad on a mesh of {ranks} ranks: "
         f"sequence-parallel training is not supported yet for strategy {cfg.strategy!r} on "
         f"{tensors[0].device.type} tensors (gradients: every strategy on CPU tensors over "
-        f"gloo and CUDA tensors over NCCL, eagerly and under torch.compile); run it under torch.no_grad() or "
-        f"torch.inference_mode(), or detach the inputs (one rank: autograd works)")
+        f"gloo and CUDA tensors over NCCL, eagerly and under torch.compile); run it under "
+        f"torch.no_grad() or torch.inference_mode(), or detach the inputs (one rank: autograd "
+        f"works)")
 
 
 _WHERE = recompute.WHERE

@@ -52,7 +52,8 @@ def _all_to_all(chunks: List[torch.Tensor], shapes: List[Tuple[int, ...]],
 
 def to_heads(x: torch.Tensor, tokens: List[int], heads: List[int], rank: int,
              group) -> torch.Tensor:
-    """[B, S_r, H, D] (this rank's tokens, every head) -> [B, S, H_r, D] (every token, its heads)."""
+    """[B, S_r, H, D] (this rank's tokens, every head) -> [B, S, H_r, D] (every token, its
+    heads)."""
     B, _, _, D = x.shape
     hb = _begins(heads)
     chunks = [x[:, :, hb[j]:hb[j] + heads[j]].contiguous() for j in range(len(heads))]

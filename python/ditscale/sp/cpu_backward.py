@@ -1,6 +1,7 @@
-"""The backward of one rank's CPU program (cpu_executor.py) whose ops write every region once and
-merge nothing (the Ulysses schedules): the forward program transposed, op by op in reverse order,
-on float32 gradient buffers shaped like the forward's.
+"""The backward of one rank's CPU program (cpu_executor.py) whose ops write every region once but
+for merges of one attention's output into another's (the Ulysses schedules, ulysses-overlap):
+the forward program transposed, op by op in reverse order, on float32 gradient buffers shaped
+like the forward's.
 
 - Copy / Pack / Unpack ``dst <- src``: ``g[src] += g[dst]``;
 - Send of ``src`` to a peer: a Recv of the peer's gradient, added to ``g[src]``;
@@ -8,7 +9,9 @@ on float32 gradient buffers shaped like the forward's.
   :data:`GRAD_TAG_BASE`);
 - Attention ``dst, dst_lse <- (src, key, value)``: the block's backward from the saved
   (q, k, v, out, lse) (cpu_kernels.attention_lse_backward), added to ``g[src], g[key],
-  g[value]``.
+  g[value]``; out, lse are the rows' final ones (those of the accumulator it is merged into);
+- Merge of a partial into an accumulator: ``g[partial] += g[acc]`` (with the final LSE, each
+  block's backward takes the merged output's dO, as the ring's does; no LSE gradient).
 
 Transfers are posted at once; a gradient buffer is read or added to only after every Recv posted
 into it has landed (added in posting order: deterministic). A transfer that does not complete
@@ -31,14 +34,71 @@ _COPIES = ("Copy", "Pack", "Unpack")
 _INPUTS = ("q", "k", "v", "text_q", "text_k", "text_v")
 
 
-def check_transposable(prog: Program, where: str, ops: Optional[Sequence[Op]] = None) -> None:
-    """ValueError unless ``prog`` (or its ``ops``) merges nothing and writes every region at most
-    once (what the transposition needs: no value it reads is ever overwritten)."""
-    written: Dict[int, List[Tuple[int, int, int, int]]] = {}
-    for op in prog.ops if ops is None else ops:
+def _reads(op: Op) -> Tuple[Region, ...]:
+    return tuple(r for r in (op.src, op.key, op.value, op.src_lse) if r is not None)
+
+
+def _overlaps(a: Region, b: Region) -> bool:
+    return a[0] == b[0] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2] and \
+        a[3] < b[3] + b[4] and b[3] < a[3] + a[4]
+
+
+def merges(ops: Sequence[Op]) -> Dict[int, Tuple[Op, Op]]:
+    """{Merge op index: (the Attention whose output it folds in (the partial), the Attention
+    whose output it folds into (the accumulator))}, found by their exact (out, lse) regions;
+    a Merge without both is absent."""
+    by_dst = {(op.dst, op.dst_lse): op for op in ops if op.kind == "Attention"}
+    found = {}
+    for op in ops:
         if op.kind == "Merge":
+            part, acc = by_dst.get((op.src, op.src_lse)), by_dst.get((op.dst, op.dst_lse))
+            if part is not None and acc is not None and part is not acc:
+                found[op.index] = (part, acc)
+    return found
+
+
+def _check_merges(prog: Program, ops: Sequence[Op], where: str) -> None:
+    """Every Merge folds one attention's output (read by nothing else) into another attention's
+    (the accumulator, read by non-merges only after its last merge); no log-sum-exp read but by
+    merges: then each attention's backward is the block's from the accumulator's final output
+    and LSE (the ring's formula), its dO the accumulator's."""
+    found = merges(ops)
+    partials, last = set(), {}
+    for op in ops:
+        if op.kind != "Merge":
+            continue
+        part, acc = found.get(op.index, (None, None))
+        if part is None or part.index in partials or acc.index in partials or \
+                part.index in last:
             raise ValueError(f"{where}: {prog.description}: op #{op.index} '{op.label}' merges "
-                             f"partial results; its backward is not implemented")
+                             f"what is not one attention's output into another's; its backward "
+                             f"is not implemented")
+        partials.add(part.index)
+        last[acc.index] = op.index
+    lse = [op.dst_lse for op in ops if op.kind == "Attention"]
+    held = [(prog.ops[i].dst, prog.ops[i].dst_lse, end) for i, end in last.items()]
+    held += [(prog.ops[i].dst, prog.ops[i].dst_lse, len(prog.ops)) for i in partials]
+    for op in ops:
+        if op.kind == "Merge":
+            continue
+        for r in _reads(op):
+            if any(_overlaps(r, x) for x in lse) or \
+                    any(op.index < end and _overlaps(r, out) for out, _, end in held):
+                raise ValueError(f"{where}: {prog.description}: op #{op.index} '{op.label}' "
+                                 f"reads a partial result or log-sum-exp; its backward is not "
+                                 f"implemented")
+
+
+def check_transposable(prog: Program, where: str, ops: Optional[Sequence[Op]] = None) -> None:
+    """ValueError unless ``prog`` (or its ``ops``) writes every region at most once (what the
+    transposition needs: no value it reads is ever overwritten) but for merges of one
+    attention's output into another's (:func:`_check_merges`)."""
+    ops = prog.ops if ops is None else ops
+    _check_merges(prog, ops, where)
+    written: Dict[int, List[Tuple[int, int, int, int]]] = {}
+    for op in ops:
+        if op.kind == "Merge":  # into an attention's output: checked above
+            continue
         for r in (op.dst, op.dst_lse):
             if r is None:
                 continue
@@ -51,12 +111,20 @@ def check_transposable(prog: Program, where: str, ops: Optional[Sequence[Op]] = 
             written.setdefault(b, []).append((t0, nt, h0, nh))
 
 
+def finals(prog: Program) -> Dict[int, Tuple[Region, Region]]:
+    """{attention op index: (out, lse) regions holding its rows' final merged output and LSE}
+    for the attention ops merged into an accumulator (the others: their own dst, dst_lse)."""
+    return {part.index: (acc.dst, acc.dst_lse) for part, acc in merges(prog.ops).values()}
+
+
 def saved_buffers(prog: Program) -> Tuple[int, ...]:
-    """The buffers the backward reads: those of the attention ops (q, k, v, out, lse)."""
-    used = set()
+    """The buffers the backward reads: those of the attention ops (q, k, v, and the final out,
+    lse of their rows: a merged partial's buffer is not kept)."""
+    used, final = set(), finals(prog)
     for op in prog.ops:
         if op.kind == "Attention":
-            used.update(r[0] for r in (op.src, op.key, op.value, op.dst, op.dst_lse))
+            out, lse = final.get(op.index, (op.dst, op.dst_lse))
+            used.update(r[0] for r in (op.src, op.key, op.value, out, lse))
     return tuple(sorted(used))
 
 
@@ -72,6 +140,7 @@ class Transposer:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.grads: Dict[int, torch.Tensor] = {}
+        self.finals = finals(prog)
         self.pending: Dict[int, List[Tuple[Op, object, torch.Tensor]]] = {}
         self.sends: List[Tuple[Op, object, torch.Tensor]] = []
 
@@ -111,7 +180,7 @@ class Transposer:
             self.grad(op.src).add_(land)
 
     def step(self, op: Op) -> None:
-        if op.kind in _COPIES:
+        if op.kind in _COPIES or op.kind == "Merge":  # a merge: the partial's dO is the acc's
             self.grad(op.src).add_(self.grad(op.dst))
         elif op.kind == "Recv":  # the gradient of what arrived goes back to its sender
             data = self.grad(op.dst).contiguous()
@@ -121,10 +190,11 @@ class Transposer:
             land = torch.empty(self.batch, nt, nh, self.prog.buffers[b][5])
             work = self._post(op, self.pg.recv, land)
             self.pending.setdefault(b, []).append((op, work, land))
-        elif op.kind == "Attention":
+        elif op.kind == "Attention":  # from the rows' final output and LSE (merged or not)
+            out, lse = self.finals.get(op.index, (op.dst, op.dst_lse))
             dq, dk, dv = attention_lse_backward(
                 self.grad(op.dst), self.value(op.src), self.value(op.key), self.value(op.value),
-                self.value(op.dst), self.value(op.dst_lse))
+                self.value(out), self.value(lse))
             self.grad(op.src).add_(dq)
             self.grad(op.key).add_(dk)
             self.grad(op.value).add_(dv)

@@ -25,9 +25,15 @@ CASES_4 = [
     ("ulysses-overlap", {}, (1, 4), (2, 13, 5, 6, 6, 16, F32)),  # 4 + 3 + 3 + 3; heads 2, 2, 1, 1
     ("ulysses-overlap", {}, (1, 4), (1, 11, 3, 8, 4, 8, F32)),  # GQA: one kv head each
     ("ulysses-overlap", {}, (2, 2), (1, 13, 5, 8, 4, 16, BF16)),
+    ("torus", {"chunks": 2}, (2, 2), (1, 10, 3, 4, 4, 8, F32)),  # ulysses 2 x ring 2
+    ("torus", {"chunks": 3}, (2, 2), (2, 13, 5, 6, 3, 16, F32)),  # GQA, heads 4 + 2
+    ("torus", {"chunks": 2}, (2, 2), (1, 11, 0, 8, 4, 8, F32)),  # no text
+    ("torus", {"chunks": 2}, (2, 2), (1, 13, 5, 8, 4, 16, BF16)),
 ]
 _REAL = {}  # the functions _spy replaces, as imported
-KEPT = ["gathered.q", "gathered.k", "gathered.v", "acc.out", "acc.lse"]
+# The buffers the forward keeps: the gathered q (and k, v), the accumulator's output and LSE.
+KEPT = {"ulysses-overlap": ["gathered.q", "gathered.k", "gathered.v", "acc.out", "acc.lse"],
+        "torus": ["gathered.q", "acc.out", "acc.lse", "kall", "vall"]}
 
 
 def _spy(eager: bool = True):
@@ -62,8 +68,8 @@ def _cases(rank, world, cases):
     """Per case: (error against dense, the same bits twice, the own path ran)."""
     seen = _spy()
     results = []
-    want = [("kept", KEPT), ("backward", "ulysses-overlap")] * 2
     for i, case in enumerate(cases):
+        want = [("kept", KEPT[case[0]]), ("backward", case[0])] * 2
         seen.clear()
         err, bits = _grads(rank, world, *case, 1000 * i)
         _, again = _grads(rank, world, *case, 1000 * i, direct=i == 0)
@@ -72,9 +78,9 @@ def _cases(rank, world, cases):
     return results
 
 
-def _op_is_eager(rank, world):
-    """The backward op torch.compile traces (the ulysses-overlap forward again, then its
-    program transposed) gives the eager backward's bits, in contiguous tensors."""
+def _op_is_eager(rank, world, strategy, mesh, fields):
+    """The backward op torch.compile traces (the schedule's forward again, then its program
+    transposed) gives the eager backward's bits, in contiguous tensors."""
     import torch
 
     import ditscale.sp as sp
@@ -86,7 +92,7 @@ def _op_is_eager(rank, world):
     xs = [x[:, 3 + begin:3 + begin + count].float() for x in full]
     xs += [x[:, :3].float() for x in full]
     xs = [x.requires_grad_() for x in xs]
-    cfg, mesh = sp.make_config("t", strategy="ulysses-overlap"), sp.Mesh(1, world)
+    cfg, mesh = sp.make_config("t", strategy=strategy, **fields), sp.Mesh(*mesh)
     out, tout = sp.attention(*xs[:3], mesh=mesh, config=cfg, joint_q=xs[3], joint_k=xs[4],
                              joint_v=xs[5])
     dout, dtout = ups[rank][0].float(), ups[rank][1].float()
@@ -94,7 +100,7 @@ def _op_is_eager(rank, world):
     by_op = custom_op.attention_backward_op(*(x.detach() for x in xs), dout, dtout,
                                             *custom_op.mesh_args(mesh), config_text(cfg))
     contiguous = all(g.is_contiguous() for g in by_op)
-    ran = [s for s in seen if s[0] == "backward"] == [("backward", "ulysses-overlap")] * 2
+    ran = [s for s in seen if s[0] == "backward"] == [("backward", strategy)] * 2
     return ran and contiguous and all(a.equal(b) for a, b in zip(eager, by_op))
 
 
@@ -135,11 +141,13 @@ def _check(results, cases):
 
 
 def _two_ranks(rank, world):
-    return _cases(rank, world, CASES_2), _op_is_eager(rank, world)
+    return _cases(rank, world, CASES_2), _op_is_eager(rank, world, "ulysses-overlap", (1, 2), {})
 
 
 def _four_ranks(rank, world):
-    return _cases(rank, world, CASES_4), _one_skips(rank, world)
+    cases, eager = _cases(rank, world, CASES_4), _op_is_eager(rank, world, "torus", (2, 2),
+                                                              {"chunks": 2})
+    return cases, _one_skips(rank, world), eager  # the skip last: it leaves transfers behind
 
 
 def test_ulysses_overlap_backward_on_two_ranks():
@@ -150,7 +158,8 @@ def test_ulysses_overlap_backward_on_two_ranks():
 
 def test_ulysses_overlap_backward_on_four_ranks():
     results = run_gloo(_four_ranks, 4, timeout_s=400, pg_timeout_s=LONELY_TIMEOUT_S)
-    _check([cases for cases, _ in results], CASES_4)
+    _check([cases for cases, _, _ in results], CASES_4)
+    assert all(eager for _, _, eager in results)
     assert results[3][1] is None
     for rank in (0, 1, 2):
         msg, seconds = results[rank][1]

@@ -1,13 +1,15 @@
-"""ulysses-overlap's own backward on CPU tensors over gloo (gloo_util.run_gloo): its program
-(Ulysses with the attention cut into three calls and one merge) transposed by cpu_backward.py,
-no Ulysses recomputation. Gradients of q, k, v and the joint text inputs against dense float64
-autograd on 2 and 4 ranks (odd token counts, joint text, GQA, uneven head groups, no text,
-batch 2, float32 and bfloat16), the same bits twice; that the own path runs (the Ulysses
-recomputation and torch_backward raise; the forward keeps the gathered q, k, v and the
-accumulator's output and LSE, not the merged partial), also in the backward op torch.compile
-traces (the eager bits); a rank that skips the backward makes the others fail within the group's
-timeout, naming ditscale.sp.attention. References and loss: test_sp_grad.py's (one spawn per
-world size)."""
+"""The own backwards of ulysses-overlap and torus on CPU tensors over gloo (gloo_util.run_gloo):
+their programs (Ulysses with the attention cut into calls merged into one accumulator; torus'
+chunked Ulysses x ring, its partials merged into rows of the accumulator) transposed by
+cpu_backward.py, no Ulysses recomputation. Gradients of q, k, v and the joint text inputs against
+dense float64 autograd on 2, 4 and 6 ranks (ulysses-overlap 1 x 2, 1 x 4, 2 x 2; torus 2 x 2 with
+2 and 3 chunks, 2 x 3: a ring of 3; odd token counts, joint text, GQA, uneven head groups, no
+text, batch 2, float32 and bfloat16), the same bits twice; that the own path runs (the Ulysses
+recomputation and torch_backward raise; the forward keeps the gathered q (k, v), the
+accumulator's output and LSE, not the merged partials), also in the backward op torch.compile
+traces (the eager bits); a rank that skips the backward makes the others fail within the
+group's timeout, naming ditscale.sp.attention. References and loss: test_sp_grad.py's (one
+spawn per world size)."""
 
 from __future__ import annotations
 
@@ -167,3 +169,13 @@ def test_ulysses_overlap_backward_on_four_ranks():
                               "transposed): "), msg
         assert f"did not complete within {LONELY_TIMEOUT_S} s" in msg, msg
         assert seconds < LONELY_TIMEOUT_S + 3, seconds
+
+
+CASES_6 = [  # ulysses 2 x ring 3: chunks forwarded along a ring of 3
+    ("torus", {"chunks": 2}, (2, 3), (1, 17, 5, 4, 2, 8, F32)),
+    ("torus", {"chunks": 3}, (2, 3), (2, 13, 0, 6, 6, 8, F32)),
+]
+
+
+def test_torus_backward_on_a_ring_of_three():
+    _check(run_gloo(_cases, 6, CASES_6, timeout_s=400), CASES_6)

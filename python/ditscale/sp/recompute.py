@@ -3,15 +3,15 @@ run again (without autograd) with a schedule whose program is transposable, then
 transposed (cpu_backward.py).
 
 The schedule: the call's own when its program is transposable (every region written once but
-for merges of one attention's output into another's: the Ulysses schedules, ulysses-overlap),
-else Ulysses over the same group (attention is the same function whatever the schedule). With
-GQA and fewer kv heads than ranks, the kv heads are repeated for the recomputation (Ulysses
-gives every rank at least one) and their gradients summed back; a layer with fewer query heads
-than ranks takes torch_backward.py's instead. Used by the eager backward of a schedule with
-neither a transposable program nor a backward of its own (:func:`own`: ring_backward.py for a
-plain ring, usp_backward.py for a Ulysses x ring program; grad.py) and by the backward op that
-torch.compile traces (custom_op.py), where a schedule with its own backward runs its forward
-again, then that backward. docs/sp.md ("Gradients").
+for merges of partial attention outputs into an accumulator's rows: ulysses, ulysses-overlap,
+torus), else Ulysses over the same group (attention is the same function whatever the
+schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated for the
+recomputation (Ulysses gives every rank at least one) and their gradients summed back; a layer
+with fewer query heads than ranks takes torch_backward.py's instead. Used by the eager backward
+of a schedule with neither a transposable program nor a backward of its own (:func:`own`:
+ring_backward.py for a plain ring, usp_backward.py for a Ulysses x ring program; grad.py) and
+by the backward op that torch.compile traces (custom_op.py), where a schedule with its own
+backward runs its forward again, then that backward. docs/sp.md ("Gradients").
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The own backwards of ulysses-overlap and torus on CPU tensors over gloo (gloo_util.run_gloo):
 their programs (Ulysses with the attention cut into calls merged into one accumulator; torus'
 chunked Ulysses x ring, its partials merged into rows of the accumulator) transposed by
-cpu_backward.py, no Ulysses recomputation. Gradients of q, k, v and the joint text inputs against
-dense float64 autograd on 2, 4 and 6 ranks (ulysses-overlap 1 x 2, 1 x 4, 2 x 2; torus 2 x 2 with
-2 and 3 chunks, 2 x 3: a ring of 3; odd token counts, joint text, GQA, uneven head groups, no
-text, batch 2, float32 and bfloat16), the same bits twice; that the own path runs (the Ulysses
-recomputation and torch_backward raise; the forward keeps the gathered q (k, v), the
-accumulator's output and LSE, not the merged partials), also in the backward op torch.compile
-traces (the eager bits); a rank that skips the backward makes the others fail within the
-group's timeout, naming ditscale.sp.attention. References and loss: test_sp_grad.py's (one
-spawn per world size)."""
+cpu_backward.py, no Ulysses recomputation. Gradients of q, k, v and the joint text inputs
+against dense float64 autograd on 2 to 8 ranks (ulysses-overlap 1 x 2, 1 x 4, 2 x 2; torus
+2 x 2 with 2 and 3 chunks, 2 x 3: a ring of 3, 2 x 4, 4 x 2; odd token counts, joint text, GQA,
+uneven head groups, no text, batch 2, float32 and bfloat16), the same bits twice; that the own
+path runs (the Ulysses recomputation and torch_backward raise; the forward keeps the gathered q
+(k, v), the accumulator's output and LSE, not the merged partials), also in the backward op
+torch.compile traces (the eager bits); a rank that skips the backward makes the others fail
+within the group's timeout, naming ditscale.sp.attention. References and loss:
+test_sp_grad.py's (one spawn per world size)."""
 
 from __future__ import annotations
 
@@ -179,3 +179,13 @@ CASES_6 = [  # ulysses 2 x ring 3: chunks forwarded along a ring of 3
 
 def test_torus_backward_on_a_ring_of_three():
     _check(run_gloo(_cases, 6, CASES_6, timeout_s=400), CASES_6)
+
+
+CASES_8 = [  # ulysses 2 x ring 4 and ulysses 4 x ring 2
+    ("torus", {"chunks": 2}, (2, 4), (1, 19, 5, 8, 4, 8, F32)),
+    ("torus", {"chunks": 3}, (4, 2), (1, 17, 3, 8, 4, 8, F32)),
+]
+
+
+def test_torus_backward_on_eight_ranks():
+    _check(run_gloo(_cases, 8, CASES_8, timeout_s=400), CASES_8)

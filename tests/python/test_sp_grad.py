@@ -312,8 +312,9 @@ def _lonely_backward(rank, world):
 
 def test_a_backward_without_its_peer_fails_within_the_timeout():
     lonely, twice = run_gloo(_lonely_backward, 2, timeout_s=90, pg_timeout_s=LONELY_TIMEOUT_S)
-    assert lonely is not None and lonely.startswith("ditscale.sp (CPU backward): rank 0: "
-                                                    "gradient of "), lonely
+    assert lonely is not None and lonely.startswith(
+        "ditscale.sp.attention: ulysses backward (its program transposed): ditscale.sp (CPU "
+        "backward): rank 0: gradient of "), lonely
     assert "did not complete within 5 s" in lonely
     assert twice == ("ditscale.sp.attention: no double backward on more than one rank "
                      "(create_graph=True)")

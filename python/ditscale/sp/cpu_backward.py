@@ -1,6 +1,7 @@
-"""The backward of one rank's CPU program (cpu_executor.py) whose ops write every region once and
-merge nothing (the Ulysses schedules): the forward program transposed, op by op in reverse order,
-on float32 gradient buffers shaped like the forward's.
+"""The backward of one rank's CPU program (cpu_executor.py) whose ops write every region once but
+for merges of attention outputs into another's rows (the Ulysses schedules, ulysses-overlap,
+torus): the forward program transposed, op by op in reverse order, on float32 gradient buffers
+shaped like the forward's.
 
 - Copy / Pack / Unpack ``dst <- src``: ``g[src] += g[dst]``;
 - Send of ``src`` to a peer: a Recv of the peer's gradient, added to ``g[src]``;
@@ -8,7 +9,10 @@ on float32 gradient buffers shaped like the forward's.
   :data:`GRAD_TAG_BASE`);
 - Attention ``dst, dst_lse <- (src, key, value)``: the block's backward from the saved
   (q, k, v, out, lse) (cpu_kernels.attention_lse_backward), added to ``g[src], g[key],
-  g[value]``.
+  g[value]``; out, lse are the rows' final ones (those of the accumulator it is merged into);
+- Merge of a partial into an accumulator's rows: ``g[partial] += g[acc rows]`` (with the final
+  LSE, each block's backward takes the merged output's dO, as the ring's does; no LSE
+  gradient); a partial's gradient is zeroed once its attention used it (its buffer is reused).
 
 Transfers are posted at once; a gradient buffer is read or added to only after every Recv posted
 into it has landed (added in posting order: deterministic). A transfer that does not complete
@@ -31,32 +35,105 @@ _COPIES = ("Copy", "Pack", "Unpack")
 _INPUTS = ("q", "k", "v", "text_q", "text_k", "text_v")
 
 
-def check_transposable(prog: Program, where: str, ops: Optional[Sequence[Op]] = None) -> None:
-    """ValueError unless ``prog`` (or its ``ops``) merges nothing and writes every region at most
-    once (what the transposition needs: no value it reads is ever overwritten)."""
-    written: Dict[int, List[Tuple[int, int, int, int]]] = {}
-    for op in prog.ops if ops is None else ops:
+def _reads(op: Op) -> Tuple[Region, ...]:
+    return tuple(r for r in (op.src, op.key, op.value, op.src_lse) if r is not None)
+
+
+def _overlaps(a: Region, b: Region) -> bool:
+    return a[0] == b[0] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2] and \
+        a[3] < b[3] + b[4] and b[3] < a[3] + a[4]
+
+
+def _within(a: Region, b: Region) -> bool:
+    return a[0] == b[0] and b[1] <= a[1] and a[1] + a[2] <= b[1] + b[2] and \
+        b[3] <= a[3] and a[3] + a[4] <= b[3] + b[4]
+
+
+def _refuse(prog: Program, op: Op, where: str, what: str):
+    raise ValueError(f"{where}: {prog.description}: op #{op.index} '{op.label}' {what}; its "
+                     f"backward is not implemented")
+
+
+def _partials(prog: Program, ops: Sequence[Op], where: str) -> Dict[int, Op]:
+    """{attention op index: the Merge folding its output (a partial) into rows of another
+    attention's output (an accumulator)}: each Merge's source is the latest attention's exact
+    (out, lse), merged once; its destination rows lie in one earlier accumulator's out and the
+    same rows of its lse."""
+    latest: Dict[Tuple[Region, Region], Op] = {}
+    found: Dict[int, Op] = {}
+    for op in ops:
+        if op.kind == "Attention":
+            latest[(op.dst, op.dst_lse)] = op
+        elif op.kind == "Merge":
+            part = latest.pop((op.src, op.src_lse), None)
+            if part is None:
+                _refuse(prog, op, where, "merges what is not an attention's output")
+            found[part.index] = op
+    accs = [op for op in ops if op.kind == "Attention" and op.index not in found]
+    def offset(r: Region, base: Region):  # r's rows and heads relative to base's
+        return r[1] - base[1], r[2], r[3] - base[3], r[4]
+
+    for m in found.values():
+        if not any(a.index < m.index and _within(m.dst, a.dst) and
+                   _within(m.dst_lse, a.dst_lse) and
+                   offset(m.dst, a.dst) == offset(m.dst_lse, a.dst_lse) for a in accs):
+            _refuse(prog, m, where, "merges into what is not an attention's output")
+    return found
+
+
+def _check_reads(prog: Program, ops: Sequence[Op], found: Dict[int, Op], where: str) -> None:
+    """No op but a merge reads a log-sum-exp or a partial, nor an accumulator's rows before
+    their last merge (then every block's backward takes the rows' final output and LSE)."""
+    lse = [op.dst_lse for op in ops if op.kind == "Attention"]
+    partial = [prog.ops[i].dst for i in found]
+    for op in ops:
         if op.kind == "Merge":
-            raise ValueError(f"{where}: {prog.description}: op #{op.index} '{op.label}' merges "
-                             f"partial results; its backward is not implemented")
+            continue
+        for r in _reads(op):
+            if any(_overlaps(r, x) for x in lse + partial) or \
+                    any(op.index < m.index and _overlaps(r, m.dst) for m in found.values()):
+                _refuse(prog, op, where, "reads a partial result or log-sum-exp")
+
+
+def check_transposable(prog: Program, where: str, ops: Optional[Sequence[Op]] = None) -> None:
+    """ValueError unless ``prog`` (or its ``ops``) writes every region at most once (what the
+    transposition needs: no value it reads is ever overwritten) but for merges of partial
+    attention outputs into accumulators (:func:`_partials`, :func:`_check_reads`) and a partial's
+    region written again after its merge."""
+    ops = prog.ops if ops is None else ops
+    found = _partials(prog, ops, where)
+    _check_reads(prog, ops, found, where)
+    written: Dict[int, List[Tuple[Region, int]]] = {}  # buffer: (region, merged by op index)
+    for op in ops:
+        if op.kind == "Merge":  # into an accumulator's rows: checked above
+            continue
+        merged = found[op.index].index if op.index in found else len(prog.ops)
         for r in (op.dst, op.dst_lse):
             if r is None:
                 continue
-            b, t0, nt, h0, nh = r
-            for u0, nu, g0, ng in written.get(b, ()):
-                if t0 < u0 + nu and u0 < t0 + nt and h0 < g0 + ng and g0 < h0 + nh:
-                    raise ValueError(f"{where}: {prog.description}: op #{op.index} "
-                                     f"'{op.label}' overwrites a region written before; its "
-                                     f"backward is not implemented")
-            written.setdefault(b, []).append((t0, nt, h0, nh))
+            if any(_overlaps(r, w) and op.index <= until for w, until in written.get(r[0], ())):
+                _refuse(prog, op, where, "overwrites a region written before")
+            written.setdefault(r[0], []).append((r, merged))
+
+
+def finals(prog: Program) -> Dict[int, Tuple[Region, Region]]:
+    """{attention op index: (out, lse) regions holding its rows' final merged output and LSE}
+    for the partials (the others' are their own dst, dst_lse). Assumes a transposable program."""
+    try:
+        found = _partials(prog, prog.ops, "")
+    except ValueError:
+        return {}
+    return {i: (m.dst, m.dst_lse) for i, m in found.items()}
 
 
 def saved_buffers(prog: Program) -> Tuple[int, ...]:
-    """The buffers the backward reads: those of the attention ops (q, k, v, out, lse)."""
-    used = set()
+    """The buffers the backward reads: those of the attention ops (q, k, v, and the final out,
+    lse of their rows: a merged partial's buffer is not kept)."""
+    used, final = set(), finals(prog)
     for op in prog.ops:
         if op.kind == "Attention":
-            used.update(r[0] for r in (op.src, op.key, op.value, op.dst, op.dst_lse))
+            out, lse = final.get(op.index, (op.dst, op.dst_lse))
+            used.update(r[0] for r in (op.src, op.key, op.value, out, lse))
     return tuple(sorted(used))
 
 
@@ -72,6 +149,7 @@ class Transposer:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.grads: Dict[int, torch.Tensor] = {}
+        self.finals = finals(prog)
         self.pending: Dict[int, List[Tuple[Op, object, torch.Tensor]]] = {}
         self.sends: List[Tuple[Op, object, torch.Tensor]] = []
 
@@ -111,7 +189,7 @@ class Transposer:
             self.grad(op.src).add_(land)
 
     def step(self, op: Op) -> None:
-        if op.kind in _COPIES:
+        if op.kind in _COPIES or op.kind == "Merge":  # a merge: the partial's dO is the acc's
             self.grad(op.src).add_(self.grad(op.dst))
         elif op.kind == "Recv":  # the gradient of what arrived goes back to its sender
             data = self.grad(op.dst).contiguous()
@@ -121,13 +199,16 @@ class Transposer:
             land = torch.empty(self.batch, nt, nh, self.prog.buffers[b][5])
             work = self._post(op, self.pg.recv, land)
             self.pending.setdefault(b, []).append((op, work, land))
-        elif op.kind == "Attention":
+        elif op.kind == "Attention":  # from the rows' final output and LSE (merged or not)
+            out, lse = self.finals.get(op.index, (op.dst, op.dst_lse))
             dq, dk, dv = attention_lse_backward(
                 self.grad(op.dst), self.value(op.src), self.value(op.key), self.value(op.value),
-                self.value(op.dst), self.value(op.dst_lse))
+                self.value(out), self.value(lse))
             self.grad(op.src).add_(dq)
             self.grad(op.key).add_(dk)
             self.grad(op.value).add_(dv)
+            if op.index in self.finals:  # a partial: its region may have been written before
+                self.grad(op.dst).zero_()
         else:
             raise ValueError(f"ditscale.sp (CPU backward): op #{op.index} '{op.label}' is a "
                              f"{op.kind}: no backward")

@@ -2,15 +2,15 @@
 (:data:`GRAD_STRATEGIES` on CPU tensors over gloo), the refusal of the others, and the
 torch.autograd.Function the op's Autograd kernel applies (custom_op.py).
 
-A transposable program (Ulysses) saves what its attention ops read and runs transposed
-(cpu_backward.py). A plain ring (ring, auto resolved to it, degree-1 usp / swiftfusion-tas /
-torus) has its own backward (ring_backward.py: inputs, output rows and LSE saved; dK, dV along
-the ring), a Ulysses x ring program (usp, swiftfusion-tas) too (usp_backward.py: the head
-group's rows saved; the Ulysses phases transposed, the ring reversed). Any other (torus of Ulysses
-degree > 1, ulysses-overlap) saves this rank's input shards and recomputes the layer as Ulysses
-(recompute.py). A rank's joint-input gradient is that of the heads or text rows it computed
-(zero elsewhere): summed over the ranks, the dense gradient of the sum of every rank's loss.
-docs/sp.md ("Gradients").
+A plain ring (ring, auto resolved to it, degree-1 usp / swiftfusion-tas / torus) has its own
+backward (ring_backward.py: inputs, output rows and LSE saved; dK, dV along the ring), a Ulysses
+x ring program (usp, swiftfusion-tas) too (usp_backward.py: the head group's rows saved; the
+Ulysses phases transposed, the ring reversed). A transposable program (ulysses, ulysses-overlap,
+torus of Ulysses degree > 1) saves what its attention ops read and runs transposed
+(cpu_backward.py). Any other (none today) saves this rank's input shards and recomputes the
+layer as Ulysses (recompute.py). A rank's joint-input gradient is that of the heads or text
+rows it computed (zero elsewhere): summed over the ranks, the dense gradient of the sum of every
+rank's loss. docs/sp.md ("Gradients").
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 run again (without autograd) with a schedule whose program is transposable, then that program
 transposed (cpu_backward.py).
 
-The schedule: the call's own when its program merges nothing and writes every region once (the
-Ulysses schedules), else Ulysses over the same group (attention is the same function whatever
-the schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated for the
+The schedule: the call's own when its program is transposable (every region written once but
+for merges of partial attention outputs into an accumulator's rows: ulysses, ulysses-overlap,
+torus), else Ulysses over the same group (attention is the same function whatever the
+schedule). With GQA and fewer kv heads than ranks, the kv heads are repeated for the
 recomputation (Ulysses gives every rank at least one) and their gradients summed back; a layer
 with fewer query heads than ranks takes torch_backward.py's instead. Used by the eager backward
 of a schedule with neither a transposable program nor a backward of its own (:func:`own`:
@@ -93,7 +94,11 @@ def transposed(prog, pg, seconds: float, saved, dout: torch.Tensor,
     grads_out = {"out": dout}
     if prog.io["text_out"] >= 0:
         grads_out["text_out"] = djout
-    grads = cpu_backward.backward(prog, pg, saved, grads_out, dout.shape[0], seconds)
+    try:
+        grads = cpu_backward.backward(prog, pg, saved, grads_out, dout.shape[0], seconds)
+    except RuntimeError as e:
+        raise RuntimeError(f"{WHERE}: {prog.strategy} backward (its program transposed): "
+                           f"{e}") from None
     for name in ("k", "v", "text_k", "text_v"):
         if name in grads:
             grads[name] = _fold(grads[name], g)

@@ -63,11 +63,7 @@ STEP_LOG_DIR=$LOGS STEP_TAIL=12
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$LOGS/gpu.txt" 2>&1
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/gpu.txt"
-has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
-  bash tools/gpu_check.sh build
+wheels_and_build
 if has kernels; then
   step kernels-build 400 bash -c "cmake -S . -B build-gpu-adaln -G Ninja -DDITSCALE_CUDA=ON \
     -DDITSCALE_TORCH=OFF -DDITSCALE_CUDA_ARCHS=90a -DDITSCALE_BUILD_BENCHMARKS=ON \

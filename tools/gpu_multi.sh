@@ -64,11 +64,7 @@ echo "$N ranks; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null 
   > "$LOGS/machine.txt"
 git log -1 --format='%h %s' 2>/dev/null | cut -c1-100 >> "$LOGS/machine.txt"
 
-has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
-has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$LOGS/build" \
-  bash tools/gpu_check.sh build
+wheels_and_build
 
 if has vae; then
   for n in ${VAE_NS:-1 2 4 8}; do

@@ -9,6 +9,10 @@
 #                                returns CMD's status (124 on timeout)
 #   row NAME RESULT DETAIL       adds a row of one's own
 #   print_rows                   the table: a header and every row, in order
+#   wheels_and_build             the `wheels` and `build` parts of a lease script that defines
+#                                `has PART` and PY: every .whl/*.whl into /tmp/site (then first
+#                                on PYTHONPATH), and tools/gpu_check.sh's build (BUILD_MODE,
+#                                default py; its logs in $STEP_LOG_DIR/build)
 declare -a ROWS
 row() { ROWS+=("$(printf '| %-30s | %-6s | %s |' "$1" "$2" "$3")"); }
 step() {
@@ -26,4 +30,12 @@ print_rows() {
   printf '|%s|%s|%s|\n' "--------------------------------" "--------" "------------------"
   local r
   for r in "${ROWS[@]}"; do echo "$r"; done
+}
+wheels_and_build() {
+  has wheels && step wheels 120 $PY -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  has build && step build 400 env BUILD_MODE=${BUILD_MODE:-py} OUT="$STEP_LOG_DIR/build" \
+    bash tools/gpu_check.sh build
+  return 0
 }

@@ -347,3 +347,15 @@ def _subgroups(rank, world):
 
 def test_ulysses_gradients_on_two_subgroups_at_once():
     assert max(run_gloo(_subgroups, 4, timeout_s=120)) < 2e-5
+
+
+def check_cases(results, cases):
+    """Every rank's (error against dense, same bits twice, the own backward ran) per case, the
+    error within float32 (2e-5) or bf16 (1e-2) tolerance: the own-backward tests' verdict."""
+    for per_rank in results:
+        assert len(per_rank) == len(cases)
+        for case, (err, same, ran) in zip(cases, per_rank):
+            tol = 1e-2 if case[-1][-1] == BF16 else 2e-5
+            assert err < tol, (case, err)
+            assert same, case
+            assert ran, case

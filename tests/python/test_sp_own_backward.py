@@ -14,7 +14,7 @@ test_sp_grad.py's (one spawn per world size)."""
 from __future__ import annotations
 
 from gloo_util import run_gloo
-from test_sp_grad import BF16, F32, _grads, _reference
+from test_sp_grad import BF16, F32, _grads, _reference, check_cases
 
 # (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
 CASES_2 = [
@@ -132,15 +132,6 @@ def _one_skips(rank, world):
     return None
 
 
-def _check(results, cases):
-    for per_rank in results:
-        assert len(per_rank) == len(cases)
-        for case, (err, same, ran) in zip(cases, per_rank):
-            tol = 1e-2 if case[-1][-1] == BF16 else 2e-5
-            assert err < tol, (case, err)
-            assert same, case
-            assert ran, case
-
 
 def _two_ranks(rank, world):
     return _cases(rank, world, CASES_2), _op_is_eager(rank, world, "ulysses-overlap", (1, 2), {})
@@ -154,13 +145,13 @@ def _four_ranks(rank, world):
 
 def test_ulysses_overlap_backward_on_two_ranks():
     results = run_gloo(_two_ranks, 2, timeout_s=300)
-    _check([cases for cases, _ in results], CASES_2)
+    check_cases([cases for cases, _ in results], CASES_2)
     assert all(eager for _, eager in results)
 
 
 def test_ulysses_overlap_backward_on_four_ranks():
     results = run_gloo(_four_ranks, 4, timeout_s=400, pg_timeout_s=LONELY_TIMEOUT_S)
-    _check([cases for cases, _, _ in results], CASES_4)
+    check_cases([cases for cases, _, _ in results], CASES_4)
     assert all(eager for _, _, eager in results)
     assert results[3][1] is None
     for rank in (0, 1, 2):
@@ -178,7 +169,7 @@ CASES_6 = [  # ulysses 2 x ring 3: chunks forwarded along a ring of 3
 
 
 def test_torus_backward_on_a_ring_of_three():
-    _check(run_gloo(_cases, 6, CASES_6, timeout_s=400), CASES_6)
+    check_cases(run_gloo(_cases, 6, CASES_6, timeout_s=400), CASES_6)
 
 
 CASES_8 = [  # ulysses 2 x ring 4 and ulysses 4 x ring 2
@@ -188,4 +179,4 @@ CASES_8 = [  # ulysses 2 x ring 4 and ulysses 4 x ring 2
 
 
 def test_torus_backward_on_eight_ranks():
-    _check(run_gloo(_cases, 8, CASES_8, timeout_s=400), CASES_8)
+    check_cases(run_gloo(_cases, 8, CASES_8, timeout_s=400), CASES_8)

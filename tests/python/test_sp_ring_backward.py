@@ -12,7 +12,7 @@ size runs every case)."""
 from __future__ import annotations
 
 from gloo_util import run_gloo
-from test_sp_grad import BF16, F32, _grads, _reference
+from test_sp_grad import BF16, F32, _grads, _reference, check_cases
 
 # (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
 CASES_2 = [
@@ -78,15 +78,6 @@ def _cases(rank, world, cases):
     return results
 
 
-def _check(results, cases):
-    for per_rank in results:
-        assert len(per_rank) == len(cases)
-        for case, (err, same, saved) in zip(cases, per_rank):
-            tol = 1e-2 if case[-1][-1] == BF16 else 2e-5
-            assert err < tol, (case, err)
-            assert same, case
-            assert saved, case
-
 
 def _op_is_eager(rank, world):
     """The backward op torch.compile traces (custom_op.attention_backward_op: the ring forward
@@ -120,12 +111,12 @@ def _two_ranks(rank, world):
 
 def test_ring_backward_on_two_ranks():
     results = run_gloo(_two_ranks, 2, timeout_s=300)
-    _check([cases for cases, _ in results], CASES_2)
+    check_cases([cases for cases, _ in results], CASES_2)
     assert all(same for _, same in results)
 
 
 def test_ring_backward_on_four_ranks():
-    _check(run_gloo(_cases, 4, CASES_4, timeout_s=400), CASES_4)
+    check_cases(run_gloo(_cases, 4, CASES_4, timeout_s=400), CASES_4)
 
 
 LONELY_TIMEOUT_S = 5
@@ -156,7 +147,7 @@ def _three_ranks_then_one_skips(rank, world):
 def test_a_rank_that_skips_the_ring_backward_fails_the_others():
     results = run_gloo(_three_ranks_then_one_skips, 3, timeout_s=120,
                        pg_timeout_s=LONELY_TIMEOUT_S)
-    _check([checked for checked, _ in results], CASES_3)
+    check_cases([checked for checked, _ in results], CASES_3)
     assert results[2][1] is None
     for rank in (0, 1):
         msg, seconds = results[rank][1]

@@ -13,7 +13,7 @@ ditscale.sp.attention. References and loss: test_sp_grad.py's (one spawn per wor
 from __future__ import annotations
 
 from gloo_util import run_gloo
-from test_sp_grad import BF16, F32, _grads, _reference
+from test_sp_grad import BF16, F32, _grads, _reference, check_cases
 
 # (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
 CASES_4 = [
@@ -100,15 +100,6 @@ def _cases(rank, world, cases, usp=True):
     return results
 
 
-def _check(results, cases):
-    for per_rank in results:
-        assert len(per_rank) == len(cases)
-        for case, (err, same, ran) in zip(cases, per_rank):
-            tol = 1e-2 if case[-1][-1] == BF16 else 2e-5
-            assert err < tol, (case, err)
-            assert same, case
-            assert ran, case
-
 
 def _op_is_eager(rank, world):
     """The backward op torch.compile traces (custom_op.attention_backward_op: the usp forward
@@ -168,7 +159,7 @@ def _four_ranks(rank, world):
 
 def test_usp_backward_on_four_ranks():
     results = run_gloo(_four_ranks, 4, timeout_s=400, pg_timeout_s=LONELY_TIMEOUT_S)
-    _check([cases for cases, _, _ in results], CASES_4)
+    check_cases([cases for cases, _, _ in results], CASES_4)
     assert all(eager for _, eager, _ in results)
     assert results[3][2] is None
     for rank in (0, 1, 2):
@@ -179,8 +170,8 @@ def test_usp_backward_on_four_ranks():
 
 
 def test_usp_backward_on_a_ring_of_three():
-    _check(run_gloo(_cases, 6, CASES_6, timeout_s=400), CASES_6)
+    check_cases(run_gloo(_cases, 6, CASES_6, timeout_s=400), CASES_6)
 
 
 def test_plain_rings_take_the_ring_backward():
-    _check(run_gloo(_cases, 2, CASES_2, False, timeout_s=300), CASES_2)
+    check_cases(run_gloo(_cases, 2, CASES_2, False, timeout_s=300), CASES_2)

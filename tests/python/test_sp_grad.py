@@ -359,3 +359,29 @@ def check_cases(results, cases):
             assert err < tol, (case, err)
             assert same, case
             assert ran, case
+
+
+def skipped_backward(rank, skipper, mesh, strategy, shape=(1, 3, 4, 8), joint=True):
+    """(message, seconds) of this rank's failed backward of a small layer (q = k = v of
+    ``shape``, 2 joint text tokens if ``joint``) on ``mesh`` by ``strategy`` when rank
+    ``skipper`` never runs it (it stays in the group, alive, past LONELY_TIMEOUT_S: leaving
+    would close the pairs, another error); None on the skipper or when nothing failed."""
+    import time
+
+    import ditscale.sp as sp
+    q = torch.randn(*shape, requires_grad=True)
+    kw = {}
+    if joint:
+        t = torch.randn(shape[0], 2, *shape[2:])
+        kw = dict(joint_q=t, joint_k=t, joint_v=t)
+    out = sp.attention(q, q, q, mesh=mesh, strategy=strategy, **kw)
+    out = out[0] if isinstance(out, tuple) else out
+    if rank == skipper:
+        time.sleep(LONELY_TIMEOUT_S + 3)
+        return None
+    start = time.monotonic()
+    try:
+        out.sum().backward()
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+    return None

@@ -12,7 +12,8 @@ size runs every case)."""
 from __future__ import annotations
 
 from gloo_util import run_gloo
-from test_sp_grad import BF16, F32, _grads, _reference, check_cases
+from test_sp_grad import (BF16, F32, LONELY_TIMEOUT_S, _grads, _reference, check_cases,
+                          skipped_backward)
 
 # (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
 CASES_2 = [
@@ -78,7 +79,6 @@ def _cases(rank, world, cases):
     return results
 
 
-
 def _op_is_eager(rank, world):
     """The backward op torch.compile traces (custom_op.attention_backward_op: the ring forward
     again, then its backward) gives the eager backward's bits, through the ring backward, in
@@ -119,29 +119,12 @@ def test_ring_backward_on_four_ranks():
     check_cases(run_gloo(_cases, 4, CASES_4, timeout_s=400), CASES_4)
 
 
-LONELY_TIMEOUT_S = 5
-
-
 def _three_ranks_then_one_skips(rank, world):
-    """A ring of 3 against dense; then rank 2 never runs the backward (it stays in the group,
-    alive, past the timeout): ranks 0 and 1 fail within the group's timeout."""
-    import time
-
-    import torch
-
+    """A ring of 3 against dense; then rank 2 never runs the backward: ranks 0 and 1 fail within
+    the group's timeout."""
     import ditscale.sp as sp
     checked = _cases(rank, world, CASES_3)
-    q = torch.randn(1, 4, 2, 8, requires_grad=True)
-    out = sp.attention(q, q, q, mesh=sp.Mesh(1, world), strategy="ring")
-    if rank == 2:
-        time.sleep(LONELY_TIMEOUT_S + 3)  # leaving would close the pairs: another error
-        return checked, None
-    start = time.monotonic()
-    try:
-        out.sum().backward()
-    except RuntimeError as e:
-        return checked, (str(e), time.monotonic() - start)
-    return checked, None
+    return checked, skipped_backward(rank, 2, sp.Mesh(1, world), "ring", (1, 4, 2, 8), False)
 
 
 def test_a_rank_that_skips_the_ring_backward_fails_the_others():

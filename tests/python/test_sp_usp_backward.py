@@ -13,7 +13,8 @@ ditscale.sp.attention. References and loss: test_sp_grad.py's (one spawn per wor
 from __future__ import annotations
 
 from gloo_util import run_gloo
-from test_sp_grad import BF16, F32, _grads, _reference, check_cases
+from test_sp_grad import (BF16, F32, LONELY_TIMEOUT_S, _grads, _reference, check_cases,
+                          skipped_backward)
 
 # (strategy, fields, mesh, shape): shape = (batch, seq, text, heads, kv_heads, head_dim, dtype).
 CASES_4 = [
@@ -100,7 +101,6 @@ def _cases(rank, world, cases, usp=True):
     return results
 
 
-
 def _op_is_eager(rank, world):
     """The backward op torch.compile traces (custom_op.attention_backward_op: the usp forward
     again, then its backward) gives the eager backward's bits, in contiguous tensors."""
@@ -127,30 +127,10 @@ def _op_is_eager(rank, world):
     return ran and contiguous and all(a.equal(b) for a, b in zip(eager, by_op))
 
 
-LONELY_TIMEOUT_S = 5
-
-
 def _one_skips(rank, world):
-    """Rank 3 never runs the backward (it stays in the group, alive, past the timeout): ranks
-    0, 1, 2 fail within the group's timeout."""
-    import time
-
-    import torch
-
+    """The last rank never runs the backward: the others fail within the group's timeout."""
     import ditscale.sp as sp
-    q = torch.randn(1, 3, 4, 8, requires_grad=True)
-    t = torch.randn(1, 2, 4, 8)
-    out, _ = sp.attention(q, q, q, mesh=sp.Mesh(2, 2), strategy="usp", joint_q=t, joint_k=t,
-                          joint_v=t)
-    if rank == 3:
-        time.sleep(LONELY_TIMEOUT_S + 3)  # leaving would close the pairs: another error
-        return None
-    start = time.monotonic()
-    try:
-        out.sum().backward()
-    except RuntimeError as e:
-        return str(e), time.monotonic() - start
-    return None
+    return skipped_backward(rank, 3, sp.Mesh(2, 2), "usp")
 
 
 def _four_ranks(rank, world):

@@ -151,6 +151,7 @@ def main(argv=None) -> int:
             rows += case_rows(g, name, args)
             if g.rank == 0:
                 print(reporter.table(COLUMNS, rows[-len(args.modes):]), flush=True)
+        g.dist.barrier()  # no rank tears its group down while another still uses it
     finally:
         g.dist.destroy_process_group()
     if g.rank == 0:

@@ -347,6 +347,7 @@ def main(argv=None) -> int:
     env = init_distributed(args.device or "auto", timeout_s=args.timeout_s)
     try:
         run_all(env, args)
+        dist.barrier()  # no rank tears its group down while another still uses it
     finally:
         dist.destroy_process_group()
     return 0

@@ -69,22 +69,21 @@ def _fill(out: torch.Tensor, frames: Sequence[torch.Tensor], front: int, back: i
 def _add_halo_rows(bands: Bands, out: torch.Tensor, top: int, bottom: int, rows: int,
                    where: str) -> None:
     """Writes rank r-1's last ``top`` rows and rank r+1's first ``bottom`` rows (whole padded
-    rows) above and below this band's ``rows`` rows of ``out`` (zeros at the image border):
-    one all-gather of every band's edge rows."""
-    end = top + rows
-    edges = torch.cat((out[..., top:top + bottom, :], out[..., end - top:end, :]), -2)
-    parts = comm._all_gather(bands, edges, where)  # the module's: a benchmark patches it
-    r, last = bands.rank, bands.rank + 1 == bands.size
+    rows: :func:`.comm.neighbour_rows`) above and below this band's ``rows`` rows of ``out``
+    (zeros at the image border)."""
+    above, below = comm.neighbour_rows(bands, out.narrow(-2, top, rows), top, bottom, -2, where)
     if top:
-        if r > 0:
-            out[..., :top, :] = parts[r - 1][..., bottom:, :]
-        else:
-            out[..., :top, :].zero_()
+        _write(out[..., :top, :], above)
     if bottom:
-        if not last:
-            out[..., end:, :] = parts[r + 1][..., :bottom, :]
-        else:
-            out[..., end:, :].zero_()
+        _write(out[..., top + rows:, :], below)
+
+
+def _write(dst: torch.Tensor, rows) -> None:
+    """``rows`` into ``dst``, or zeros where there are none (the image border)."""
+    if rows is None:
+        dst.zero_()
+    else:
+        dst.copy_(rows)
 
 
 def conv_input(bands: Bands, frames: Sequence[torch.Tensor], front: int, back: int,

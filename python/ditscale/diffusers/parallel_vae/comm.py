@@ -121,6 +121,21 @@ def check_halo(bands: Bands, counts: List[int], halo: int, where: str) -> None:
                      f"{bands.size} ranks)")
 
 
+def neighbour_rows(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int,
+                   where: str):
+    """(rank r-1's last ``top`` rows, rank r+1's first ``bottom`` rows) of the bands ``x`` along
+    ``dim``: one all-gather of every band's edge rows; None where there are none (0 rows, or
+    the image's top or bottom)."""
+    if bands.size == 1:
+        return None, None
+    edges = [x.narrow(dim, 0, bottom), x.narrow(dim, x.shape[dim] - top, top)]
+    parts = _all_gather(bands, torch.cat(edges, dim), where)
+    r = bands.rank
+    above = parts[r - 1].narrow(dim, bottom, top) if top and r > 0 else None
+    below = parts[r + 1].narrow(dim, 0, bottom) if bottom and r + 1 < bands.size else None
+    return above, below
+
+
 def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, where: str,
              border: str = "zeros") -> torch.Tensor:
     """``x`` (this rank's band along ``dim``) with ``top`` rows of the band above before it and
@@ -130,15 +145,12 @@ def add_halo(bands: Bands, x: torch.Tensor, top: int, bottom: int, dim: int, whe
         return x
     dim = dim % x.dim()
     check_halo(bands, bands.level_counts(x.shape[dim], where), max(top, bottom), where)
-    r, last = bands.rank, bands.rank + 1 == bands.size
-    edges = [x.narrow(dim, 0, bottom), x.narrow(dim, x.shape[dim] - top, top)]
-    parts = _all_gather(bands, torch.cat(edges, dim), where) if bands.size > 1 else None
+    above, below = neighbour_rows(bands, x, top, bottom, dim, where)
     pieces = [x]
     if top:
-        pieces.insert(0, parts[r - 1].narrow(dim, bottom, top) if r > 0 else
-                      _border(x, dim, top, 0, border))
+        pieces.insert(0, above if above is not None else _border(x, dim, top, 0, border))
     if bottom:
-        pieces.append(parts[r + 1].narrow(dim, 0, bottom) if not last else
+        pieces.append(below if below is not None else
                       _border(x, dim, bottom, x.shape[dim] - 1, border))
     return torch.cat(pieces, dim)
 

@@ -26,12 +26,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .cpu_executor import TAG_BASE, Op, Program, Region
+from .cpu_executor import COPIES, TAG_BASE, Op, Program, Region
 from .cpu_kernels import attention_lse_backward
 
 # Gradient transfers' tags: the forward op's tag plus this (forward tags are < 2^18).
 GRAD_TAG_BASE = TAG_BASE + (1 << 20)
-_COPIES = ("Copy", "Pack", "Unpack")
 _INPUTS = ("q", "k", "v", "text_q", "text_k", "text_v")
 
 
@@ -189,7 +188,7 @@ class Transposer:
             self.grad(op.src).add_(land)
 
     def step(self, op: Op) -> None:
-        if op.kind in _COPIES or op.kind == "Merge":  # a merge: the partial's dO is the acc's
+        if op.kind in COPIES or op.kind == "Merge":  # a merge: the partial's dO is the acc's
             self.grad(op.src).add_(self.grad(op.dst))
         elif op.kind == "Recv":  # the gradient of what arrived goes back to its sender
             data = self.grad(op.dst).contiguous()

@@ -26,7 +26,9 @@ Region = Optional[Tuple[int, int, int, int, int]]  # buffer, token_begin, tokens
 # Added to the schedule's tags (< 2^18: at most 2 * kMaxScheduleOps ops), so that they do not
 # match the user's own send / recv on the group (tag 0 by default).
 TAG_BASE = 1 << 30
-_LOCAL = ("Attention", "Merge", "Pack", "Unpack", "Copy")
+# Op kinds that move data within this rank (the backward schedules transpose them alike).
+COPIES = ("Copy", "Pack", "Unpack")
+_LOCAL = ("Attention", "Merge", *COPIES)
 _TWO_SIDED = ("Send", "Recv")
 _INIT = {"undefined": float("nan"), "zero": 0.0, "neg-inf": float("-inf")}
 STREAM_NAMES = ("compute", "comm-intra", "comm-inter")

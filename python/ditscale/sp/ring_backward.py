@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import cpu_runtime
 from .config import Config
-from .cpu_executor import TAG_BASE, Program
+from .cpu_executor import COPIES, TAG_BASE, Program
 from .cpu_kernels import attention_lse_backward
 from .meshes import Mesh, shard_range
 
@@ -29,7 +29,6 @@ WHERE = "ditscale.sp.attention"
 # transposed program cpu_backward.GRAD_TAG_BASE + [0, 2^18)): ring step s, then the text rows.
 RING_TAG = TAG_BASE + (1 << 21)
 TEXT_TAG = RING_TAG + (1 << 20)
-_COPIES = ("Copy", "Pack", "Unpack")
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def _acc(prog: Program, heads: int) -> Optional[Tuple[int, int]]:
     out = prog.io["out"]
     ops = _writers(prog, out)
     whole = (0, prog.image_tokens[1], 0, heads)
-    if len(ops) == 1 and ops[0].kind in _COPIES and tuple(ops[0].dst[1:]) == whole:
+    if len(ops) == 1 and ops[0].kind in COPIES and tuple(ops[0].dst[1:]) == whole:
         src = ops[0].src
         return (src[0], src[1]) if (src[3], src[4]) == (0, heads) else None
     if ops and all(op.kind in ("Attention", "Merge") for op in ops):
@@ -83,9 +82,9 @@ def _lse(prog: Program, acc: int) -> Optional[int]:
 def _origin(prog: Program, op, acc: int) -> int:
     """The rank whose rows a write into text_out brings: this rank's for a copy out of acc, the
     peer of a Recv into it or into the staging buffer it unpacks; -1 for anything else."""
-    if op.kind in _COPIES and op.src[0] == acc:
+    if op.kind in COPIES and op.src[0] == acc:
         return prog.rank
-    if op.kind in _COPIES:
+    if op.kind in COPIES:
         ops = _writers(prog, op.src[0])
         op = ops[0] if len(ops) == 1 else op
     return op.peer if op.kind == "Recv" else -1

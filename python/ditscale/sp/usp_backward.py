@@ -21,14 +21,13 @@ import torch
 import torch.distributed as dist
 
 from . import cpu_backward
-from .cpu_executor import Op, Program
+from .cpu_executor import COPIES, Op, Program
 from .cpu_kernels import attention_lse_backward
 from .meshes import Mesh
 from .ring_backward import Link, rotate
 
 WHERE = "ditscale.sp.attention"
 STRATEGIES = ("usp", "swiftfusion-tas")  # programs with U > 1 and R > 1 that layout() reads
-_COPIES = ("Copy", "Pack", "Unpack")
 Region = Tuple[int, int, int, int, int]  # buffer, token_begin, tokens, head_begin, heads
 
 
@@ -76,9 +75,9 @@ def _split(prog: Program, att: List[Op]):
     buffer and the receives that they unpack (or into the kv buffer itself)."""
     kv = {r[0] for op in att for r in (op.key, op.value)}
     a0 = att[0].index
-    out_of = kv | {op.dst[0] for op in prog.ops if op.kind in _COPIES and op.src[0] in kv}
+    out_of = kv | {op.dst[0] for op in prog.ops if op.kind in COPIES and op.src[0] in kv}
     into = kv | {op.src[0] for op in prog.ops
-                 if op.kind in _COPIES and op.index > a0 and op.dst[0] in kv}
+                 if op.kind in COPIES and op.index > a0 and op.dst[0] in kv}
     before, sends, recvs, after, writes = [], [], [], [], []
     for op in prog.ops:
         if op.kind in ("Attention", "Merge"):
@@ -128,7 +127,7 @@ def _phases_ok(prog: Program, lay: Layout, att: List[Op], writes: Sequence[Op]) 
     except ValueError:
         return False
     after_written = {op.dst[0] for op in lay.after if op.dst is not None}
-    if after_written & ring or any(op.kind in ("Copy", "Pack", "Unpack", "Send") and
+    if after_written & ring or any(op.kind in (*COPIES, "Send") and
                                    op.src[0] not in after_written | {lay.acc[0]}
                                    for op in lay.after):
         return False

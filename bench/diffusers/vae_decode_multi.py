@@ -9,7 +9,7 @@ stock decode.
         [--cases wan2.1-480p,wan2.1-720p,hunyuan-video,flux] [--modes stock,tiling,parallel]
         [--reps 2] [--dtype bf16|fp32] [--timeout-s 300] [--out-dir DIR]
 
-Without torchrun it runs as one rank. NCCL on CUDA devices (rank r on cuda:r % count), gloo on
+Without torchrun it runs as one rank. NCCL on CUDA devices (cuda:LOCAL_RANK), gloo on
 the CPU. Targets (docs/diffusers/vae.md): at least 1.8x the stock decode at N = 2 and 6x at
 N = 8, with the error of a world-size-1 decode (exact: the same function). Cases:
 bench.diffusers.vae_bands.CASES. Writes DIR/vae-decode-multi-N.md on rank 0.
@@ -18,7 +18,6 @@ bench.diffusers.vae_bands.CASES. Writes DIR/vae-decode-multi-N.md on rank 0.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 from typing import List
@@ -48,25 +47,16 @@ def parse_args(argv=None):
 
 
 class Group:
-    """This process's rank of the benchmark's group (one rank without torchrun)."""
+    """This process's rank of the benchmark's group (ditscale.models.training.init_distributed:
+    torchrun's, or one rank of its own)."""
 
     def __init__(self, timeout_s: int):
         import torch
         import torch.distributed as dist
+        from ditscale.models.training import init_distributed
         self.torch, self.dist = torch, dist
-        cuda = torch.cuda.is_available()
-        if "RANK" not in os.environ:  # one rank: a group of its own
-            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
-        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-        self.dev = torch.device("cuda", local % torch.cuda.device_count()) if cuda else \
-            torch.device("cpu")
-        if cuda:
-            torch.cuda.set_device(self.dev)
-        dist.init_process_group("nccl" if cuda else "gloo",
-                                timeout=datetime.timedelta(seconds=timeout_s),
-                                **({"device_id": self.dev} if cuda else {}))
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        env = init_distributed("auto", timeout_s=timeout_s)
+        self.dev, self.rank, self.size = env.device, env.rank, env.world_size
 
     def max(self, x: float) -> float:
         t = self.torch.tensor([x], dtype=self.torch.float64, device=self.dev)

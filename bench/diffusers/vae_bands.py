@@ -21,6 +21,7 @@ DIR/vae-bands-kernels.txt); cases: :data:`CASES`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -166,20 +167,28 @@ def _own_parts(bands, x, where):
     return x.reshape((1,) + tuple(x.shape)).expand((bands.size,) + tuple(x.shape))
 
 
-def _parallel(vae, z, world: int, rank: int, meter: Meter):
-    """(Measure, output or None) of ``rank``'s decode in a fake group of ``world`` ranks (the
-    output at world size 1)."""
+@contextlib.contextmanager
+def band_alone(vae, world: int, rank: int):
+    """``vae`` parallelized as ``rank`` of a fake group of ``world`` ranks, its all-gathers
+    answered by its own part (:func:`_own_parts`), for the ``with`` block."""
     import ditscale.sp as sp
     from ditscale.diffusers.parallel_vae import comm, parallelize_vae
     _group(world, rank)
     handle = parallelize_vae(vae, mesh=sp.Mesh.from_process_group())
     gather, comm._all_gather = comm._all_gather, _own_parts
     try:
-        m = meter(lambda: vae.decode(z).sample)
-        out = vae.decode(z).sample if world == 1 else None
+        yield
     finally:
         comm._all_gather = gather
         handle.remove()
+
+
+def _parallel(vae, z, world: int, rank: int, meter: Meter):
+    """(Measure, output or None) of ``rank``'s decode in a fake group of ``world`` ranks (the
+    output at world size 1)."""
+    with band_alone(vae, world, rank):
+        m = meter(lambda: vae.decode(z).sample)
+        out = vae.decode(z).sample if world == 1 else None
     return m, out
 
 

@@ -127,17 +127,9 @@ def host_ms(fn) -> float:
 
 def _band_convs(vae, z, world: int, rank: int) -> dict:
     """(conv_times, host_ms) of ``rank``'s band (as vb._parallel runs it)."""
-    import ditscale.sp as sp
-    from ditscale.diffusers.parallel_vae import comm, parallelize_vae
-    vb._group(world, rank)
-    handle = parallelize_vae(vae, mesh=sp.Mesh.from_process_group())
-    gather, comm._all_gather = comm._all_gather, vb._own_parts
-    try:
+    with vb.band_alone(vae, world, rank):
         fn = lambda: vae.decode(z).sample  # noqa: E731
         return conv_times(fn), host_ms(fn)
-    finally:
-        comm._all_gather = gather
-        handle.remove()
 
 
 def main(argv=None) -> int:

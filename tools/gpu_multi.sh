@@ -7,7 +7,7 @@
 #   PARTS="wheels build" tools/gpu_multi.sh; PARTS=vae VAE_NS="1 2" tools/gpu_multi.sh; ...
 #   DRY_RUN=1 tools/gpu_multi.sh        (CPU: NPROC gloo ranks, tiny cases: the CI check)
 #
-# PARTS (default "vae sp-train degrees"):
+# PARTS (default "vae sp-grad sp-train degrees"):
 #   wheels, build  as tools/gpu_bench.sh (every .whl/*.whl into /tmp/site; tools/gpu_check.sh's
 #             build, BUILD_MODE default py: the package and the CPU `ditscale` CLI)
 #   vae       bench.diffusers.vae_decode_multi under torchrun at each N of VAE_NS (default 1 2 4 8,
@@ -17,6 +17,8 @@
 #             `python -m bench.diffusers.vae_multi_summary --dir DIR` there); then the whole
 #             pipeline call, examples/generate.py on all GPUs with --vae-parallel on and off
 #             (GEN_ARGS; per-stage seconds in generate-vae-{on,off}.txt)
+#   sp-grad   tests/gpu/sp_grad_check.py under torchrun on all GPUs: the gradients of every CUDA
+#             path of ditscale.sp.attention against dense autograd (not in DRY_RUN: CUDA only)
 #   sp-train  bench.train.sp_step on all GPUs: Wan 2.1 1.3B, 75,600 tokens, every degree, and
 #             --longest (SP_STEP_ARGS, e.g. "--degrees 8,4 --longest"; timeout SP_S, default 560;
 #             sp-step-N.md, rewritten after each degree: a timeout keeps the degrees done)
@@ -31,7 +33,7 @@ cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-$PWD/gpu-multi-out}
 LOGS=${LOGS:-/tmp/gpu-multi-logs}
 WORK=${WORK:-/tmp/gpu-multi-work}
-PARTS=${PARTS:-vae sp-train degrees}
+PARTS=${PARTS:-vae sp-grad sp-train degrees}
 PART_S=${PART_S:-300}
 PG_S=${PG_S:-120}
 mkdir -p "$OUT" "$LOGS" "$WORK"
@@ -82,6 +84,9 @@ if has vae; then
       && grep -A12 '^stage' "$LOGS/vae-generate-$v.log" > "$OUT/generate-vae-$v.txt"
   done
 fi
+
+has sp-grad && [ "${DRY_RUN:-0}" != 1 ] && step sp-grad "$PART_S" "${TORCHRUN[@]}" \
+  --nproc-per-node "$N" tests/gpu/sp_grad_check.py
 
 has sp-train && step sp-train "${SP_S:-560}" "${TORCHRUN[@]}" --nproc-per-node "$N" \
   -m bench.train.sp_step ${SP_STEP_ARGS:---reps 3 --longest --longest-budget-s 60 \

@@ -179,31 +179,56 @@ def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
     return Ring(lay, mesh, seq, seconds)
 
 
-def exchange(link: Link, sends, recvs, what: str) -> None:
+@dataclass
+class Posted:
+    """Transfers in flight (:func:`post`), completed by :func:`complete`."""
+
+    works: list
+    peers: List[int]
+    sends: int
+    what: str
+
+
+def post(link: Link, sends, recvs, what: str) -> Optional[Posted]:
     """Posts ``sends`` [(group rank, tensor, tag)] and ``recvs`` (the same, landing in the
-    tensor) at once and waits for all (receives first), each within the timeout."""
+    tensor) at once; None when there are none. Neither tensor may be touched before
+    :func:`complete`."""
     mesh = link.mesh
     ops = [dist.P2POp(dist.isend, t, group=mesh.group, tag=tag, group_peer=p)
            for p, t, tag in sends]
     ops += [dist.P2POp(dist.irecv, t, group=mesh.group, tag=tag, group_peer=p)
             for p, t, tag in recvs]
     if not ops:
-        return
+        return None
     peers = [p for p, _, _ in sends] + [p for p, _, _ in recvs]
     try:
         works = dist.batch_isend_irecv(ops)
     except RuntimeError as e:
         raise RuntimeError(f"{WHERE}: rank {mesh.rank}: {link.name}, {what}: the transfers "
                            f"with ranks {sorted(set(peers))} could not be posted: {e}") from None
+    return Posted(works, peers, len(sends), what)
+
+
+def complete(link: Link, posted: Optional[Posted]) -> None:
+    """Waits for :func:`post`'s transfers (receives first), each within the timeout."""
+    if posted is None:
+        return
     timeout = datetime.timedelta(seconds=link.timeout_s)
-    for i in [*range(len(sends), len(ops)), *range(len(sends))]:
+    n, works = posted.sends, posted.works
+    for i in [*range(n, len(works)), *range(n)]:
         try:
             works[i].wait(timeout)
         except RuntimeError as e:
-            kind = "send to" if i < len(sends) else "receive from"
-            raise RuntimeError(f"{WHERE}: rank {mesh.rank}: {link.name}, {what}: the {kind} "
-                               f"rank {peers[i]} did not complete within {link.timeout_s:g} s "
-                               f"(a rank that skips the backward?): {e}") from None
+            kind = "send to" if i < n else "receive from"
+            raise RuntimeError(f"{WHERE}: rank {link.mesh.rank}: {link.name}, {posted.what}: "
+                               f"the {kind} rank {posted.peers[i]} did not complete within "
+                               f"{link.timeout_s:g} s (a rank that skips the backward?): "
+                               f"{e}") from None
+
+
+def exchange(link: Link, sends, recvs, what: str) -> None:
+    """:func:`post`, then :func:`complete`."""
+    complete(link, post(link, sends, recvs, what))
 
 
 def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
@@ -222,33 +247,50 @@ def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def _moved(link: Link, tensor: torch.Tensor, to: int, frm: int, count: int, tag: int,
+           what: str):
+    """(the tensor landing from ``frm``, [B, count, ...], transfers posted): ``tensor`` sent to
+    ``to`` (if it has rows)."""
+    land = tensor.new_empty(tensor.shape[0], count, *tensor.shape[2:])
+    return land, post(link, [(to, tensor, tag)] if tensor.shape[1] else [],
+                      [(frm, land, tag)] if count else [], what)
+
+
 def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Sequence[int],
            home: bool):
     """(dQ of the rows, the dK | dV accumulator [B, ., Hk, 2D] of the block held at the end)
     over ``len(counts)`` steps (``home``) or one more (not ``home``); ``rows`` = (dO, Q, O, LSE)
-    float32, ``block`` the k | v [B, S_j, Hk, 2D] held first. Each step adds the held block's
-    dK, dV to its accumulator, then sends block and accumulator to rank ``to`` and receives the
-    next ones (``counts[s]`` tokens) from rank ``frm``; with ``home`` the last step sends only
-    the accumulator (to the block's owner)."""
+    float32, ``block`` the k | v [B, S_j, Hk, 2D] held first. Step s: the held block's dK, dV
+    (block_kernels) are added to its accumulator, received from rank ``frm`` (zero at step 0);
+    block and accumulator go on to rank ``to``, the next ones (``counts[s]`` tokens) come from
+    ``frm``. With ``home`` the last step sends only the accumulator (to the block's owner).
+    Overlap: the block's transfer is posted before the step's attention backward, and the
+    accumulator's completes during the next step's; the additions keep their order (the same
+    bits)."""
     D = block.shape[3] // 2
+    n = len(counts)
     dq = torch.zeros_like(rows[1])
-    grad = torch.zeros_like(block)  # the held block's dK | dV accumulator
-    steps = len(counts) + (0 if home else 1)
-    for s in range(steps):
+    acc = torch.zeros_like(block)  # the held block's accumulator, as received
+    acc_posted = None
+    for s in range(n + (0 if home else 1)):
+        travels = s < n and not (home and s == n - 1)
+        if travels:  # does not depend on this step's gradients: in flight during them
+            nxt, block_posted = _moved(link, block, to, frm, counts[s], RING_TAG + 2 * s,
+                                       f"block of step {s}")
         gq, gk, gv = attention_lse_backward(rows[0], rows[1], block[..., :D], block[..., D:],
                                             rows[2], rows[3])
         dq += gq
-        grad += torch.cat([gk, gv], 3)
-        if s == len(counts):
-            break
-        last = home and s == steps - 1
-        send = grad.contiguous() if last else torch.cat([block, grad], 3)
-        land = send.new_empty(send.shape[0], counts[s], *send.shape[2:])
-        tag = RING_TAG + s
-        exchange(link, [(to, send, tag)] if send.shape[1] else [],
-                 [(frm, land, tag)] if counts[s] else [], f"step {s} of {steps}")
-        block, grad = (None, land) if last else (land[..., :2 * D], land[..., 2 * D:])
-    return dq, grad
+        complete(link, acc_posted)
+        grad = acc + torch.cat([gk, gv], 3)
+        if s == n:
+            return dq, grad
+        acc, acc_posted = _moved(link, grad, to, frm, counts[s], RING_TAG + 2 * s + 1,
+                                 f"dK, dV of step {s}")
+        if travels:
+            complete(link, block_posted)
+            block = nxt
+    complete(link, acc_posted)
+    return dq, acc
 
 
 def _ring(ring: Ring, rows, k: torch.Tensor, v: torch.Tensor):

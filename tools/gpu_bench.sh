@@ -16,7 +16,8 @@
 #             tests/gpu/test_adaln_cuda.py (the torch ops against the CPU fp64 ops); between
 #             them bench/adaln's kernel timings, plain and --gated (KERNEL_SHAPES B:N:D,...),
 #             in adaln-kernels.txt
-#   test      tests/gpu/test_diffusers_gpu.py (TEST_ARGS: more pytest arguments, e.g. -k rotary)
+#   test      tests/gpu/test_diffusers_gpu.py (TEST_FILES: other test files; TEST_ARGS: more pytest
+#             arguments, e.g. -k rotary)
 #   sp        bench.diffusers.sp_overhead: parallelize at world size 1 vs stock, eager and
 #             compiled (SP_MODELS, SP_TOKENS, SP_ARGS)
 #   adaln     bench.diffusers.adaln_models: stock vs apply_fused_adaln, fwd+bwd (ADALN_MODELS,
@@ -76,8 +77,8 @@ if has kernels; then
       | tee $OUT/adaln-kernels.txt"
   step kernels-pytest 400 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_adaln_cuda.py
 fi
-has test && step test 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_diffusers_gpu.py \
-  ${TEST_ARGS:-}
+has test && step test 300 $PY -m pytest -q -p no:cacheprovider \
+  ${TEST_FILES:-tests/gpu/test_diffusers_gpu.py} ${TEST_ARGS:-}
 has sp && step sp "$PHASE_S" $PY -m bench.diffusers.sp_overhead \
   --models "${SP_MODELS:-flux,wan2.1-1.3b,hunyuan-video,cogvideox-5b,sd3.5-medium}" \
   --tokens "${SP_TOKENS:-4096}" ${SP_ARGS:---reps 8 --max-s 6} --out-dir "$OUT"

@@ -181,19 +181,38 @@ def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
 
 @dataclass
 class Posted:
-    """Transfers in flight (:func:`post`), completed by :func:`complete`."""
+    """Transfers in flight (:func:`post`), completed by :func:`complete`; ``staged``: (host
+    buffer, device tensor) of receives staged through the host (gloo)."""
 
     works: list
     peers: List[int]
     sends: int
     what: str
+    staged: List[Tuple[torch.Tensor, torch.Tensor]]
+
+
+def _staged(link: Link, sends, recvs):
+    """(sends, recvs, staged) with device tensors copied through the host where the group is
+    gloo's (which moves host memory only): sends as host copies, receives into host buffers that
+    :func:`complete` copies to the device."""
+    if dist.get_backend(link.mesh.group) != "gloo":
+        return sends, recvs, []
+    sends = [(p, t.cpu() if t.device.type != "cpu" else t, tag) for p, t, tag in sends]
+    staged, host = [], []
+    for p, t, tag in recvs:
+        if t.device.type != "cpu":
+            staged.append((torch.empty(t.shape, dtype=t.dtype), t))
+            t = staged[-1][0]
+        host.append((p, t, tag))
+    return sends, host, staged
 
 
 def post(link: Link, sends, recvs, what: str) -> Optional[Posted]:
     """Posts ``sends`` [(group rank, tensor, tag)] and ``recvs`` (the same, landing in the
     tensor) at once; None when there are none. Neither tensor may be touched before
-    :func:`complete`."""
+    :func:`complete`. CUDA tensors go through NCCL, or through the host over gloo."""
     mesh = link.mesh
+    sends, recvs, staged = _staged(link, sends, recvs)
     ops = [dist.P2POp(dist.isend, t, group=mesh.group, tag=tag, group_peer=p)
            for p, t, tag in sends]
     ops += [dist.P2POp(dist.irecv, t, group=mesh.group, tag=tag, group_peer=p)
@@ -206,7 +225,7 @@ def post(link: Link, sends, recvs, what: str) -> Optional[Posted]:
     except RuntimeError as e:
         raise RuntimeError(f"{WHERE}: rank {mesh.rank}: {link.name}, {what}: the transfers "
                            f"with ranks {sorted(set(peers))} could not be posted: {e}") from None
-    return Posted(works, peers, len(sends), what)
+    return Posted(works, peers, len(sends), what, staged)
 
 
 def complete(link: Link, posted: Optional[Posted]) -> None:
@@ -224,6 +243,8 @@ def complete(link: Link, posted: Optional[Posted]) -> None:
                                f"the {kind} rank {posted.peers[i]} did not complete within "
                                f"{link.timeout_s:g} s (a rank that skips the backward?): "
                                f"{e}") from None
+    for host, device in posted.staged:
+        device.copy_(host)
 
 
 def exchange(link: Link, sends, recvs, what: str) -> None:

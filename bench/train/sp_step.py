@@ -34,7 +34,9 @@ from bench import reporter
 from bench.common import int_list
 from bench.timing import time_fn
 from bench.train import sp_predict
+from ditscale.train.config import BY_NAME
 
+STRATEGIES = BY_NAME["sp_strategy"].choices
 MODELS = ("tiny", "wan2.1-1.3b", "wan2.1-14b")
 COLUMNS = ["degree", "dp x sp", "tokens", *reporter.TIMING_COLUMNS, "fwd+bwd ms",
            "peak GiB max", "peak GiB min", "predicted ms", "measured / predicted", "note"]
@@ -61,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--reps", type=_int("--reps", 1, 100), default=3)
     a("--warmup", type=_int("--warmup", 0, 10), default=1)
     a("--activation-checkpointing", default="full", choices=("off", "full", "every"))
-    a("--strategy", default="ulysses", choices=("ulysses", "ring"))
+    a("--strategy", default="ulysses", choices=STRATEGIES, help="ditscale.train's sp_strategy")
     a("--longest", action="store_true", help="also the longest clip that fits at each degree")
     a("--frames-step", type=_int("--frames-step", 4, 1024), default=40, help="a multiple of 4")
     a("--max-frames", type=_int("--max-frames", 1, 1025), default=1025)
@@ -126,8 +128,8 @@ def build_run(env, args, degree: int) -> Run:
                   activation_checkpointing=args.activation_checkpointing)
     tcfg = config.finish(values)
     dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
-    layout = parallel.make_layout(degree, args.strategy, args.timeout_s, env.device)
     wan = model.model_config(tcfg.model, tcfg.num_layers, args.text_tokens)
+    layout = parallel.make_layout(degree, args.strategy, args.timeout_s, env.device, wan)
     m = model.build(wan, tcfg, env.device, dtype, layout)
     runner = StepRunner(m, optim.adamw(m, tcfg), env.device, cfg=wan, dtype=dtype,
                         sync_tokens=degree)

@@ -4,7 +4,8 @@ autograd on 2, 3 and 4 ranks (meshes 1 x 2, 1 x 3, 1 x 4, 2 x 2; odd token count
 with fewer text tokens than ranks, GQA, fewer heads than ranks, batch 2, float32 and bfloat16),
 the same bits twice; that the ring path runs (the forward keeps exactly q, k, v, the joint
 inputs, the output rows and their log-sum-exp; no Ulysses recomputation, no torch_backward),
-also in the backward op torch.compile traces (the eager bits);
+also in the backward op torch.compile traces (the eager bits); a rank that finds no ring layout
+makes every rank recompute (the decision agreed, once per shape), the gradients still right;
 a rank that skips the backward makes the others fail within the group's timeout, naming
 ditscale.sp.attention. The references and the loss are test_sp_grad.py's (one spawn per world
 size runs every case)."""
@@ -115,8 +116,47 @@ def test_ring_backward_on_two_ranks():
     assert all(same for _, same in results)
 
 
+def _one_rank_without_layout(rank, world):
+    """Rank 2 finds no ring layout (ring_backward.layout forced to None there): every rank
+    takes the recomputation (recompute.own None, recompute.run_kept; never the ring backward),
+    the gradients still right. Per rank: (error against dense, {what: calls}) of two calls of
+    one shape (a ring of 4 that is not transposable; the agreement memoised: one look-up)."""
+    from ditscale.sp import recompute, ring_backward
+
+    real = {"layout": ring_backward.layout, "run_kept": recompute.run_kept,
+            "gradients": ring_backward.gradients, "own": recompute.own}
+    calls = {"layout": 0, "run_kept": 0, "gradients": 0, "own": 0}
+
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            calls[name] += name != "own" or result is None  # own: the None results
+            return result
+        return run
+
+    fns = dict(real, layout=(lambda *args: None) if rank == 2 else real["layout"])
+    ring_backward.layout, ring_backward.gradients = (counted(n, fns[n])
+                                                     for n in ("layout", "gradients"))
+    recompute.run_kept, recompute.own = (counted(n, fns[n]) for n in ("run_kept", "own"))
+    try:  # a shape of its own: the agreed None stays memoised for its program
+        case = ("ring", {}, (1, 4), (1, 9, 3, 4, 2, 8, F32))
+        errors = [_grads(rank, world, *case, 7, direct=d)[0] for d in (False, True)]
+    finally:
+        ring_backward.layout, ring_backward.gradients = real["layout"], real["gradients"]
+        recompute.run_kept, recompute.own = real["run_kept"], real["own"]
+    return max(errors), calls
+
+
+def _four_ranks(rank, world):
+    return _one_rank_without_layout(rank, world), _cases(rank, world, CASES_4)
+
+
 def test_ring_backward_on_four_ranks():
-    check_cases(run_gloo(_cases, 4, CASES_4, timeout_s=400), CASES_4)
+    results = run_gloo(_four_ranks, 4, timeout_s=400)
+    check_cases([cases for _, cases in results], CASES_4)
+    for rank, ((err, calls), _) in enumerate(results):
+        assert err < 2e-5, (rank, err)
+        assert calls == {"layout": 1, "own": 2, "run_kept": 2, "gradients": 0}, (rank, calls)
 
 
 def _three_ranks_then_one_skips(rank, world):

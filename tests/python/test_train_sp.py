@@ -128,9 +128,9 @@ def test_sp_degree_refusals(tmp_path):
     for bad in ("0", "65"):
         with pytest.raises(ValueError, match=f"sp_degree: {bad} is out of range \\[1, 64\\]"):
             load_config(base + ["--sp-degree", bad])
-    with pytest.raises(ValueError, match="sp_strategy: 'torus' is not one of ulysses"):
-        load_config(base + ["--sp-strategy", "torus"])
-    assert load_config(base + ["--sp-strategy", "ring"]).sp_strategy == "ring"
+    with pytest.raises(ValueError, match="sp_strategy: 'rings' is not one of ulysses"):
+        load_config(base + ["--sp-strategy", "rings"])
+    assert load_config(base + ["--sp-strategy", "torus"]).sp_strategy == "torus"
     with pytest.raises(ValueError, match="sp_degree: 2 does not divide the world size 3"):
         parallel.check(2, "ulysses", 3, torch.device("cpu"))
     with pytest.raises(ValueError, match="sp_degree: 2 > 1 needs .* on CPU \\(gloo\\) and "

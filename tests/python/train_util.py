@@ -88,6 +88,36 @@ def run_train(nproc: int, args, timeout_s: float = 240) -> subprocess.CompletedP
                           timeout=timeout_s)
 
 
+def run_train_machines(machines: int, per_machine: int, args,
+                       timeout_s: float = 240) -> subprocess.CompletedProcess:
+    """``python -m ditscale.train`` on ``machines`` emulated machines of ``per_machine`` CPU ranks:
+    one torchrun agent per machine (static rendezvous on 127.0.0.1), each with its own
+    NCCL_HOSTID, so that ``ditscale.sp.Mesh.from_process_group`` sees ``machines`` hosts. The
+    agents' outputs joined; the return code the first non-zero one."""
+    from gloo_util import free_port
+
+    port = str(free_port())
+    procs = []
+    for m in range(machines):
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={machines}",
+               f"--nproc-per-node={per_machine}", f"--node-rank={m}",
+               "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "ditscale.train",
+               *map(str, args)]
+        procs.append(subprocess.Popen(cmd, env=dict(env(), NCCL_HOSTID=f"emulated-machine-{m}"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    try:
+        outs = [p.communicate(timeout=timeout_s) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    code = next((p.returncode for p in procs if p.returncode), 0)
+    return subprocess.CompletedProcess(procs[0].args, code, "".join(o for o, _ in outs),
+                                       "".join(e for _, e in outs))
+
+
 def metrics_lines(out) -> list:
     """The run folder's metrics.jsonl, one dict per step."""
     with open(os.path.join(out, "metrics.jsonl")) as f:

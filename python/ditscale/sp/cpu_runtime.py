@@ -7,12 +7,14 @@ The shape check: the first call of a layer shape gathers every rank's (batch, im
 heads, kv heads, head_dim, text tokens, dtype) over the group (one all_gather of 7 int64);
 everything but the image tokens must agree, and rank r's image tokens must be
 ``shard_range(S, N, r)``'s count for the total S. Later calls of that shape reuse the result (so
-every rank must make the same calls in the same order, as for any collective).
+every rank must make the same calls in the same order, as for any collective). The own
+backwards' layouts of a program (ring_backward, usp_backward) are agreed the same way, once per
+(group, program): :func:`agreed_layout`.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,6 +33,8 @@ TIMEOUT_S = 120.0  # a transfer that does not complete in this time (or the grou
 _SEQ_TOTAL: Dict[Tuple, int] = {}
 _PROGRAMS: Dict[Tuple, cpu_executor.Program] = {}
 _PLANS: Dict[Tuple, dict] = {}
+# (backward's name, id(group), id(program)) -> (group, program, the agreed layout or None).
+_LAYOUTS: Dict[Tuple, Tuple] = {}
 
 
 def process_group(mesh: Mesh):
@@ -155,3 +159,24 @@ def attention_kept(q, k, v, joint, mesh: Mesh, cfg: Config, where: str):
     out = out.to(q.dtype)
     text_out = None if text_out is None else text_out.to(q.dtype)
     return out, text_out, (prog, pg, seconds, bufs)
+
+
+def agreed_layout(name: str, mesh: Mesh, prog: cpu_executor.Program,
+                  find: Callable[[cpu_executor.Program], Any]) -> Any:
+    """``find(prog)`` (the layout of the backward ``name`` in this rank's program, or None)
+    where every rank of the mesh's group found one, else None on every rank (the ranks must take
+    the same backward: a rank without the layout makes every rank recompute). One all_reduce
+    over the group at a program's first call, memoised per (group, program) like the shape
+    check (cpu_runtime keeps the programs, one per shape), so every rank must make the same
+    calls in the same order."""
+    pg = process_group(mesh)
+    key = (name, id(pg), id(prog))
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0] is pg and hit[1] is prog:
+        return hit[2]
+    found = find(prog)
+    every = torch.tensor([0 if found is None else 1], dtype=torch.int64)
+    dist.all_reduce(every, op=dist.ReduceOp.MIN, group=mesh.group)
+    result = found if every.item() else None
+    _LAYOUTS[key] = (pg, prog, result)
+    return result

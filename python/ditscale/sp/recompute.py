@@ -109,7 +109,8 @@ def own(q, k, joint: Joint, mesh: Mesh, run):
     """(module, state) of the schedule's own backward for the forward ``run``
     (cpu_runtime.attention_kept's program, group, timeout, buffers): ring_backward for a plain
     ring (ulysses_degree 1: ring, auto resolved so, usp / swiftfusion-tas / torus of degree 1),
-    usp_backward for a Ulysses x ring program; None for any other (or a layout not found).
+    usp_backward for a Ulysses x ring program; None for any other (or a layout that some rank
+    of the group does not find: the decision is agreed, cpu_runtime.agreed_layout).
     The module's ``saved(state, inputs, buffers)`` is what the forward keeps, its
     ``backward(state, saved, dout, djout)`` the gradients."""
     prog = run[0]

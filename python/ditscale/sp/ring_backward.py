@@ -169,9 +169,11 @@ class Ring:
 def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
     """The backward's state for the forward ``run`` (cpu_runtime.attention_kept's program,
     group, timeout, buffers) of q [B, S_r, H, D], k, or None when its program is not ring-shaped
-    (:func:`layout`)."""
+    (:func:`layout`) on some rank of the group: agreed by every rank (one all_reduce at a
+    program's first call, cpu_runtime.agreed_layout), so that every rank then recomputes."""
     prog, _, seconds, _ = run
-    lay = layout(prog, mesh.size, q.shape[2])
+    lay = cpu_runtime.agreed_layout("ring", mesh, prog,
+                                    lambda p: layout(p, mesh.size, q.shape[2]))
     if lay is None:
         return None
     text = 0 if joint is None else joint[0].shape[1]

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 
-from . import cpu_backward
+from . import cpu_backward, cpu_runtime
 from .cpu_executor import COPIES, Op, Program
 from .cpu_kernels import attention_lse_backward
 from .meshes import Mesh
@@ -182,21 +181,10 @@ def layout(prog: Program) -> Optional[Layout]:
     return lay if _phases_ok(prog, lay, att, writes) else None
 
 
-_LAYOUTS: Dict[int, Tuple[Program, Optional[Layout]]] = {}
-
-
 def layout_of(prog: Program, mesh: Mesh) -> Optional[Layout]:
-    """:func:`layout` where every rank of the mesh finds its own (else None on every rank: the
-    ranks must take the same backward), memoised per program (cpu_runtime keeps the programs;
-    the first call of a shape agrees over the group, one all_reduce, as its shape check does)."""
-    found = _LAYOUTS.get(id(prog))
-    if found is None or found[0] is not prog:
-        lay = layout(prog)
-        every = torch.tensor([0 if lay is None else 1], dtype=torch.int64)
-        dist.all_reduce(every, op=dist.ReduceOp.MIN, group=mesh.group)
-        found = (prog, lay if every.item() else None)
-        _LAYOUTS[id(prog)] = found
-    return found[1]
+    """:func:`layout` where every rank of the mesh finds its own, else None on every rank
+    (cpu_runtime.agreed_layout: one all_reduce at a program's first call in the group)."""
+    return cpu_runtime.agreed_layout("usp", mesh, prog, layout)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import tomllib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .._checks import INT64_MAX, check_int, check_real
+from ..sp.grad import GRAD_STRATEGIES
 
 SECTIONS = ("run", "data", "transformer", "objective", "optim", "checkpoint", "validation",
             "logging")
@@ -56,6 +57,21 @@ def _num(v) -> str:
 def _f(section, name, kind, default, help, lo=None, hi=None, choices=(), required=False):
     return Field(section, name, kind, default, help, lo, hi, tuple(choices), required)
 
+
+# What the backward of each sp_strategy keeps and moves (docs/sp.md, "Gradients").
+SP_BACKWARD = {
+    "ulysses": "its program transposed, keeping the head group's q, k, v over the sequence, "
+               "output and LSE (dOut, then dQ, dK, dV all-to-all)",
+    "ulysses-overlap": "as ulysses",
+    "ring": "its own, keeping the rank's q, k, v, output rows and LSE; each of N steps sends "
+            "a k, v block with its fp32 dK, dV accumulator (no head split)",
+    "usp": "its own, keeping the head group's query rows, output, LSE and last k, v block "
+           "(about the inputs' size; the all-to-alls transposed, the ring reversed)",
+    "swiftfusion-tas": "as usp",
+    "torus": "its program transposed, keeping the head group's query rows, output, LSE and "
+             "k, v of the whole sequence (more than usp)",
+    "auto": "that of the planner's choice per attention shape",
+}
 
 FIELDS: List[Field] = [
     _f("run", "store", "str", "", "latent store folder (python -m ditscale.prepare)",
@@ -102,8 +118,11 @@ FIELDS: List[Field] = [
        "dividing the world size; a micro-batch of degree d runs on the aligned group of d "
        "ranks); empty: off; not with sp_degree > 1"),
     _f("transformer", "sp_strategy", "choice", "ulysses", "attention strategy of sp_degree > 1 "
-       "within a group (ring: its own backward, dK/dV returned along the ring)",
-       choices=("ulysses", "ring")),
+       "within a group; its backward on CPU (gloo), nothing recomputed: " + "; ".join(
+           f"{s}: {SP_BACKWARD[s]}" for s in GRAD_STRATEGIES) + ". On one machine usp is "
+       "Ulysses over the group, swiftfusion-tas and torus a ring; a strategy whose Ulysses "
+       "degree exceeds the model's heads on the groups is refused at start-up",
+       choices=GRAD_STRATEGIES),
     _f("objective", "timestep_sampling", "choice", "uniform", "distribution of u in [0, 1] "
        "before the shift", choices=("uniform", "logit-normal")),
     _f("objective", "logit_mean", "float", 0.0, "logit-normal mean", -10.0, 10.0),

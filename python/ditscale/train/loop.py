@@ -104,10 +104,10 @@ class Trainer:
         self.degrees = parallel_mixed.parse_degrees(cfg.sp_degrees) if cfg.sp_degrees else None
         if self.degrees:
             self.layout = parallel_mixed.make_layout(self.degrees, cfg.sp_strategy,
-                                                     cfg.pg_timeout_s, self.device)
+                                                     cfg.pg_timeout_s, self.device, setup.wan)
         else:
             self.layout = parallel.make_layout(cfg.sp_degree, cfg.sp_strategy,
-                                               cfg.pg_timeout_s, self.device)
+                                               cfg.pg_timeout_s, self.device, setup.wan)
         auto = "bf16" if self.device.type == "cuda" else "fp32"
         self.dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[
             auto if cfg.dtype == "auto" else cfg.dtype]
@@ -175,6 +175,11 @@ class Trainer:
             with open(os.path.join(self.setup.resume, "meta.json")) as f:
                 start = json.load(f)["step"]
         self.log = RunLog(cfg.out, self.rank, cfg.steps, start, cfg.tensorboard, cfg.progress)
+        mesh = self.layout.model_mesh
+        if mesh is not None:  # rank 0's group (the message is rank 0's)
+            self.log.message(f"sequence parallelism: sp_strategy {cfg.sp_strategy} on groups of "
+                             f"up to {mesh.size} ranks, rank 0's a mesh of {mesh.machines} x "
+                             f"{mesh.gpus_per_machine} (machines x ranks per machine)")
         seg = self.resume()
         self.validator = (Validator(cfg, self.store, self.dataset, self.device, self.dtype,
                                     cfg.out) if cfg.validate_every else None)

@@ -6,15 +6,17 @@ sampler's plan is made for, over W / sp_degree data-parallel ranks). Every rank 
 trains the same micro-batches with the transformer's tokens split over the group
 (``ditscale.diffusers.parallelize`` on the group's mesh); FSDP2 still shards the parameters over
 all W ranks. The SP process groups are made once, at set-up, on every rank (a collective);
-the checks run before, alike on every rank. See [docs/train.md](../../../docs/train.md)
-("Sequence parallelism").
+the checks run before, alike on every rank, and after, when the groups' meshes (machines x
+ranks per machine) are known: ``sp_strategy`` must build a schedule on every group's mesh for the
+model's heads (:func:`group_meshes`, agreed by every rank). See
+[docs/train.md](../../../docs/train.md) ("Sequence parallelism").
 """
 
 from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -22,12 +24,13 @@ import torch
 @dataclass(frozen=True)
 class Layout:
     """This rank's place: ``rank`` of ``world``, SP groups of ``sp`` ranks; ``group``: its SP
-    process group (None when sp == 1)."""
+    process group and ``mesh`` its ``ditscale.sp.Mesh`` (None when sp == 1)."""
 
     rank: int
     world: int
     sp: int
     group: Optional[Any] = None
+    mesh: Optional[Any] = None
 
     @property
     def dp(self) -> int:
@@ -48,8 +51,8 @@ class Layout:
         return self.sp
 
     @property
-    def model_group(self) -> Optional[Any]:
-        return self.group
+    def model_mesh(self) -> Optional[Any]:
+        return self.mesh
 
 
 def check(sp_degree: int, strategy: str, world: int, device: torch.device) -> None:
@@ -95,8 +98,68 @@ def check_tokens(store, sp_degree: int, field: str = "sp_degree") -> None:
                          f"needs one")
 
 
-def make_layout(sp_degree: int, strategy: str, timeout_s: float, device: torch.device) -> Layout:
-    """Checks, then builds every SP group on every rank (torch.distributed initialised);
+def _program_error(strategy: str, mesh, wan, where: str) -> str:
+    """The error of building this rank's schedule of ``strategy`` on ``mesh`` (as the attention
+    does: ``sp.cpu_runtime.program``, the C++ builders) for a self-attention layer of the
+    model (``wan``: its heads and head_dim, no joint tokens) of one token per rank, the fewest
+    :func:`check_tokens` allows (tokens do not change what builds); '' when it builds."""
+    from ..sp import cpu_runtime, make_config
+
+    shape = dict(batch=1, seq=mesh.size, text=0, heads=wan.num_heads, kv_heads=wan.num_heads,
+                 head_dim=wan.head_dim, dtype_bytes=4)
+    try:
+        cpu_runtime.program(mesh, make_config(where, None, strategy=strategy), shape, where)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def strategy_error(strategy: str, mesh, wan) -> str:
+    """Why ``sp_strategy`` cannot train on ``mesh`` (this rank's group, machines x ranks per
+    machine), '' when it can: e.g. usp's Ulysses degree (the ranks per machine) above the
+    model's heads. Names the strategies that run there."""
+    where = (f"sp_strategy: {strategy!r} cannot run on the sequence-parallel group of "
+             f"{mesh.size} ranks")
+    error = _program_error(strategy, mesh, wan, where)
+    if not error:
+        return ""
+    from ..sp.grad import GRAD_STRATEGIES
+
+    runs = [s for s in GRAD_STRATEGIES if s != strategy and not _program_error(s, mesh, wan, "")]
+    return (f"{error} (a mesh of machines x ranks per machine; the model has {wan.num_heads} "
+            f"attention heads; strategies that run there: {', '.join(runs) or 'none'})")
+
+
+def group_meshes(groups: Dict[int, Any], strategy: str, wan, field: str) -> Dict[int, Any]:
+    """{degree: the ``ditscale.sp.Mesh`` of this rank's group of that degree} of ``groups``
+    (degree -> process group; collectives, in the dict's order), after checking that
+    ``strategy`` runs on each of more than one rank (:func:`strategy_error`). A failure on any
+    rank is the same ValueError on every rank (one all_gather_object over the world)."""
+    import torch.distributed as dist
+
+    from .. import sp
+
+    meshes, error = {}, ""
+    for d, group in groups.items():
+        try:
+            meshes[d] = sp.Mesh.from_process_group(group)
+        except ValueError as e:  # e.g. machines of different sizes in the group
+            error = error or f"{field}: {d}: rank {dist.get_rank()}'s group: {e}"
+            continue
+        if d > 1 and not error:
+            error = strategy_error(strategy, meshes[d], wan)
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), "")
+    if first:
+        raise ValueError(first)
+    return meshes
+
+
+def make_layout(sp_degree: int, strategy: str, timeout_s: float, device: torch.device,
+                wan) -> Layout:
+    """Checks, then builds every SP group on every rank (torch.distributed initialised) and
+    checks ``strategy`` on their meshes for the model ``wan`` (a WanConfig: its heads);
     returns this rank's layout."""
     import torch.distributed as dist
 
@@ -107,7 +170,8 @@ def make_layout(sp_degree: int, strategy: str, timeout_s: float, device: torch.d
     ranks = [list(range(g * sp_degree, (g + 1) * sp_degree)) for g in range(world // sp_degree)]
     group, _ = dist.new_subgroups_by_enumeration(
         ranks, timeout=datetime.timedelta(seconds=timeout_s))
-    return Layout(rank, world, sp_degree, group)
+    mesh = group_meshes({sp_degree: group}, strategy, wan, "sp_degree")[sp_degree]
+    return Layout(rank, world, sp_degree, group, mesh)
 
 
 def parallelize(model, layout, strategy: str):
@@ -116,8 +180,6 @@ def parallelize(model, layout, strategy: str):
     ``Layout`` or a ``parallel_mixed.MixedLayout``."""
     if layout.model_degree == 1:
         return model
-    from .. import sp
     from ..diffusers import parallelize as sp_parallelize
 
-    mesh = sp.Mesh.from_process_group(layout.model_group)
-    return sp_parallelize(model, mesh=mesh, strategy=strategy)
+    return sp_parallelize(model, mesh=layout.model_mesh, strategy=strategy)

@@ -84,8 +84,8 @@ class MixedLayout:
         return max(self.degrees)
 
     @property
-    def model_group(self) -> Optional[Any]:
-        return self.groups.get(self.model_degree)
+    def model_mesh(self) -> Optional[Any]:
+        return self.meshes.get(self.model_degree)
 
     def leads(self, degree: int) -> bool:
         """Whether this rank is the first of its group of ``degree`` (reports its samples)."""
@@ -101,20 +101,21 @@ class MixedLayout:
         return sequence_group(model, self.meshes[degree])
 
 
-def make_layout(degrees: List[int], strategy: str, timeout_s: float,
-                device: torch.device) -> MixedLayout:
+def make_layout(degrees: List[int], strategy: str, timeout_s: float, device: torch.device,
+                wan) -> MixedLayout:
     """Checks, then builds every group of every degree on every rank (torch.distributed
-    initialised); returns this rank's layout."""
+    initialised) and checks ``strategy`` on their meshes for the model ``wan`` (a WanConfig:
+    its heads; ``parallel.group_meshes``); returns this rank's layout."""
     import torch.distributed as dist
 
-    from .. import sp
+    from . import parallel
 
     rank, world = dist.get_rank(), dist.get_world_size()
     check(degrees, strategy, world, device)
     timeout = datetime.timedelta(seconds=timeout_s)
-    groups, meshes = {}, {}
+    groups = {}
     for d in sorted(set(degrees) | {1}):
         ranks = [list(range(g * d, (g + 1) * d)) for g in range(world // d)]
         groups[d], _ = dist.new_subgroups_by_enumeration(ranks, timeout=timeout)
-        meshes[d] = sp.Mesh.from_process_group(groups[d])
+    meshes = parallel.group_meshes(groups, strategy, wan, "sp_degrees")
     return MixedLayout(rank, world, list(degrees), meshes, groups)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from . import cpu_runtime
 from .config import Config
 from .cpu_executor import COPIES, TAG_BASE, Program
-from .cpu_kernels import attention_lse_backward
+from .block_kernels import attention_lse_backward
 from .meshes import Mesh, shard_range
 
 WHERE = "ditscale.sp.attention"
@@ -216,7 +216,7 @@ def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
     B, _, H, D = djout.shape
     got = {j: djout.new_empty(B, n, H, D) for j in range(ring.mesh.size) if j != me and n > 0}
     exchange(ring.link, sends, [(j, t, TEXT_TAG) for j, t in got.items()], "text rows' dOut")
-    total = torch.zeros(B, n, H, D)
+    total = djout.new_zeros(B, n, H, D)
     for j in range(ring.mesh.size if n else 0):
         total += djout[:, t0:t0 + n] if j == me else got[j]
     return total

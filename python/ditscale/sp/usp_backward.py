@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from . import cpu_backward
 from .cpu_executor import COPIES, Op, Program
-from .cpu_kernels import attention_lse_backward
+from .block_kernels import attention_lse_backward
 from .meshes import Mesh
 from .ring_backward import Link, rotate
 

@@ -78,15 +78,20 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor,
     return out, cpu_kernels._unfold(lse.float().unsqueeze(-1), Tq, Hq)
 
 
-def _seeds(device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Philox seed and offset placeholders (never read: no dropout)."""
-    return (torch.zeros((), dtype=torch.int64, device=device),
-            torch.zeros((), dtype=torch.int64, device=device))
+def _seeds(device, flash: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Philox seed and offset placeholders shaped as the forward kernel returns them (never
+    read: no dropout): flash's rng_state uint64 [2] and an empty uint64 scalar, the efficient
+    kernel's int64 scalars."""
+    if flash:
+        return (torch.empty(2, dtype=torch.uint64, device=device),
+                torch.empty((), dtype=torch.uint64, device=device))
+    return (torch.empty((), dtype=torch.int64, device=device),
+            torch.empty((), dtype=torch.int64, device=device))
 
 
 def _cuda_backward(do, qh, k, v, o, lse, scale: float) -> Grads:
     """(dq, dk, dv) heads-first of the folded rows; lse [B, Hk, g*Tq] float32."""
-    seed, offset = _seeds(qh.device)
+    seed, offset = _seeds(qh.device, qh.dtype in _FLASH)
     if qh.dtype in _FLASH:
         return torch.ops.aten._scaled_dot_product_flash_attention_backward(
             do, qh, k, v, o, lse, None, None, qh.shape[2], k.shape[2], 0.0, False, seed, offset,

@@ -108,7 +108,7 @@ def _ring_forward(lay: Layout, rows: torch.Tensor, k, v, text_kv):
     out, lse = attention_lse(rows, k, v)
     if text_kv is not None:
         merge_lse_(out, lse, *attention_lse(rows, *text_kv))
-    u, i = lay.coords
+    _, i = lay.coords
     nxt, prev = _ring_peers(lay)
     block, D = torch.cat([k, v], 3), k.shape[3]
     for s in range(1, lay.R):
@@ -225,8 +225,7 @@ def _text_grads(lay: Layout, dq_text, dtk, dtv, shape):
 def _backward(lay: Layout, saved: Sequence[torch.Tensor], dout: torch.Tensor,
               djout: Optional[torch.Tensor], T: int):
     """The float32 gradients {"q", "k", "v"[, "text_q", "text_k", "text_v"]} (see the module)."""
-    u, i = lay.coords
-    nt = lay.text[i][1]
+    nt = lay.text[lay.coords[1]][1]
     name = "torch_usp backward"
     rows_q, kh, vh, out, lse = (*saved[:3], *saved[-2:])
     do = to_heads(lay, dout, lay.heads, "dout", name).float()

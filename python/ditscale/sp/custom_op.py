@@ -125,7 +125,7 @@ def _attention_backward_fake(q, k, v, joint_q, joint_k, joint_v, dout, djoint_ou
 class _ByOps(torch.autograd.Function):
     """The forward is the op, keeping only the inputs; the backward is the
     ``attention_backward`` op. Under torch.compile (fake tensors) both are traced into the
-    graphs; on CUDA tensors it is the eager autograd too."""
+    graphs; it is also the eager autograd of CUDA calls that torch_usp.py does not take."""
 
     @staticmethod
     def forward(ctx, q, k, v, joint_q, joint_k, joint_v, group_name, machines,

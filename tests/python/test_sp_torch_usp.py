@@ -5,7 +5,8 @@ dense float64 autograd (test_sp_grad.py's references): 2 ranks (ulysses, ring) a
 tokens than ranks, GQA, fewer kv heads than the Ulysses degree, uneven heads, bfloat16, batch 2;
 its forward output against the CPU executor's (the op's), the decomposition (U, R, placement)
 the executors' program has, the same bits twice, what the forward keeps; a rank that skips the
-backward makes the other fail within the group's timeout. One spawn per world size."""
+backward makes the other fail within the group's timeout; which strategies the op's CUDA autograd
+path gives it (custom_op._torch_usp_layout). One spawn per world size."""
 
 from __future__ import annotations
 
@@ -136,9 +137,21 @@ def _skipped(rank, world):
     return None
 
 
+def _taken(rank, world):
+    """{strategy: whether the op's CUDA autograd path would take torch_usp} for a small layer."""
+    import ditscale.sp as sp
+    from ditscale.sp import custom_op
+    q = torch.randn(1, 5 - rank, 4, 8)
+    return {s: custom_op._torch_usp_layout(q, q, None, sp.Mesh(1, world),
+                                           sp.make_config("t", strategy=s)) is not None
+            for s in ("ulysses", "ring", "usp", "torus", "ulysses-overlap")}
+
+
 def _all(rank, world, cases, skip):
     results = [_case(rank, world, *case[:3], 100 * n) for n, case in enumerate(cases)]
-    return results, _skipped(rank, world) if skip else None
+    if not skip:
+        return results, None
+    return results, (_taken(rank, world), _skipped(rank, world))
 
 
 def _check(results, cases):
@@ -156,7 +169,9 @@ def _check(results, cases):
 def test_torch_usp_on_two_ranks():
     results = run_gloo(_all, 2, CASES_2, True, timeout_s=300, pg_timeout_s=PG_TIMEOUT_S)
     _check(results, CASES_2)
-    failed, skipper = results[0][1], results[1][1]
+    (taken, failed), (_, skipper) = results[0][1], results[1][1]
+    assert taken == {"ulysses": True, "ring": True, "usp": True, "torus": False,
+                     "ulysses-overlap": False}, taken
     assert skipper is None and failed is not None
     msg, seconds = failed
     assert msg.startswith("ditscale.sp.attention: rank 0: torch_usp backward, step 0 of 2: "

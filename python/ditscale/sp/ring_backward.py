@@ -222,17 +222,35 @@ def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def _pack(block: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """One message of a k | v block and its float32 accumulator: concatenated when the block is
+    float32, else their bytes side by side (uint8 [B, n, Hk, bytes])."""
+    if block.dtype == grad.dtype:
+        return torch.cat([block, grad], 3)
+    return torch.cat([block.contiguous().view(torch.uint8), grad.contiguous().view(torch.uint8)],
+                     3)
+
+
+def _unpack(land: torch.Tensor, width: int, dtype: torch.dtype):
+    """The inverse of :func:`_pack`: (block [..., width] in dtype, accumulator float32)."""
+    if land.dtype != torch.uint8:
+        return land[..., :width], land[..., width:]
+    cut = width * torch.empty((), dtype=dtype).element_size()
+    return land[..., :cut].view(dtype), land[..., cut:].view(torch.float32)
+
+
 def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Sequence[int],
            home: bool):
-    """(dQ of the rows, the dK | dV accumulator [B, ., Hk, 2D] of the block held at the end)
-    over ``len(counts)`` steps (``home``) or one more (not ``home``); ``rows`` = (dO, Q, O, LSE)
-    float32, ``block`` the k | v [B, S_j, Hk, 2D] held first. Each step adds the held block's
-    dK, dV to its accumulator, then sends block and accumulator to rank ``to`` and receives the
-    next ones (``counts[s]`` tokens) from rank ``frm``; with ``home`` the last step sends only
-    the accumulator (to the block's owner)."""
+    """(dQ of the rows, the dK | dV accumulator [B, ., Hk, 2D] of the block held at the end),
+    float32, over ``len(counts)`` steps (``home``) or one more (not ``home``); ``rows`` = (dO, Q,
+    O, LSE) (dO, O, LSE float32; Q in the kernels' dtype), ``block`` the k | v [B, S_j, Hk, 2D]
+    held first (Q's dtype). Each step adds the held block's dK, dV to its float32 accumulator,
+    then sends block and accumulator to rank ``to`` in one message and receives the next ones
+    (``counts[s]`` tokens) from rank ``frm``; with ``home`` the last step sends only the
+    accumulator (to the block's owner)."""
     D = block.shape[3] // 2
-    dq = torch.zeros_like(rows[1])
-    grad = torch.zeros_like(block)  # the held block's dK | dV accumulator
+    dq = torch.zeros_like(rows[1], dtype=torch.float32)
+    grad = torch.zeros_like(block, dtype=torch.float32)  # the held block's dK | dV accumulator
     steps = len(counts) + (0 if home else 1)
     for s in range(steps):
         gq, gk, gv = attention_lse_backward(rows[0], rows[1], block[..., :D], block[..., D:],
@@ -242,12 +260,12 @@ def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Seq
         if s == len(counts):
             break
         last = home and s == steps - 1
-        send = grad.contiguous() if last else torch.cat([block, grad], 3)
+        send = grad.contiguous() if last else _pack(block, grad)
         land = send.new_empty(send.shape[0], counts[s], *send.shape[2:])
         tag = RING_TAG + s
         exchange(link, [(to, send, tag)] if send.shape[1] else [],
                  [(frm, land, tag)] if counts[s] else [], f"step {s} of {steps}")
-        block, grad = (None, land) if last else (land[..., :2 * D], land[..., 2 * D:])
+        block, grad = (None, land) if last else _unpack(land, 2 * D, block.dtype)
     return dq, grad
 
 

@@ -193,10 +193,10 @@ def _forward(lay: Layout, q, k, v, joint):
 
 def _ring_backward(lay: Layout, rows, k: torch.Tensor, v: torch.Tensor):
     """(dQ of the rows, dK, dV of the own block), float32: the ring reversed (rotate)."""
-    D = k.shape[3]
-    block = torch.cat([k, v], 3).float()
     if lay.R == 1:
-        return attention_lse_backward(*rows[:2], block[..., :D], block[..., D:], *rows[2:])
+        return attention_lse_backward(*rows[:2], k, v, *rows[2:])
+    D = k.shape[3]
+    block = torch.cat([k, v], 3)  # the inputs' dtype (the kernels'), accumulators float32
     _, i = lay.coords
     nxt, prev = _ring_peers(lay)
     counts = [lay.chunk((i - s - 1) % lay.R) for s in range(lay.R)]
@@ -231,8 +231,8 @@ def _backward(lay: Layout, saved: Sequence[torch.Tensor], dout: torch.Tensor,
     do = to_heads(lay, dout, lay.heads, "dout", name).float()
     if T:
         do = torch.cat([_text_dout(lay, djout), do], 1)
-    rows = (do.contiguous(), rows_q.float().contiguous(), out, lse)
-    dq = torch.zeros_like(rows[1])
+    rows = (do.contiguous(), rows_q, out, lse)  # Q in the kernels' dtype (the inputs')
+    dq = torch.zeros_like(rows[1], dtype=torch.float32)
     if T:  # the text block, local (every rank holds its heads' text k, v)
         dq, dtk, dtv = attention_lse_backward(*rows[:2], saved[3], saved[4], *rows[2:])
     gq, gk, gv = _ring_backward(lay, rows, kh, vh)

@@ -1,8 +1,9 @@
 """The CUDA block kernels of ditscale/sp/block_kernels.py (flash attention for bfloat16 / float16,
 memory-efficient attention for float32; the LSE and the backward from a given LSE) against
-cpu_kernels' CPU functions on the same inputs in float64-exact float32 (fresh random inputs):
-GQA (query heads folded), odd token counts, an empty kv block, the backward from a merged
-(out, LSE) of two blocks (as the ring's backward uses it). One GPU; skips without CUDA.
+cpu_kernels' CPU functions on the same inputs in float32 (fresh random inputs): GQA (query heads
+folded), odd token counts, a head_dim the kernels need padded, an empty kv block, the backward
+from a merged (out, LSE) of two blocks (as the ring's backward uses it). One GPU; skips without
+CUDA.
 
     pytest tests/gpu/test_block_kernels_gpu.py
 """
@@ -11,7 +12,8 @@ import pytest
 import torch
 
 # (batch, query tokens, kv tokens, query heads, kv heads, head_dim)
-SHAPES = [(2, 77, 131, 8, 2, 64), (1, 33, 250, 6, 6, 128), (1, 1, 7, 4, 1, 64)]
+SHAPES = [(2, 77, 131, 8, 2, 64), (1, 33, 250, 6, 6, 128), (1, 1, 7, 4, 1, 64),
+          (1, 19, 40, 4, 2, 60)]  # head_dim 60: padded to 64 for the kernels
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-3}  # fp32 may use TF32
 
 

@@ -9,7 +9,8 @@ independent), so GQA needs no copy of k, v. scale = 1 / sqrt(d), no dropout, nat
 - CUDA: the inputs' dtype; bfloat16 / float16 by ``aten._scaled_dot_product_flash_attention``
   and its backward, float32 by ``aten._scaled_dot_product_efficient_attention``
   (compute_log_sumexp; its LSE padded to a multiple of 32 rows) and its backward. The backward
-  casts the merged float32 out to q's dtype for the kernel.
+  casts the merged float32 out to q's dtype for the kernel. head_dim is padded with zeros to a
+  multiple of 8 (the kernels' alignment), at most 256 (:func:`supports`).
 
 Empty blocks: Tk == 0 gives out 0 and lse -inf; their gradients are 0. Outputs and gradients are
 float32.
@@ -27,6 +28,22 @@ from . import cpu_kernels
 Grads = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 _FLASH = (torch.bfloat16, torch.float16)
 _LSE_ALIGN = 32  # the efficient kernel's LSE rows are padded to a multiple of this
+_DIM_ALIGN = 8  # head_dim padded with zeros to a multiple of this for the CUDA kernels
+MAX_CUDA_HEAD_DIM = 256  # flash attention's largest head_dim
+
+
+def supports(q: torch.Tensor) -> bool:
+    """Whether these kernels run q's layer: any CPU layer; on CUDA bfloat16, float16 or float32
+    with head_dim <= MAX_CUDA_HEAD_DIM."""
+    if q.device.type == "cpu":
+        return True
+    return q.dtype in (*_FLASH, torch.float32) and q.shape[-1] <= MAX_CUDA_HEAD_DIM
+
+
+def _pad(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] with zero columns up to a multiple of _DIM_ALIGN (scores, out unchanged)."""
+    extra = -x.shape[-1] % _DIM_ALIGN
+    return x if not extra else torch.nn.functional.pad(x, (0, extra))
 
 
 def _fold(x: torch.Tensor, Hk: int) -> torch.Tensor:
@@ -39,10 +56,11 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).contiguous()
 
 
-def _check_cuda_dtype(q: torch.Tensor, where: str) -> None:
-    if q.dtype not in (*_FLASH, torch.float32):
-        raise TypeError(f"ditscale.sp.block_kernels.{where}: CUDA tensors of dtype {q.dtype} are "
-                        f"not supported (bfloat16, float16, float32)")
+def _check_cuda(q: torch.Tensor, where: str) -> None:
+    if not supports(q):
+        raise ValueError(f"ditscale.sp.block_kernels.{where}: CUDA tensors of dtype {q.dtype}, "
+                         f"head_dim {q.shape[-1]}: bfloat16, float16 or float32 with head_dim in "
+                         f"[1, {MAX_CUDA_HEAD_DIM}]")
 
 
 def _empty(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -67,14 +85,14 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor,
     """(out [B, Tq, Hq, d], lse [B, Tq, Hq, 1]), both float32, of q over k, v (see the module)."""
     if q.device.type == "cpu":
         return cpu_kernels.attention_lse(q.float(), k.float(), v.float())
-    _check_cuda_dtype(q, "attention_lse")
+    _check_cuda(q, "attention_lse")
     B, Tq, Hq, d = q.shape
     Tk, Hk = k.shape[1], k.shape[2]
     if Tk == 0 or Tq == 0:
         return _empty(q)
-    o, lse = _cuda_forward(_fold(q, Hk), _heads_first(k.to(q.dtype)),
-                           _heads_first(v.to(q.dtype)), 1.0 / math.sqrt(d))
-    out = cpu_kernels._unfold(o.float(), Tq, Hq)
+    o, lse = _cuda_forward(_pad(_fold(q, Hk)), _pad(_heads_first(k.to(q.dtype))),
+                           _pad(_heads_first(v.to(q.dtype))), 1.0 / math.sqrt(d))
+    out = cpu_kernels._unfold(o[..., :d].float(), Tq, Hq)
     return out, cpu_kernels._unfold(lse.float().unsqueeze(-1), Tq, Hq)
 
 
@@ -90,7 +108,8 @@ def _seeds(device, flash: bool) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def _cuda_backward(do, qh, k, v, o, lse, scale: float) -> Grads:
-    """(dq, dk, dv) heads-first of the folded rows; lse [B, Hk, g*Tq] float32."""
+    """(dq, dk, dv) heads-first of the folded rows (head_dim padded); lse [B, Hk, g*Tq]
+    float32."""
     seed, offset = _seeds(qh.device, qh.dtype in _FLASH)
     if qh.dtype in _FLASH:
         return torch.ops.aten._scaled_dot_product_flash_attention_backward(
@@ -112,7 +131,7 @@ def attention_lse_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     rows' (merged) out, lse [B, Tq, Hq, 1] and dout [B, Tq, Hq, d] (see the module)."""
     if q.device.type == "cpu":
         return cpu_kernels.attention_lse_backward(*(t.float() for t in (dout, q, k, v, out, lse)))
-    _check_cuda_dtype(q, "attention_lse_backward")
+    _check_cuda(q, "attention_lse_backward")
     B, Tq, Hq, d = q.shape
     Tk, Hk = k.shape[1], k.shape[2]
     if Tk == 0 or Tq == 0:
@@ -120,7 +139,8 @@ def attention_lse_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 torch.zeros_like(v, dtype=torch.float32))
     dt = q.dtype
     dq, dk, dv = _cuda_backward(
-        _fold(dout.to(dt), Hk), _fold(q, Hk), _heads_first(k.to(dt)), _heads_first(v.to(dt)),
-        _fold(out.to(dt), Hk), _fold(lse.float(), Hk).reshape(B, Hk, -1), 1.0 / math.sqrt(d))
-    return (cpu_kernels._unfold(dq.float(), Tq, Hq), dk.float().transpose(1, 2),
-            dv.float().transpose(1, 2))
+        *(_pad(t) for t in (_fold(dout.to(dt), Hk), _fold(q, Hk), _heads_first(k.to(dt)),
+                            _heads_first(v.to(dt)), _fold(out.to(dt), Hk))),
+        _fold(lse.float(), Hk).reshape(B, Hk, -1), 1.0 / math.sqrt(d))
+    return (cpu_kernels._unfold(dq[..., :d].float(), Tq, Hq), dk[..., :d].float().transpose(1, 2),
+            dv[..., :d].float().transpose(1, 2))

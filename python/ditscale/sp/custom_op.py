@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 
 from .. import _extension  # noqa: F401  keys torch.compile's caches to this build of ditscale
-from . import dispatch, grad, recompute, torch_backward, torch_usp, torch_usp_layout
+from . import block_kernels, dispatch, grad, recompute, torch_backward, torch_usp, torch_usp_layout
 from .config import config_of_text
 from .dispatch import distributed_attention
 from .grad import refuse_grad
@@ -146,9 +146,11 @@ class _ByOps(torch.autograd.Function):
 
 def _torch_usp_layout(q, k, joint_q, mesh: Mesh, cfg):
     """torch_usp's Layout for a CUDA call that requires grad (strategies ulysses, ring, usp,
-    swiftfusion-tas, auto resolved to one of them; at least U query heads), else None. Alike on
+    swiftfusion-tas, auto resolved to one of them; at least U query heads; a dtype and head_dim
+    that block_kernels runs), else None. Alike on
     every rank (the group's shape check is a collective)."""
-    if cfg.strategy not in (*torch_usp_layout.STRATEGIES, "auto"):
+    if cfg.strategy not in (*torch_usp_layout.STRATEGIES, "auto") or \
+            not block_kernels.supports(q):
         return None
     dispatch.check_distributed(q, mesh, torch_usp.WHERE)
     text = 0 if joint_q is None else joint_q.shape[1]

@@ -5,7 +5,8 @@ program, cpu_executor.py) keeps only this rank's q, k, v (and the joint text inp
 rows and their merged log-sum-exp, which :func:`layout` finds among the program's buffers; no
 recomputation. Float32 accumulators, a fixed order of additions (the same bits on every run); a
 transfer that does not complete within the group's timeout fails naming ditscale.sp.attention.
-The ring steps (:func:`rotate`, over :func:`exchange`) also run usp's ring (usp_backward.py).
+The ring steps (:func:`rotate`, over :func:`exchange`) also run usp's ring (usp_backward.py) and
+torch_usp.py's (CPU or CUDA tensors: block_kernels).
 Shapes and formulas: :func:`gradients`; docs/sp.md ("Gradients").
 """
 

@@ -182,3 +182,34 @@ def test_torch_usp_on_two_ranks():
 
 def test_torch_usp_on_four_ranks():
     _check(run_gloo(_all, 4, CASES_4, False, timeout_s=400), CASES_4)
+
+
+
+class _Late:
+    """A coalesced batch's one work that never completes."""
+
+    def wait(self, timeout):
+        raise RuntimeError(f"timed out after {timeout.total_seconds():g} s")
+
+
+def _coalesced(rank, world):
+    import ditscale.sp as sp
+    from ditscale.sp import ring_backward
+    ring_backward.dist.batch_isend_irecv = lambda ops: [_Late()]
+    link = ring_backward.Link(sp.Mesh(1, 1), 3.0, "torch_usp backward")
+    t = torch.zeros(2)
+    try:
+        ring_backward.exchange(link, [(1, t, 5)], [(2, t.clone(), 5)], "step 0 of 2")
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_a_coalesced_batch_that_times_out_names_its_peers():
+    """NCCL coalesces a batch of transfers into one work (not runnable here: on one gloo rank the
+    batch call is replaced by one that returns such a work, timing out): the error names every
+    peer of the batch."""
+    msg, = run_gloo(_coalesced, 1, timeout_s=60)
+    assert msg == ("ditscale.sp.attention: rank 0: torch_usp backward, step 0 of 2: the "
+                   "transfers with ranks [1, 2] did not complete within 3 s (a rank that skips "
+                   "the backward?): timed out after 3 s"), msg

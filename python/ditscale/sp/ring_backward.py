@@ -180,9 +180,20 @@ def state(q, k, joint, mesh: Mesh, run) -> Optional[Ring]:
     return Ring(lay, mesh, seq, seconds)
 
 
+def _wait(link: Link, work, what: str, who: str) -> None:
+    """Waits for one transfer's work within the timeout, else names ``who`` in the error."""
+    try:
+        work.wait(datetime.timedelta(seconds=link.timeout_s))
+    except RuntimeError as e:
+        raise RuntimeError(f"{WHERE}: rank {link.mesh.rank}: {link.name}, {what}: {who} did not "
+                           f"complete within {link.timeout_s:g} s (a rank that skips the "
+                           f"backward?): {e}") from None
+
+
 def exchange(link: Link, sends, recvs, what: str) -> None:
     """Posts ``sends`` [(group rank, tensor, tag)] and ``recvs`` (the same, landing in the
-    tensor) at once and waits for all (receives first), each within the timeout."""
+    tensor) at once and waits for all (receives first), each within the timeout. A backend that
+    coalesces the batch (NCCL) gives one work for all of them."""
     mesh = link.mesh
     ops = [dist.P2POp(dist.isend, t, group=mesh.group, tag=tag, group_peer=p)
            for p, t, tag in sends]
@@ -196,15 +207,13 @@ def exchange(link: Link, sends, recvs, what: str) -> None:
     except RuntimeError as e:
         raise RuntimeError(f"{WHERE}: rank {mesh.rank}: {link.name}, {what}: the transfers "
                            f"with ranks {sorted(set(peers))} could not be posted: {e}") from None
-    timeout = datetime.timedelta(seconds=link.timeout_s)
+    if len(works) != len(ops):  # coalesced
+        for work in works:
+            _wait(link, work, what, f"the transfers with ranks {sorted(set(peers))}")
+        return
     for i in [*range(len(sends), len(ops)), *range(len(sends))]:
-        try:
-            works[i].wait(timeout)
-        except RuntimeError as e:
-            kind = "send to" if i < len(sends) else "receive from"
-            raise RuntimeError(f"{WHERE}: rank {mesh.rank}: {link.name}, {what}: the {kind} "
-                               f"rank {peers[i]} did not complete within {link.timeout_s:g} s "
-                               f"(a rank that skips the backward?): {e}") from None
+        kind = "send to" if i < len(sends) else "receive from"
+        _wait(link, works[i], what, f"the {kind} rank {peers[i]}")
 
 
 def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,12 @@
 
     torchrun --nproc-per-node 2 tests/gpu/sp_grad_check.py [--tol 3e-2]
 
-On a 1 x N mesh (N GPUs of one host, NCCL): strategies ulysses, ring and ulysses-overlap, eagerly
-and (ulysses, ring) under torch.compile, with joint text tokens, grouped kv heads, an uneven
-token split, bf16 and fp32. Every rank holds its shard of q, k, v (and the full joint text), its
+On a 1 x N mesh (N GPUs of one host, NCCL): strategies ulysses, ring, usp and ulysses-overlap,
+eagerly and (ulysses, ring) under torch.compile, with joint text tokens, grouped kv heads, an
+uneven token split, bf16 and fp32. Eagerly, ulysses, ring and usp run torch_usp.py (forward over
+PyTorch's point-to-point transfers, the LSE saved, its own backward); ulysses-overlap and the
+compiled steps run the GPU executor's forward and the backward by recomputation
+(torch_backward.py). Every rank holds its shard of q, k, v (and the full joint text), its
 own upstream gradients (the loss of rank r is <out_r, g_r> + <joint_out_r, t_r>); the dense
 reference is fp32 autograd of the sum of every rank's loss over the full sequence, computed on
 each rank. Compared: this rank's q, k, v gradients, and the joint inputs' gradients summed over
@@ -23,7 +26,7 @@ import torch.distributed as dist
 # (batch, image tokens, text tokens, heads, kv heads, head_dim, dtype)
 SHAPES = [(1, 4099, 77, 8, 8, 64, torch.bfloat16), (2, 1023, 13, 12, 4, 64, torch.bfloat16),
           (1, 517, 9, 6, 6, 32, torch.float32)]
-STRATEGIES = [("ulysses", False), ("ring", False), ("ulysses-overlap", False),
+STRATEGIES = [("ulysses", False), ("ring", False), ("usp", False), ("ulysses-overlap", False),
               ("ulysses", True), ("ring", True)]
 
 

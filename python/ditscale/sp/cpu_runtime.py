@@ -69,7 +69,7 @@ def seq_total(mesh: Mesh, q: torch.Tensor, k: torch.Tensor, text: int, where: st
     total = _SEQ_TOTAL.get(key)
     if total is not None:
         return total
-    mine = torch.tensor(local, dtype=torch.int64)
+    mine = torch.tensor(local, dtype=torch.int64, device=q.device)  # NCCL: a CUDA tensor
     every = [torch.empty_like(mine) for _ in range(mesh.size)]
     dist.all_gather(every, mine, group=mesh.group)
     shapes = [tuple(int(x) for x in t.tolist()) for t in every]

@@ -8,9 +8,10 @@ q [B, S_local, H, D], k, v [B, S_local, Hk, D], joint_* [B, T, H or Hk, D] or No
 its process group's name ("" = default) and shape (:func:`mesh_args`: constants of a graph); the
 Config as its one text (config.config_text, after make_config). Returns new tensors (out, joint_out
 [B, T or 0, H, D]). Kernel: dispatch.distributed_attention (one for every device); Autograd:
-inputs that require grad run grad.attention (CPU) or the second op ``attention_backward`` (under
-torch.compile and on CUDA tensors) where the call has a backward (grad.has_backward) and are
-refused elsewhere. A ``torch.library.Library`` fragment, not
+inputs that require grad run grad.attention (CPU), torch_usp.py (CUDA tensors, eagerly, a
+Ulysses x ring decomposition: its forward through PyTorch's transfers, its own backward) or the
+second op ``attention_backward`` (under torch.compile, other CUDA calls) where the call has a
+backward (grad.has_backward) and are refused elsewhere. A ``torch.library.Library`` fragment, not
 ``torch.library.custom_op`` (whose eager calls import torch._dynamo and cost ~10 us more).
 docs/sp.md ("torch.compile").
 """
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 
 from .. import _extension  # noqa: F401  keys torch.compile's caches to this build of ditscale
-from . import grad, recompute, torch_backward
+from . import block_kernels, dispatch, grad, recompute, torch_backward, torch_usp, torch_usp_layout
 from .config import config_of_text
 from .dispatch import distributed_attention
 from .grad import refuse_grad
@@ -124,7 +125,7 @@ def _attention_backward_fake(q, k, v, joint_q, joint_k, joint_v, dout, djoint_ou
 class _ByOps(torch.autograd.Function):
     """The forward is the op, keeping only the inputs; the backward is the
     ``attention_backward`` op. Under torch.compile (fake tensors) both are traced into the
-    graphs; on CUDA tensors it is the eager autograd too."""
+    graphs; it is also the eager autograd of CUDA calls that torch_usp.py does not take."""
 
     @staticmethod
     def forward(ctx, q, k, v, joint_q, joint_k, joint_v, group_name, machines,
@@ -143,19 +144,40 @@ class _ByOps(torch.autograd.Function):
                 None)
 
 
+def _torch_usp_layout(q, k, joint_q, mesh: Mesh, cfg):
+    """torch_usp's Layout for a CUDA call that requires grad (strategies ulysses, ring, usp,
+    swiftfusion-tas, auto resolved to one of them; at least U query heads; a dtype and head_dim
+    that block_kernels runs), else None. Alike on
+    every rank (the group's shape check is a collective)."""
+    if cfg.strategy not in (*torch_usp_layout.STRATEGIES, "auto") or \
+            not block_kernels.supports(q):
+        return None
+    dispatch.check_distributed(q, mesh, torch_usp.WHERE)
+    text = 0 if joint_q is None else joint_q.shape[1]
+    return torch_usp_layout.layout_for(q, k, text, mesh, cfg)
+
+
 def _attention_autograd(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
                         gpus_per_machine, config):
     """The op's Autograd kernel: inputs that require grad run grad.attention (a
-    torch.autograd.Function, CPU tensors) or :class:`_ByOps` (under torch.compile, and on CUDA
-    tensors) where the call has a backward and are refused elsewhere (never a partial graph);
-    others run the kernel below autograd."""
+    torch.autograd.Function, CPU tensors), torch_usp.py (CUDA tensors, eagerly, strategies of
+    :func:`_torch_usp_layout`: the forward then runs through PyTorch's point-to-point transfers,
+    not the C++ GPU executor, and saves the LSE) or :class:`_ByOps` (under torch.compile, and
+    other CUDA calls) where the call has a backward and are refused elsewhere (never a partial
+    graph); others run the kernel below autograd."""
     tensors = (q, k, v, joint_q, joint_k, joint_v)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         cfg = config_of_text(config)
         refuse_grad("ditscale_sp::attention", machines * gpus_per_machine, tensors, cfg)
-        if torch.compiler.is_compiling() or is_fake(q) or q.device.type != "cpu":
+        if torch.compiler.is_compiling() or is_fake(q):
             return _ByOps.apply(*tensors, group_name, machines, gpus_per_machine, config)
-        return grad.attention(*tensors, mesh_of(group_name, machines, gpus_per_machine), cfg)
+        mesh = mesh_of(group_name, machines, gpus_per_machine)
+        if q.device.type == "cpu":
+            return grad.attention(*tensors, mesh, cfg)
+        lay = _torch_usp_layout(q, k, joint_q, mesh, cfg)
+        if lay is not None:  # Ulysses x ring through PyTorch's transfers, its own backward
+            return torch_usp.attention(*tensors, mesh=mesh, cfg=cfg, layout=lay)
+        return _ByOps.apply(*tensors, group_name, machines, gpus_per_machine, config)
     with torch._C._AutoDispatchBelowAutograd():
         return attention_op(q, k, v, joint_q, joint_k, joint_v, group_name, machines,
                             gpus_per_machine, config)

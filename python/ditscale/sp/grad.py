@@ -28,7 +28,7 @@ GRAD_STRATEGIES = ("ulysses", "ulysses-overlap", "ring", "usp", "swiftfusion-tas
 _NAMES = ("q", "k", "v", "joint_q", "joint_k", "joint_v")
 
 
-GRAD_DEVICES = ("cpu", "cuda")  # CPU over gloo; CUDA over NCCL (torch_backward.py)
+GRAD_DEVICES = ("cpu", "cuda")  # CPU over gloo; CUDA over NCCL (torch_usp.py, torch_backward.py)
 
 
 def has_backward(cfg: Config, q: torch.Tensor) -> bool:

@@ -5,7 +5,8 @@ program, cpu_executor.py) keeps only this rank's q, k, v (and the joint text inp
 rows and their merged log-sum-exp, which :func:`layout` finds among the program's buffers; no
 recomputation. Float32 accumulators, a fixed order of additions (the same bits on every run); a
 transfer that does not complete within the group's timeout fails naming ditscale.sp.attention.
-The ring steps (:func:`rotate`, over :func:`exchange`) also run usp's ring (usp_backward.py).
+The ring steps (:func:`rotate`, over :func:`post` / :func:`complete`) also run usp's ring
+(usp_backward.py) and torch_usp.py's (CPU or CUDA tensors: block_kernels).
 Shapes and formulas: :func:`gradients`; docs/sp.md ("Gradients").
 """
 
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from . import cpu_runtime
 from .config import Config
 from .cpu_executor import COPIES, TAG_BASE, Program
-from .cpu_kernels import attention_lse_backward
+from .block_kernels import attention_lse_backward
 from .meshes import Mesh, shard_range
 
 WHERE = "ditscale.sp.attention"
@@ -230,21 +231,29 @@ def post(link: Link, sends, recvs, what: str) -> Optional[Posted]:
     return Posted(works, peers, len(sends), what, staged)
 
 
+def _wait(link: Link, work, what: str, who: str) -> None:
+    """Waits for one work within the timeout, else names ``who`` in the error."""
+    try:
+        work.wait(datetime.timedelta(seconds=link.timeout_s))
+    except RuntimeError as e:
+        raise RuntimeError(f"{WHERE}: rank {link.mesh.rank}: {link.name}, {what}: {who} did not "
+                           f"complete within {link.timeout_s:g} s (a rank that skips the "
+                           f"backward?): {e}") from None
+
+
 def complete(link: Link, posted: Optional[Posted]) -> None:
-    """Waits for :func:`post`'s transfers (receives first), each within the timeout."""
+    """Waits for :func:`post`'s transfers (receives first), each within the timeout. A backend
+    that coalesces the batch (NCCL) gives one work for all of them."""
     if posted is None:
         return
-    timeout = datetime.timedelta(seconds=link.timeout_s)
-    n, works = posted.sends, posted.works
-    for i in [*range(n, len(works)), *range(n)]:
-        try:
-            works[i].wait(timeout)
-        except RuntimeError as e:
+    n, works, peers = posted.sends, posted.works, posted.peers
+    if len(works) != len(peers):  # coalesced
+        for work in works:
+            _wait(link, work, posted.what, f"the transfers with ranks {sorted(set(peers))}")
+    else:
+        for i in [*range(n, len(works)), *range(n)]:
             kind = "send to" if i < n else "receive from"
-            raise RuntimeError(f"{WHERE}: rank {link.mesh.rank}: {link.name}, {posted.what}: "
-                               f"the {kind} rank {posted.peers[i]} did not complete within "
-                               f"{link.timeout_s:g} s (a rank that skips the backward?): "
-                               f"{e}") from None
+            _wait(link, works[i], posted.what, f"the {kind} rank {peers[i]}")
     for host, device in posted.staged:
         device.copy_(host)
 
@@ -264,7 +273,7 @@ def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
     B, _, H, D = djout.shape
     got = {j: djout.new_empty(B, n, H, D) for j in range(ring.mesh.size) if j != me and n > 0}
     exchange(ring.link, sends, [(j, t, TEXT_TAG) for j, t in got.items()], "text rows' dOut")
-    total = torch.zeros(B, n, H, D)
+    total = djout.new_zeros(B, n, H, D)
     for j in range(ring.mesh.size if n else 0):
         total += djout[:, t0:t0 + n] if j == me else got[j]
     return total
@@ -282,18 +291,18 @@ def _moved(link: Link, tensor: torch.Tensor, to: int, frm: int, count: int, tag:
 def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Sequence[int],
            home: bool):
     """(dQ of the rows, the dK | dV accumulator [B, ., Hk, 2D] of the block held at the end)
-    over ``len(counts)`` steps (``home``) or one more (not ``home``); ``rows`` = (dO, Q, O, LSE)
-    float32, ``block`` the k | v [B, S_j, Hk, 2D] held first. Step s: the held block's dK, dV
-    (block_kernels) are added to its accumulator, received from rank ``frm`` (zero at step 0);
-    block and accumulator go on to rank ``to``, the next ones (``counts[s]`` tokens) come from
-    ``frm``. With ``home`` the last step sends only the accumulator (to the block's owner).
+    float32, over ``len(counts)`` steps (``home``) or one more (not ``home``); ``rows`` = (dO, Q,
+    O, LSE) (dO, O, LSE float32; Q in the kernels' dtype), ``block`` the k | v [B, S_j, Hk, 2D]
+    held first (Q's dtype). Step s: the held block's dK, dV (block_kernels) are added to its
+    float32 accumulator, received from rank ``frm`` (zero at step 0); block and accumulator go
+    on to rank ``to`` (two messages), the next ones (``counts[s]`` tokens) come from ``frm``. With ``home`` the last step sends only the accumulator (to the block's owner).
     Overlap: the block's transfer is posted before the step's attention backward, and the
     accumulator's completes during the next step's; the additions keep their order (the same
     bits)."""
     D = block.shape[3] // 2
     n = len(counts)
-    dq = torch.zeros_like(rows[1])
-    acc = torch.zeros_like(block)  # the held block's accumulator, as received
+    dq = torch.zeros_like(rows[1], dtype=torch.float32)
+    acc = torch.zeros_like(block, dtype=torch.float32)  # the held block's, as received
     acc_posted = None
     for s in range(n + (0 if home else 1)):
         travels = s < n and not (home and s == n - 1)

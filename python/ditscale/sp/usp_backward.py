@@ -21,7 +21,7 @@ import torch
 
 from . import cpu_backward, cpu_runtime
 from .cpu_executor import COPIES, Op, Program
-from .cpu_kernels import attention_lse_backward
+from .block_kernels import attention_lse_backward
 from .meshes import Mesh
 from .ring_backward import Link, rotate
 

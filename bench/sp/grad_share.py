@@ -117,6 +117,45 @@ def rank_share(name, S, d, args, dev, dtype, base_ms):
             f"{t.median_ms / ideal:.2f}x ideal; a2a {moved:.0f} MiB; peak {peak}"]
 
 
+def _saved_rows(q, k, v):
+    """(out, lse) of the block, the forward's saved tensors (computed once, outside the timing)."""
+    from ditscale.sp import block_kernels
+    return block_kernels.attention_lse(q, k, v)
+
+
+def own_share(name, S, d, args, dev, dtype, recompute_ms):
+    """One rank's own backward at degree d from the saved LSE, nothing recomputed: Ulysses (its
+    head group over all S tokens, one block) and ring (all H heads, S / d query rows against the
+    d blocks of S / d tokens in turn, dK, dV accumulated in float32). Rows vs the recomputing
+    share (:func:`rank_share`)."""
+    import torch
+
+    from ditscale.sp import block_kernels
+    H, D = MODELS[name]
+    rows = []
+    h = max(1, -(-H // d))
+    s = -(-S // d)
+    for what, heads, tokens, blocks in (("ulysses", h, S, 1), ("ring", H, s, d)):
+        q, k, v = (t.detach() for t in _qkv(tokens, heads, D, dtype, dev, seed=1))
+        out, lse = _saved_rows(q, k, v)
+        dout = torch.randn_like(q)
+
+        def step():
+            acc = torch.zeros(k.shape[:3] + (2 * D,), device=dev)
+            for _ in range(blocks):  # one rank's ring steps: the same block size each
+                _, gk, gv = block_kernels.attention_lse_backward(dout, q, k, v, out, lse)
+                acc += torch.cat([gk, gv], 3)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t = time_fn(step, reps=args.reps, clock=args.clock)
+        peak = (f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB" if dev.type == "cuda"
+                else "-")
+        rows.append([name, S, f"own backward share, d={d}, {what}", *reporter.timing_cells(t),
+                     f"{t.median_ms / recompute_ms:.2f}x recompute share; peak {peak}"])
+    return rows
+
+
 def run(args) -> str:
     import torch
     import torch.distributed as dist
@@ -136,7 +175,9 @@ def run(args) -> str:
             pair = degree_one(name, S, args, dev, dtype)
             rows += pair
             base_ms = pair[1][3]  # SDPA fwd+bwd, median: the degree-1 backward's upper bound
-            rows += [rank_share(name, S, d, args, dev, dtype, base_ms) for d in args.degrees]
+            for d in args.degrees:
+                share = rank_share(name, S, d, args, dev, dtype, base_ms)
+                rows += [share, *own_share(name, S, d, args, dev, dtype, share[3])]
     finally:
         dist.destroy_process_group()
         if os.path.exists(store.name):  # the file store removes its file at the end
@@ -145,7 +186,10 @@ def run(args) -> str:
     notes = ("Batch 1; bf16 on CUDA (fp32 on the CPU); the degree-d rows time the local "
              "attention of one rank's head group over all S tokens, forward (recomputed) and "
              "backward, the ideal being the SDPA forward + backward / d; a2a: the MiB this rank "
-             "sends in the backward's all-to-alls (not timed here).")
+             "sends in the backward's all-to-alls (not timed here). The own-backward rows start "
+             "from the saved output and LSE (nothing recomputed): Ulysses one head group over "
+             "all S tokens, ring all heads of S / d query rows against d blocks of S / d "
+             "tokens.")
     return reporter.report("sp.attention backward: degree 1 and one rank's share", columns, rows,
                            notes=notes, argv=sys.argv)
 

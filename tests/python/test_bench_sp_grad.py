@@ -1,5 +1,6 @@
 """bench.sp.grad_share dry run on the CPU (tiny shapes): the report's rows (degree 1: the op and
-SDPA; one row per degree of one rank's backward share) and the refused options."""
+SDPA; per degree, one rank's recomputing backward share and its own backward's, Ulysses and
+ring) and the refused options."""
 
 import re
 
@@ -20,10 +21,15 @@ def test_dry_run_writes_every_row(tmp_path):
     text = (tmp_path / "sp-grad-share.md").read_text()
     rows = [ln for ln in text.splitlines() if ln.startswith("| tiny |")]
     assert [ln.split("|")[3].strip() for ln in rows] == [
-        "sp.attention fwd+bwd", "SDPA fwd+bwd", "backward share, d=2 (2 heads)",
-        "backward share, d=4 (1 heads)"]
+        "sp.attention fwd+bwd", "SDPA fwd+bwd",
+        "backward share, d=2 (2 heads)", "own backward share, d=2, ulysses",
+        "own backward share, d=2, ring",
+        "backward share, d=4 (1 heads)", "own backward share, d=4, ulysses",
+        "own backward share, d=4, ring"]
     assert re.search(r"[+-]\d+\.\d\d% \(paired rounds\)", rows[0])
-    assert all(re.search(r"\d+\.\d\dx ideal", ln) for ln in rows[2:])
+    assert all(re.search(r"\d+\.\d\dx ideal", ln) for ln in (rows[2], rows[5]))
+    assert all(re.search(r"\d+\.\d\dx recompute share", ln)
+               for ln in rows[3:5] + rows[6:])
 
 
 @pytest.mark.parametrize("args, message", [

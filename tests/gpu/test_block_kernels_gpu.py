@@ -88,3 +88,33 @@ def test_an_empty_block(dtype):
     grads = block_kernels.attention_lse_backward(torch.ones_like(out), q, k, v, out, lse)
     assert [tuple(g.shape) for g in grads] == [tuple(q.shape), tuple(k.shape), tuple(v.shape)]
     assert all(not g.abs().sum().item() for g in grads)
+
+
+def test_cudnn_runs_the_half_precision_blocks_and_determinism_gives_the_same_bits():
+    """bfloat16 blocks run cuDNN attention here (its LSE checked once: no switch to flash); under
+    torch.use_deterministic_algorithms(True) the backward (flash's deterministic algorithm) gives
+    the same bits twice, and matches the default backward within bf16 tolerance."""
+    _need_gpu()
+    import os
+    import warnings
+
+    from ditscale.sp import block_kernels, cuda_attention
+    q, k, v = _inputs((1, 300, 515, 8, 2, 128), torch.bfloat16, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a switch to flash warns
+        out, lse = block_kernels.attention_lse(q, k, v)
+        dout = torch.randn_like(out)
+        fast = block_kernels.attention_lse_backward(dout, q, k, v, out, lse)
+    assert cuda_attention._CUDNN["usable"] is True
+    old = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    torch.use_deterministic_algorithms(True)
+    try:
+        once = block_kernels.attention_lse_backward(dout, q, k, v, out, lse)
+        twice = block_kernels.attention_lse_backward(dout, q, k, v, out, lse)
+    finally:
+        torch.use_deterministic_algorithms(False)
+        if old is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG")
+    assert all(torch.equal(a, b) for a, b in zip(once, twice))
+    assert all(_rel(a, b) < 5 * TOL[torch.bfloat16] for a, b in zip(once, fast))

@@ -6,10 +6,10 @@ Hk: the g = Hq / Hk query heads of a kv head are folded into its query rows (non
 independent), so GQA needs no copy of k, v. scale = 1 / sqrt(d), no dropout, natural log.
 
 - CPU: cpu_kernels' functions (float32; other dtypes are converted to float32 first).
-- CUDA: the inputs' dtype; bfloat16 / float16 by ``aten._scaled_dot_product_flash_attention``
-  and its backward, float32 by ``aten._scaled_dot_product_efficient_attention``
-  (compute_log_sumexp; its LSE padded to a multiple of 32 rows) and its backward. The backward
-  casts the merged float32 out to q's dtype for the kernel. head_dim is padded with zeros to a
+- CUDA: the inputs' dtype, by cuda_attention.py (cuDNN attention for bfloat16 / float16, flash
+  attention's deterministic backward under torch.use_deterministic_algorithms(True), the
+  memory-efficient kernels for float32). The backward casts the merged float32 out to q's
+  dtype for the kernel. head_dim is padded with zeros to a
   multiple of 8 (the kernels' alignment), at most 256 (:func:`supports`).
 
 Empty blocks: Tk == 0 gives out 0 and lse -inf; their gradients are 0. Outputs and gradients are
@@ -23,11 +23,9 @@ from typing import Tuple
 
 import torch
 
-from . import cpu_kernels
+from . import cpu_kernels, cuda_attention
 
 Grads = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-_FLASH = (torch.bfloat16, torch.float16)
-_LSE_ALIGN = 32  # the efficient kernel's LSE rows are padded to a multiple of this
 _DIM_ALIGN = 8  # head_dim padded with zeros to a multiple of this for the CUDA kernels
 MAX_CUDA_HEAD_DIM = 256  # flash attention's largest head_dim
 
@@ -37,7 +35,7 @@ def supports(q: torch.Tensor) -> bool:
     with head_dim <= MAX_CUDA_HEAD_DIM."""
     if q.device.type == "cpu":
         return True
-    return q.dtype in (*_FLASH, torch.float32) and q.shape[-1] <= MAX_CUDA_HEAD_DIM
+    return q.dtype in (*cuda_attention.HALF, torch.float32) and q.shape[-1] <= MAX_CUDA_HEAD_DIM
 
 
 def _pad(x: torch.Tensor) -> torch.Tensor:
@@ -69,17 +67,6 @@ def _empty(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
             q.new_full((B, Tq, Hq, 1), float("-inf"), dtype=torch.float32))
 
 
-def _cuda_forward(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
-    """(o [B, Hk, g*Tq, d], lse [B, Hk, g*Tq]) of folded query rows over k, v [B, Hk, Tk, d]."""
-    if qh.dtype in _FLASH:
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-            qh, k, v, 0.0, False, False, scale=scale)[:2]
-        return o, lse
-    o, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-        qh, k, v, None, True, 0.0, False, scale=scale)[:2]
-    return o, lse[..., :qh.shape[2]]  # the padding rows are not the block's
-
-
 def attention_lse(q: torch.Tensor, k: torch.Tensor,
                   v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Tq, Hq, d], lse [B, Tq, Hq, 1]), both float32, of q over k, v (see the module)."""
@@ -90,39 +77,10 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor,
     Tk, Hk = k.shape[1], k.shape[2]
     if Tk == 0 or Tq == 0:
         return _empty(q)
-    o, lse = _cuda_forward(_pad(_fold(q, Hk)), _pad(_heads_first(k.to(q.dtype))),
+    o, lse = cuda_attention.forward(_pad(_fold(q, Hk)), _pad(_heads_first(k.to(q.dtype))),
                            _pad(_heads_first(v.to(q.dtype))), 1.0 / math.sqrt(d))
     out = cpu_kernels._unfold(o[..., :d].float(), Tq, Hq)
     return out, cpu_kernels._unfold(lse.float().unsqueeze(-1), Tq, Hq)
-
-
-def _seeds(device, flash: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Philox seed and offset placeholders shaped as the forward kernel returns them (never
-    read: no dropout): flash's rng_state uint64 [2] and an empty uint64 scalar, the efficient
-    kernel's int64 scalars."""
-    if flash:
-        return (torch.empty(2, dtype=torch.uint64, device=device),
-                torch.empty((), dtype=torch.uint64, device=device))
-    return (torch.empty((), dtype=torch.int64, device=device),
-            torch.empty((), dtype=torch.int64, device=device))
-
-
-def _cuda_backward(do, qh, k, v, o, lse, scale: float) -> Grads:
-    """(dq, dk, dv) heads-first of the folded rows (head_dim padded); lse [B, Hk, g*Tq]
-    float32."""
-    seed, offset = _seeds(qh.device, qh.dtype in _FLASH)
-    if qh.dtype in _FLASH:
-        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            do, qh, k, v, o, lse, None, None, qh.shape[2], k.shape[2], 0.0, False, seed, offset,
-            scale=scale)
-    rows = qh.shape[2]
-    padded = -(-rows // _LSE_ALIGN) * _LSE_ALIGN
-    lse_p = lse.new_zeros(*lse.shape[:2], padded)
-    lse_p[..., :rows] = lse
-    g = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-        do, qh, k, v, None, o, lse_p, seed, offset, 0.0, [True, True, True, False], False,
-        scale=scale)
-    return g[0], g[1], g[2]
 
 
 def attention_lse_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -138,7 +96,7 @@ def attention_lse_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         return (torch.zeros_like(q, dtype=torch.float32), torch.zeros_like(k, dtype=torch.float32),
                 torch.zeros_like(v, dtype=torch.float32))
     dt = q.dtype
-    dq, dk, dv = _cuda_backward(
+    dq, dk, dv = cuda_attention.backward(
         *(_pad(t) for t in (_fold(dout.to(dt), Hk), _fold(q, Hk), _heads_first(k.to(dt)),
                             _heads_first(v.to(dt)), _fold(out.to(dt), Hk))),
         _fold(lse.float(), Hk).reshape(B, Hk, -1), 1.0 / math.sqrt(d))

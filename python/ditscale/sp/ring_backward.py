@@ -295,10 +295,10 @@ def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Seq
     O, LSE) (dO, O, LSE float32; Q in the kernels' dtype), ``block`` the k | v [B, S_j, Hk, 2D]
     held first (Q's dtype). Step s: the held block's dK, dV (block_kernels) are added to its
     float32 accumulator, received from rank ``frm`` (zero at step 0); block and accumulator go
-    on to rank ``to`` (two messages), the next ones (``counts[s]`` tokens) come from ``frm``. With ``home`` the last step sends only the accumulator (to the block's owner).
-    Overlap: the block's transfer is posted before the step's attention backward, and the
-    accumulator's completes during the next step's; the additions keep their order (the same
-    bits)."""
+    on to rank ``to`` (two messages), the next ones (``counts[s]`` tokens) come from ``frm``.
+    With ``home`` the last step sends only the accumulator (to the block's owner). Overlap: the
+    block's transfer is posted before the step's attention backward, and the accumulator's
+    completes during the next step's; the additions keep their order (the same bits)."""
     D = block.shape[3] // 2
     n = len(counts)
     dq = torch.zeros_like(rows[1], dtype=torch.float32)

@@ -140,11 +140,13 @@ def own_share(name, S, d, args, dev, dtype, recompute_ms):
         out, lse = _saved_rows(q, k, v)
         dout = torch.randn_like(q)
 
-        def step():
+        def step():  # as ring_backward.rotate: the rows prepared once, then each block
             acc = torch.zeros(k.shape[:3] + (2 * D,), device=dev)
+            rows = block_kernels.QueryRows(dout, q, out, lse, heads)
             for _ in range(blocks):  # one rank's ring steps: the same block size each
-                _, gk, gv = block_kernels.attention_lse_backward(dout, q, k, v, out, lse)
+                gk, gv = rows.add(k, v)
                 acc += torch.cat([gk, gv], 3)
+            rows.dq()
         if dev.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

@@ -83,22 +83,55 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor,
     return out, cpu_kernels._unfold(lse.float().unsqueeze(-1), Tq, Hq)
 
 
+class QueryRows:
+    """The backward of fixed query rows against kv blocks in turn (a ring's steps), from the
+    rows' saved (merged) out and LSE: :meth:`add` runs one block's backward, adds its dQ to a
+    float32 sum and returns the block's (dk, dv) [B, Tk, Hk, d] float32; :meth:`dq` is the sum
+    [B, Tq, Hq, d]. dout, q, out [B, Tq, Hq, d], lse [B, Tq, Hq, 1]; on CUDA they are folded,
+    cast to q's dtype and padded once, not per block."""
+
+    def __init__(self, dout, q, out, lse, kv_heads: int):
+        self.shape, self.kv_heads = tuple(q.shape), kv_heads
+        self.cuda = q.device.type != "cpu"
+        if not self.cuda:
+            self.rows = tuple(t.float() for t in (dout, q, out, lse))
+            self.sum = torch.zeros(q.shape, dtype=torch.float32)
+            return
+        _check_cuda(q, "attention_lse_backward")
+        dt, Hk = q.dtype, kv_heads
+        self.rows = (*(_pad(_fold(t.to(dt), Hk)) for t in (dout, q, out)),
+                     _fold(lse.float(), Hk).reshape(q.shape[0], Hk, -1))
+        self.sum = torch.zeros(self.rows[1].shape, dtype=torch.float32, device=q.device)
+
+    def add(self, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        B, Tq, Hq, d = self.shape
+        if k.shape[1] == 0 or Tq == 0:  # no scores: nothing flows
+            f32 = torch.float32
+            return torch.zeros_like(k, dtype=f32), torch.zeros_like(v, dtype=f32)
+        if not self.cuda:
+            dq, dk, dv = cpu_kernels.attention_lse_backward(self.rows[0], self.rows[1], k.float(),
+                                                            v.float(), *self.rows[2:])
+            self.sum += dq
+            return dk, dv
+        dt = self.rows[1].dtype
+        dq, dk, dv = cuda_attention.backward(
+            self.rows[0], self.rows[1], _pad(_heads_first(k.to(dt))), _pad(_heads_first(v.to(dt))),
+            self.rows[2], self.rows[3], 1.0 / math.sqrt(d))
+        self.sum += dq
+        return dk[..., :d].float().transpose(1, 2), dv[..., :d].float().transpose(1, 2)
+
+    def dq(self) -> torch.Tensor:
+        B, Tq, Hq, d = self.shape
+        if not self.cuda:
+            return self.sum
+        return cpu_kernels._unfold(self.sum[..., :d], Tq, Hq)
+
+
 def attention_lse_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> Grads:
     """(dq [B, Tq, Hq, d], dk, dv [B, Tk, Hk, d]), float32, of attention_lse's block given the
-    rows' (merged) out, lse [B, Tq, Hq, 1] and dout [B, Tq, Hq, d] (see the module)."""
-    if q.device.type == "cpu":
-        return cpu_kernels.attention_lse_backward(*(t.float() for t in (dout, q, k, v, out, lse)))
-    _check_cuda(q, "attention_lse_backward")
-    B, Tq, Hq, d = q.shape
-    Tk, Hk = k.shape[1], k.shape[2]
-    if Tk == 0 or Tq == 0:
-        return (torch.zeros_like(q, dtype=torch.float32), torch.zeros_like(k, dtype=torch.float32),
-                torch.zeros_like(v, dtype=torch.float32))
-    dt = q.dtype
-    dq, dk, dv = cuda_attention.backward(
-        *(_pad(t) for t in (_fold(dout.to(dt), Hk), _fold(q, Hk), _heads_first(k.to(dt)),
-                            _heads_first(v.to(dt)), _fold(out.to(dt), Hk))),
-        _fold(lse.float(), Hk).reshape(B, Hk, -1), 1.0 / math.sqrt(d))
-    return (cpu_kernels._unfold(dq[..., :d].float(), Tq, Hq), dk[..., :d].float().transpose(1, 2),
-            dv[..., :d].float().transpose(1, 2))
+    rows' (merged) out, lse [B, Tq, Hq, 1] and dout [B, Tq, Hq, d] (see the module): one
+    block of :class:`QueryRows`."""
+    rows = QueryRows(dout, q, out, lse, k.shape[2])
+    dk, dv = rows.add(k, v)
+    return rows.dq(), dk, dv

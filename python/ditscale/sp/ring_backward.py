@@ -22,7 +22,7 @@ import torch.distributed as dist
 from . import cpu_runtime
 from .config import Config
 from .cpu_executor import COPIES, TAG_BASE, Program
-from .block_kernels import attention_lse_backward
+from .block_kernels import QueryRows, attention_lse_backward
 from .meshes import Mesh, shard_range
 
 WHERE = "ditscale.sp.attention"
@@ -301,7 +301,7 @@ def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Seq
     completes during the next step's; the additions keep their order (the same bits)."""
     D = block.shape[3] // 2
     n = len(counts)
-    dq = torch.zeros_like(rows[1], dtype=torch.float32)
+    query = QueryRows(*rows[:2], *rows[2:], kv_heads=block.shape[2])  # prepared once
     acc = torch.zeros_like(block, dtype=torch.float32)  # the held block's, as received
     acc_posted = None
     for s in range(n + (0 if home else 1)):
@@ -309,20 +309,18 @@ def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Seq
         if travels:  # does not depend on this step's gradients: in flight during them
             nxt, block_posted = _moved(link, block, to, frm, counts[s], RING_TAG + 2 * s,
                                        f"block of step {s}")
-        gq, gk, gv = attention_lse_backward(rows[0], rows[1], block[..., :D], block[..., D:],
-                                            rows[2], rows[3])
-        dq += gq
+        gk, gv = query.add(block[..., :D], block[..., D:])
         complete(link, acc_posted)
         grad = acc + torch.cat([gk, gv], 3)
         if s == n:
-            return dq, grad
+            return query.dq(), grad
         acc, acc_posted = _moved(link, grad, to, frm, counts[s], RING_TAG + 2 * s + 1,
                                  f"dK, dV of step {s}")
         if travels:
             complete(link, block_posted)
             block = nxt
     complete(link, acc_posted)
-    return dq, acc
+    return query.dq(), acc
 
 
 def _ring(ring: Ring, rows, k: torch.Tensor, v: torch.Tensor):

@@ -61,26 +61,54 @@ def _check_cuda(q: torch.Tensor, where: str) -> None:
                          f"[1, {MAX_CUDA_HEAD_DIM}]")
 
 
-def _empty(q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    B, Tq, Hq, d = q.shape
-    return (q.new_zeros(B, Tq, Hq, d, dtype=torch.float32),
-            q.new_full((B, Tq, Hq, 1), float("-inf"), dtype=torch.float32))
+class MergedRows:
+    """The attention of fixed query rows over kv blocks in turn (a ring's steps), merged in
+    float32 in the order of :meth:`add` (cpu_kernels.merge_lse_; the first block taken as it
+    is); :meth:`result` is (out [B, Tq, Hq, d], lse [B, Tq, Hq, 1]). q [B, Tq, Hq, d]; on CUDA
+    q is folded and padded once and the merged rows kept in that layout."""
+
+    def __init__(self, q: torch.Tensor, kv_heads: int):
+        self.shape, self.kv_heads = tuple(q.shape), kv_heads
+        self.cuda = q.device.type != "cpu"
+        if self.cuda:
+            _check_cuda(q, "attention_lse")
+        self.q = _pad(_fold(q, kv_heads)) if self.cuda else q.float()
+        self.out = self.lse = None
+
+    def _part(self, k: torch.Tensor, v: torch.Tensor):
+        if not self.cuda:
+            return cpu_kernels.attention_lse(self.q, k.float(), v.float())
+        q = self.q
+        if k.shape[1] == 0 or q.shape[2] == 0:  # no keys: out 0, lse -inf
+            return (q.new_zeros(q.shape, dtype=torch.float32),
+                    q.new_full((*q.shape[:3], 1), float("-inf"), dtype=torch.float32))
+        o, lse = cuda_attention.forward(q, _pad(_heads_first(k.to(q.dtype))),
+                                        _pad(_heads_first(v.to(q.dtype))),
+                                        1.0 / math.sqrt(self.shape[3]))
+        return o.float(), lse.float().unsqueeze(-1)
+
+    def add(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        part = self._part(k, v)
+        if self.out is None:
+            self.out, self.lse = part
+        else:
+            cpu_kernels.merge_lse_(self.out, self.lse, *part)
+
+    def result(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if not self.cuda:
+            return self.out, self.lse
+        _, Tq, Hq, d = self.shape
+        return (cpu_kernels._unfold(self.out[..., :d], Tq, Hq),
+                cpu_kernels._unfold(self.lse, Tq, Hq))
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor,
                   v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out [B, Tq, Hq, d], lse [B, Tq, Hq, 1]), both float32, of q over k, v (see the module)."""
-    if q.device.type == "cpu":
-        return cpu_kernels.attention_lse(q.float(), k.float(), v.float())
-    _check_cuda(q, "attention_lse")
-    B, Tq, Hq, d = q.shape
-    Tk, Hk = k.shape[1], k.shape[2]
-    if Tk == 0 or Tq == 0:
-        return _empty(q)
-    o, lse = cuda_attention.forward(_pad(_fold(q, Hk)), _pad(_heads_first(k.to(q.dtype))),
-                           _pad(_heads_first(v.to(q.dtype))), 1.0 / math.sqrt(d))
-    out = cpu_kernels._unfold(o[..., :d].float(), Tq, Hq)
-    return out, cpu_kernels._unfold(lse.float().unsqueeze(-1), Tq, Hq)
+    """(out [B, Tq, Hq, d], lse [B, Tq, Hq, 1]), both float32, of q over k, v (see the module):
+    one block of :class:`MergedRows`."""
+    rows = MergedRows(q, k.shape[2])
+    rows.add(k, v)
+    return rows.result()
 
 
 class QueryRows:

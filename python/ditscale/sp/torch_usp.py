@@ -9,7 +9,7 @@ T_i = its text query rows (of T)::
 
     forward:  q, k, v [B, S_r, ., D] --all-to-all in the Ulysses sub-group--> [B, C_i, h_u, D]
               rows = [text q rows T_i; C_i]; blocks: own k|v, text k|v (local), then R - 1 ring
-              steps (k|v from ring index i - s); block_kernels.attention_lse, merged in float32
+              steps (k|v from ring index i - s); block_kernels.MergedRows, merged in float32
               (cpu_kernels.merge_lse_) in that order; out rows -> sequence; text rows to every rank
     backward: dOut -> heads; dO of the text rows = every rank's dJointOut of them, rank order;
               text block, then the ring reversed (ring_backward.rotate: dK|dV accumulators travel
@@ -27,10 +27,9 @@ from typing import Optional, Sequence
 import torch
 
 from . import torch_usp_layout
-from .block_kernels import attention_lse, attention_lse_backward
+from .block_kernels import MergedRows, attention_lse_backward
 from .config import Config
 from .cpu_executor import TAG_BASE
-from .cpu_kernels import merge_lse_
 from .meshes import Mesh
 from .ring_backward import Link, complete, exchange, post, rotate
 from .torch_usp_layout import Layout
@@ -104,12 +103,14 @@ def _ring_peers(lay: Layout):
 
 def _ring_forward(lay: Layout, rows: torch.Tensor, k, v, text_kv):
     """(out, lse) float32 of the query rows over the own block, the text block, then the R - 1
-    blocks of the ring (from ring index i - s at step s), merged in that order. Each block's
-    transfer to the next ring rank is in flight during its attention."""
+    blocks of the ring (from ring index i - s at step s), merged in that order
+    (block_kernels.MergedRows: the rows prepared once). Each block's transfer to the next ring
+    rank is in flight during its attention."""
     _, i = lay.coords
     nxt, prev = _ring_peers(lay)
     link = _link(lay, "torch_usp forward")
     block, D = torch.cat([k, v], 3), k.shape[3]
+    merged = MergedRows(rows, k.shape[2])
     for s in range(lay.R):
         posted = None
         if s + 1 < lay.R:
@@ -118,14 +119,14 @@ def _ring_forward(lay: Layout, rows: torch.Tensor, k, v, text_kv):
             posted = post(link, [(nxt, block, _tag("ring", s + 1))],
                           [(prev, land, _tag("ring", s + 1))], f"ring step {s + 1} of {lay.R}")
         if s == 0:
-            out, lse = attention_lse(rows, k, v)
+            merged.add(k, v)
             if text_kv is not None:
-                merge_lse_(out, lse, *attention_lse(rows, *text_kv))
+                merged.add(*text_kv)
         else:
-            merge_lse_(out, lse, *attention_lse(rows, block[..., :D], block[..., D:]))
+            merged.add(block[..., :D], block[..., D:])
         complete(link, posted)
         block = land if posted is not None else block
-    return out, lse
+    return merged.result()
 
 
 def _pieces(lay: Layout):

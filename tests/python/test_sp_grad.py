@@ -366,8 +366,6 @@ def skipped_backward(rank, skipper, mesh, strategy, shape=(1, 3, 4, 8), joint=Tr
     ``shape``, 2 joint text tokens if ``joint``) on ``mesh`` by ``strategy`` when rank
     ``skipper`` never runs it (it stays in the group, alive, past LONELY_TIMEOUT_S: leaving
     would close the pairs, another error); None on the skipper or when nothing failed."""
-    import time
-
     import ditscale.sp as sp
     q = torch.randn(*shape, requires_grad=True)
     kw = {}
@@ -376,8 +374,17 @@ def skipped_backward(rank, skipper, mesh, strategy, shape=(1, 3, 4, 8), joint=Tr
         kw = dict(joint_q=t, joint_k=t, joint_v=t)
     out = sp.attention(q, q, q, mesh=mesh, strategy=strategy, **kw)
     out = out[0] if isinstance(out, tuple) else out
+    return lonely_backward(out, rank, skipper, LONELY_TIMEOUT_S + 3)
+
+
+def lonely_backward(out, rank, skipper, sleep_s):
+    """(message, seconds) of this rank's failed backward of ``out`` when rank ``skipper`` never
+    runs it (it sleeps ``sleep_s`` in the group instead); None on the skipper or when nothing
+    failed."""
+    import time
+
     if rank == skipper:
-        time.sleep(LONELY_TIMEOUT_S + 3)
+        time.sleep(sleep_s)
         return None
     start = time.monotonic()
     try:

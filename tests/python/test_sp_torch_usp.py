@@ -10,12 +10,10 @@ path gives it (custom_op._torch_usp_layout). One spawn per world size."""
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from gloo_util import run_gloo
-from test_sp_grad import BF16, F32, _reference
+from test_sp_grad import BF16, F32, _reference, lonely_backward
 
 # (strategy, mesh, shape, (U, R, Ulysses outer)): shape = (batch, seq, text, heads, kv_heads,
 # head_dim, dtype).
@@ -126,15 +124,7 @@ def _skipped(rank, world):
     q = torch.randn(1, 3, 2, 8, requires_grad=True)
     out, _ = torch_usp.attention(q, q, q, mesh=sp.Mesh(1, world),
                                  cfg=sp.make_config("t", strategy="ring"))
-    if rank == 1:
-        time.sleep(PG_TIMEOUT_S + 3)  # alive, in the group: leaving would close the pair
-        return None
-    start = time.monotonic()
-    try:
-        out.sum().backward()
-    except RuntimeError as e:
-        return str(e), time.monotonic() - start
-    return None
+    return lonely_backward(out, rank, 1, PG_TIMEOUT_S + 3)  # alive: leaving closes the pair
 
 
 def _taken(rank, world):

@@ -4,9 +4,9 @@
 
 On a 1 x N mesh (N GPUs of one host, NCCL): strategies ulysses, ring, usp and ulysses-overlap,
 eagerly and (ulysses, ring) under torch.compile, with joint text tokens, grouped kv heads, an
-uneven token split, bf16 and fp32. Eagerly, ulysses, ring and usp run torch_usp.py (forward over
-PyTorch's point-to-point transfers, the LSE saved, its own backward); ulysses-overlap and the
-compiled steps run the GPU executor's forward and the backward by recomputation
+uneven token split, bf16 and fp32. Eagerly, ulysses, ring, usp and ulysses-overlap (as ulysses)
+run torch_usp.py (forward over PyTorch's point-to-point transfers, the LSE saved, its own
+backward); the compiled steps run the GPU executor's forward and the backward by recomputation
 (torch_backward.py). Every rank holds its shard of q, k, v (and the full joint text), its
 own upstream gradients (the loss of rank r is <out_r, g_r> + <joint_out_r, t_r>); the dense
 reference is fp32 autograd of the sum of every rank's loss over the full sequence, computed on

@@ -2,7 +2,7 @@
 that require grad, eagerly) with several ranks on ONE GPU: 2 and 4 processes share cuda:0 over a
 gloo group (whose transfers of CUDA tensors go through the host, ring_backward.post), so that the
 CUDA block kernels (flash for bfloat16, memory-efficient for float32) run inside the real
-schedule: ulysses, ring, usp and swiftfusion-tas (2 x 2), GQA, joint text, odd token counts,
+schedule: ulysses, ring, usp and swiftfusion-tas (2 x 2), ulysses-overlap (as ulysses), GQA, joint text, odd token counts,
 through ``ditscale.sp.attention`` (the op's autograd path) and ``torch_usp.attention`` directly.
 Against dense float64 autograd on the CPU (test_sp_grad._reference): max |err| / max |ref|
 within 3e-2 (bfloat16) and 2e-3 (float32, TF32 allowed), with the default kernels (cuDNN)
@@ -28,6 +28,7 @@ CASES_2 = [
     ("ring", (1, 2), (1, 1023, 77, 8, 4, 64, BF16), False),
     ("ulysses", (1, 2), (2, 517, 9, 6, 2, 128, BF16), False),
     ("ring", (1, 2), (1, 301, 5, 4, 4, 64, F32), True),
+    ("ulysses-overlap", (1, 2), (1, 515, 7, 8, 8, 64, BF16), False),  # as ulysses
 ]
 CASES_4 = [
     ("usp", (2, 2), (1, 1031, 13, 8, 4, 64, BF16), False),

@@ -21,6 +21,7 @@ CASES_2 = [
     ("ulysses", (1, 2), (2, 13, 5, 6, 3, 16, F32), (2, 1, False)),  # GQA, 7 + 6 tokens
     ("ring", (1, 2), (2, 13, 5, 6, 3, 16, F32), (1, 2, False)),
     ("ring", (1, 2), (1, 9, 1, 2, 1, 8, BF16), (1, 2, False)),  # 1 text token on 2 ranks
+    ("ulysses-overlap", (1, 2), (1, 11, 3, 4, 2, 8, F32), (2, 1, False)),  # as ulysses
 ]
 CASES_4 = [
     ("ulysses", (1, 4), (2, 13, 5, 6, 6, 16, F32), (4, 1, False)),  # heads 2, 2, 1, 1
@@ -161,7 +162,7 @@ def test_torch_usp_on_two_ranks():
     _check(results, CASES_2)
     (taken, failed), (_, skipper) = results[0][1], results[1][1]
     assert taken == {"ulysses": True, "ring": True, "usp": True, "torus": False,
-                     "ulysses-overlap": False}, taken
+                     "ulysses-overlap": True}, taken
     assert skipper is None and failed is not None
     msg, seconds = failed
     assert msg.startswith("ditscale.sp.attention: rank 0: torch_usp backward, block of step 0: "

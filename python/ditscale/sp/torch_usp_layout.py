@@ -3,7 +3,7 @@ coordinates (u, i) and its peers, the head and token splits. Taken from the sche
 executors run for the same shapes and configuration (``cpu_runtime.program``, built from shapes
 only through C++), so that it equals the GPU executor's: ulysses = (N, 1), ring = (1, N), usp /
 swiftfusion-tas = the program's degrees and rank placement (read off its transfers), auto as
-resolved by the planner. Rank placement: ``rank = i * U + u`` (ring outer) or ``u * R + i``
+resolved by the planner; ulysses-overlap as ulysses (the same decomposition). Rank placement: ``rank = i * U + u`` (ring outer) or ``u * R + i``
 (Ulysses outer). Image tokens: shard_range over the N ranks by rank; ring chunk i = the shards of
 its U ranks in u order. kv heads split over u by shard_range (query heads: g per kv head); with
 fewer kv heads than U, the kv heads are first repeated to the query heads (kv_rep).
@@ -24,6 +24,10 @@ from .meshes import Mesh, shard_range
 
 WHERE = "ditscale.sp.attention"
 STRATEGIES = ("ulysses", "ring", "usp", "swiftfusion-tas")  # and auto resolved to one of them
+# Strategies whose decomposition is Ulysses' (their schedule pipelines its head chunks with the
+# attention, a forward-only difference): taken as ulysses.
+AS_ULYSSES = ("ulysses-overlap",)
+TAKEN = STRATEGIES + AS_ULYSSES + ("auto",)
 Range = Tuple[int, int]  # (begin, count)
 
 
@@ -104,6 +108,14 @@ def _program(q, k, text: int, mesh: Mesh, cfg: Config):
     return None
 
 
+def _as_ulysses(cfg: Config, strategy: str) -> Config:
+    """cfg, or plain Ulysses with cfg's transport and topology for a strategy of AS_ULYSSES."""
+    if strategy not in AS_ULYSSES:
+        return cfg
+    return Config(strategy="ulysses", transport=cfg.transport, comm_sms=cfg.comm_sms,
+                  topology=cfg.topology)
+
+
 def timeout_s(mesh: Mesh, device: torch.device) -> float:
     """Seconds a transfer may take: the group's timeout on the device's backend (at most
     cpu_runtime.TIMEOUT_S)."""
@@ -118,11 +130,13 @@ def timeout_s(mesh: Mesh, device: torch.device) -> float:
 def layout_for(q: torch.Tensor, k: torch.Tensor, text: int, mesh: Mesh,
                cfg: Config) -> Optional[Layout]:
     """The Layout of the layer q [B, S_r, H, D], k [B, S_r, Hk, D] with ``text`` joint tokens, or
-    None when its (resolved) strategy is not one of :data:`STRATEGIES` or no schedule splits it.
+    None when its (resolved) strategy is not one of :data:`TAKEN` or no schedule splits it.
     A collective (the group's shape check): every rank of the mesh calls it."""
-    if cfg.strategy not in (*STRATEGIES, "auto"):
+    if cfg.strategy not in TAKEN:
         return None
-    found = _program(q, k, text, mesh, cfg)
+    found = _program(q, k, text, mesh, _as_ulysses(cfg, cfg.strategy))
+    if found is not None and found[0].strategy in AS_ULYSSES:  # auto resolved so
+        found = _program(q, k, text, mesh, _as_ulysses(cfg, found[0].strategy))
     if found is None or found[0].strategy not in STRATEGIES:
         return None
     prog, rep = found

@@ -1,9 +1,10 @@
 """The CUDA path of the multi-rank attention's gradients (ditscale/sp/torch_usp.py: CUDA tensors
 that require grad, eagerly) with several ranks on ONE GPU: 2 and 4 processes share cuda:0 over a
 gloo group (whose transfers of CUDA tensors go through the host, ring_backward.post), so that the
-CUDA block kernels (flash for bfloat16, memory-efficient for float32) run inside the real
-schedule: ulysses, ring, usp and swiftfusion-tas (2 x 2), ulysses-overlap (as ulysses), GQA, joint text, odd token counts,
-through ``ditscale.sp.attention`` (the op's autograd path) and ``torch_usp.attention`` directly.
+CUDA block kernels (cuDNN or flash for bfloat16, memory-efficient for float32) run inside the
+real schedule: ulysses, ring, usp and swiftfusion-tas (2 x 2), ulysses-overlap (as ulysses),
+GQA, joint text, odd token counts, through ``ditscale.sp.attention`` (the op's autograd path)
+and ``torch_usp.attention`` directly.
 Against dense float64 autograd on the CPU (test_sp_grad._reference): max |err| / max |ref|
 within 3e-2 (bfloat16) and 2e-3 (float32, TF32 allowed), with the default kernels (cuDNN)
 and under torch.use_deterministic_algorithms(True), where two runs give the same bits. NCCL

@@ -3,10 +3,11 @@ coordinates (u, i) and its peers, the head and token splits. Taken from the sche
 executors run for the same shapes and configuration (``cpu_runtime.program``, built from shapes
 only through C++), so that it equals the GPU executor's: ulysses = (N, 1), ring = (1, N), usp /
 swiftfusion-tas = the program's degrees and rank placement (read off its transfers), auto as
-resolved by the planner; ulysses-overlap as ulysses (the same decomposition). Rank placement: ``rank = i * U + u`` (ring outer) or ``u * R + i``
-(Ulysses outer). Image tokens: shard_range over the N ranks by rank; ring chunk i = the shards of
-its U ranks in u order. kv heads split over u by shard_range (query heads: g per kv head); with
-fewer kv heads than U, the kv heads are first repeated to the query heads (kv_rep).
+resolved by the planner; ulysses-overlap as ulysses (the same decomposition). Rank placement:
+``rank = i * U + u`` (ring outer) or ``u * R + i`` (Ulysses outer). Image tokens: shard_range
+over the N ranks by rank; ring chunk i = the shards of its U ranks in u order. kv heads split
+over u by shard_range (query heads: g per kv head); with fewer kv heads than U, the kv heads
+are first repeated to the query heads (kv_rep).
 docs/sp.md ("Gradients").
 """
 

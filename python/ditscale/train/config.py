@@ -112,7 +112,8 @@ FIELDS: List[Field] = [
     _f("transformer", "ac_every", "int", 2, "k of activation_checkpointing = every", 1, 1000),
     _f("transformer", "sp_degree", "int", 1, "sequence parallelism: each sample's tokens "
        "split over sp_degree consecutive ranks (must divide the world size; data-parallel "
-       "size = world / sp_degree; > 1 on CUDA: not yet run on GPUs)", 1, 64),
+       "size = world / sp_degree; > 1 on CUDA: its attention tested with ranks sharing one "
+       "GPU, not yet run on several GPUs)", 1, 64),
     _f("transformer", "sp_degrees", "str", "", "sequence parallelism per micro-batch: the "
        "degrees the balanced plan may give a micro-batch, e.g. 1,2,4 (powers of two in [1, 8] "
        "dividing the world size; a micro-batch of degree d runs on the aligned group of d "
@@ -121,7 +122,10 @@ FIELDS: List[Field] = [
        "within a group; its backward on CPU (gloo), nothing recomputed: " + "; ".join(
            f"{s}: {SP_BACKWARD[s]}" for s in GRAD_STRATEGIES) + ". On one machine usp is "
        "Ulysses over the group, swiftfusion-tas and torus a ring; a strategy whose Ulysses "
-       "degree exceeds the model's heads on the groups is refused at start-up",
+       "degree exceeds the model's heads on the groups is refused at start-up. On CUDA (NCCL) "
+       "ulysses, ulysses-overlap (as ulysses), ring, usp and swiftfusion-tas train through "
+       "PyTorch's point-to-point transfers with the LSE saved and nothing recomputed (cuDNN "
+       "attention); torus recomputes the layer as Ulysses",
        choices=GRAD_STRATEGIES),
     _f("objective", "timestep_sampling", "choice", "uniform", "distribution of u in [0, 1] "
        "before the shift", choices=("uniform", "logit-normal")),

@@ -145,7 +145,8 @@ def own_share(name, S, d, args, dev, dtype, recompute_ms):
             rows = block_kernels.QueryRows(dout, q, out, lse, heads)
             for _ in range(blocks):  # one rank's ring steps: the same block size each
                 gk, gv = rows.add(k, v)
-                acc += torch.cat([gk, gv], 3)
+                acc[..., :D] += gk
+                acc[..., D:] += gv
             rows.dq()
         if dev.type == "cuda":
             torch.cuda.synchronize()

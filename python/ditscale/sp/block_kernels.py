@@ -114,7 +114,8 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor,
 class QueryRows:
     """The backward of fixed query rows against kv blocks in turn (a ring's steps), from the
     rows' saved (merged) out and LSE: :meth:`add` runs one block's backward, adds its dQ to a
-    float32 sum and returns the block's (dk, dv) [B, Tk, Hk, d] float32; :meth:`dq` is the sum
+    float32 sum and returns the block's (dk, dv) [B, Tk, Hk, d] (views in the kernels' dtype,
+    float32 on the CPU: to add into float32 sums); :meth:`dq` is the sum
     [B, Tq, Hq, d]. dout, q, out [B, Tq, Hq, d], lse [B, Tq, Hq, 1]; on CUDA they are folded,
     cast to q's dtype and padded once, not per block."""
 
@@ -146,7 +147,7 @@ class QueryRows:
             self.rows[0], self.rows[1], _pad(_heads_first(k.to(dt))), _pad(_heads_first(v.to(dt))),
             self.rows[2], self.rows[3], 1.0 / math.sqrt(d))
         self.sum += dq
-        return dk[..., :d].float().transpose(1, 2), dv[..., :d].float().transpose(1, 2)
+        return dk[..., :d].transpose(1, 2), dv[..., :d].transpose(1, 2)
 
     def dq(self) -> torch.Tensor:
         B, Tq, Hq, d = self.shape
@@ -162,4 +163,4 @@ def attention_lse_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     block of :class:`QueryRows`."""
     rows = QueryRows(dout, q, out, lse, k.shape[2])
     dk, dv = rows.add(k, v)
-    return rows.dq(), dk, dv
+    return rows.dq(), dk.float(), dv.float()

@@ -311,7 +311,9 @@ def rotate(link: Link, rows, block: torch.Tensor, to: int, frm: int, counts: Seq
                                        f"block of step {s}")
         gk, gv = query.add(block[..., :D], block[..., D:])
         complete(link, acc_posted)
-        grad = acc + torch.cat([gk, gv], 3)
+        grad = acc  # received: added into in place, then sent on
+        grad[..., :D] += gk
+        grad[..., D:] += gv
         if s == n:
             return query.dq(), grad
         acc, acc_posted = _moved(link, grad, to, frm, counts[s], RING_TAG + 2 * s + 1,

@@ -317,6 +317,8 @@ def main(argv=None) -> int:
                   f"{timings['pipeline']:.3f} s in total", flush=True)
             print(f"saved {path} ({'x'.join(map(str, array.shape))})", flush=True)
             print(timings_table(timings), flush=True)
+        if dist.is_initialized():  # no rank tears the group down while rank 0 still writes
+            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import sp
+from .._teardown import clear_at_exit
 from . import parallelize, unparallelize
 from ._classes import BASE_ATTR, SUPPORTED_PIPELINES, SUPPORTED_TRANSFORMERS, family_of
 from ._sp_plan import context_of
@@ -91,7 +92,7 @@ class Halves:
     group: Any  # the full mesh's process group (the swap's sends and receives)
 
 
-_GROUPS: Dict[Tuple[Tuple[int, ...], str], Any] = {}  # made once per rank list
+_GROUPS: Dict[Tuple[Tuple[int, ...], str], Any] = clear_at_exit({})  # made once per rank list
 
 
 def _group(ranks: List[int], backend: str):

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
+from .._teardown import clear_at_exit
 from . import cpu_executor
 from .config import Config, config_text
 from .meshes import Mesh, shard_range
@@ -34,7 +35,7 @@ _SEQ_TOTAL: Dict[Tuple, int] = {}
 _PROGRAMS: Dict[Tuple, cpu_executor.Program] = {}
 _PLANS: Dict[Tuple, dict] = {}
 # (backward's name, id(group), id(program)) -> (group, program, the agreed layout or None).
-_LAYOUTS: Dict[Tuple, Tuple] = {}
+_LAYOUTS: Dict[Tuple, Tuple] = clear_at_exit({})
 
 
 def process_group(mesh: Mesh):

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 
 from .. import _extension  # noqa: F401  keys torch.compile's caches to this build of ditscale
+from .._teardown import clear_at_exit
 from . import block_kernels, dispatch, grad, recompute, torch_backward, torch_usp, torch_usp_layout
 from .config import config_of_text
 from .dispatch import distributed_attention
@@ -33,7 +34,7 @@ from .grad import refuse_grad
 from .meshes import Mesh
 
 # (group name, machines, gpus_per_machine, the group object's id) -> the Mesh the kernel runs on.
-_MESHES: Dict[Tuple, Mesh] = {}
+_MESHES: Dict[Tuple, Mesh] = clear_at_exit({})
 
 
 def mesh_args(mesh: Mesh) -> Tuple[str, int, int]:

@@ -23,6 +23,7 @@ import torch
 from . import cpu_backward, cpu_runtime, ring_backward, torch_backward, usp_backward
 from .config import Config
 from .meshes import Mesh
+from .torch_backward import fold_kv, repeat_kv
 
 WHERE = "ditscale.sp.attention"
 Joint = Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -46,17 +47,6 @@ def _kv_groups(q, k, mesh: Mesh) -> int:
     return 1 if k.shape[2] >= mesh.size else q.shape[2] // k.shape[2]
 
 
-def _expand(k: torch.Tensor, g: int) -> torch.Tensor:
-    """k [B, T, Hk, D] -> [B, T, Hk * g, D], kv head h as heads h*g .. h*g+g-1."""
-    return k if g == 1 else k.repeat_interleave(g, dim=2)
-
-
-def _fold(dk: torch.Tensor, g: int) -> torch.Tensor:
-    """The gradient of :func:`_expand`: [B, T, Hk * g, D] -> [B, T, Hk, D] (sum of a group)."""
-    B, T, H, D = dk.shape
-    return dk if g == 1 else dk.reshape(B, T, H // g, g, D).sum(3)
-
-
 def plan(q, k, joint: Joint, mesh: Mesh, cfg: Config) -> Optional[Tuple[Config, int]]:
     """(the configuration the layer is recomputed with, kv head repeats), or None when no
     Ulysses schedule splits the layer (fewer query heads than ranks): the caller then takes the
@@ -67,9 +57,9 @@ def plan(q, k, joint: Joint, mesh: Mesh, cfg: Config) -> Optional[Tuple[Config, 
         return cfg, 1
     g = _kv_groups(q, k, mesh)
     if joint is not None:
-        joint = (joint[0], _expand(joint[1], g), joint[2])
+        joint = (joint[0], repeat_kv(joint[1], g), joint[2])
     try:
-        cpu_runtime.program_for(q, _expand(k, g), joint, mesh, _ulysses(cfg), WHERE)
+        cpu_runtime.program_for(q, repeat_kv(k, g), joint, mesh, _ulysses(cfg), WHERE)
     except ValueError:
         return None
     return _ulysses(cfg), g
@@ -78,9 +68,9 @@ def plan(q, k, joint: Joint, mesh: Mesh, cfg: Config) -> Optional[Tuple[Config, 
 def run_kept(q, k, v, joint: Joint, mesh: Mesh, cfg: Config, g: int):
     """(program, process group, timeout in s, {buffer index: saved tensor}) of the layer run
     with ``cfg`` on the inputs (kv heads repeated g times), without autograd."""
-    k, v = _expand(k, g), _expand(v, g)
+    k, v = repeat_kv(k, g), repeat_kv(v, g)
     if joint is not None:
-        joint = (joint[0], _expand(joint[1], g), _expand(joint[2], g))
+        joint = (joint[0], repeat_kv(joint[1], g), repeat_kv(joint[2], g))
     with torch.no_grad():
         _, _, (prog, pg, seconds, bufs) = cpu_runtime.attention_kept(q, k, v, joint, mesh, cfg,
                                                                      WHERE)
@@ -101,7 +91,7 @@ def transposed(prog, pg, seconds: float, saved, dout: torch.Tensor,
                            f"{e}") from None
     for name in ("k", "v", "text_k", "text_v"):
         if name in grads:
-            grads[name] = _fold(grads[name], g)
+            grads[name] = fold_kv(grads[name], g)
     return grads
 
 

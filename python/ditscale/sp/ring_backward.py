@@ -263,19 +263,21 @@ def exchange(link: Link, sends, recvs, what: str) -> None:
     complete(link, post(link, sends, recvs, what))
 
 
-def _text_dout(ring: Ring, djout: torch.Tensor) -> torch.Tensor:
-    """dO of this rank's text rows [B, T_r, H, D]: every rank's dTextOut of them, summed in rank
-    order (each rank sends every other rank that rank's rows)."""
-    me, (_, t0, n) = ring.mesh.rank, ring.layout.text
+def summed_pieces(link: Link, djout: torch.Tensor, pieces, tag: int) -> torch.Tensor:
+    """dO of this rank's piece of the text output, float32: every rank's dTextOut ``djout``
+    [B, T, H, D] of it, summed in rank order. ``pieces[r]`` = ((token, count), (head, count)) of
+    group rank r's piece; each rank sends every other rank that rank's piece."""
+    me = link.mesh.rank
+    (t0, n), (h0, m) = pieces[me]
     djout = djout.float()
-    sends = [(j, djout[:, t:t + c].contiguous(), TEXT_TAG)
-             for j, (t, c) in enumerate(ring.layout.pieces) if j != me and c > 0]
-    B, _, H, D = djout.shape
-    got = {j: djout.new_empty(B, n, H, D) for j in range(ring.mesh.size) if j != me and n > 0}
-    exchange(ring.link, sends, [(j, t, TEXT_TAG) for j, t in got.items()], "text rows' dOut")
-    total = djout.new_zeros(B, n, H, D)
-    for j in range(ring.mesh.size if n else 0):
-        total += djout[:, t0:t0 + n] if j == me else got[j]
+    sends = [(r, djout[:, t:t + c, h:h + k].contiguous(), tag)
+             for r, ((t, c), (h, k)) in enumerate(pieces) if r != me and c > 0]
+    B, D = djout.shape[0], djout.shape[3]
+    got = {r: djout.new_empty(B, n, m, D) for r in range(len(pieces)) if r != me and n > 0}
+    exchange(link, sends, [(r, t, tag) for r, t in got.items()], "text rows' dOut")
+    total = djout.new_zeros(B, n, m, D)
+    for r in range(len(pieces) if n else 0):
+        total += djout[:, t0:t0 + n, h0:h0 + m] if r == me else got[r]
     return total
 
 
@@ -362,7 +364,9 @@ def gradients(ring: Ring, saved: Sequence[torch.Tensor], dout: torch.Tensor,
     _, t0, n = ring.layout.text
     dq_rows, q_rows = dout.float(), q
     if joint is not None:
-        dq_rows = torch.cat([_text_dout(ring, djout), dq_rows], 1)
+        heads = (0, djout.shape[2])
+        pieces = [(p, heads) for p in ring.layout.pieces]
+        dq_rows = torch.cat([summed_pieces(ring.link, djout, pieces, TEXT_TAG), dq_rows], 1)
         q_rows = torch.cat([joint[0][:, t0:t0 + n], q], 1)
     rows = (dq_rows.contiguous(), q_rows.contiguous(), out, lse)
     result = {}

@@ -80,11 +80,15 @@ def _summed_heads(x: torch.Tensor, heads: List[int], rank: int, group) -> torch.
     return torch.stack(parts).sum(0)
 
 
-def _repeat(k: torch.Tensor, g: int) -> torch.Tensor:
+def repeat_kv(k: torch.Tensor, g: int) -> torch.Tensor:
+    """k [B, T, Hk, D] -> [B, T, Hk * g, D], kv head h as heads h*g .. h*g+g-1 (also the
+    recomputation's and torch_usp's)."""
     return k if g == 1 else k.repeat_interleave(g, dim=2)
 
 
-def _fold(dk: torch.Tensor, g: int) -> torch.Tensor:
+def fold_kv(dk: torch.Tensor, g: int) -> torch.Tensor:
+    """The gradient of :func:`repeat_kv`: [B, T, Hk * g, D] -> [B, T, Hk, D] (sum of a
+    group)."""
     B, T, H, D = dk.shape
     return dk if g == 1 else dk.reshape(B, T, H // g, g, D).sum(3)
 
@@ -110,11 +114,11 @@ def gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: Joint,
     heads = _counts(H, world)
     own = slice(_begins(heads)[rank], _begins(heads)[rank] + heads[rank])
     image = [to_heads(t.to(dtype), tokens, heads, rank, group)
-             for t in (q, _repeat(k, g), _repeat(v, g), dout)]
+             for t in (q, repeat_kv(k, g), repeat_kv(v, g), dout)]
     T = 0 if joint is None else joint[0].shape[1]
     if T:
         tq, tk, tv = joint
-        text = [t[:, :, own].to(dtype) for t in (tq, _repeat(tk, g), _repeat(tv, g))]
+        text = [t[:, :, own].to(dtype) for t in (tq, repeat_kv(tk, g), repeat_kv(tv, g))]
         dtext = _summed_heads(djout.to(dtype), heads, rank, group)
         parts = [torch.cat([a, b], 1) for a, b in zip(text + [dtext], image)]
     else:
@@ -126,11 +130,11 @@ def gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, joint: Joint,
     result = {}
     for name, grad in zip(("q", "k", "v"), local):
         back = to_tokens(grad[:, T:].contiguous(), tokens, heads, rank, group)
-        result[name] = back if name == "q" else _fold(back, g)
+        result[name] = back if name == "q" else fold_kv(back, g)
     for name, grad in zip(("text_q", "text_k", "text_v"), local if T else ()):
         full = grad.new_zeros(B, T, H, D)
         full[:, :, own] = grad[:, :T]
-        result[name] = full if name == "text_q" else _fold(full, g)
+        result[name] = full if name == "text_q" else fold_kv(full, g)
     return result
 
 

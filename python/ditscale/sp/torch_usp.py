@@ -31,7 +31,8 @@ from .block_kernels import MergedRows, attention_lse_backward
 from .config import Config
 from .cpu_executor import TAG_BASE
 from .meshes import Mesh
-from .ring_backward import Link, complete, exchange, post, rotate
+from .ring_backward import Link, complete, exchange, post, rotate, summed_pieces
+from .torch_backward import fold_kv, repeat_kv
 from .torch_usp_layout import Layout
 
 WHERE = torch_usp_layout.WHERE
@@ -84,16 +85,6 @@ def to_tokens(lay: Layout, y: torch.Tensor, split, phase: str, name: str) -> tor
         row += n
     exchange(_link(lay, name), sends, recvs, f"{phase} to the sequence shards")
     return torch.cat(parts, 2)
-
-
-def _repeat(x: torch.Tensor, rep: int) -> torch.Tensor:
-    return x if rep == 1 else x.repeat_interleave(rep, dim=2)
-
-
-def _fold(dx: torch.Tensor, rep: int) -> torch.Tensor:
-    """The gradient of :func:`_repeat` (sum over each kv head's repeats)."""
-    B, T, H, D = dx.shape
-    return dx if rep == 1 else dx.reshape(B, T, H // rep, rep, D).sum(3)
 
 
 def _ring_peers(lay: Layout):
@@ -156,33 +147,13 @@ def _gather_text(lay: Layout, mine: torch.Tensor, shape) -> torch.Tensor:
     return full
 
 
-def _text_dout(lay: Layout, djout: torch.Tensor) -> torch.Tensor:
-    """dO of this rank's text rows [B, T_i, h_u, D] float32: every rank's dJointOut of them,
-    summed in rank order."""
-    me, (u, i) = lay.mesh.rank, lay.coords
-    (t0, nt), (h0, nh) = lay.text[i], lay.heads(u)
-    djout = djout.float()
-    sends, got = [], {}
-    for r, (a, n), (b, m) in _pieces(lay):
-        if r != me and n:
-            sends.append((r, djout[:, a:a + n, b:b + m].contiguous(), _tag("text dout")))
-        if r != me and nt:
-            got[r] = djout.new_empty(djout.shape[0], nt, nh, djout.shape[3])
-    exchange(_link(lay, "torch_usp backward"), sends,
-             [(r, t, _tag("text dout")) for r, t in got.items()], "text rows' dOut")
-    total = djout.new_zeros(djout.shape[0], nt, nh, djout.shape[3])
-    for r in range(lay.mesh.size if nt else 0):
-        total += djout[:, t0:t0 + nt, h0:h0 + nh] if r == me else got[r]
-    return total
-
-
 def _forward(lay: Layout, q, k, v, joint):
     """(out [B, S_r, H, D], joint_out [B, T, H, D], the tensors the backward keeps)."""
     u, i = lay.coords
     kv_split = lay.kv.__getitem__
     name = "torch_usp forward"
     qh = to_heads(lay, q, lay.heads, "q", name)
-    kh, vh = (to_heads(lay, _repeat(t, lay.kv_rep), kv_split, p, name)
+    kh, vh = (to_heads(lay, repeat_kv(t, lay.kv_rep), kv_split, p, name)
               for t, p in ((k, "k"), (v, "v")))
     B, _, H, D = q.shape
     T = 0 if joint is None else joint[0].shape[1]
@@ -190,7 +161,7 @@ def _forward(lay: Layout, q, k, v, joint):
     rows, text_kv = qh, None
     if T:
         rows = torch.cat([joint[0][:, t0:t0 + nt, h0:h0 + nh].to(q.dtype), qh], 1)
-        text_kv = tuple(_repeat(t, lay.kv_rep)[:, :, k0:k0 + nk].to(k.dtype).contiguous()
+        text_kv = tuple(repeat_kv(t, lay.kv_rep)[:, :, k0:k0 + nk].to(k.dtype).contiguous()
                         for t in joint[1:])
     out, lse = _ring_forward(lay, rows, kh, vh, text_kv)
     image = to_tokens(lay, out[:, nt:].to(q.dtype), lay.heads, "out", name)
@@ -226,7 +197,7 @@ def _text_grads(lay: Layout, dq_text, dtk, dtv, shape):
     for name, g in (("text_k", dtk), ("text_v", dtv)):
         full = g.new_zeros(B, T, kv, D)
         full[:, :, k0:k0 + nk] = g
-        result[name] = _fold(full, lay.kv_rep)
+        result[name] = fold_kv(full, lay.kv_rep)
     return result
 
 
@@ -239,7 +210,9 @@ def _backward(lay: Layout, saved: Sequence[torch.Tensor], dout: torch.Tensor,
     rows_q, kh, vh, out, lse = (*saved[:3], *saved[-2:])
     do = to_heads(lay, dout, lay.heads, "dout", name).float()
     if T:
-        do = torch.cat([_text_dout(lay, djout), do], 1)
+        pieces = [(rows, heads) for _, rows, heads in _pieces(lay)]
+        text = summed_pieces(_link(lay, name), djout, pieces, _tag("text dout"))
+        do = torch.cat([text, do], 1)
     rows = (do.contiguous(), rows_q, out, lse)  # Q in the kernels' dtype (the inputs')
     dq = torch.zeros_like(rows[1], dtype=torch.float32)
     if T:  # the text block, local (every rank holds its heads' text k, v)
@@ -249,7 +222,7 @@ def _backward(lay: Layout, saved: Sequence[torch.Tensor], dout: torch.Tensor,
     result = {"q": to_tokens(lay, dq[:, nt:].contiguous(), lay.heads, "dq", name)}
     for key, g in (("k", gk), ("v", gv)):
         back = to_tokens(lay, g.contiguous(), lay.kv.__getitem__, "d" + key, name)
-        result[key] = _fold(back, lay.kv_rep)
+        result[key] = fold_kv(back, lay.kv_rep)
     if T:
         result.update(_text_grads(lay, dq[:, :nt], dtk, dtv, (*dout.shape[:1], T,
                                                                *dout.shape[2:])))

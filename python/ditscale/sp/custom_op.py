@@ -150,8 +150,7 @@ def _torch_usp_layout(q, k, joint_q, mesh: Mesh, cfg):
     swiftfusion-tas, ulysses-overlap as ulysses, auto resolved to one of them; at least U query
     heads; a dtype and head_dim that block_kernels runs), else None. Alike on every rank (the
     group's shape check is a collective)."""
-    if cfg.strategy not in torch_usp_layout.TAKEN or \
-            not block_kernels.supports(q):
+    if cfg.strategy not in torch_usp_layout.TAKEN or not block_kernels.supports(q):
         return None
     dispatch.check_distributed(q, mesh, torch_usp.WHERE)
     text = 0 if joint_q is None else joint_q.shape[1]
